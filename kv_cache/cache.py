@@ -1,0 +1,326 @@
+"""The multi-tier KV cache: decides WHERE each entry lives (GPU -> CPU -> storage waterfall LRU).
+
+Semantics follow the reference (spec 7): new entries go to the fastest tier that can make room,
+pushing least-recently-used entries one tier down; the last tier deletes LRU entries when it is full.
+What is fixed (spec 15.3, 15.1.1):
+- placement decisions and reservations are made atomically under one lock, so a key is never
+  allocated twice and every reserved byte belongs to exactly one pending write or move;
+- demotions move the real bytes (read from the upper tier, write to the lower one) and are recorded
+  as I/O of those tiers;
+- an entry that is being written or moved is never read from a stale location: readers wait.
+I/O itself always happens outside the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from kv_cache.metrics import RunMetrics
+from kv_cache.storage.base import IOAborted, IOResult, Store, StoreFull
+from kv_cache.storage.buffers import WorkerBuffers
+
+log = logging.getLogger("kv_cache.cache")
+
+# Reference tier names; statistics use 'storage' for the last tier.
+STAT_NAMES = {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    key: str
+    size: int
+    tokens: int
+    location: str
+    last_access: float
+    access_count: int = 1
+    readers: int = 0
+    writing: bool = True
+    moving: bool = False
+
+
+@dataclass(eq=False)
+class Tier:
+    name: str  # 'gpu' | 'cpu' | 'nvme'
+    store: Store
+    limit: float  # bytes; math.inf = unlimited
+    used: int = 0  # reserved bytes (entries present + writes/moves in flight)
+    lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
+
+    @property
+    def stat_name(self) -> str:
+        return STAT_NAMES[self.name]
+
+
+@dataclass(frozen=True)
+class EvictionPolicy:
+    max_recursion_depth: int = 10
+    target_usage_ratio: float = 0.8
+    large_entry_limit_ratio: float = 0.95
+    max_evictions_hard_cap: int = 5000
+    max_evictions_min: int = 1000
+
+
+@dataclass(slots=True)
+class _Step:
+    kind: str  # 'move' | 'delete'
+    entry: Entry
+    src: Tier
+    dst: Tier | None
+
+
+class MultiTierCache:
+    def __init__(self, tiers: list[Tier], policy: EvictionPolicy, metrics: RunMetrics, bytes_per_token: int,
+                 stop: threading.Event | None = None) -> None:
+        if not tiers:
+            raise ValueError("at least one tier is required")
+        self.tiers = tiers
+        self.policy = policy
+        self.metrics = metrics
+        self.bytes_per_token = bytes_per_token
+        self.stop = stop
+        self.entries: dict[str, Entry] = {}
+        self._cond = threading.Condition(threading.Lock())
+        self._by_name = {t.name: t for t in tiers}
+
+    # -- public API ---------------------------------------------------------------------------
+    def tier(self, name: str) -> Tier:
+        return self._by_name[name]
+
+    def allocate(self, key: str, tokens: int, nbytes: int, bufs: WorkerBuffers, cause: str = "prefill") -> tuple[str | None, int]:
+        """Store a new entry. Returns (tier name, I/O ns spent on behalf of this call incl. evictions).
+
+        (existing tier, 0) if the key is already present or being written: nothing is written twice.
+        """
+        with self._cond:
+            existing = self.entries.get(key)
+            if existing is not None:
+                return existing.location, 0
+            plan: list[_Step] = []
+            tier = self._place(nbytes, plan)
+            entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name, last_access=time.monotonic())
+            self.entries[key] = entry
+        spent = self._execute(plan, bufs)
+        try:
+            res = self._write_when_room(tier, key, nbytes, bufs)
+        except BaseException as exc:
+            with self._cond:
+                tier.used -= nbytes
+                self.entries.pop(key, None)
+                self._cond.notify_all()
+            self._note_failure(tier, "write", exc)
+            raise
+        end = time.perf_counter_ns()
+        with self._cond:
+            entry.writing = False
+            tier.lru[key] = entry
+            self._cond.notify_all()
+        self._record(tier, "write", res, end, cause, tokens)
+        return tier.name, spent + res.total_ns
+
+    def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
+        # A RAM tier's slabs are freed when a concurrent demotion finishes; the space is already
+        # reserved for us, so wait briefly for it rather than failing the request.
+        for _ in range(200):
+            try:
+                return tier.store.write(key, nbytes, bufs, self.stop)
+            except StoreFull:
+                if self.stop is not None and self.stop.is_set():
+                    raise
+                time.sleep(0.005)
+        return tier.store.write(key, nbytes, bufs, self.stop)
+
+    def access(self, key: str, bufs: WorkerBuffers, cache_type: str = "user", cause: str = "decode") -> tuple[str | None, int]:
+        """Read a whole entry. Returns (tier, ns) or (None, 0) on a miss."""
+        with self._cond:
+            entry = self.entries.get(key)
+            while entry is not None and (entry.writing or entry.moving):
+                if self.stop is not None and self.stop.is_set():
+                    return None, 0
+                self._cond.wait(0.05)
+                entry = self.entries.get(key)
+            if entry is None:
+                self.metrics.count("cache_misses", end_ns=time.perf_counter_ns())
+                return None, 0
+            entry.readers += 1
+            entry.last_access = time.monotonic()
+            entry.access_count += 1
+            tier = self._by_name[entry.location]
+            tier.lru.move_to_end(key)
+        try:
+            res = tier.store.read(key, bufs, self.stop)
+        except BaseException as exc:
+            self._note_failure(tier, "read", exc)
+            raise
+        finally:
+            with self._cond:
+                entry.readers -= 1
+                if entry.readers == 0:
+                    self._cond.notify_all()
+        end = time.perf_counter_ns()
+        if self._record(tier, "read", res, end, cause, entry.tokens):
+            self.metrics.count("cache_hits")
+            hit_kind = {"system": "system_prompt_hits", "common": "common_phrase_hits",
+                        "multi_turn": "multi_turn_hits"}.get(cache_type, "user_cache_hits")
+            self.metrics.count(hit_kind)
+        return tier.name, res.total_ns
+
+    def contains(self, key: str) -> bool:
+        with self._cond:
+            return key in self.entries
+
+    def usage(self) -> dict[str, dict[str, float]]:
+        with self._cond:
+            return {
+                t.name: {"used_bytes": t.used, "limit_bytes": t.limit, "entries": len(t.lru)}
+                for t in self.tiers
+            }
+
+    def entry_sizes(self) -> list[int]:
+        with self._cond:
+            return [e.size for e in self.entries.values() if not e.writing]
+
+    def clear(self, bufs: WorkerBuffers | None = None) -> None:
+        """Delete every entry from every tier (end of run)."""
+        with self._cond:
+            items = [(self._by_name[e.location], k) for k, e in self.entries.items()]
+            self.entries.clear()
+            for t in self.tiers:
+                t.lru.clear()
+                t.used = 0
+        for tier, key in items:
+            try:
+                tier.store.delete(key)
+            except OSError as exc:  # cleanup must go on
+                log.warning("could not delete %s from %s: %s", key, tier.name, exc)
+
+    # -- placement ----------------------------------------------------------------------------
+    def _place(self, nbytes: int, plan: list[_Step]) -> Tier:
+        for i in range(len(self.tiers)):
+            if self._ensure_space(i, nbytes, plan, 0):
+                return self.tiers[i]
+        last = self.tiers[-1]
+        log.warning("no tier could make room for %d bytes; forcing it into %s", nbytes, last.name)
+        last.used += nbytes
+        return last
+
+    def _first_evictable(self, tier: Tier) -> Entry | None:
+        for entry in tier.lru.values():
+            if entry.readers == 0 and not entry.moving and not entry.writing:
+                return entry
+        return None
+
+    def _ensure_space(self, index: int, required: int, plan: list[_Step], depth: int) -> bool:
+        """Reference waterfall (spec 7.4), planning only: reserves space and appends the moves and
+        deletions that must run first. Called with the lock held."""
+        p = self.policy
+        tier = self.tiers[index]
+        is_last = index == len(self.tiers) - 1
+        limit = tier.limit
+        if is_last and math.isinf(limit):
+            tier.used += required
+            return True
+        if depth > p.max_recursion_depth:
+            log.debug("eviction recursion limit reached in %s", tier.name)
+            return False
+        if not is_last and required > limit * p.large_entry_limit_ratio:
+            return False
+        effective = limit if is_last else limit * p.target_usage_ratio
+        budget = min(p.max_evictions_hard_cap, max(p.max_evictions_min, len(tier.lru) + 100))
+        for iteration in range(budget):
+            if tier.used + required <= effective or tier.used < 0.05 * limit:
+                tier.used += required
+                return True
+            if (not is_last and iteration == 0 and tier.used < 0.2 * limit
+                    and required > 0.5 * limit * p.target_usage_ratio):
+                return False
+            victim = self._first_evictable(tier)
+            if victim is None:
+                if is_last:  # nothing left to delete: let the filesystem enforce its size
+                    tier.used += required
+                    return True
+                return False
+            if is_last:
+                del tier.lru[victim.key]
+                del self.entries[victim.key]
+                tier.used -= victim.size
+                victim.moving = True
+                plan.append(_Step("delete", victim, tier, None))
+            else:
+                if not self._ensure_space(index + 1, victim.size, plan, depth + 1):
+                    return False
+                del tier.lru[victim.key]
+                tier.used -= victim.size
+                victim.moving = True
+                plan.append(_Step("move", victim, tier, self.tiers[index + 1]))
+        if is_last:
+            tier.used += required
+            return True
+        return False
+
+    def _execute(self, plan: list[_Step], bufs: WorkerBuffers) -> int:
+        """Run planned deletions and demotions, deepest first (the plan is already in that order)."""
+        spent = 0
+        for step in plan:
+            entry = step.entry
+            if step.kind == "delete":
+                t0 = time.perf_counter_ns()
+                try:
+                    step.src.store.delete(entry.key)
+                except OSError as exc:
+                    self.metrics.record_error(f"{step.src.stat_name}_delete", exc)
+                spent += time.perf_counter_ns() - t0
+                self.metrics.count("evictions")
+                self.metrics.count(f"{step.src.stat_name}_deletions")
+                continue
+            dst = step.dst
+            try:
+                read_res, write_res = step.src.store.move_to(entry.key, dst.store, bufs, self.stop)
+            except BaseException as exc:
+                # The entry is dropped (not half-kept): its reservation in dst is returned, the source
+                # copy removed, and the failure recorded.
+                with self._cond:
+                    dst.used -= entry.size
+                    self.entries.pop(entry.key, None)
+                    self._cond.notify_all()
+                try:
+                    step.src.store.delete(entry.key)
+                except OSError:
+                    pass
+                self._note_failure(dst, "demote", exc)
+                if isinstance(exc, (IOAborted, StoreFull, OSError)):
+                    continue
+                raise
+            end = time.perf_counter_ns()
+            with self._cond:
+                entry.location = dst.name
+                entry.moving = False
+                dst.lru[entry.key] = entry
+                dst.lru.move_to_end(entry.key, last=False)  # it was the LRU entry above: oldest below
+                self._cond.notify_all()
+            self._record(step.src, "read", read_res, end, "demotion", entry.tokens)
+            self._record(dst, "write", write_res, end, "demotion", entry.tokens)
+            self.metrics.count("evictions")
+            if dst.name == "cpu":
+                self.metrics.count("offloads_cpu")
+            elif dst.name == "nvme":
+                self.metrics.count("offloads_storage")
+            spent += read_res.total_ns + write_res.total_ns
+        return spent
+
+    # -- accounting ---------------------------------------------------------------------------
+    def _record(self, tier: Tier, op: str, res: IOResult, end_ns: int, cause: str, tokens: int) -> bool:
+        ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause)
+        if ok and tier.name == "nvme":
+            self.metrics.count("storage_tokens_processed", tokens)
+        return ok
+
+    def _note_failure(self, tier: Tier, op: str, exc: BaseException) -> None:
+        if isinstance(exc, IOAborted):
+            self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes)
+        elif isinstance(exc, Exception):
+            self.metrics.record_error(f"{tier.stat_name}_{op}", exc)

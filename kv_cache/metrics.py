@@ -1,0 +1,183 @@
+"""The only place statistics are written.
+
+Every I/O operation and every request is recorded at completion with its end time; anything that
+completes after the measured window closed is kept apart (counted as "late", never mixed into rates).
+Rates divide by the window's real length, not the nominal duration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kv_cache.storage.base import IOResult
+
+PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
+GIB = float(1 << 30)
+
+
+def percentiles_ms(samples_ns: array | list, keys=PERCENTILES) -> dict[str, float]:
+    """numpy.percentile (linear, as the reference) of nanosecond samples, in milliseconds."""
+    if len(samples_ns) == 0:
+        return {}
+    arr = np.frombuffer(samples_ns, dtype=np.int64) if isinstance(samples_ns, array) else np.asarray(samples_ns)
+    values = np.percentile(arr, list(keys.values())) / 1e6
+    return {k: float(v) for k, v in zip(keys, values, strict=True)}
+
+
+def mean_ms(samples_ns: array) -> float:
+    if len(samples_ns) == 0:
+        return 0.0
+    return float(np.frombuffer(samples_ns, dtype=np.int64).mean() / 1e6)
+
+
+@dataclass
+class TierOpStats:
+    """One tier x one direction: per-operation timings and byte counts."""
+
+    total_ns: array = field(default_factory=lambda: array("q"))
+    device_ns: array = field(default_factory=lambda: array("q"))
+    host_ns: array = field(default_factory=lambda: array("q"))
+    ops: int = 0
+    bytes: int = 0
+    device_bytes: int = 0
+    busy_ns: int = 0  # sum of device time (for achieved queue depth = busy / window)
+
+
+@dataclass
+class RequestStats:
+    e2e_ns: array = field(default_factory=lambda: array("q"))
+    storage_ns: array = field(default_factory=lambda: array("q"))
+    generation_ns: array = field(default_factory=lambda: array("q"))
+    prefill_ns: array = field(default_factory=lambda: array("q"))
+    decode_ns: array = field(default_factory=lambda: array("q"))
+    completed: int = 0
+    tokens_generated: int = 0
+    context_tokens: int = 0
+
+
+class RunMetrics:
+    """Thread-safe recorder for one measured window."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.window_start_ns: int | None = None
+        self.window_end_ns: int | None = None
+        self.io: dict[tuple[str, str], TierOpStats] = defaultdict(TierOpStats)
+        self.io_by_cause: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])  # ops, bytes
+        self.counters: dict[str, float] = defaultdict(int)
+        self.requests = RequestStats()
+        self.qos_e2e_ns: dict[str, array] = defaultdict(lambda: array("q"))
+        self.late = defaultdict(int)  # work that finished after the window closed
+        self.errors: dict[str, int] = defaultdict(int)
+        self.first_error: str | None = None
+
+    # -- window -------------------------------------------------------------------------------
+    def open_window(self, start_ns: int | None = None) -> None:
+        with self._lock:
+            self.window_start_ns = time.perf_counter_ns() if start_ns is None else start_ns
+            self.window_end_ns = None
+
+    def close_window(self, end_ns: int | None = None) -> None:
+        with self._lock:
+            if self.window_end_ns is None:
+                self.window_end_ns = time.perf_counter_ns() if end_ns is None else end_ns
+
+    @property
+    def window_seconds(self) -> float:
+        if self.window_start_ns is None:
+            return 0.0
+        end = self.window_end_ns if self.window_end_ns is not None else time.perf_counter_ns()
+        return max(0.0, (end - self.window_start_ns) / 1e9)
+
+    def _in_window(self, end_ns: int) -> bool:
+        return self.window_start_ns is not None and (self.window_end_ns is None or end_ns <= self.window_end_ns)
+
+    def reset(self) -> None:
+        """Forget everything recorded so far (used after warm-up phases)."""
+        self.__init__()
+
+    # -- recording ----------------------------------------------------------------------------
+    def record_io(self, tier: str, op: str, res: IOResult, end_ns: int, cause: str) -> bool:
+        """Record one storage operation; returns False if it completed after the window."""
+        with self._lock:
+            if not self._in_window(end_ns):
+                self.late[f"{tier}_{op}_bytes"] += res.nbytes
+                self.late[f"{tier}_{op}_device_bytes"] += res.device_bytes
+                self.late[f"{tier}_{op}_ops"] += 1
+                return False
+            s = self.io[(tier, op)]
+            s.total_ns.append(res.total_ns)
+            s.device_ns.append(res.device_ns)
+            s.host_ns.append(res.host_ns)
+            s.ops += 1
+            s.bytes += res.nbytes
+            s.device_bytes += res.device_bytes
+            s.busy_ns += res.device_ns
+            c = self.io_by_cause[(tier, op, cause)]
+            c[0] += 1
+            c[1] += res.nbytes
+            return True
+
+    def record_aborted(self, tier: str, op: str, device_bytes: int) -> None:
+        with self._lock:
+            self.late[f"{tier}_{op}_aborted_device_bytes"] += device_bytes
+            self.late[f"{tier}_{op}_aborted_ops"] += 1
+
+    def count(self, name: str, n: float = 1, end_ns: int | None = None) -> None:
+        """Add to a counter if the event (now, unless end_ns is given) lies inside the window."""
+        if end_ns is None:
+            end_ns = time.perf_counter_ns()
+        with self._lock:
+            if self._in_window(end_ns):
+                self.counters[name] += n
+
+    def record_error(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self.errors[what] += 1
+            if self.first_error is None:
+                self.first_error = f"{what}: {exc}"
+
+    def record_request(
+        self,
+        qos_level: str,
+        end_ns: int,
+        e2e_ns: int,
+        storage_ns: int,
+        generation_ns: int,
+        prefill_ns: int | None,
+        decode_ns: int | None,
+        generate_tokens: int,
+        context_tokens: int,
+    ) -> bool:
+        with self._lock:
+            if not self._in_window(end_ns):
+                self.late["requests"] += 1
+                return False
+            r = self.requests
+            r.completed += 1
+            r.tokens_generated += generate_tokens
+            r.context_tokens += context_tokens
+            r.e2e_ns.append(e2e_ns)
+            r.storage_ns.append(storage_ns)
+            r.generation_ns.append(generation_ns)
+            if prefill_ns is not None:
+                r.prefill_ns.append(prefill_ns)
+            if decode_ns is not None:
+                r.decode_ns.append(decode_ns)
+            self.qos_e2e_ns[qos_level].append(e2e_ns)
+            return True
+
+    # -- views --------------------------------------------------------------------------------
+    def tier_op(self, tier: str, op: str) -> TierOpStats:
+        with self._lock:
+            return self.io.get((tier, op)) or TierOpStats()
+
+    def snapshot_counters(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.counters)

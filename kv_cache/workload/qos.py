@@ -1,0 +1,22 @@
+"""QoS classes: priority ordering and SLA targets, both taken from the config (never hard-coded)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+QOS_LEVELS = ("interactive", "responsive", "batch")
+
+
+def draw_qos_level(rng: random.Random, interactive_probability: float, responsive_threshold: float) -> str:
+    """Reference draw (spec 8.1): r < p_interactive -> interactive; r < threshold -> responsive; else batch."""
+    r = rng.random()
+    if r < interactive_probability:
+        return "interactive"
+    if r < responsive_threshold:
+        return "responsive"
+    return "batch"
+
+
+def priorities(qos_profiles: Mapping) -> dict[str, int]:
+    return {level: int(qos_profiles[level].priority) for level in QOS_LEVELS}
