@@ -284,6 +284,8 @@ def assemble(settings, metrics, outcome, usage, entry_sizes, file_store, memory_
         "notes": notes,
     }
     results["run_parameters"] = run_parameters(settings, started)
+    if outcome.plans:
+        results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
     return results
 
 
