@@ -100,7 +100,7 @@ def test_files_removed_and_results_written_when_storage_fails(quick_settings, si
 def test_same_seed_same_per_user_operation_sequences(quick_settings, sink, tmp_path):
     runs = []
     for i in range(2):
-        settings = quick_settings("--max-requests", "200", "--duration", "60", "--cpu-mem-gb", "0.05",
+        settings = quick_settings("--max-requests", "200", "--duration", "60", "--cpu-mem-gb", "0.05", "--num-users", "20",
                                   output=str(tmp_path / f"r{i}.json"))
         results, _ = execute(settings, sink, record_plans=True)
         runs.append((results, settings))

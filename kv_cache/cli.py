@@ -1,0 +1,242 @@
+"""Command line: the reference flags (spec 2.1) plus the storage-engine knobs, turned into RunSettings.
+
+Errors are one line on stderr, `kv-cache: error: <message>`, and exit status 2: argparse problems
+(unknown flag, bad type or choice), flag values out of range, config-file problems, an unknown model,
+an unsafe --cache-dir, and flags whose feature this version does not implement yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from datetime import datetime
+from typing import NoReturn
+
+from kv_cache import __version__
+from kv_cache.config import load_config
+from kv_cache.errors import UsageError
+from kv_cache.settings import GENERATION_MODES, IO_MODES, PERFORMANCE_PROFILES, RunSettings, StorageSettings
+from kv_cache.validation import advisories, unimplemented_features, validate_args
+
+__all__ = ["build_parser", "configure_logging", "main", "parse_settings"]
+
+PROG = "kv-cache"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
+LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
+MIB = 1024 * 1024
+
+logger = logging.getLogger(__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump): `kv-cache: error: <message>`, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """All reference flags with their reference names, types, defaults and choices, plus ours."""
+    p = _Parser(
+        prog=PROG,
+        description="Integrated Multi-User KV Cache Benchmark (MLPerf Storage v3 compatible).",
+    )
+    add = p.add_argument
+    add("--version", action="version", version=f"%(prog)s {__version__}")
+    add("--log-level", type=str, default="INFO", choices=LOG_LEVELS, help="Logging level (default: INFO).")
+    add("--model", type=str, default="llama3.1-8b", help="Model key (built-in or from --config).")
+    add("--num-users", type=int, default=100, help="Number of concurrent users to simulate.")
+    add("--duration", type=int, default=60, help="Measured phase length in seconds.")
+    add("--gpu-mem-gb", type=float, default=16, help="GPU tier budget per GPU, GiB (0 = no GPU tier).")
+    add("--num-gpus", type=int, default=1, help="GPUs; GPU tier capacity = num-gpus x gpu-mem-gb.")
+    add(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="Tensor-parallel degree; each rank stores 1/TP of an entry.",
+    )
+    add("--cpu-mem-gb", type=float, default=32, help="CPU tier budget, GiB.")
+    add(
+        "--cache-dir",
+        type=str,
+        default=None,
+        help="Directory of the storage tier (default: a fresh temp dir).",
+    )
+    add(
+        "--generation-mode",
+        type=str,
+        default="realistic",
+        choices=GENERATION_MODES,
+        help="Simulated GPU time per generated token.",
+    )
+    add(
+        "--performance-profile",
+        type=str,
+        default="latency",
+        choices=PERFORMANCE_PROFILES,
+        help="Which pass/fail criteria apply.",
+    )
+    add("--disable-multi-turn", action="store_true", help="Disable multi-turn conversation caching.")
+    add("--disable-prefix-caching", action="store_true", help="Disable prefix caching.")
+    add("--enable-rag", action="store_true", help="Enable the RAG workload simulation.")
+    add("--rag-num-docs", type=int, default=10, help="Number of RAG documents to ingest.")
+    add("--enable-autoscaling", action="store_true", help="Enable workload autoscaling.")
+    add(
+        "--autoscaler-mode",
+        type=str,
+        default="qos",
+        choices=("qos", "capacity"),
+        help="Autoscaling strategy.",
+    )
+    add("--target-saturation", type=float, default=0.8, help="Target storage saturation (0.0-1.0).")
+    add("--use-burst-trace", action="store_true", help="Use BurstGPT trace(s) for the workload.")
+    add(
+        "--burst-trace-path",
+        type=str,
+        default="BurstGPT/data/BurstGPT_1.csv",
+        help="BurstGPT CSV file, directory of CSVs, or glob.",
+    )
+    add("--validation-trace", type=str, default=None, help="Real-world trace file for validation.")
+    add("--dataset-path", type=str, default=None, help="ShareGPT dataset JSON file.")
+    add("--max-conversations", type=int, default=500, help="Maximum conversations loaded from ShareGPT.")
+    add(
+        "--output",
+        type=str,
+        default=f"benchmark_results_{datetime.now().strftime('%Y%m%d_%H%M%S')}.json",
+        help="Result JSON path.",
+    )
+    add("--seed", type=int, default=None, help="Seed for every random generator.")
+    add("--max-concurrent-allocs", type=int, default=0, help="Limit concurrent allocations (0 = unlimited).")
+    add("--request-rate", type=float, default=0, help="Target request arrival rate, req/s (0 = unlimited).")
+    add("--max-requests", type=int, default=0, help="Stop after N completed requests (0 = duration only).")
+    add("--xlsx-output", type=str, default=None, help="Optional XLSX (or CSV) summary path.")
+    add("--config", type=str, default=None, help="YAML configuration file.")
+    add("--storage-capacity-gb", type=float, default=0, help="Storage tier capacity, GiB (0 = auto).")
+    add("--precondition", action="store_true", help="Fill the device before measuring.")
+    add(
+        "--precondition-size-gb",
+        type=float,
+        default=0,
+        help="Preconditioning volume, GiB (0 = 2 x capacity).",
+    )
+    add("--precondition-threads", type=int, default=0, help="Preconditioning writer threads (0 = CPU count).")
+    add("--trace-speedup", type=float, default=1.0, help="BurstGPT inter-arrival divisor (0 = no sleeping).")
+    add("--replay-cycles", type=int, default=0, help="Passes over the trace/dataset (0 = unlimited).")
+    add("--prefill-only", action="store_true", help="Disaggregated prefill node: writes only.")
+    add("--decode-only", action="store_true", help="Disaggregated decode node: reads only.")
+    add(
+        "--io-trace-log",
+        type=str,
+        default=None,
+        help="Trace mode: log operations to CSV instead of doing I/O.",
+    )
+    add("--enable-latency-tracing", action="store_true", help="bpftrace device latency tracing (needs sudo).")
+
+    io = p.add_argument_group("storage engine (override the config 'storage' section)")
+    io.add_argument("--io-chunk-mb", type=int, default=None, help="MiB per pwritev/preadv call.")
+    io.add_argument("--io-workers", type=int, default=None, help="I/O worker threads (0 = auto).")
+    io.add_argument(
+        "--io-mode",
+        type=str,
+        default=None,
+        choices=IO_MODES,
+        help="auto = O_DIRECT where possible; direct = O_DIRECT or fail; buffered = page cache.",
+    )
+    io.add_argument(
+        "--no-fsync", action="store_true", default=None, help="Skip the fdatasync per written entry."
+    )
+    return p
+
+
+def parse_settings(argv: list[str] | None = None) -> RunSettings:
+    """Parse, load the config, validate, resolve the model: the run's immutable settings.
+
+    Raises UsageError (one line) for anything wrong; argparse problems exit 2 after one stderr line.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.prefill_only and args.decode_only:
+        raise UsageError("--prefill-only and --decode-only are mutually exclusive")
+
+    config = load_config(args.config)
+    errors = validate_args(args, config.validation_limits)
+    errors += unimplemented_features(args)
+    model = config.model_configs.get(args.model)
+    if model is None:
+        errors.append(f"unknown model '{args.model}' (available: {', '.join(sorted(config.model_configs))})")
+    if errors:
+        raise UsageError("; ".join(errors))
+
+    storage = config.storage
+    settings_storage = StorageSettings(
+        chunk_bytes=(args.io_chunk_mb if args.io_chunk_mb is not None else storage.chunk_size_mb) * MIB,
+        fsync=False if args.no_fsync else storage.fsync,
+        io_mode=args.io_mode if args.io_mode is not None else storage.io_mode,
+        io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
+    )
+    cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir)) if args.cache_dir is not None else None
+    return RunSettings(
+        config=config,
+        model=model,
+        model_name=args.model,
+        num_users=args.num_users,
+        duration=float(args.duration),
+        gpu_mem_gb=float(args.gpu_mem_gb),
+        num_gpus=args.num_gpus,
+        tensor_parallel=args.tensor_parallel,
+        cpu_mem_gb=float(args.cpu_mem_gb),
+        cache_dir=cache_dir,
+        generation_mode=args.generation_mode,
+        performance_profile=args.performance_profile,
+        multi_turn=not args.disable_multi_turn,
+        prefix_caching=not args.disable_prefix_caching,
+        output=args.output,
+        seed=args.seed,
+        max_concurrent_allocs=args.max_concurrent_allocs,
+        max_requests=args.max_requests,
+        storage_capacity_gb=float(args.storage_capacity_gb),
+        log_level=args.log_level,
+        config_path=args.config,
+        storage=settings_storage,
+        argv=tuple(argv),
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Reference log format on stderr; the level applies to the `kv_cache` loggers."""
+    numeric = getattr(logging, level)
+    logging.basicConfig(level=numeric, format=LOG_FORMAT, datefmt=LOG_DATEFMT)
+    logging.getLogger("kv_cache").setLevel(numeric)
+
+
+def _usage_error(message: object) -> int:
+    sys.stderr.write(f"{PROG}: error: {' '.join(str(message).split())}\n")
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `kv-cache`, `mlperf-kv-cache` and kv-cache.py; returns the exit status."""
+    try:
+        try:
+            settings = parse_settings(argv)
+        except SystemExit as exc:  # argparse: --help / --version (0) or a usage error (2, already printed)
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        except UsageError as exc:
+            return _usage_error(exc)
+        configure_logging(settings.log_level)
+        if settings.config_path:
+            logger.info("Loaded configuration from %s", settings.config_path)
+        for message in advisories(settings):
+            logger.warning(message)
+        from kv_cache.runner import run_benchmark
+
+        return run_benchmark(settings)
+    except UsageError as exc:
+        return _usage_error(exc)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130

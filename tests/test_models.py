@@ -1,0 +1,70 @@
+"""Model table and the bytes-per-token formula (spec section 4)."""
+
+import dataclasses
+
+import pytest
+
+from kv_cache.models import MODEL_CONFIGS, ModelConfig
+
+EXPECTED_BYTES_PER_TOKEN = {
+    "tiny-1b": 24576,
+    "mistral-7b": 131072,
+    "llama2-7b": 524288,
+    "llama3.1-8b": 131072,
+    "llama3.1-70b-instruct": 327680,
+    "deepseek-v3": 70272,
+    "qwen3-32b": 262144,
+    "gpt-oss-120b": 73728,
+    "gpt-oss-20b": 49152,
+}
+
+
+def test_exactly_the_nine_reference_models():
+    assert len(MODEL_CONFIGS) == 9
+    assert set(MODEL_CONFIGS) == set(EXPECTED_BYTES_PER_TOKEN)
+
+
+@pytest.mark.parametrize(("key", "expected"), sorted(EXPECTED_BYTES_PER_TOKEN.items()))
+def test_bytes_per_token_of_each_builtin(key, expected):
+    model = MODEL_CONFIGS[key]
+    assert model.bytes_per_token == expected
+    assert model.kv_cache_size_per_token == expected
+
+
+def test_gqa_formula_matches_reference_test():
+    m = MODEL_CONFIGS["llama3.1-8b"]
+    assert m.bytes_per_element == 2
+    assert m.head_dim == 128
+    assert m.bytes_per_token == m.num_layers * m.kv_heads * m.head_dim * 2 * m.bytes_per_element
+
+
+def test_mla_ignores_kv_heads_and_head_dim():
+    m = MODEL_CONFIGS["deepseek-v3"]
+    assert m.attention_type == "mla"
+    assert m.bytes_per_token == 61 * (512 + 64) * 2
+    assert dataclasses.replace(m, kv_heads=1, kv_dim_per_head=999).bytes_per_token == m.bytes_per_token
+
+
+def test_head_dim_override():
+    assert MODEL_CONFIGS["qwen3-32b"].head_dim == 128  # not 5120 // 64 = 80
+    assert MODEL_CONFIGS["gpt-oss-20b"].head_dim == 64  # not 2880 // 64 = 45
+    assert ModelConfig("x", 2, 1000, 3, 1).head_dim == 333  # integer division
+
+
+@pytest.mark.parametrize(
+    ("dtype", "size"), [("float32", 4), ("float16", 2), ("bfloat16", 2), ("int8", 1), ("fp8", 2)]
+)
+def test_bytes_per_element(dtype, size):
+    assert ModelConfig("x", 1, 64, 1, 1, dtype=dtype).bytes_per_element == size
+
+
+def test_large_model_rule():
+    large = {k for k, m in MODEL_CONFIGS.items() if m.is_large_model}
+    assert large == {"llama3.1-70b-instruct", "qwen3-32b"}
+
+
+def test_models_are_immutable():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MODEL_CONFIGS["tiny-1b"].num_layers = 1
+    with pytest.raises(TypeError):
+        MODEL_CONFIGS["new"] = MODEL_CONFIGS["tiny-1b"]
