@@ -1,0 +1,51 @@
+"""Storage backends: how bytes move (memory slabs, files with O_DIRECT) and what was timed.
+
+The cache layer decides *where* an entry lives; a store decides *how* its bytes move.  Every store
+streams an entry chunk by chunk through the calling worker's preallocated :class:`WorkerBuffers` and
+returns an :class:`IOResult` that separates device time from host time.
+"""
+
+from kv_cache.storage.base import (
+    BLOCK,
+    DataCorruption,
+    IOAborted,
+    IOResult,
+    Store,
+    StoreBase,
+    StoreFull,
+    key_id,
+    padded,
+)
+from kv_cache.storage.blockdev import BlockDeviceCounter, DiskStats, MountInfo, fs_type, mount_info
+from kv_cache.storage.buffers import WorkerBuffers
+from kv_cache.storage.files import MEMORY_FS, FileStore, file_name, npy_header
+from kv_cache.storage.memory import MemoryStore
+from kv_cache.storage.rundir import MARKER, RUN_PREFIX, RunDir, read_marker, stale_run_dirs
+
+__all__ = [
+    "BLOCK",
+    "MARKER",
+    "MEMORY_FS",
+    "RUN_PREFIX",
+    "BlockDeviceCounter",
+    "DataCorruption",
+    "DiskStats",
+    "FileStore",
+    "IOAborted",
+    "IOResult",
+    "MemoryStore",
+    "MountInfo",
+    "RunDir",
+    "Store",
+    "StoreBase",
+    "StoreFull",
+    "WorkerBuffers",
+    "file_name",
+    "fs_type",
+    "key_id",
+    "mount_info",
+    "npy_header",
+    "padded",
+    "read_marker",
+    "stale_run_dirs",
+]

@@ -1,0 +1,305 @@
+"""The storage contract: results, errors, key ids, and the chunk-streaming skeleton both stores share.
+
+A store moves an entry as a sequence of chunks of ``bufs.chunk_bytes`` through the calling worker's
+preallocated buffers (:class:`~kv_cache.storage.buffers.WorkerBuffers`).  Chunk ``c`` of entry ``key``
+is ``bufs.write_buf[:n]`` after ``bufs.stamp(key_id(key), c * chunk_blocks, nblocks)``, so every 4 KiB
+block that reaches a device is unique and nothing is generated or copied per request.
+
+Subclasses implement five primitives (begin/put/commit/abort for writes, begin/get/end for reads);
+:class:`StoreBase` builds ``write``, ``read`` and ``move_to`` on top of them and does the timing split:
+``device_ns`` is what the primitive reports as spent in the data path (syscalls or memcpy), ``host_ns``
+is everything else inside the operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.storage.buffers import WorkerBuffers
+
+BLOCK = 4096  # the unit of uniqueness, alignment and padding
+
+
+class IOResult(NamedTuple):
+    """What one store operation moved and how long it took (all times from ``time.perf_counter_ns``)."""
+
+    nbytes: int  # logical entry bytes moved
+    device_bytes: int  # bytes handed to the data syscalls / memcpy (incl. header and padding)
+    total_ns: int  # the whole operation
+    device_ns: int  # inside the data path: syscalls (FileStore) or the memcpy (MemoryStore)
+    host_ns: int  # total_ns - device_ns: stamping, bookkeeping, Python
+
+
+class IOAborted(Exception):
+    """The operation saw its stop event between chunks and gave up (the partial entry is gone)."""
+
+    def __init__(self, message: str = "I/O aborted", device_bytes: int = 0):
+        super().__init__(message)
+        self.device_bytes = device_bytes  # bytes that did reach the device before the abort
+
+
+class DataCorruption(Exception):
+    """A verified read found a block whose stamp is not (key id, block index), or a short file."""
+
+
+class StoreFull(Exception):
+    """A MemoryStore has no free slabs for the entry (nothing was kept)."""
+
+
+def key_id(key: str) -> int:
+    """Stable 64-bit id of a cache key: blake2b (8-byte digest) of its UTF-8, little-endian."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to a whole number of 4 KiB blocks."""
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+ChunkSink = Callable[[int, memoryview], None]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the cache layer calls. Both MemoryStore and FileStore implement it."""
+
+    name: str
+
+    def write(
+        self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None
+    ) -> IOResult: ...
+
+    def read(
+        self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False
+    ) -> IOResult: ...
+
+    def move_to(
+        self, key: str, dst: Store, bufs: WorkerBuffers, stop: threading.Event | None = None
+    ) -> tuple[IOResult, IOResult]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class StoreBase:
+    """Chunk streaming, stop handling, verification and timing on top of five primitives.
+
+    Primitive contract (every primitive returns the nanoseconds it spent in the data path):
+
+    * ``_begin_write(key, nbytes) -> (handle, device_ns)``; may raise StoreFull / OSError.
+    * ``_put(handle, offset, view, first) -> (device_bytes, device_ns)``: store ``view``
+      (a whole number of 4 KiB blocks) at payload ``offset``.
+    * ``_commit(handle) -> device_ns``: make the entry visible (file: fdatasync + close).
+    * ``_abort(handle) -> None``: drop the partial entry, release everything it held.
+    * ``_begin_read(key) -> (handle, nbytes, device_ns)``; KeyError if the key is not stored.
+    * ``_get(handle, offset, view) -> (device_bytes, device_ns)``: fill ``view`` from payload ``offset``.
+    * ``_end_read(handle) -> device_ns``: release the read (never raises for a valid handle).
+    """
+
+    name: str = "store"
+
+    # ----------------------------------------------------------------- primitives (subclasses)
+    def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _commit(self, h: Any) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def _abort(self, h: Any) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _begin_read(self, key: str) -> tuple[Any, int, int]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _get(self, h: Any, offset: int, view: memoryview) -> tuple[int, int]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _end_read(self, h: Any) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def __contains__(self, key: object) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- operations
+    def write(
+        self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None
+    ) -> IOResult:
+        """Store ``nbytes`` of stamped data under ``key`` (replacing any previous entry)."""
+        t0 = perf_counter_ns()
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        kid = key_id(key)
+        chunk = bufs.chunk_bytes
+        chunk_blocks = chunk // BLOCK
+        total = padded(nbytes)
+        h, dev_ns = self._begin_write(key, nbytes)
+        dev_bytes = 0
+        try:
+            off = 0
+            c = 0
+            mv = bufs.write_mv
+            while off < total:
+                if stop is not None and stop.is_set():
+                    raise IOAborted(f"write of {key!r} aborted after {off} bytes", dev_bytes)
+                n = min(chunk, total - off)
+                bufs.stamp(kid, c * chunk_blocks, n // BLOCK)
+                b, ns = self._put(h, off, mv[:n], c == 0)
+                dev_bytes += b
+                dev_ns += ns
+                off += n
+                c += 1
+            if total == 0:  # an empty entry still gets its header (file) / its slot (memory)
+                b, ns = self._put(h, 0, mv[:0], True)
+                dev_bytes += b
+                dev_ns += ns
+            dev_ns += self._commit(h)
+        except IOAborted as e:
+            self._abort(h)
+            e.device_bytes = dev_bytes
+            raise
+        except BaseException:
+            self._abort(h)
+            raise
+        t1 = perf_counter_ns()
+        return IOResult(nbytes, dev_bytes, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+
+    def read(
+        self,
+        key: str,
+        bufs: WorkerBuffers,
+        stop: threading.Event | None = None,
+        verify: bool = False,
+        on_chunk: ChunkSink | None = None,
+    ) -> IOResult:
+        """Stream the entry through ``bufs.read_buf`` chunk by chunk.
+
+        ``verify`` checks every block's stamp (DataCorruption on mismatch).  ``on_chunk(c, view)`` (an
+        extension for tests and consumers) sees each chunk while it is in ``read_buf``.
+        """
+        t0 = perf_counter_ns()
+        h, nbytes, dev_ns = self._begin_read(key)
+        dev_bytes = 0
+        try:
+            kid = key_id(key) if verify else 0
+            chunk = bufs.chunk_bytes
+            chunk_blocks = chunk // BLOCK
+            total = padded(nbytes)
+            mv = bufs.read_mv
+            off = 0
+            c = 0
+            while off < total:
+                if stop is not None and stop.is_set():
+                    raise IOAborted(f"read of {key!r} aborted after {off} bytes", dev_bytes)
+                n = min(chunk, total - off)
+                b, ns = self._get(h, off, mv[:n])
+                dev_bytes += b
+                dev_ns += ns
+                if verify:
+                    bad = bufs.check_stamp(kid, c * chunk_blocks, n // BLOCK)
+                    if bad >= 0:
+                        raise DataCorruption(
+                            f"{self.name}: entry {key!r} block {c * chunk_blocks + bad} "
+                            f"(byte {off + bad * BLOCK}) does not carry its stamp"
+                        )
+                if on_chunk is not None:
+                    on_chunk(c, mv[: min(n, nbytes - off)])
+                off += n
+                c += 1
+        except IOAborted as e:
+            e.device_bytes = dev_bytes
+            dev_ns += self._end_read(h)
+            raise
+        except BaseException:
+            self._end_read(h)
+            raise
+        dev_ns += self._end_read(h)
+        t1 = perf_counter_ns()
+        return IOResult(nbytes, dev_bytes, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+
+    def move_to(
+        self, key: str, dst: Store, bufs: WorkerBuffers, stop: threading.Event | None = None
+    ) -> tuple[IOResult, IOResult]:
+        """Stream the stored bytes of ``key`` into ``dst`` through ``bufs.read_buf``, then delete here.
+
+        Returns (read result here, write result at dst).  On stop or error the partial copy at ``dst``
+        is removed and the entry stays here.
+        """
+        if not isinstance(dst, StoreBase):
+            raise TypeError(f"move_to needs a StoreBase destination, got {type(dst).__name__}")
+        if dst is self:
+            raise ValueError(f"{self.name}: cannot move {key!r} onto the store it is in")
+        r_t = 0  # time attributed to the read side / write side
+        w_t = 0
+        r_dev = w_dev = 0
+        r_bytes = w_bytes = 0
+        t = perf_counter_ns()
+        h, nbytes, ns = self._begin_read(key)
+        r_dev += ns
+        t2 = perf_counter_ns()
+        r_t += t2 - t
+        wh = None
+        try:
+            t = t2
+            wh, ns = dst._begin_write(key, nbytes)
+            w_dev += ns
+            t2 = perf_counter_ns()
+            w_t += t2 - t
+            chunk = bufs.chunk_bytes
+            total = padded(nbytes)
+            mv = bufs.read_mv
+            off = 0
+            c = 0
+            while off < total or (total == 0 and c == 0):
+                if stop is not None and stop.is_set():
+                    raise IOAborted(f"move of {key!r} aborted after {off} bytes", r_bytes + w_bytes)
+                n = min(chunk, total - off)
+                t = perf_counter_ns()
+                b, ns = self._get(h, off, mv[:n]) if n else (0, 0)
+                r_bytes += b
+                r_dev += ns
+                t2 = perf_counter_ns()
+                r_t += t2 - t
+                b, ns = dst._put(wh, off, mv[:n], c == 0)
+                w_bytes += b
+                w_dev += ns
+                t = perf_counter_ns()
+                w_t += t - t2
+                off += n
+                c += 1
+            t = perf_counter_ns()
+            w_dev += dst._commit(wh)
+            t2 = perf_counter_ns()
+            w_t += t2 - t
+            wh = None
+        except BaseException as e:
+            if wh is not None:
+                dst._abort(wh)
+            if isinstance(e, IOAborted):
+                e.device_bytes = r_bytes + w_bytes
+            self._end_read(h)
+            raise
+        t = perf_counter_ns()
+        r_dev += self._end_read(h)
+        r_t += perf_counter_ns() - t
+        self.delete(key)
+        return (
+            IOResult(nbytes, r_bytes, r_t, r_dev, r_t - r_dev),
+            IOResult(nbytes, w_bytes, w_t, w_dev, w_t - w_dev),
+        )

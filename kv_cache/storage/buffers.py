@@ -1,0 +1,121 @@
+"""Per-worker I/O buffers: allocated once per run, page aligned, never shared between threads.
+
+``write_buf`` is filled once with incompressible bytes; before each chunk is stored, :meth:`stamp` writes
+(key id, block index) into the first 16 bytes of every 4 KiB block, which makes every block on the
+device unique (no dedup or compression can flatter it) without generating or copying payload per
+request.  ``read_buf`` receives data read back; :meth:`check_stamp` verifies it.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from kv_cache.storage.base import BLOCK
+
+_U64 = np.dtype("<u8")
+_MASK64 = (1 << 64) - 1
+_FILL_WORDS = 1 << 17  # random fill in 1 MiB pieces (bounded temporary memory, once per run)
+
+
+class WorkerBuffers:
+    """One pair of aligned chunk buffers for one I/O worker thread.
+
+    Attributes: ``chunk_bytes``; ``write_buf`` / ``read_buf`` (numpy uint8 views over anonymous
+    mmaps, so page aligned, as required by O_DIRECT); ``write_mv`` / ``read_mv`` (memoryviews of the
+    same memory, cheap to slice for syscalls).
+    """
+
+    def __init__(self, chunk_bytes: int, seed: int | None, worker_id: int):
+        if chunk_bytes <= 0 or chunk_bytes % BLOCK:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {BLOCK}, got {chunk_bytes}")
+        self.chunk_bytes = int(chunk_bytes)
+        self.seed = 0 if seed is None else int(seed)
+        self.worker_id = int(worker_id)
+        self.nblocks = self.chunk_bytes // BLOCK
+
+        self._write_mm = mmap.mmap(-1, self.chunk_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._read_mm = mmap.mmap(-1, self.chunk_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.write_buf = np.frombuffer(self._write_mm, dtype=np.uint8)
+        self.read_buf = np.frombuffer(self._read_mm, dtype=np.uint8)
+        self.write_mv = memoryview(self._write_mm)
+        self.read_mv = memoryview(self._read_mm)
+
+        # Incompressible fill, once: numpy default_rng(SeedSequence([seed, worker_id])).
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed & _MASK64, self.worker_id & _MASK64]))
+        words = self.write_buf.view(_U64)
+        for i in range(0, words.size, _FILL_WORDS):
+            m = min(_FILL_WORDS, words.size - i)
+            words[i : i + m] = rng.integers(
+                0, np.iinfo(np.uint64).max, size=m, dtype=np.uint64, endpoint=True
+            )
+        self.read_buf.fill(0)  # fault the read pages in now, not inside the first timed read
+
+        # Stamp machinery, all preallocated.  The (block, 2) uint64 views cover the first 16 bytes of
+        # every block; the stamps are built in a small contiguous scratch and copied in one strided
+        # pass (about 3x faster than writing the two columns separately).
+        w64 = self.write_buf.view(_U64).reshape(self.nblocks, BLOCK // 8)
+        r64 = self.read_buf.view(_U64).reshape(self.nblocks, BLOCK // 8)
+        self._w_pair = w64[:, :2]
+        self._r_pair = r64[:, :2]
+        self._ramp = np.arange(self.nblocks, dtype=_U64)
+        self._scratch = np.empty((self.nblocks, 2), dtype=_U64)
+        self._rscratch = np.empty((self.nblocks, 2), dtype=_U64)
+        self._expect = np.empty(self.nblocks, dtype=_U64)
+        self._ok = np.empty(self.nblocks, dtype=np.bool_)
+        self._ok2 = np.empty(self.nblocks, dtype=np.bool_)
+
+    # ------------------------------------------------------------------ stamping
+    def stamp(self, kid: int, first_block: int, nblocks: int) -> None:
+        """Write (kid, first_block + i) as little-endian uint64s at the start of block i of write_buf.
+
+        Vectorised over preallocated arrays; allocates nothing that outlives the call.
+        """
+        if not 0 <= nblocks <= self.nblocks:
+            raise ValueError(f"nblocks {nblocks} outside 0..{self.nblocks}")
+        sc = self._scratch[:nblocks]
+        sc[:, 0] = kid
+        np.add(self._ramp[:nblocks], np.uint64(first_block), out=sc[:, 1])
+        np.copyto(self._w_pair[:nblocks], sc)
+
+    def check_stamp(self, kid: int, first_block: int, nblocks: int) -> int:
+        """Index of the first block of read_buf[:nblocks] whose stamp is not (kid, first_block + i); -1 if all match."""
+        if not 0 <= nblocks <= self.nblocks:
+            raise ValueError(f"nblocks {nblocks} outside 0..{self.nblocks}")
+        ok = self._ok[:nblocks]
+        ok2 = self._ok2[:nblocks]
+        expect = self._expect[:nblocks]
+        got = self._rscratch[:nblocks]
+        np.copyto(got, self._r_pair[:nblocks])
+        np.equal(got[:, 0], np.uint64(kid), out=ok)
+        np.add(self._ramp[:nblocks], np.uint64(first_block), out=expect)
+        np.equal(got[:, 1], expect, out=ok2)
+        np.logical_and(ok, ok2, out=ok)
+        if ok.all():
+            return -1
+        return int(np.argmin(ok))
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Unmap the buffers (the object is unusable afterwards). Safe to call twice."""
+        for name in ("write_buf", "read_buf", "write_mv", "read_mv", "_w_pair", "_r_pair"):
+            obj = self.__dict__.pop(name, None)
+            if isinstance(obj, memoryview):
+                obj.release()
+        for name in ("_write_mm", "_read_mm"):
+            mm = self.__dict__.get(name)
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:  # someone still holds a view; the GC will unmap it
+                    pass
+
+    def __enter__(self) -> WorkerBuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"WorkerBuffers(chunk_bytes={self.chunk_bytes}, seed={self.seed}, worker_id={self.worker_id})"

@@ -1,0 +1,239 @@
+"""The CPU-RAM tier: one preallocated arena of fixed-size slabs, no allocation per request.
+
+The arena is a single anonymous private mapping (MAP_NORESERVE where known), so pages are only touched
+when an entry is first stored there (or all at once with ``prefault=True``).  An entry is a list of
+slabs; bookkeeping is under a lock, the copies (numpy ``copyto``, which releases the GIL for large
+copies) happen outside it.  Entries are stored 4 KiB padded, exactly as the chunks arrived, so a
+stamp check or a move to a file store sees the same blocks.
+"""
+
+from __future__ import annotations
+
+import mmap
+import platform
+import sys
+import threading
+from time import perf_counter_ns
+
+import numpy as np
+
+from kv_cache.storage.base import BLOCK, StoreBase, StoreFull, padded
+
+
+def _map_noreserve() -> int:
+    flag = getattr(mmap, "MAP_NORESERVE", None)
+    if flag is not None:
+        return int(flag)
+    if sys.platform.startswith("linux") and platform.machine() in (
+        "x86_64",
+        "AMD64",
+        "i686",
+        "i386",
+        "aarch64",
+        "arm64",
+        "riscv64",
+        "s390x",
+        "loongarch64",
+    ):
+        return 0x4000  # the asm-generic value
+    return 0
+
+
+class _Entry:
+    __slots__ = ("slabs", "nbytes", "pins", "dead")
+
+    def __init__(self, slabs: list[int], nbytes: int):
+        self.slabs = slabs
+        self.nbytes = nbytes
+        self.pins = 0  # readers currently copying out of the slabs
+        self.dead = False  # deleted/replaced while pinned: the last reader frees the slabs
+
+
+class _Pending:
+    __slots__ = ("key", "slabs", "nbytes")
+
+    def __init__(self, key: str, slabs: list[int], nbytes: int):
+        self.key = key
+        self.slabs = slabs
+        self.nbytes = nbytes
+
+
+class MemoryStore(StoreBase):
+    """Slab arena of ``capacity_bytes`` (rounded up to slabs, plus ``spare_slabs``)."""
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        slab_bytes: int = 1 << 20,
+        *,
+        prefault: bool = False,
+        spare_slabs: int = 4,
+        name: str = "cpu",
+    ):
+        if capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        if slab_bytes <= 0 or slab_bytes % BLOCK:
+            raise ValueError(f"slab_bytes must be a positive multiple of {BLOCK}, got {slab_bytes}")
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        self.slab_bytes = int(slab_bytes)
+        base = -(-self.capacity_bytes // self.slab_bytes)
+        self.nslabs = base + (max(0, spare_slabs) if base else 0)
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._free: list[int] = list(range(self.nslabs - 1, -1, -1))  # pop() hands out low slabs first
+        self._closed = False
+        self._mm: mmap.mmap | None = None
+        self._arena: np.ndarray | None = None
+        if self.nslabs:
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _map_noreserve()
+            if prefault:
+                flags |= getattr(mmap, "MAP_POPULATE", 0)
+            self._mm = mmap.mmap(-1, self.nslabs * self.slab_bytes, flags=flags)
+            self._arena = np.frombuffer(self._mm, dtype=np.uint8)
+            if prefault and not hasattr(mmap, "MAP_POPULATE"):
+                self._arena[::4096] = 0
+
+    # ------------------------------------------------------------------ info
+    @property
+    def arena_bytes(self) -> int:
+        return self.nslabs * self.slab_bytes
+
+    def footprint(self, nbytes: int) -> int:
+        """Arena bytes an entry of ``nbytes`` occupies (whole slabs)."""
+        return -(-nbytes // self.slab_bytes) * self.slab_bytes
+
+    @property
+    def free_slabs(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return (self.nslabs - len(self._free)) * self.slab_bytes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
+
+    # ------------------------------------------------------------------ bookkeeping helpers
+    def _release(self, e: _Entry) -> None:  # lock held
+        if e.pins:
+            e.dead = True
+        else:
+            self._free.extend(e.slabs)
+            e.slabs = []
+
+    def _copy(self, slabs: list[int], offset: int, buf: np.ndarray, to_arena: bool) -> int:
+        """Copy ``buf`` to/from the entry's bytes at ``offset``; returns the ns spent in copyto."""
+        arena = self._arena
+        if arena is None:
+            raise RuntimeError(f"{self.name}: store is closed")
+        s = self.slab_bytes
+        pos = 0
+        n = buf.size
+        ns = 0
+        while pos < n:
+            i, o = divmod(offset + pos, s)
+            m = min(s - o, n - pos)
+            a = slabs[i] * s + o
+            t = perf_counter_ns()
+            if to_arena:
+                np.copyto(arena[a : a + m], buf[pos : pos + m])
+            else:
+                np.copyto(buf[pos : pos + m], arena[a : a + m])
+            ns += perf_counter_ns() - t
+            pos += m
+        return ns
+
+    # ------------------------------------------------------------------ primitives
+    def _begin_write(self, key: str, nbytes: int) -> tuple[_Pending, int]:
+        need = -(-padded(nbytes) // self.slab_bytes)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: store is closed")
+            if self.nslabs == 0 or need > len(self._free):
+                raise StoreFull(
+                    f"{self.name}: entry {key!r} needs {need} slab(s), {len(self._free)} free "
+                    f"of {self.nslabs}"
+                )
+            slabs = self._free[len(self._free) - need :][::-1]
+            del self._free[len(self._free) - need :]
+        return _Pending(key, slabs, nbytes), 0
+
+    def _put(self, h: _Pending, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
+        if not len(view):
+            return 0, 0
+        return len(view), self._copy(h.slabs, offset, np.frombuffer(view, dtype=np.uint8), True)
+
+    def _commit(self, h: _Pending) -> int:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: store closed during write")
+            old = self._entries.get(h.key)
+            self._entries[h.key] = _Entry(h.slabs, h.nbytes)
+            if old is not None:
+                self._release(old)
+        h.slabs = []
+        return 0
+
+    def _abort(self, h: _Pending) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.extend(h.slabs)
+        h.slabs = []
+
+    def _begin_read(self, key: str) -> tuple[_Entry, int, int]:
+        with self._lock:
+            e = self._entries[key]  # KeyError if missing
+            e.pins += 1
+        return e, e.nbytes, 0
+
+    def _get(self, h: _Entry, offset: int, view: memoryview) -> tuple[int, int]:
+        return len(view), self._copy(h.slabs, offset, np.frombuffer(view, dtype=np.uint8), False)
+
+    def _end_read(self, h: _Entry) -> int:
+        with self._lock:
+            h.pins -= 1
+            if h.dead and h.pins == 0 and not self._closed:
+                self._free.extend(h.slabs)
+                h.slabs = []
+        return 0
+
+    # ------------------------------------------------------------------ public
+    def delete(self, key: str) -> None:
+        with self._lock:
+            e = self._entries.pop(key, None)
+            if e is not None:
+                self._release(e)
+
+    def close(self) -> None:
+        """Drop all entries and unmap the arena (left to the GC if a copy still holds a view)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._entries.clear()
+            self._free.clear()
+        self._arena = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # an in-flight copy still references the arena
+                pass
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryStore(name={self.name!r}, capacity_bytes={self.capacity_bytes}, "
+            f"slab_bytes={self.slab_bytes}, nslabs={self.nslabs})"
+        )

@@ -1,0 +1,390 @@
+import errno
+import hashlib
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from kv_cache.errors import UsageError
+from kv_cache.storage import (
+    BLOCK,
+    MARKER,
+    DataCorruption,
+    FileStore,
+    IOAborted,
+    Store,
+    WorkerBuffers,
+    file_name,
+    key_id,
+    npy_header,
+)
+from kv_cache.storage import files as files_mod
+
+CHUNK = 4 * BLOCK
+SHM = "/dev/shm"
+
+
+def expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int) -> np.ndarray:
+    out = []
+    kid = key_id(key)
+    cb = bufs.chunk_bytes // BLOCK
+    total = -(-nbytes // BLOCK) * BLOCK
+    for c, off in enumerate(range(0, total, bufs.chunk_bytes)):
+        n = min(bufs.chunk_bytes, total - off)
+        bufs.stamp(kid, c * cb, n // BLOCK)
+        out.append(bufs.write_buf[:n].copy())
+    return np.concatenate(out)[:nbytes] if out else np.zeros(0, np.uint8)
+
+
+def read_all(store, key, bufs, verify=True):
+    chunks = []
+    res = store.read(
+        key, bufs, verify=verify, on_chunk=lambda c, v: chunks.append(np.frombuffer(v, np.uint8).copy())
+    )
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)), res
+
+
+def direct_works(path) -> bool:
+    try:
+        s = FileStore(path, CHUNK, io_mode="direct")
+    except UsageError:
+        return False
+    s.close()
+    return True
+
+
+@pytest.fixture
+def bufs():
+    b = WorkerBuffers(CHUNK, 5, 0)
+    yield b
+    b.close()
+
+
+@pytest.fixture(params=["direct", "buffered"])
+def store(request, tmp_path):
+    if request.param == "direct" and not direct_works(tmp_path):
+        pytest.skip("O_DIRECT not supported on tmp_path")
+    s = FileStore(tmp_path / "cache", CHUNK, fsync=True, io_mode=request.param)
+    yield s
+    s.close()
+
+
+def test_auto_mode_on_tmp_is_direct(tmp_path):
+    s = FileStore(tmp_path, CHUNK)
+    try:
+        assert s.io_mode in ("direct", "buffered")
+        if s.fs_type in ("ext4", "xfs"):
+            assert s.io_mode == "direct", s.io_mode_reason
+        assert isinstance(s, Store) and s.name == "nvme"
+        assert s.free_bytes() > 0
+        assert s.run_dir.parent == tmp_path
+    finally:
+        s.close()
+
+
+def test_npy_header_is_4096_and_parses():
+    h = npy_header(12345)
+    assert len(h) == BLOCK and h.endswith(b"\n") and h.startswith(b"\x93NUMPY\x01\x00")
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 5000, BLOCK, CHUNK, CHUNK + 1, 3 * CHUNK + 777])
+def test_round_trip(store, bufs, nbytes):
+    w = store.write("entry", nbytes, bufs)
+    assert w.nbytes == nbytes
+    assert w.device_bytes == BLOCK + -(-nbytes // BLOCK) * BLOCK
+    assert w.total_ns == w.device_ns + w.host_ns and w.device_ns > 0 and w.host_ns >= 0
+    exp = expected_bytes(bufs, "entry", nbytes)
+    got, r = read_all(store, "entry", bufs)
+    assert r.nbytes == nbytes and r.device_bytes == -(-nbytes // BLOCK) * BLOCK
+    assert np.array_equal(got, exp)
+    path = store.path_of("entry")
+    assert path.parent == store.run_dir
+    assert path.stat().st_size == FileStore.file_bytes(nbytes)
+    arr = np.load(path)
+    assert arr.dtype == np.uint8 and arr.shape == (nbytes,)
+    assert np.array_equal(arr, exp)
+
+
+def test_single_chunk_read_buf_equals_stamped_write_buf(store, bufs):
+    store.write("one", CHUNK, bufs)
+    bufs.read_buf[:] = 0
+    store.read("one", bufs, verify=True)
+    bufs.stamp(key_id("one"), 0, CHUNK // BLOCK)
+    assert np.array_equal(bufs.read_buf, bufs.write_buf)
+
+
+def test_every_block_is_unique(store, tmp_path):
+    seen = set()
+    count = 0
+    for wid in range(2):
+        b = WorkerBuffers(CHUNK, 11, wid)
+        for i in range(5):
+            key = f"u{wid}_{i}"
+            store.write(key, 2 * CHUNK + 3 * BLOCK, b)
+            raw = store.path_of(key).read_bytes()[BLOCK:]
+            for off in range(0, len(raw), BLOCK):
+                seen.add(hashlib.blake2b(raw[off : off + BLOCK], digest_size=16).digest())
+                count += 1
+        # the same key rewritten by another worker gives different payload but the same stamps
+        b.close()
+    assert count == 2 * 5 * 11
+    assert len(seen) == count
+
+
+def test_verify_catches_corrupted_file(store, bufs):
+    store.write("k", 2 * CHUNK, bufs)
+    path = store.path_of("k")
+    with open(path, "r+b") as f:
+        f.seek(BLOCK + 5 * BLOCK)  # payload block 5
+        f.write(b"\0" * BLOCK)
+    store.read("k", bufs)  # unverified: no check
+    with pytest.raises(DataCorruption, match="block 5"):
+        store.read("k", bufs, verify=True)
+
+
+def test_truncated_file_is_corruption(store, bufs):
+    store.write("k", 2 * CHUNK, bufs)
+    os.truncate(store.path_of("k"), BLOCK + CHUNK)
+    with pytest.raises(DataCorruption):
+        store.read("k", bufs)
+
+
+def test_missing_key_and_delete(store, bufs):
+    with pytest.raises(KeyError):
+        store.read("nope", bufs)
+    store.delete("nope")
+    store.write("k", 100, bufs)
+    assert "k" in store and len(store) == 1 and store.keys() == ["k"]
+    store.delete("k")
+    assert "k" not in store and not store.path_of("k").exists()
+    with pytest.raises(KeyError):
+        store.read("k", bufs)
+
+
+def test_overwrite(store, bufs):
+    store.write("k", 3 * CHUNK, bufs)
+    store.write("k", 100, bufs)
+    got, r = read_all(store, "k", bufs)
+    assert r.nbytes == 100 and np.array_equal(got, expected_bytes(bufs, "k", 100))
+    assert np.load(store.path_of("k")).size == 100
+
+
+def test_key_sanitizing(store, bufs):
+    keys = ["a/b", "a_b", "../x", "sp ace", "é", "x" * 300, ""]
+    for k in keys:
+        store.write(k, 10, bufs)
+    names = {store.path_of(k).name for k in keys}
+    assert len(names) == len(keys)
+    for k in keys:
+        p = store.path_of(k)
+        assert p.parent == store.run_dir and p.exists() and len(p.name) < 255
+        store.read(k, bufs, verify=True)
+    assert file_name("conv_user_0001_17_turn_2") == "conv_user_0001_17_turn_2.npy"
+
+
+def test_stop_event_aborts_and_leaves_no_file(store, bufs):
+    ev = threading.Event()
+    ev.set()
+    with pytest.raises(IOAborted) as ei:
+        store.write("k", 3 * CHUNK, bufs, stop=ev)
+    assert ei.value.device_bytes == 0
+    assert "k" not in store and not store.path_of("k").exists()
+
+    class AfterFirst(threading.Event):
+        calls = 0
+
+        def is_set(self):
+            self.calls += 1
+            return self.calls > 1
+
+    with pytest.raises(IOAborted) as ei:
+        store.write("k", 3 * CHUNK, bufs, stop=AfterFirst())
+    assert ei.value.device_bytes == BLOCK + CHUNK
+    assert "k" not in store and not store.path_of("k").exists()
+    assert sorted(os.listdir(store.run_dir)) == [MARKER]
+
+    store.write("k", 3 * CHUNK, bufs)
+    with pytest.raises(IOAborted):
+        store.read("k", bufs, stop=ev)
+    assert "k" in store  # an aborted read keeps the entry
+
+
+def test_write_error_removes_partial_file(store, bufs, monkeypatch):
+    real = os.pwritev
+    calls = {"n": 0}
+
+    def failing(fd, iov, off):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, iov, off)
+
+    monkeypatch.setattr(files_mod.os, "pwritev", failing)
+    with pytest.raises(OSError) as ei:
+        store.write("k", 3 * CHUNK, bufs)
+    assert ei.value.errno == errno.ENOSPC
+    assert "k" not in store and not store.path_of("k").exists()
+    monkeypatch.setattr(files_mod.os, "pwritev", real)
+    store.write("k", 10, bufs)
+    store.read("k", bufs, verify=True)
+
+
+def test_short_writes_are_completed(store, bufs, monkeypatch):
+    real = os.pwritev
+
+    def short(fd, iov, off):  # at most one block per call
+        first = iov[0] if len(iov[0]) else iov[1]
+        return real(fd, [first[:BLOCK]], off)
+
+    monkeypatch.setattr(files_mod.os, "pwritev", short)
+    store.write("k", 2 * CHUNK + 5, bufs)
+    monkeypatch.setattr(files_mod.os, "pwritev", real)
+    got, _ = read_all(store, "k", bufs)
+    assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5))
+
+
+def test_short_reads_are_completed(store, bufs, monkeypatch):
+    store.write("k", 2 * CHUNK + 5, bufs)
+    real = os.preadv
+
+    def short(fd, iov, off):
+        return real(fd, [iov[0][:BLOCK]], off)
+
+    monkeypatch.setattr(files_mod.os, "preadv", short)
+    got, _ = read_all(store, "k", bufs)
+    assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5))
+
+
+def test_concurrent_workers(store):
+    errors = []
+
+    def work(wid):
+        b = WorkerBuffers(CHUNK, 1, wid)
+        try:
+            for i in range(8):
+                key = f"w{wid}_{i}"
+                store.write(key, CHUNK + 1000 * i, b)
+                store.read(key, b, verify=True)
+                if i % 2:
+                    store.delete(key)
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+        finally:
+            b.close()
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(store) == 16
+
+
+# ---------------------------------------------------------------- ownership of directories
+
+
+def test_run_dir_layout_and_marker(tmp_path):
+    s = FileStore(tmp_path / "a" / "b", CHUNK)
+    try:
+        assert (tmp_path / "a" / "b").is_dir()  # created with parents
+        rd = s.run_dir
+        assert rd.parent == tmp_path / "a" / "b"
+        assert rd.name.startswith("kv-cache-run-")
+        parts = rd.name[len("kv-cache-run-") :].split("-")
+        assert (
+            len(parts[0]) == 8 and len(parts[1]) == 6 and parts[2] == str(os.getpid()) and len(parts[3]) == 4
+        )
+        info = json.loads((rd / MARKER).read_text())
+        assert info["pid"] == os.getpid() and info["tool"] == "kv-cache" and "start_time" in info
+    finally:
+        s.close()
+    assert not rd.exists()
+    assert (tmp_path / "a" / "b").is_dir()  # a cache dir given by the user stays
+
+
+def test_close_removes_only_what_it_created(tmp_path, bufs):
+    foreign_cache = tmp_path / "keep.npy"  # a *.npy the reference tool would have purged
+    foreign_cache.write_bytes(b"user data")
+    s = FileStore(tmp_path, CHUNK)
+    foreign_run = s.run_dir / "mine.txt"
+    foreign_run.write_bytes(b"x")
+    for i in range(3):
+        s.write(f"k{i}", 5000, bufs)
+    s.close()
+    assert foreign_cache.read_bytes() == b"user data"
+    assert foreign_run.read_bytes() == b"x"
+    assert sorted(os.listdir(s.run_dir)) == ["mine.txt"]  # entries and marker gone, dir kept
+    s.close()  # twice is fine
+    assert foreign_run.exists()
+
+
+def test_temp_cache_dir_is_removed(bufs):
+    s = FileStore(None, CHUNK)
+    tmp = s.cache_dir
+    assert tmp.name.startswith("kv_cache_") and s.run_dir.parent == tmp
+    s.write("k", 10, bufs)
+    s.close()
+    assert not tmp.exists()
+    s.close()
+
+
+def test_closed_store_refuses_writes(tmp_path, bufs):
+    s = FileStore(tmp_path, CHUNK)
+    s.close()
+    with pytest.raises(RuntimeError):
+        s.write("k", 10, bufs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_cache_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(UsageError):
+        FileStore(f, CHUNK)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(UsageError):
+        FileStore(tmp_path, CHUNK, io_mode="fast")
+    with pytest.raises(ValueError):
+        FileStore(tmp_path, 1000)
+    assert os.listdir(tmp_path) == []
+
+
+def test_buffered_forced(tmp_path):
+    s = FileStore(tmp_path, CHUNK, io_mode="buffered", fsync=False)
+    assert s.io_mode == "buffered"
+    s.close()
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM), reason="no /dev/shm")
+def test_forced_direct_on_tmpfs_is_a_usage_error(tmp_path):
+    import tempfile
+
+    d = tempfile.mkdtemp(dir=SHM, prefix="kvtest_")
+    try:
+        with pytest.raises(UsageError) as ei:
+            FileStore(d, CHUNK, io_mode="direct")
+        assert "\n" not in str(ei.value) and "O_DIRECT" in str(ei.value)
+        assert os.listdir(d) == []  # the run dir it made was cleaned up
+        s = FileStore(d, CHUNK, io_mode="auto")
+        assert s.io_mode == "buffered" and s.fs_type == "tmpfs"
+        b = WorkerBuffers(CHUNK, 0, 0)
+        s.write("k", CHUNK + 3, b)
+        s.read("k", b, verify=True)
+        s.close()
+        assert os.listdir(d) == []
+    finally:
+        os.rmdir(d)
+
+
+def test_fs_type(tmp_path):
+    s = FileStore(tmp_path, CHUNK)
+    try:
+        assert isinstance(s.fs_type, str) and s.fs_type
+        assert s.mount_point and str(s.run_dir).startswith(s.mount_point)
+    finally:
+        s.close()
