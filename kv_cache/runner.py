@@ -43,6 +43,17 @@ TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close sys
          "(time.perf_counter_ns). RAM tier: device = the memcpy.")
 
 
+def available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def io_worker_count(settings: RunSettings) -> int:
     workers = settings.storage.io_workers or min(settings.num_users, DEFAULT_MAX_WORKERS)
     if settings.max_concurrent_allocs > 0:
@@ -133,7 +144,14 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         if file_store.fs_type in ("tmpfs", "ramfs"):
             notes.append(f"the storage tier directory is on {file_store.fs_type} (RAM), not a storage device")
         if settings.cpu_mem_gb > 0:
-            memory_store = MemoryStore(int(settings.cpu_mem_gb * GIB))
+            cpu_bytes = int(settings.cpu_mem_gb * GIB)
+            # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
+            # only when it comfortably fits, otherwise say that pages are faulted in on first use.
+            prefault = cpu_bytes <= 0.5 * available_memory_bytes()
+            if not prefault:
+                notes.append(f"CPU tier of {settings.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
+                             "not preallocated, first writes include page-fault time")
+            memory_store = MemoryStore(cpu_bytes, prefault=prefault)
         tiers = build_tiers(settings, file_store, memory_store)
         policy = EvictionPolicy(**{k: getattr(cfg.eviction, k) for k in EvictionPolicy.__dataclass_fields__})
         cache = MultiTierCache(tiers, policy, metrics, settings.model.bytes_per_token, stop)

@@ -1,0 +1,5 @@
+import sys
+
+from kv_cache.cli import main
+
+sys.exit(main())
