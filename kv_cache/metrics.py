@@ -47,6 +47,14 @@ class TierOpStats:
     bytes: int = 0
     device_bytes: int = 0
     busy_ns: int = 0  # sum of device time (for achieved queue depth = busy / window)
+    # Bytes of operations cut off by the end of the window (aborted at the next chunk, or finishing just
+    # after it): their data did move while the window was open, so bandwidth counts it (as fio counts
+    # completed I/O units), while their latency and operation count are not recorded.
+    partial_bytes: int = 0
+
+    @property
+    def window_bytes(self) -> int:
+        return self.bytes + self.partial_bytes
 
 
 @dataclass
@@ -110,6 +118,8 @@ class RunMetrics:
                 self.late[f"{tier}_{op}_bytes"] += res.nbytes
                 self.late[f"{tier}_{op}_device_bytes"] += res.device_bytes
                 self.late[f"{tier}_{op}_ops"] += 1
+                if self._in_window(end_ns - res.total_ns):
+                    self.io[(tier, op)].partial_bytes += res.nbytes
                 return False
             s = self.io[(tier, op)]
             s.total_ns.append(res.total_ns)
@@ -125,9 +135,12 @@ class RunMetrics:
             return True
 
     def record_aborted(self, tier: str, op: str, device_bytes: int) -> None:
+        """An operation abandoned at stop: the bytes it moved before stopping count for bandwidth."""
         with self._lock:
             self.late[f"{tier}_{op}_aborted_device_bytes"] += device_bytes
             self.late[f"{tier}_{op}_aborted_ops"] += 1
+            if self.window_start_ns is not None:
+                self.io[(tier, op)].partial_bytes += device_bytes
 
     def count(self, name: str, n: float = 1, end_ns: int | None = None) -> None:
         """Add to a counter if the event (now, unless end_ns is given) lies inside the window."""

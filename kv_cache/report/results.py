@@ -56,11 +56,11 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     for tier in TIERS:
         for op, word in (("write", "written"), ("read", "read")):
             s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_kv_bytes_{word}_gb"] = s.bytes / GIB
+            stats[f"tier_{tier}_kv_bytes_{word}_gb"] = s.window_bytes / GIB
     for tier in TIERS:
         for op in OPS:
             s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_{op}_bandwidth_gbps"] = (s.bytes / GIB / window_s) if window_s > 0 else 0.0
+            stats[f"tier_{tier}_{op}_bandwidth_gbps"] = (s.window_bytes / GIB / window_s) if window_s > 0 else 0.0
     # Our additions: demotion traffic (reference: invisible) and honest per-second operation rates.
     for tier in TIERS:
         for op in OPS:
