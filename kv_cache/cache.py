@@ -55,6 +55,11 @@ class Tier:
     def stat_name(self) -> str:
         return STAT_NAMES[self.name]
 
+    def cost(self, nbytes: int) -> int:
+        """Bytes of this tier's capacity an entry occupies (a RAM arena allocates whole slabs)."""
+        footprint = getattr(self.store, "footprint", None)
+        return footprint(nbytes) if footprint is not None else nbytes
+
 
 @dataclass(frozen=True)
 class EvictionPolicy:
@@ -109,7 +114,7 @@ class MultiTierCache:
             res = self._write_when_room(tier, key, nbytes, bufs)
         except BaseException as exc:
             with self._cond:
-                tier.used -= nbytes
+                tier.used -= tier.cost(nbytes)
                 self.entries.pop(key, None)
                 self._cond.notify_all()
             self._note_failure(tier, "write", exc)
@@ -123,16 +128,16 @@ class MultiTierCache:
         return tier.name, spent + res.total_ns
 
     def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
-        # A RAM tier's slabs are freed when a concurrent demotion finishes; the space is already
-        # reserved for us, so wait briefly for it rather than failing the request.
-        for _ in range(200):
+        # A RAM tier's slabs are freed when a concurrent demotion out of it finishes; the space is
+        # already reserved for this entry, so wait for that demotion rather than failing the request.
+        give_up = time.monotonic() + 60.0
+        while True:
             try:
                 return tier.store.write(key, nbytes, bufs, self.stop)
             except StoreFull:
-                if self.stop is not None and self.stop.is_set():
+                if (self.stop is not None and self.stop.is_set()) or time.monotonic() > give_up:
                     raise
-                time.sleep(0.005)
-        return tier.store.write(key, nbytes, bufs, self.stop)
+                time.sleep(0.002)
 
     def access(self, key: str, bufs: WorkerBuffers, cache_type: str = "user", cause: str = "decode") -> tuple[str | None, int]:
         """Read a whole entry. Returns (tier, ns) or (None, 0) on a miss."""
@@ -205,7 +210,7 @@ class MultiTierCache:
                 return self.tiers[i]
         last = self.tiers[-1]
         log.warning("no tier could make room for %d bytes; forcing it into %s", nbytes, last.name)
-        last.used += nbytes
+        last.used += last.cost(nbytes)
         return last
 
     def _first_evictable(self, tier: Tier) -> Entry | None:
@@ -219,6 +224,7 @@ class MultiTierCache:
         deletions that must run first. Called with the lock held."""
         p = self.policy
         tier = self.tiers[index]
+        required = tier.cost(required)
         is_last = index == len(self.tiers) - 1
         limit = tier.limit
         if is_last and math.isinf(limit):
@@ -247,14 +253,14 @@ class MultiTierCache:
             if is_last:
                 del tier.lru[victim.key]
                 del self.entries[victim.key]
-                tier.used -= victim.size
+                tier.used -= tier.cost(victim.size)
                 victim.moving = True
                 plan.append(_Step("delete", victim, tier, None))
             else:
                 if not self._ensure_space(index + 1, victim.size, plan, depth + 1):
                     return False
                 del tier.lru[victim.key]
-                tier.used -= victim.size
+                tier.used -= tier.cost(victim.size)
                 victim.moving = True
                 plan.append(_Step("move", victim, tier, self.tiers[index + 1]))
         if is_last:
@@ -284,7 +290,7 @@ class MultiTierCache:
                 # The entry is dropped (not half-kept): its reservation in dst is returned, the source
                 # copy removed, and the failure recorded.
                 with self._cond:
-                    dst.used -= entry.size
+                    dst.used -= dst.cost(entry.size)
                     self.entries.pop(entry.key, None)
                     self._cond.notify_all()
                 try:

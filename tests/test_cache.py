@@ -39,7 +39,7 @@ def make_cache(limits, metrics=None, last_store=None):
 def check_accounting(cache):
     """Invariant: a tier's reservation equals the bytes of the entries it holds (when idle)."""
     for t in cache.tiers:
-        assert t.used == sum(e.size for e in t.lru.values()), t.name
+        assert t.used == sum(t.cost(e.size) for e in t.lru.values()), t.name
         for key, e in t.lru.items():
             assert e.location == t.name
             assert key in t.store
@@ -125,6 +125,17 @@ def test_large_entry_skips_tier(bufs):
     cache = make_cache([("cpu", 100 * KIB), ("nvme", math.inf)])
     # > 95% of the CPU limit: goes straight to the next tier (reference large_entry_limit_ratio)
     assert cache.allocate("big", 97, 97 * KIB, bufs)[0] == "nvme"
+
+
+def test_ram_tier_accounts_whole_slabs(bufs):
+    # 100 entries of 1 KiB each occupy 100 slabs of 16 KiB: capacity is the arena, not the payload
+    cache = make_cache([("cpu", 160 * KIB), ("nvme", math.inf)])
+    for i in range(100):
+        cache.allocate(f"k{i}", 1, KIB, bufs)
+    cpu = cache.tier("cpu")
+    assert len(cpu.lru) == 8  # 80% of 10 slabs
+    assert cpu.used == 8 * 16 * KIB
+    check_accounting(cache)
 
 
 def test_zero_capacity_tier_refuses_everything(bufs):
