@@ -160,10 +160,17 @@ def qos_metrics(metrics: RunMetrics, qos_profiles) -> dict[str, Any]:
         target = float(qos_profiles[level].target_latency_p95_ms)
         p50, p95, p99 = (float(x) for x in np.percentile(arr, [50, 95, 99]))
         compliance = 1.0 - float(np.count_nonzero(arr > target)) / len(arr)
+        prof = qos_profiles[level]
+        tails = {}
+        for key, pct in (("p99", 99.0), ("p999", 99.9), ("p9999", 99.99)):
+            tail_target = float(getattr(prof, f"target_latency_{key}_ms"))
+            actual = float(np.percentile(arr, pct))
+            tails[key] = {"target_ms": tail_target, "actual_ms": actual, "met": actual <= tail_target}
         out[level] = {
             "total_requests": len(arr),
             "latency_ms": {"mean": float(arr.mean()), "p50": p50, "p95": p95, "p99": p99, "max": float(arr.max())},
-            "sla": {"target_p95_ms": target, "actual_p95_ms": p95, "compliance": compliance, "met": compliance >= 0.95},
+            "sla": {"target_p95_ms": target, "actual_p95_ms": p95, "compliance": compliance, "met": compliance >= 0.95,
+                    "tail_targets": tails},
         }
     return out
 
