@@ -80,7 +80,7 @@ class _Step:
 
 class MultiTierCache:
     def __init__(self, tiers: list[Tier], policy: EvictionPolicy, metrics: RunMetrics, bytes_per_token: int,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, tracer=None) -> None:
         if not tiers:
             raise ValueError("at least one tier is required")
         self.tiers = tiers
@@ -88,6 +88,7 @@ class MultiTierCache:
         self.metrics = metrics
         self.bytes_per_token = bytes_per_token
         self.stop = stop
+        self.tracer = tracer  # optional: gets every operation (the --io-trace-log mode)
         self.entries: dict[str, Entry] = {}
         self._cond = threading.Condition(threading.Lock())
         self._by_name = {t.name: t for t in tiers}
@@ -124,7 +125,7 @@ class MultiTierCache:
             entry.writing = False
             tier.lru[key] = entry
             self._cond.notify_all()
-        self._record(tier, "write", res, end, cause, tokens)
+        self._record(tier, "write", res, end, cause, tokens, key)
         return tier.name, spent + res.total_ns
 
     def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
@@ -167,12 +168,30 @@ class MultiTierCache:
                 if entry.readers == 0:
                     self._cond.notify_all()
         end = time.perf_counter_ns()
-        if self._record(tier, "read", res, end, cause, entry.tokens):
+        if self._record(tier, "read", res, end, cause, entry.tokens, key):
             self.metrics.count("cache_hits")
             hit_kind = {"system": "system_prompt_hits", "common": "common_phrase_hits",
                         "multi_turn": "multi_turn_hits"}.get(cache_type, "user_cache_hits")
             self.metrics.count(hit_kind)
         return tier.name, res.total_ns
+
+    def delete(self, key: str) -> bool:
+        """Remove an entry from whichever tier holds it (waits for a write, move or reads in progress)."""
+        with self._cond:
+            entry = self.entries.get(key)
+            while entry is not None and (entry.writing or entry.moving or entry.readers):
+                self._cond.wait(0.05)
+                entry = self.entries.get(key)
+            if entry is None:
+                return False
+            tier = self._by_name[entry.location]
+            del self.entries[key]
+            del tier.lru[key]
+            tier.used -= tier.cost(entry.size)
+            self._cond.notify_all()
+        tier.store.delete(key)
+        self.metrics.count(f"{tier.stat_name}_deletions")
+        return True
 
     def contains(self, key: str) -> bool:
         with self._cond:
@@ -308,8 +327,8 @@ class MultiTierCache:
                 dst.lru[entry.key] = entry
                 dst.lru.move_to_end(entry.key, last=False)  # it was the LRU entry above: oldest below
                 self._cond.notify_all()
-            self._record(step.src, "read", read_res, end, "demotion", entry.tokens)
-            self._record(dst, "write", write_res, end, "demotion", entry.tokens)
+            self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key)
+            self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key)
             self.metrics.count("evictions")
             if dst.name == "cpu":
                 self.metrics.count("offloads_cpu")
@@ -319,7 +338,9 @@ class MultiTierCache:
         return spent
 
     # -- accounting ---------------------------------------------------------------------------
-    def _record(self, tier: Tier, op: str, res: IOResult, end_ns: int, cause: str, tokens: int) -> bool:
+    def _record(self, tier: Tier, op: str, res: IOResult, end_ns: int, cause: str, tokens: int, key: str = "") -> bool:
+        if self.tracer is not None:
+            self.tracer.log(op, res.nbytes, tier.name, key, cause)
         ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause)
         if ok and tier.name == "nvme":
             self.metrics.count("storage_tokens_processed", tokens)

@@ -17,8 +17,10 @@ from typing import NoReturn
 from kv_cache import __version__
 from kv_cache.config import load_config
 from kv_cache.errors import UsageError
+from kv_cache.iotrace import check_trace_path
 from kv_cache.settings import GENERATION_MODES, IO_MODES, PERFORMANCE_PROFILES, RunSettings, StorageSettings
 from kv_cache.validation import advisories, unimplemented_features, validate_args
+from kv_cache.workload.validation import load_trace_stats
 
 __all__ = ["build_parser", "configure_logging", "main", "parse_settings"]
 
@@ -179,6 +181,16 @@ def parse_settings(argv: list[str] | None = None) -> RunSettings:
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
     )
     cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir)) if args.cache_dir is not None else None
+    output = args.output
+    rank, world = mpi_rank()
+    if world > 1:  # several ranks were given the same --output and --cache-dir: keep them apart
+        if cache_dir is not None:
+            cache_dir = os.path.join(cache_dir, f"rank{rank}")
+        stem, dot, ext = output.rpartition(".")
+        output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{output}_rank{rank}"
+    if args.io_trace_log:
+        check_trace_path(args.io_trace_log)
+    trace_stats = load_trace_stats(args.validation_trace) if args.validation_trace else None
     return RunSettings(
         config=config,
         model=model,
@@ -194,7 +206,7 @@ def parse_settings(argv: list[str] | None = None) -> RunSettings:
         performance_profile=args.performance_profile,
         multi_turn=not args.disable_multi_turn,
         prefix_caching=not args.disable_prefix_caching,
-        output=args.output,
+        output=output,
         seed=args.seed,
         max_concurrent_allocs=args.max_concurrent_allocs,
         max_requests=args.max_requests,
@@ -202,8 +214,37 @@ def parse_settings(argv: list[str] | None = None) -> RunSettings:
         log_level=args.log_level,
         config_path=args.config,
         storage=settings_storage,
+        request_rate=float(args.request_rate),
+        enable_autoscaling=args.enable_autoscaling,
+        autoscaler_mode=args.autoscaler_mode,
+        target_saturation=float(args.target_saturation),
+        precondition=args.precondition,
+        precondition_size_gb=float(args.precondition_size_gb),
+        precondition_threads=args.precondition_threads,
+        prefill_only=args.prefill_only,
+        decode_only=args.decode_only,
+        enable_rag=args.enable_rag,
+        rag_num_docs=args.rag_num_docs,
+        validation_trace=args.validation_trace,
+        validation_trace_stats=trace_stats,
+        io_trace_log=args.io_trace_log,
+        xlsx_output=args.xlsx_output,
+        mpi_rank=rank if world > 1 else None,
+        mpi_world_size=world,
         argv=tuple(argv),
     )
+
+
+def mpi_rank() -> tuple[int, int]:
+    """(rank, world size) from the MPI launcher's environment (Open MPI or PMI); (0, 1) otherwise."""
+    env = os.environ
+    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")):
+        if rank_var in env:
+            try:
+                return int(env[rank_var]), int(env.get(size_var, "1"))
+            except ValueError:
+                raise UsageError(f"{rank_var}={env[rank_var]!r} is not an integer") from None
+    return 0, 1
 
 
 def configure_logging(level: str) -> None:

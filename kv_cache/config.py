@@ -201,6 +201,7 @@ class AutoscalerConfig:
     scale_up_factor: float = _num(1.2, exclusive_min=True)
     scale_down_factor: float = _num(0.8, exclusive_min=True)
     consecutive_samples_required: int = _int(2, minimum=1)
+    interval_seconds: float = _num(10.0, exclusive_min=True)  # ours: seconds between autoscaler samples
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,27 @@ class StorageConfig:
     io_workers: int = _int(0)  # 0 = auto
 
 
+@dataclass(frozen=True)
+class DriverConfig:
+    """Our own section: how load is offered."""
+
+    admission_queue_limit: int = _int(1000, minimum=1)  # open loop: arrivals beyond this are rejected
+    timeline_interval_seconds: float = _num(10.0, exclusive_min=True)  # throughput_timeline sampling
+
+
+@dataclass(frozen=True)
+class PerformanceCriteria:
+    """Our own section: PASS/FAIL thresholds of --performance-profile (reference values for latency)."""
+
+    storage_write_device_p95_ms: float = _num(500.0, exclusive_min=True)
+    storage_read_device_p95_ms: float = _num(200.0, exclusive_min=True)
+    cpu_p95_ms: float = _num(150.0, exclusive_min=True)
+    min_cache_hit_rate: float = _prob(0.3)
+    min_storage_read_gbps: float = _num(0.1)  # throughput profile: GiB/s floor, reads (when reads happen)
+    min_storage_write_gbps: float = _num(0.1)  # throughput profile: GiB/s floor, writes (when writes happen)
+    max_error_rate: float = _prob(0.0)  # throughput profile: failed requests / issued
+
+
 _DEFAULT_USER_TEMPLATES = {
     "chatbot": UserTemplate((512, 4096), (50, 200), (0.1, 0.5)),
     "coding": UserTemplate((4096, 25000), (100, 500), (0.2, 1.0)),
@@ -277,6 +299,8 @@ class BenchConfig:
     saturation_detection: SaturationDetectionConfig = field(default_factory=SaturationDetectionConfig)
     validation_limits: ValidationLimits = field(default_factory=ValidationLimits)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    driver: DriverConfig = field(default_factory=DriverConfig)
+    performance_criteria: PerformanceCriteria = field(default_factory=PerformanceCriteria)
     model_configs: Mapping[str, ModelConfig] = field(default_factory=lambda: FrozenMap(MODEL_CONFIGS))
 
     def to_dict(self) -> dict[str, Any]:

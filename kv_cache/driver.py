@@ -1,9 +1,17 @@
-"""Runs the load: closed-loop users -> request plans -> a bounded pool of I/O workers -> the cache.
+"""Runs the load: users or arrivals -> request plans -> a bounded pool of I/O workers -> the cache.
 
-Decides only WHEN things happen. One scheduler (the calling thread) owns a timer heap of user wake-ups
-and request completions; a fixed pool of worker threads executes the cache operations (pwritev/preadv
-release the GIL, so threads give real I/O parallelism). Simulated token generation is modelled time
-that does not hold a worker. No thread per user: 10,000 users cost heap entries, not threads.
+Decides only WHEN things happen. One scheduler (the calling thread) owns a timer heap of user wake-ups,
+open-loop arrivals, request completions and monitor samples; a fixed pool of worker threads executes
+the cache operations (pwritev/preadv release the GIL, so threads give real I/O parallelism). Simulated
+token generation is modelled time that does not hold a worker. No thread per user: 10,000 users cost
+heap entries, not threads.
+
+Two ways to offer load:
+- closed loop (default): each active user issues its next request only after the previous one completed
+  and its think time elapsed;
+- open loop (`request_rate > 0`): Poisson arrivals at the given rate, each from a user drawn from the
+  seeded arrival generator; an arrival that finds `admission_limit` requests already queued is rejected
+  and counted (never silently dropped).
 """
 
 from __future__ import annotations
@@ -13,13 +21,16 @@ import heapq
 import itertools
 import logging
 import queue
+import random
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kv_cache.autoscale import Autoscaler, IntervalSample
 from kv_cache.cache import MultiTierCache
-from kv_cache.metrics import RunMetrics
+from kv_cache.metrics import GIB, RunMetrics
 from kv_cache.storage.base import IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.request import Phase, RequestPlan, decode_reads
@@ -43,6 +54,11 @@ class DriverOptions:
     decode_batch_size: int = 32
     seconds_per_token: float = 0.0
     record_plans: bool = False
+    request_rate: float = 0.0  # > 0: open loop, Poisson arrivals per second
+    admission_limit: int = 1000
+    prefill_only: bool = False
+    decode_only: bool = False
+    timeline_interval_s: float = 10.0
 
 
 @dataclass
@@ -53,19 +69,26 @@ class DriverOutcome:
     requests_completed: int
     requests_abandoned: int
     requests_failed: int
+    requests_rejected: int = 0
+    timeline: list[dict] = field(default_factory=list)
     plans: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     fatal_error: str | None = None
+    final_active_users: int = 0
 
 
 class Driver:
     def __init__(self, users: list[SyntheticUser], cache: MultiTierCache, metrics: RunMetrics,
-                 options: DriverOptions, stop: threading.Event) -> None:
-        self.users = users
-        self._users_by_id = {u.user_id: u for u in users}
+                 options: DriverOptions, stop: threading.Event, autoscaler: Autoscaler | None = None,
+                 make_user: Callable[[int], SyntheticUser] | None = None) -> None:
         self.cache = cache
         self.metrics = metrics
         self.opt = options
         self.stop = stop
+        self.autoscaler = autoscaler
+        self._make_user = make_user
+        self._all_users: list[SyntheticUser] = list(users)  # index i = user i; grows when scaling up
+        self._active = len(users)
+        self._by_id = {u.user_id: u for u in users}
         self._work: queue.PriorityQueue = queue.PriorityQueue()
         self._done: deque = deque()
         self._cond = threading.Condition()
@@ -73,6 +96,7 @@ class Driver:
         self._fatal: str | None = None
         self._abandoned = 0
         self._failed = 0
+        self._rejected = 0
         self._plans: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
 
     # -- sizes --------------------------------------------------------------------------------
@@ -99,44 +123,59 @@ class Driver:
         finally:
             bufs.close()
 
+    def _read_or_write(self, key: str, tokens: int, bufs: WorkerBuffers, cache_type: str, cause: str) -> tuple[bool, int]:
+        """Read an entry if cached; otherwise compute (write) it. Returns (hit, ns)."""
+        tier, ns = self.cache.access(key, bufs, cache_type, cause=cause)
+        if tier is not None:
+            return True, ns
+        _, wns = self.cache.allocate(key, tokens, self.entry_bytes(tokens), bufs, cause=cause)
+        return False, ns + wns
+
     def _execute(self, plan: RequestPlan, bufs: WorkerBuffers):
-        """Issue the plan's cache operations. Returns (storage, prefill, decode) ns, or a failure tag."""
-        cache, m = self.cache, self.metrics
+        """Issue the plan's cache operations (reference order, spec 8.9).
+
+        Returns (storage, prefill, decode) ns, or "abandoned" / "failed".
+        """
+        cache, m, opt = self.cache, self.metrics, self.opt
         plan.start_ns = time.perf_counter_ns()
         storage = 0
         prefill_ns = decode_ns = None
         try:
             if plan.prefix_key is not None:
-                tier, ns = cache.access(plan.prefix_key, bufs, "system", cause="prefix")
+                hit, ns = self._read_or_write(plan.prefix_key, plan.prefix_tokens, bufs, "system", "prefix")
                 storage += ns
-                if tier is None:
-                    m.count("prefix_misses")
-                    _, ns = cache.allocate(plan.prefix_key, plan.prefix_tokens,
-                                           self.entry_bytes(plan.prefix_tokens), bufs, cause="prefix")
-                    storage += ns
-                else:
+                if hit:
                     m.count("prefix_hits")
-                    m.count("prefix_bytes_saved", plan.prefix_tokens * self.opt.bytes_per_token)
-            for key in plan.history_keys:
-                tier, ns = cache.access(key, bufs, "multi_turn", cause="history")
-                storage += ns
-                m.count("multi_turn_cache_hits" if tier is not None else "multi_turn_cache_misses")
-            size = self.entry_bytes(plan.context_tokens)
-            if plan.phase in (Phase.PREFILL, Phase.PREFILL_DECODE):
-                _, ns = cache.allocate(plan.cache_key, plan.context_tokens, size, bufs, cause="prefill")
-                storage += ns
-                prefill_ns = ns
-            if plan.phase in (Phase.DECODE, Phase.PREFILL_DECODE):
-                tier, ns = cache.access(plan.cache_key, bufs, "user", cause="decode")
-                decode_ns = ns
-                if tier is None:
-                    _, ns = cache.allocate(plan.cache_key, plan.context_tokens, size, bufs, cause="prefill")
-                    storage += ns
+                    m.count("prefix_bytes_saved", plan.prefix_tokens * opt.bytes_per_token)
                 else:
-                    for _ in range(decode_reads(plan.generate_tokens, self.opt.decode_batch_size)):
+                    m.count("prefix_misses")
+            if not opt.decode_only:
+                for key in plan.history_keys:
+                    tier, ns = cache.access(key, bufs, "multi_turn", cause="history")
+                    storage += ns
+                    m.count("multi_turn_cache_hits" if tier is not None else "multi_turn_cache_misses")
+                if plan.phase in (Phase.PREFILL, Phase.PREFILL_DECODE):
+                    _, ns = cache.allocate(plan.cache_key, plan.context_tokens, self.entry_bytes(plan.context_tokens),
+                                           bufs, cause="prefill")
+                    storage += ns
+                    prefill_ns = ns
+            for key, tokens in plan.rag_chunks:
+                hit, ns = self._read_or_write(key, tokens, bufs, "user", "rag")
+                storage += ns
+                m.count("rag_chunk_hits" if hit else "rag_chunk_misses")
+            if not opt.prefill_only and plan.phase in (Phase.DECODE, Phase.PREFILL_DECODE):
+                key = plan.decode_key if opt.decode_only else plan.cache_key
+                tier, ns = cache.access(key, bufs, "user", cause="decode")
+                decode_ns = ns
+                if tier is None and not opt.decode_only:
+                    _, ns = cache.allocate(key, plan.context_tokens, self.entry_bytes(plan.context_tokens), bufs,
+                                           cause="prefill")
+                    storage += ns
+                elif tier is not None:
+                    for _ in range(decode_reads(plan.generate_tokens, opt.decode_batch_size)):
                         if self.stop.is_set():
                             raise IOAborted("stopped", device_bytes=0)
-                        _, ns = cache.access(plan.cache_key, bufs, "user", cause="decode")
+                        _, ns = cache.access(key, bufs, "user", cause="decode")
                         decode_ns += ns
                 storage += decode_ns
         except IOAborted:
@@ -156,6 +195,33 @@ class Driver:
         return storage, prefill_ns, decode_ns
 
     # -- scheduler side -----------------------------------------------------------------------
+    def _push(self, heap: list, when: int, kind: str, payload: object) -> None:
+        heapq.heappush(heap, (when, next(self._seq), kind, payload))
+
+    def _submit(self, plan: RequestPlan, when: int) -> None:
+        plan.submit_ns = when
+        if self.opt.record_plans:
+            self._plans[plan.user_id].extend(plan.intended_operations(self.opt.decode_batch_size))
+        self._work.put((-plan.priority, next(self._seq), plan))
+
+    def _is_active(self, user: SyntheticUser) -> bool:
+        return self._index[user.user_id] < self._active
+
+    def _set_active(self, heap: list, target: int, now: int) -> None:
+        """Start or stop users so that `target` are active (the autoscaler's decision, applied)."""
+        while len(self._all_users) < target and self._make_user is not None:
+            user = self._make_user(len(self._all_users))
+            self._all_users.append(user)
+            self._by_id[user.user_id] = user
+            self._index[user.user_id] = len(self._all_users) - 1
+        target = min(target, len(self._all_users))
+        if target > self._active and not self.opt.request_rate:
+            for user in self._all_users[self._active:target]:
+                if user.user_id not in self._waiting:
+                    self._waiting.add(user.user_id)
+                    self._push(heap, now + int(user.think_time() * 1e9), "wake", user)
+        self._active = target
+
     def run(self) -> DriverOutcome:
         opt = self.opt
         ready = threading.Barrier(opt.workers + 1)
@@ -165,12 +231,24 @@ class Driver:
             t.start()
         ready.wait()  # buffers allocated and filled before the clock starts
 
-        heap: list[tuple[int, int, str, object]] = []
+        self._index = {u.user_id: i for i, u in enumerate(self._all_users)}
+        self._waiting: set[str] = set()  # users with a pending wake (closed loop)
+        heap: list = []
         t0 = time.perf_counter_ns()
         self.metrics.open_window(t0)
         deadline = t0 + int(opt.duration_s * 1e9)
-        for user in self.users:
-            heapq.heappush(heap, (t0 + int(user.think_time() * 1e9), next(self._seq), "wake", user))
+        arrivals = random.Random(f"kv-cache-arrivals:{opt.seed}")
+        if opt.request_rate > 0:
+            self._push(heap, t0 + int(arrivals.expovariate(opt.request_rate) * 1e9), "arrive", None)
+        else:
+            for user in self._all_users[:self._active]:
+                self._waiting.add(user.user_id)
+                self._push(heap, t0 + int(user.think_time() * 1e9), "wake", user)
+        interval_ns = int((self.autoscaler.cfg.interval_seconds if self.autoscaler else opt.timeline_interval_s) * 1e9)
+        self._push(heap, t0 + interval_ns, "monitor", None)
+        last_mark = self.metrics.mark()
+        timeline: list[dict] = []
+
         issued = completed = 0
         stop_reason = "duration"
         window_end = deadline
@@ -185,39 +263,63 @@ class Driver:
                     if outcome == "abandoned":
                         self._abandoned += 1
                         continue
-                    user = self._user_of(plan)
                     if outcome == "failed":
                         self._failed += 1
-                        heapq.heappush(heap, (end_ns + int(user.think_time() * 1e9), next(self._seq), "wake", user))
+                        self._schedule_next(heap, plan, end_ns)
                         continue
                     gen_ns = int(plan.generate_tokens * opt.seconds_per_token * 1e9)
-                    heapq.heappush(heap, (end_ns + gen_ns, next(self._seq), "complete", (plan, outcome, gen_ns)))
+                    self._push(heap, end_ns + gen_ns, "complete", (plan, outcome, gen_ns))
                 if fatal is not None:
                     stop_reason, window_end = "storage error", now
                     break
+                finished = False
                 while heap and heap[0][0] <= now:
                     when, _, kind, payload = heapq.heappop(heap)
                     if when > deadline:
                         heapq.heappush(heap, (when, 0, kind, payload))
                         break
                     if kind == "wake":
-                        plan = payload.next_request()
-                        plan.submit_ns = when
-                        if opt.record_plans:
-                            self._plans[plan.user_id].extend(plan.intended_operations(opt.decode_batch_size))
-                        self._work.put((-plan.priority, next(self._seq), plan))
-                        issued += 1
-                    else:
+                        self._waiting.discard(payload.user_id)
+                        if self._is_active(payload):
+                            self._submit(payload.next_request(), when)
+                            issued += 1
+                    elif kind == "arrive":
+                        user = self._all_users[arrivals.randrange(self._active)]
+                        if self._work.qsize() >= opt.admission_limit:
+                            self._rejected += 1
+                            self.metrics.count("requests_rejected", end_ns=when)
+                        else:
+                            self._submit(user.next_request(), when)
+                            issued += 1
+                        self._push(heap, when + max(1, int(arrivals.expovariate(opt.request_rate) * 1e9)), "arrive", None)
+                    elif kind == "complete":
                         plan, (storage, prefill_ns, decode_ns), gen_ns = payload
                         if self.metrics.record_request(plan.qos_level, when, when - plan.submit_ns, storage, gen_ns,
                                                        prefill_ns, decode_ns, plan.generate_tokens, plan.context_tokens):
                             completed += 1
-                        user = self._user_of(plan)
-                        heapq.heappush(heap, (when + int(user.think_time() * 1e9), next(self._seq), "wake", user))
+                        self._schedule_next(heap, plan, when)
                         if opt.max_requests and completed >= opt.max_requests:
+                            finished = True
                             break
-                if opt.max_requests and completed >= opt.max_requests:
+                    elif kind == "monitor":
+                        sample, last_mark = self._sample(last_mark, t0)
+                        timeline.append({"timestamp": sample.t_s, "throughput_tokens_per_sec": sample.tokens_per_sec,
+                                         "requests_per_sec": sample.requests_per_sec, "active_users": sample.users,
+                                         "storage_read_gbps": sample.storage_read_gbps,
+                                         "storage_write_gbps": sample.storage_write_gbps,
+                                         "storage_read_p95_ms": sample.read_p95_ms,
+                                         "storage_write_p95_ms": sample.write_p95_ms,
+                                         "queued_requests": sample.queued_requests})
+                        if self.autoscaler is not None:
+                            target = self.autoscaler.decide(sample)
+                            if target is None:
+                                stop_reason, window_end, finished = "capacity found", when, True
+                                break
+                            self._set_active(heap, target, when)
+                        self._push(heap, when + interval_ns, "monitor", None)
+                if finished and stop_reason != "capacity found":
                     stop_reason, window_end = "max_requests", time.perf_counter_ns()
+                if finished:
                     break
                 now = time.perf_counter_ns()
                 if now >= deadline:
@@ -239,9 +341,37 @@ class Driver:
             requests_completed=completed,
             requests_abandoned=self._abandoned,
             requests_failed=self._failed,
+            requests_rejected=self._rejected,
+            timeline=timeline,
             plans=dict(self._plans),
             fatal_error=self._fatal,
+            final_active_users=self._active,
         )
+
+    def _schedule_next(self, heap: list, plan: RequestPlan, when: int) -> None:
+        """Closed loop: the user thinks, then issues its next request (if it is still active)."""
+        if self.opt.request_rate > 0:
+            return
+        user = self._by_id[plan.user_id]
+        if self._is_active(user) and user.user_id not in self._waiting:
+            self._waiting.add(user.user_id)
+            self._push(heap, when + int(user.think_time() * 1e9), "wake", user)
+
+    def _sample(self, last: dict[str, int], t0: int) -> tuple[IntervalSample, dict[str, int]]:
+        mark = self.metrics.mark()
+        dt = max(1e-9, (mark["t_ns"] - last["t_ns"]) / 1e9)
+        sample = IntervalSample(
+            t_s=(mark["t_ns"] - t0) / 1e9,
+            users=self._active,
+            tokens_per_sec=(mark["tokens"] - last["tokens"]) / dt,
+            requests_per_sec=(mark["requests"] - last["requests"]) / dt,
+            storage_read_gbps=(mark["read_bytes"] - last["read_bytes"]) / GIB / dt,
+            storage_write_gbps=(mark["write_bytes"] - last["write_bytes"]) / GIB / dt,
+            read_p95_ms=self.metrics.p95_ms_since("storage", "read", last["read_n"]),
+            write_p95_ms=self.metrics.p95_ms_since("storage", "write", last["write_n"]),
+            queued_requests=self._work.qsize(),
+        )
+        return sample, mark
 
     def _drain_and_join(self, threads: list[threading.Thread]) -> None:
         try:
@@ -254,6 +384,3 @@ class Driver:
             self._work.put((1 << 30, next(self._seq), None))
         for t in threads:
             t.join()
-
-    def _user_of(self, plan: RequestPlan) -> SyntheticUser:
-        return self._users_by_id[plan.user_id]

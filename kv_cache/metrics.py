@@ -186,6 +186,31 @@ class RunMetrics:
             self.qos_e2e_ns[qos_level].append(e2e_ns)
             return True
 
+    # -- interval views (time series, autoscaler) ------------------------------------------------
+    def mark(self) -> dict[str, int]:
+        """Cumulative positions to diff against a later mark."""
+        with self._lock:
+            r = self.requests
+            rd, wr = self.io.get(("storage", "read")), self.io.get(("storage", "write"))
+            return {
+                "t_ns": time.perf_counter_ns(),
+                "requests": r.completed,
+                "tokens": r.tokens_generated,
+                "read_bytes": rd.window_bytes if rd else 0,
+                "write_bytes": wr.window_bytes if wr else 0,
+                "read_n": len(rd.total_ns) if rd else 0,
+                "write_n": len(wr.total_ns) if wr else 0,
+            }
+
+    def p95_ms_since(self, tier: str, op: str, start: int) -> float | None:
+        """P95 of the operations recorded after sample index `start` (None if there were none)."""
+        with self._lock:
+            s = self.io.get((tier, op))
+            if s is None or len(s.total_ns) <= start:
+                return None
+            arr = np.frombuffer(s.total_ns, dtype=np.int64)[start:].copy()
+        return float(np.percentile(arr, 95) / 1e6)
+
     # -- views --------------------------------------------------------------------------------
     def tier_op(self, tier: str, op: str) -> TierOpStats:
         with self._lock:

@@ -19,10 +19,14 @@ from typing import Any
 import numpy as np
 
 from kv_cache import __version__
+from kv_cache.autoscale import Autoscaler
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
 from kv_cache.driver import Driver, DriverOptions, DriverOutcome
 from kv_cache.errors import UsageError
+from kv_cache.iotrace import IOTraceWriter, NullStore
 from kv_cache.metrics import GIB, RunMetrics
+from kv_cache.phases import fill, ingest_rag, precondition_items, prepopulation_items
+from kv_cache.report import xlsx
 from kv_cache.report.console import print_report
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.results import build_summary, harness_keys, request_lists
@@ -32,12 +36,15 @@ from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
+from kv_cache.workload.rag import RagCorpus, build_documents
 from kv_cache.workload.users import SyntheticUser, generate_profiles
+from kv_cache.workload.validation import compare
 
 log = logging.getLogger("kv_cache")
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_STORAGE_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 DEFAULT_MAX_WORKERS = 32
+PREPOPULATION_PER_USER = 10  # decode-only: entries pre-populated per user (reference)
 TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
          "host = the rest of the operation (block stamping, bookkeeping); total = both "
          "(time.perf_counter_ns). RAM tier: device = the memcpy.")
@@ -80,34 +87,69 @@ def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, repor
     raise KeyboardInterrupt
 
 
-def build_tiers(settings: RunSettings, file_store: FileStore, memory_store: MemoryStore | None) -> list[Tier]:
+def build_tiers(settings: RunSettings, file_store: FileStore | None, memory_store: MemoryStore | None) -> list[Tier]:
     tiers = []
     if memory_store is not None:
         tiers.append(Tier("cpu", memory_store, settings.cpu_mem_gb * GIB))
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
-    else:
+    elif file_store is not None:
         storage_limit = file_store.free_bytes() * 0.95
+    else:
+        storage_limit = math.inf
     tiers.append(Tier("nvme", file_store, storage_limit))
     return tiers
 
 
+def build_trace_tiers(settings: RunSettings) -> list[Tier]:
+    """Trace mode: every tier is a size-only NullStore (the GPU tier can be modelled too)."""
+    tiers = []
+    gpu_bytes = settings.gpu_mem_gb * settings.num_gpus * GIB
+    if gpu_bytes > 0:
+        tiers.append(Tier("gpu", NullStore("gpu"), gpu_bytes))
+    if settings.cpu_mem_gb > 0:
+        tiers.append(Tier("cpu", NullStore("cpu"), settings.cpu_mem_gb * GIB))
+    limit = settings.storage_capacity_gb * GIB if settings.storage_capacity_gb > 0 else math.inf
+    tiers.append(Tier("nvme", NullStore("nvme"), limit))
+    return tiers
+
+
+class UserFactory:
+    """Builds user i deterministically (the autoscaler may ask for more users than the run started with)."""
+
+    def __init__(self, settings: RunSettings, rag: RagCorpus | None) -> None:
+        cfg = settings.config
+        self.settings = settings
+        self.seed = settings.effective_seed
+        self.conversations = (ConversationManager(cfg.conversation.max_conversations,
+                                                  cfg.conversation.max_turns_per_conv)
+                              if settings.multi_turn else None)
+        self.prefixes = (build_system_prefixes(cfg.prefix_cache.min_prefix_length,
+                                               cfg.prefix_cache.max_prefix_entries)
+                         if settings.prefix_caching else ())
+        self.rag = rag
+        self.decode_only_entries = settings.num_users * PREPOPULATION_PER_USER if settings.decode_only else 0
+
+    def __call__(self, index: int) -> SyntheticUser:
+        return self.build(index, 1)[0]
+
+    def build(self, first: int, count: int) -> list[SyntheticUser]:
+        cfg = self.settings.config
+        return [
+            SyntheticUser(p, self.seed, self.conversations, cfg.conversation.end_conversation_probability,
+                          self.prefixes, cfg.prefix_cache.system_prompt_hit_probability,
+                          decode_only_entries=self.decode_only_entries, rag=self.rag,
+                          rag_probability=cfg.rag.request_probability)
+            for p in generate_profiles(count, cfg, self.seed, first_index=first)
+        ]
+
+
 def build_users(settings: RunSettings) -> list[SyntheticUser]:
-    cfg = settings.config
-    seed = settings.effective_seed
-    conversations = (ConversationManager(cfg.conversation.max_conversations, cfg.conversation.max_turns_per_conv)
-                     if settings.multi_turn else None)
-    prefixes = (build_system_prefixes(cfg.prefix_cache.min_prefix_length, cfg.prefix_cache.max_prefix_entries)
-                if settings.prefix_caching else ())
-    return [
-        SyntheticUser(p, seed, conversations, cfg.conversation.end_conversation_probability, prefixes,
-                      cfg.prefix_cache.system_prompt_hit_probability)
-        for p in generate_profiles(settings.num_users, cfg, seed)
-    ]
+    return UserFactory(settings, None).build(0, settings.num_users)
 
 
 def run_benchmark(settings: RunSettings, out=None) -> int:
-    """Run, write the JSON, print the report. Returns the process exit code."""
+    """Run, write the JSON (and XLSX), print the report. Returns the process exit code."""
     out = out or sys.stdout
     previous_term = None
     if threading.current_thread() is threading.main_thread():
@@ -123,40 +165,71 @@ def run_benchmark(settings: RunSettings, out=None) -> int:
     return code
 
 
+def run_mode(settings: RunSettings) -> str:
+    parts = []
+    if settings.prefill_only:
+        parts.append("PREFILL-ONLY (writes; no decode reads)")
+    elif settings.decode_only:
+        parts.append("DECODE-ONLY (reads of pre-populated entries)")
+    else:
+        parts.append("standard (prefill+decode)")
+    if settings.request_rate > 0:
+        parts.append(f"open loop, Poisson arrivals at {settings.request_rate:g} req/s")
+    else:
+        parts.append("closed loop")
+    if settings.enable_autoscaling:
+        parts.append(f"autoscaling ({settings.autoscaler_mode})")
+    if settings.io_trace_log:
+        parts.append("TRACE MODE (no real I/O)")
+    return ", ".join(parts)
+
+
 def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dict[str, Any], int]:
     cfg = settings.config
     notes: list[str] = []
-    gpu_note = gpu_tier_note(settings)
+    trace_mode = bool(settings.io_trace_log)
+    gpu_note = None if trace_mode else gpu_tier_note(settings)
     if gpu_note:
         log.warning(gpu_note)
         notes.append(gpu_note)
 
     stop = threading.Event()
     metrics = RunMetrics()
-    file_store = memory_store = None
+    file_store = memory_store = tracer = None
     outcome: DriverOutcome | None = None
+    autoscaler: Autoscaler | None = None
+    phases: dict[str, Any] = {}
     interrupted = False
     started = datetime.now()
     rusage0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
-        file_store = FileStore(settings.cache_dir, settings.storage.chunk_bytes, fsync=settings.storage.fsync,
-                               io_mode=settings.storage.io_mode)
-        if file_store.fs_type in ("tmpfs", "ramfs"):
-            notes.append(f"the storage tier directory is on {file_store.fs_type} (RAM), not a storage device")
-        if settings.cpu_mem_gb > 0:
-            cpu_bytes = int(settings.cpu_mem_gb * GIB)
-            # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
-            # only when it comfortably fits, otherwise say that pages are faulted in on first use.
-            prefault = cpu_bytes <= 0.5 * available_memory_bytes()
-            if not prefault:
-                notes.append(f"CPU tier of {settings.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
-                             "not preallocated, first writes include page-fault time")
-            memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-        tiers = build_tiers(settings, file_store, memory_store)
+        if trace_mode:
+            tracer = IOTraceWriter(settings.io_trace_log)
+            tiers = build_trace_tiers(settings)
+        else:
+            file_store = FileStore(settings.cache_dir, settings.storage.chunk_bytes, fsync=settings.storage.fsync,
+                                   io_mode=settings.storage.io_mode)
+            if file_store.fs_type in ("tmpfs", "ramfs"):
+                notes.append(f"the storage tier directory is on {file_store.fs_type} (RAM), not a storage device")
+            if settings.cpu_mem_gb > 0:
+                cpu_bytes = int(settings.cpu_mem_gb * GIB)
+                # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
+                # only when it comfortably fits, otherwise say that pages are faulted in on first use.
+                prefault = cpu_bytes <= 0.5 * available_memory_bytes()
+                if not prefault:
+                    notes.append(f"CPU tier of {settings.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
+                                 "not preallocated, first writes include page-fault time")
+                memory_store = MemoryStore(cpu_bytes, prefault=prefault)
+            tiers = build_tiers(settings, file_store, memory_store)
         policy = EvictionPolicy(**{k: getattr(cfg.eviction, k) for k in EvictionPolicy.__dataclass_fields__})
-        cache = MultiTierCache(tiers, policy, metrics, settings.model.bytes_per_token, stop)
-        users = build_users(settings)
+        cache = MultiTierCache(tiers, policy, metrics, settings.model.bytes_per_token, stop, tracer=tracer)
+        rag = RagCorpus(cfg.rag) if settings.enable_rag else None
+        factory = UserFactory(settings, rag)
+        users = factory.build(0, settings.num_users)
         workers = io_worker_count(settings)
+        if settings.enable_autoscaling:
+            autoscaler = Autoscaler(settings.autoscaler_mode, settings.target_saturation, cfg.autoscaler,
+                                    cfg.saturation_detection, settings.num_users)
         options = DriverOptions(
             duration_s=float(settings.duration),
             max_requests=settings.max_requests,
@@ -168,25 +241,36 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
             decode_batch_size=cfg.decode.batch_size,
             seconds_per_token=getattr(cfg.generation_timing, settings.generation_mode),
             record_plans=record_plans,
+            request_rate=settings.request_rate,
+            admission_limit=cfg.driver.admission_queue_limit,
+            prefill_only=settings.prefill_only,
+            decode_only=settings.decode_only,
+            timeline_interval_s=cfg.driver.timeline_interval_seconds,
         )
         print_banner(settings, users, workers, file_store, out)
-        blockdev = BlockDeviceCounter.for_path(str(file_store.run_dir))
+        blockdev = BlockDeviceCounter.for_path(str(file_store.run_dir)) if file_store is not None else None
         before = blockdev.snapshot() if blockdev else None
-        outcome = Driver(users, cache, metrics, options, stop).run()
+        phases = run_phases(settings, cache, tiers, factory, workers, stop, out)
+        out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
+        out.flush()
+        metrics.reset()  # nothing done before the window counts
+        driver = Driver(users, cache, metrics, options, stop, autoscaler=autoscaler, make_user=factory)
+        outcome = driver.run()
         after = blockdev.snapshot() if blockdev else None
         interrupted = outcome.stop_reason == "interrupted"
-        usage = cache.usage()
-        entry_sizes = cache.entry_sizes()
-        results = assemble(settings, metrics, outcome, usage, entry_sizes, file_store, memory_store, workers,
-                           blockdev, before, after, notes, started, rusage0)
+        results = assemble(settings, metrics, outcome, cache.usage(), cache.entry_sizes(), file_store,
+                           memory_store, workers, blockdev, before, after, notes, started, rusage0)
+        finish_results(results, settings, outcome, autoscaler, phases, rag, tracer)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
         metrics.close_window()
-        results = {"interrupted": True, "stop_reason": "interrupted before the measured phase"}
+        results = {"interrupted": True, "stop_reason": "interrupted before the measured phase", "phases": phases}
     finally:
         stop.set()
         try:
+            if tracer is not None:
+                tracer.close()
             if file_store is not None:
                 file_store.close()
             if memory_store is not None:
@@ -197,6 +281,9 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
     write_json_atomic(settings.output, results)
     print_report(results, out)
     out.write(f"\nResults written to {settings.output}\n")
+    if settings.xlsx_output and "summary" in results:
+        written = xlsx.export(results, settings.xlsx_output)
+        out.write(f"Spreadsheet written to {written}\n")
     out.flush()
     if interrupted:
         return results, EXIT_INTERRUPTED
@@ -206,14 +293,79 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
     return results, (EXIT_PASS if results.get("overall_passed") else EXIT_FAIL)
 
 
+def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], factory: UserFactory, workers: int,
+               stop: threading.Event, out) -> dict[str, Any]:
+    """Preconditioning, decode-only pre-population and RAG ingestion, in the reference's order."""
+    cfg = settings.config
+    phases: dict[str, Any] = {}
+    tp = settings.tensor_parallel
+    bpt = settings.model.bytes_per_token
+
+    def entry_bytes(tokens: int) -> int:
+        return max(1, tokens * bpt // tp)
+
+    chunk, seed = settings.storage.chunk_bytes, settings.effective_seed
+    if settings.precondition:
+        if settings.precondition_size_gb > 0:
+            target = int(settings.precondition_size_gb * GIB)
+        elif not math.isinf(tiers[-1].limit):
+            target = int(2 * tiers[-1].limit)
+        else:
+            target = 0
+        if target <= 0:
+            out.write("WARNING: preconditioning skipped: no --precondition-size-gb and no finite storage capacity\n")
+            phases["preconditioning"] = {"skipped": "no size and no finite storage capacity"}
+        else:
+            threads = settings.precondition_threads or os.cpu_count() or 4
+            out.write(f"Preconditioning: writing {target / GIB:.2f} GiB sequentially with {threads} threads...\n")
+            phases["preconditioning"] = fill(cache, precondition_items(), entry_bytes, threads, chunk, seed, stop,
+                                             "preconditioning", out, target_bytes=target)
+    if settings.decode_only:
+        count = factory.decode_only_entries
+        out.write(f"Decode-only: pre-populating {count} entries of 2048 tokens (not counted)...\n")
+        phases["prepopulation"] = fill(cache, prepopulation_items(count), entry_bytes, os.cpu_count() or 4, chunk,
+                                       seed, stop, "prepopulation", out)
+    if factory.rag is not None:
+        docs = build_documents(settings.rag_num_docs, cfg.rag, settings.model, seed)
+        phases["rag_ingestion"] = ingest_rag(cache, factory.rag, docs, entry_bytes, chunk, seed, stop, out)
+    return phases
+
+
+def finish_results(results: dict[str, Any], settings: RunSettings, outcome: DriverOutcome,
+                   autoscaler: Autoscaler | None, phases: dict[str, Any], rag: RagCorpus | None,
+                   tracer: IOTraceWriter | None) -> None:
+    """Mode-specific parts of the results: timeline, autoscaling, phases, RAG, validation, trace."""
+    results["throughput_timeline"] = outcome.timeline
+    summary = results.get("summary")
+    if summary is not None and autoscaler is not None:
+        summary["autoscaling_stats"] = autoscaler.history
+        summary["autoscaling_summary"] = autoscaler.summary()
+    if phases:
+        results["phases"] = phases
+    if summary is not None and rag is not None:
+        c = results["measurement"]["counters"]
+        summary["rag_stats"] = {
+            "documents_retrievable": len(rag.live),
+            "chunk_hits": int(c.get("rag_chunk_hits", 0)),
+            "chunk_misses": int(c.get("rag_chunk_misses", 0)),
+        }
+    if settings.validation_trace_stats is not None and summary is not None:
+        cs = summary["cache_stats"]
+        results["validation"] = compare(settings.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
+    if tracer is not None:
+        results["measurement"]["io_trace"] = {"path": tracer.path, "rows": tracer.rows}
+
+
 def print_banner(settings: RunSettings, users, workers: int, file_store: FileStore, out) -> None:
     line = "=" * 80
     m = settings.model
     ms = getattr(settings.config.generation_timing, settings.generation_mode) * 1000
     out.write(f"{line}\nIntegrated Multi-User KV Cache Benchmark - MLPerf Edition (kv-cache {__version__})\n")
     out.write(f"Model: {m.name} ({m.bytes_per_token:,} bytes/token)\n")
+    where = (f"{file_store.run_dir} ({file_store.fs_type}, {file_store.io_mode} I/O)" if file_store is not None
+             else f"trace only -> {settings.io_trace_log}")
     out.write(f"GPU Memory: {settings.gpu_mem_gb * settings.num_gpus:g} GiB | CPU Memory: {settings.cpu_mem_gb:g} GiB"
-              f" | Storage: {file_store.run_dir} ({file_store.fs_type}, {file_store.io_mode} I/O)\n")
+              f" | Storage: {where}\n")
     out.write(f"Users: {settings.num_users} | Duration: {settings.duration:g} s | Seed: {settings.effective_seed}"
               f" | Generation: {settings.generation_mode} ({ms:.1f} ms/token) | I/O workers: {workers}\n")
     feats = [f"multi-turn {'on' if settings.multi_turn else 'off'}", f"prefix caching {'on' if settings.prefix_caching else 'off'}"]
@@ -233,7 +385,9 @@ def print_banner(settings: RunSettings, users, workers: int, file_store: FileSto
 
 def assemble(settings, metrics, outcome, usage, entry_sizes, file_store, memory_store, workers, blockdev,
              before, after, notes, started, rusage0) -> dict[str, Any]:
-    summary = build_summary(metrics, usage, settings.config.qos_profiles, settings.performance_profile) \
+    error_rate = outcome.requests_failed / max(1, outcome.requests_issued)
+    summary = build_summary(metrics, usage, settings.config.qos_profiles, settings.performance_profile,
+                            settings.config.performance_criteria, error_rate) \
         if metrics.requests.completed > 0 else None
     results: dict[str, Any] = request_lists(metrics)
     results["seed"] = settings.seed
@@ -263,13 +417,14 @@ def assemble(settings, metrics, outcome, usage, entry_sizes, file_store, memory_
     results["measurement"] = {
         "tool": f"kv-cache {__version__}",
         "timed": TIMED,
-        "io_mode": file_store.io_mode,
-        "direct_io": file_store.io_mode == "direct",
+        "run_mode": run_mode(settings),
+        "io_mode": file_store.io_mode if file_store is not None else "trace (no I/O)",
+        "direct_io": file_store is not None and file_store.io_mode == "direct",
         "chunk_bytes": settings.storage.chunk_bytes,
         "fsync": settings.storage.fsync,
         "io_workers": workers,
-        "run_dir": str(file_store.run_dir),
-        "filesystem": file_store.fs_type,
+        "run_dir": str(file_store.run_dir) if file_store is not None else None,
+        "filesystem": file_store.fs_type if file_store is not None else None,
         "storage_capacity_bytes": None if math.isinf(usage["nvme"]["limit_bytes"]) else usage["nvme"]["limit_bytes"],
         "cpu_tier_bytes": int(settings.cpu_mem_gb * GIB) if memory_store is not None else 0,
         "gpu_tier": "absent",
@@ -278,6 +433,10 @@ def assemble(settings, metrics, outcome, usage, entry_sizes, file_store, memory_
         "requests_issued": outcome.requests_issued,
         "requests_abandoned_at_stop": outcome.requests_abandoned,
         "requests_failed": outcome.requests_failed,
+        "requests_rejected": outcome.requests_rejected,
+        "offered_request_rate": settings.request_rate or None,
+        "final_active_users": outcome.final_active_users,
+        "counters": {k: v for k, v in metrics.snapshot_counters().items()},
         "after_window": {
             "requests": int(late.get("requests", 0)),
             "aborted_ops": int(sum(v for k, v in late.items() if k.endswith("_aborted_ops"))),
@@ -330,5 +489,20 @@ def run_parameters(settings: RunSettings, started: datetime) -> dict[str, Any]:
         "max_concurrent_allocs": settings.max_concurrent_allocs,
         "max_requests": settings.max_requests,
         "storage_capacity_gb": settings.storage_capacity_gb,
+        "request_rate": settings.request_rate,
+        "autoscaling": settings.enable_autoscaling,
+        "autoscaler_mode": settings.autoscaler_mode if settings.enable_autoscaling else None,
+        "target_saturation": settings.target_saturation if settings.enable_autoscaling else None,
+        "rag_enabled": settings.enable_rag,
+        "rag_num_docs": settings.rag_num_docs if settings.enable_rag else None,
+        "precondition": settings.precondition,
+        "precondition_size_gb": settings.precondition_size_gb,
+        "precondition_threads": settings.precondition_threads or os.cpu_count(),
+        "prefill_only": settings.prefill_only,
+        "decode_only": settings.decode_only,
+        "io_trace_log": settings.io_trace_log,
+        "validation_trace": settings.validation_trace,
+        "mpi_rank": settings.mpi_rank,
+        "mpi_world_size": settings.mpi_world_size,
         "pid": os.getpid(),
     }

@@ -53,6 +53,24 @@ class RunSettings:
     log_level: str = "INFO"
     config_path: str | None = None
     storage: StorageSettings = field(default_factory=StorageSettings)
+    # Run modes
+    request_rate: float = 0.0  # > 0: open-loop Poisson arrivals per second
+    enable_autoscaling: bool = False
+    autoscaler_mode: str = "qos"
+    target_saturation: float = 0.8
+    precondition: bool = False
+    precondition_size_gb: float = 0.0
+    precondition_threads: int = 0
+    prefill_only: bool = False
+    decode_only: bool = False
+    enable_rag: bool = False
+    rag_num_docs: int = 10
+    validation_trace: str | None = None
+    validation_trace_stats: dict | None = None
+    io_trace_log: str | None = None
+    xlsx_output: str | None = None
+    mpi_rank: int | None = None  # set when several MPI ranks run (cache dir and output are per rank)
+    mpi_world_size: int = 1
     argv: tuple[str, ...] = ()
 
     @property

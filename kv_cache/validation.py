@@ -68,16 +68,8 @@ _DEFAULTS: dict[str, Any] = {
 
 # Flags whose feature this version does not have yet: (attribute, flag).
 _UNIMPLEMENTED = (
-    ("enable_rag", "--enable-rag"),
-    ("enable_autoscaling", "--enable-autoscaling"),
     ("use_burst_trace", "--use-burst-trace"),
     ("dataset_path", "--dataset-path"),
-    ("validation_trace", "--validation-trace"),
-    ("precondition", "--precondition"),
-    ("prefill_only", "--prefill-only"),
-    ("decode_only", "--decode-only"),
-    ("io_trace_log", "--io-trace-log"),
-    ("xlsx_output", "--xlsx-output"),
     ("enable_latency_tracing", "--enable-latency-tracing"),
 )
 
@@ -178,8 +170,8 @@ def unimplemented_features(args: Any) -> list[str]:
         if getattr(args, name, None) not in (None, False):
             errors.append(f"{flag} is not implemented in this version yet")
     request_rate = getattr(args, "request_rate", 0.0)
-    if isinstance(request_rate, (int, float)) and request_rate > 0:
-        errors.append("--request-rate is not implemented in this version yet")
+    if getattr(args, "enable_autoscaling", False) and isinstance(request_rate, (int, float)) and request_rate > 0:
+        errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
     return errors
 
 

@@ -536,17 +536,8 @@ def test_prefill_and_decode_only_are_exclusive():
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
-        (["--enable-rag"], "--enable-rag"),
-        (["--enable-autoscaling"], "--enable-autoscaling"),
         (["--use-burst-trace"], "--use-burst-trace"),
         (["--dataset-path", "x.json"], "--dataset-path"),
-        (["--validation-trace", "t.json"], "--validation-trace"),
-        (["--request-rate", "5"], "--request-rate"),
-        (["--precondition"], "--precondition"),
-        (["--prefill-only"], "--prefill-only"),
-        (["--decode-only"], "--decode-only"),
-        (["--io-trace-log", "t.csv"], "--io-trace-log"),
-        (["--xlsx-output", "r.xlsx"], "--xlsx-output"),
         (["--enable-latency-tracing"], "--enable-latency-tracing"),
     ],
 )
@@ -568,10 +559,10 @@ def test_unimplemented_companions_still_range_validated():
 
 
 def test_errors_of_all_kinds_combined():
-    m = usage_error(["--num-users", "0", "--enable-rag", "--model", "nope"])
+    m = usage_error(["--num-users", "0", "--enable-latency-tracing", "--model", "nope"])
     assert m.split("; ") == [
         "--num-users must be positive, got 0",
-        "--enable-rag is not implemented in this version yet",
+        "--enable-latency-tracing is not implemented in this version yet",
         m.split("; ")[2],
     ]
     assert m.split("; ")[2].startswith("unknown model 'nope'")
@@ -623,8 +614,14 @@ def test_main_cache_dir_in_system_directory(capsys):
 
 
 def test_main_unimplemented_flag(capsys):
-    assert main(["--enable-rag"]) == 2
-    assert one_line_error(capsys) == "kv-cache: error: --enable-rag is not implemented in this version yet"
+    assert main(["--enable-latency-tracing"]) == 2
+    assert one_line_error(capsys) == "kv-cache: error: --enable-latency-tracing is not implemented in this version yet"
+
+
+def test_autoscaling_with_request_rate_is_refused():
+    assert usage_error(["--enable-autoscaling", "--request-rate", "5"]) == (
+        "--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate"
+    )
 
 
 def test_main_version(capsys):

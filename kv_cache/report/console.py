@@ -159,7 +159,48 @@ def print_report(results: dict[str, Any], out: TextIO) -> None:
                     f" P99 {q['latency_ms']['p99']:.2f} ms, SLA {'[OK]' if sla['met'] else '[X]'}"
                     f" ({sla['compliance'] * 100:.1f}% within {sla['target_p95_ms']:.0f} ms)")
 
+    auto = s.get("autoscaling_summary")
+    if auto:
+        _p(out)
+        _p(out, f"### AUTOSCALING ({auto['mode']} mode) ###")
+        _p(out, f"  Users: {auto['initial_users']} -> {auto['final_users']} over {auto['samples']} samples,"
+                f" {auto['total_scale_events']} scale events")
+        for h in s.get("autoscaling_stats", []):
+            rp = h.get("read_p95_ms")
+            _p(out, f"  t={h['t_s']:7.1f}s users {h['users']:5d} -> {h['users_after']:5d}  {h['action']:<10}"
+                    f" {h['tokens_per_sec']:10.1f} tok/s  storage {h['storage_read_gbps'] + h['storage_write_gbps']:.3f} GiB/s"
+                    f"  read p95 {rp if rp is None else round(rp, 1)} ms  saturation {h['saturation_level']:.2f}")
+        if auto["mode"] == "capacity":
+            _p(out, f"  Peak: {auto['peak_throughput_tokens_per_sec']:.1f} tok/s at {auto['peak_user_count']} users"
+                    f" ({'found' if auto.get('peak_found') else 'not reached within the duration'})")
+        else:
+            _p(out, f"  Most users within target saturation {auto['target_saturation']:.2f}:"
+                    f" {auto.get('max_users_within_target')}")
+
+    rag = s.get("rag_stats")
+    if rag:
+        _p(out)
+        _p(out, "### RAG ###")
+        _p(out, f"  Documents retrievable: {rag['documents_retrievable']}; chunk reads that hit: {rag['chunk_hits']},"
+                f" missed (recomputed and stored): {rag['chunk_misses']}")
+
+    val = results.get("validation")
+    if val:
+        _p(out)
+        _p(out, "### VALIDATION ###")
+        hr = val["comparison"]["cache_hit_rate"]
+        _p(out, f"  {'[OK]' if val['passed'] else '[X]'} cache hit rate: benchmark {hr['benchmark'] * 100:.1f}% vs trace"
+                f" {hr['trace'] * 100:.1f}% (error {hr['error_pct']:.1f}%, limit 5%)")
+        rw = val["comparison"]["read_write_ratio"]
+        _p(out, f"  read/write ratio: benchmark {rw['benchmark']:.2f} vs trace {rw['trace']:.2f} (informational)")
+
     _print_measurement(meas, out)
+    for name, ph in (results.get("phases") or {}).items():
+        if "skipped" in ph:
+            _p(out, f"  Before the window, {name}: skipped ({ph['skipped']})")
+        else:
+            _p(out, f"  Before the window, {name}: {ph.get('entries', ph.get('chunks', 0))} entries,"
+                    f" {ph['gib']:.2f} GiB in {ph['seconds']:.1f} s (not counted above)")
     _p(out)
     _p(out, "NOTES:")
     if params.get("generation_mode") == "none":
@@ -195,7 +236,11 @@ def _print_measurement(meas: dict[str, Any], out: TextIO) -> None:
             f" write {meas.get('achieved_queue_depth', {}).get('write', 0):.2f}")
     _p(out, f"  CPU: {meas.get('process_cpu_seconds', 0):.1f} s process CPU time,"
             f" {meas.get('cpu_seconds_per_gib', 0):.2f} CPU-s per GiB moved")
+    _p(out, f"  Mode: {meas.get('run_mode')}")
     _p(out, f"  Stop reason: {meas.get('stop_reason')}; window {meas.get('window_seconds', 0):.2f} s")
+    if meas.get("offered_request_rate"):
+        _p(out, f"  Open loop: {meas['requests_issued']} arrivals admitted, {meas.get('requests_rejected', 0)} rejected"
+                f" (admission queue full)")
     late = meas.get("after_window", {})
     if late.get("requests") or late.get("aborted_ops"):
         _p(out, f"  Not counted (finished after the window or aborted at stop): {late.get('requests', 0)} requests,"

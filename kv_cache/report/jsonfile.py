@@ -31,6 +31,9 @@ def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are an ordinary file
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -104,8 +104,16 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     return stats
 
 
-def storage_health(stats: dict[str, Any], profile: str, cpu_p95_ms: float | None = None) -> dict[str, Any]:
-    """Reference PASS/FAIL criteria (spec 7.8)."""
+def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p95_ms: float | None = None,
+                   error_rate: float = 0.0) -> dict[str, Any]:
+    """PASS/FAIL criteria. Latency profile: the reference's (spec 7.8), thresholds from config.
+    Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
+    data, and no more failed requests than allowed (the reference only asked for "> 0")."""
+    if criteria_cfg is None:
+        from kv_cache.config import PerformanceCriteria
+
+        criteria_cfg = PerformanceCriteria()
+    c = criteria_cfg
     criteria = []
 
     def add(name, target, actual, unit, passed):
@@ -117,22 +125,30 @@ def storage_health(stats: dict[str, Any], profile: str, cpu_p95_ms: float | None
         read_bytes = stats.get("tier_storage_kv_bytes_read_gb", 0.0)
         write_bytes = stats.get("tier_storage_kv_bytes_written_gb", 0.0)
         if read_bytes > 0 or write_bytes == 0:
-            add("Storage KV Read Bandwidth", ">0", f"{read_gbps:.2f}", "GiB/s", read_gbps > 0)
+            floor = c.min_storage_read_gbps
+            add(f"Storage KV Read Bandwidth >= {floor:g} GiB/s", floor, read_gbps, "GiB/s",
+                read_gbps > 0 and read_gbps >= floor)
         if write_bytes > 0 or read_bytes == 0:
-            add("Storage KV Write Bandwidth", ">0", f"{write_gbps:.2f}", "GiB/s", write_gbps > 0)
+            floor = c.min_storage_write_gbps
+            add(f"Storage KV Write Bandwidth >= {floor:g} GiB/s", floor, write_gbps, "GiB/s",
+                write_gbps > 0 and write_gbps >= floor)
+        add(f"Failed Requests <= {c.max_error_rate * 100:g}%", c.max_error_rate, error_rate, "ratio",
+            error_rate <= c.max_error_rate)
     else:
-        for op, limit in (("write", 500), ("read", 200)):
+        for op, limit in (("write", c.storage_write_device_p95_ms), ("read", c.storage_read_device_p95_ms)):
             key = f"storage_{op}_device_p95_ms"
             word = "Device"
             if key not in stats:
                 key, word = f"storage_{op}_p95_ms", "Total"
             if key in stats:
-                add(f"Storage Tier {op.capitalize()} {word} P95 < {limit}ms", limit, stats[key], "ms", stats[key] < limit)
+                add(f"Storage Tier {op.capitalize()} {word} P95 < {limit:g}ms", limit, stats[key], "ms",
+                    stats[key] < limit)
         if cpu_p95_ms is not None:
-            add("CPU RAM P95 < 150ms", 150, cpu_p95_ms, "ms", cpu_p95_ms < 150)
+            add(f"CPU RAM P95 < {c.cpu_p95_ms:g}ms", c.cpu_p95_ms, cpu_p95_ms, "ms", cpu_p95_ms < c.cpu_p95_ms)
         if stats.get("cache_hits", 0) + stats.get("cache_misses", 0) > 0:
-            add("Cache Hit Rate > 30%", 0.3, stats["cache_hit_rate"], "ratio", stats["cache_hit_rate"] > 0.3)
-    passed = sum(1 for c in criteria if c["passed"])
+            add(f"Cache Hit Rate > {c.min_cache_hit_rate * 100:g}%", c.min_cache_hit_rate, stats["cache_hit_rate"],
+                "ratio", stats["cache_hit_rate"] > c.min_cache_hit_rate)
+    passed = sum(1 for x in criteria if x["passed"])
     return {
         "overall_status": "PASS" if passed == len(criteria) else "FAIL",
         "criteria": criteria,
@@ -175,11 +191,12 @@ def qos_metrics(metrics: RunMetrics, qos_profiles) -> dict[str, Any]:
     return out
 
 
-def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str) -> dict[str, Any]:
+def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, criteria_cfg=None,
+                  error_rate: float = 0.0) -> dict[str, Any]:
     window_s = metrics.window_seconds
     r = metrics.requests
     stats = cache_stats(metrics, usage, window_s)
-    stats["storage_health"] = storage_health(stats, profile, cpu_combined_p95_ms(metrics))
+    stats["storage_health"] = storage_health(stats, profile, criteria_cfg, cpu_combined_p95_ms(metrics), error_rate)
     total_storage_s = sum(r.storage_ns) / 1e9
     c = metrics.snapshot_counters()
     mt_hits, mt_misses = int(c.get("multi_turn_cache_hits", 0)), int(c.get("multi_turn_cache_misses", 0))

@@ -43,6 +43,8 @@ class RequestPlan:
     history_keys: tuple[str, ...] = ()
     prefix_key: str | None = None
     prefix_tokens: int = 0
+    decode_key: str | None = None  # decode-only mode: the pre-populated entry this request reads
+    rag_chunks: tuple[tuple[str, int], ...] = ()  # RAG: (chunk key, tokens) read by this request
     # Filled by the driver.
     submit_ns: int = 0
     start_ns: int = 0
@@ -58,6 +60,8 @@ class RequestPlan:
             out.append(("read", key, 0))
         if self.phase in (Phase.PREFILL, Phase.PREFILL_DECODE):
             out.append(("write", self.cache_key, self.context_tokens))
+        for key, tokens in self.rag_chunks:
+            out.append(("read-or-write", key, tokens))
         if self.phase in (Phase.DECODE, Phase.PREFILL_DECODE):
             out.append(("read", self.cache_key, self.context_tokens))
             out.extend(("read", self.cache_key, self.context_tokens) for _ in range(decode_reads(self.generate_tokens, decode_batch_size)))

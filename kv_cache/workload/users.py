@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kv_cache.workload.conversation import Conversation, ConversationManager
 from kv_cache.workload.prefix import SystemPrefix
 from kv_cache.workload.qos import draw_qos_level
+from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.request import RequestPlan, phase_for_context
 
 PERSONAS = ("chatbot", "coding", "document")
@@ -70,6 +71,9 @@ class SyntheticUser:
         end_conversation_probability: float,
         prefixes: tuple[SystemPrefix, ...],
         prefix_probability: float,
+        decode_only_entries: int = 0,
+        rag: RagCorpus | None = None,
+        rag_probability: float = 0.0,
     ) -> None:
         self.profile = profile
         self.rng = user_rng(seed, profile.user_id)
@@ -77,6 +81,9 @@ class SyntheticUser:
         self._end_probability = end_conversation_probability
         self._prefixes = prefixes
         self._prefix_probability = prefix_probability if prefixes else 0.0
+        self._decode_only_entries = decode_only_entries
+        self._rag = rag
+        self._rag_probability = rag_probability if rag is not None else 0.0
         self._conversation: Conversation | None = None
         self._conversations_started = 0
         self.requests_issued = 0
@@ -118,6 +125,12 @@ class SyntheticUser:
             prefix = rng.choice(self._prefixes)
             context = max(1, context - prefix.tokens)
 
+        rag_chunks: tuple[tuple[str, int], ...] = ()
+        if self._rag_probability > 0 and rng.random() < self._rag_probability:
+            rag_chunks = self._rag.retrieve(rng)
+        decode_key = (f"prepop_{rng.randrange(self._decode_only_entries)}"
+                      if self._decode_only_entries else None)
+
         if conv is not None:
             turn, key, history = self._conversations.add_turn(conv, context, generate)
             conv_id = conv.conversation_id
@@ -139,4 +152,6 @@ class SyntheticUser:
             history_keys=history,
             prefix_key=prefix.key if prefix else None,
             prefix_tokens=prefix.tokens if prefix else 0,
+            decode_key=decode_key,
+            rag_chunks=rag_chunks,
         )

@@ -1,0 +1,110 @@
+"""Autoscaling: decides how many users should be active, from per-interval measurements.
+
+Two modes (reference names): `qos` keeps storage saturation near a target; `capacity` grows the user
+count while throughput still rises and stops at the peak. Unlike the reference, the decision is applied:
+the driver really starts or stops users. Factors and sample counts come from config.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class IntervalSample:
+    t_s: float  # seconds since the window opened
+    users: int
+    tokens_per_sec: float
+    requests_per_sec: float
+    storage_read_gbps: float
+    storage_write_gbps: float
+    read_p95_ms: float | None
+    write_p95_ms: float | None
+    queued_requests: int
+
+
+class Autoscaler:
+    def __init__(self, mode: str, target_saturation: float, scaler_cfg, saturation_cfg, initial_users: int) -> None:
+        if mode not in ("qos", "capacity"):
+            raise ValueError(f"unknown autoscaler mode {mode!r}")
+        self.mode = mode
+        self.target = target_saturation
+        self.cfg = scaler_cfg
+        self.sat = saturation_cfg
+        self.initial_users = initial_users
+        self.users = initial_users
+        self._levels: deque[float] = deque(maxlen=saturation_cfg.history_window_size)
+        self._streak = 0
+        self.peak_throughput = 0.0
+        self.peak_users = initial_users
+        self.history: list[dict] = []
+        self.stopped = False
+
+    def saturation(self, s: IntervalSample) -> float:
+        """1.0 = at the configured thresholds; the worst of read P95, write P95 and queue backlog,
+        averaged over the last `saturation_detection.history_window_size` samples."""
+        parts = [s.queued_requests / max(1, self.sat.queue_depth_threshold)]
+        if s.read_p95_ms is not None:
+            parts.append(s.read_p95_ms / max(1e-9, self.sat.read_latency_p95_threshold_ms))
+        if s.write_p95_ms is not None:
+            parts.append(s.write_p95_ms / max(1e-9, self.sat.write_latency_p95_threshold_ms))
+        self._levels.append(max(parts))
+        return sum(self._levels) / len(self._levels)
+
+    def _up(self) -> int:
+        return min(self.cfg.max_users, max(self.users + 1, int(self.users * self.cfg.scale_up_factor)))
+
+    def _down(self) -> int:
+        return max(self.cfg.min_users, min(self.users - 1, int(self.users * self.cfg.scale_down_factor)))
+
+    def decide(self, s: IntervalSample) -> int | None:
+        """Returns the new user count, or None when capacity mode has found the peak (stop the run)."""
+        level = self.saturation(s)
+        action = "hold"
+        new = self.users
+        if self.mode == "qos":
+            if level > 1.1 * self.target:
+                self._streak += 1
+                if self._streak >= self.cfg.consecutive_samples_required:
+                    new, self._streak = self._down(), 0
+            else:
+                self._streak = 0
+                if level < 0.9 * self.target:
+                    new = self._up()
+            action = "scale_up" if new > self.users else "scale_down" if new < self.users else "hold"
+        else:
+            if s.tokens_per_sec > 1.01 * self.peak_throughput or not self.history:
+                if s.tokens_per_sec > self.peak_throughput:
+                    self.peak_throughput, self.peak_users = s.tokens_per_sec, self.users
+                self._streak = 0
+                new = self._up()
+                action = "scale_up" if new > self.users else "hold"
+            else:
+                self._streak += 1
+                if self._streak >= self.cfg.consecutive_samples_required:
+                    action = "stop"
+                    self.stopped = True
+        entry = {**asdict(s), "saturation_level": level, "action": action,
+                 "users_after": new if action != "stop" else self.users}
+        self.history.append(entry)
+        self.users = new
+        return None if action == "stop" else new
+
+    def summary(self) -> dict:
+        out = {
+            "mode": self.mode,
+            "initial_users": self.initial_users,
+            "final_users": self.users,
+            "total_scale_events": sum(1 for h in self.history if h["action"] in ("scale_up", "scale_down")),
+            "samples": len(self.history),
+        }
+        if self.mode == "capacity":
+            out["peak_user_count"] = self.peak_users
+            out["peak_throughput_tokens_per_sec"] = self.peak_throughput
+            out["peak_found"] = self.stopped
+        else:
+            out["target_saturation"] = self.target
+            within = [h["users"] for h in self.history if h["saturation_level"] <= self.target]
+            out["max_users_within_target"] = max(within) if within else None
+        return out

@@ -1,0 +1,70 @@
+"""`--validation-trace`: compare this run's cache behaviour with a recorded real-world trace (spec 8.11).
+
+The trace is read and checked BEFORE the run (a bad file is a usage error, never lost results).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kv_cache.errors import UsageError
+
+REQUIRED = ("timestamp", "request_id", "user_id", "context_tokens", "generation_tokens", "phase", "cache_hit",
+            "cache_tier", "read_bytes", "write_bytes", "read_latency_ms", "write_latency_ms", "model_name")
+OPTIONAL = ("conversation_id", "turn_number", "prefix_cached")
+
+
+def load_trace_stats(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--validation-trace {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--validation-trace {path}: cannot read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--validation-trace {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"--validation-trace {path}: expected a non-empty JSON list of trace entries")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise UsageError(f"--validation-trace {path}: entry {i} is not an object")
+        missing = [k for k in REQUIRED if k not in row]
+        unknown = [k for k in row if k not in REQUIRED and k not in OPTIONAL]
+        if missing or unknown:
+            what = f"missing {missing}" if missing else f"unknown fields {unknown}"
+            raise UsageError(f"--validation-trace {path}: entry {i} has {what}")
+    n = len(data)
+    read_b = sum(float(r["read_bytes"]) for r in data)
+    write_b = sum(float(r["write_bytes"]) for r in data)
+    ts = [float(r["timestamp"]) for r in data]
+    return {
+        "total_requests": n,
+        "duration_seconds": max(ts) - min(ts),
+        "cache_hit_rate": sum(1 for r in data if r["cache_hit"]) / n,
+        "read_write_ratio": read_b / max(write_b, 1.0),
+        "context_tokens_mean": sum(float(r["context_tokens"]) for r in data) / n,
+        "generation_tokens_mean": sum(float(r["generation_tokens"]) for r in data) / n,
+    }
+
+
+def compare(trace: dict[str, Any], cache_hit_rate: float, read_write_ratio: float) -> dict[str, Any]:
+    """Reference verdict: pass when the cache hit rate is within 5 % (relative) of the trace's."""
+
+    def err(bench: float, ref: float) -> float:
+        return abs(bench - ref) / ref * 100 if ref else (0.0 if bench == 0 else 100.0)
+
+    hit_err = err(cache_hit_rate, trace["cache_hit_rate"])
+    rw_err = err(read_write_ratio, trace["read_write_ratio"])
+    return {
+        "passed": hit_err <= 5.0,
+        "avg_error_pct": hit_err,
+        "comparison": {
+            "cache_hit_rate": {"benchmark": cache_hit_rate, "trace": trace["cache_hit_rate"], "error_pct": hit_err,
+                               "within_5pct": hit_err <= 5.0},
+            "read_write_ratio": {"benchmark": read_write_ratio, "trace": trace["read_write_ratio"],
+                                 "error_pct": rw_err, "within_5pct": rw_err <= 5.0, "informational": True},
+        },
+        "trace_stats": trace,
+    }
