@@ -1,0 +1,141 @@
+"""The normalized request model that every trace format is parsed into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMATS = ("mooncake", "aiperf", "bailian", "weka", "burstgpt", "sharegpt")
+
+# Block size (tokens per hash id) each format's hash ids are defined on (weka reads it from the file).
+BLOCK_TOKENS: dict[str, int | None] = {
+    "mooncake": 512,
+    "aiperf": 512,
+    "bailian": 16,
+    "weka": 64,
+    "burstgpt": None,
+    "sharegpt": None,
+}
+
+
+class TraceError(Exception):
+    """A trace that cannot be used at all (missing, unreadable, empty, unknown format, no valid row).
+
+    The message is one line that names the file.
+    """
+
+    def __init__(self, path: object, reason: str | None = None) -> None:
+        self.path = None if reason is None else str(path)
+        text = str(path) if reason is None else f"{path}: {reason}"
+        super().__init__(" ".join(text.split()))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace, whatever its format.
+
+    - ``index``: row order in the trace (0-based, after skipping malformed rows).
+    - ``session_id``: conversation/session, ``None`` for sessionless rows (Mooncake, BurstGPT without
+      ``Session ID``).
+    - ``turn``: 1-based turn within the session (1 for sessionless rows).
+    - ``arrival_s``: seconds since the trace's own zero, where the trace records arrival times (open-loop
+      replay); ``None`` where it does not (AIPerf later turns, ShareGPT).
+    - ``think_time_s``: the recorded pause AFTER this request's response before the same session's next
+      request (closed-loop replay), ``None`` if not recorded or this is the session's last request.
+    - ``input_tokens``: the FULL context of this request (history + new).
+    - ``new_tokens``: tokens not already present in the previous turn's context (prompt + response);
+      ``== input_tokens`` for turn 1 and sessionless rows.
+    - ``output_tokens``: generated tokens.
+    - ``hash_ids``: one id per ``block_tokens`` block of the FULL input in prefix order, where the trace has
+      them. Equal ids = identical block content (and, in every supported format, identical prefix).
+      Mooncake/AIPerf/Bailian list ``ceil(input/block)`` ids (the last may cover a partial block); the WEKA
+      agentic-coding traces list only the ``floor(input/block)`` complete blocks.
+    - ``block_tokens``: the trace's block size for ``hash_ids``.
+    - ``kind``: ``"request"``; WEKA: ``"subagent"`` for sub-agent requests, else the class of the pause that
+      follows (``"agentic"``: the next request carries a tool result, ``"human"``: it carries user text).
+    """
+
+    index: int
+    session_id: str | None
+    turn: int
+    arrival_s: float | None
+    think_time_s: float | None
+    input_tokens: int
+    new_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] | None
+    block_tokens: int | None
+    kind: str = "request"
+
+
+@dataclass
+class TraceStats:
+    """What a pass over a trace saw; filled while the source is iterated (reset at each new pass)."""
+
+    format: str = ""
+    path: str = ""
+    rows: int = 0
+    skipped_malformed: int = 0
+    skipped_other: int = 0  # well-formed rows left out on purpose (failed requests, session limit)
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    sessions: int = 0
+    turns_max: int = 0
+    total_input_tokens: int = 0
+    total_new_tokens: int = 0
+    total_output_tokens: int = 0
+    max_input_tokens: int = 0
+    total_hash_blocks: int = 0
+    first_arrival_s: float | None = None
+    last_arrival_s: float | None = None
+    block_tokens: int | None = None
+    tokenizer: str | None = None  # sharegpt: "tiktoken-cl100k_base" | "chars/4"
+    files: int = 0  # weka: conversation files read
+    subagents: int = 0  # weka: sub-agent entries flattened into child sessions
+    think_time_unknown: int = 0  # aiperf: think times dropped because the next turn was too far ahead
+    complete: bool = False  # the whole trace was read (not stopped by max_rows / an early break)
+
+    def skip(self, reason: str, malformed: bool = True) -> None:
+        self.skipped_reasons[reason] = self.skipped_reasons.get(reason, 0) + 1
+        if malformed:
+            self.skipped_malformed += 1
+        else:
+            self.skipped_other += 1
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_malformed + self.skipped_other
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.first_arrival_s is None or self.last_arrival_s is None:
+            return None
+        return self.last_arrival_s - self.first_arrival_s
+
+    @property
+    def mean_input_tokens(self) -> float:
+        return self.total_input_tokens / self.rows if self.rows else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "path": self.path,
+            "rows": self.rows,
+            "skipped_malformed": self.skipped_malformed,
+            "skipped_other": self.skipped_other,
+            "skipped_reasons": dict(sorted(self.skipped_reasons.items())),
+            "sessions": self.sessions,
+            "turns_max": self.turns_max,
+            "total_input_tokens": self.total_input_tokens,
+            "total_new_tokens": self.total_new_tokens,
+            "total_output_tokens": self.total_output_tokens,
+            "mean_input_tokens": self.mean_input_tokens,
+            "max_input_tokens": self.max_input_tokens,
+            "total_hash_blocks": self.total_hash_blocks,
+            "duration_s": self.duration_s,
+            "block_tokens": self.block_tokens,
+            "tokenizer": self.tokenizer,
+            "files": self.files,
+            "subagents": self.subagents,
+            "think_time_unknown": self.think_time_unknown,
+            "complete": self.complete,
+        }

@@ -1,0 +1,31 @@
+"""Mooncake FAST'25 JSON Lines: ``{"timestamp" ms, "input_length", "output_length", "hash_ids"}``.
+
+Every row is a self-contained, sessionless request whose ``hash_ids`` cover its whole input in 512-token
+blocks (``ceil(input_length / 512)`` ids, the last one possibly for a partial block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._common import Bad, Row, hash_list, iter_jsonl, seconds, tokens
+from ._options import Options
+from .model import TraceStats
+
+BLOCK_TOKENS = 512
+
+
+def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
+    for obj in iter_jsonl(path, stats):
+        try:
+            arrival = seconds(obj, "timestamp", 0.001, default=None)
+            inp = tokens(obj, "input_length")
+            out = tokens(obj, "output_length")
+            ids = hash_list(obj)
+            if inp == 0:
+                raise Bad("zero_input")
+        except Bad as exc:
+            stats.skip(exc.args[0])
+            continue
+        yield Row(None, 1, arrival, None, inp, inp, out, ids, BLOCK_TOKENS)

@@ -1,0 +1,133 @@
+"""``open_trace``: a streaming, re-iterable source of ``TraceRequest`` for any supported trace."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from . import aiperf, bailian, burstgpt, mooncake, sharegpt, weka
+from ._common import Row
+from ._options import Options
+from .detect import detect_format
+from .model import BLOCK_TOKENS, FORMATS, TraceError, TraceRequest, TraceStats
+from .tokenizer import CHOICES
+
+Reader = Callable[[Path, TraceStats, Options], Iterator[Row]]
+
+READERS: dict[str, Reader] = {
+    "mooncake": mooncake.read,
+    "aiperf": aiperf.read,
+    "bailian": bailian.read,
+    "weka": weka.read,
+    "burstgpt": burstgpt.read,
+    "sharegpt": sharegpt.read,
+}
+
+
+class TraceSource:
+    """An iterable of ``TraceRequest`` read lazily from the trace (one line / CSV row / array item / WEKA
+    file at a time). Each iteration re-reads the trace and starts a fresh ``stats`` (filled as it goes;
+    final once the iteration ends). A pass that yields no row raises TraceError.
+    """
+
+    def __init__(self, path: Path, fmt: str, max_rows: int, options: Options) -> None:
+        self.path = path
+        self.format = fmt
+        self.max_rows = max_rows
+        self.options = options
+        self.block_tokens: int | None = BLOCK_TOKENS[fmt]
+        self.stats = TraceStats(format=fmt, path=str(path), block_tokens=self.block_tokens)
+
+    def __repr__(self) -> str:
+        return f"TraceSource({str(self.path)!r}, format={self.format!r}, max_rows={self.max_rows})"
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        stats = TraceStats(format=self.format, path=str(self.path), block_tokens=self.block_tokens)
+        self.stats = stats
+        reader = READERS[self.format](self.path, stats, self.options)
+        sessions: set[str] = set()
+        index = 0
+        try:
+            for row in reader:
+                req = TraceRequest(index, *row)
+                index += 1
+                stats.rows = index
+                if req.session_id is not None and req.session_id not in sessions:
+                    sessions.add(req.session_id)
+                    stats.sessions = len(sessions)
+                if req.turn > stats.turns_max:
+                    stats.turns_max = req.turn
+                stats.total_input_tokens += req.input_tokens
+                stats.total_new_tokens += req.new_tokens
+                stats.total_output_tokens += req.output_tokens
+                if req.input_tokens > stats.max_input_tokens:
+                    stats.max_input_tokens = req.input_tokens
+                if req.hash_ids is not None:
+                    stats.total_hash_blocks += len(req.hash_ids)
+                if req.block_tokens is not None and index == 1:
+                    stats.block_tokens = self.block_tokens = req.block_tokens
+                if req.arrival_s is not None:
+                    if stats.first_arrival_s is None or req.arrival_s < stats.first_arrival_s:
+                        stats.first_arrival_s = req.arrival_s
+                    if stats.last_arrival_s is None or req.arrival_s > stats.last_arrival_s:
+                        stats.last_arrival_s = req.arrival_s
+                yield req
+                if self.max_rows and index >= self.max_rows:
+                    return
+            stats.complete = True
+        except OSError as exc:
+            raise TraceError(self.path, f"read error ({exc.strerror or exc})") from None
+        finally:
+            reader.close()
+        if index == 0:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped_reasons.items()))
+            raise TraceError(self.path, f"no valid {self.format} rows" + (f" (skipped {reasons})" if reasons else ""))
+
+    def check(self) -> None:
+        """Read up to the first valid row: raises TraceError now for a trace that has none."""
+        it = iter(self)
+        try:
+            next(it)
+        except StopIteration:  # pragma: no cover - __iter__ raises before stopping empty
+            raise TraceError(self.path, f"no valid {self.format} rows") from None
+        finally:
+            it.close()
+
+
+def open_trace(
+    path: str | os.PathLike,
+    fmt: str = "auto",
+    max_rows: int = 0,
+    tokenizer: str = "auto",
+    max_conversations: int = 0,
+    lookahead_rows: int = 4096,
+) -> TraceSource:
+    """Open a trace for streaming as ``TraceRequest`` rows.
+
+    ``fmt``: "auto" (``detect_format``) or one of mooncake | aiperf | bailian | weka | burstgpt |
+    sharegpt. ``max_rows``: stop after that many rows (0 = all). ``tokenizer``: auto | tiktoken | chars
+    (ShareGPT only). ``max_conversations``: keep only the first N conversations/sessions (ShareGPT items,
+    WEKA files, AIPerf/Bailian/BurstGPT sessions; 0 = all). ``lookahead_rows``: AIPerf think-time
+    look-ahead. The trace is checked up to its first valid row before returning, so a missing,
+    unreadable, empty, unrecognised or row-less trace raises TraceError (one line naming the file) here,
+    before any run starts.
+    """
+    p = Path(path)
+    if fmt == "auto":
+        fmt = detect_format(p)
+    elif fmt not in FORMATS:
+        raise TraceError(p, f"unknown trace format {fmt!r} (expected auto or one of {', '.join(FORMATS)})")
+    elif not p.exists():
+        raise TraceError(p, "no such file or directory")
+    if not isinstance(max_rows, int) or max_rows < 0:
+        raise TraceError(p, f"max_rows must be a non-negative integer, got {max_rows!r}")
+    if not isinstance(max_conversations, int) or max_conversations < 0:
+        raise TraceError(p, f"max_conversations must be a non-negative integer, got {max_conversations!r}")
+    if tokenizer not in CHOICES:
+        raise TraceError(p, f"unknown tokenizer {tokenizer!r} (expected one of {', '.join(CHOICES)})")
+    if p.is_dir() and fmt != "weka":
+        raise TraceError(p, f"is a directory (only the weka format reads a directory), not a {fmt} file")
+    source = TraceSource(p, fmt, max_rows, Options(max_conversations, tokenizer, lookahead_rows))
+    source.check()
+    return source
