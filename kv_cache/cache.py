@@ -102,10 +102,16 @@ class MultiTierCache:
 
         (existing tier, 0) if the key is already present or being written: nothing is written twice.
         """
+        tier, ns, _ = self.allocate_sized(key, tokens, nbytes, bufs, cause)
+        return tier, ns
+
+    def allocate_sized(self, key: str, tokens: int, nbytes: int, bufs: WorkerBuffers,
+                       cause: str = "prefill") -> tuple[str | None, int, bool]:
+        """As allocate, plus whether this call wrote the entry (False: it already existed)."""
         with self._cond:
             existing = self.entries.get(key)
             if existing is not None:
-                return existing.location, 0
+                return existing.location, 0, False
             plan: list[_Step] = []
             tier = self._place(nbytes, plan)
             entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name, last_access=time.monotonic())
@@ -126,7 +132,7 @@ class MultiTierCache:
             tier.lru[key] = entry
             self._cond.notify_all()
         self._record(tier, "write", res, end, cause, tokens, key)
-        return tier.name, spent + res.total_ns
+        return tier.name, spent + res.total_ns, True
 
     def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
         # A RAM tier's slabs are freed when a concurrent demotion out of it finishes; the space is
@@ -136,22 +142,30 @@ class MultiTierCache:
             try:
                 return tier.store.write(key, nbytes, bufs, self.stop)
             except StoreFull:
-                if (self.stop is not None and self.stop.is_set()) or time.monotonic() > give_up:
+                if self.stop is not None and self.stop.is_set():
+                    raise IOAborted(f"write of {key!r} abandoned at stop while waiting for RAM", 0) from None
+                if time.monotonic() > give_up:
                     raise
                 time.sleep(0.002)
 
     def access(self, key: str, bufs: WorkerBuffers, cache_type: str = "user", cause: str = "decode") -> tuple[str | None, int]:
         """Read a whole entry. Returns (tier, ns) or (None, 0) on a miss."""
+        tier, ns, _ = self.access_sized(key, bufs, cache_type, cause)
+        return tier, ns
+
+    def access_sized(self, key: str, bufs: WorkerBuffers, cache_type: str = "user",
+                     cause: str = "decode") -> tuple[str | None, int, int]:
+        """As access, plus the entry's size in bytes (0 on a miss)."""
         with self._cond:
             entry = self.entries.get(key)
             while entry is not None and (entry.writing or entry.moving):
                 if self.stop is not None and self.stop.is_set():
-                    return None, 0
+                    return None, 0, 0
                 self._cond.wait(0.05)
                 entry = self.entries.get(key)
             if entry is None:
                 self.metrics.count("cache_misses", end_ns=time.perf_counter_ns())
-                return None, 0
+                return None, 0, 0
             entry.readers += 1
             entry.last_access = time.monotonic()
             entry.access_count += 1
@@ -173,7 +187,7 @@ class MultiTierCache:
             hit_kind = {"system": "system_prompt_hits", "common": "common_phrase_hits",
                         "multi_turn": "multi_turn_hits"}.get(cache_type, "user_cache_hits")
             self.metrics.count(hit_kind)
-        return tier.name, res.total_ns
+        return tier.name, res.total_ns, res.nbytes
 
     def delete(self, key: str) -> bool:
         """Remove an entry from whichever tier holds it (waits for a write, move or reads in progress)."""

@@ -20,6 +20,7 @@ from kv_cache.errors import UsageError
 from kv_cache.iotrace import check_trace_path
 from kv_cache.settings import GENERATION_MODES, IO_MODES, PERFORMANCE_PROFILES, RunSettings, StorageSettings
 from kv_cache.validation import advisories, unimplemented_features, validate_args
+from kv_cache.workload.replay import ThinkTime, open_sources, resolve_burst_paths
 from kv_cache.workload.validation import load_trace_stats
 
 __all__ = ["build_parser", "configure_logging", "main", "parse_settings"]
@@ -138,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--enable-latency-tracing", action="store_true", help="bpftrace device latency tracing (needs sudo).")
 
+    tr = p.add_argument_group("trace replay and KV layout")
+    tr.add_argument("--trace", type=str, default=None,
+                    help="Replay a trace: a file, or a directory of WEKA agentic-coding JSON files.")
+    tr.add_argument("--trace-format", default="auto",
+                    choices=("auto", "mooncake", "aiperf", "weka", "bailian", "burstgpt", "sharegpt"),
+                    help="Format of --trace (default: detected).")
+    tr.add_argument("--kv-block-tokens", type=int, default=0,
+                    help="0 = one KV entry per request (reference layout); N > 0 = entries of N tokens keyed "
+                         "by the prefix hash chain (loads for cached blocks, stores for the rest).")
+    tr.add_argument("--think-time", type=str, default="trace",
+                    help="Pause between a session's turns: trace (recorded), fixed:S or uniform:A:B seconds.")
+
     io = p.add_argument_group("storage engine (override the config 'storage' section)")
     io.add_argument("--io-chunk-mb", type=int, default=None, help="MiB per pwritev/preadv call.")
     io.add_argument("--io-workers", type=int, default=None, help="I/O worker threads (0 = auto).")
@@ -191,6 +204,7 @@ def parse_settings(argv: list[str] | None = None) -> RunSettings:
     if args.io_trace_log:
         check_trace_path(args.io_trace_log)
     trace_stats = load_trace_stats(args.validation_trace) if args.validation_trace else None
+    trace_paths, trace_format = trace_source(args)
     return RunSettings(
         config=config,
         model=model,
@@ -229,10 +243,41 @@ def parse_settings(argv: list[str] | None = None) -> RunSettings:
         validation_trace_stats=trace_stats,
         io_trace_log=args.io_trace_log,
         xlsx_output=args.xlsx_output,
+        trace_paths=trace_paths,
+        trace_format=trace_format,
+        kv_block_tokens=args.kv_block_tokens,
+        think_time=ThinkTime.parse(args.think_time),
+        trace_speedup=float(args.trace_speedup),
+        replay_cycles=args.replay_cycles,
+        max_conversations=args.max_conversations,
         mpi_rank=rank if world > 1 else None,
         mpi_world_size=world,
         argv=tuple(argv),
     )
+
+
+def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
+    """Which trace (if any) drives the run; every file is opened and checked now, before the run."""
+    chosen = [flag for flag, on in (("--trace", args.trace), ("--dataset-path", args.dataset_path),
+                                    ("--use-burst-trace", args.use_burst_trace)) if on]
+    if len(chosen) > 1:
+        raise UsageError(f"choose one workload source, not {' and '.join(chosen)}")
+    if args.trace:
+        paths, fmt = (args.trace,), args.trace_format
+    elif args.dataset_path:
+        paths, fmt = (args.dataset_path,), "sharegpt"
+    elif args.use_burst_trace:
+        paths, fmt = tuple(resolve_burst_paths(args.burst_trace_path)), "burstgpt"
+    else:
+        if args.kv_block_tokens < 0:
+            raise UsageError(f"--kv-block-tokens cannot be negative, got {args.kv_block_tokens}")
+        return (), None
+    if args.kv_block_tokens < 0:
+        raise UsageError(f"--kv-block-tokens cannot be negative, got {args.kv_block_tokens}")
+    if args.enable_autoscaling:
+        raise UsageError("--enable-autoscaling scales synthetic users; it cannot be combined with a trace")
+    sources = open_sources(list(paths), fmt, 0, args.max_conversations if fmt == "sharegpt" else 0)
+    return paths, sources[0].format
 
 
 def mpi_rank() -> tuple[int, int]:

@@ -25,11 +25,11 @@ import random
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kv_cache.autoscale import Autoscaler, IntervalSample
-from kv_cache.cache import MultiTierCache
+from kv_cache.cache import STAT_NAMES, MultiTierCache
 from kv_cache.metrics import GIB, RunMetrics
 from kv_cache.storage.base import IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
@@ -37,6 +37,10 @@ from kv_cache.workload.request import Phase, RequestPlan, decode_reads
 from kv_cache.workload.users import SyntheticUser
 
 log = logging.getLogger("kv_cache.driver")
+
+
+def _always() -> bool:
+    return True
 
 # Errors after which continuing would measure nothing meaningful.
 FATAL_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
@@ -79,13 +83,20 @@ class DriverOutcome:
 class Driver:
     def __init__(self, users: list[SyntheticUser], cache: MultiTierCache, metrics: RunMetrics,
                  options: DriverOptions, stop: threading.Event, autoscaler: Autoscaler | None = None,
-                 make_user: Callable[[int], SyntheticUser] | None = None) -> None:
+                 make_user: Callable[[int], SyntheticUser] | None = None,
+                 arrivals: Iterable[tuple[float, RequestPlan]] | None = None, trace_speedup: float = 1.0,
+                 replay_cycles: int = 0) -> None:
+        """`users`: closed-loop users (synthetic or trace sessions). `arrivals`: a timestamped trace
+        replayed open-loop at t / trace_speedup (0 = back-pressured, as fast as the workers go)."""
         self.cache = cache
         self.metrics = metrics
         self.opt = options
         self.stop = stop
         self.autoscaler = autoscaler
         self._make_user = make_user
+        self._arrivals = arrivals
+        self._speedup = trace_speedup
+        self._replay_cycles = replay_cycles
         self._all_users: list[SyntheticUser] = list(users)  # index i = user i; grows when scaling up
         self._active = len(users)
         self._by_id = {u.user_id: u for u in users}
@@ -97,6 +108,7 @@ class Driver:
         self._abandoned = 0
         self._failed = 0
         self._rejected = 0
+        self._in_flight = 0
         self._plans: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
 
     # -- sizes --------------------------------------------------------------------------------
@@ -123,13 +135,21 @@ class Driver:
         finally:
             bufs.close()
 
-    def _read_or_write(self, key: str, tokens: int, bufs: WorkerBuffers, cache_type: str, cause: str) -> tuple[bool, int]:
-        """Read an entry if cached; otherwise compute (write) it. Returns (hit, ns)."""
-        tier, ns = self.cache.access(key, bufs, cache_type, cause=cause)
+    def _read_or_write(self, key: str, tokens: int, bufs: WorkerBuffers, cache_type: str, cause: str,
+                       io: list[int]) -> str | None:
+        """Read an entry if cached, else compute and store it. Returns the tier it was read from (None:
+        stored); adds ns, bytes read, bytes written to `io`."""
+        tier, ns, nbytes = self.cache.access_sized(key, bufs, cache_type, cause=cause)
+        io[0] += ns
         if tier is not None:
-            return True, ns
-        _, wns = self.cache.allocate(key, tokens, self.entry_bytes(tokens), bufs, cause=cause)
-        return False, ns + wns
+            io[1] += nbytes
+            return tier
+        size = self.entry_bytes(tokens)
+        _, wns, wrote = self.cache.allocate_sized(key, tokens, size, bufs, cause=cause)
+        io[0] += wns
+        if wrote:
+            io[2] += size
+        return None
 
     def _execute(self, plan: RequestPlan, bufs: WorkerBuffers):
         """Issue the plan's cache operations (reference order, spec 8.9).
@@ -138,46 +158,58 @@ class Driver:
         """
         cache, m, opt = self.cache, self.metrics, self.opt
         plan.start_ns = time.perf_counter_ns()
-        storage = 0
+        io = [0, 0, 0]  # storage ns, bytes read, bytes written on behalf of this request
         prefill_ns = decode_ns = None
         try:
+            for key, tokens in plan.blocks:  # block layout: load what is cached, compute+store the rest
+                tier = self._read_or_write(key, tokens, bufs, "user", "block", io)
+                if tier is None:
+                    m.count("block_stores")
+                else:
+                    m.count("block_hits")
+                    m.count(f"block_hits_{STAT_NAMES[tier]}")
+                    m.count("block_bytes_reused", self.entry_bytes(tokens))
             if plan.prefix_key is not None:
-                hit, ns = self._read_or_write(plan.prefix_key, plan.prefix_tokens, bufs, "system", "prefix")
-                storage += ns
-                if hit:
+                tier = self._read_or_write(plan.prefix_key, plan.prefix_tokens, bufs, "system", "prefix", io)
+                if tier is not None:
                     m.count("prefix_hits")
                     m.count("prefix_bytes_saved", plan.prefix_tokens * opt.bytes_per_token)
                 else:
                     m.count("prefix_misses")
             if not opt.decode_only:
                 for key in plan.history_keys:
-                    tier, ns = cache.access(key, bufs, "multi_turn", cause="history")
-                    storage += ns
+                    tier, ns, nbytes = cache.access_sized(key, bufs, "multi_turn", cause="history")
+                    io[0] += ns
+                    io[1] += nbytes
                     m.count("multi_turn_cache_hits" if tier is not None else "multi_turn_cache_misses")
-                if plan.phase in (Phase.PREFILL, Phase.PREFILL_DECODE):
-                    _, ns = cache.allocate(plan.cache_key, plan.context_tokens, self.entry_bytes(plan.context_tokens),
-                                           bufs, cause="prefill")
-                    storage += ns
+                if plan.phase in (Phase.PREFILL, Phase.PREFILL_DECODE) and not plan.blocks:
+                    size = self.entry_bytes(plan.context_tokens)
+                    _, ns, wrote = cache.allocate_sized(plan.cache_key, plan.context_tokens, size, bufs, cause="prefill")
+                    io[0] += ns
+                    io[2] += size if wrote else 0
                     prefill_ns = ns
             for key, tokens in plan.rag_chunks:
-                hit, ns = self._read_or_write(key, tokens, bufs, "user", "rag")
-                storage += ns
-                m.count("rag_chunk_hits" if hit else "rag_chunk_misses")
+                tier = self._read_or_write(key, tokens, bufs, "user", "rag", io)
+                m.count("rag_chunk_hits" if tier is not None else "rag_chunk_misses")
             if not opt.prefill_only and plan.phase in (Phase.DECODE, Phase.PREFILL_DECODE):
                 key = plan.decode_key if opt.decode_only else plan.cache_key
-                tier, ns = cache.access(key, bufs, "user", cause="decode")
-                decode_ns = ns
+                before = io[0]
+                tier, ns, nbytes = cache.access_sized(key, bufs, "user", cause="decode")
+                io[0] += ns
+                io[1] += nbytes
                 if tier is None and not opt.decode_only:
-                    _, ns = cache.allocate(key, plan.context_tokens, self.entry_bytes(plan.context_tokens), bufs,
-                                           cause="prefill")
-                    storage += ns
+                    size = self.entry_bytes(plan.context_tokens)
+                    _, ns, wrote = cache.allocate_sized(key, plan.context_tokens, size, bufs, cause="prefill")
+                    io[0] += ns
+                    io[2] += size if wrote else 0
                 elif tier is not None:
                     for _ in range(decode_reads(plan.generate_tokens, opt.decode_batch_size)):
                         if self.stop.is_set():
                             raise IOAborted("stopped", device_bytes=0)
-                        _, ns = cache.access(key, bufs, "user", cause="decode")
-                        decode_ns += ns
-                storage += decode_ns
+                        _, ns, nbytes = cache.access_sized(key, bufs, "user", cause="decode")
+                        io[0] += ns
+                        io[1] += nbytes
+                decode_ns = io[0] - before
         except IOAborted:
             return "abandoned"
         except OSError as exc:
@@ -192,7 +224,8 @@ class Driver:
             log.exception("request %s failed", plan.request_id)
             self.metrics.record_error("request", exc)
             return "failed"
-        return storage, prefill_ns, decode_ns
+        plan.read_bytes, plan.written_bytes = io[1], io[2]
+        return io[0], prefill_ns, decode_ns
 
     # -- scheduler side -----------------------------------------------------------------------
     def _push(self, heap: list, when: int, kind: str, payload: object) -> None:
@@ -200,6 +233,7 @@ class Driver:
 
     def _submit(self, plan: RequestPlan, when: int) -> None:
         plan.submit_ns = when
+        self._in_flight += 1
         if self.opt.record_plans:
             self._plans[plan.user_id].extend(plan.intended_operations(self.opt.decode_batch_size))
         self._work.put((-plan.priority, next(self._seq), plan))
@@ -238,12 +272,21 @@ class Driver:
         self.metrics.open_window(t0)
         deadline = t0 + int(opt.duration_s * 1e9)
         arrivals = random.Random(f"kv-cache-arrivals:{opt.seed}")
-        if opt.request_rate > 0:
+        trace = iter(self._arrivals) if self._arrivals is not None else None
+        backlog = next(trace, None) if trace is not None else None  # next trace row not yet issued
+        if trace is not None:
+            if backlog is not None and self._speedup > 0:
+                self._push(heap, t0 + int(backlog[0] / self._speedup * 1e9), "trace", backlog)
+                backlog = None
+        elif opt.request_rate > 0:
             self._push(heap, t0 + int(arrivals.expovariate(opt.request_rate) * 1e9), "arrive", None)
         else:
             for user in self._all_users[:self._active]:
                 self._waiting.add(user.user_id)
-                self._push(heap, t0 + int(user.think_time() * 1e9), "wake", user)
+                first = user.first_wake_s() if hasattr(user, "first_wake_s") else user.think_time()
+                self._push(heap, t0 + int(first * 1e9), "wake", user)
+        trace_exhausted = trace is not None and backlog is None and not any(k == "trace" for _, _, k, _ in heap)
+        cycles_done = 0
         interval_ns = int((self.autoscaler.cfg.interval_seconds if self.autoscaler else opt.timeline_interval_s) * 1e9)
         self._push(heap, t0 + interval_ns, "monitor", None)
         last_mark = self.metrics.mark()
@@ -262,9 +305,11 @@ class Driver:
                 for end_ns, plan, outcome in done:
                     if outcome == "abandoned":
                         self._abandoned += 1
+                        self._in_flight -= 1
                         continue
                     if outcome == "failed":
                         self._failed += 1
+                        self._in_flight -= 1
                         self._schedule_next(heap, plan, end_ns)
                         continue
                     gen_ns = int(plan.generate_tokens * opt.seconds_per_token * 1e9)
@@ -280,9 +325,22 @@ class Driver:
                         break
                     if kind == "wake":
                         self._waiting.discard(payload.user_id)
-                        if self._is_active(payload):
+                        if self._is_active(payload) and getattr(payload, "has_next", _always)():
                             self._submit(payload.next_request(), when)
                             issued += 1
+                    elif kind == "trace":
+                        _, plan = payload
+                        if self._work.qsize() >= opt.admission_limit:
+                            self._rejected += 1
+                            self.metrics.count("requests_rejected", end_ns=when)
+                        else:
+                            self._submit(plan, when)
+                            issued += 1
+                        nxt = next(trace, None)
+                        if nxt is None:
+                            trace_exhausted = True
+                        else:
+                            self._push(heap, t0 + int(nxt[0] / self._speedup * 1e9), "trace", nxt)
                     elif kind == "arrive":
                         user = self._all_users[arrivals.randrange(self._active)]
                         if self._work.qsize() >= opt.admission_limit:
@@ -294,8 +352,10 @@ class Driver:
                         self._push(heap, when + max(1, int(arrivals.expovariate(opt.request_rate) * 1e9)), "arrive", None)
                     elif kind == "complete":
                         plan, (storage, prefill_ns, decode_ns), gen_ns = payload
+                        self._in_flight -= 1
                         if self.metrics.record_request(plan.qos_level, when, when - plan.submit_ns, storage, gen_ns,
-                                                       prefill_ns, decode_ns, plan.generate_tokens, plan.context_tokens):
+                                                       prefill_ns, decode_ns, plan.generate_tokens, plan.context_tokens,
+                                                       plan.turn_number, plan.read_bytes, plan.written_bytes):
                             completed += 1
                         self._schedule_next(heap, plan, when)
                         if opt.max_requests and completed >= opt.max_requests:
@@ -321,6 +381,20 @@ class Driver:
                     stop_reason, window_end = "max_requests", time.perf_counter_ns()
                 if finished:
                     break
+                if trace is not None and self._speedup == 0:  # back-pressure: keep the workers busy
+                    while backlog is not None and self._work.qsize() < 2 * opt.workers:
+                        self._submit(backlog[1], time.perf_counter_ns())
+                        issued += 1
+                        backlog = next(trace, None)
+                    trace_exhausted = backlog is None
+                if self._in_flight == 0 and not self._waiting and (
+                        trace_exhausted or (trace is None and opt.request_rate == 0 and self._sessions_done())):
+                    cycles_done += 1
+                    if trace is None and (self._replay_cycles == 0 or cycles_done < self._replay_cycles):
+                        self._restart_sessions(heap, time.perf_counter_ns())
+                    else:
+                        stop_reason, window_end = "trace complete", time.perf_counter_ns()
+                        break
                 now = time.perf_counter_ns()
                 if now >= deadline:
                     break
@@ -348,11 +422,24 @@ class Driver:
             final_active_users=self._active,
         )
 
+    def _sessions_done(self) -> bool:
+        """Trace sessions all replayed (synthetic users never run out)."""
+        return all(not getattr(u, "has_next", _always)() for u in self._all_users[:self._active])
+
+    def _restart_sessions(self, heap: list, now: int) -> None:
+        """Next replay cycle: every session starts again (same keys, as the reference's cycles)."""
+        for user in self._all_users[:self._active]:
+            user.cursor, user.cycle = 0, user.cycle + 1
+            self._waiting.add(user.user_id)
+            self._push(heap, now + int(user.first_wake_s() * 1e9), "wake", user)
+
     def _schedule_next(self, heap: list, plan: RequestPlan, when: int) -> None:
         """Closed loop: the user thinks, then issues its next request (if it is still active)."""
-        if self.opt.request_rate > 0:
+        if self.opt.request_rate > 0 or plan.user_id not in self._by_id:
             return
         user = self._by_id[plan.user_id]
+        if not getattr(user, "has_next", _always)():
+            return
         if self._is_active(user) and user.user_id not in self._waiting:
             self._waiting.add(user.user_id)
             self._push(heap, when + int(user.think_time() * 1e9), "wake", user)

@@ -82,6 +82,8 @@ class RunMetrics:
         self.requests = RequestStats()
         self.qos_e2e_ns: dict[str, array] = defaultdict(lambda: array("q"))
         self.late = defaultdict(int)  # work that finished after the window closed
+        # per turn number: [requests, context tokens, bytes read, bytes written] (context growth per turn)
+        self.turns: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self.errors: dict[str, int] = defaultdict(int)
         self.first_error: str | None = None
 
@@ -167,6 +169,9 @@ class RunMetrics:
         decode_ns: int | None,
         generate_tokens: int,
         context_tokens: int,
+        turn: int = 0,
+        read_bytes: int = 0,
+        written_bytes: int = 0,
     ) -> bool:
         with self._lock:
             if not self._in_window(end_ns):
@@ -184,6 +189,11 @@ class RunMetrics:
             if decode_ns is not None:
                 r.decode_ns.append(decode_ns)
             self.qos_e2e_ns[qos_level].append(e2e_ns)
+            t = self.turns[turn]
+            t[0] += 1
+            t[1] += context_tokens
+            t[2] += read_bytes
+            t[3] += written_bytes
             return True
 
     # -- interval views (time series, autoscaler) ------------------------------------------------

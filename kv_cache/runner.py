@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import resource
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +39,15 @@ from kv_cache.storage.memory import MemoryStore
 from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
 from kv_cache.workload.rag import RagCorpus, build_documents
+from kv_cache.workload.replay import (
+    SESSION_FORMATS,
+    OpenLoopTrace,
+    SessionUser,
+    ThinkTime,
+    TracePlanner,
+    load_sessions,
+    open_sources,
+)
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 from kv_cache.workload.validation import compare
 
@@ -139,9 +150,52 @@ class UserFactory:
             SyntheticUser(p, self.seed, self.conversations, cfg.conversation.end_conversation_probability,
                           self.prefixes, cfg.prefix_cache.system_prompt_hit_probability,
                           decode_only_entries=self.decode_only_entries, rag=self.rag,
-                          rag_probability=cfg.rag.request_probability)
+                          rag_probability=cfg.rag.request_probability,
+                          kv_block_tokens=self.settings.kv_block_tokens)
             for p in generate_profiles(count, cfg, self.seed, first_index=first)
         ]
+
+
+@dataclass
+class TraceWorkload:
+    """What drives a trace run: closed-loop sessions, or timestamped arrivals (open loop)."""
+
+    sources: list
+    sessions: list[SessionUser] | None = None
+    arrivals: object = None
+    speedup: float = 1.0
+
+    @property
+    def format(self) -> str:
+        return self.sources[0].format
+
+
+def build_trace_workload(settings: RunSettings) -> TraceWorkload:
+    cfg = settings.config
+    max_conv = settings.max_conversations if settings.trace_format == "sharegpt" else 0
+    sources = open_sources(list(settings.trace_paths), settings.trace_format, 0, max_conv)
+    planner = TracePlanner(settings.kv_block_tokens, settings.multi_turn, cfg.qos_distribution, cfg.qos_profiles,
+                           settings.effective_seed)
+    think = settings.think_time or ThinkTime()
+    if settings.request_rate > 0:  # every source can be driven open-loop at a Poisson rate
+        rows = OpenLoopTrace(sources, planner, settings.replay_cycles, settings.max_requests)
+        return TraceWorkload(sources, arrivals=poisson_retimed(rows, settings.request_rate, settings.effective_seed))
+    if sources[0].format in SESSION_FORMATS:
+        sessions = load_sessions(sources, planner, think, settings.trace_speedup, settings.effective_seed,
+                                 settings.max_requests)
+        return TraceWorkload(sources, sessions=sessions, speedup=settings.trace_speedup)
+    return TraceWorkload(sources, arrivals=OpenLoopTrace(sources, planner, settings.replay_cycles,
+                                                         settings.max_requests),
+                         speedup=settings.trace_speedup)
+
+
+def poisson_retimed(rows, rate: float, seed: int):
+    """The rows in order, re-timed as a Poisson process of `rate` per second."""
+    rng = random.Random(f"kv-cache-arrivals:{seed}")
+    t = 0.0
+    for _, plan in rows:
+        t += rng.expovariate(rate)
+        yield t, plan
 
 
 def build_users(settings: RunSettings) -> list[SyntheticUser]:
@@ -225,7 +279,11 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         cache = MultiTierCache(tiers, policy, metrics, settings.model.bytes_per_token, stop, tracer=tracer)
         rag = RagCorpus(cfg.rag) if settings.enable_rag else None
         factory = UserFactory(settings, rag)
-        users = factory.build(0, settings.num_users)
+        trace = build_trace_workload(settings) if settings.trace_paths else None
+        if trace is None:
+            users = factory.build(0, settings.num_users)
+        else:
+            users = trace.sessions or []
         workers = io_worker_count(settings)
         if settings.enable_autoscaling:
             autoscaler = Autoscaler(settings.autoscaler_mode, settings.target_saturation, cfg.autoscaler,
@@ -254,13 +312,16 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
         out.flush()
         metrics.reset()  # nothing done before the window counts
-        driver = Driver(users, cache, metrics, options, stop, autoscaler=autoscaler, make_user=factory)
+        driver = Driver(users, cache, metrics, options, stop, autoscaler=autoscaler, make_user=factory,
+                        arrivals=trace.arrivals if trace is not None else None,
+                        trace_speedup=trace.speedup if trace is not None else 1.0,
+                        replay_cycles=settings.replay_cycles)
         outcome = driver.run()
         after = blockdev.snapshot() if blockdev else None
         interrupted = outcome.stop_reason == "interrupted"
         results = assemble(settings, metrics, outcome, cache.usage(), cache.entry_sizes(), file_store,
                            memory_store, workers, blockdev, before, after, notes, started, rusage0)
-        finish_results(results, settings, outcome, autoscaler, phases, rag, tracer)
+        finish_results(results, settings, outcome, autoscaler, phases, rag, tracer, metrics, trace)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
@@ -333,10 +394,27 @@ def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], 
 
 def finish_results(results: dict[str, Any], settings: RunSettings, outcome: DriverOutcome,
                    autoscaler: Autoscaler | None, phases: dict[str, Any], rag: RagCorpus | None,
-                   tracer: IOTraceWriter | None) -> None:
+                   tracer: IOTraceWriter | None, metrics: RunMetrics, trace: TraceWorkload | None) -> None:
     """Mode-specific parts of the results: timeline, autoscaling, phases, RAG, validation, trace."""
     results["throughput_timeline"] = outcome.timeline
     summary = results.get("summary")
+    if summary is not None:
+        summary["per_turn"] = per_turn_stats(metrics)
+        if settings.kv_block_tokens > 0:
+            summary["block_stats"] = block_stats(metrics, settings.kv_block_tokens)
+    if trace is not None:
+        results["trace_replay"] = {
+            "format": trace.format,
+            "paths": list(settings.trace_paths),
+            "replay": ("open loop, Poisson" if settings.request_rate > 0 else
+                       "closed-loop sessions" if trace.sessions is not None else "open loop, recorded timestamps"),
+            "trace_speedup": settings.trace_speedup,
+            "think_time": settings.think_time.kind if settings.think_time else "trace",
+            "sessions": len(trace.sessions) if trace.sessions is not None else None,
+            "kv_block_tokens": settings.kv_block_tokens,
+            "trace_block_tokens": trace.sources[0].block_tokens,
+            "stats": [src.stats.to_dict() for src in trace.sources],
+        }
     if summary is not None and autoscaler is not None:
         summary["autoscaling_stats"] = autoscaler.history
         summary["autoscaling_summary"] = autoscaler.summary()
@@ -374,7 +452,11 @@ def print_banner(settings: RunSettings, users, workers: int, file_store: FileSto
     if settings.max_requests:
         feats.append(f"stop after {settings.max_requests} requests")
     out.write("Features: " + ", ".join(feats) + "\n")
-    ctx = [u.profile.context_length for u in users]
+    if settings.trace_paths:
+        out.write(f"Trace: {', '.join(settings.trace_paths)} ({settings.trace_format}), speed-up "
+                  f"{settings.trace_speedup:g}{' (no pacing)' if settings.trace_speedup == 0 else ''}, "
+                  f"KV layout: {f'{settings.kv_block_tokens}-token blocks' if settings.kv_block_tokens else 'entry per request'}\n")
+    ctx = [u.profile.context_length for u in users if hasattr(u, "profile")]
     if ctx:
         bpt = m.bytes_per_token / settings.tensor_parallel
         out.write(f"User context lengths: min {min(ctx)}, max {max(ctx)}, mean {np.mean(ctx):.0f} tokens "
@@ -464,6 +546,32 @@ def assemble(settings, metrics, outcome, usage, entry_sizes, file_store, memory_
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
     return results
+
+
+def per_turn_stats(metrics: RunMetrics, limit: int = 200) -> list[dict[str, Any]]:
+    """Mean context and bytes moved per turn number: how a session's context growth shows in the I/O."""
+    out = []
+    for turn in sorted(metrics.turns)[:limit]:
+        n, tokens, read_b, written_b = metrics.turns[turn]
+        out.append({"turn": turn, "requests": n, "mean_context_tokens": tokens / n,
+                    "mean_bytes_read": read_b / n, "mean_bytes_written": written_b / n})
+    return out
+
+
+def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
+    c = metrics.snapshot_counters()
+    hits, stores = int(c.get("block_hits", 0)), int(c.get("block_stores", 0))
+    total = hits + stores
+    return {
+        "kv_block_tokens": kv_block_tokens,
+        "blocks": total,
+        "loads": hits,
+        "stores": stores,
+        "block_hit_rate": hits / total if total else 0.0,
+        "hit_rate_by_tier": {t: int(c.get(f"block_hits_{t}", 0)) / total if total else 0.0
+                             for t in ("gpu", "cpu", "storage")},
+        "bytes_saved_by_reuse": int(c.get("block_bytes_reused", 0)),
+    }
 
 
 def run_parameters(settings: RunSettings, started: datetime) -> dict[str, Any]:

@@ -69,6 +69,14 @@ class RunSettings:
     validation_trace_stats: dict | None = None
     io_trace_log: str | None = None
     xlsx_output: str | None = None
+    # Trace replay (empty trace_paths = synthetic users)
+    trace_paths: tuple[str, ...] = ()
+    trace_format: str | None = None
+    kv_block_tokens: int = 0
+    think_time: object = None  # workload.replay.ThinkTime
+    trace_speedup: float = 1.0
+    replay_cycles: int = 0
+    max_conversations: int = 500
     mpi_rank: int | None = None  # set when several MPI ranks run (cache dir and output are per rank)
     mpi_world_size: int = 1
     argv: tuple[str, ...] = ()

@@ -67,11 +67,7 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 # Flags whose feature this version does not have yet: (attribute, flag).
-_UNIMPLEMENTED = (
-    ("use_burst_trace", "--use-burst-trace"),
-    ("dataset_path", "--dataset-path"),
-    ("enable_latency_tracing", "--enable-latency-tracing"),
-)
+_UNIMPLEMENTED = (("enable_latency_tracing", "--enable-latency-tracing"),)
 
 
 def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str]:

@@ -91,6 +91,10 @@ def test_reference_defaults():
         "io_workers": None,
         "io_mode": None,
         "no_fsync": None,
+        "trace": None,
+        "trace_format": "auto",
+        "kv_block_tokens": 0,
+        "think_time": "trace",
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output"}
@@ -536,8 +540,6 @@ def test_prefill_and_decode_only_are_exclusive():
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
-        (["--use-burst-trace"], "--use-burst-trace"),
-        (["--dataset-path", "x.json"], "--dataset-path"),
         (["--enable-latency-tracing"], "--enable-latency-tracing"),
     ],
 )

@@ -8,7 +8,7 @@ depends on the run.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class Phase(str, enum.Enum):
@@ -45,15 +45,18 @@ class RequestPlan:
     prefix_tokens: int = 0
     decode_key: str | None = None  # decode-only mode: the pre-populated entry this request reads
     rag_chunks: tuple[tuple[str, int], ...] = ()  # RAG: (chunk key, tokens) read by this request
+    blocks: tuple[tuple[str, int], ...] = ()  # --kv-block-tokens > 0: prefix-chain block entries, in order
     # Filled by the driver.
     submit_ns: int = 0
     start_ns: int = 0
-    storage_ns: int = 0
-    ops: list[tuple[str, str, int]] = field(default_factory=list)
+    read_bytes: int = 0
+    written_bytes: int = 0
 
     def intended_operations(self, decode_batch_size: int) -> list[tuple[str, str, int]]:
         """The (operation, key, tokens) sequence this plan asks for, independent of cache state."""
         out: list[tuple[str, str, int]] = []
+        if self.blocks:
+            return [("read-or-write", key, tokens) for key, tokens in self.blocks]
         if self.prefix_key is not None:
             out.append(("read-or-write", self.prefix_key, self.prefix_tokens))
         for key in self.history_keys:

@@ -13,7 +13,8 @@ from kv_cache.workload.conversation import Conversation, ConversationManager
 from kv_cache.workload.prefix import SystemPrefix
 from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.rag import RagCorpus
-from kv_cache.workload.request import RequestPlan, phase_for_context
+from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
+from kv_cache.workload.traces import TraceRequest, kv_block_keys
 
 PERSONAS = ("chatbot", "coding", "document")
 
@@ -74,6 +75,7 @@ class SyntheticUser:
         decode_only_entries: int = 0,
         rag: RagCorpus | None = None,
         rag_probability: float = 0.0,
+        kv_block_tokens: int = 0,
     ) -> None:
         self.profile = profile
         self.rng = user_rng(seed, profile.user_id)
@@ -82,6 +84,7 @@ class SyntheticUser:
         self._prefixes = prefixes
         self._prefix_probability = prefix_probability if prefixes else 0.0
         self._decode_only_entries = decode_only_entries
+        self._kv_block_tokens = kv_block_tokens
         self._rag = rag
         self._rag_probability = rag_probability if rag is not None else 0.0
         self._conversation: Conversation | None = None
@@ -131,11 +134,23 @@ class SyntheticUser:
         decode_key = (f"prepop_{rng.randrange(self._decode_only_entries)}"
                       if self._decode_only_entries else None)
 
+        history_tokens = conv.cumulative_tokens if conv is not None else 0
         if conv is not None:
             turn, key, history = self._conversations.add_turn(conv, context, generate)
             conv_id = conv.conversation_id
         else:
             turn, key, history, conv_id = 1, f"{p.user_id}_req_{seq:06d}", (), None
+
+        blocks: tuple[tuple[str, int], ...] = ()
+        if self._kv_block_tokens > 0:
+            # Block layout: the request's context is the conversation so far plus the new prompt, stored as
+            # prefix-chained blocks, so earlier turns' blocks are reused instead of re-read as whole entries.
+            session = conv_id or f"{p.user_id}_req_{seq:06d}"
+            req = TraceRequest(index=seq, session_id=session, turn=turn, arrival_s=None, think_time_s=None,
+                               input_tokens=history_tokens + context, new_tokens=context, output_tokens=generate,
+                               hash_ids=None, block_tokens=None)
+            blocks = tuple(kv_block_keys(req, self._kv_block_tokens))
+            history = ()
 
         return RequestPlan(
             user_id=p.user_id,
@@ -145,7 +160,7 @@ class SyntheticUser:
             priority=p.priority,
             context_tokens=context,
             generate_tokens=generate,
-            phase=phase_for_context(context),
+            phase=Phase.PREFILL if blocks else phase_for_context(context),  # blocks are loaded once, no re-reads
             cache_key=key,
             conversation_id=conv_id,
             turn_number=turn,
@@ -154,4 +169,5 @@ class SyntheticUser:
             prefix_tokens=prefix.tokens if prefix else 0,
             decode_key=decode_key,
             rag_chunks=rag_chunks,
+            blocks=blocks,
         )

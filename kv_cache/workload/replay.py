@@ -1,0 +1,199 @@
+"""Trace replay: turns TraceRequest rows into request plans, paced as the trace says.
+
+Two shapes, decided by the format:
+- sessionless, timestamped rows (Mooncake, BurstGPT): open loop, each row at its recorded arrival time
+  divided by `--trace-speedup` (0 = as fast as the workers take them, with back-pressure, no rejections);
+- sessions (WEKA agentic-coding, AIPerf, Bailian, ShareGPT): closed loop per session, each session a
+  "user" whose next turn is issued after its previous answer completed plus its think time (recorded, or
+  from `--think-time`), scaled by `--trace-speedup`.
+
+KV layout (`--kv-block-tokens`): 0 = one entry per request holding its new tokens, earlier turns re-read
+(the reference's layout); N > 0 = entries of N tokens keyed by the prefix hash chain, each request looks
+its blocks up in order (present = load, absent = compute and store).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kv_cache.errors import UsageError
+from kv_cache.workload.qos import draw_qos_level
+from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
+from kv_cache.workload.traces import TraceError, TraceRequest, TraceSource, kv_block_keys, open_trace
+
+SESSION_FORMATS = ("weka", "aiperf", "bailian", "sharegpt")
+
+
+@dataclass(frozen=True)
+class ThinkTime:
+    """`--think-time`: trace | fixed:S | uniform:A:B (seconds, before speed-up)."""
+
+    kind: str = "trace"
+    a: float = 0.0
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> ThinkTime:
+        parts = text.split(":")
+        try:
+            if parts == ["trace"]:
+                return cls()
+            if parts[0] == "fixed" and len(parts) == 2 and float(parts[1]) >= 0:
+                return cls("fixed", float(parts[1]))
+            if parts[0] == "uniform" and len(parts) == 3 and 0 <= float(parts[1]) <= float(parts[2]):
+                return cls("uniform", float(parts[1]), float(parts[2]))
+        except ValueError:
+            pass
+        raise UsageError(f"--think-time must be trace, fixed:S or uniform:A:B with 0 <= A <= B, got {text!r}")
+
+    def pick(self, recorded: float | None, rng: random.Random) -> float:
+        if self.kind == "fixed":
+            return self.a
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b)
+        return recorded or 0.0
+
+
+def resolve_burst_paths(path: str) -> list[str]:
+    """Reference rules: a file, a directory (all *.csv, sorted) or a glob (sorted)."""
+    if any(c in path for c in "*?["):
+        files = sorted(glob.glob(path))
+    elif os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "*.csv")))
+    else:
+        files = [path]
+    if not files:
+        raise UsageError(f"--burst-trace-path {path}: no CSV file matched")
+    return files
+
+
+def open_sources(paths: list[str], fmt: str, max_rows: int, max_conversations: int) -> list[TraceSource]:
+    """Open (and check) every trace file before the run starts: a bad file is a usage error."""
+    try:
+        return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations) for p in paths]
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class TracePlanner:
+    """Builds the request plan of one trace row."""
+
+    def __init__(self, kv_block_tokens: int, multi_turn: bool, qos_distribution, qos_profiles, seed: int,
+                 namespace: str = "") -> None:
+        self.kv_block_tokens = kv_block_tokens
+        self.multi_turn = multi_turn
+        self.dist = qos_distribution
+        self.prios = {level: int(p.priority) for level, p in qos_profiles.items()}
+        self.seed = seed
+        self.namespace = namespace
+        self._history: dict[str, list[str]] = {}
+
+    def plan(self, req: TraceRequest, cycle: int = 0) -> RequestPlan:
+        rng = random.Random(f"kv-cache-trace-qos:{self.seed}:{cycle}:{req.index}")
+        qos = draw_qos_level(rng, self.dist.interactive_probability, self.dist.responsive_threshold)
+        user = req.session_id if req.session_id is not None else f"trace_user_{req.index % 1000}"
+        common = dict(user_id=user, request_id=f"trace_req_{cycle}_{req.index:08d}", seq=req.index + 1,
+                      qos_level=qos, priority=self.prios[qos], generate_tokens=req.output_tokens,
+                      conversation_id=req.session_id, turn_number=req.turn)
+        if self.kv_block_tokens > 0:
+            blocks = tuple(kv_block_keys(req, self.kv_block_tokens, self.namespace))
+            return RequestPlan(context_tokens=req.input_tokens, phase=Phase.PREFILL,
+                               cache_key=blocks[-1][0] if blocks else f"trace_empty_{req.index}",
+                               blocks=blocks, **common)
+        if req.session_id is not None:
+            key = f"{self.namespace}{req.session_id}_turn_{req.turn}"
+            history: tuple[str, ...] = ()
+            if self.multi_turn:
+                seen = self._history.setdefault(req.session_id, [])
+                history = tuple(seen)
+                seen.append(key)
+            tokens = max(1, req.new_tokens)
+        else:
+            key, history, tokens = f"{self.namespace}trace_req_{req.index:08d}", (), max(1, req.input_tokens)
+        return RequestPlan(context_tokens=tokens, phase=phase_for_context(tokens), cache_key=key,
+                           history_keys=history, **common)
+
+
+class OpenLoopTrace:
+    """Timestamped rows in order: yields (arrival seconds, plan), over `replay_cycles` passes (0 = endless)."""
+
+    def __init__(self, sources: list[TraceSource], planner: TracePlanner, replay_cycles: int, max_requests: int) -> None:
+        self.sources = sources
+        self.planner = planner
+        self.replay_cycles = replay_cycles
+        self.max_requests = max_requests
+        self.rows = 0
+
+    def __iter__(self) -> Iterator[tuple[float, RequestPlan]]:
+        offset = 0.0
+        cycle = 0
+        while self.replay_cycles == 0 or cycle < self.replay_cycles:
+            produced = 0
+            for source in self.sources:
+                last = 0.0
+                for req in source:
+                    if self.max_requests and self.rows >= self.max_requests:
+                        return
+                    t = req.arrival_s if req.arrival_s is not None else last
+                    last = max(last, t)
+                    self.rows += 1
+                    produced += 1
+                    yield offset + last, self.planner.plan(req, cycle)
+                offset += last  # the next file (or pass) continues where this one ended
+            if produced == 0:
+                return
+            cycle += 1
+
+
+class SessionUser:
+    """One trace session replayed closed-loop; quacks like SyntheticUser for the driver."""
+
+    def __init__(self, turns: list[TraceRequest], planner: TracePlanner, think: ThinkTime, speedup: float,
+                 seed: int) -> None:
+        self.turns = turns
+        self.planner = planner
+        self.think = think
+        self.speedup = speedup
+        self.user_id = turns[0].session_id or f"session_{turns[0].index}"
+        self.rng = random.Random(f"kv-cache-think:{seed}:{self.user_id}")
+        self.cursor = 0
+        self.cycle = 0
+        self.requests_issued = 0
+
+    def _scale(self, seconds: float) -> float:
+        return 0.0 if self.speedup == 0 else seconds / self.speedup
+
+    def first_wake_s(self) -> float:
+        return self._scale(self.turns[0].arrival_s or 0.0)
+
+    def has_next(self) -> bool:
+        return self.cursor < len(self.turns)
+
+    def next_request(self) -> RequestPlan:
+        req = self.turns[self.cursor]
+        self.cursor += 1
+        self.requests_issued += 1
+        return self.planner.plan(req, self.cycle)
+
+    def think_time(self) -> float:
+        """Pause after the turn just issued (recorded, or per --think-time), divided by the speed-up."""
+        recorded = self.turns[self.cursor - 1].think_time_s if self.cursor else None
+        return self._scale(self.think.pick(recorded, self.rng))
+
+
+def load_sessions(sources: list[TraceSource], planner: TracePlanner, think: ThinkTime, speedup: float, seed: int,
+                  max_requests: int) -> list[SessionUser]:
+    """Group rows by session (sessions may interleave in the file), keeping turn order."""
+    by_session: dict[str, list[TraceRequest]] = {}
+    rows = 0
+    for source in sources:
+        for req in source:
+            if max_requests and rows >= max_requests:
+                break
+            by_session.setdefault(req.session_id or f"row_{req.index}", []).append(req)
+            rows += 1
+    return [SessionUser(turns, planner, think, speedup, seed) for turns in by_session.values()]

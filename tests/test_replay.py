@@ -1,0 +1,139 @@
+"""Trace replay end to end (issue 5): block hit rates equal the trace's own reuse, sessions, formats."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kv_cache.cli import parse_settings
+from kv_cache.errors import UsageError
+from kv_cache.runner import execute
+from kv_cache.workload.traces import block_reuse, open_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+MOONCAKE = TRACES / "mooncake"
+needs_traces = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared traces not available")
+
+
+def run(quick_settings, sink, *argv):
+    return execute(quick_settings("--trace-speedup", "0", "--replay-cycles", "1", "--duration", "300", *argv), sink)
+
+
+@needs_traces
+def test_block_hit_rate_equals_reuse_of_first_rows_with_real_io(quick_settings, sink):
+    path = MOONCAKE / "conversation_trace.jsonl"
+    results, _ = run(quick_settings, sink, "--trace", str(path), "--kv-block-tokens", "512", "--max-requests", "300",
+                     "--io-workers", "4")
+    expected = block_reuse(r.hash_ids for r in open_trace(path, max_rows=300))
+    b = results["summary"]["block_stats"]
+    assert results["summary"]["total_requests"] == 300
+    assert b["block_hit_rate"] == pytest.approx(expected, abs=1e-9)
+    assert b["loads"] + b["stores"] == b["blocks"] and b["hit_rate_by_tier"]["storage"] == b["block_hit_rate"]
+    assert results["trace_replay"]["format"] == "mooncake"
+    # stores really went to the device: one block entry written per store
+    assert results["summary"]["cache_stats"]["write_iops"] == b["stores"]
+
+
+@needs_traces
+def test_whole_synthetic_trace_reuse(quick_settings, sink):
+    results, _ = run(quick_settings, sink, "--trace", str(MOONCAKE / "synthetic_trace.jsonl"), "--kv-block-tokens",
+                     "512", "--io-trace-log", "/dev/null")
+    assert results["measurement"]["stop_reason"] == "trace complete"
+    assert results["summary"]["total_requests"] == 3993
+    assert results["summary"]["block_stats"]["block_hit_rate"] == pytest.approx(0.640, abs=0.01)
+
+
+@needs_traces
+def test_agentic_sessions_replay_with_think_times_and_growing_context(quick_settings, sink, tmp_path):
+    src = TRACES / "agentic-coding"
+    one = tmp_path / "ac"
+    one.mkdir()
+    shutil.copy(sorted(src.glob("trace_*.json"))[0], one)
+    results, _ = run(quick_settings, sink, "--trace", str(one), "--kv-block-tokens", "64", "--think-time", "fixed:0.01",
+                     "--io-workers", "2")
+    tr = results["trace_replay"]
+    assert tr["format"] == "weka" and tr["replay"] == "closed-loop sessions" and tr["sessions"] >= 1
+    per_turn = results["summary"]["per_turn"]
+    assert len(per_turn) > 5
+    first, last = per_turn[0], per_turn[-1]
+    assert last["mean_context_tokens"] > first["mean_context_tokens"]
+    assert last["mean_bytes_read"] > per_turn[1]["mean_bytes_read"] > 0  # context growth shows in the reads
+    assert first["mean_bytes_read"] == 0 and first["mean_bytes_written"] > 0
+
+
+def write_burst(dirpath: Path):
+    dirpath.mkdir()
+    rows = [("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")]
+    a = rows + [(t, "ChatGPT", 100 + t, 20, 120 + t, "Conversation log") for t in range(5)]
+    b = rows + [(t, "GPT-4", 200, 30, 230, "API log") for t in range(3)]
+    for name, data in (("b.csv", b), ("a.csv", a)):
+        with open(dirpath / name, "w", newline="") as fh:
+            csv.writer(fh).writerows(data)
+
+
+@pytest.mark.parametrize("cycles", [1, 2])
+def test_burstgpt_directory_and_replay_cycles(quick_settings, sink, tmp_path, cycles):
+    write_burst(tmp_path / "burst")
+    results, _ = execute(quick_settings("--use-burst-trace", "--burst-trace-path", str(tmp_path / "burst"),
+                                        "--trace-speedup", "0", "--replay-cycles", str(cycles), "--duration", "60"),
+                         sink)
+    assert results["measurement"]["stop_reason"] == "trace complete"
+    assert results["summary"]["total_requests"] == 8 * cycles
+    assert [s["path"].endswith("a.csv") for s in results["trace_replay"]["stats"]] == [True, False]
+
+
+def test_sharegpt_without_multi_turn_runs(quick_settings, sink, tmp_path):
+    data = [{"id": f"c{i}", "conversations": [{"from": "human", "value": "hello there " * 20},
+                                             {"from": "gpt", "value": "hi " * 30},
+                                             {"from": "human", "value": "more " * 40},
+                                             {"from": "gpt", "value": "sure " * 10}]} for i in range(4)]
+    data.append({"no": "conversations"})
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    results, _ = execute(quick_settings("--dataset-path", str(path), "--disable-multi-turn", "--trace-speedup", "0",
+                                        "--replay-cycles", "1", "--think-time", "fixed:0"), sink)
+    assert results["summary"]["total_requests"] == 8  # the reference's workers all died here
+    stats = results["trace_replay"]["stats"][0]
+    assert stats["skipped_malformed"] == 1 and stats["tokenizer"] in ("chars/4", "tiktoken-cl100k_base")
+
+
+def test_open_loop_poisson_over_a_trace(quick_settings, sink, tmp_path):
+    write_burst(tmp_path / "burst")
+    results, _ = execute(quick_settings("--use-burst-trace", "--burst-trace-path", str(tmp_path / "burst"),
+                                        "--request-rate", "50", "--replay-cycles", "3", "--duration", "60"), sink)
+    assert results["trace_replay"]["replay"] == "open loop, Poisson"
+    assert results["summary"]["total_requests"] + results["measurement"]["requests_rejected"] == 24
+
+
+def test_synthetic_users_with_block_layout_reuse_history(quick_settings, sink):
+    results, _ = execute(quick_settings("--kv-block-tokens", "256", "--duration", "3", "--disable-prefix-caching"),
+                         sink)
+    b = results["summary"]["block_stats"]
+    assert b["blocks"] > 0 and b["loads"] > 0  # later turns load the conversation's earlier blocks
+    assert results["summary"]["cache_stats"]["decode_reads"] == 0  # blocks are loaded once, not re-read
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trace", "/nonexistent/trace.jsonl"], "no such file"),
+    (["--think-time", "sometimes"], "--think-time must be"),
+    (["--think-time", "uniform:5:1"], "--think-time must be"),
+    (["--kv-block-tokens", "-1"], "--kv-block-tokens cannot be negative"),
+    (["--use-burst-trace", "--burst-trace-path", "/nonexistent/*.csv"], "no CSV file matched"),
+])
+def test_bad_trace_arguments_fail_before_the_run(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse_settings(argv)
+
+
+def test_empty_trace_is_a_usage_error(tmp_path):
+    p = tmp_path / "empty.jsonl"
+    p.write_text("")
+    with pytest.raises(UsageError):
+        parse_settings(["--trace", str(p)])
+
+
+def test_two_sources_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="choose one workload source"):
+        parse_settings(["--trace", "x.jsonl", "--dataset-path", "y.json"])
