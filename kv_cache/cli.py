@@ -306,6 +306,15 @@ def _usage_error(message: object) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `kv-cache`, `mlperf-kv-cache` and kv-cache.py; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["sessions"]:  # the session-aware capacity mode has its own options
+        from kv_cache.sessions.cli import main as sessions_main
+
+        try:
+            return sessions_main(args[1:])
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    argv = args
     try:
         try:
             settings = parse_settings(argv)

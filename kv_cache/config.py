@@ -14,11 +14,14 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kv_cache.errors import ConfigError
 from kv_cache.models import ATTENTION_TYPES, DTYPE_BYTES, MODEL_CONFIGS, NEW_MODEL_DEFAULTS, ModelConfig
 from kv_cache.settings import IO_MODES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.sessions.gpu import GPUSpec
 
 __all__ = [
     "AutoscalerConfig",
@@ -29,12 +32,14 @@ __all__ = [
     "FrozenMap",
     "GPUBackendConfig",
     "GenerationTiming",
+    "InferenceModelConfig",
     "PrefixCacheConfig",
     "QoSDistribution",
     "QoSProfile",
     "RAGConfig",
     "RETRIEVAL_DISTRIBUTIONS",
     "SaturationDetectionConfig",
+    "SessionsConfig",
     "ShareGPTConfig",
     "StorageConfig",
     "UserTemplate",
@@ -265,6 +270,43 @@ class PerformanceCriteria:
     max_error_rate: float = _prob(0.0)  # throughput profile: failed requests / issued
 
 
+@dataclass(frozen=True)
+class InferenceModelConfig:
+    """Our own section (sessions mode): efficiencies of the modelled inference engine (kv_cache.sessions.gpu).
+
+    Assumptions to tune, from typical vLLM / SGLang measurements: long prefills reach ~40-60 % MFU, decode
+    steps ~70-85 % of peak HBM bandwidth; 10 % of HBM is kept for activations / workspace (vLLM's default
+    gpu_memory_utilization = 0.9); weights in bf16 (2 bytes per parameter).
+    """
+
+    prefill_mfu: float = _f("prob", 0.5, minimum=0.0, exclusive_min=True)  # (0, 1]
+    decode_hbm_efficiency: float = _f("prob", 0.8, minimum=0.0, exclusive_min=True)  # (0, 1]
+    hbm_reserved_fraction: float = _prob(0.1)
+    weight_bytes_per_param: float = _num(2.0, exclusive_min=True)
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """Our own section (sessions mode): the built-in session generator (kv_cache.sessions.scripts) and the
+    turn classifier. Shaped like the NVIDIA AIPerf agentic-code generator (lognormal new tokens per turn
+    and output lengths, an agentic / human pause mixture, a shared system prompt, 512-token blocks,
+    sessions that end before they exceed the context limit); the numbers are our defaults."""
+
+    block_tokens: int = _int(512, minimum=1)  # KV block (page) size, tokens
+    shared_prefix_tokens: int = _int(4000)  # system prompt + tools shared by every session (before turn 1)
+    first_turn_tokens_mean: float = _num(12000.0, exclusive_min=True)  # shared prefix + first prompt, mean
+    new_tokens_mean: float = _num(6000.0, exclusive_min=True)  # later turns: lognormal, mean
+    new_tokens_median: float = _num(4000.0, exclusive_min=True)  # ... and median (<= mean)
+    output_tokens_mean: float = _num(1000.0, exclusive_min=True)  # lognormal, mean
+    output_tokens_median: float = _num(600.0, exclusive_min=True)  # ... and median (<= mean)
+    turns_mean: float = _num(20.0, minimum=1.0)  # geometric turns per session, mean
+    max_context_tokens: int = _int(200000, minimum=2)  # a session ends before its context would exceed it
+    human_pause_probability: float = _prob(0.2)  # share of inter-turn pauses that are human
+    agentic_pause_mean_s: float = _num(5.0)  # exponential, seconds
+    human_pause_mean_s: float = _num(30.0)  # exponential, seconds
+    human_threshold_s: float = _num(15.0)  # classifier: a pause of unknown kind >= this is a human return
+
+
 _DEFAULT_USER_TEMPLATES = {
     "chatbot": UserTemplate((512, 4096), (50, 200), (0.1, 0.5)),
     "coding": UserTemplate((4096, 25000), (100, 500), (0.2, 1.0)),
@@ -302,6 +344,9 @@ class BenchConfig:
     driver: DriverConfig = field(default_factory=DriverConfig)
     performance_criteria: PerformanceCriteria = field(default_factory=PerformanceCriteria)
     model_configs: Mapping[str, ModelConfig] = field(default_factory=lambda: FrozenMap(MODEL_CONFIGS))
+    gpus: Mapping[str, GPUSpec] = field(default_factory=lambda: FrozenMap(_builtin_gpus()))
+    inference_model: InferenceModelConfig = field(default_factory=InferenceModelConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts/lists in config.yaml layout (for echoing the effective config in results)."""
@@ -330,7 +375,17 @@ _MODEL_FIELD_CHECKS = {
     "attention_type": _Check("choice", choices=ATTENTION_TYPES),
     "kv_lora_rank": _Check("int", minimum=0),
     "qk_rope_head_dim": _Check("int", minimum=0),
+    "total_params_b": _Check("float", minimum=0.0),
+    "active_params_b": _Check("float", minimum=0.0),
 }
+_GPU_FIELD_CHECKS = {
+    "name": _Check("str"),
+    "hbm_gb": _Check("float", minimum=0.0, exclusive_min=True),
+    "hbm_bandwidth_gbs": _Check("float", minimum=0.0, exclusive_min=True),
+    "peak_dense_tflops": _Check("float", minimum=0.0, exclusive_min=True),
+    "source": _Check("str"),
+}
+_NEW_GPU_REQUIRED = ("hbm_gb", "hbm_bandwidth_gbs", "peak_dense_tflops")
 # (min key, max key) pairs that must be ordered, per section.
 _ORDERED_PAIRS = {
     "rag": (
@@ -338,7 +393,20 @@ _ORDERED_PAIRS = {
         ("small_model_doc_tokens_min", "small_model_doc_tokens_max"),
     ),
     "autoscaler": (("min_users", "max_users"),),
+    "sessions": (
+        ("new_tokens_median", "new_tokens_mean"),
+        ("output_tokens_median", "output_tokens_mean"),
+        ("shared_prefix_tokens", "first_turn_tokens_mean"),
+        ("first_turn_tokens_mean", "max_context_tokens"),
+    ),
 }
+
+
+def _builtin_gpus() -> Mapping[str, GPUSpec]:
+    # imported here, not at the top: kv_cache.sessions modules may import this module
+    from kv_cache.sessions.gpu import GPU_SPECS
+
+    return GPU_SPECS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,6 +436,8 @@ def config_from_mapping(data: Any, source: str = "<config>") -> BenchConfig:
             _unknown(source, str(key), section_fields)
         if key == "model_configs":
             updates[key] = _build_models(value, source)
+        elif key == "gpus":
+            updates[key] = _build_gpus(value, source)
         elif key in _NAMED_SECTIONS:
             updates[key] = _build_named(getattr(defaults, key), value, key, source)
         else:
@@ -502,6 +572,12 @@ def _build_models(data: Any, source: str) -> FrozenMap:
                 _MODEL_FIELD_CHECKS[field_name], value, f"{dotted}.{field_name}", source
             )
         model = ModelConfig(**values)
+        if 0 < model.total_params_b < model.active_params_b:
+            _fail(
+                source,
+                f"'{dotted}.active_params_b' ({_fmt(model.active_params_b)}) must be <= "
+                f"'{dotted}.total_params_b' ({_fmt(model.total_params_b)})",
+            )
         if model.bytes_per_token <= 0:
             if model.attention_type == "mla":
                 why = "attention_type 'mla' needs kv_lora_rank + qk_rope_head_dim > 0"
@@ -510,6 +586,38 @@ def _build_models(data: Any, source: str) -> FrozenMap:
             _fail(source, f"'{dotted}' gives 0 bytes per token: {why}")
         models[name] = model
     return FrozenMap(models)
+
+
+def _build_gpus(data: Any, source: str) -> FrozenMap:
+    """Built-in GPUs merged with the YAML ones, field by field; a new GPU must give its three numbers."""
+    from kv_cache.sessions.gpu import GPUSpec
+
+    gpus = dict(_builtin_gpus())
+    if data is None:
+        return FrozenMap(gpus)
+    if not isinstance(data, Mapping):
+        _fail(source, f"'gpus' must be a mapping, got {_type_name(data)}")
+    for name, entry in data.items():
+        if not isinstance(name, str) or not name.strip():
+            _fail(source, f"'gpus' keys must be non-empty GPU names, got {_show(name)}")
+        dotted = f"gpus.{name}"
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, Mapping):
+            _fail(source, f"'{dotted}' must be a mapping, got {_type_name(entry)}")
+        base = gpus.get(name)
+        values = dataclasses.asdict(base) if base is not None else {"name": name, "source": ""}
+        for field_name, value in entry.items():
+            if not isinstance(field_name, str) or field_name not in _GPU_FIELD_CHECKS:
+                _unknown(source, f"{dotted}.{field_name}", _GPU_FIELD_CHECKS)
+            values[field_name] = _check(
+                _GPU_FIELD_CHECKS[field_name], value, f"{dotted}.{field_name}", source
+            )
+        missing = [k for k in _NEW_GPU_REQUIRED if k not in values]
+        if missing:
+            _fail(source, f"'{dotted}' is a new GPU and needs {', '.join(missing)}")
+        gpus[name] = GPUSpec(**values)
+    return FrozenMap(gpus)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -563,6 +671,8 @@ def _check_float(check: _Check, value: Any, key: str, source: str) -> float:
     if not math.isfinite(number):
         _fail(source, f"'{key}' must be a finite number, got {value}")
     if check.kind == "prob":
+        if check.exclusive_min and not 0.0 < number <= 1.0:
+            _fail(source, f"'{key}' must be > 0 and <= 1, got {value}")
         if not 0.0 <= number <= 1.0:
             _fail(source, f"'{key}' must be between 0 and 1, got {value}")
     elif check.minimum is not None:

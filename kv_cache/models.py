@@ -24,6 +24,8 @@ class ModelConfig:
     attention_type: str = "mha"  # mha | gqa | mla
     kv_lora_rank: int = 0  # MLA: compressed KV latent dimension
     qk_rope_head_dim: int = 0  # MLA: decoupled RoPE key dimension
+    total_params_b: float = 0.0  # billions of parameters resident in GPU memory; 0 = derive (weights_params)
+    active_params_b: float = 0.0  # billions used per token (MoE: < total); 0 = all of them (dense)
 
     @property
     def bytes_per_element(self) -> int:
@@ -54,6 +56,38 @@ class ModelConfig:
         return self.bytes_per_token
 
     @property
+    def derived_params(self) -> int:
+        """Parameter count estimated from the architecture (used when ``total_params_b`` is 0).
+
+        Per layer: attention ``2 x hidden_dim x head_dim x (num_heads + kv_heads)`` (Q and O projections
+        ``hidden x num_heads x head_dim`` each, K and V ``hidden x kv_heads x head_dim`` each) plus a gated
+        (SwiGLU) MLP of three ``hidden x ffn`` matrices with the usual ``ffn = 8/3 x hidden`` (= the classic
+        4x two-matrix FFN), i.e. ``8 x hidden_dim**2``. Times ``num_layers``. Embeddings / LM head (the
+        vocabulary is not in the model table), norms, biases and MoE experts beyond one dense MLP are
+        ignored, and MLA is counted as if it were GQA, so this is an estimate (e.g. 5.64e9 for Llama 3.1 8B,
+        whose card says 8.03e9): give ``total_params_b`` for any real model.
+        """
+        attention = 2 * self.hidden_dim * self.head_dim * (self.num_heads + self.kv_heads)
+        mlp = 8 * self.hidden_dim * self.hidden_dim
+        return self.num_layers * (attention + mlp)
+
+    @property
+    def weights_params(self) -> int:
+        """Parameters whose weights are resident in GPU memory: ``total_params_b x 1e9``, or the estimate
+        ``derived_params`` when ``total_params_b`` is 0."""
+        if self.total_params_b > 0:
+            return round(self.total_params_b * 1e9)
+        return self.derived_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters used per token (what the FLOPs scale with): ``active_params_b x 1e9`` when > 0 (MoE),
+        else all of ``weights_params`` (a dense model)."""
+        if self.active_params_b > 0:
+            return round(self.active_params_b * 1e9)
+        return self.weights_params
+
+    @property
     def is_large_model(self) -> bool:
         """Reference RAG sizing rule: hidden_dim >= 8192 or num_layers >= 64."""
         return self.hidden_dim >= 8192 or self.num_layers >= 64
@@ -70,22 +104,61 @@ NEW_MODEL_DEFAULTS = {
     "attention_type": "mha",
     "kv_lora_rank": 0,
     "qk_rope_head_dim": 0,
+    "total_params_b": 0.0,
+    "active_params_b": 0.0,
 }
 
 # The nine built-in models. Display names are the shipped config.yaml ones (the defaults always equal
 # config.yaml); the reference's code-only names differ for four models, in the banner only.
+# Parameter counts (billions) are the published model cards' totals (active = per token, for MoE).
 MODEL_CONFIGS: Mapping[str, ModelConfig] = types.MappingProxyType(
     {
+        # synthetic test model: no card, parameters derived from the architecture (derived_params)
         "tiny-1b": ModelConfig("Tiny 1B", 12, 1024, 8, 4),
-        "mistral-7b": ModelConfig("Mistral 7B", 32, 4096, 32, 8),
-        "llama2-7b": ModelConfig("Llama 2 7B", 32, 4096, 32, 32),
-        "llama3.1-8b": ModelConfig("Llama 3.1 8B", 32, 4096, 32, 8),
-        "llama3.1-70b-instruct": ModelConfig("Llama 3.1 70B Instruct", 80, 8192, 64, 8),
+        # huggingface.co/mistralai/Mistral-7B-v0.1: 7.24B (safetensors parameter count)
+        "mistral-7b": ModelConfig("Mistral 7B", 32, 4096, 32, 8, total_params_b=7.24),
+        # huggingface.co/meta-llama/Llama-2-7b-hf: 6.74B (safetensors parameter count)
+        "llama2-7b": ModelConfig("Llama 2 7B", 32, 4096, 32, 32, total_params_b=6.74),
+        # huggingface.co/meta-llama/Llama-3.1-8B: 8.03B
+        "llama3.1-8b": ModelConfig("Llama 3.1 8B", 32, 4096, 32, 8, total_params_b=8.03),
+        # huggingface.co/meta-llama/Llama-3.1-70B-Instruct: 70.6B
+        "llama3.1-70b-instruct": ModelConfig("Llama 3.1 70B Instruct", 80, 8192, 64, 8, total_params_b=70.6),
+        # DeepSeek-V3 technical report / model card: 671B total, 37B activated per token (MoE)
         "deepseek-v3": ModelConfig(
-            "Deepseek v3", 61, 7168, 128, 128, attention_type="mla", kv_lora_rank=512, qk_rope_head_dim=64
+            "Deepseek v3",
+            61,
+            7168,
+            128,
+            128,
+            attention_type="mla",
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            total_params_b=671.0,
+            active_params_b=37.0,
         ),
-        "qwen3-32b": ModelConfig("Qwen 3 32B", 64, 5120, 64, 8, kv_dim_per_head=128),
-        "gpt-oss-120b": ModelConfig("GPT-OSS 120B (5.1B active)", 36, 2880, 64, 8, kv_dim_per_head=64),
-        "gpt-oss-20b": ModelConfig("GPT-OSS 20B (3.6B active)", 24, 2880, 64, 8, kv_dim_per_head=64),
+        # huggingface.co/Qwen/Qwen3-32B: 32.8B
+        "qwen3-32b": ModelConfig("Qwen 3 32B", 64, 5120, 64, 8, kv_dim_per_head=128, total_params_b=32.8),
+        # OpenAI gpt-oss model card: 117B total, 5.1B active per token (MoE)
+        "gpt-oss-120b": ModelConfig(
+            "GPT-OSS 120B (5.1B active)",
+            36,
+            2880,
+            64,
+            8,
+            kv_dim_per_head=64,
+            total_params_b=117.0,
+            active_params_b=5.1,
+        ),
+        # OpenAI gpt-oss model card: 21B total, 3.6B active per token (MoE)
+        "gpt-oss-20b": ModelConfig(
+            "GPT-OSS 20B (3.6B active)",
+            24,
+            2880,
+            64,
+            8,
+            kv_dim_per_head=64,
+            total_params_b=21.0,
+            active_params_b=3.6,
+        ),
     }
 )

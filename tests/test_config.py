@@ -457,3 +457,108 @@ def test_unreadable_file_reported_via_oserror(tmp_path, monkeypatch):
 def test_newline_in_key_stays_one_line(tmp_path):
     m = config_error(tmp_path, 'eviction:\n  "a\\nb": 1\n')
     assert "unknown key 'eviction.a\\nb'" in m
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions-mode sections: model parameters, gpus, inference_model, sessions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sessions_sections_defaults():
+    c = load_config(None)
+    assert set(c.gpus) == {"a100", "h100", "h200", "b200", "l40s"}
+    h200 = c.gpus["h200"]
+    assert (h200.hbm_gb, h200.hbm_bandwidth_gbs, h200.peak_dense_tflops) == (141, 4800, 989)
+    assert (c.inference_model.prefill_mfu, c.inference_model.decode_hbm_efficiency) == (0.5, 0.8)
+    assert (c.inference_model.hbm_reserved_fraction, c.inference_model.weight_bytes_per_param) == (0.1, 2.0)
+    assert c.sessions.block_tokens == 512 and c.sessions.max_context_tokens == 200000
+    assert c.model_configs["gpt-oss-120b"].active_params_b == 5.1
+    d = c.to_dict()
+    assert d["gpus"]["b200"]["hbm_gb"] == 180 and d["sessions"]["human_threshold_s"] == 15
+
+
+def test_model_parameter_fields_from_yaml(tmp_path):
+    c = load_config(
+        write(
+            tmp_path,
+            "model_configs:\n  my-moe:\n    total_params_b: 30\n    active_params_b: 3\n"
+            "  llama3.1-8b:\n    total_params_b: 8\n",
+        )
+    )
+    assert (c.model_configs["my-moe"].weights_params, c.model_configs["my-moe"].active_params) == (30e9, 3e9)
+    assert c.model_configs["llama3.1-8b"].weights_params == 8e9
+    assert c.model_configs["llama3.1-8b"].num_layers == 32
+    new = load_config(write(tmp_path, "model_configs:\n  plain:\n    num_layers: 2\n", "c2.yaml"))
+    assert new.model_configs["plain"].total_params_b == 0.0  # derived from the architecture
+
+
+def test_gpus_merge_field_by_field_and_accept_new_gpus(tmp_path):
+    c = load_config(
+        write(
+            tmp_path,
+            "gpus:\n  h100:\n    hbm_gb: 94\n"
+            "  mi300x:\n    name: AMD MI300X\n    hbm_gb: 192\n    hbm_bandwidth_gbs: 5300\n"
+            "    peak_dense_tflops: 1307\n    source: AMD datasheet\n",
+        )
+    )
+    assert c.gpus["h100"].hbm_gb == 94.0 and c.gpus["h100"].hbm_bandwidth_gbs == 3350
+    assert c.gpus["mi300x"].peak_dense_tflops == 1307.0 and c.gpus["mi300x"].name == "AMD MI300X"
+    assert len(c.gpus) == 6
+    bare = load_config(
+        write(
+            tmp_path,
+            "gpus:\n  x:\n    hbm_gb: 1\n    hbm_bandwidth_gbs: 2\n    peak_dense_tflops: 3\n",
+            "c2.yaml",
+        )
+    )
+    assert bare.gpus["x"].name == "x" and bare.gpus["x"].source == ""
+
+
+def test_sessions_and_inference_model_override(tmp_path):
+    c = load_config(
+        write(
+            tmp_path,
+            "inference_model:\n  prefill_mfu: 0.4\n  weight_bytes_per_param: 1\n"
+            "sessions:\n  human_pause_probability: 0.5\n  new_tokens_median: 6000\n",
+        )
+    )
+    assert c.inference_model.prefill_mfu == 0.4 and c.inference_model.weight_bytes_per_param == 1.0
+    assert c.inference_model.decode_hbm_efficiency == 0.8
+    assert c.sessions.human_pause_probability == 0.5 and c.sessions.new_tokens_median == 6000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpus:\n  h100:\n    hbm: 80\n", "unknown key 'gpus.h100.hbm' (valid keys: name, hbm_gb"),
+        ("gpus:\n  h100:\n    hbm_gb: 0\n", "'gpus.h100.hbm_gb' must be > 0, got 0"),
+        (
+            "gpus:\n  new:\n    hbm_gb: 10\n",
+            "'gpus.new' is a new GPU and needs hbm_bandwidth_gbs, peak_dense_tflops",
+        ),
+        ("gpus: [a]\n", "'gpus' must be a mapping, got list"),
+        ("gpus:\n  h100: 3\n", "'gpus.h100' must be a mapping, got int"),
+        ("inference_model:\n  prefill_mfu: 0\n", "'inference_model.prefill_mfu' must be > 0 and <= 1, got 0"),
+        ("inference_model:\n  decode_hbm_efficiency: 1.5\n", "must be > 0 and <= 1"),
+        ("inference_model:\n  hbm_reserved_fraction: -0.1\n", "must be between 0 and 1"),
+        ("inference_model:\n  weight_bytes_per_param: 0\n", "must be > 0"),
+        ("inference_model:\n  mfu: 0.5\n", "unknown key 'inference_model.mfu'"),
+        (
+            "sessions:\n  new_tokens_median: 7000\n",
+            "'sessions.new_tokens_median' (7000.0) must be <= 'sessions.new_tokens_mean' (6000.0)",
+        ),
+        ("sessions:\n  output_tokens_median: 2000\n", "'sessions.output_tokens_median' (2000.0) must be <="),
+        ("sessions:\n  shared_prefix_tokens: 20000\n", "'sessions.shared_prefix_tokens' (20000) must be <="),
+        ("sessions:\n  max_context_tokens: 1000\n", "'sessions.first_turn_tokens_mean' (12000.0) must be <="),
+        ("sessions:\n  turns_mean: 0.5\n", "'sessions.turns_mean' must be >= 1"),
+        ("sessions:\n  human_pause_probability: 2\n", "must be between 0 and 1"),
+        ("sessions:\n  block_tokens: 0\n", "'sessions.block_tokens' must be >= 1"),
+        ("model_configs:\n  m:\n    total_params_b: -1\n", "'model_configs.m.total_params_b' must be >= 0"),
+        (
+            "model_configs:\n  m:\n    total_params_b: 2\n    active_params_b: 3\n",
+            "'model_configs.m.active_params_b' (3) must be <= 'model_configs.m.total_params_b' (2)",
+        ),
+    ],
+)
+def test_bad_sessions_mode_entries(tmp_path, text, expected):
+    assert expected in config_error(tmp_path, text)

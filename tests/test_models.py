@@ -68,3 +68,41 @@ def test_models_are_immutable():
         MODEL_CONFIGS["tiny-1b"].num_layers = 1
     with pytest.raises(TypeError):
         MODEL_CONFIGS["new"] = MODEL_CONFIGS["tiny-1b"]
+
+
+# Parameter counts (sessions mode): model cards, MoE active counts, the architecture estimate.
+EXPECTED_PARAMS_B = {
+    "mistral-7b": (7.24, 7.24),
+    "llama2-7b": (6.74, 6.74),
+    "llama3.1-8b": (8.03, 8.03),
+    "llama3.1-70b-instruct": (70.6, 70.6),
+    "deepseek-v3": (671.0, 37.0),
+    "qwen3-32b": (32.8, 32.8),
+    "gpt-oss-120b": (117.0, 5.1),
+    "gpt-oss-20b": (21.0, 3.6),
+}
+
+
+@pytest.mark.parametrize(("key", "params"), sorted(EXPECTED_PARAMS_B.items()))
+def test_builtin_parameter_counts(key, params):
+    total, active = params
+    m = MODEL_CONFIGS[key]
+    assert m.weights_params == round(total * 1e9)
+    assert m.active_params == round(active * 1e9)
+    assert m.active_params <= m.weights_params
+
+
+def test_tiny_model_parameters_are_derived_from_the_architecture():
+    m = MODEL_CONFIGS["tiny-1b"]
+    assert (m.total_params_b, m.active_params_b) == (0.0, 0.0)
+    # 12 layers x (attention 2 x 1024 x 128 x (8 + 4) + SwiGLU MLP 8 x 1024^2)
+    assert m.derived_params == 12 * (2 * 1024 * 128 * 12 + 8 * 1024 * 1024) == 138_412_032
+    assert m.weights_params == m.active_params == 138_412_032
+
+
+def test_parameter_fields_fallbacks():
+    base = ModelConfig("x", 2, 64, 4, 2)  # head_dim 16
+    assert base.weights_params == 2 * (2 * 64 * 16 * 6 + 8 * 64 * 64)
+    assert dataclasses.replace(base, total_params_b=1.5).active_params == 1_500_000_000  # dense: all active
+    moe = dataclasses.replace(base, total_params_b=10.0, active_params_b=2.0)
+    assert (moe.weights_params, moe.active_params) == (10_000_000_000, 2_000_000_000)

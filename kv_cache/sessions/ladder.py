@@ -1,0 +1,451 @@
+"""Sessions held: closed-loop session replay against modelled replicas, one rung at a time.
+
+A rung = (tier configuration, number of concurrent sessions): the engines, offload tiers and storage
+files are built fresh, N session slots run closed loop (a session's next turn is issued only after its
+previous answer completed and its pause elapsed; when a session ends the next one starts), and after a
+warm-up the window is measured. Every configuration at a given rung replays the same sessions (same seed),
+so their work is comparable; a work-equivalence control flags any that completed different work.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.metrics import GIB, RunMetrics
+from kv_cache.sessions import gpu as gpumod
+from kv_cache.sessions.engine import IOPool, Replica, TurnRequest
+from kv_cache.sessions.scripts import SessionScript, apply_pace, classify_turn
+from kv_cache.sessions.stats import CI, mean_ci, ratio_ci
+from kv_cache.storage.files import FileStore
+from kv_cache.storage.memory import MemoryStore
+
+log = logging.getLogger("kv_cache.sessions")
+
+TIER_CONFIGS = ("none", "dram", "dram+storage")
+TURN_CLASSES = ("start", "return", "agentic")
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    model: Any
+    model_name: str
+    gpu: Any  # gpumod.GPUSpec
+    gpu_name: str
+    efficiency: Any  # config inference_model section
+    num_gpus: int
+    tensor_parallel: int
+    block_tokens: int
+    shared_prefix_tokens: int
+    dram_bytes: int
+    cache_dir: str | None
+    storage_capacity_bytes: float  # 0 = 95 % of free space
+    chunk_bytes: int
+    fsync: bool
+    io_mode: str
+    io_workers: int
+    window_s: float
+    warmup_s: float
+    subwindows: int
+    prefill_chunk_tokens: int
+    human_threshold_s: float
+    pace: Any  # scripts.Pace
+    seed: int
+    eviction: EvictionPolicy
+
+    @property
+    def replicas(self) -> int:
+        return max(1, self.num_gpus // self.tensor_parallel)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.model.bytes_per_token // self.tensor_parallel
+
+    def hbm_capacity_blocks(self) -> int:
+        cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
+        return int(cap // (self.block_tokens * self.model.bytes_per_token))
+
+
+@dataclass
+class Slot:
+    index: int
+    script: SessionScript | None = None
+    contexts: list[tuple[int, int]] = field(default_factory=list)  # (reused prefix, input) per turn
+    turn: int = 0
+    keys: list[str] = field(default_factory=list)  # keys of the session's cached full blocks, in order
+    outstanding: bool = False
+
+
+def subwindow_values(
+    samples: list[tuple[float, float]],
+    window: tuple[float, float],
+    k: int,
+    statistic: Callable[[list[float]], float],
+) -> list[float]:
+    """Batch means: the window cut into k equal sub-windows, one statistic per non-empty sub-window."""
+    w0, w1 = window
+    width = (w1 - w0) / k
+    buckets: list[list[float]] = [[] for _ in range(k)]
+    for t, v in samples:
+        if w0 <= t < w1:
+            buckets[min(k - 1, int((t - w0) / width))].append(v)
+    return [statistic(b) for b in buckets if b]
+
+
+def _percentile(q: float) -> Callable[[list[float]], float]:
+    def stat(values: list[float]) -> float:
+        v = sorted(values)
+        pos = (len(v) - 1) * q / 100
+        lo = int(pos)
+        hi = min(lo + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+    return stat
+
+
+def ci_dict(ci: CI) -> dict[str, Any]:
+    d = asdict(ci) if hasattr(ci, "__dataclass_fields__") else dict(ci)
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+class RungRun:
+    """One rung: build, run closed loop for warm-up + window, measure, tear down."""
+
+    def __init__(
+        self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]]
+    ) -> None:
+        self.ls = ls
+        self.tiers = tiers
+        self.sessions = sessions
+        self.scripts = scripts()
+        self.stop = threading.Event()
+        self.metrics = RunMetrics()
+        self.done: deque = deque()
+        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
+        self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
+        self.completed: list[tuple[float, TurnRequest]] = []
+        self.offered: list[tuple[float, int]] = []  # (t, new tokens)
+        self.violations = 0
+        self.sessions_started = 0
+
+    # -- engine callbacks (engine threads) ---------------------------------------------------
+    def _first_token(self, req: TurnRequest, now: int) -> None:
+        with self.lock:
+            self.first_tokens.append(((now - self.t0) / 1e9, req.turn_class, req.ttft_ns / 1e9))
+
+    def _iteration(self, now: int, prefill: int, decode: int, replica: int) -> None:
+        with self.lock:
+            self.iterations.append(((now - self.t0) / 1e9, prefill, decode))
+
+    def _done(self, req: TurnRequest, now: int) -> None:
+        with self.cond:
+            self.done.append((now, req))
+            self.cond.notify()
+
+    # -- build / tear down ---------------------------------------------------------------------
+    def _build(self) -> None:
+        ls = self.ls
+        self.file_store = self.memory_store = None
+        tiers: list[Tier] = []
+        if self.tiers in ("dram", "dram+storage") and ls.dram_bytes > 0:
+            self.memory_store = MemoryStore(ls.dram_bytes)
+            tiers.append(Tier("cpu", self.memory_store, ls.dram_bytes))
+        if self.tiers == "dram+storage":
+            self.file_store = FileStore(ls.cache_dir, ls.chunk_bytes, fsync=ls.fsync, io_mode=ls.io_mode)
+            limit = ls.storage_capacity_bytes or self.file_store.free_bytes() * 0.95
+            tiers.append(Tier("nvme", self.file_store, limit))
+        self.cache = (
+            MultiTierCache(tiers, ls.eviction, self.metrics, ls.model.bytes_per_token, self.stop)
+            if tiers
+            else None
+        )
+        self.io = (
+            IOPool(
+                self.cache, ls.io_workers, ls.chunk_bytes, ls.seed, ls.block_bytes, ls.block_tokens, self.stop
+            )
+            if self.cache is not None
+            else None
+        )
+
+        def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
+            return gpumod.iteration_seconds(
+                ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel
+            )
+
+        cap = ls.hbm_capacity_blocks()
+        self.replicas = [
+            Replica(
+                i,
+                cap,
+                ls.block_tokens,
+                iteration_seconds,
+                self.io,
+                self._first_token,
+                self._done,
+                self._iteration,
+                ls.prefill_chunk_tokens,
+                self.stop,
+            )
+            for i in range(ls.replicas)
+        ]
+
+    def _teardown(self) -> None:
+        self.stop.set()
+        for r in self.replicas:
+            r.close()
+        if self.io is not None:
+            self.io.close()
+        for store in (self.file_store, self.memory_store):
+            if store is not None:
+                store.close()
+
+    # -- the closed loop ----------------------------------------------------------------------
+    def _next_script(self) -> SessionScript:
+        self.sessions_started += 1
+        return apply_pace(next(self.scripts), self.ls.pace, self.ls.seed)
+
+    def _issue(self, slot: Slot, now: int) -> None:
+        if slot.outstanding:  # the closed-loop invariant; counted, never expected
+            self.violations += 1
+            return
+        ls = self.ls
+        B = ls.block_tokens
+        if slot.script is None or slot.turn >= len(slot.script.turns):
+            slot.script, slot.turn = self._next_script(), 0
+            slot.contexts = slot.script.contexts()
+            slot.keys = [f"shared_{j}" for j in range(slot.script.shared_prefix_tokens // B)]
+        script = slot.script
+        turn = script.turns[slot.turn]
+        reused, input_tokens = slot.contexts[slot.turn]
+        final_tokens = input_tokens + turn.output_tokens
+        sid = script.session_id
+        # Prefix-chained keys: the reused prefix keeps its blocks' keys; every block after it is new content
+        # (a rewritten history must not hit stale blocks), tagged with the turn that creates it.
+        kept = slot.keys[: reused // B]
+        fresh = [f"{sid}_t{slot.turn}_{j}" for j in range(len(kept), final_tokens // B)]
+        final_keys = kept + fresh
+        req = TurnRequest(
+            slot=slot.index,
+            session_id=sid,
+            turn_index=slot.turn,
+            turn_class=classify_turn(turn, ls.human_threshold_s),
+            issue_ns=now,
+            input_tokens=input_tokens,
+            new_tokens=turn.new_tokens,
+            output_tokens=turn.output_tokens,
+            input_keys=final_keys[: input_tokens // B],
+            final_keys=final_keys,
+            needed_slots=-(-final_tokens // B),
+        )
+        slot.keys = final_keys
+        slot.outstanding = True
+        slot.turn += 1
+        with self.lock:
+            self.offered.append(((now - self.t0) / 1e9, turn.new_tokens))
+        self.replicas[hash(sid) % len(self.replicas)].submit(req)
+
+    def run(self) -> dict[str, Any]:
+        ls = self.ls
+        self._build()
+        slots = [Slot(i) for i in range(self.sessions)]
+        heap: list[tuple[int, int, int]] = []
+        seq = itertools.count()
+        self.t0 = time.perf_counter_ns()
+        window_start = self.t0 + int(ls.warmup_s * 1e9)
+        window_end = window_start + int(ls.window_s * 1e9)
+        window_opened = False
+        try:
+            for slot in slots:
+                self._issue(slot, self.t0)
+            while True:
+                now = time.perf_counter_ns()
+                if not window_opened and now >= window_start:
+                    self.metrics.open_window(window_start)
+                    window_opened = True
+                if now >= window_end:
+                    break
+                with self.cond:
+                    finished = list(self.done)
+                    self.done.clear()
+                for end_ns, req in finished:
+                    slot = slots[req.slot]
+                    slot.outstanding = False
+                    self.completed.append(((end_ns - self.t0) / 1e9, req))
+                    script = slot.script
+                    if slot.turn < len(script.turns):
+                        pause = script.turns[slot.turn].pause_before_s or 0.0
+                        heapq.heappush(heap, (end_ns + int(pause * 1e9), next(seq), req.slot))
+                    else:
+                        heapq.heappush(heap, (end_ns, next(seq), req.slot))  # next session starts cold
+                while heap and heap[0][0] <= now:
+                    _, _, idx = heapq.heappop(heap)
+                    self._issue(slots[idx], now)
+                wake = min(heap[0][0] if heap else window_end, window_end)
+                if not window_opened:
+                    wake = min(wake, window_start)
+                with self.cond:
+                    if not self.done:
+                        self.cond.wait(max(0.0, (wake - time.perf_counter_ns()) / 1e9))
+        finally:
+            self.metrics.close_window(window_end)
+            self._teardown()
+        return self._results(ls.warmup_s, ls.warmup_s + ls.window_s)
+
+    # -- results ------------------------------------------------------------------------------
+    def _results(self, w0: float, w1: float) -> dict[str, Any]:
+        ls = self.ls
+        k = ls.subwindows
+        gpus = ls.replicas * ls.tensor_parallel
+        window = (w0, w1)
+        it = [(t, p, d) for t, p, d in self.iterations if w0 <= t < w1]
+        done = [(t, r) for t, r in self.completed if w0 <= t < w1]
+        offered = [(t, n) for t, n in self.offered if w0 <= t < w1]
+
+        width = (w1 - w0) / k
+
+        def per_gpu_rate(samples: list[tuple[float, float]]) -> list[float]:
+            # every sub-window counts, also an idle one (rate 0), so sum over all k buckets
+            sums = [0.0] * k
+            for t, v in samples:
+                sums[min(k - 1, int((t - w0) / width))] += v
+            return [x / width / gpus for x in sums]
+
+        # Served tokens (as vLLM counts throughput): prompt (whole context, cached or not) and generated tokens
+        # of the turns completed in the window. Recomputing a context adds GPU work, not served tokens.
+        self.throughput_samples = per_gpu_rate([(t, r.input_tokens + r.output_tokens) for t, r in done])
+        total = mean_ci(self.throughput_samples)
+        prefill = mean_ci(per_gpu_rate([(t, r.input_tokens) for t, r in done]))
+        decode = mean_ci(per_gpu_rate([(t, r.output_tokens) for t, r in done]))
+        computed = mean_ci(per_gpu_rate([(t, p) for t, p, _ in it]))
+        turns_rate = mean_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
+        ttft: dict[str, Any] = {}
+        for cls in TURN_CLASSES:
+            samples = [(t, v) for t, c, v in self.first_tokens if c == cls and w0 <= t < w1]
+            ttft[cls] = {"n": len(samples)}
+            for q in (50, 90, 99):
+                values = subwindow_values(samples, window, k, _percentile(q))
+                ttft[cls][f"p{q}_s"] = ci_dict(mean_ci(values)) if values else None
+        hit_tok = sum(r.hbm_hit_blocks * ls.block_tokens for _, r in done)
+        load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
+        recompute_tok = sum(r.recomputed_tokens for _, r in done)
+        source_total = max(1, hit_tok + load_tok + recompute_tok)
+        st_r, st_w = self.metrics.tier_op("storage", "read"), self.metrics.tier_op("storage", "write")
+        cpu_r, cpu_w = self.metrics.tier_op("cpu", "read"), self.metrics.tier_op("cpu", "write")
+        new_done = [r.new_tokens for _, r in done]
+        new_offered = [n for _, n in offered]
+        return {
+            "tiers": self.tiers,
+            "sessions": self.sessions,
+            "gpus": gpus,
+            "window_s": w1 - w0,
+            "subwindows": k,
+            "throughput_tokens_per_s_per_gpu": ci_dict(total),
+            "prefill_tokens_per_s_per_gpu": ci_dict(prefill),
+            "decode_tokens_per_s_per_gpu": ci_dict(decode),
+            "gpu_prefill_computed_tokens_per_s_per_gpu": ci_dict(computed),
+            "completed_turns": len(done),
+            "completed_turns_per_s_per_gpu": ci_dict(turns_rate),
+            "ttft": ttft,
+            "kv_sources": {
+                "hbm_hit_share": hit_tok / source_total,
+                "loaded_share": load_tok / source_total,
+                "recomputed_share": recompute_tok / source_total,
+            },
+            "offload_io": {
+                "storage_read_gib": st_r.window_bytes / GIB,
+                "storage_write_gib": st_w.window_bytes / GIB,
+                "dram_read_gib": cpu_r.window_bytes / GIB,
+                "dram_write_gib": cpu_w.window_bytes / GIB,
+                "storage_read_ops": st_r.ops,
+                "storage_write_ops": st_w.ops,
+                "errors": int(sum(self.metrics.errors.values())),
+            },
+            "work": {
+                "turns_offered": len(offered),
+                "turns_completed": len(done),
+                "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
+                "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
+                "mean_output_tokens_completed": (sum(r.output_tokens for _, r in done) / len(done))
+                if done
+                else 0.0,
+            },
+            "sessions_started": self.sessions_started,
+            "closed_loop_violations": self.violations,
+            "oversized_turns": sum(1 for _, r in done if r.oversized),
+            "hbm_evictions": sum(r.evictions for r in self.replicas),
+            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
+        }
+
+
+def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) -> None:
+    """At each session count, configs must have completed comparable work: flag outliers in tokens/turn."""
+    by_sessions: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rungs:
+        by_sessions[r["sessions"]].append(r)
+    for group in by_sessions.values():
+        means = sorted(r["work"]["mean_new_tokens_completed"] for r in group if r["work"]["turns_completed"])
+        median = means[len(means) // 2] if means else 0.0
+        for r in group:
+            w = r["work"]
+            reasons = []
+            if w["turns_completed"] == 0:
+                reasons.append("no turn completed in the window")
+            elif median and abs(w["mean_new_tokens_completed"] - median) > tolerance * median:
+                reasons.append(
+                    f"tokens per completed turn {w['mean_new_tokens_completed']:.0f} vs "
+                    f"{median:.0f} across configs at this rung"
+                )
+            w["flagged"] = bool(reasons)
+            w["flag_reasons"] = reasons
+
+
+def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float]]) -> dict[str, Any]:
+    """Curve per config, effective capacity (sessions at peak per-GPU throughput), ratios with CIs.
+
+    `raw[(config, sessions)]`: that rung's per-sub-window throughput samples (for the ratio CIs).
+    """
+    configs = list(dict.fromkeys(r["tiers"] for r in rungs))
+    out: dict[str, Any] = {"configs": {}, "ratios": []}
+    for cfg in configs:
+        mine = [r for r in rungs if r["tiers"] == cfg]
+        peak = max(mine, key=lambda r: r["throughput_tokens_per_s_per_gpu"]["estimate"])
+        out["configs"][cfg] = {
+            "curve": [
+                {
+                    "sessions": r["sessions"],
+                    "throughput_tokens_per_s_per_gpu": r["throughput_tokens_per_s_per_gpu"],
+                }
+                for r in mine
+            ],
+            "effective_capacity_sessions": peak["sessions"],
+            "peak_throughput_tokens_per_s_per_gpu": peak["throughput_tokens_per_s_per_gpu"],
+        }
+    base = "none" if "none" in configs else configs[0]
+    for cfg in configs:
+        if cfg == base:
+            continue
+        a, b = out["configs"][cfg], out["configs"][base]
+        ci = ratio_ci(
+            raw[(cfg, a["effective_capacity_sessions"])], raw[(base, b["effective_capacity_sessions"])]
+        )
+        out["ratios"].append(
+            {
+                "config": cfg,
+                "baseline": base,
+                "effective_capacity_ratio": a["effective_capacity_sessions"]
+                / b["effective_capacity_sessions"],
+                "peak_throughput_ratio": ci_dict(ci),
+            }
+        )
+    return out

@@ -1,0 +1,119 @@
+"""Sessions held: closed loop, real offload I/O, ladder output (small, fast configurations)."""
+
+import json
+
+import pytest
+
+from kv_cache.sessions.cli import main as sessions_main
+from kv_cache.sessions.cli import resolve, script_supply
+from kv_cache.sessions.ladder import RungRun
+
+SMALL = ("sessions:\n  first_turn_tokens_mean: 3000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"
+         "  new_tokens_median: 1000\n  output_tokens_mean: 60\n  output_tokens_median: 40\n  turns_mean: 6\n"
+         "  max_context_tokens: 20000\n")
+
+
+@pytest.fixture
+def argv(tmp_path):
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(SMALL)
+
+    def make(*extra):
+        return ["--config", str(cfg), "--model", "tiny-1b", "--gpu", "l40s", "--gpu-mem-gb", "0.45",
+                "--window", "2", "--warmup", "0.5", "--subwindows", "4", "--cpu-mem-gb", "0.05",
+                "--cache-dir", str(tmp_path / "cache"), "--pace", "fixed:0.05", "--io-workers", "2",
+                "--io-chunk-mb", "1", "--output", str(tmp_path / "s.json"), *extra]
+
+    return make
+
+
+class CheckedRung(RungRun):
+    """Records every issue and completion to check the closed-loop invariant."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.events = []
+
+    def _issue(self, slot, now):
+        super()._issue(slot, now)
+        self.events.append(("issue", slot.index, now, slot.turn - 1))
+
+    def _done(self, req, now):
+        self.events.append(("done", req.slot, now, req.turn_index))
+        super()._done(req, now)
+
+
+def test_closed_loop_never_two_outstanding_turns_per_session(argv):
+    ls, _, _, (scripts, sess), _ = resolve(argv())
+    rung = CheckedRung(ls, "dram+storage", 4, script_supply(scripts, sess, ls.seed))
+    result = rung.run()
+    assert result["closed_loop_violations"] == 0
+    per_slot = {}
+    for kind, slot, t, turn in rung.events:
+        per_slot.setdefault(slot, []).append((kind, t, turn))
+    assert len(per_slot) == 4
+    returns = 0
+    for events in per_slot.values():
+        kinds = [k for k, _, _ in events]
+        # strictly alternating issue, done, issue, ... (the last turn may still be running at the end)
+        assert all(k == ("issue" if i % 2 == 0 else "done") for i, k in enumerate(kinds))
+        for (k1, t1, _), (_k2, t2, turn) in zip(events, events[1:], strict=False):
+            if k1 == "done" and turn > 0:  # a session's next turn waits for the answer plus its pause
+                assert t2 - t1 >= 0.04e9
+                returns += 1
+    assert returns > 0
+
+
+def test_offload_tier_does_real_storage_io(argv, tmp_path):
+    ls, _, _, (scripts, sess), _ = resolve(argv())
+    result = RungRun(ls, "dram+storage", 6, script_supply(scripts, sess, ls.seed)).run()
+    o = result["offload_io"]
+    assert o["storage_write_ops"] > 0 and o["storage_write_gib"] > 0  # HBM evictions went down to files
+    assert o["storage_read_ops"] > 0 and o["storage_read_gib"] > 0  # returning sessions loaded them back
+    assert result["kv_sources"]["loaded_share"] > 0
+    assert not any((tmp_path / "cache").glob("kv-cache-run-*"))  # the rung removed its files
+
+
+def test_no_tier_recomputes_and_does_no_io(argv):
+    ls, _, _, (scripts, sess), _ = resolve(argv())
+    result = RungRun(ls, "none", 4, script_supply(scripts, sess, ls.seed)).run()
+    assert result["offload_io"]["storage_write_ops"] == 0 and result["kv_sources"]["loaded_share"] == 0
+    assert result["kv_sources"]["recomputed_share"] > 0
+
+
+def test_ladder_output_has_curve_capacity_ratios_and_cis(argv, tmp_path):
+    code = sessions_main(argv("--ladder", "2,4", "--tiers", "none,dram+storage"))
+    assert code == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert len(data["rungs"]) == 4 and data["method"]
+    r = data["rungs"][0]
+    for key in ("throughput_tokens_per_s_per_gpu", "prefill_tokens_per_s_per_gpu", "decode_tokens_per_s_per_gpu"):
+        ci = r[key]
+        assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["n"] == 4
+    assert set(r["ttft"]) == {"start", "return", "agentic"} and "n" in r["ttft"]["start"]
+    assert {"turns_offered", "turns_completed", "flagged"} <= r["work"].keys()
+    summary = data["summary"]
+    assert set(summary["configs"]) == {"none", "dram+storage"}
+    assert summary["configs"]["none"]["effective_capacity_sessions"] in (2, 4)
+    assert summary["ratios"][0]["baseline"] == "none"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--ladder", "0,4"], "--ladder needs positive integers"),
+    (["--tiers", "ssd"], "--tiers accepts"),
+    (["--gpu", "tpu"], "unknown GPU"),
+    (["--pace", "slow"], "--pace"),
+    (["--subwindows", "1"], "--subwindows must be >= 2"),
+    (["--model", "llama3.1-70b-instruct", "--gpu-mem-gb", "10"], "does not fit"),
+])
+def test_bad_arguments_are_one_line_errors(argv, capsys, extra, message):
+    assert sessions_main(argv(*extra)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_sessions_subcommand_is_reachable_from_main(argv, capsys):
+    from kv_cache.cli import main
+
+    assert main(["sessions", *argv("--tiers", "bogus")]) == 2
+    assert "kv-cache sessions: error" in capsys.readouterr().err
