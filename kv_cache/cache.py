@@ -69,6 +69,11 @@ class EvictionPolicy:
     max_evictions_hard_cap: int = 5000
     max_evictions_min: int = 1000
 
+    @classmethod
+    def from_config(cls, eviction_cfg) -> EvictionPolicy:
+        """From the config's `eviction` section (same key names)."""
+        return cls(**{k: getattr(eviction_cfg, k) for k in cls.__dataclass_fields__})
+
 
 @dataclass(slots=True)
 class _Step:

@@ -275,7 +275,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
                                  "not preallocated, first writes include page-fault time")
                 memory_store = MemoryStore(cpu_bytes, prefault=prefault)
             tiers = build_tiers(settings, file_store, memory_store)
-        policy = EvictionPolicy(**{k: getattr(cfg.eviction, k) for k in EvictionPolicy.__dataclass_fields__})
+        policy = EvictionPolicy.from_config(cfg.eviction)
         cache = MultiTierCache(tiers, policy, metrics, settings.model.bytes_per_token, stop, tracer=tracer)
         rag = RagCorpus(cfg.rag) if settings.enable_rag else None
         factory = UserFactory(settings, rag)

@@ -179,7 +179,7 @@ def resolve(argv: list[str]) -> tuple[LadderSettings, list[int], list[str], Any,
         human_threshold_s=sess.human_threshold_s,
         pace=pace,
         seed=args.seed,
-        eviction=EvictionPolicy(**{k: getattr(cfg.eviction, k) for k in EvictionPolicy.__dataclass_fields__}),
+        eviction=EvictionPolicy.from_config(cfg.eviction),
     )
     meta = {
         "output": args.output,
