@@ -65,8 +65,9 @@ def test_closed_loop_never_two_outstanding_turns_per_session(argv):
 
 
 def test_offload_tier_does_real_storage_io(argv, tmp_path):
-    ls, _, _, (scripts, sess), _ = resolve(argv())
-    result = RungRun(ls, "dram+storage", 6, script_supply(scripts, sess, ls.seed)).run()
+    # no DRAM tier: every block evicted from HBM goes to files, every reload comes from them
+    ls, _, _, (scripts, sess), _ = resolve(argv("--cpu-mem-gb", "0", "--window", "4", "--warmup", "0"))
+    result = RungRun(ls, "dram+storage", 8, script_supply(scripts, sess, ls.seed)).run()
     o = result["offload_io"]
     assert o["storage_write_ops"] > 0 and o["storage_write_gib"] > 0  # HBM evictions went down to files
     assert o["storage_read_ops"] > 0 and o["storage_read_gib"] > 0  # returning sessions loaded them back

@@ -269,6 +269,11 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
             f"  {r['config']} vs {r['baseline']}: capacity x{r['effective_capacity_ratio']:.2f}, "
             f"peak throughput x{_fmt_ci(r['peak_throughput_ratio'], digits=2)}\n"
         )
+    for r in s.get("ratios_by_rung", []):
+        turns = r["completed_turns_ratio"]
+        turns_text = f"x{turns:.2f}" if turns is not None else "-"
+        out.write(f"  at {r['sessions']:>4} sessions, {r['config']} vs {r['baseline']}: throughput "
+                  f"x{_fmt_ci(r['throughput_ratio'], digits=2)}, completed turns {turns_text}\n")
     flagged = [r for r in results["rungs"] if r["work"]["flagged"]]
     for r in flagged:
         out.write(f"  WORK FLAG {r['tiers']} @ {r['sessions']}: {'; '.join(r['work']['flag_reasons'])}\n")

@@ -376,6 +376,7 @@ class RungRun:
                 "turns_completed": len(done),
                 "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
                 "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
+                "new_tokens_per_turn_ci": ci_dict(mean_ci(new_done)) if new_done else None,
                 "mean_output_tokens_completed": (sum(r.output_tokens for _, r in done) / len(done))
                 if done
                 else 0.0,
@@ -389,23 +390,29 @@ class RungRun:
 
 
 def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) -> None:
-    """At each session count, configs must have completed comparable work: flag outliers in tokens/turn."""
+    """At each session count, configs must have done comparable work per turn, or a config that "looks
+    faster" may simply have done less. A rung is flagged when its mean new tokens per completed turn
+    differs from the median config's by more than `tolerance` AND their 95 % CIs do not overlap (so
+    sampling noise of a short window is not flagged), or when it completed no turn."""
     by_sessions: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rungs:
         by_sessions[r["sessions"]].append(r)
     for group in by_sessions.values():
-        means = sorted(r["work"]["mean_new_tokens_completed"] for r in group if r["work"]["turns_completed"])
-        median = means[len(means) // 2] if means else 0.0
+        done = sorted((r for r in group if r["work"]["turns_completed"]),
+                      key=lambda r: r["work"]["mean_new_tokens_completed"])
+        ref = done[len(done) // 2]["work"] if done else None
         for r in group:
             w = r["work"]
             reasons = []
             if w["turns_completed"] == 0:
                 reasons.append("no turn completed in the window")
-            elif median and abs(w["mean_new_tokens_completed"] - median) > tolerance * median:
-                reasons.append(
-                    f"tokens per completed turn {w['mean_new_tokens_completed']:.0f} vs "
-                    f"{median:.0f} across configs at this rung"
-                )
+            elif ref is not None and w is not ref:
+                a, b = w["new_tokens_per_turn_ci"], ref["new_tokens_per_turn_ci"]
+                differs = abs(a["estimate"] - b["estimate"]) > tolerance * b["estimate"]
+                separate = a["low"] > b["high"] or b["low"] > a["high"]
+                if differs and separate:
+                    reasons.append(f"tokens per completed turn {a['estimate']:.0f} [{a['low']:.0f}, {a['high']:.0f}]"
+                                   f" vs {b['estimate']:.0f} [{b['low']:.0f}, {b['high']:.0f}] at this rung")
             w["flagged"] = bool(reasons)
             w["flag_reasons"] = reasons
 
@@ -448,4 +455,17 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
                 "peak_throughput_ratio": ci_dict(ci),
             }
         )
+    by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
+    for cfg in configs:
+        if cfg == base:
+            continue
+        for (c, n), r in by_rung.items():
+            if c != cfg or (base, n) not in by_rung:
+                continue
+            b = by_rung[(base, n)]
+            out.setdefault("ratios_by_rung", []).append({
+                "config": cfg, "baseline": base, "sessions": n,
+                "throughput_ratio": ci_dict(ratio_ci(raw[(cfg, n)], raw[(base, n)])),
+                "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
+            })
     return out
