@@ -10,7 +10,9 @@ from kv_cache.sessions.ladder import RungRun
 
 SMALL = ("sessions:\n  first_turn_tokens_mean: 3000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"
          "  new_tokens_median: 1000\n  output_tokens_mean: 60\n  output_tokens_median: 40\n  turns_mean: 6\n"
-         "  max_context_tokens: 20000\n")
+         "  max_context_tokens: 20000\n"
+         # 512 bytes/token: a 512-token block is 256 KiB, so storage I/O stays small and fast in tests
+         "model_configs:\n  micro:\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n    kv_heads: 1\n")
 
 
 @pytest.fixture
@@ -19,7 +21,7 @@ def argv(tmp_path):
     cfg.write_text(SMALL)
 
     def make(*extra):
-        return ["--config", str(cfg), "--model", "tiny-1b", "--gpu", "l40s", "--gpu-mem-gb", "0.45",
+        return ["--config", str(cfg), "--model", "micro", "--gpu", "l40s", "--gpu-mem-gb", "0.012",
                 "--window", "2", "--warmup", "0.5", "--subwindows", "4", "--cpu-mem-gb", "0.05",
                 "--cache-dir", str(tmp_path / "cache"), "--pace", "fixed:0.05", "--io-workers", "2",
                 "--io-chunk-mb", "1", "--output", str(tmp_path / "s.json"), *extra]
