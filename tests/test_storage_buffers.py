@@ -98,3 +98,22 @@ def test_stamp_does_not_allocate():
         tracemalloc.stop()
     assert cur - base < 16 * 1024
     assert peak - base < 64 * 1024  # far below the 1 MiB buffer: no temporaries of buffer size
+
+
+def test_large_buffers_are_aligned_and_fall_back_when_huge_pages_are_refused(monkeypatch):
+    from kv_cache.storage import buffers as buffers_mod
+
+    big = 4 << 20  # >= one huge page: advised MADV_HUGEPAGE
+    b = WorkerBuffers(big, 3, 0)
+    assert b.write_buf.ctypes.data % mmap.PAGESIZE == 0 and b.read_buf.size == big
+    b.stamp(key_id("k"), 0, big // BLOCK)
+    b.read_buf[:] = b.write_buf
+    assert b.check_stamp(key_id("k"), 0, big // BLOCK) == -1
+    b.close()
+    # an advice the kernel rejects (EINVAL) must not fail the run: 4 KiB pages it is
+    monkeypatch.setattr(buffers_mod.mmap, "MADV_HUGEPAGE", 0x7FFF, raising=False)
+    c = WorkerBuffers(big, 3, 0)
+    again = WorkerBuffers(big, 3, 0)
+    assert np.array_equal(c.write_buf, again.write_buf)  # same seed, same payload, whatever the pages
+    c.close()
+    again.close()

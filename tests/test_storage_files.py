@@ -26,15 +26,18 @@ CHUNK = 4 * BLOCK
 SHM = "/dev/shm"
 
 
-def expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int) -> np.ndarray:
+def expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int, lead: int = BLOCK) -> np.ndarray:
+    """Payload of an entry: chunks on the file's chunk grid (the first is chunk - header long)."""
     out = []
     kid = key_id(key)
-    cb = bufs.chunk_bytes // BLOCK
     total = -(-nbytes // BLOCK) * BLOCK
-    for c, off in enumerate(range(0, total, bufs.chunk_bytes)):
-        n = min(bufs.chunk_bytes, total - off)
-        bufs.stamp(kid, c * cb, n // BLOCK)
+    off = 0
+    n = min(bufs.chunk_bytes - lead, total)
+    while off < total:
+        bufs.stamp(kid, off // BLOCK, n // BLOCK)
         out.append(bufs.write_buf[:n].copy())
+        off += n
+        n = min(bufs.chunk_bytes, total - off)
     return np.concatenate(out)[:nbytes] if out else np.zeros(0, np.uint8)
 
 
@@ -108,11 +111,41 @@ def test_round_trip(store, bufs, nbytes):
 
 
 def test_single_chunk_read_buf_equals_stamped_write_buf(store, bufs):
-    store.write("one", CHUNK, bufs)
+    n = CHUNK - BLOCK  # one chunk of file: the header + this payload
+    store.write("one", n, bufs)
     bufs.read_buf[:] = 0
     store.read("one", bufs, verify=True)
-    bufs.stamp(key_id("one"), 0, CHUNK // BLOCK)
-    assert np.array_equal(bufs.read_buf, bufs.write_buf)
+    bufs.stamp(key_id("one"), 0, n // BLOCK)
+    assert np.array_equal(bufs.read_buf[:n], bufs.write_buf[:n])
+
+
+@pytest.mark.parametrize("nbytes", [1, CHUNK - BLOCK, CHUNK, 3 * CHUNK + 777])
+def test_data_syscalls_cover_the_chunk_grid_of_the_file(store, bufs, nbytes, monkeypatch):
+    """Every pwritev/preadv covers [k*chunk, (k+1)*chunk) of the file (the last one less), like fio bs=chunk."""
+    calls = []
+    real_w, real_r = os.pwritev, os.preadv
+
+    def pwritev(fd, iov, off):
+        calls.append(("w", off, sum(len(v) for v in iov)))
+        return real_w(fd, iov, off)
+
+    def preadv(fd, iov, off):
+        calls.append(("r", off, sum(len(v) for v in iov)))
+        return real_r(fd, iov, off)
+
+    monkeypatch.setattr(files_mod.os, "pwritev", pwritev)
+    monkeypatch.setattr(files_mod.os, "preadv", preadv)
+    store.write("grid", nbytes, bufs)
+    store.read("grid", bufs, verify=True)
+    file_bytes = FileStore.file_bytes(nbytes)
+    for kind in ("w", "r"):
+        mine = [(off, n) for k, off, n in calls if k == kind]
+        start = 0 if kind == "w" else BLOCK  # reads skip the header
+        assert mine[0][0] == start
+        for (off, n), (nxt, _) in zip(mine, mine[1:] + [(file_bytes, 0)], strict=True):
+            assert off + n == nxt  # contiguous, whole file covered
+            assert off % CHUNK == 0 or off == BLOCK
+            assert (off + n) % CHUNK == 0 or off + n == file_bytes
 
 
 def test_every_block_is_unique(store, tmp_path):
@@ -201,7 +234,7 @@ def test_stop_event_aborts_and_leaves_no_file(store, bufs):
 
     with pytest.raises(IOAborted) as ei:
         store.write("k", 3 * CHUNK, bufs, stop=AfterFirst())
-    assert ei.value.device_bytes == BLOCK + CHUNK
+    assert ei.value.device_bytes == CHUNK  # the first chunk of the file: header + CHUNK - 4 KiB payload
     assert "k" not in store and not store.path_of("k").exists()
     assert sorted(os.listdir(store.run_dir)) == [MARKER]
 
@@ -388,3 +421,46 @@ def test_fs_type(tmp_path):
         assert s.mount_point and str(s.run_dir).startswith(s.mount_point)
     finally:
         s.close()
+
+
+def test_full_chunks_reuse_the_worker_buffer_and_argument_list(store, bufs, monkeypatch):
+    """The per-chunk path hands the kernel the preallocated buffer itself: no slice, no new iov list."""
+    seen = []
+    real_w, real_r = os.pwritev, os.preadv
+
+    def pwritev(fd, iov, off):
+        seen.append(("w", id(iov), [id(v) for v in iov], sum(len(v) for v in iov)))
+        return real_w(fd, iov, off)
+
+    def preadv(fd, iov, off):
+        seen.append(("r", id(iov), [id(v) for v in iov], sum(len(v) for v in iov)))
+        return real_r(fd, iov, off)
+
+    monkeypatch.setattr(files_mod.os, "pwritev", pwritev)
+    monkeypatch.setattr(files_mod.os, "preadv", preadv)
+    store.write("k", 6 * CHUNK, bufs)
+    store.read("k", bufs)
+    for kind, mv in (("w", bufs.write_mv), ("r", bufs.read_mv)):
+        full = [s for s in seen if s[0] == kind and s[3] == CHUNK and s[2] == [id(mv)]]
+        assert len(full) >= 5
+        assert len({s[1] for s in full}) == 1  # one argument list per entry, refilled per chunk
+
+
+def test_streaming_memory_does_not_grow_with_entry_size(store, bufs):
+    import tracemalloc
+
+    store.write("warm", 4 * CHUNK, bufs)
+    store.read("warm", bufs)
+    tracemalloc.start()
+    try:
+        peaks = []
+        for n in (4 * CHUNK, 256 * CHUNK):
+            base, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            store.write(f"k{n}", n, bufs)
+            store.read(f"k{n}", bufs, verify=True)
+            _, peak = tracemalloc.get_traced_memory()
+            peaks.append(peak - base)
+    finally:
+        tracemalloc.stop()
+    assert peaks[1] < 64 * 1024 and peaks[1] <= peaks[0] + 8 * 1024, peaks

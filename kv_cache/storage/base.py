@@ -1,9 +1,14 @@
 """The storage contract: results, errors, key ids, and the chunk-streaming skeleton both stores share.
 
-A store moves an entry as a sequence of chunks of ``bufs.chunk_bytes`` through the calling worker's
-preallocated buffers (:class:`~kv_cache.storage.buffers.WorkerBuffers`).  Chunk ``c`` of entry ``key``
-is ``bufs.write_buf[:n]`` after ``bufs.stamp(key_id(key), c * chunk_blocks, nblocks)``, so every 4 KiB
-block that reaches a device is unique and nothing is generated or copied per request.
+A store moves an entry as a sequence of chunks of at most ``bufs.chunk_bytes`` through the calling
+worker's preallocated buffers (:class:`~kv_cache.storage.buffers.WorkerBuffers`).  The chunk at payload
+offset ``off`` is ``bufs.write_buf[:n]`` after ``bufs.stamp(key_id(key), off // BLOCK, n // BLOCK)``, so
+every 4 KiB block that reaches a device is unique and nothing is generated or copied per request.
+
+Chunks follow the store's grid: the first chunk is ``chunk - lead_bytes`` long (``lead_bytes`` = what the
+store puts before the payload: FileStore's 4 KiB header), the others ``chunk`` long, so that every data
+syscall of a file covers exactly ``[k * chunk, (k + 1) * chunk)`` of the file - the offsets and sizes of
+fio with ``bs=chunk`` - and never straddles the extent and device-request boundaries of that grid.
 
 Subclasses implement five primitives (begin/put/commit/abort for writes, begin/get/end for reads);
 :class:`StoreBase` builds ``write``, ``read`` and ``move_to`` on top of them and does the timing split:
@@ -64,6 +69,12 @@ def padded(nbytes: int) -> int:
 ChunkSink = Callable[[int, memoryview], None]
 
 
+def _lead(store: StoreBase, chunk: int) -> int:
+    """The store's lead bytes if a first chunk can hold them and payload, else 0 (tiny chunks)."""
+    lead = store.lead_bytes
+    return lead if 0 < lead < chunk else 0
+
+
 @runtime_checkable
 class Store(Protocol):
     """What the cache layer calls. Both MemoryStore and FileStore implement it."""
@@ -105,6 +116,8 @@ class StoreBase:
     """
 
     name: str = "store"
+    # Bytes the store writes before the payload in the same first data call (see the module docstring).
+    lead_bytes: int = 0
 
     # ----------------------------------------------------------------- primitives (subclasses)
     def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:  # pragma: no cover
@@ -147,24 +160,22 @@ class StoreBase:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         kid = key_id(key)
         chunk = bufs.chunk_bytes
-        chunk_blocks = chunk // BLOCK
         total = padded(nbytes)
         h, dev_ns = self._begin_write(key, nbytes)
         dev_bytes = 0
         try:
             off = 0
-            c = 0
+            n = min(chunk - _lead(self, chunk), total)
             mv = bufs.write_mv
             while off < total:
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"write of {key!r} aborted after {off} bytes", dev_bytes)
-                n = min(chunk, total - off)
-                bufs.stamp(kid, c * chunk_blocks, n // BLOCK)
-                b, ns = self._put(h, off, mv[:n], c == 0)
+                bufs.stamp(kid, off // BLOCK, n // BLOCK)
+                b, ns = self._put(h, off, mv if n == chunk else mv[:n], off == 0)
                 dev_bytes += b
                 dev_ns += ns
                 off += n
-                c += 1
+                n = min(chunk, total - off)
             if total == 0:  # an empty entry still gets its header (file) / its slot (memory)
                 b, ns = self._put(h, 0, mv[:0], True)
                 dev_bytes += b
@@ -199,29 +210,29 @@ class StoreBase:
         try:
             kid = key_id(key) if verify else 0
             chunk = bufs.chunk_bytes
-            chunk_blocks = chunk // BLOCK
             total = padded(nbytes)
             mv = bufs.read_mv
             off = 0
             c = 0
+            n = min(chunk - _lead(self, chunk), total)
             while off < total:
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"read of {key!r} aborted after {off} bytes", dev_bytes)
-                n = min(chunk, total - off)
-                b, ns = self._get(h, off, mv[:n])
+                b, ns = self._get(h, off, mv if n == chunk else mv[:n])
                 dev_bytes += b
                 dev_ns += ns
                 if verify:
-                    bad = bufs.check_stamp(kid, c * chunk_blocks, n // BLOCK)
+                    bad = bufs.check_stamp(kid, off // BLOCK, n // BLOCK)
                     if bad >= 0:
                         raise DataCorruption(
-                            f"{self.name}: entry {key!r} block {c * chunk_blocks + bad} "
+                            f"{self.name}: entry {key!r} block {off // BLOCK + bad} "
                             f"(byte {off + bad * BLOCK}) does not carry its stamp"
                         )
                 if on_chunk is not None:
                     on_chunk(c, mv[: min(n, nbytes - off)])
                 off += n
                 c += 1
+                n = min(chunk, total - off)
         except IOAborted as e:
             e.device_bytes = dev_bytes
             dev_ns += self._end_read(h)
@@ -266,23 +277,26 @@ class StoreBase:
             mv = bufs.read_mv
             off = 0
             c = 0
+            # one grid for both sides: the file side's, if any (a RAM arena has no alignment to keep)
+            n = min(chunk - max(_lead(self, chunk), _lead(dst, chunk)), total)
             while off < total or (total == 0 and c == 0):
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"move of {key!r} aborted after {off} bytes", r_bytes + w_bytes)
-                n = min(chunk, total - off)
+                view = mv if n == chunk else mv[:n]
                 t = perf_counter_ns()
-                b, ns = self._get(h, off, mv[:n]) if n else (0, 0)
+                b, ns = self._get(h, off, view) if n else (0, 0)
                 r_bytes += b
                 r_dev += ns
                 t2 = perf_counter_ns()
                 r_t += t2 - t
-                b, ns = dst._put(wh, off, mv[:n], c == 0)
+                b, ns = dst._put(wh, off, view, c == 0)
                 w_bytes += b
                 w_dev += ns
                 t = perf_counter_ns()
                 w_t += t - t2
                 off += n
                 c += 1
+                n = min(chunk, total - off)
             t = perf_counter_ns()
             w_dev += dst._commit(wh)
             t2 = perf_counter_ns()

@@ -17,6 +17,30 @@ from kv_cache.storage.base import BLOCK
 _U64 = np.dtype("<u8")
 _MASK64 = (1 << 64) - 1
 _FILL_WORDS = 1 << 17  # random fill in 1 MiB pieces (bounded temporary memory, once per run)
+_HUGE_PAGE = 2 << 20  # transparent huge page size on x86-64 / arm64 (4 KiB base pages)
+
+
+def _aligned_map(nbytes: int) -> mmap.mmap:
+    """An anonymous private mapping (page aligned), backed by transparent huge pages where allowed.
+
+    Why huge pages: an O_DIRECT request is a list of physically contiguous segments and a queue accepts
+    at most ``max_segments`` of them, so with 4 KiB pages a request is capped at max_segments x 4 KiB
+    (virtio-blk: 254 -> 1016 KiB) whatever ``max_sectors_kb`` allows; with 2 MiB pages a 16 MiB chunk
+    goes out as max_sectors-sized requests.  Measured on virtio-blk (max_sectors_kb 4096), 8 readers of
+    16 MiB on the same files: 4 KiB-page buffers 0.84-0.94 MiB per request and 1.21-1.49 GiB/s,
+    huge-page buffers 4 MiB per request and 1.72-1.89 GiB/s.  It also cuts the kernel's page pinning
+    per call and the TLB misses of stamping a chunk that the previous write left cold in the caches
+    (0.3-0.55 -> 0.12-0.35 ms per 16 MiB).  Advice only: nothing changes where THP is disabled or the
+    platform lacks MADV_HUGEPAGE (the pages are then 4 KiB, as before).
+    """
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None and nbytes >= _HUGE_PAGE:
+        try:
+            mm.madvise(advice)
+        except OSError:  # THP unsupported here: 4 KiB pages it is
+            pass
+    return mm
 
 
 class WorkerBuffers:
@@ -35,8 +59,8 @@ class WorkerBuffers:
         self.worker_id = int(worker_id)
         self.nblocks = self.chunk_bytes // BLOCK
 
-        self._write_mm = mmap.mmap(-1, self.chunk_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._read_mm = mmap.mmap(-1, self.chunk_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._write_mm = _aligned_map(self.chunk_bytes)
+        self._read_mm = _aligned_map(self.chunk_bytes)
         self.write_buf = np.frombuffer(self._write_mm, dtype=np.uint8)
         self.read_buf = np.frombuffer(self._read_mm, dtype=np.uint8)
         self.write_mv = memoryview(self._write_mm)

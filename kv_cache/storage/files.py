@@ -12,6 +12,10 @@ Data path per entry (nothing else is in the loop):
   ``preadv`` chunk by chunk into the worker's ``read_buf`` (the header is not read: the store knows the
   size) -> ``close``.
 
+The first payload chunk is ``chunk - 4096`` bytes (``lead_bytes``), so each data syscall covers exactly
+``[k * chunk, (k + 1) * chunk)`` of the file (the last one less): the same offsets and sizes as fio with
+``bs=chunk``, never straddling the chunk grid the filesystem allocated the file on.
+
 ``device_ns`` is the sum of the durations of exactly those syscalls (plus the unlink of a replaced
 entry); everything else is ``host_ns``.  The stamped chunk buffers are page aligned (mmap), so O_DIRECT
 needs no bounce copy.
@@ -77,7 +81,9 @@ def _advance(iov: list[memoryview], n: int) -> list[memoryview]:
 
 
 class _Write:
-    __slots__ = ("key", "path", "fd", "nbytes", "hdr")
+    # iov / iov_hdr: the argument lists of pwritev, made once per entry and refilled per chunk, so the
+    # per-chunk path allocates no Python list.
+    __slots__ = ("key", "path", "fd", "nbytes", "hdr", "iov", "iov_hdr")
 
     def __init__(self, key: str, path: str, nbytes: int, hdr: memoryview):
         self.key = key
@@ -85,18 +91,23 @@ class _Write:
         self.fd = -1
         self.nbytes = nbytes
         self.hdr = hdr
+        self.iov: list[memoryview] = [hdr]
+        self.iov_hdr: list[memoryview] = [hdr, hdr]
 
 
 class _Read:
-    __slots__ = ("fd", "path")
+    __slots__ = ("fd", "path", "iov")
 
     def __init__(self, fd: int, path: str):
         self.fd = fd
         self.path = path
+        self.iov: list[memoryview] = []
 
 
 class FileStore(StoreBase):
     """Entries as files in a private run directory under ``cache_dir`` (see :mod:`.rundir`)."""
+
+    lead_bytes = HEADER_BYTES  # the header shares the first data syscall: chunk-aligned file offsets
 
     def __init__(
         self,
@@ -239,32 +250,37 @@ class FileStore(StoreBase):
 
     # ------------------------------------------------------------------ syscall loops
     @staticmethod
-    def _pwritev_all(fd: int, iov: list[memoryview], offset: int) -> tuple[int, int]:
-        total = sum(len(b) for b in iov)
-        done = 0
-        ns = 0
-        while done < total:
+    def _pwritev_all(fd: int, iov: list[memoryview], offset: int, total: int) -> tuple[int, int]:
+        """One pwritev of ``iov`` (``total`` bytes) at ``offset``; short writes are completed."""
+        t = perf_counter_ns()
+        n = os.pwritev(fd, iov, offset)
+        ns = perf_counter_ns() - t
+        done = n
+        while done < total:  # rare: a short write (signal, quota, fs limits)
+            if n <= 0:
+                raise OSError(errno.EIO, f"pwritev made no progress at offset {offset + done}")
+            iov = _advance(iov, n)
             t = perf_counter_ns()
             n = os.pwritev(fd, iov, offset + done)
             ns += perf_counter_ns() - t
-            if n <= 0:
-                raise OSError(errno.EIO, f"pwritev made no progress at offset {offset + done}")
             done += n
-            if done < total:
-                iov = _advance(iov, n)
         return done, ns
 
     @staticmethod
-    def _preadv_all(fd: int, view: memoryview, offset: int, path: str) -> tuple[int, int]:
+    def _preadv_all(fd: int, iov: list[memoryview], offset: int, path: str) -> tuple[int, int]:
+        """One preadv into ``iov`` (a single view) at ``offset``; short reads are completed."""
+        view = iov[0]
         total = len(view)
-        done = 0
-        ns = 0
-        while done < total:
-            t = perf_counter_ns()
-            n = os.preadv(fd, [view[done:] if done else view], offset + done)
-            ns += perf_counter_ns() - t
+        t = perf_counter_ns()
+        n = os.preadv(fd, iov, offset)
+        ns = perf_counter_ns() - t
+        done = n
+        while done < total:  # rare: a short read (signal) or a file shorter than recorded
             if n <= 0:
                 raise DataCorruption(f"{path}: file ends at {offset + done}, expected {offset + total} bytes")
+            t = perf_counter_ns()
+            n = os.preadv(fd, [view[done:]], offset + done)
+            ns += perf_counter_ns() - t
             done += n
         return done, ns
 
@@ -300,8 +316,12 @@ class FileStore(StoreBase):
 
     def _put(self, h: _Write, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
         if first:
-            return self._pwritev_all(h.fd, [h.hdr, view], 0)
-        return self._pwritev_all(h.fd, [view], HEADER_BYTES + offset)
+            iov = h.iov_hdr
+            iov[1] = view
+            return self._pwritev_all(h.fd, iov, 0, HEADER_BYTES + len(view))
+        iov = h.iov
+        iov[0] = view
+        return self._pwritev_all(h.fd, iov, HEADER_BYTES + offset, len(view))
 
     def _commit(self, h: _Write) -> int:
         fd = h.fd
@@ -364,7 +384,12 @@ class FileStore(StoreBase):
         return _Read(fd, path), nbytes, ns
 
     def _get(self, h: _Read, offset: int, view: memoryview) -> tuple[int, int]:
-        return self._preadv_all(h.fd, view, HEADER_BYTES + offset, h.path)
+        iov = h.iov
+        if iov:
+            iov[0] = view
+        else:
+            iov.append(view)
+        return self._preadv_all(h.fd, iov, HEADER_BYTES + offset, h.path)
 
     def _end_read(self, h: _Read) -> int:
         if h.fd < 0:
