@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         description="Integrated Multi-User KV Cache Benchmark (MLPerf Storage v3 compatible).",
+        epilog="Sessions held (modelled GPUs, concurrency ladder, real offload I/O): kv-cache sessions --help",
     )
     add = p.add_argument
     add("--version", action="version", version=f"%(prog)s {__version__}")
