@@ -120,3 +120,23 @@ def test_sessions_subcommand_is_reachable_from_main(argv, capsys):
 
     assert main(["sessions", *argv("--tiers", "bogus")]) == 2
     assert "kv-cache sessions: error" in capsys.readouterr().err
+
+
+def test_interrupt_keeps_finished_rungs_and_cleans_up(argv, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "kv_cache", "sessions", *argv("--ladder", "2,2", "--tiers", "dram+storage",
+                                                                  "--window", "30")]
+    cmd[cmd.index("--window") + 1] = "1.5"  # first rung short
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "tok/s" in line:  # the first rung has finished (and its line printed): interrupt the second
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=60)
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert proc.returncode == 130 and "interrupted after 1 rung" in err
+    assert len(data["rungs"]) == 1 and data["interrupted"] is True
+    assert not any((tmp_path / "cache").glob("kv-cache-run-*"))

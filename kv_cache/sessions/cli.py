@@ -12,7 +12,9 @@ import argparse
 import dataclasses
 import itertools
 import logging
+import signal
 import sys
+import threading
 from datetime import datetime
 from typing import Any, NoReturn, TextIO
 
@@ -206,9 +208,12 @@ def script_supply(trace_scripts, sess_cfg, seed: int):
 
 
 def run_ladder(
-    ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO
+    ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
+    rungs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    rungs, raw = [], {}
+    """Run every (tier config, rung); `rungs` (if given) receives each finished rung as it completes."""
+    rungs = [] if rungs is None else rungs
+    raw = {}
     cap_blocks = ls.hbm_capacity_blocks()
     out.write(
         f"kv-cache {__version__} sessions: {ls.model_name} on {ls.num_gpus} x {ls.gpu_name} "
@@ -280,6 +285,10 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
     out.write(f"\nMethod: {results['method']}\n")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     try:
         ls, ladder, tiers, (trace_scripts, sess), meta = resolve(argv)
@@ -292,11 +301,15 @@ def main(argv: list[str]) -> int:
     )
     out = sys.stdout
     started = datetime.now()
+    done_rungs: list[dict[str, Any]] = []
+    code = 0
+    if threading.current_thread() is threading.main_thread():  # SIGTERM: stop, clean up, write, like Ctrl-C
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
-        body = run_ladder(ls, ladder, tiers, script_supply(trace_scripts, sess, ls.seed), out)
-    except KeyboardInterrupt:
-        sys.stderr.write("kv-cache sessions: interrupted\n")
-        return 130
+        body = run_ladder(ls, ladder, tiers, script_supply(trace_scripts, sess, ls.seed), out, done_rungs)
+    except KeyboardInterrupt:  # keep what was measured: the rungs that completed
+        sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
+        body, code = {"rungs": done_rungs, "summary": None, "interrupted": True}, 130
     except UsageError as exc:
         sys.stderr.write(f"kv-cache sessions: error: {exc}\n")
         return 2
@@ -328,6 +341,7 @@ def main(argv: list[str]) -> int:
         **body,
     }
     write_json_atomic(meta["output"], results)
-    print_table(results, out)
+    if code == 0:
+        print_table(results, out)
     out.write(f"\nResults written to {meta['output']}\n")
-    return 0
+    return code
