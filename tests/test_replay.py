@@ -25,7 +25,7 @@ def run(quick_settings, sink, *argv):
 def test_block_hit_rate_equals_reuse_of_first_rows_with_real_io(quick_settings, sink):
     path = MOONCAKE / "conversation_trace.jsonl"
     results, _ = run(quick_settings, sink, "--trace", str(path), "--kv-block-tokens", "512", "--max-requests", "300",
-                     "--io-workers", "4")
+                     "--io-workers", "4", "--no-fsync")
     expected = block_reuse(r.hash_ids for r in open_trace(path, max_rows=300))
     b = results["summary"]["block_stats"]
     assert results["summary"]["total_requests"] == 300
@@ -51,8 +51,8 @@ def test_agentic_sessions_replay_with_think_times_and_growing_context(quick_sett
     one = tmp_path / "ac"
     one.mkdir()
     shutil.copy(sorted(src.glob("trace_*.json"))[0], one)
-    results, _ = run(quick_settings, sink, "--trace", str(one), "--kv-block-tokens", "64", "--think-time", "fixed:0.01",
-                     "--io-workers", "2")
+    results, _ = run(quick_settings, sink, "--trace", str(one), "--kv-block-tokens", "1024", "--think-time",
+                     "fixed:0.01", "--io-workers", "2", "--no-fsync", "--max-requests", "30")
     tr = results["trace_replay"]
     assert tr["format"] == "weka" and tr["replay"] == "closed-loop sessions" and tr["sessions"] >= 1
     per_turn = results["summary"]["per_turn"]
