@@ -201,12 +201,13 @@ class RungRun:
         ]
 
     def _teardown(self) -> None:
+        """Safe on a partly built rung (an interrupt may arrive while it is being built)."""
         self.stop.set()
-        for r in self.replicas:
+        for r in getattr(self, "replicas", []):
             r.close()
-        if self.io is not None:
+        if getattr(self, "io", None) is not None:
             self.io.close()
-        for store in (self.file_store, self.memory_store):
+        for store in (getattr(self, "file_store", None), getattr(self, "memory_store", None)):
             if store is not None:
                 store.close()
 
@@ -257,7 +258,11 @@ class RungRun:
 
     def run(self) -> dict[str, Any]:
         ls = self.ls
-        self._build()
+        try:
+            self._build()
+        except BaseException:
+            self._teardown()
+            raise
         slots = [Slot(i) for i in range(self.sessions)]
         heap: list[tuple[int, int, int]] = []
         seq = itertools.count()
