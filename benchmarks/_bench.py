@@ -195,11 +195,37 @@ class HugePages:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.before is not None:
-            try:
-                NR_HUGEPAGES.write_text(f"{self.before}\n")
-            except OSError:
+        if self.before is not None and self.got > 0:
+            try:  # give back what we added (relative: another reservation made meanwhile stays)
+                now = int(NR_HUGEPAGES.read_text())
+                NR_HUGEPAGES.write_text(f"{max(0, now - self.got)}\n")
+            except (OSError, ValueError):
                 pass
+
+
+# ------------------------------------------------------------------------------------------ one at a time
+LOCK_PATH = Path("/tmp/kv-cache-bench.lock")
+
+
+def exclusive(label: str):
+    """Hold a system-wide lock for this benchmark (two benchmarks on one device measure each other);
+    exit with a message if another one holds it.  Keep the returned file object open."""
+    import fcntl  # noqa: PLC0415
+
+    fh = open(LOCK_PATH, "a+")  # noqa: SIM115
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        other = fh.read().strip() or "another benchmark"
+        sys.stderr.write(f"error: {other} is running (lock {LOCK_PATH}); benchmarks on one device must "
+                         "not overlap\n")
+        sys.exit(2)
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{label} (pid {os.getpid()})\n")
+    fh.flush()
+    return fh
 
 
 # ------------------------------------------------------------------------------------------ disk
@@ -313,10 +339,16 @@ def run_fio(jobfile: str, name: str, logs: Path, throttle: Throttle | None = Non
                   disk=disk)
     d = json.loads(out.read_text())
     res = {"tool": "fio"}
+    # stonewalled phases (groups) run one after the other: the run's time is the sum of the groups'
+    groups: dict[int, int] = {}
+    for j in d["jobs"]:
+        g = int(j.get("groupid", 0))
+        groups[g] = max(groups.get(g, 0), j["read"]["runtime"], j["write"]["runtime"])
+    elapsed = sum(groups.values()) / 1000.0
+    res["seconds"] = elapsed
     for rw in ("read", "write"):
         io = sum(j[rw]["io_bytes"] for j in d["jobs"])
-        rt = max((j[rw]["runtime"] for j in d["jobs"]), default=0) / 1000.0
-        res[f"{rw}_gibps"] = io / GIB / rt if rt > 0 else 0.0
+        res[f"{rw}_gibps"] = io / GIB / elapsed if elapsed > 0 else 0.0
         res[f"{rw}_bytes"] = io
     moved = (res["read_bytes"] + res["write_bytes"]) / GIB
     res["cpu_seconds_per_gib"] = (t["user_s"] + t["sys_s"]) / moved if moved else 0.0
@@ -331,26 +363,23 @@ def fio_jobfile(rw: str, *, qd: int, chunk: int, duration: float, directory: str
                 size_range: tuple[int, int] | None = None, nrfiles: int = 1,
                 per_job_files: list[list[str]] | None = None, create_only: bool = False,
                 unlink: bool = True, fsync_on_close: bool = True, hugetlb: bool = False,
-                rwmixread: int | None = None, jobname: str | None = None) -> str:
+                prewrite: bool = False, jobname: str | None = None) -> str:
     """A fio job file matching kv-cache's storage tier: pvsync (= preadv/pwritev) on O_DIRECT, ``chunk``
     bytes per call, ``qd`` synchronous jobs (queue depth ``qd``), one file after another per job,
     fsync when a written file is closed (kv-cache: one fdatasync per entry), new files (no preallocation).
+
     Either ``directory`` + ``size_range`` + ``nrfiles`` (fio names and sizes the files) or
     ``per_job_files`` (existing files, one job per list).  ``hugetlb``: I/O buffers in hugetlb pages
-    (``iomem=shmhuge``; reserve them first, see :class:`HugePages`).  ``rwmixread``: with
-    ``rw='read'``, a sequential mix of that percentage of reads and the rest writes (``rw=rw``) - the
-    share of bytes a kv-cache read-heavy run spent writing its entries.
+    (``iomem=shmhuge``; reserve them first, see :class:`HugePages`).  ``prewrite`` (reads): first every
+    job writes one new file of ``size_range`` (a stonewalled phase), then the timed reads start - what a
+    kv-cache read-heavy run does (each worker's first request writes its entry, then reads it back).
     """
     name = jobname or rw
-    if rw == "read" and rwmixread is not None and rwmixread < 100:
-        rw = "rw"
     g = [
         "[global]",
         "ioengine=pvsync",
         "direct=1",
         f"bs={chunk}",
-        f"rw={rw}",
-        *([f"rwmixread={rwmixread}"] if rw == "rw" else []),
         "openfiles=1",
         "file_service_type=sequential",
         "group_reporting=1",
@@ -359,27 +388,30 @@ def fio_jobfile(rw: str, *, qd: int, chunk: int, duration: float, directory: str
     ]
     if hugetlb:
         g += ["iomem=shmhuge", f"hugepage-size={hugepage_bytes()}"]
-    if create_only:
-        g.append("create_only=1")
-    else:
-        g += ["time_based=1", f"runtime={max(1, math.ceil(duration))}"]
-    if rw == "write":
-        g += ["fallocate=none", "create_on_open=1"]
-    if rw in ("write", "rw") and fsync_on_close:
-        g.append("fsync_on_close=1")
-    if unlink:
-        g.append("unlink=1")
-    jobs = []
-    if per_job_files is not None:
-        for i, files in enumerate(per_job_files):
-            jobs += [f"[kv{i}]", "filename=" + ":".join(f.replace(":", "\\:") for f in files)]
-    else:
+    if per_job_files is None:
         if directory is None or size_range is None:
             raise ValueError("directory and size_range are required without per_job_files")
-        lo, hi = size_range
-        g += [f"directory={directory}", f"filesize={lo}-{hi}", f"nrfiles={nrfiles}"]
-        jobs += [f"[{name}]", f"numjobs={qd}"]
-    return "\n".join(g + [""] + jobs) + "\n"
+        g += [f"directory={directory}", f"filesize={size_range[0]}-{size_range[1]}"]
+    writes = ["fallocate=none", "create_on_open=1"] + (["fsync_on_close=1"] if fsync_on_close else [])
+    main = [f"rw={rw}"]
+    if create_only:
+        main.append("create_only=1")
+    else:
+        main += ["time_based=1", f"runtime={max(1, math.ceil(duration))}"]
+    if rw == "write":
+        main += writes
+    if unlink:
+        main.append("unlink=1")
+    sections: list[str] = []
+    if prewrite and rw == "read" and per_job_files is None and not create_only:
+        sections += ["[prewrite]", "rw=write", f"numjobs={qd}", "nrfiles=1", "unlink=0", *writes, ""]
+        main.insert(0, "stonewall")
+    if per_job_files is not None:
+        for i, files in enumerate(per_job_files):
+            sections += [f"[kv{i}]", "filename=" + ":".join(f.replace(":", "\\:") for f in files), *main, ""]
+    else:
+        sections += [f"[{name}]", f"numjobs={qd}", f"nrfiles={nrfiles}", *main, ""]
+    return "\n".join(g + [""] + sections)
 
 
 # ------------------------------------------------------------------------------------------ stats

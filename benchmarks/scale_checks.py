@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(s not in SUITES for s in suites):
         ap.error(f"--suites: choose from {SUITES}")
     B.require_tools(need_fio=False)
+    lock = B.exclusive("benchmarks/scale_checks.py")  # noqa: F841 (held until exit)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     logs = Path(a.logs or f"scale_checks_logs_{stamp}").resolve()
     out_path = Path(a.out or f"scale_checks_{stamp}.json").resolve()

@@ -21,7 +21,7 @@ Prints GiB/s of both tools per pair, kv-cache/fio ratios (min/median/max), kv-ca
 GiB moved, achieved queue depth and peak RSS (``/usr/bin/time -v``), and writes everything (raw runs
 included) to ``--out`` (JSON); per-run logs, results JSON and fio job files go to ``--logs``.
 
-Example (about 9 minutes with the defaults):
+Example (about 17 minutes with the defaults; ``--suites cli,throttle --pairs 3`` takes about 7):
 
     python benchmarks/vs_fio.py /mnt/nvme
 """
@@ -138,10 +138,9 @@ class Bench:
         r["total_gibps"] = r["read_gibps"] + r["write_gibps"]
         return r
 
-    def fio_run(self, wl: Workload, label: str, throttle: B.Throttle | None = None,
-                mix_like: dict | None = None) -> dict:
-        """fio counterpart of ``wl``.  Read-heavy: reads the laid-out files, mixed with the share of writes
-        the kv-cache run ``mix_like`` did (its prefills), so both tools ask the same of the device."""
+    def fio_run(self, wl: Workload, label: str, throttle: B.Throttle | None = None) -> dict:
+        """fio counterpart of ``wl``.  Read-heavy: each job first writes one new file of the workload's
+        sizes (as each kv-cache worker's first request writes its entry), then reads laid-out files."""
         B.settle(self.a.settle)
         d = self.work / "fio"
         d.mkdir(exist_ok=True)
@@ -158,13 +157,10 @@ class Bench:
             B.run_fio(B.fio_jobfile("read", nrfiles=nf, create_only=True, unlink=False, jobname="read", **common),
                       self.name(label + "-layout"), self.logs)
             B.settle(self.a.settle)
-            mix = None
-            if mix_like is not None:
-                total = mix_like["read_gibps"] + mix_like["write_gibps"]
-                mix = max(1, min(100, round(100 * mix_like["read_gibps"] / total))) if total else None
-            r = B.run_fio(B.fio_jobfile("read", nrfiles=nf, rwmixread=mix, jobname="read", **common),
+            r = B.run_fio(B.fio_jobfile("read", nrfiles=nf, prewrite=True, jobname="read", **common),
                           self.name(label), self.logs, throttle, disk=self.disk)
-            r["rwmixread"] = mix
+        for f in d.iterdir():  # fio's files in our scratch directory (the prewritten ones are kept by fio)
+            f.unlink()
         r["gibps"] = r[f"{wl.direction}_gibps"]
         r["total_gibps"] = r["read_gibps"] + r["write_gibps"]
         return r
@@ -179,14 +175,14 @@ class Bench:
         for i in range(self.a.pairs):
             for wl in (self.write, self.read):
                 kv = self.kv_run(wl, f"cli-{wl.name}-kv")
-                fio = self.fio_run(wl, f"cli-{wl.name}-fio", mix_like=kv)
+                fio = self.fio_run(wl, f"cli-{wl.name}-fio")
                 ratio = kv["gibps"] / fio["gibps"] if fio["gibps"] else None
                 total_ratio = kv["total_gibps"] / fio["total_gibps"] if fio["total_gibps"] else None
                 out[wl.name]["pairs"].append({"kv": kv, "fio": fio, "ratio": ratio, "total_ratio": total_ratio})
                 extra = fextra = ""
                 if wl.direction == "read":
                     extra = f" (+ {kv['write_gibps']:.3f} write)"
-                    fextra = f" (+ {fio['write_gibps']:.3f} write, rwmixread={fio.get('rwmixread')})"
+                    fextra = f" (+ {fio['write_gibps']:.3f} write)"
                 self.say(f"  pair {i + 1} {wl.name:11s} {wl.direction:5s} GiB/s: kv-cache {kv['gibps']:.3f}"
                          f"{extra}  fio {fio['gibps']:.3f}{fextra}  ratio {B.fmt(ratio)}  "
                          f"[kv QD {kv['achieved_queue_depth'][wl.direction]:.2f}, "
@@ -274,14 +270,14 @@ class Bench:
         for wl in (self.write, self.read):
             r: dict = {}
             kv_fast = self.kv_run(wl, f"thr-{wl.name}-kv-fast")
-            fio_fast = self.fio_run(wl, f"thr-{wl.name}-fio-fast", mix_like=kv_fast)
+            fio_fast = self.fio_run(wl, f"thr-{wl.name}-fio-fast")
             if base.get(wl.direction) is None:  # no cli suite before: this run measures the device
                 base[wl.direction] = fio_fast["gibps"]
             rbps = int(frac * (base["read"] or base["write"]) * B.GIB)
             wbps = int(frac * (base["write"] or base["read"]) * B.GIB)
             with B.Throttle(devnum, rbps, wbps) as thr:
                 kv_slow = self.kv_run(wl, f"thr-{wl.name}-kv-slow", thr)
-                fio_slow = self.fio_run(wl, f"thr-{wl.name}-fio-slow", thr, mix_like=kv_slow)
+                fio_slow = self.fio_run(wl, f"thr-{wl.name}-fio-slow", thr)
             kv_ratio = kv_fast["gibps"] / kv_slow["gibps"] if kv_slow["gibps"] else None
             fio_ratio = fio_fast["gibps"] / fio_slow["gibps"] if fio_slow["gibps"] else None
             rel = kv_ratio / fio_ratio if kv_ratio and fio_ratio else None
@@ -308,8 +304,9 @@ class Bench:
         return B.thp_mode() in ("always", "madvise") and os.geteuid() == 0
 
     def hugetlb_pages_needed(self) -> int:
+        # a read-heavy fio run has two phases of qd jobs (prewrite + read); each job's buffer is one chunk
         hp = B.hugepage_bytes()
-        return self.qd * (-(-self.chunk // hp) + 1) + 8
+        return 2 * self.qd * (-(-self.chunk // hp) + 1) + 16
 
     def memory_note(self, pages: B.HugePages | None) -> str:
         thp = B.thp_mode()
@@ -416,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suites", default=",".join(SUITES), help=f"comma list of {', '.join(SUITES)}")
     ap.add_argument("--qd", type=int, default=8, help="queue depth: kv-cache --io-workers = fio numjobs (8)")
     ap.add_argument("--chunk-mb", type=int, default=16, help="MiB per pwritev/preadv = fio bs (16)")
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds per run (20)")
-    ap.add_argument("--pairs", type=int, default=3, help="alternating kv-cache/fio pairs per workload (3)")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds per run (15)")
+    ap.add_argument("--pairs", type=int, default=5,
+                    help="alternating kv-cache/fio pairs per workload (5; at least 3 for a median)")
     ap.add_argument("--model", default="tiny-1b", help="kv-cache model (tiny-1b: 24,576 bytes/token)")
     ap.add_argument("--write-context", type=int, default=40000,
                     help="write-heavy persona context_range max, tokens (>= 40000; 40000)")
@@ -442,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     B.require_tools()
     if not Path(a.directory).is_dir():
         ap.error(f"{a.directory} is not a directory")
-    return Bench(a).run(suites)
+    lock = B.exclusive("benchmarks/vs_fio.py")
+    try:
+        return Bench(a).run(suites)
+    finally:
+        lock.close()
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ def test_stop_event_aborts_and_leaves_no_file(store, bufs):
     with pytest.raises(IOAborted) as ei:
         store.write("k", 3 * CHUNK, bufs, stop=AfterFirst())
     assert ei.value.device_bytes == CHUNK  # the first chunk of the file: header + CHUNK - 4 KiB payload
+    assert ei.value.device_ns > 0  # the device time it cost (for busy time / achieved queue depth)
     assert "k" not in store and not store.path_of("k").exists()
     assert sorted(os.listdir(store.run_dir)) == [MARKER]
 

@@ -43,9 +43,10 @@ class IOResult(NamedTuple):
 class IOAborted(Exception):
     """The operation saw its stop event between chunks and gave up (the partial entry is gone)."""
 
-    def __init__(self, message: str = "I/O aborted", device_bytes: int = 0):
+    def __init__(self, message: str = "I/O aborted", device_bytes: int = 0, device_ns: int = 0):
         super().__init__(message)
         self.device_bytes = device_bytes  # bytes that did reach the device before the abort
+        self.device_ns = device_ns  # time spent in the data syscalls before the abort (device busy time)
 
 
 class DataCorruption(Exception):
@@ -184,6 +185,7 @@ class StoreBase:
         except IOAborted as e:
             self._abort(h)
             e.device_bytes = dev_bytes
+            e.device_ns = dev_ns
             raise
         except BaseException:
             self._abort(h)
@@ -236,6 +238,7 @@ class StoreBase:
         except IOAborted as e:
             e.device_bytes = dev_bytes
             dev_ns += self._end_read(h)
+            e.device_ns = dev_ns
             raise
         except BaseException:
             self._end_read(h)
@@ -307,6 +310,7 @@ class StoreBase:
                 dst._abort(wh)
             if isinstance(e, IOAborted):
                 e.device_bytes = r_bytes + w_bytes
+                e.device_ns = r_dev + w_dev
             self._end_read(h)
             raise
         t = perf_counter_ns()
