@@ -73,6 +73,8 @@ class Autoscaler:
                 if level < 0.9 * self.target:
                     new = self._up()
             action = "scale_up" if new > self.users else "scale_down" if new < self.users else "hold"
+        elif s.tokens_per_sec == 0 and self.peak_throughput == 0:
+            action = "hold"  # nothing has completed yet: no evidence about capacity either way
         else:
             if s.tokens_per_sec > 1.01 * self.peak_throughput or not self.history:
                 if s.tokens_per_sec > self.peak_throughput:
