@@ -96,14 +96,15 @@ class Throttle:
     """A cgroup v1 blkio group that limits read and write bytes/s on one block device."""
 
     device: str  # "major:minor" of the whole disk
-    read_bps: int
-    write_bps: int
+    read_bps: int | None  # None: that direction is not limited
+    write_bps: int | None
     path: Path = field(default_factory=lambda: CGROUP_V1_BLKIO / f"kv-cache-bench-{os.getpid()}")
 
     def __enter__(self) -> Throttle:
         self.path.mkdir(exist_ok=True)
-        (self.path / "blkio.throttle.read_bps_device").write_text(f"{self.device} {self.read_bps}\n")
-        (self.path / "blkio.throttle.write_bps_device").write_text(f"{self.device} {self.write_bps}\n")
+        for rw, bps in (("read", self.read_bps), ("write", self.write_bps)):
+            if bps:
+                (self.path / f"blkio.throttle.{rw}_bps_device").write_text(f"{self.device} {bps}\n")
         return self
 
     def wrap(self, cmd: list[str]) -> list[str]:
