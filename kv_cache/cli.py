@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Trace mode: log operations to CSV instead of doing I/O.",
     )
     add("--enable-latency-tracing", action="store_true", help="bpftrace device latency tracing (needs sudo).")
+    add("--fail-exit-code", action="store_true",
+        help="Exit 1 when the performance profile says FAIL (default: a completed run exits 0 whatever "
+             "its verdict, as the mlpstorage harness reads results only after exit 0).")
 
     tr = p.add_argument_group("trace replay and KV layout")
     tr.add_argument("--trace", type=str, default=None,
@@ -253,6 +256,7 @@ def parse_settings(argv: list[str] | None = None) -> RunSettings:
         max_conversations=args.max_conversations,
         mpi_rank=rank if world > 1 else None,
         mpi_world_size=world,
+        fail_exit_code=args.fail_exit_code,
         argv=tuple(argv),
     )
 

@@ -79,6 +79,7 @@ class RunSettings:
     max_conversations: int = 500
     mpi_rank: int | None = None  # set when several MPI ranks run (cache dir and output are per rank)
     mpi_world_size: int = 1
+    fail_exit_code: bool = False  # exit 1 on a FAIL verdict (CI pipelines); default: a completed run exits 0
     argv: tuple[str, ...] = ()
 
     @property

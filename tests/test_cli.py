@@ -95,6 +95,7 @@ def test_reference_defaults():
         "trace_format": "auto",
         "kv_block_tokens": 0,
         "think_time": "trace",
+        "fail_exit_code": False,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output"}
@@ -651,6 +652,11 @@ def test_main_hands_settings_to_the_runner(fake_runner):
     assert main(["--model", "tiny-1b", "--num-users", "3"]) == 0
     (settings,) = fake_runner.calls
     assert settings.model_name == "tiny-1b" and settings.num_users == 3
+
+
+def test_fail_exit_code_flag_reaches_the_settings():
+    assert parse_settings(["--fail-exit-code"]).fail_exit_code is True
+    assert parse_settings([]).fail_exit_code is False
 
 
 def test_main_passes_the_runner_exit_status(fake_runner):

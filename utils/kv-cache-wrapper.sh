@@ -337,7 +337,8 @@ print_cmd() {
 run_kv() {
     local name=$1 base=$2
     shift 2
-    local -a cmd=("${kv_cmd[@]}" --config "$CONFIG_FILE" "$@" --seed 42
+    # --fail-exit-code: the suite reports each run's PASS/FAIL from kv-cache's exit status
+    local -a cmd=("${kv_cmd[@]}" --config "$CONFIG_FILE" "$@" --seed 42 --fail-exit-code
                   --output "$results_dir/$base.json" --xlsx-output "$results_dir/$base.xlsx")
     if [ "$dry_run" -eq 1 ]; then
         print_cmd "${cmd[@]}"
