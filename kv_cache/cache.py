@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from kv_cache.metrics import RunMetrics
+from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
 

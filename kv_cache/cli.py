@@ -15,11 +15,11 @@ from datetime import datetime
 from typing import NoReturn
 
 from kv_cache import __version__
-from kv_cache.config import load_config
+from kv_cache.config.run import GENERATION_MODES, IO_MODES, PERFORMANCE_PROFILES, RunSettings, StorageSettings
+from kv_cache.config.schema import load_config
+from kv_cache.config.validation import advisories, unimplemented_features, validate_args
 from kv_cache.errors import UsageError
-from kv_cache.iotrace import check_trace_path
-from kv_cache.settings import GENERATION_MODES, IO_MODES, PERFORMANCE_PROFILES, RunSettings, StorageSettings
-from kv_cache.validation import advisories, unimplemented_features, validate_args
+from kv_cache.storage.tracelog import check_trace_path
 from kv_cache.workload.replay import ThinkTime, open_sources, resolve_burst_paths
 from kv_cache.workload.validation import load_trace_stats
 
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `kv-cache`, `mlperf-kv-cache` and kv-cache.py; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["sessions"]:  # the session-aware capacity mode has its own options
-        from kv_cache.sessions.cli import main as sessions_main
+        from kv_cache.sessions_cli import main as sessions_main
 
         try:
             return sessions_main(args[1:])
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("Loaded configuration from %s", settings.config_path)
         for message in advisories(settings):
             logger.warning(message)
-        from kv_cache.runner import run_benchmark
+        from kv_cache.app import run_benchmark
 
         return run_benchmark(settings)
     except UsageError as exc:

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
-from kv_cache.metrics import RunMetrics
+from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore

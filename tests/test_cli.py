@@ -9,11 +9,11 @@ import pytest
 
 from kv_cache import cli
 from kv_cache.cli import build_parser, main, parse_settings
-from kv_cache.config import BenchConfig, ValidationLimits
+from kv_cache.config.run import RunSettings
+from kv_cache.config.schema import BenchConfig, ValidationLimits
+from kv_cache.config.validation import advisories, check_cache_dir, unimplemented_features, validate_args
 from kv_cache.errors import UsageError
 from kv_cache.models import MODEL_CONFIGS
-from kv_cache.settings import RunSettings
-from kv_cache.validation import advisories, check_cache_dir, unimplemented_features, validate_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -634,7 +634,7 @@ def test_main_version(capsys):
 
 @pytest.fixture
 def fake_runner(monkeypatch):
-    module = types.ModuleType("kv_cache.runner")
+    module = types.ModuleType("kv_cache.app")
     calls = []
 
     def run_benchmark(settings):
@@ -643,7 +643,7 @@ def fake_runner(monkeypatch):
 
     module.run_benchmark = run_benchmark
     module.calls = calls
-    monkeypatch.setitem(sys.modules, "kv_cache.runner", module)
+    monkeypatch.setitem(sys.modules, "kv_cache.app", module)
     monkeypatch.setattr(cli, "configure_logging", lambda level: None)
     return module
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.config import BenchConfig, ModelConfig, config_from_mapping, load_config
+from kv_cache.config.schema import BenchConfig, ModelConfig, config_from_mapping, load_config
 from kv_cache.errors import ConfigError, UsageError
 
 ROOT_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from kv_cache.runner import execute
+from kv_cache.app import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """RunMetrics: windowing and honest byte accounting."""
 
-from kv_cache.metrics import RunMetrics, percentiles_ms
+from kv_cache.metrics.recorder import RunMetrics, percentiles_ms
 from kv_cache.storage.base import IOResult
 
 

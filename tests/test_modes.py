@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kv_cache.app import execute
 from kv_cache.cli import parse_settings
 from kv_cache.errors import UsageError
-from kv_cache.runner import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kv_cache.app import execute
 from kv_cache.cli import parse_settings
 from kv_cache.errors import UsageError
-from kv_cache.runner import execute
 from kv_cache.workload.traces import block_reuse, open_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"

@@ -3,7 +3,7 @@
 import json
 import os
 
-from kv_cache.runner import execute
+from kv_cache.app import execute
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 
 # Reference keys (spec 12.1, 9.3, 7.9) that must be present with these names.

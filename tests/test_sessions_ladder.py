@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from kv_cache.sessions.cli import main as sessions_main
-from kv_cache.sessions.cli import resolve, script_supply
-from kv_cache.sessions.ladder import RungRun
+from kv_cache.driver.ladder import RungRun
+from kv_cache.sessions_cli import main as sessions_main
+from kv_cache.sessions_cli import resolve, script_supply
 
 SMALL = ("sessions:\n  first_turn_tokens_mean: 3000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"
          "  new_tokens_median: 1000\n  output_tokens_mean: 60\n  output_tokens_median: 40\n  turns_mean: 6\n"

@@ -1,4 +1,4 @@
-"""Session scripts (kv_cache.sessions.scripts): generator, trace adapter, pace transform, turn classes."""
+"""Session scripts (kv_cache.workload.sessions): generator, trace adapter, pace transform, turn classes."""
 
 import dataclasses
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kv_cache.config import SessionsConfig, load_config
-from kv_cache.sessions.scripts import (
+from kv_cache.config.schema import SessionsConfig, load_config
+from kv_cache.workload.sessions import (
     Pace,
     SessionScript,
     Turn,

@@ -1,10 +1,10 @@
-"""Confidence intervals without scipy (kv_cache.sessions.stats): known quantiles, hand-computed CIs."""
+"""Confidence intervals without scipy (kv_cache.metrics.stats): known quantiles, hand-computed CIs."""
 
 import math
 
 import pytest
 
-from kv_cache.sessions.stats import (
+from kv_cache.metrics.stats import (
     CI,
     batch_means,
     bootstrap_percentile_ci,

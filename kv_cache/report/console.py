@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from kv_cache.metrics import GIB
+from kv_cache.metrics.recorder import GIB
 
 LINE = "=" * 80
 

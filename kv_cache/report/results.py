@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kv_cache.metrics import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
+from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
 from kv_cache.workload.qos import QOS_LEVELS
 
 TIERS = ("gpu", "cpu", "storage")
@@ -110,7 +110,7 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
     Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
     data, and no more failed requests than allowed (the reference only asked for "> 0")."""
     if criteria_cfg is None:
-        from kv_cache.config import PerformanceCriteria
+        from kv_cache.config.schema import PerformanceCriteria
 
         criteria_cfg = PerformanceCriteria()
     c = criteria_cfg

@@ -28,9 +28,9 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kv_cache.autoscale import Autoscaler, IntervalSample
 from kv_cache.cache import STAT_NAMES, MultiTierCache
-from kv_cache.metrics import GIB, RunMetrics
+from kv_cache.driver.autoscale import Autoscaler, IntervalSample
+from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.storage.base import IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.request import Phase, RequestPlan, decode_reads

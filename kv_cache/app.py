@@ -21,21 +21,21 @@ from typing import Any
 import numpy as np
 
 from kv_cache import __version__
-from kv_cache.autoscale import Autoscaler
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
-from kv_cache.driver import Driver, DriverOptions, DriverOutcome
+from kv_cache.config.run import RunSettings
+from kv_cache.driver.autoscale import Autoscaler
+from kv_cache.driver.phases import fill, ingest_rag, precondition_items, prepopulation_items
+from kv_cache.driver.scheduler import Driver, DriverOptions, DriverOutcome
 from kv_cache.errors import UsageError
-from kv_cache.iotrace import IOTraceWriter, NullStore
-from kv_cache.metrics import GIB, RunMetrics
-from kv_cache.phases import fill, ingest_rag, precondition_items, prepopulation_items
+from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.report import xlsx
 from kv_cache.report.console import print_report
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.results import build_summary, harness_keys, request_lists
-from kv_cache.settings import RunSettings
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
+from kv_cache.storage.tracelog import IOTraceWriter, NullStore
 from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
 from kv_cache.workload.rag import RagCorpus, build_documents

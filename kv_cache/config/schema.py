@@ -16,12 +16,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kv_cache.config.run import IO_MODES
 from kv_cache.errors import ConfigError
 from kv_cache.models import ATTENTION_TYPES, DTYPE_BYTES, MODEL_CONFIGS, NEW_MODEL_DEFAULTS, ModelConfig
-from kv_cache.settings import IO_MODES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kv_cache.sessions.gpu import GPUSpec
+    from kv_cache.models import GPUSpec
 
 __all__ = [
     "AutoscalerConfig",
@@ -272,7 +272,7 @@ class PerformanceCriteria:
 
 @dataclass(frozen=True)
 class InferenceModelConfig:
-    """Our own section (sessions mode): efficiencies of the modelled inference engine (kv_cache.sessions.gpu).
+    """Our own section (sessions mode): efficiencies of the modelled inference engine (kv_cache.engine.roofline).
 
     Assumptions to tune, from typical vLLM / SGLang measurements: long prefills reach ~40-60 % MFU, decode
     steps ~70-85 % of peak HBM bandwidth; 10 % of HBM is kept for activations / workspace (vLLM's default
@@ -287,7 +287,7 @@ class InferenceModelConfig:
 
 @dataclass(frozen=True)
 class SessionsConfig:
-    """Our own section (sessions mode): the built-in session generator (kv_cache.sessions.scripts) and the
+    """Our own section (sessions mode): the built-in session generator (kv_cache.workload.sessions) and the
     turn classifier. Shaped like the NVIDIA AIPerf agentic-code generator (lognormal new tokens per turn
     and output lengths, an agentic / human pause mixture, a shared system prompt, 512-token blocks,
     sessions that end before they exceed the context limit); the numbers are our defaults."""
@@ -403,8 +403,8 @@ _ORDERED_PAIRS = {
 
 
 def _builtin_gpus() -> Mapping[str, GPUSpec]:
-    # imported here, not at the top: kv_cache.sessions modules may import this module
-    from kv_cache.sessions.gpu import GPU_SPECS
+    # imported lazily: models is a leaf module, this keeps the schema importable on its own
+    from kv_cache.models import GPU_SPECS
 
     return GPU_SPECS
 
@@ -590,7 +590,7 @@ def _build_models(data: Any, source: str) -> FrozenMap:
 
 def _build_gpus(data: Any, source: str) -> FrozenMap:
     """Built-in GPUs merged with the YAML ones, field by field; a new GPU must give its three numbers."""
-    from kv_cache.sessions.gpu import GPUSpec
+    from kv_cache.models import GPUSpec
 
     gpus = dict(_builtin_gpus())
     if data is None:

@@ -20,14 +20,14 @@ from typing import Any, NoReturn, TextIO
 
 from kv_cache import __version__
 from kv_cache.cache import EvictionPolicy
-from kv_cache.config import load_config
+from kv_cache.config.schema import load_config
+from kv_cache.config.validation import check_cache_dir
+from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings, RungRun, flag_work_equivalence, summarize
+from kv_cache.engine import roofline as gpumod
 from kv_cache.errors import UsageError
-from kv_cache.metrics import GIB
+from kv_cache.metrics.recorder import GIB
 from kv_cache.report.jsonfile import write_json_atomic
-from kv_cache.sessions import gpu as gpumod
-from kv_cache.sessions.ladder import TIER_CONFIGS, LadderSettings, RungRun, flag_work_equivalence, summarize
-from kv_cache.sessions.scripts import generate_sessions, parse_pace, sessions_from_trace
-from kv_cache.validation import check_cache_dir
+from kv_cache.workload.sessions import generate_sessions, parse_pace, sessions_from_trace
 from kv_cache.workload.traces import TraceError, open_trace
 
 log = logging.getLogger("kv_cache.sessions")

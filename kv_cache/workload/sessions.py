@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kv_cache.config import SessionsConfig
+    from kv_cache.config.schema import SessionsConfig
     from kv_cache.workload.traces import TraceRequest, TraceSource
 
 __all__ = [

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kv_cache.config import BenchConfig
+    from kv_cache.config.schema import BenchConfig
     from kv_cache.models import ModelConfig
 
 GENERATION_MODES = ("none", "fast", "realistic")

@@ -21,13 +21,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
-from kv_cache.metrics import GIB, RunMetrics
-from kv_cache.sessions import gpu as gpumod
-from kv_cache.sessions.engine import IOPool, Replica, TurnRequest
-from kv_cache.sessions.scripts import SessionScript, apply_pace, classify_turn
-from kv_cache.sessions.stats import CI, mean_ci, ratio_ci
+from kv_cache.engine import roofline as gpumod
+from kv_cache.engine.replica import IOPool, Replica, TurnRequest
+from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.metrics.stats import CI, mean_ci, ratio_ci
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
+from kv_cache.workload.sessions import SessionScript, apply_pace, classify_turn
 
 log = logging.getLogger("kv_cache.sessions")
 

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from kv_cache.cache import MultiTierCache
-from kv_cache.metrics import GIB
+from kv_cache.metrics.recorder import GIB
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.rag import RagCorpus, RagDocument
 
-log = logging.getLogger("kv_cache.phases")
+log = logging.getLogger("kv_cache.driver.phases")
 
 
 def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: Callable[[int], int], threads: int,

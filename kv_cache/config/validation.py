@@ -10,7 +10,7 @@ import math
 import os
 from typing import Any
 
-from kv_cache.config import ValidationLimits
+from kv_cache.config.schema import ValidationLimits
 
 __all__ = [
     "SYSTEM_TREES",

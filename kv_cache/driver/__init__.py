@@ -1,0 +1,1 @@
+"""When things happen: the scheduler, its load shapes (autoscaler, sessions ladder) and the run phases."""

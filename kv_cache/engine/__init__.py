@@ -1,0 +1,1 @@
+"""The modelled GPU: roofline iteration cost, HBM prefix cache and continuous batching per replica."""

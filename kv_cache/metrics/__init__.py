@@ -1,0 +1,1 @@
+"""What was measured: the run recorder and the one statistics module."""
