@@ -1,8 +1,16 @@
 import io
+import threading
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kv_cache.cli import parse_settings
+from kv_cache.storage import BLOCK, WorkerBuffers, key_id
+
+# Small real traces committed with the tests (first 300 rows of the Mooncake traces, two WEKA agentic
+# sessions), so no test depends on data outside the repository.
+TRACE_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 
 @pytest.fixture
@@ -31,3 +39,98 @@ def quick_settings(tmp_path):
 @pytest.fixture
 def sink():
     return io.StringIO()
+
+
+@pytest.fixture(scope="session")
+def traces_dir() -> Path:
+    return TRACE_FIXTURES
+
+
+# ----------------------------------------------------------------------------------------- storage tests
+@pytest.fixture
+def bufs(request):
+    """One worker's buffers, sized by the requesting test module's CHUNK (the storage tests' chunk grid)."""
+    b = WorkerBuffers(request.module.CHUNK, 5, 0)
+    yield b
+    b.close()
+
+
+def _expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int, lead: int = 0) -> np.ndarray:
+    """The payload a store must hold for ``key`` written through ``bufs``.
+
+    Chunks follow the store's grid: ``lead`` is what shares the first chunk with the payload (a
+    FileStore's 4 KiB header, nothing in RAM), so the first chunk carries ``chunk - lead`` bytes.
+    """
+    out = []
+    kid = key_id(key)
+    total = -(-nbytes // BLOCK) * BLOCK
+    off = 0
+    n = min(bufs.chunk_bytes - lead, total)
+    while off < total:
+        bufs.stamp(kid, off // BLOCK, n // BLOCK)
+        out.append(bufs.write_buf[:n].copy())
+        off += n
+        n = min(bufs.chunk_bytes, total - off)
+    return np.concatenate(out)[:nbytes] if out else np.zeros(0, np.uint8)
+
+
+def _read_all(store, key: str, bufs: WorkerBuffers, verify: bool = True):
+    """The entry's bytes as the store hands them out chunk by chunk, and the read's IOResult."""
+    chunks = []
+    res = store.read(
+        key, bufs, verify=verify, on_chunk=lambda c, v: chunks.append(np.frombuffer(v, np.uint8).copy())
+    )
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)), res
+
+
+class _SetAfterFirstCheck(threading.Event):
+    """A stop event that lets the first chunk through and stops everything after it."""
+
+    calls = 0
+
+    def is_set(self):
+        self.calls += 1
+        return self.calls > 1
+
+
+@pytest.fixture
+def expected_bytes():
+    return _expected_bytes
+
+
+@pytest.fixture
+def read_all():
+    return _read_all
+
+
+@pytest.fixture
+def stop_after_first():
+    return _SetAfterFirstCheck()
+
+
+@pytest.fixture
+def run_workers(request):
+    """``run(work, n, seed)``: ``work(worker_id, bufs)`` on n threads at once, each with its own buffers
+    (as the benchmark's workers have); returns the exceptions they raised."""
+    chunk = request.module.CHUNK
+
+    def run(work, nworkers: int, seed: int = 1) -> list[BaseException]:
+        errors: list[BaseException] = []
+
+        def one(wid: int) -> None:
+            b = WorkerBuffers(chunk, seed, wid)
+            try:
+                work(wid, b)
+            except Exception as e:  # reported to the test, which asserts there is none
+                errors.append(e)
+            finally:
+                b.close()
+
+        threads = [threading.Thread(target=one, args=(w,)) for w in range(nworkers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return errors
+
+    return run

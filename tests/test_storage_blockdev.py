@@ -3,23 +3,22 @@ import os
 
 import pytest
 
-from kv_cache.storage import BlockDeviceCounter, FileStore, RunDir, WorkerBuffers, mount_info
+from kv_cache.storage import BlockDeviceCounter, FileStore, RunDir, mount_info
 from kv_cache.storage.rundir import MARKER, read_marker, stale_run_dirs
 
 CHUNK = 16 * 4096
 
 
-def test_blockdev_for_tmp_counts_what_we_write(tmp_path):
+def test_blockdev_for_tmp_counts_what_we_write(tmp_path, bufs):
     c = BlockDeviceCounter.for_path(tmp_path)
     if c is None:
         pytest.skip(f"{tmp_path} is not on a block device here")
     assert c.name
     r0, w0 = c.snapshot()
     s = FileStore(tmp_path, CHUNK)
-    b = WorkerBuffers(CHUNK, 0, 0)
     try:
         for i in range(4):
-            s.write(f"k{i}", 2 * CHUNK, b)
+            s.write(f"k{i}", 2 * CHUNK, bufs)
         r1, w1 = c.snapshot()
         assert r1 >= r0 and w1 >= w0
         if s.io_mode == "direct":  # O_DIRECT + fdatasync: the data reached the device
@@ -28,7 +27,6 @@ def test_blockdev_for_tmp_counts_what_we_write(tmp_path):
         assert st.write_bytes >= w1 and st.write_ios > 0
     finally:
         s.close()
-        b.close()
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")

@@ -26,29 +26,6 @@ CHUNK = 4 * BLOCK
 SHM = "/dev/shm"
 
 
-def expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int, lead: int = BLOCK) -> np.ndarray:
-    """Payload of an entry: chunks on the file's chunk grid (the first is chunk - header long)."""
-    out = []
-    kid = key_id(key)
-    total = -(-nbytes // BLOCK) * BLOCK
-    off = 0
-    n = min(bufs.chunk_bytes - lead, total)
-    while off < total:
-        bufs.stamp(kid, off // BLOCK, n // BLOCK)
-        out.append(bufs.write_buf[:n].copy())
-        off += n
-        n = min(bufs.chunk_bytes, total - off)
-    return np.concatenate(out)[:nbytes] if out else np.zeros(0, np.uint8)
-
-
-def read_all(store, key, bufs, verify=True):
-    chunks = []
-    res = store.read(
-        key, bufs, verify=verify, on_chunk=lambda c, v: chunks.append(np.frombuffer(v, np.uint8).copy())
-    )
-    return (np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)), res
-
-
 def direct_works(path) -> bool:
     try:
         s = FileStore(path, CHUNK, io_mode="direct")
@@ -56,13 +33,6 @@ def direct_works(path) -> bool:
         return False
     s.close()
     return True
-
-
-@pytest.fixture
-def bufs():
-    b = WorkerBuffers(CHUNK, 5, 0)
-    yield b
-    b.close()
 
 
 @pytest.fixture(params=["direct", "buffered"])
@@ -74,10 +44,11 @@ def store(request, tmp_path):
     s.close()
 
 
-def test_auto_mode_on_tmp_is_direct(tmp_path):
+def test_auto_mode_is_direct_where_forced_direct_opens(tmp_path):
     s = FileStore(tmp_path, CHUNK)
     try:
-        assert s.io_mode in ("direct", "buffered")
+        # auto must pick O_DIRECT exactly where a store forced to O_DIRECT can open (not on tmpfs, say)
+        assert s.io_mode == ("direct" if direct_works(tmp_path) else "buffered"), s.io_mode_reason
         if s.fs_type in ("ext4", "xfs"):
             assert s.io_mode == "direct", s.io_mode_reason
         assert isinstance(s, Store) and s.name == "nvme"
@@ -93,12 +64,12 @@ def test_npy_header_is_4096_and_parses():
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 5000, BLOCK, CHUNK, CHUNK + 1, 3 * CHUNK + 777])
-def test_round_trip(store, bufs, nbytes):
+def test_round_trip(store, bufs, nbytes, expected_bytes, read_all):
     w = store.write("entry", nbytes, bufs)
     assert w.nbytes == nbytes
     assert w.device_bytes == BLOCK + -(-nbytes // BLOCK) * BLOCK
     assert w.total_ns == w.device_ns + w.host_ns and w.device_ns > 0 and w.host_ns >= 0
-    exp = expected_bytes(bufs, "entry", nbytes)
+    exp = expected_bytes(bufs, "entry", nbytes, lead=BLOCK)
     got, r = read_all(store, "entry", bufs)
     assert r.nbytes == nbytes and r.device_bytes == -(-nbytes // BLOCK) * BLOCK
     assert np.array_equal(got, exp)
@@ -196,11 +167,11 @@ def test_missing_key_and_delete(store, bufs):
         store.read("k", bufs)
 
 
-def test_overwrite(store, bufs):
+def test_overwrite(store, bufs, expected_bytes, read_all):
     store.write("k", 3 * CHUNK, bufs)
     store.write("k", 100, bufs)
     got, r = read_all(store, "k", bufs)
-    assert r.nbytes == 100 and np.array_equal(got, expected_bytes(bufs, "k", 100))
+    assert r.nbytes == 100 and np.array_equal(got, expected_bytes(bufs, "k", 100, lead=BLOCK))
     assert np.load(store.path_of("k")).size == 100
 
 
@@ -217,7 +188,7 @@ def test_key_sanitizing(store, bufs):
     assert file_name("conv_user_0001_17_turn_2") == "conv_user_0001_17_turn_2.npy"
 
 
-def test_stop_event_aborts_and_leaves_no_file(store, bufs):
+def test_stop_event_aborts_and_leaves_no_file(store, bufs, stop_after_first):
     ev = threading.Event()
     ev.set()
     with pytest.raises(IOAborted) as ei:
@@ -225,15 +196,8 @@ def test_stop_event_aborts_and_leaves_no_file(store, bufs):
     assert ei.value.device_bytes == 0
     assert "k" not in store and not store.path_of("k").exists()
 
-    class AfterFirst(threading.Event):
-        calls = 0
-
-        def is_set(self):
-            self.calls += 1
-            return self.calls > 1
-
     with pytest.raises(IOAborted) as ei:
-        store.write("k", 3 * CHUNK, bufs, stop=AfterFirst())
+        store.write("k", 3 * CHUNK, bufs, stop=stop_after_first)
     assert ei.value.device_bytes == CHUNK  # the first chunk of the file: header + CHUNK - 4 KiB payload
     assert ei.value.device_ns > 0  # the device time it cost (for busy time / achieved queue depth)
     assert "k" not in store and not store.path_of("k").exists()
@@ -265,7 +229,7 @@ def test_write_error_removes_partial_file(store, bufs, monkeypatch):
     store.read("k", bufs, verify=True)
 
 
-def test_short_writes_are_completed(store, bufs, monkeypatch):
+def test_short_writes_are_completed(store, bufs, monkeypatch, expected_bytes, read_all):
     real = os.pwritev
 
     def short(fd, iov, off):  # at most one block per call
@@ -276,10 +240,10 @@ def test_short_writes_are_completed(store, bufs, monkeypatch):
     store.write("k", 2 * CHUNK + 5, bufs)
     monkeypatch.setattr(files_mod.os, "pwritev", real)
     got, _ = read_all(store, "k", bufs)
-    assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5))
+    assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5, lead=BLOCK))
 
 
-def test_short_reads_are_completed(store, bufs, monkeypatch):
+def test_short_reads_are_completed(store, bufs, monkeypatch, expected_bytes, read_all):
     store.write("k", 2 * CHUNK + 5, bufs)
     real = os.preadv
 
@@ -288,32 +252,19 @@ def test_short_reads_are_completed(store, bufs, monkeypatch):
 
     monkeypatch.setattr(files_mod.os, "preadv", short)
     got, _ = read_all(store, "k", bufs)
-    assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5))
+    assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5, lead=BLOCK))
 
 
-def test_concurrent_workers(store):
-    errors = []
+def test_concurrent_workers(store, run_workers):
+    def work(wid, b):
+        for i in range(8):
+            key = f"w{wid}_{i}"
+            store.write(key, CHUNK + 1000 * i, b)
+            store.read(key, b, verify=True)
+            if i % 2:
+                store.delete(key)
 
-    def work(wid):
-        b = WorkerBuffers(CHUNK, 1, wid)
-        try:
-            for i in range(8):
-                key = f"w{wid}_{i}"
-                store.write(key, CHUNK + 1000 * i, b)
-                store.read(key, b, verify=True)
-                if i % 2:
-                    store.delete(key)
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
-        finally:
-            b.close()
-
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert run_workers(work, 4, seed=1) == []
     assert len(store) == 16
 
 

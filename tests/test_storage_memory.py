@@ -10,40 +10,11 @@ from kv_cache.storage import (
     MemoryStore,
     Store,
     StoreFull,
-    WorkerBuffers,
     key_id,
 )
 
 CHUNK = 4 * BLOCK
 SLAB = 2 * BLOCK
-
-
-def expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int) -> np.ndarray:
-    """The logical entry bytes a store must hold for ``key`` written through ``bufs``."""
-    out = []
-    kid = key_id(key)
-    cb = bufs.chunk_bytes // BLOCK
-    total = -(-nbytes // BLOCK) * BLOCK
-    for c, off in enumerate(range(0, total, bufs.chunk_bytes)):
-        n = min(bufs.chunk_bytes, total - off)
-        bufs.stamp(kid, c * cb, n // BLOCK)
-        out.append(bufs.write_buf[:n].copy())
-    return np.concatenate(out)[:nbytes] if out else np.zeros(0, np.uint8)
-
-
-def read_all(store, key, bufs, verify=True):
-    chunks = []
-    res = store.read(
-        key, bufs, verify=verify, on_chunk=lambda c, v: chunks.append(np.frombuffer(v, np.uint8).copy())
-    )
-    return (np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)), res
-
-
-@pytest.fixture
-def bufs():
-    b = WorkerBuffers(CHUNK, 3, 0)
-    yield b
-    b.close()
 
 
 def test_is_a_store():
@@ -54,7 +25,7 @@ def test_is_a_store():
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 5000, BLOCK, CHUNK, 3 * CHUNK + 123])
-def test_round_trip(bufs, nbytes):
+def test_round_trip(bufs, nbytes, expected_bytes, read_all):
     m = MemoryStore(1 << 20, slab_bytes=SLAB)
     w = m.write("k", nbytes, bufs)
     assert w.nbytes == nbytes and w.device_bytes == -(-nbytes // BLOCK) * BLOCK
@@ -98,7 +69,7 @@ def test_missing_key_and_delete(bufs):
         m.read("k", bufs)
 
 
-def test_store_full_releases_and_slabs_are_reused(bufs):
+def test_store_full_releases_and_slabs_are_reused(bufs, expected_bytes, read_all):
     m = MemoryStore(4 * SLAB, slab_bytes=SLAB, spare_slabs=0)
     assert m.nslabs == 4 and m.free_slabs == 4
     m.write("a", 3 * SLAB, bufs)
@@ -125,7 +96,7 @@ def test_spare_slabs_and_footprint():
     m.close()
 
 
-def test_overwrite_frees_old_slabs(bufs):
+def test_overwrite_frees_old_slabs(bufs, read_all):
     m = MemoryStore(8 * SLAB, slab_bytes=SLAB, spare_slabs=0)
     m.write("k", 6 * SLAB, bufs)
     assert m.free_slabs == 2
@@ -147,7 +118,7 @@ def test_capacity_zero_stores_nothing(bufs):
     m.close()
 
 
-def test_stop_event_aborts_and_releases(bufs):
+def test_stop_event_aborts_and_releases(bufs, stop_after_first):
     m = MemoryStore(1 << 20, slab_bytes=SLAB, spare_slabs=0)
     free = m.free_slabs
     ev = threading.Event()
@@ -156,15 +127,8 @@ def test_stop_event_aborts_and_releases(bufs):
         m.write("k", 3 * CHUNK, bufs, stop=ev)
     assert "k" not in m and m.free_slabs == free
 
-    class AfterFirst(threading.Event):
-        calls = 0
-
-        def is_set(self):
-            self.calls += 1
-            return self.calls > 1
-
     with pytest.raises(IOAborted) as ei:
-        m.write("k", 3 * CHUNK, bufs, stop=AfterFirst())
+        m.write("k", 3 * CHUNK, bufs, stop=stop_after_first)
     assert ei.value.device_bytes == CHUNK
     assert "k" not in m and m.free_slabs == free
 
@@ -201,26 +165,16 @@ def test_prefault_touches_pages():
     m.close()
 
 
-def test_concurrent_workers(tmp_path):
+def test_concurrent_workers(run_workers):
     m = MemoryStore(64 * CHUNK, slab_bytes=SLAB)
-    errors = []
 
-    def work(wid):
-        b = WorkerBuffers(CHUNK, 9, wid)
-        try:
-            for i in range(20):
-                key = f"w{wid}_{i}"
-                m.write(key, CHUNK + 17 * i, b)
-                m.read(key, b, verify=True)
-                m.delete(key)
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
+    def work(wid, b):
+        for i in range(20):
+            key = f"w{wid}_{i}"
+            m.write(key, CHUNK + 17 * i, b)
+            m.read(key, b, verify=True)
+            m.delete(key)
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert run_workers(work, 4, seed=9) == []
     assert m.free_slabs == m.nslabs
     m.close()

@@ -1,5 +1,4 @@
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -12,32 +11,10 @@ from kv_cache.storage import (
     MemoryStore,
     StoreFull,
     WorkerBuffers,
-    key_id,
 )
 
 CHUNK = 4 * BLOCK
 SLAB = 2 * BLOCK
-
-
-def expected_bytes(bufs: WorkerBuffers, key: str, nbytes: int, lead: int = 0) -> np.ndarray:
-    """Payload written by ``bufs``: chunks on the store's grid (a FileStore's first is chunk - header)."""
-    out = []
-    kid = key_id(key)
-    total = -(-nbytes // BLOCK) * BLOCK
-    off = 0
-    n = min(bufs.chunk_bytes - lead, total)
-    while off < total:
-        bufs.stamp(kid, off // BLOCK, n // BLOCK)
-        out.append(bufs.write_buf[:n].copy())
-        off += n
-        n = min(bufs.chunk_bytes, total - off)
-    return np.concatenate(out)[:nbytes] if out else np.zeros(0, np.uint8)
-
-
-def read_all(store, key, bufs):
-    chunks = []
-    store.read(key, bufs, verify=True, on_chunk=lambda c, v: chunks.append(np.frombuffer(v, np.uint8).copy()))
-    return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
 
 
 @pytest.fixture(params=["auto", "buffered"])
@@ -50,7 +27,7 @@ def stores(request, tmp_path):
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 5000, CHUNK, 3 * CHUNK + 99])
-def test_memory_to_file_and_back(stores, nbytes):
+def test_memory_to_file_and_back(stores, nbytes, expected_bytes, read_all):
     m, f = stores
     writer = WorkerBuffers(CHUNK, 1, 0)
     mover = WorkerBuffers(CHUNK, 2, 1)  # another worker: moves must not depend on its fill
@@ -63,13 +40,13 @@ def test_memory_to_file_and_back(stores, nbytes):
     assert r.total_ns == r.device_ns + r.host_ns and w.total_ns == w.device_ns + w.host_ns
     assert "k" not in m and "k" in f
     assert m.free_slabs == m.nslabs
-    assert np.array_equal(read_all(f, "k", mover), exp)
+    assert np.array_equal(read_all(f, "k", mover)[0], exp)
     assert np.array_equal(np.load(f.path_of("k")), exp)
 
     r, w = f.move_to("k", m, mover)
     assert r.nbytes == w.nbytes == nbytes
     assert "k" in m and "k" not in f and not f.path_of("k").exists()
-    assert np.array_equal(read_all(m, "k", writer), exp)
+    assert np.array_equal(read_all(m, "k", writer)[0], exp)
 
 
 def test_move_to_full_memory_keeps_source(stores):
@@ -82,20 +59,13 @@ def test_move_to_full_memory_keeps_source(stores):
     f.read("big", b, verify=True)
 
 
-def test_move_stop_keeps_source_and_leaves_no_partial(stores):
+def test_move_stop_keeps_source_and_leaves_no_partial(stores, stop_after_first):
     m, f = stores
     b = WorkerBuffers(CHUNK, 1, 0)
     m.write("k", 3 * CHUNK, b)
 
-    class AfterFirst(threading.Event):
-        calls = 0
-
-        def is_set(self):
-            self.calls += 1
-            return self.calls > 1
-
     with pytest.raises(IOAborted) as ei:
-        m.move_to("k", f, b, stop=AfterFirst())
+        m.move_to("k", f, b, stop=stop_after_first)
     # one chunk of the file grid moved: CHUNK - 4 KiB read from RAM, header + that written to the file
     assert ei.value.device_bytes == (CHUNK - BLOCK) + CHUNK
     assert "k" in m and "k" not in f
@@ -112,7 +82,7 @@ def test_move_missing_key(stores):
         f.move_to("nope", m, b)
 
 
-def test_file_to_file(tmp_path):
+def test_file_to_file(tmp_path, expected_bytes, read_all):
     a = FileStore(tmp_path / "a", CHUNK)
     z = FileStore(tmp_path / "z", CHUNK, io_mode="buffered")
     b = WorkerBuffers(CHUNK, 1, 0)
@@ -120,7 +90,7 @@ def test_file_to_file(tmp_path):
     exp = expected_bytes(b, "k", 2 * CHUNK + 1, lead=BLOCK)
     a.move_to("k", z, b)
     assert "k" not in a
-    assert np.array_equal(read_all(z, "k", b), exp)
+    assert np.array_equal(read_all(z, "k", b)[0], exp)
     a.close()
     z.close()
 
