@@ -3,8 +3,8 @@
 import dataclasses
 import json
 import math
+import shutil
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +24,6 @@ from kv_cache.workload.sessions import (
 )
 from kv_cache.workload.traces import TraceRequest, open_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-AGENTIC = TRACES / "agentic-coding"
-MOONCAKE = TRACES / "mooncake" / "conversation_trace.jsonl"
 CFG = SessionsConfig()
 
 
@@ -318,9 +315,19 @@ def test_aiperf_trace(tmp_path):
     assert [classify_turn(t, 15) for t in a.turns + b.turns] == ["start", "return", "start", "agentic"]
 
 
-@pytest.mark.skipif(not AGENTIC.is_dir(), reason="shared agentic-coding traces not present")
-def test_agentic_coding_traces():
-    source = open_trace(AGENTIC)
+def test_agentic_coding_traces(traces_dir, tmp_path):
+    # the two real conversations, plus one with a sub-agent (they have none) to see child sessions kept
+    for f in sorted((traces_dir / "agentic-coding").glob("*.json")):
+        shutil.copy(f, tmp_path)
+    req = {"type": "n", "model": "m", "out": 5, "input_types": ["tool_result"], "api_time": 1.0}
+    sub = {"type": "subagent", "agent_id": "agent_001", "t": 40.0, "duration_ms": 20_000, "requests": [
+        {**req, "t": 0.0, "in": 200, "hash_ids": [50, 51, 52], "think_time": 0.0},
+        {**req, "t": 5.0, "in": 300, "hash_ids": [50, 51, 52, 53], "think_time": 3.0}]}
+    conv = {"id": "z_sub", "block_size": 64, "hash_id_scope": "local", "requests": [
+        {**req, "t": 0.0, "in": 130, "hash_ids": [1, 2], "think_time": 0.0, "input_types": ["text"]}, sub,
+        {**req, "t": 45.0, "in": 400, "hash_ids": [1, 2, 3, 4, 5, 6], "think_time": 4.0}]}
+    (tmp_path / "z_sub.json").write_text(json.dumps(conv))
+    source = open_trace(tmp_path)
     rows = list(source)
     scripts = sessions_from_trace(source)
     by_session = {}
@@ -329,7 +336,7 @@ def test_agentic_coding_traces():
     assert len(scripts) == len(by_session) == source.stats.sessions
     assert sum(len(s.turns) for s in scripts) == len(rows)
     sub = [s for s in scripts if "/" in s.session_id]
-    assert len(sub) == source.stats.subagents > 0  # sub-agent sessions kept
+    assert [s.session_id for s in sub] == ["z_sub/agent_001"] and source.stats.subagents == 1  # kept
     for s in scripts:
         mine = by_session[s.session_id]
         assert s.block_tokens == 64 and s.shared_prefix_tokens == 0  # hash ids are per conversation
@@ -349,16 +356,36 @@ def test_agentic_coding_traces():
     assert five == scripts[:5]
 
 
-@pytest.mark.skipif(not MOONCAKE.is_file(), reason="shared mooncake trace not present")
-def test_mooncake_conversation_trace_first_500_rows():
-    source = open_trace(MOONCAKE, max_rows=500)
-    rows = list(source)
+def mooncake_sessions(raw: list[dict], block: int = 512) -> dict[str, list[int]]:
+    """The grouping rule of sessions_from_trace, by brute force over the raw rows: a row continues the
+    session whose latest row's complete blocks (>= 2 of them) are the longest prefix of its hash ids
+    (ties: the later session), else starts session "mooncake-<row>". Returns each session's inputs."""
+    latest: dict[str, tuple] = {}
+    inputs: dict[str, list[int]] = {}
+    for i, x in enumerate(raw):
+        ids = tuple(x["hash_ids"])
+        best, best_len = None, 0
+        for name, prefix in latest.items():
+            if len(prefix) >= 2 and ids[: len(prefix)] == prefix and len(prefix) >= best_len:
+                best, best_len = name, len(prefix)
+        name = best or f"mooncake-{i}"
+        latest[name] = ids[: x["input_length"] // block]
+        inputs.setdefault(name, []).append(x["input_length"])
+    return inputs
+
+
+def test_mooncake_conversation_trace_first_200_rows(traces_dir):
+    path = traces_dir / "mooncake" / "conversation_trace_300.jsonl"
+    raw = [json.loads(line) for line in path.read_text().splitlines()[:200]]
+    source = open_trace(path, max_rows=200)
     scripts = sessions_from_trace(source)
-    assert sum(len(s.turns) for s in scripts) == 500
-    assert Counter(inp for s in scripts for _, inp in s.contexts()) == Counter(r.input_tokens for r in rows)
+    assert sum(len(s.turns) for s in scripts) == 200
+    expected = mooncake_sessions(raw)
+    assert {s.session_id: [inp for _, inp in s.contexts()] for s in scripts} == expected
+    assert all(x["hash_ids"][0] == raw[0]["hash_ids"][0] for x in raw)  # one system-prompt block for all
     assert all(s.shared_prefix_tokens == 512 and s.block_tokens == 512 for s in scripts)  # block 0 everywhere
     multi = [s for s in scripts if len(s.turns) > 1]
-    assert 20 <= len(multi) < len(scripts) < 500
+    assert 0 < len(multi) == sum(len(v) > 1 for v in expected.values()) < len(scripts) < 200
     firsts = [int(s.session_id.split("-")[1]) for s in scripts]
     assert firsts == sorted(firsts) and all(s.session_id.startswith("mooncake-") for s in scripts)
     for s in multi:
