@@ -1,0 +1,118 @@
+"""Package layering: the import contracts of pyproject.toml hold, and kv_cache's subpackages form no cycle."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kv_cache"
+
+
+@pytest.mark.xfail(strict=False, reason="layering violations fixed by the pipeline refactor")
+def test_import_contracts_hold():
+    pytest.importorskip("importlinter", reason="import-linter comes with the dev extra")
+    # This checkout's package first on the path: an installed copy elsewhere must not be the one analysed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
+         "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "0 broken" in run.stdout
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Absolute names an import statement inside ``module`` refers to (relative imports resolved)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level == 0:
+            base = node.module or ""
+        else:
+            here = module.split(".") if is_package else module.split(".")[:-1]
+            anchor = here[: len(here) - (node.level - 1)]
+            base = ".".join(anchor + ([node.module] if node.module else []))
+        # `from pkg import name` may name a submodule: count both, the subpackage is what matters here
+        return [base] + [f"{base}.{a.name}" for a in node.names]
+    return []
+
+
+def subpackage_graph() -> dict[str, set[str]]:
+    """kv_cache.<child> -> the other kv_cache.<child>s it imports (anywhere in it, function bodies too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue  # the root package itself: it holds the version only
+        src = ".".join(parts[:2])
+        deps = graph.setdefault(src, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for name in _imported(node, module, path.name == "__init__.py"):
+                target = name.split(".")
+                if len(target) >= 2 and target[0] == "kv_cache" and ".".join(target[:2]) != src:
+                    dep = ".".join(target[:2])
+                    if (PACKAGE / target[1]).is_dir() or (PACKAGE / f"{target[1]}.py").is_file():
+                        deps.add(dep)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_between_subpackages():
+    graph = subpackage_graph()
+    assert {"kv_cache.cli", "kv_cache.storage", "kv_cache.workload"} <= graph.keys()
+    assert "kv_cache.storage" in graph["kv_cache.cache"]  # the scan sees real imports
+    found = cycles(graph)
+    detail = {c: sorted(graph[c] & set(comp)) for comp in found for c in comp}
+    assert found == [], detail
