@@ -10,12 +10,13 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kv_cache.metrics.stats import median  # the calling script has put the checkout on sys.path
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -416,11 +417,12 @@ def fio_jobfile(rw: str, *, qd: int, chunk: int, duration: float, directory: str
 
 
 # ------------------------------------------------------------------------------------------ stats
-def mmm(values: list[float]) -> dict:
+def mmm(values: list[float | None]) -> dict:
+    """min / median / max / n of the values present (None: a run that produced no figure)."""
     v = [x for x in values if x is not None]
     if not v:
         return {"min": None, "median": None, "max": None, "n": 0}
-    return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(v)}
+    return {"min": min(v), "median": median(v), "max": max(v), "n": len(v)}
 
 
 def fmt(x: float | None, nd: int = 3) -> str:

@@ -27,6 +27,7 @@ from kv_cache.driver.autoscale import Autoscaler
 from kv_cache.driver.phases import fill, ingest_rag, precondition_items, prepopulation_items
 from kv_cache.driver.scheduler import Driver, DriverOptions, DriverOutcome
 from kv_cache.errors import UsageError
+from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.report import xlsx
 from kv_cache.report.console import print_report
@@ -426,8 +427,8 @@ def finish_results(results: dict[str, Any], settings: RunSettings, outcome: Driv
         c = results["measurement"]["counters"]
         summary["rag_stats"] = {
             "documents_retrievable": len(rag.live),
-            "chunk_hits": int(c.get("rag_chunk_hits", 0)),
-            "chunk_misses": int(c.get("rag_chunk_misses", 0)),
+            "chunk_hits": int(c.get(names.RAG_CHUNK_HITS, 0)),
+            "chunk_misses": int(c.get(names.RAG_CHUNK_MISSES, 0)),
         }
     if settings.validation_trace_stats is not None and summary is not None:
         cs = summary["cache_stats"]
@@ -562,7 +563,7 @@ def per_turn_stats(metrics: RunMetrics, limit: int = 200) -> list[dict[str, Any]
 
 def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
     c = metrics.snapshot_counters()
-    hits, stores = int(c.get("block_hits", 0)), int(c.get("block_stores", 0))
+    hits, stores = int(c.get(names.BLOCK_HITS, 0)), int(c.get(names.BLOCK_STORES, 0))
     total = hits + stores
     return {
         "kv_block_tokens": kv_block_tokens,
@@ -570,9 +571,9 @@ def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
         "loads": hits,
         "stores": stores,
         "block_hit_rate": hits / total if total else 0.0,
-        "hit_rate_by_tier": {t: int(c.get(f"block_hits_{t}", 0)) / total if total else 0.0
+        "hit_rate_by_tier": {t: int(c.get(names.block_hits_in(t), 0)) / total if total else 0.0
                              for t in ("gpu", "cpu", "storage")},
-        "bytes_saved_by_reuse": int(c.get("block_bytes_reused", 0)),
+        "bytes_saved_by_reuse": int(c.get(names.BLOCK_BYTES_REUSED, 0)),
     }
 
 

@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
@@ -169,7 +170,7 @@ class MultiTierCache:
                 self._cond.wait(0.05)
                 entry = self.entries.get(key)
             if entry is None:
-                self.metrics.count("cache_misses", end_ns=time.perf_counter_ns())
+                self.metrics.count(names.CACHE_MISSES, end_ns=time.perf_counter_ns())
                 return None, 0, 0
             entry.readers += 1
             entry.last_access = time.monotonic()
@@ -188,9 +189,9 @@ class MultiTierCache:
                     self._cond.notify_all()
         end = time.perf_counter_ns()
         if self._record(tier, "read", res, end, cause, entry.tokens, key):
-            self.metrics.count("cache_hits")
-            hit_kind = {"system": "system_prompt_hits", "common": "common_phrase_hits",
-                        "multi_turn": "multi_turn_hits"}.get(cache_type, "user_cache_hits")
+            self.metrics.count(names.CACHE_HITS)
+            hit_kind = {"system": names.SYSTEM_PROMPT_HITS, "common": names.COMMON_PHRASE_HITS,
+                        "multi_turn": names.MULTI_TURN_HITS}.get(cache_type, names.USER_CACHE_HITS)
             self.metrics.count(hit_kind)
         return tier.name, res.total_ns, res.nbytes
 
@@ -209,7 +210,7 @@ class MultiTierCache:
             tier.used -= tier.cost(entry.size)
             self._cond.notify_all()
         tier.store.delete(key)
-        self.metrics.count(f"{tier.stat_name}_deletions")
+        self.metrics.count(names.tier_deletions(tier.stat_name))
         return True
 
     def contains(self, key: str) -> bool:
@@ -318,8 +319,8 @@ class MultiTierCache:
                 except OSError as exc:
                     self.metrics.record_error(f"{step.src.stat_name}_delete", exc)
                 spent += time.perf_counter_ns() - t0
-                self.metrics.count("evictions")
-                self.metrics.count(f"{step.src.stat_name}_deletions")
+                self.metrics.count(names.EVICTIONS)
+                self.metrics.count(names.tier_deletions(step.src.stat_name))
                 continue
             dst = step.dst
             try:
@@ -348,11 +349,11 @@ class MultiTierCache:
                 self._cond.notify_all()
             self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key)
             self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key)
-            self.metrics.count("evictions")
+            self.metrics.count(names.EVICTIONS)
             if dst.name == "cpu":
-                self.metrics.count("offloads_cpu")
+                self.metrics.count(names.OFFLOADS_CPU)
             elif dst.name == "nvme":
-                self.metrics.count("offloads_storage")
+                self.metrics.count(names.OFFLOADS_STORAGE)
             spent += read_res.total_ns + write_res.total_ns
         return spent
 
@@ -362,7 +363,7 @@ class MultiTierCache:
             self.tracer.log(op, res.nbytes, tier.name, key, cause)
         ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause)
         if ok and tier.name == "nvme":
-            self.metrics.count("storage_tokens_processed", tokens)
+            self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
 
     def _note_failure(self, tier: Tier, op: str, exc: BaseException) -> None:

@@ -52,3 +52,47 @@ def test_counters_outside_window_are_ignored():
     m.close_window(100)
     m.count("cache_hits", end_ns=200)
     assert m.snapshot_counters()["cache_hits"] == 1
+
+
+def test_latency_helpers_in_ms_and_empty_cases():
+    from array import array
+
+    from kv_cache.metrics.recorder import mean_ms
+
+    ns = array("q", [1_000_000, 2_000_000, 6_000_000])
+    assert mean_ms(ns) == 3.0 and mean_ms(array("q")) == 0.0
+    assert percentiles_ms(array("q")) == {}
+    assert percentiles_ms([2_000_000, 4_000_000], {"median": 50.0}) == {"median": 3.0}
+    assert list(percentiles_ms(ns)) == ["p50", "p95", "p99", "p999", "p9999"]
+
+
+def test_p95_since_a_mark_sees_only_later_operations():
+    m = RunMetrics()
+    m.open_window(0)
+    for i, ns in enumerate((9_000_000, 1_000_000, 2_000_000)):
+        m.record_io("storage", "read", res(10, ns), 10 + i, "decode")
+    assert m.p95_ms_since("storage", "read", 1) == 1.95
+    assert m.p95_ms_since("storage", "read", 3) is None
+    assert m.p95_ms_since("cpu", "read", 0) is None
+
+
+def test_counter_names_are_the_results_keys():
+    # the names are JSON keys of measurement.counters: pinned, whatever the constants are called
+    from kv_cache.metrics import names
+
+    constants = {k: v for k, v in vars(names).items() if k.isupper()}
+    assert all(v == k.lower() for k, v in constants.items())
+    assert set(constants.values()) == {
+        "cache_hits", "cache_misses", "system_prompt_hits", "common_phrase_hits", "multi_turn_hits",
+        "user_cache_hits", "evictions", "offloads_cpu", "offloads_storage", "storage_tokens_processed",
+        "block_stores", "block_hits", "block_bytes_reused", "prefix_hits", "prefix_misses", "prefix_bytes_saved",
+        "multi_turn_cache_hits", "multi_turn_cache_misses", "rag_chunk_hits", "rag_chunk_misses",
+        "requests_rejected",
+    }
+    assert names.tier_deletions("storage") == "storage_deletions"
+    assert names.block_hits_in("cpu") == "block_hits_cpu"
+    m = RunMetrics()
+    m.open_window(0)
+    m.count(names.PREFIX_BYTES_SAVED, 4096, end_ns=5)
+    m.count(names.PREFIX_BYTES_SAVED, 4096, end_ns=6)
+    assert m.snapshot_counters() == {"prefix_bytes_saved": 8192}

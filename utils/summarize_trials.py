@@ -19,7 +19,9 @@ stress tests are judged on decode bytes read and wall-clock throughput, the cpu_
 on storage throughput; the 70B test reports all three. Configurations other than the three known ones
 (e.g. ``mlperf_v3_prefill_llama3.1-8b_trial1.json``) are summarised too, with no metric marked primary.
 
-Standard library only. Exit status: 0 when at least one trial file was summarised, 1 otherwise.
+Needs the kv_cache package (its statistics module computes the medians, so the tool and this summary
+agree): the checkout this script lives in, else the installed one. Exit status: 0 when at least one
+trial file was summarised, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ import argparse
 import json
 import os
 import re
-import statistics
 import sys
 from typing import Any
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_ROOT, "kv_cache")):  # the checkout's own package: the same version as this script
+    sys.path.insert(0, _ROOT)
+from kv_cache.metrics.stats import median as _median  # noqa: E402
 
 SUMMARY_FILE = "mlperf_submission_summary.json"
 TRIAL_RE = re.compile(r"^mlperf_v3_(?P<config>.+)_trial(?P<trial>\d+)\.json$")
@@ -107,7 +113,7 @@ def read_trial(path: str) -> dict[str, Any]:
 
 def median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
+    return _median(present) if present else None
 
 
 def summarize(directory: str) -> dict[str, Any]:

@@ -12,19 +12,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
 from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
-from kv_cache.metrics.stats import CI, mean_ci, ratio_ci
+from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates, subwindow_values
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.workload.sessions import SessionScript, apply_pace, classify_turn
@@ -83,38 +82,6 @@ class Slot:
     turn: int = 0
     keys: list[str] = field(default_factory=list)  # keys of the session's cached full blocks, in order
     outstanding: bool = False
-
-
-def subwindow_values(
-    samples: list[tuple[float, float]],
-    window: tuple[float, float],
-    k: int,
-    statistic: Callable[[list[float]], float],
-) -> list[float]:
-    """Batch means: the window cut into k equal sub-windows, one statistic per non-empty sub-window."""
-    w0, w1 = window
-    width = (w1 - w0) / k
-    buckets: list[list[float]] = [[] for _ in range(k)]
-    for t, v in samples:
-        if w0 <= t < w1:
-            buckets[min(k - 1, int((t - w0) / width))].append(v)
-    return [statistic(b) for b in buckets if b]
-
-
-def _percentile(q: float) -> Callable[[list[float]], float]:
-    def stat(values: list[float]) -> float:
-        v = sorted(values)
-        pos = (len(v) - 1) * q / 100
-        lo = int(pos)
-        hi = min(lo + 1, len(v) - 1)
-        return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-    return stat
-
-
-def ci_dict(ci: CI) -> dict[str, Any]:
-    d = asdict(ci) if hasattr(ci, "__dataclass_fields__") else dict(ci)
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 class RungRun:
@@ -317,14 +284,8 @@ class RungRun:
         done = [(t, r) for t, r in self.completed if w0 <= t < w1]
         offered = [(t, n) for t, n in self.offered if w0 <= t < w1]
 
-        width = (w1 - w0) / k
-
         def per_gpu_rate(samples: list[tuple[float, float]]) -> list[float]:
-            # every sub-window counts, also an idle one (rate 0), so sum over all k buckets
-            sums = [0.0] * k
-            for t, v in samples:
-                sums[min(k - 1, int((t - w0) / width))] += v
-            return [x / width / gpus for x in sums]
+            return [x / gpus for x in subwindow_rates(samples, window, k)]
 
         # Served tokens (as vLLM counts throughput): prompt (whole context, cached or not) and generated tokens
         # of the turns completed in the window. Recomputing a context adds GPU work, not served tokens.
@@ -339,8 +300,10 @@ class RungRun:
             samples = [(t, v) for t, c, v in self.first_tokens if c == cls and w0 <= t < w1]
             ttft[cls] = {"n": len(samples)}
             for q in (50, 90, 99):
-                values = subwindow_values(samples, window, k, _percentile(q))
-                ttft[cls][f"p{q}_s"] = ci_dict(mean_ci(values)) if values else None
+                # one percentile per sub-window, then their mean and t-interval: TTFTs close in time are
+                # correlated, so the per-turn values are not independent samples
+                values = subwindow_values(samples, window, k, q)
+                ttft[cls][f"p{q}_s"] = mean_ci(values).to_dict() if values else None
         hit_tok = sum(r.hbm_hit_blocks * ls.block_tokens for _, r in done)
         load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
         recompute_tok = sum(r.recomputed_tokens for _, r in done)
@@ -355,12 +318,12 @@ class RungRun:
             "gpus": gpus,
             "window_s": w1 - w0,
             "subwindows": k,
-            "throughput_tokens_per_s_per_gpu": ci_dict(total),
-            "prefill_tokens_per_s_per_gpu": ci_dict(prefill),
-            "decode_tokens_per_s_per_gpu": ci_dict(decode),
-            "gpu_prefill_computed_tokens_per_s_per_gpu": ci_dict(computed),
+            "throughput_tokens_per_s_per_gpu": total.to_dict(),
+            "prefill_tokens_per_s_per_gpu": prefill.to_dict(),
+            "decode_tokens_per_s_per_gpu": decode.to_dict(),
+            "gpu_prefill_computed_tokens_per_s_per_gpu": computed.to_dict(),
             "completed_turns": len(done),
-            "completed_turns_per_s_per_gpu": ci_dict(turns_rate),
+            "completed_turns_per_s_per_gpu": turns_rate.to_dict(),
             "ttft": ttft,
             "kv_sources": {
                 "hbm_hit_share": hit_tok / source_total,
@@ -381,7 +344,7 @@ class RungRun:
                 "turns_completed": len(done),
                 "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
                 "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
-                "new_tokens_per_turn_ci": ci_dict(mean_ci(new_done)) if new_done else None,
+                "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
                 "mean_output_tokens_completed": (sum(r.output_tokens for _, r in done) / len(done))
                 if done
                 else 0.0,
@@ -414,7 +377,7 @@ def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) 
             elif ref is not None and w is not ref:
                 a, b = w["new_tokens_per_turn_ci"], ref["new_tokens_per_turn_ci"]
                 differs = abs(a["estimate"] - b["estimate"]) > tolerance * b["estimate"]
-                separate = a["low"] > b["high"] or b["low"] > a["high"]
+                separate = not CI(**a).overlaps(CI(**b))
                 if differs and separate:
                     reasons.append(f"tokens per completed turn {a['estimate']:.0f} [{a['low']:.0f}, {a['high']:.0f}]"
                                    f" vs {b['estimate']:.0f} [{b['low']:.0f}, {b['high']:.0f}] at this rung")
@@ -457,7 +420,7 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
                 "baseline": base,
                 "effective_capacity_ratio": a["effective_capacity_sessions"]
                 / b["effective_capacity_sessions"],
-                "peak_throughput_ratio": ci_dict(ci),
+                "peak_throughput_ratio": ci.to_dict(),
             }
         )
     by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
@@ -470,7 +433,7 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
             b = by_rung[(base, n)]
             out.setdefault("ratios_by_rung", []).append({
                 "config": cfg, "baseline": base, "sessions": n,
-                "throughput_ratio": ci_dict(ratio_ci(raw[(cfg, n)], raw[(base, n)])),
+                "throughput_ratio": ratio_ci(raw[(cfg, n)], raw[(base, n)]).to_dict(),
                 "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
             })
     return out

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from kv_cache.cache import STAT_NAMES, MultiTierCache
 from kv_cache.driver.autoscale import Autoscaler, IntervalSample
+from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.storage.base import IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
@@ -164,24 +165,24 @@ class Driver:
             for key, tokens in plan.blocks:  # block layout: load what is cached, compute+store the rest
                 tier = self._read_or_write(key, tokens, bufs, "user", "block", io)
                 if tier is None:
-                    m.count("block_stores")
+                    m.count(names.BLOCK_STORES)
                 else:
-                    m.count("block_hits")
-                    m.count(f"block_hits_{STAT_NAMES[tier]}")
-                    m.count("block_bytes_reused", self.entry_bytes(tokens))
+                    m.count(names.BLOCK_HITS)
+                    m.count(names.block_hits_in(STAT_NAMES[tier]))
+                    m.count(names.BLOCK_BYTES_REUSED, self.entry_bytes(tokens))
             if plan.prefix_key is not None:
                 tier = self._read_or_write(plan.prefix_key, plan.prefix_tokens, bufs, "system", "prefix", io)
                 if tier is not None:
-                    m.count("prefix_hits")
-                    m.count("prefix_bytes_saved", plan.prefix_tokens * opt.bytes_per_token)
+                    m.count(names.PREFIX_HITS)
+                    m.count(names.PREFIX_BYTES_SAVED, plan.prefix_tokens * opt.bytes_per_token)
                 else:
-                    m.count("prefix_misses")
+                    m.count(names.PREFIX_MISSES)
             if not opt.decode_only:
                 for key in plan.history_keys:
                     tier, ns, nbytes = cache.access_sized(key, bufs, "multi_turn", cause="history")
                     io[0] += ns
                     io[1] += nbytes
-                    m.count("multi_turn_cache_hits" if tier is not None else "multi_turn_cache_misses")
+                    m.count(names.MULTI_TURN_CACHE_HITS if tier is not None else names.MULTI_TURN_CACHE_MISSES)
                 if plan.phase in (Phase.PREFILL, Phase.PREFILL_DECODE) and not plan.blocks:
                     size = self.entry_bytes(plan.context_tokens)
                     _, ns, wrote = cache.allocate_sized(plan.cache_key, plan.context_tokens, size, bufs, cause="prefill")
@@ -190,7 +191,7 @@ class Driver:
                     prefill_ns = ns
             for key, tokens in plan.rag_chunks:
                 tier = self._read_or_write(key, tokens, bufs, "user", "rag", io)
-                m.count("rag_chunk_hits" if tier is not None else "rag_chunk_misses")
+                m.count(names.RAG_CHUNK_HITS if tier is not None else names.RAG_CHUNK_MISSES)
             if not opt.prefill_only and plan.phase in (Phase.DECODE, Phase.PREFILL_DECODE):
                 key = plan.decode_key if opt.decode_only else plan.cache_key
                 before = io[0]
@@ -332,7 +333,7 @@ class Driver:
                         _, plan = payload
                         if self._work.qsize() >= opt.admission_limit:
                             self._rejected += 1
-                            self.metrics.count("requests_rejected", end_ns=when)
+                            self.metrics.count(names.REQUESTS_REJECTED, end_ns=when)
                         else:
                             self._submit(plan, when)
                             issued += 1
@@ -345,7 +346,7 @@ class Driver:
                         user = self._all_users[arrivals.randrange(self._active)]
                         if self._work.qsize() >= opt.admission_limit:
                             self._rejected += 1
-                            self.metrics.count("requests_rejected", end_ns=when)
+                            self.metrics.count(names.REQUESTS_REJECTED, end_ns=when)
                         else:
                             self._submit(user.next_request(), when)
                             issued += 1

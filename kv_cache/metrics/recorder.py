@@ -12,28 +12,32 @@ import time
 from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kv_cache.storage.base import IOResult
+from kv_cache.metrics.stats import mean, percentile, percentiles
+
+if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not import it
+    from kv_cache.storage.base import IOResult
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
 GIB = float(1 << 30)
 
 
-def percentiles_ms(samples_ns: array | list, keys=PERCENTILES) -> dict[str, float]:
-    """numpy.percentile (linear, as the reference) of nanosecond samples, in milliseconds."""
+def percentiles_ms(samples_ns: array | list, keys: dict[str, float] = PERCENTILES) -> dict[str, float]:
+    """The ``keys`` percentiles of nanosecond samples, in milliseconds ({} when there is none)."""
     if len(samples_ns) == 0:
         return {}
-    arr = np.frombuffer(samples_ns, dtype=np.int64) if isinstance(samples_ns, array) else np.asarray(samples_ns)
-    values = np.percentile(arr, list(keys.values())) / 1e6
-    return {k: float(v) for k, v in zip(keys, values, strict=True)}
+    values = percentiles(samples_ns, list(keys.values()))
+    return {k: v / 1e6 for k, v in zip(keys, values, strict=True)}
 
 
-def mean_ms(samples_ns: array) -> float:
+def mean_ms(samples_ns: array | list) -> float:
+    """Mean of nanosecond samples in milliseconds (0.0 when there is none)."""
     if len(samples_ns) == 0:
         return 0.0
-    return float(np.frombuffer(samples_ns, dtype=np.int64).mean() / 1e6)
+    return mean(samples_ns) / 1e6
 
 
 @dataclass
@@ -219,7 +223,7 @@ class RunMetrics:
             if s is None or len(s.total_ns) <= start:
                 return None
             arr = np.frombuffer(s.total_ns, dtype=np.int64)[start:].copy()
-        return float(np.percentile(arr, 95) / 1e6)
+        return percentile(arr, 95) / 1e6
 
     # -- views --------------------------------------------------------------------------------
     def tier_op(self, tier: str, op: str) -> TierOpStats:

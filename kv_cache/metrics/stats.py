@@ -1,42 +1,48 @@
-"""Confidence intervals for the sessions-mode results (no scipy).
+"""The one statistics module: point statistics and confidence intervals (numpy and stdlib, no scipy).
 
-- Student-t quantiles computed from the t CDF (regularized incomplete beta function, continued fraction)
-  by bisection: exact to ~1e-10 for any confidence level and any (also fractional) degrees of freedom;
-  ``df = inf`` gives the normal quantile.
-- ``mean_ci``: the t-interval ``mean +- t_{(1+c)/2, n-1} x s / sqrt(n)`` (s: sample standard deviation).
+- Percentiles are numpy's linear interpolation (``numpy.percentile``'s default), the definition the
+  reference benchmark reports with; every percentile of the tool goes through ``percentile(s)`` so the
+  figures of both modes, the report and the helper scripts agree.
+- Student-t quantiles come from the t CDF (regularized incomplete beta function, continued fraction)
+  inverted by bisection: accurate to ~1e-10 for any confidence level and any (also fractional) degrees
+  of freedom, where a normal approximation would be far too narrow for the handful of sub-windows a run
+  has; ``df = inf`` gives the normal quantile (``statistics.NormalDist``).
 - Samples taken over one run are autocorrelated (a slow period makes several consecutive requests slow),
-  so per-request values are not independent and a plain t-interval over them is too narrow. The standard
-  remedy is **batch means**: split the measured window into k equal sub-windows, compute the statistic per
-  sub-window, and put a t-interval on those k values (``subwindow_ci``, ``rate_ci``); with sub-windows
-  long compared with the correlation time the k values are close to independent.
+  so a plain t-interval over per-request values is too narrow. Batch means fix that: split the measured
+  window into k equal sub-windows, compute the statistic per sub-window (``subwindow_values``,
+  ``subwindow_rates``) and put a t-interval (``mean_ci``) on those k values; with sub-windows long
+  compared with the correlation time the k values are close to independent.
 - ``ratio_ci``: ratio of two independent means (e.g. throughput with / without a tier), delta method on
   the log ratio with Welch-Satterthwaite degrees of freedom.
-- ``bootstrap_percentile_ci``: percentile bootstrap of a percentile, seeded (i.i.d. values only).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "CI",
-    "batch_means",
-    "bootstrap_percentile_ci",
+    "mean",
     "mean_ci",
+    "median",
     "normal_quantile",
-    "rate_ci",
+    "percentile",
+    "percentiles",
     "ratio_ci",
-    "subwindow_ci",
+    "subwindow_rates",
     "subwindow_values",
     "t_cdf",
     "t_quantile",
 ]
+
+_NORMAL = NormalDist()
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,46 @@ class CI:
         return self.low <= other.high and other.low <= self.high
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a JSON-ready dict: a non-finite number (no value, no interval) becomes None."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = None if isinstance(v, float) and not math.isfinite(v) else v
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Point statistics
+# --------------------------------------------------------------------------------------------------
+
+
+def _array(values: Iterable[float] | np.ndarray) -> np.ndarray:
+    """A 1-D numpy view of ``values`` (no copy for an ndarray or an ``array.array`` buffer)."""
+    arr = np.asarray(values) if hasattr(values, "__len__") else np.fromiter(values, dtype=float)
+    if arr.ndim != 1:
+        raise ValueError("values must be a flat sequence of numbers")
+    if arr.size == 0:
+        raise ValueError("no values")
+    return arr
+
+
+def percentiles(values: Iterable[float] | np.ndarray, qs: Sequence[float]) -> list[float]:
+    """The percentiles ``qs`` (each in [0, 100]) of ``values``, numpy linear interpolation."""
+    return [float(v) for v in np.percentile(_array(values), list(qs))]
+
+
+def percentile(values: Iterable[float] | np.ndarray, q: float) -> float:
+    """Percentile ``q`` in [0, 100] of ``values``, numpy linear interpolation."""
+    return float(np.percentile(_array(values), q))
+
+
+def mean(values: Iterable[float] | np.ndarray) -> float:
+    return float(_array(values).mean())
+
+
+def median(values: Iterable[float] | np.ndarray) -> float:
+    """The middle value, or the mean of the two middle values (as ``statistics.median``)."""
+    return float(np.median(_array(values)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -112,20 +157,28 @@ def _betai(a: float, b: float, x: float) -> float:
     return 1.0 - front * _betacf(b, a, 1.0 - x) / b
 
 
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom (``df = inf``: standard normal)."""
+def _check_probability(p: float) -> float:
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"probability must be in (0, 1), got {p!r}")
+    return p
+
+
+def _check_df(df: float) -> float:
     if not df > 0:
         raise ValueError(f"degrees of freedom must be > 0, got {df!r}")
-    if math.isinf(df):
-        return 0.5 * math.erfc(-t / math.sqrt(2.0))
+    return df
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom (``df = inf``: standard normal)."""
+    if math.isinf(_check_df(df)):
+        return _NORMAL.cdf(t)
     tail = 0.5 * _betai(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
     return 1.0 - tail if t > 0 else tail
 
 
-def _invert(cdf, p: float) -> float:
+def _invert(cdf: Callable[[float], float], p: float) -> float:
     """The x with cdf(x) = p, for a symmetric, increasing cdf (bisection, relative precision ~1e-13)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"probability must be in (0, 1), got {p!r}")
     if p == 0.5:
         return 0.0
     if p < 0.5:
@@ -146,10 +199,9 @@ def _invert(cdf, p: float) -> float:
     return (low + high) / 2.0
 
 
-@functools.lru_cache(maxsize=4096)
 def normal_quantile(p: float) -> float:
     """The standard normal quantile z_p (1.959964 for p = 0.975)."""
-    return _invert(lambda x: 0.5 * math.erfc(-x / math.sqrt(2.0)), p)
+    return _NORMAL.inv_cdf(_check_probability(p))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -158,9 +210,8 @@ def t_quantile(p: float, df: float) -> float:
 
     ``df`` may be fractional (Welch); ``df = inf`` is the normal quantile.
     """
-    if not df > 0:
-        raise ValueError(f"degrees of freedom must be > 0, got {df!r}")
-    if math.isinf(df):
+    _check_probability(p)
+    if math.isinf(_check_df(df)):
         return normal_quantile(p)
     return _invert(lambda x: t_cdf(x, df), p)
 
@@ -176,7 +227,7 @@ def _check_confidence(confidence: float) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
-def _values(values: Iterable[float]) -> np.ndarray:
+def _finite(values: Iterable[float]) -> np.ndarray:
     arr = np.asarray(list(values), dtype=float)
     if arr.ndim != 1:
         raise ValueError("values must be a flat sequence of numbers")
@@ -185,61 +236,46 @@ def _values(values: Iterable[float]) -> np.ndarray:
     return arr
 
 
-def _t_interval(arr: np.ndarray, confidence: float, method: str) -> CI:
-    n = int(arr.size)
-    if n == 0:
-        return CI(math.nan, math.nan, math.nan, 0, f"{method} (n<2: no values)", confidence)
-    mean = float(arr.mean())
-    if n < 2:
-        return CI(mean, mean, mean, n, f"{method} (n<2: no interval)", confidence)
-    se = float(arr.std(ddof=1)) / math.sqrt(n)
-    half = t_quantile((1.0 + confidence) / 2.0, n - 1) * se
-    return CI(mean, mean - half, mean + half, n, method, confidence)
-
-
 def mean_ci(values: Iterable[float], confidence: float = 0.95) -> CI:
     """Mean with its t-interval: ``mean +- t_{(1+confidence)/2, n-1} x s / sqrt(n)``, s with ddof 1.
 
     n < 2: ``low = high = estimate`` (nan for no value) and the method says "n<2".
     """
     _check_confidence(confidence)
-    return _t_interval(_values(values), confidence, "t-interval")
+    arr = _finite(values)
+    n = int(arr.size)
+    if n == 0:
+        return CI(math.nan, math.nan, math.nan, 0, "t-interval (n<2: no values)", confidence)
+    m = float(arr.mean())
+    if n < 2:
+        return CI(m, m, m, n, "t-interval (n<2: no interval)", confidence)
+    se = float(arr.std(ddof=1)) / math.sqrt(n)
+    half = t_quantile((1.0 + confidence) / 2.0, n - 1) * se
+    return CI(m, m - half, m + half, n, "t-interval", confidence)
 
 
 def _subwindow_groups(
-    samples: Iterable[tuple[float, float]], window_start: float, window_end: float, k: int
+    samples: Iterable[tuple[float, float]], window: tuple[float, float], k: int
 ) -> list[list[float]]:
     """The sample values per sub-window: sub-window j is [start + j w, start + (j+1) w), w = (end-start)/k,
-    the last one closed at ``window_end``; samples outside [start, end] are ignored."""
+    the last one closed at the window's end; samples outside the window are ignored."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (sub-windows) must be an integer >= 1, got {k!r}")
-    if not window_end > window_start:
-        raise ValueError(
-            f"the window must have window_end > window_start, got [{window_start}, {window_end}]"
-        )
-    span = window_end - window_start
+    start, end = window
+    if not end > start:
+        raise ValueError(f"the window must have end > start, got [{start}, {end}]")
+    span = end - start
     groups: list[list[float]] = [[] for _ in range(k)]
     for t, value in samples:
-        if t < window_start or t > window_end:
-            continue
-        j = min(k - 1, int((t - window_start) * k / span))
-        groups[j].append(float(value))
+        if start <= t <= end:
+            groups[min(k - 1, int((t - start) * k / span))].append(float(value))
     return groups
 
 
-def batch_means(
-    samples: Iterable[tuple[float, float]], window_start: float, window_end: float, k: int
-) -> list[float]:
-    """Per-sub-window means of ``(t_s, value)`` samples: the window is split into ``k`` equal sub-windows
-    ([start + j w, start + (j+1) w), the last closed at ``window_end``); empty sub-windows are omitted;
-    samples outside the window are ignored."""
-    return [sum(g) / len(g) for g in _subwindow_groups(samples, window_start, window_end, k) if g]
-
-
-def _statistic(statistic: str | float):
-    """(function of a non-empty list, label) for 'mean', a percentile q in [0, 100] or 'pNN'."""
+def _statistic(statistic: str | float) -> Callable[[list[float]], float]:
+    """The function of a non-empty list for 'mean', a percentile q in [0, 100] or 'pNN'."""
     if statistic == "mean":
-        return (lambda g: float(np.mean(g))), "mean"
+        return mean
     q: Any = statistic
     if isinstance(q, str) and q.startswith("p"):
         try:
@@ -248,7 +284,7 @@ def _statistic(statistic: str | float):
             q = None
     if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q <= 100.0:
         raise ValueError(f"statistic must be 'mean', a percentile in [0, 100] or 'pNN', got {statistic!r}")
-    return (lambda g: float(np.percentile(g, q))), f"p{q:g}"
+    return lambda g: percentile(g, q)
 
 
 def subwindow_values(
@@ -257,59 +293,24 @@ def subwindow_values(
     k: int,
     statistic: str | float = "mean",
 ) -> list[float]:
-    """The statistic ('mean', percentile q or 'pNN'; numpy linear percentiles) of each non-empty
-    sub-window of ``window`` (see ``batch_means``)."""
-    fn, _ = _statistic(statistic)
-    return [fn(g) for g in _subwindow_groups(samples, window[0], window[1], k) if g]
+    """Batch means: the statistic ('mean', percentile q or 'pNN') of the ``(t, value)`` samples of each
+    non-empty sub-window of ``window = (start, end)`` cut into ``k`` equal sub-windows (an empty
+    sub-window has no statistic and is omitted)."""
+    fn = _statistic(statistic)
+    return [fn(g) for g in _subwindow_groups(samples, window, k) if g]
 
 
-def subwindow_ci(
-    samples: Iterable[tuple[float, float]],
-    window: tuple[float, float],
-    k: int,
-    statistic: str | float = "mean",
-    confidence: float = 0.95,
-) -> CI:
-    """Batch-means interval of a statistic of ``(t_s, value)`` samples over ``window = (start, end)``.
+def subwindow_rates(
+    samples: Iterable[tuple[float, float]], window: tuple[float, float], k: int
+) -> list[float]:
+    """Per-second rate in each of the ``k`` equal sub-windows of ``window``: the sum of the values of the
+    ``(t, value)`` samples in it (value 1 per event, or e.g. tokens) / the sub-window's length.
 
-    The statistic ('mean', a percentile q in [0, 100] or 'pNN') is computed in each of the ``k`` equal
-    sub-windows (empty ones omitted) and the estimate is the MEAN of those per-sub-window values with their
-    t-interval, so estimate and interval describe the same quantity (for a percentile this is the mean of
-    the sub-window percentiles, not the percentile of the pooled samples).
-    """
-    _check_confidence(confidence)
-    _, label = _statistic(statistic)
-    values = subwindow_values(samples, window, k, statistic)
-    method = f"{label}: batch means over {len(values)} of {k} sub-windows, t-interval"
-    return _t_interval(np.asarray(values, dtype=float), confidence, method)
-
-
-def rate_ci(
-    event_times: Iterable[float],
-    window: tuple[float, float],
-    k: int,
-    weights: Sequence[float] | None = None,
-    confidence: float = 0.95,
-) -> CI:
-    """Events per second over ``window = (start, end)`` with its batch-means interval.
-
-    Each of the ``k`` equal sub-windows gives ``events (or the sum of their weights, e.g. tokens) /
-    sub-window seconds``; a sub-window with no event counts as rate 0 (unlike ``batch_means``); the
-    estimate is the mean of the k rates, = total in the window / window length.
-    """
-    _check_confidence(confidence)
-    times = list(event_times)
-    if weights is None:
-        pairs = [(t, 1.0) for t in times]
-    else:
-        weights = list(weights)
-        if len(weights) != len(times):
-            raise ValueError(f"weights ({len(weights)}) and event_times ({len(times)}) differ in length")
-        pairs = list(zip(times, weights, strict=True))
-    groups = _subwindow_groups(pairs, window[0], window[1], k)
+    All k rates are returned: a sub-window without an event is a real rate of 0 (unlike
+    ``subwindow_values``), so their mean is the window's total / its length."""
+    groups = _subwindow_groups(samples, window, k)
     width = (window[1] - window[0]) / k
-    rates = np.asarray([sum(g) / width for g in groups], dtype=float)
-    return _t_interval(rates, confidence, f"rate: batch means over {k} sub-windows, t-interval")
+    return [sum(g) / width for g in groups]
 
 
 def ratio_ci(a_values: Iterable[float], b_values: Iterable[float], confidence: float = 0.95) -> CI:
@@ -325,7 +326,7 @@ def ratio_ci(a_values: Iterable[float], b_values: Iterable[float], confidence: f
     n < 2 on either side likewise ("n<2").
     """
     _check_confidence(confidence)
-    a, b = _values(a_values), _values(b_values)
+    a, b = _finite(a_values), _finite(b_values)
     na, nb = int(a.size), int(b.size)
     n = min(na, nb)
     if na == 0 or nb == 0:
@@ -346,37 +347,3 @@ def ratio_ci(a_values: Iterable[float], b_values: Iterable[float], confidence: f
     half = t_quantile((1.0 + confidence) / 2.0, df) * math.sqrt(va + vb)
     log_r = math.log(estimate)
     return CI(estimate, math.exp(log_r - half), math.exp(log_r + half), n, method, confidence)
-
-
-def bootstrap_percentile_ci(
-    values: Iterable[float], q: float, seed: int, n_boot: int = 1000, confidence: float = 0.95
-) -> CI:
-    """Percentile q (0..100, numpy linear) of ``values`` with a seeded percentile-bootstrap interval.
-
-    ``n_boot`` resamples of size n with replacement (``numpy.random.default_rng(seed)``); the interval is
-    the ((1-c)/2, (1+c)/2) quantiles of the resampled percentiles. Same inputs and seed -> same CI. Assumes
-    independent values: for samples correlated in time use ``subwindow_ci``.
-    """
-    _check_confidence(confidence)
-    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q <= 100.0:
-        raise ValueError(f"q must be a percentile in [0, 100], got {q!r}")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
-    arr = _values(values)
-    n = int(arr.size)
-    method = f"p{q:g}: percentile bootstrap, {n_boot} resamples, seed {seed}"
-    if n == 0:
-        return CI(math.nan, math.nan, math.nan, 0, method + " (n<2: no values)", confidence)
-    estimate = float(np.percentile(arr, q))
-    if n < 2:
-        return CI(estimate, estimate, estimate, n, method + " (n<2: no interval)", confidence)
-    rng = np.random.default_rng(seed)
-    stats = np.empty(n_boot)
-    rows = max(1, 4_000_000 // n)  # bound the index matrix to ~32 MB
-    for start in range(0, n_boot, rows):
-        m = min(rows, n_boot - start)
-        idx = rng.integers(0, n, size=(m, n))
-        stats[start : start + m] = np.percentile(arr[idx], q, axis=1)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.percentile(stats, [100.0 * alpha, 100.0 * (1.0 - alpha)])
-    return CI(estimate, float(low), float(high), n, method, confidence)

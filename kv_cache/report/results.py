@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
+from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.workload.qos import QOS_LEVELS
 
 TIERS = ("gpu", "cpu", "storage")
@@ -33,7 +35,7 @@ def _seconds(samples_ns) -> list[float]:
 def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> dict[str, Any]:
     """Reference `get_stats` keys (spec 7.9), computed from this run's window."""
     c = metrics.snapshot_counters()
-    hits, misses = int(c.get("cache_hits", 0)), int(c.get("cache_misses", 0))
+    hits, misses = int(c.get(names.CACHE_HITS, 0)), int(c.get(names.CACHE_MISSES, 0))
     stats: dict[str, Any] = {
         "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
         "cache_hits": hits,
@@ -44,10 +46,10 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
         "gpu_memory_used_gb": usage.get("gpu", {}).get("used_bytes", 0) / GIB,
         "cpu_memory_used_gb": usage.get("cpu", {}).get("used_bytes", 0) / GIB,
         "storage_memory_used_gb": usage.get("nvme", {}).get("used_bytes", 0) / GIB,
-        "offloads_cpu": int(c.get("offloads_cpu", 0)),
-        "offloads_storage": int(c.get("offloads_storage", 0)),
-        "evictions": int(c.get("evictions", 0)),
-        "storage_deletions": int(c.get("storage_deletions", 0)),
+        "offloads_cpu": int(c.get(names.OFFLOADS_CPU, 0)),
+        "offloads_storage": int(c.get(names.OFFLOADS_STORAGE, 0)),
+        "evictions": int(c.get(names.EVICTIONS, 0)),
+        "storage_deletions": int(c.get(names.tier_deletions("storage"), 0)),
     }
     by_cause = metrics.io_by_cause
     stats["prefill_writes"] = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "write" and cause == "prefill")
@@ -70,10 +72,10 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
             s = metrics.tier_op(tier, op)
             stats[f"tier_{tier}_{op}_ops_per_sec"] = s.ops / window_s if window_s > 0 else 0.0
 
-    stats["system_prompt_hits"] = int(c.get("system_prompt_hits", 0))
-    stats["common_phrase_hits"] = int(c.get("common_phrase_hits", 0))
-    stats["user_cache_hits"] = int(c.get("user_cache_hits", 0))
-    stats["multi_turn_hits"] = int(c.get("multi_turn_hits", 0))
+    stats["system_prompt_hits"] = int(c.get(names.SYSTEM_PROMPT_HITS, 0))
+    stats["common_phrase_hits"] = int(c.get(names.COMMON_PHRASE_HITS, 0))
+    stats["user_cache_hits"] = int(c.get(names.USER_CACHE_HITS, 0))
+    stats["multi_turn_hits"] = int(c.get(names.MULTI_TURN_HITS, 0))
 
     # Request-level traffic (what requests asked for); demotion I/O is in the tier figures above.
     read_ops = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "read" and cause != "demotion")
@@ -89,7 +91,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     stats["write_iops"] = write_ops
     stats["read_ops_per_sec"] = read_ops / window_s if window_s > 0 else 0.0
     stats["write_ops_per_sec"] = write_ops / window_s if window_s > 0 else 0.0
-    stats["storage_tokens_processed"] = int(c.get("storage_tokens_processed", 0))
+    stats["storage_tokens_processed"] = int(c.get(names.STORAGE_TOKENS_PROCESSED, 0))
 
     for tier in TIERS:
         for op in OPS:
@@ -162,7 +164,7 @@ def cpu_combined_p95_ms(metrics: RunMetrics) -> float | None:
     if not len(r.total_ns) and not len(w.total_ns):
         return None
     both = np.concatenate([np.frombuffer(r.total_ns, dtype=np.int64), np.frombuffer(w.total_ns, dtype=np.int64)])
-    return float(np.percentile(both, 95) / 1e6)
+    return percentile(both, 95) / 1e6
 
 
 def qos_metrics(metrics: RunMetrics, qos_profiles) -> dict[str, Any]:
@@ -174,17 +176,17 @@ def qos_metrics(metrics: RunMetrics, qos_profiles) -> dict[str, Any]:
             continue
         arr = np.frombuffer(samples, dtype=np.int64) / 1e6
         target = float(qos_profiles[level].target_latency_p95_ms)
-        p50, p95, p99 = (float(x) for x in np.percentile(arr, [50, 95, 99]))
+        p50, p95, p99 = percentiles(arr, [50, 95, 99])
         compliance = 1.0 - float(np.count_nonzero(arr > target)) / len(arr)
         prof = qos_profiles[level]
         tails = {}
         for key, pct in (("p99", 99.0), ("p999", 99.9), ("p9999", 99.99)):
             tail_target = float(getattr(prof, f"target_latency_{key}_ms"))
-            actual = float(np.percentile(arr, pct))
+            actual = percentile(arr, pct)
             tails[key] = {"target_ms": tail_target, "actual_ms": actual, "met": actual <= tail_target}
         out[level] = {
             "total_requests": len(arr),
-            "latency_ms": {"mean": float(arr.mean()), "p50": p50, "p95": p95, "p99": p99, "max": float(arr.max())},
+            "latency_ms": {"mean": mean(arr), "p50": p50, "p95": p95, "p99": p99, "max": float(arr.max())},
             "sla": {"target_p95_ms": target, "actual_p95_ms": p95, "compliance": compliance, "met": compliance >= 0.95,
                     "tail_targets": tails},
         }
@@ -199,8 +201,8 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
     stats["storage_health"] = storage_health(stats, profile, criteria_cfg, cpu_combined_p95_ms(metrics), error_rate)
     total_storage_s = sum(r.storage_ns) / 1e9
     c = metrics.snapshot_counters()
-    mt_hits, mt_misses = int(c.get("multi_turn_cache_hits", 0)), int(c.get("multi_turn_cache_misses", 0))
-    prefix_hits = int(c.get("prefix_hits", 0))
+    mt_hits, mt_misses = int(c.get(names.MULTI_TURN_CACHE_HITS, 0)), int(c.get(names.MULTI_TURN_CACHE_MISSES, 0))
+    prefix_hits = int(c.get(names.PREFIX_HITS, 0))
     return {
         "total_requests": r.completed,
         "total_tokens": r.tokens_generated,
@@ -217,10 +219,10 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
         "qos_metrics": qos_metrics(metrics, qos_profiles),
         "prefix_cache_stats": {
             "prefix_hits": prefix_hits,
-            "prefix_misses": int(c.get("prefix_misses", 0)),
+            "prefix_misses": int(c.get(names.PREFIX_MISSES, 0)),
             "system_prompt_reuse": prefix_hits,
             "common_phrase_reuse": 0,
-            "bytes_saved": int(c.get("prefix_bytes_saved", 0)),
+            "bytes_saved": int(c.get(names.PREFIX_BYTES_SAVED, 0)),
         },
         "autoscaling_stats": [],
         "autoscaling_summary": None,
@@ -265,6 +267,6 @@ def request_lists(metrics: RunMetrics) -> dict[str, Any]:
         "throughput_timeline": [],
         "prefill_latencies": _seconds(r.prefill_ns),
         "decode_latencies": _seconds(r.decode_ns),
-        "multi_turn_cache_hits": int(c.get("multi_turn_cache_hits", 0)),
-        "multi_turn_cache_misses": int(c.get("multi_turn_cache_misses", 0)),
+        "multi_turn_cache_hits": int(c.get(names.MULTI_TURN_CACHE_HITS, 0)),
+        "multi_turn_cache_misses": int(c.get(names.MULTI_TURN_CACHE_MISSES, 0)),
     }

@@ -1,22 +1,59 @@
-"""Confidence intervals without scipy (kv_cache.metrics.stats): known quantiles, hand-computed CIs."""
+"""kv_cache.metrics.stats, the one statistics module: known quantiles, hand-computed CIs, numpy-linear
+percentiles, and that the t-interval covers the true mean as often as it claims."""
 
 import math
+import statistics
+from array import array
 
+import numpy as np
 import pytest
 
+from kv_cache.metrics import stats
 from kv_cache.metrics.stats import (
     CI,
-    batch_means,
-    bootstrap_percentile_ci,
+    mean,
     mean_ci,
+    median,
     normal_quantile,
-    rate_ci,
+    percentile,
+    percentiles,
     ratio_ci,
-    subwindow_ci,
+    subwindow_rates,
     subwindow_values,
     t_cdf,
     t_quantile,
 )
+
+# ---------------------------------------------------------------------------------------------
+# Point statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def test_percentiles_are_numpy_linear():
+    # linear interpolation between closest ranks: p95 of 1..4 = 3 + 0.85 x (4 - 3)
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile([1, 2, 3, 4], 95) == pytest.approx(3.85)
+    assert percentiles([1, 2, 3, 4], [0, 50, 100]) == [1.0, 2.5, 4.0]
+    rng = np.random.default_rng(3)
+    values = rng.exponential(size=1001)
+    qs = [50, 95, 99, 99.9, 99.99]
+    assert percentiles(values, qs) == [float(x) for x in np.percentile(values, qs)]
+    # an int64 sample buffer (the recorder's) is read in place, same figures as the list
+    ns = array("q", [5, 1, 9, 3])
+    assert percentiles(ns, [50, 90]) == percentiles([5, 1, 9, 3], [50, 90])
+    assert percentile(iter([1.0, 3.0]), 50) == 2.0  # any iterable
+    for fn in (lambda v: percentile(v, 50), lambda v: percentiles(v, [50]), mean, median):
+        with pytest.raises(ValueError):
+            fn([])
+    with pytest.raises(ValueError):
+        percentile([[1.0, 2.0]], 50)
+
+
+def test_mean_and_median():
+    assert mean([1, 2, 3, 4]) == 2.5 and isinstance(mean(array("q", [1, 2])), float)
+    for values in ([3.0, 1.0, 2.0], [0.1, 0.7, 0.2, 0.9], [1e9, 3.0, 7.25, 11.0, 2.0, 6.5]):
+        assert median(values) == statistics.median(values)  # the scripts' medians did not move
+
 
 # ---------------------------------------------------------------------------------------------
 # Distributions
@@ -52,12 +89,17 @@ def test_other_quantiles_and_the_normal_limit():
     assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
     assert t_quantile(0.025, 4) == pytest.approx(-2.776445, abs=1e-6)
     assert t_quantile(0.5, 3) == 0.0
+    assert normal_quantile(0.3) == pytest.approx(-normal_quantile(0.7), abs=1e-12)
 
 
 def test_t_cdf_matches_closed_forms():
     for t in (-5.0, -1.3, 0.0, 0.7, 2.0, 40.0):
         assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
         assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert t_cdf(1.959964, math.inf) == pytest.approx(0.975, abs=1e-7)
+    assert t_cdf(t_quantile(0.9, 7.5), 7.5) == pytest.approx(0.9, abs=1e-10)
+    with pytest.raises(ValueError):
+        t_cdf(1.0, 0)
     # fractional df: monotone between its integer neighbours
     assert t_quantile(0.975, 3) < t_quantile(0.975, 2.5) < t_quantile(0.975, 2)
 
@@ -118,6 +160,31 @@ def test_ci_helpers():
         "method": "x",
         "confidence": 0.95,
     }
+    # no value / no interval: JSON has no NaN, so those become None
+    assert mean_ci([]).to_dict()["estimate"] is None
+    assert CI(1.0, -math.inf, math.inf, 2, "x").to_dict()["low"] is None
+
+
+@pytest.mark.parametrize("n", [2, 5, 30])
+def test_t_interval_covers_the_true_mean_as_claimed(n):
+    # 200 seeded draws of n normal values around a known mean: a 95 % interval must cover it about 95 %
+    # of the time (>= 90 % leaves room for the binomial spread of 200 draws, sd 1.5 %); a normal
+    # quantile instead of the t one would cover far less at n = 2 (about 70 %)
+    rng = np.random.default_rng(20240601 + n)
+    true_mean = 12.5
+    covered = 0
+    for _ in range(200):
+        ci = mean_ci(rng.normal(true_mean, 3.0, size=n))
+        covered += ci.low <= true_mean <= ci.high
+    assert covered >= 180
+
+
+def test_every_public_function_is_tested_here():
+    tested = {
+        "CI", "mean", "mean_ci", "median", "normal_quantile", "percentile", "percentiles", "ratio_ci",
+        "subwindow_rates", "subwindow_values", "t_cdf", "t_quantile",
+    }
+    assert set(stats.__all__) == tested
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,53 +194,54 @@ def test_ci_helpers():
 SAMPLES = [(0.5, 1.0), (1.5, 3.0), (1.7, 5.0), (3.9, 7.0), (4.0, 9.0), (4.5, 100.0), (-0.1, 100.0)]
 
 
-def test_batch_means_hand_computed():
+def test_subwindow_values_mean_hand_computed():
     # window [0, 4], k = 4: [0,1) -> 1; [1,2) -> (3+5)/2; [2,3) empty (omitted); [3,4] -> (7+9)/2
     # (t = 4.0 closes the last sub-window; 4.5 and -0.1 are outside)
-    assert batch_means(SAMPLES, 0.0, 4.0, 4) == [1.0, 4.0, 8.0]
-    assert batch_means(SAMPLES, 0.0, 4.0, 1) == [5.0]
-    assert batch_means([], 0.0, 4.0, 4) == []
+    assert subwindow_values(SAMPLES, (0.0, 4.0), 4) == [1.0, 4.0, 8.0]
+    assert subwindow_values(SAMPLES, (0.0, 4.0), 1, "mean") == [5.0]
+    assert subwindow_values([], (0.0, 4.0), 4) == []
     with pytest.raises(ValueError):
-        batch_means(SAMPLES, 0.0, 4.0, 0)
+        subwindow_values(SAMPLES, (0.0, 4.0), 0)
     with pytest.raises(ValueError):
-        batch_means(SAMPLES, 4.0, 4.0, 2)
+        subwindow_values(SAMPLES, (4.0, 4.0), 2)
 
 
-def test_subwindow_ci_mean_hand_computed():
+def test_batch_means_interval_hand_computed():
     # values 1, 4, 8: mean 13/3, s = sqrt(12.3333) = 3.511885, se = 2.027588, t(0.975, 2) = 4.302653
-    ci = subwindow_ci(SAMPLES, (0.0, 4.0), 4)
+    ci = mean_ci(subwindow_values(SAMPLES, (0.0, 4.0), 4))
     assert ci.estimate == pytest.approx(13 / 3)
     assert ci.half_width == pytest.approx(4.302653 * 2.027588, abs=1e-5)
-    assert ci.n == 3 and ci.method == "mean: batch means over 3 of 4 sub-windows, t-interval"
+    assert ci.n == 3 and ci.method == "t-interval"
 
 
-def test_subwindow_ci_percentile():
+def test_subwindow_values_percentile():
     # p50 per sub-window (numpy linear): 1, 4, 8 (same as the means here); p100: 1, 5, 9
     assert subwindow_values(SAMPLES, (0.0, 4.0), 4, 50) == [1.0, 4.0, 8.0]
     assert subwindow_values(SAMPLES, (0.0, 4.0), 4, "p100") == [1.0, 5.0, 9.0]
-    ci = subwindow_ci(SAMPLES, (0.0, 4.0), 4, statistic="p100")
-    assert ci.estimate == pytest.approx(5.0) and ci.method.startswith("p100: batch means")
-    with pytest.raises(ValueError):
-        subwindow_ci(SAMPLES, (0.0, 4.0), 4, statistic="median")
-    with pytest.raises(ValueError):
-        subwindow_ci(SAMPLES, (0.0, 4.0), 4, statistic=101)
+    assert subwindow_values(SAMPLES, (0.0, 4.0), 4, 99.9) == [1.0, pytest.approx(4.998), pytest.approx(8.998)]
+    for bad in ("median", 101, "pxx", True):
+        with pytest.raises(ValueError):
+            subwindow_values(SAMPLES, (0.0, 4.0), 4, statistic=bad)
 
 
-def test_rate_ci_counts_empty_subwindows_as_zero():
-    # events per second in [0,1), [1,2), [2,3), [3,4]: 1, 2, 0, 1 -> mean 1 = 4 events / 4 s
+def test_subwindow_rates_count_empty_subwindows_as_zero():
+    # events per second in [0,1), [1,2), [2,3), [3,4]: 1, 2, 0, 1 (7.0 is outside) -> mean 1 = 4 events / 4 s
     # s = sqrt(2/3) = 0.8164966, se = 0.4082483, t(0.975, 3) = 3.182446
-    ci = rate_ci([0.5, 1.5, 1.6, 3.9, 7.0], (0.0, 4.0), 4)
+    rates = subwindow_rates([(t, 1.0) for t in (0.5, 1.5, 1.6, 3.9, 7.0)], (0.0, 4.0), 4)
+    assert rates == [1.0, 2.0, 0.0, 1.0]
+    ci = mean_ci(rates)
     assert ci.estimate == pytest.approx(1.0) and ci.n == 4
     assert ci.half_width == pytest.approx(3.182446 * 0.4082483, abs=1e-6)
     # weighted (e.g. tokens): 10, 20 + 30, 0, 40 tokens in 0.5 s sub-windows of [0, 2]
-    w = rate_ci([0.1, 0.6, 0.7, 1.9], (0.0, 2.0), 4, weights=[10, 20, 30, 40])
-    assert w.estimate == pytest.approx(100 / 2.0)
+    w = subwindow_rates([(0.1, 10), (0.6, 20), (0.7, 30), (1.9, 40)], (0.0, 2.0), 4)
+    assert w == [20.0, 100.0, 0.0, 80.0] and sum(w) / 4 == 100 / 2.0
+    assert subwindow_rates([], (0.0, 2.0), 2) == [0.0, 0.0]
     with pytest.raises(ValueError):
-        rate_ci([0.1], (0.0, 2.0), 4, weights=[1, 2])
+        subwindow_rates([], (0.0, 2.0), 0)
 
 
 # ---------------------------------------------------------------------------------------------
-# Ratio and bootstrap
+# Ratio
 # ---------------------------------------------------------------------------------------------
 
 
@@ -199,26 +267,3 @@ def test_ratio_ci_edge_cases():
     flat = ratio_ci([2.0, 2.0], [4.0, 4.0])
     assert (flat.estimate, flat.low, flat.high) == (0.5, 0.5, 0.5)
     assert math.isnan(ratio_ci([], [1.0]).estimate)
-
-
-def test_bootstrap_is_seeded_and_sane():
-    values = [float(x) for x in range(100)]
-    a = bootstrap_percentile_ci(values, 90, seed=7)
-    assert a == bootstrap_percentile_ci(values, 90, seed=7)
-    assert a != bootstrap_percentile_ci(values, 90, seed=8)
-    assert a.estimate == pytest.approx(89.1)  # numpy linear p90 of 0..99
-    assert a.low <= a.estimate <= a.high and a.n == 100
-    assert 80 <= a.low and a.high <= 99
-    assert "seed 7" in a.method
-    small = bootstrap_percentile_ci(values, 50, seed=1, n_boot=10)
-    assert small.low <= small.high
-
-
-def test_bootstrap_edge_cases():
-    one = bootstrap_percentile_ci([3.0], 99, seed=0)
-    assert (one.estimate, one.low, one.high) == (3.0, 3.0, 3.0) and "n<2" in one.method
-    assert math.isnan(bootstrap_percentile_ci([], 50, seed=0).estimate)
-    with pytest.raises(ValueError):
-        bootstrap_percentile_ci([1.0, 2.0], 150, seed=0)
-    with pytest.raises(ValueError):
-        bootstrap_percentile_ci([1.0, 2.0], 50, seed=0, n_boot=0)
