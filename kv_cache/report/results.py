@@ -268,3 +268,30 @@ def request_lists(metrics: RunMetrics) -> dict[str, Any]:
         "multi_turn_cache_hits": int(c.get("multi_turn_cache_hits", 0)),
         "multi_turn_cache_misses": int(c.get("multi_turn_cache_misses", 0)),
     }
+
+
+def per_turn_stats(metrics: RunMetrics, limit: int = 200) -> list[dict[str, Any]]:
+    """Mean context and bytes moved per turn number: how a session's context growth shows in the I/O."""
+    out = []
+    for turn in sorted(metrics.turns)[:limit]:
+        n, tokens, read_b, written_b = metrics.turns[turn]
+        out.append({"turn": turn, "requests": n, "mean_context_tokens": tokens / n,
+                    "mean_bytes_read": read_b / n, "mean_bytes_written": written_b / n})
+    return out
+
+
+def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
+    """Block-layout runs: how many KV blocks were loaded rather than stored, and from which tier."""
+    c = metrics.snapshot_counters()
+    hits, stores = int(c.get("block_hits", 0)), int(c.get("block_stores", 0))
+    total = hits + stores
+    return {
+        "kv_block_tokens": kv_block_tokens,
+        "blocks": total,
+        "loads": hits,
+        "stores": stores,
+        "block_hit_rate": hits / total if total else 0.0,
+        "hit_rate_by_tier": {t: int(c.get(f"block_hits_{t}", 0)) / total if total else 0.0
+                             for t in ("gpu", "cpu", "storage")},
+        "bytes_saved_by_reuse": int(c.get("block_bytes_reused", 0)),
+    }
