@@ -1,7 +1,7 @@
-"""Turns what was measured into the results document (reference JSON layout + our additions).
+"""The measured parts of the results document: the reference `summary`, its harness keys and per-request lists.
 
-Every number here is derived from RunMetrics of this run. Key names and units follow the reference
-(spec 12.1, 7.9): "GB" means GiB, "_gbps" means GiB/s, "_ms" milliseconds.
+Every number here is derived from RunMetrics of this run. Key names and units follow the reference:
+"GB" means GiB, "_gbps" means GiB/s, "_ms" milliseconds.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _seconds(samples_ns) -> list[float]:
 
 
 def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> dict[str, Any]:
-    """Reference `get_stats` keys (spec 7.9), computed from this run's window."""
+    """Reference `get_stats` keys, computed from this run's window."""
     c = metrics.snapshot_counters()
     hits, misses = int(c.get("cache_hits", 0)), int(c.get("cache_misses", 0))
     stats: dict[str, Any] = {
@@ -106,7 +106,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
 
 def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p95_ms: float | None = None,
                    error_rate: float = 0.0) -> dict[str, Any]:
-    """PASS/FAIL criteria. Latency profile: the reference's (spec 7.8), thresholds from config.
+    """PASS/FAIL criteria. Latency profile: the reference's, thresholds from config.
     Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
     data, and no more failed requests than allowed (the reference only asked for "> 0")."""
     if criteria_cfg is None:
@@ -207,7 +207,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
         "elapsed_time": window_s,
         "avg_throughput_tokens_per_sec": r.tokens_generated / window_s if window_s > 0 else 0.0,
         "total_storage_io_time": total_storage_s,
-        # Reference formula (spec 9.3): generated tokens / SUM of per-request storage seconds.
+        # The reference formula: generated tokens / SUM of per-request storage seconds.
         "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
         "requests_per_second": r.completed / window_s if window_s > 0 else 0.0,
         "end_to_end_latency_ms": _latency_block(r.e2e_ns),
@@ -233,7 +233,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
 
 
 def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
-    """The seven top-level keys the mlpstorage harness reads (spec 13.3)."""
+    """The seven top-level keys the mlpstorage harness reads."""
     if not summary:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
