@@ -8,7 +8,13 @@ import pytest
 
 from kv_cache.driver.scheduler import DriverOutcome
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report.document import SCHEMA_VERSION, RunRecord, build_results, results_document
+from kv_cache.report.document import (
+    SCHEMA_VERSION,
+    RunRecord,
+    build_results,
+    interrupted_results,
+    results_document,
+)
 from kv_cache.storage.base import IOResult
 
 TOP_KEYS = {
@@ -106,3 +112,9 @@ def test_no_completed_requests_has_no_summary(quick_settings):
 def test_run_mode_in_measurement(quick_settings, flags, mode):
     results = build_results(record(quick_settings(*flags), metrics()))
     assert mode in results["measurement"]["run_mode"]
+
+
+def test_interrupted_before_the_window():
+    assert interrupted_results({"preconditioning": {"skipped": "x"}}) == {
+        "schema_version": SCHEMA_VERSION, "interrupted": True,
+        "stop_reason": "interrupted before the measured phase", "phases": {"preconditioning": {"skipped": "x"}}}

@@ -90,6 +90,12 @@ def results_document(body: dict[str, Any]) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, **body}
 
 
+def interrupted_results(phases: dict[str, Any]) -> dict[str, Any]:
+    """The document of a run stopped before its measured window opened: only the phases it got through."""
+    return results_document({"interrupted": True, "stop_reason": "interrupted before the measured phase",
+                             "phases": phases})
+
+
 def build_results(record: RunRecord) -> dict[str, Any]:
     settings, metrics, outcome = record.settings, record.metrics, record.outcome
     summary = run_summary(record)
