@@ -4,6 +4,7 @@ import json
 import os
 
 from kv_cache.app import execute
+from kv_cache.report.document import SCHEMA_VERSION
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 
 # Reference keys (spec 12.1, 9.3, 7.9) that must be present with these names.
@@ -11,6 +12,7 @@ TOP_KEYS = {
     "requests_completed", "total_tokens_generated", "total_storage_io_latency", "total_generation_latency",
     "end_to_end_latencies", "storage_latencies", "generation_latencies", "throughput_timeline",
     "prefill_latencies", "decode_latencies", "multi_turn_cache_hits", "multi_turn_cache_misses", "seed", "summary",
+    "schema_version",
 }
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
                 "storage_throughput_mbps", "cache_hit_rate"}
@@ -40,6 +42,7 @@ def test_result_json_has_reference_structure(quick_settings, sink, tmp_path):
     on_disk = json.loads((tmp_path / "r.json").read_text())
     assert on_disk.keys() == results.keys()
     assert TOP_KEYS <= on_disk.keys() and HARNESS_KEYS <= on_disk.keys()
+    assert next(iter(on_disk)) == "schema_version" and on_disk["schema_version"] == SCHEMA_VERSION
     s = on_disk["summary"]
     assert SUMMARY_KEYS <= s.keys()
     for block in ("end_to_end_latency_ms", "storage_io_latency_ms", "generation_latency_ms"):

@@ -1,7 +1,7 @@
-"""Turns what was measured into the results document (reference JSON layout + our additions).
+"""The measured parts of the results document: the reference `summary`, its harness keys and per-request lists.
 
-Every number here is derived from RunMetrics of this run. Key names and units follow the reference
-(spec 12.1, 7.9): "GB" means GiB, "_gbps" means GiB/s, "_ms" milliseconds.
+Every number here is derived from RunMetrics of this run. Key names and units follow the reference:
+"GB" means GiB, "_gbps" means GiB/s, "_ms" milliseconds.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _seconds(samples_ns) -> list[float]:
 
 
 def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> dict[str, Any]:
-    """Reference `get_stats` keys (spec 7.9), computed from this run's window."""
+    """Reference `get_stats` keys, computed from this run's window."""
     c = metrics.snapshot_counters()
     hits, misses = int(c.get(names.CACHE_HITS, 0)), int(c.get(names.CACHE_MISSES, 0))
     stats: dict[str, Any] = {
@@ -108,7 +108,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
 
 def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p95_ms: float | None = None,
                    error_rate: float = 0.0) -> dict[str, Any]:
-    """PASS/FAIL criteria. Latency profile: the reference's (spec 7.8), thresholds from config.
+    """PASS/FAIL criteria. Latency profile: the reference's, thresholds from config.
     Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
     data, and no more failed requests than allowed (the reference only asked for "> 0")."""
     if criteria_cfg is None:
@@ -209,7 +209,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
         "elapsed_time": window_s,
         "avg_throughput_tokens_per_sec": r.tokens_generated / window_s if window_s > 0 else 0.0,
         "total_storage_io_time": total_storage_s,
-        # Reference formula (spec 9.3): generated tokens / SUM of per-request storage seconds.
+        # The reference formula: generated tokens / SUM of per-request storage seconds.
         "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
         "requests_per_second": r.completed / window_s if window_s > 0 else 0.0,
         "end_to_end_latency_ms": _latency_block(r.e2e_ns),
@@ -235,7 +235,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
 
 
 def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
-    """The seven top-level keys the mlpstorage harness reads (spec 13.3)."""
+    """The seven top-level keys the mlpstorage harness reads."""
     if not summary:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
@@ -269,4 +269,31 @@ def request_lists(metrics: RunMetrics) -> dict[str, Any]:
         "decode_latencies": _seconds(r.decode_ns),
         "multi_turn_cache_hits": int(c.get(names.MULTI_TURN_CACHE_HITS, 0)),
         "multi_turn_cache_misses": int(c.get(names.MULTI_TURN_CACHE_MISSES, 0)),
+    }
+
+
+def per_turn_stats(metrics: RunMetrics, limit: int = 200) -> list[dict[str, Any]]:
+    """Mean context and bytes moved per turn number: how a session's context growth shows in the I/O."""
+    out = []
+    for turn in sorted(metrics.turns)[:limit]:
+        n, tokens, read_b, written_b = metrics.turns[turn]
+        out.append({"turn": turn, "requests": n, "mean_context_tokens": tokens / n,
+                    "mean_bytes_read": read_b / n, "mean_bytes_written": written_b / n})
+    return out
+
+
+def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
+    """Block-layout runs: how many KV blocks were loaded rather than stored, and from which tier."""
+    c = metrics.snapshot_counters()
+    hits, stores = int(c.get(names.BLOCK_HITS, 0)), int(c.get(names.BLOCK_STORES, 0))
+    total = hits + stores
+    return {
+        "kv_block_tokens": kv_block_tokens,
+        "blocks": total,
+        "loads": hits,
+        "stores": stores,
+        "block_hit_rate": hits / total if total else 0.0,
+        "hit_rate_by_tier": {t: int(c.get(names.block_hits_in(t), 0)) / total if total else 0.0
+                             for t in ("gpu", "cpu", "storage")},
+        "bytes_saved_by_reuse": int(c.get(names.BLOCK_BYTES_REUSED, 0)),
     }

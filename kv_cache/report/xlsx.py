@@ -1,4 +1,4 @@
-"""Spreadsheet summary (`--xlsx-output`): the reference's columns and sheets (spec 12.3).
+"""Spreadsheet summary (`--xlsx-output`): the reference's columns and sheets.
 
 Uses openpyxl directly; without it (or for a path not ending in .xlsx) a one-row CSV is written.
 """

@@ -1,0 +1,83 @@
+"""The `measurement` block of the results document: what was timed, how, and what it cost the host."""
+
+from __future__ import annotations
+
+import math
+import resource
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.metrics.stats import percentile
+
+TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
+         "host = the rest of the operation (block stamping, bookkeeping); total = both "
+         "(time.perf_counter_ns). RAM tier: device = the memcpy.")
+DISK_NOTE = ("deltas of /proc/diskstats over the whole run phase (includes other processes' I/O and "
+             "filesystem metadata); tool bytes include work finished after the window")
+
+
+def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] | None,
+                 after: tuple[int, int] | None) -> dict[str, Any]:
+    """What the block device under the storage tier saw, next to what this tool says it moved there.
+
+    The tool's bytes include I/O finished or aborted after the window, since the device counters cannot
+    tell those apart either."""
+    if name is None or before is None or after is None:
+        return {"name": None}
+    late = metrics.late
+    st_read, st_write = metrics.tier_op("storage", "read"), metrics.tier_op("storage", "write")
+    return {
+        "name": name,
+        "bytes_read": after[0] - before[0],
+        "bytes_written": after[1] - before[1],
+        "tool_bytes_read": st_read.device_bytes + late.get("storage_read_device_bytes", 0)
+        + late.get("storage_read_aborted_device_bytes", 0),
+        "tool_bytes_written": st_write.device_bytes + late.get("storage_write_device_bytes", 0)
+        + late.get("storage_write_aborted_device_bytes", 0),
+        "note": DISK_NOTE,
+    }
+
+
+def entry_size_mib(entry_sizes: Sequence[int]) -> dict[str, Any]:
+    sizes = np.asarray(entry_sizes, dtype=np.float64) / 2**20
+    out: dict[str, Any] = {"count": int(sizes.size)}
+    if sizes.size:
+        out.update(min=float(sizes.min()), mean=float(sizes.mean()), p95=percentile(sizes, 95),
+                   max=float(sizes.max()))
+    return out
+
+
+def after_window(metrics: RunMetrics) -> dict[str, int]:
+    late = metrics.late
+    return {
+        "requests": int(late.get("requests", 0)),
+        "aborted_ops": int(sum(v for k, v in late.items() if k.endswith("_aborted_ops"))),
+        **{k: int(v) for k, v in late.items()},
+    }
+
+
+def queue_depth(metrics: RunMetrics) -> dict[str, float]:
+    """Achieved storage queue depth: device-busy time over the window's length."""
+    window = metrics.window_seconds
+    return {op: metrics.tier_op("storage", op).busy_ns / 1e9 / window if window > 0 else 0.0
+            for op in ("read", "write")}
+
+
+def host_cost(metrics: RunMetrics, rusage0: Any) -> dict[str, float]:
+    """Process CPU time since `rusage0` (a resource.getrusage result) and peak RSS, now."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (ru.ru_utime - rusage0.ru_utime) + (ru.ru_stime - rusage0.ru_stime)
+    moved = sum(s.bytes for s in metrics.io.values())
+    return {
+        "process_cpu_seconds": cpu_s,
+        "cpu_seconds_per_gib": cpu_s / (moved / GIB) if moved else 0.0,
+        "peak_rss_mib": ru.ru_maxrss / 1024,
+    }
+
+
+def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
+    limit = usage["nvme"]["limit_bytes"]
+    return None if math.isinf(limit) else limit

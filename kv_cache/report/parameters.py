@@ -1,0 +1,76 @@
+"""How the run was set up, in words and as the `run_parameters` block of the results document."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.config.run import RunSettings
+
+
+def run_mode(settings: RunSettings) -> str:
+    """One line naming what kind of run this is (shown before the window and kept in the results)."""
+    parts = []
+    if settings.prefill_only:
+        parts.append("PREFILL-ONLY (writes; no decode reads)")
+    elif settings.decode_only:
+        parts.append("DECODE-ONLY (reads of pre-populated entries)")
+    else:
+        parts.append("standard (prefill+decode)")
+    if settings.request_rate > 0:
+        parts.append(f"open loop, Poisson arrivals at {settings.request_rate:g} req/s")
+    else:
+        parts.append("closed loop")
+    if settings.enable_autoscaling:
+        parts.append(f"autoscaling ({settings.autoscaler_mode})")
+    if settings.io_trace_log:
+        parts.append("TRACE MODE (no real I/O)")
+    return ", ".join(parts)
+
+
+def generation_ms_per_token(settings: RunSettings) -> float:
+    return getattr(settings.config.generation_timing, settings.generation_mode) * 1000
+
+
+def run_parameters(settings: RunSettings, started: datetime) -> dict[str, Any]:
+    return {
+        "timestamp": started.isoformat(timespec="seconds"),
+        "command": " ".join(settings.argv),
+        "config_path": settings.config_path,
+        "model": settings.model_name,
+        "bytes_per_token": settings.model.bytes_per_token,
+        "num_users": settings.num_users,
+        "duration": settings.duration,
+        "gpu_mem_gb": settings.gpu_mem_gb,
+        "num_gpus": settings.num_gpus,
+        "tensor_parallel": settings.tensor_parallel,
+        "cpu_mem_gb": settings.cpu_mem_gb,
+        "cache_dir": settings.cache_dir,
+        "generation_mode": settings.generation_mode,
+        "generation_ms_per_token": generation_ms_per_token(settings),
+        "performance_profile": settings.performance_profile,
+        "multi_turn": settings.multi_turn,
+        "prefix_caching": settings.prefix_caching,
+        "seed": settings.seed,
+        "max_concurrent_allocs": settings.max_concurrent_allocs,
+        "max_requests": settings.max_requests,
+        "storage_capacity_gb": settings.storage_capacity_gb,
+        "request_rate": settings.request_rate,
+        "autoscaling": settings.enable_autoscaling,
+        "autoscaler_mode": settings.autoscaler_mode if settings.enable_autoscaling else None,
+        "target_saturation": settings.target_saturation if settings.enable_autoscaling else None,
+        "rag_enabled": settings.enable_rag,
+        "rag_num_docs": settings.rag_num_docs if settings.enable_rag else None,
+        "precondition": settings.precondition,
+        "precondition_size_gb": settings.precondition_size_gb,
+        "precondition_threads": settings.precondition_threads or os.cpu_count(),
+        "prefill_only": settings.prefill_only,
+        "decode_only": settings.decode_only,
+        "io_trace_log": settings.io_trace_log,
+        "validation_trace": settings.validation_trace,
+        "mpi_rank": settings.mpi_rank,
+        "mpi_world_size": settings.mpi_world_size,
+        "pid": os.getpid(),
+    }

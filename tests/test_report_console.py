@@ -1,0 +1,117 @@
+"""The printed report: each section from a hand-made results dict, and the whole text unchanged.
+
+tests/fixtures/report/*.txt were rendered from *.json by the single 195-line print_report that the
+section functions replaced, so any difference in wording, spacing or rounding shows up here.
+"""
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kv_cache.report import console
+from kv_cache.report.console import print_report
+
+FIXTURES = Path(__file__).parent / "fixtures" / "report"
+CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_printed_report_is_byte_for_byte_unchanged(name):
+    out = io.StringIO()
+    print_report(load(name), out)
+    assert out.getvalue() == (FIXTURES / f"{name}.txt").read_text()
+
+
+def test_report_is_the_sections_in_order():
+    results = load("full")
+    expected = [line for section in console.SECTIONS for line in section(results)]
+    assert console.report_lines(results) == expected
+    assert expected[1] == console.LINE and expected[-1] == console.LINE
+
+
+def test_no_completed_requests_prints_warning_and_measurement_only():
+    lines = console.report_lines(load("no_requests"))
+    assert "WARNING: No requests completed during benchmark!" in lines
+    assert "### MEASUREMENT (what was timed and how) ###" in lines
+    assert not any(line.startswith("### OVERALL") for line in lines)
+    # a run interrupted before its window has no measurement either
+    assert console.report_lines({"interrupted": True})[-1] == "WARNING: No requests completed during benchmark!"
+
+
+def cache_stats(**overrides) -> dict:
+    cs = {"total_read_bytes": 10, "total_write_bytes": 5, "read_write_ratio": 2.0, "cache_hit_rate": 0.5,
+          "total_read_gb": 1.0, "total_write_gb": 0.5, "read_iops": 3, "read_ops_per_sec": 1.5, "write_iops": 2,
+          "write_ops_per_sec": 1.0}
+    cs.update(overrides)
+    return {"summary": {"cache_stats": cs}}
+
+
+@pytest.mark.parametrize("overrides, shown", [
+    ({}, "2.00"),
+    ({"total_write_bytes": 0, "read_write_ratio": 10.0}, "∞ (read-only)"),
+    ({"total_read_bytes": 0, "read_write_ratio": 0.0}, "0 (write-only)"),
+])
+def test_storage_performance_read_write_ratio(overrides, shown):
+    lines = console.storage_performance(cache_stats(**overrides))
+    assert lines[:2] == ["", "### STORAGE PERFORMANCE ###"]
+    assert f"  Read/Write Ratio: {shown}" in lines
+    assert "  Read Operations: 3 (1.50 ops/sec over the measured window)" in lines
+
+
+def test_autoscaling_absent_or_present():
+    assert console.autoscaling({"summary": {"autoscaling_summary": None, "autoscaling_stats": []}}) == []
+    auto = {"mode": "capacity", "initial_users": 2, "final_users": 5, "samples": 0, "total_scale_events": 3,
+            "peak_throughput_tokens_per_sec": 10.0, "peak_user_count": 4, "peak_found": False}
+    lines = console.autoscaling({"summary": {"autoscaling_summary": auto}})
+    assert lines == ["", "### AUTOSCALING (capacity mode) ###", "  Users: 2 -> 5 over 0 samples, 3 scale events",
+                     "  Peak: 10.0 tok/s at 4 users (not reached within the duration)"]
+    qos_mode = console.autoscaling(load("full"))
+    assert qos_mode[-1] == "  Most users within target saturation 0.80: 4"
+    assert "read p95 None ms" in qos_mode[-2]  # a sample without reads says so rather than inventing 0
+
+
+def test_storage_assessment_formats_each_unit():
+    health = {"overall_status": "FAIL", "passed_count": 1, "total_count": 3, "criteria": [
+        {"name": "Hit", "target": 0.3, "actual": 0.25, "unit": "ratio", "passed": False},
+        {"name": "Lat", "target": 200.0, "actual": 1.234, "unit": "ms", "passed": True},
+        {"name": "Word", "target": "ok", "actual": "bad", "unit": "", "passed": False}]}
+    assert console.storage_assessment({"summary": {"cache_stats": {"storage_health": health}}}) == [
+        "", "### STORAGE PERFORMANCE ASSESSMENT: FAIL [X] ###", "  Criteria Passed: 1/3",
+        "  [X] Hit: 25.0% (target: 30%)", "  [OK] Lat: 1.23ms (target: 200.0ms)", "  [X] Word: bad (target: ok)"]
+
+
+def test_generation_and_qos_sections_follow_the_parameters():
+    full = load("full")
+    assert any("TOKEN GENERATION LATENCY" in line for line in console.latencies(full))
+    assert console.qos(full)[1].startswith("### QOS LATENCY METRICS")
+    none = load("capacity_readonly")  # generation none, throughput profile
+    assert not any("TOKEN GENERATION LATENCY" in line for line in console.latencies(none))
+    assert console.qos(none) == []
+    assert console.notes(none)[2] == "  - Pure storage I/O benchmark (no generation simulation)"
+
+
+def test_optional_sections_are_empty_when_absent():
+    results = load("writeonly")
+    for section in (console.prefix_caching, console.multi_turn, console.rag, console.validation, console.phases):
+        assert section(results) == []
+    assert console.measurement({}) == []
+
+
+def test_measurement_section():
+    lines = console.measurement(load("full"))
+    assert lines[1] == "### MEASUREMENT (what was timed and how) ###"
+    assert "  Open loop: 14 arrivals admitted, 2 rejected (admission queue full)" in lines
+    assert lines[-1] == "  ERRORS: 2 (first: OSError: boom)"
+    plain = console.measurement(load("capacity_readonly"))
+    assert not any(line.startswith(("  Block device", "  Open loop", "  ERRORS")) for line in plain)
+
+
+def test_latency_lines():
+    assert console.latency_lines({"mean": 1.0, "p999": 2.5}, keys=("mean", "p999", "p99")) == [
+        "  Mean: 1.00 ms", "  P99.9: 2.50 ms", "  P99: 0.00 ms"]
