@@ -1,4 +1,4 @@
-"""Command-line value checks (reference `validate_args`, spec 2.3) and the --cache-dir safety rules.
+"""Command-line value checks (the reference's `validate_args`) and the --cache-dir safety rules.
 
 Every check runs and every failure is collected, so one invocation reports all of its problems. The
 upper limits come from the config's `validation_limits` section (the reference ignores that section).
@@ -10,6 +10,7 @@ import math
 import os
 from typing import Any
 
+from kv_cache.config.run import defaults
 from kv_cache.config.schema import ValidationLimits
 
 __all__ = [
@@ -42,29 +43,9 @@ SYSTEM_TREE_EXCEPTIONS = ("/dev/shm",)
 # Refused themselves (a benchmark must not scatter files into them) but fine to have a subdirectory of.
 TOP_LEVEL_ONLY_DIRS = ("/", "/root", "/var", "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/run")
 
-# Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects).
-_DEFAULTS: dict[str, Any] = {
-    "num_users": 100,
-    "duration": 60,
-    "gpu_mem_gb": 16.0,
-    "cpu_mem_gb": 32.0,
-    "num_gpus": 1,
-    "tensor_parallel": 1,
-    "rag_num_docs": 10,
-    "max_conversations": 500,
-    "max_concurrent_allocs": 0,
-    "request_rate": 0.0,
-    "max_requests": 0,
-    "storage_capacity_gb": 0.0,
-    "precondition_size_gb": 0.0,
-    "precondition_threads": 0,
-    "trace_speedup": 1.0,
-    "replay_cycles": 0,
-    "target_saturation": 0.8,
-    "cache_dir": None,
-    "io_chunk_mb": None,
-    "io_workers": None,
-}
+# Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects); the
+# --io-* flags default to None, meaning "as the config's storage section says".
+_DEFAULTS: dict[str, Any] = {**defaults(), "io_chunk_mb": None, "io_workers": None}
 
 # Flags whose feature this version does not have yet: (attribute, flag).
 _UNIMPLEMENTED = (("enable_latency_tracing", "--enable-latency-tracing"),)
