@@ -87,7 +87,8 @@ COMMANDS: dict[str, Command] = {
         prog=PROG,
         summary="run the benchmark (the default command)",
         description="Integrated Multi-User KV Cache Benchmark (MLPerf Storage v3 compatible).",
-        epilog="Sessions held (modelled GPUs, concurrency ladder, real offload I/O): kv-cache sessions --help",
+        epilog="Commands: run (the default) and sessions (sessions held: modelled GPUs, concurrency ladder, "
+               "real offload I/O): kv-cache sessions --help",
         add_flags=add_run_flags,
         handler=_run_command,
     ),

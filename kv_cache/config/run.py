@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from kv_cache.config.sections import StorageConfig
 from kv_cache.storage.files import IO_MODES
 from kv_cache.workload.pacing import ThinkTime
 
@@ -46,16 +47,17 @@ AUTOSCALER_MODES = ("qos", "capacity")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TRACE_FORMATS = ("auto", "mooncake", "aiperf", "weka", "bailian", "burstgpt", "sharegpt")
 DEFAULT_MODEL = "llama3.1-8b"
+_STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 
 
 @dataclass(frozen=True)
 class StorageSettings:
     """How the storage tier moves bytes (the I/O engine's knobs)."""
 
-    chunk_bytes: int = 16 * 1024 * 1024  # bytes per pwritev/preadv call; bounds RAM per in-flight op
-    fsync: bool = True  # fdatasync once per written entry
-    io_mode: str = "auto"  # auto = O_DIRECT where the filesystem allows it, else buffered + fadvise
-    io_workers: int = 0  # 0 = derived from the core count and user count
+    chunk_bytes: int = _STORAGE.chunk_size_mb << 20  # bytes per pwritev/preadv call; bounds RAM per op
+    fsync: bool = _STORAGE.fsync  # fdatasync once per written entry
+    io_mode: str = _STORAGE.io_mode  # auto = O_DIRECT where the filesystem allows it, else buffered + fadvise
+    io_workers: int = _STORAGE.io_workers  # 0 = derived from the core count and user count
 
 
 @dataclass(frozen=True)
