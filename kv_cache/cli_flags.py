@@ -48,7 +48,7 @@ def sessions_flag_defaults(now: datetime | None = None) -> dict[str, object]:
     return out
 
 
-def add_run_flags(p: argparse.ArgumentParser) -> None:  # noqa: PLR0915  (a table of flags)
+def add_run_flags(p: argparse.ArgumentParser) -> None:
     """All reference flags with their reference names, types and choices, plus ours."""
     d = run_flag_defaults()
     add = p.add_argument
@@ -117,7 +117,10 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:  # noqa: PLR0915  (a tabl
     add("--fail-exit-code", action="store_true", default=d["fail_exit_code"],
         help="Exit 1 when the performance profile says FAIL (default: a completed run exits 0 whatever "
              "its verdict, as the mlpstorage harness reads results only after exit 0).")
+    _add_trace_and_io_flags(p, d)
 
+
+def _add_trace_and_io_flags(p: argparse.ArgumentParser, d: dict[str, object]) -> None:
     tr = p.add_argument_group("trace replay and KV layout")
     tr.add_argument("--trace", type=str, default=d["trace"],
                     help="Replay a trace: a file, or a directory of WEKA agentic-coding JSON files.")
