@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from kv_cache.config.run import defaults
@@ -59,12 +60,23 @@ def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str
         return getattr(args, name, _DEFAULTS[name])
 
     errors: list[str] = []
+    _check_sizes(get, limits, errors)
+    _check_placement(get, errors)
+    return errors
+
+
+def _finite(errors: list[str], flag: str, value: Any) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        errors.append(f"{flag} must be a finite number, got {value}")
+        return False
+    return True
+
+
+def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: list[str]) -> None:
+    """Users, duration, memory budgets and the other counts and rates, in the reference's order."""
 
     def finite(flag: str, value: Any) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            errors.append(f"{flag} must be a finite number, got {value}")
-            return False
-        return True
+        return _finite(errors, flag, value)
 
     num_users = get("num_users")
     if num_users <= 0:
@@ -118,6 +130,9 @@ def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str
     if finite("--target-saturation", target_saturation) and not 0.0 <= target_saturation <= 1.0:
         errors.append(f"--target-saturation must be between 0.0 and 1.0, got {target_saturation}")
 
+
+def _check_placement(get: Callable[[str], Any], errors: list[str]) -> None:
+    """GPUs and tensor parallelism, the storage tier's directory and the I/O engine overrides."""
     num_gpus, tensor_parallel = get("num_gpus"), get("tensor_parallel")
     if num_gpus < 1:
         errors.append(f"--num-gpus must be >= 1, got {num_gpus}")
@@ -137,7 +152,6 @@ def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str
         errors.append(f"--io-chunk-mb must be >= 1, got {io_chunk_mb}")
     if io_workers is not None and io_workers < 0:
         errors.append(f"--io-workers cannot be negative, got {io_workers}")
-    return errors
 
 
 def unimplemented_features(args: Any) -> list[str]:
