@@ -1,5 +1,6 @@
 """Command line: flags, validation messages (spec 2.3), cache-dir safety, settings, main()'s error paths."""
 
+import dataclasses
 import os
 import sys
 import types
@@ -9,11 +10,24 @@ import pytest
 
 from kv_cache import cli
 from kv_cache.cli import build_parser, main, parse_settings
-from kv_cache.config.run import RunSettings
+from kv_cache.config.run import (
+    DEFAULT_MODEL,
+    SECTIONS,
+    DriverSettings,
+    OutputSettings,
+    RunSettings,
+    SourceFlags,
+    StorageSettings,
+    TierSettings,
+    WorkloadSettings,
+)
 from kv_cache.config.schema import BenchConfig, ValidationLimits
+from kv_cache.config.sessions import SessionsFlags
 from kv_cache.config.validation import advisories, check_cache_dir, unimplemented_features, validate_args
-from kv_cache.errors import UsageError
+from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
 from kv_cache.models import MODEL_CONFIGS
+from kv_cache.workload.pacing import PaceError
+from kv_cache.workload.traces import TraceError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -695,3 +709,138 @@ def test_root_script_is_runnable(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr == "kv-cache: error: --num-users must be positive, got 0\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sub-commands, exit codes, defaults written once
+# ---------------------------------------------------------------------------------------------
+
+
+def test_run_is_the_default_command(fake_runner):
+    assert main(["run", "--model", "tiny-1b", "--num-users", "3"]) == 0
+    assert main(["--model", "tiny-1b", "--num-users", "3"]) == 0
+    first, second = fake_runner.calls
+    assert (first.model_name, first.num_users) == (second.model_name, second.num_users) == ("tiny-1b", 3)
+    assert first.argv == second.argv == ("--model", "tiny-1b", "--num-users", "3")
+
+
+def test_run_subcommand_reports_errors_like_the_default(capsys):
+    assert main(["run", "--num-users", "0"]) == 2
+    assert one_line_error(capsys) == "kv-cache: error: --num-users must be positive, got 0"
+    assert main(["run", "--bogus"]) == 2
+    assert one_line_error(capsys) == "kv-cache: error: unrecognized arguments: --bogus"
+
+
+def test_sessions_help(capsys):
+    assert main(["sessions", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kv-cache sessions")
+    for flag in ("--ladder", "--tiers", "--pace", "--window", "--gpu"):
+        assert flag in out
+
+
+def test_run_help_names_the_commands(capsys):
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kv-cache [-h]") and "kv-cache sessions --help" in " ".join(out.split())
+
+
+def test_unknown_subcommand(capsys):
+    assert main(["bogus", "--num-users", "3"]) == 2
+    assert one_line_error(capsys) == "kv-cache: error: unknown command 'bogus' (choose from run, sessions)"
+
+
+def test_sessions_argparse_errors_carry_the_command_name(capsys):
+    assert main(["sessions", "--window", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kv-cache sessions: error: argument --window") and err.count("\n") == 1
+
+
+def test_exit_code_values():
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 130]
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (UsageError("bad"), ExitCode.USAGE),
+        (ConfigError("x.yaml: bad"), ExitCode.USAGE),
+        (TraceError("t.jsonl", "empty"), ExitCode.USAGE),
+        (PaceError("bad pace"), ExitCode.USAGE),
+        (StorageSetupError("cannot create"), ExitCode.USAGE),
+        (StorageError("disk gone"), ExitCode.STORAGE_ERROR),
+        (KeyboardInterrupt(), ExitCode.INTERRUPTED),
+    ],
+)
+def test_each_error_type_maps_to_its_exit_code(fake_runner, capsys, error, code):
+    def fail(settings):
+        raise error
+
+    fake_runner.result = fail
+    assert cli.exit_code_for(error) == code
+    assert main([]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err == ("kv-cache: interrupted\n" if code == ExitCode.INTERRUPTED else f"kv-cache: error: {error}\n")
+
+
+def test_unmapped_errors_are_not_exit_codes():
+    assert cli.exit_code_for(ValueError("x")) is None
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (StorageSetupError("direct: O_DIRECT is not usable").about("io_mode"),
+         "--io-mode direct: O_DIRECT is not usable"),
+        (TraceError("/t.json", "no such file").about("validation_trace"), "--validation-trace /t.json: no such file"),
+        (PaceError("must be trace, got 'x'").about("think_time"), "--think-time must be trace, got 'x'"),
+        (StorageSetupError("/x.zst: needs zstandard").about("io_trace_log"), "--io-trace-log /x.zst: needs zstandard"),
+        (TraceError("/t.json", "empty"), "/t.json: empty"),
+    ],
+)
+def test_only_the_cli_names_the_flag(fake_runner, capsys, error, message):
+    assert "--" not in str(error).split(":")[0] or not error.setting  # the lower layer's text has no flag
+
+    def fail(settings):
+        raise error
+
+    fake_runner.result = fail
+    assert main([]) == 2
+    assert one_line_error(capsys) == f"kv-cache: error: {message}"
+
+
+def test_parser_defaults_are_the_settings_defaults():
+    parsed = vars(build_parser().parse_args([]))
+    for section, cls in SECTIONS.items():
+        if section == "storage":  # the --io-* flags default to None: the config's storage section decides
+            continue
+        for f in dataclasses.fields(cls):  # (flags that choose the source are checked against SourceFlags)
+            if f.name in parsed and f.name != "output" and f.name not in SourceFlags.__dataclass_fields__:
+                assert parsed[f.name] == f.default, (section, f.name)
+    assert parsed["disable_multi_turn"] is (not WorkloadSettings().multi_turn)
+    assert parsed["disable_prefix_caching"] is (not WorkloadSettings().prefix_caching)
+    assert parsed["think_time"] == str(WorkloadSettings().think_time.kind) == SourceFlags().think_time
+    assert parsed["model"] == DEFAULT_MODEL and parsed["seed"] is RunSettings.__dataclass_fields__["seed"].default
+    stem = OutputSettings().output.rpartition(".")[0]
+    assert parsed["output"].startswith(stem + "_")
+    for f in dataclasses.fields(SourceFlags):
+        assert parsed[f.name] == f.default
+    assert all(parsed[k] is None for k in ("io_chunk_mb", "io_workers", "io_mode", "no_fsync"))
+
+
+def test_resolved_defaults_match_the_dataclass_defaults():
+    s = parse_settings([])
+    assert s.storage == StorageSettings()
+    assert s.tiers == TierSettings()
+    assert s.driver == DriverSettings()
+    assert s.workload == WorkloadSettings()
+    assert dataclasses.replace(s.outputs, output=OutputSettings().output) == OutputSettings()
+
+
+def test_sessions_parser_defaults_are_the_settings_defaults():
+    parsed = vars(build_parser("sessions").parse_args([]))
+    for f in dataclasses.fields(SessionsFlags):
+        if f.name != "output":
+            assert parsed[f.name] == f.default, f.name
+    assert parsed["output"].startswith("sessions_results_") and parsed["output"].endswith(".json")

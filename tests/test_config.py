@@ -562,3 +562,40 @@ def test_sessions_and_inference_model_override(tmp_path):
 )
 def test_bad_sessions_mode_entries(tmp_path, text, expected):
     assert expected in config_error(tmp_path, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# The resolved run settings: a tree of per-component sub-configs with flat shortcuts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_run_settings_tree_with_flat_shortcuts():
+    from kv_cache.cli import parse_settings
+
+    s = parse_settings(["--num-users", "7", "--cpu-mem-gb", "4", "--duration", "30", "--output", "o.json",
+                        "--io-workers", "3"])
+    assert s.workload.num_users == s.num_users == 7
+    assert s.tiers.cpu_mem_gb == s.cpu_mem_gb == 4.0
+    assert s.driver.duration == s.duration == 30.0
+    assert s.outputs.output == s.output == "o.json"
+    assert s.storage.io_workers == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.workload.num_users = 1
+    with pytest.raises(AttributeError):
+        s.num_users = 1
+
+
+def test_sub_config_field_names_are_unique():
+    from kv_cache.config.run import SECTIONS, RunSettings
+
+    names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    top = {f.name for f in dataclasses.fields(RunSettings)}
+    assert len(names) == len(set(names)) and not (set(names) & top)
+
+
+def test_io_modes_are_defined_once():
+    from kv_cache.config import run, sections
+    from kv_cache.storage import files
+
+    assert run.IO_MODES is files.IO_MODES
+    assert sections.StorageConfig.__dataclass_fields__["io_mode"].metadata["check"].choices is files.IO_MODES

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.app import UserFactory, build_trace_workload
 from kv_cache.cli import parse_settings
+from kv_cache.workload.factory import UserFactory, build_trace_workload
 from kv_cache.workload.rag import RagCorpus
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kv_cache.app import execute
-from kv_cache.cli import parse_settings
+from kv_cache.cli import main, parse_settings
 from kv_cache.errors import UsageError
 
 
@@ -129,7 +129,6 @@ def test_synthetic_users_with_block_layout_reuse_history(quick_settings, sink):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--trace", "/nonexistent/trace.jsonl"], "no such file"),
     (["--think-time", "sometimes"], "--think-time must be"),
     (["--think-time", "uniform:5:1"], "--think-time must be"),
     (["--kv-block-tokens", "-1"], "--kv-block-tokens cannot be negative"),
@@ -140,11 +139,24 @@ def test_bad_trace_arguments_fail_before_the_run(argv, message):
         parse_settings(argv)
 
 
-def test_empty_trace_is_a_usage_error(tmp_path):
+def trace_file_refused(tmp_path, capsys, trace):
+    """The run opens the trace first: a bad file is exit 2 and one line, before any I/O (no run dir, no JSON)."""
+    out, cache = tmp_path / "r.json", tmp_path / "cache"
+    assert main(["--trace", trace, "--output", str(out), "--cache-dir", str(cache), "--gpu-mem-gb", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kv-cache: error: ") and err.count("\n") == 1
+    assert not out.exists() and not cache.exists()
+    return err
+
+
+def test_missing_trace_is_a_usage_error(tmp_path, capsys):
+    assert "no such file" in trace_file_refused(tmp_path, capsys, "/nonexistent/trace.jsonl")
+
+
+def test_empty_trace_is_a_usage_error(tmp_path, capsys):
     p = tmp_path / "empty.jsonl"
     p.write_text("")
-    with pytest.raises(UsageError):
-        parse_settings(["--trace", str(p)])
+    assert str(p) in trace_file_refused(tmp_path, capsys, str(p))
 
 
 def test_two_sources_are_refused(tmp_path):

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
+from kv_cache.cli import main
+from kv_cache.cli import parse_sessions_settings as resolve
 from kv_cache.driver.ladder import RungRun
-from kv_cache.sessions_cli import main as sessions_main
-from kv_cache.sessions_cli import resolve, script_supply
+from kv_cache.workload.session_supply import script_supply
 
 SMALL = ("sessions:\n  first_turn_tokens_mean: 3000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"
          "  new_tokens_median: 1000\n  output_tokens_mean: 60\n  output_tokens_median: 40\n  turns_mean: 6\n"
@@ -29,6 +30,11 @@ def argv(tmp_path):
     return make
 
 
+def ladder_inputs(argv):
+    s = resolve(argv)
+    return s.ladder_settings, None, s.sessions
+
+
 class CheckedRung(RungRun):
     """Records every issue and completion to check the closed-loop invariant."""
 
@@ -46,7 +52,7 @@ class CheckedRung(RungRun):
 
 
 def test_closed_loop_never_two_outstanding_turns_per_session(argv):
-    ls, _, _, (scripts, sess), _ = resolve(argv())
+    ls, scripts, sess = ladder_inputs(argv())
     rung = CheckedRung(ls, "dram+storage", 4, script_supply(scripts, sess, ls.seed))
     result = rung.run()
     assert result["closed_loop_violations"] == 0
@@ -68,7 +74,7 @@ def test_closed_loop_never_two_outstanding_turns_per_session(argv):
 
 def test_offload_tier_does_real_storage_io(argv, tmp_path):
     # no DRAM tier: every block evicted from HBM goes to files, every reload comes from them
-    ls, _, _, (scripts, sess), _ = resolve(argv("--cpu-mem-gb", "0", "--window", "4", "--warmup", "0"))
+    ls, scripts, sess = ladder_inputs(argv("--cpu-mem-gb", "0", "--window", "4", "--warmup", "0"))
     result = RungRun(ls, "dram+storage", 8, script_supply(scripts, sess, ls.seed)).run()
     o = result["offload_io"]
     assert o["storage_write_ops"] > 0 and o["storage_write_gib"] > 0  # HBM evictions went down to files
@@ -78,7 +84,7 @@ def test_offload_tier_does_real_storage_io(argv, tmp_path):
 
 
 def test_no_tier_recomputes_and_does_no_io(argv):
-    ls, _, _, (scripts, sess), _ = resolve(argv())
+    ls, scripts, sess = ladder_inputs(argv())
     result = RungRun(ls, "none", 4, script_supply(scripts, sess, ls.seed)).run()
     assert result["offload_io"]["storage_write_ops"] == 0 and result["kv_sources"]["loaded_share"] == 0
     assert result["kv_sources"]["recomputed_share"] > 0
@@ -117,9 +123,11 @@ def test_bad_arguments_are_one_line_errors(argv, capsys, extra, message):
     assert err.count("\n") == 1 and message in err
 
 
-def test_sessions_subcommand_is_reachable_from_main(argv, capsys):
-    from kv_cache.cli import main
+def sessions_main(argv):
+    return main(["sessions", *argv])
 
+
+def test_sessions_subcommand_is_reachable_from_main(argv, capsys):
     assert main(["sessions", *argv("--tiers", "bogus")]) == 2
     assert "kv-cache sessions: error" in capsys.readouterr().err
 

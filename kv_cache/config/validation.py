@@ -1,4 +1,4 @@
-"""Command-line value checks (reference `validate_args`, spec 2.3) and the --cache-dir safety rules.
+"""Command-line value checks (the reference's `validate_args`) and the --cache-dir safety rules.
 
 Every check runs and every failure is collected, so one invocation reports all of its problems. The
 upper limits come from the config's `validation_limits` section (the reference ignores that section).
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
+from kv_cache.config.run import defaults
 from kv_cache.config.schema import ValidationLimits
 
 __all__ = [
@@ -42,29 +44,9 @@ SYSTEM_TREE_EXCEPTIONS = ("/dev/shm",)
 # Refused themselves (a benchmark must not scatter files into them) but fine to have a subdirectory of.
 TOP_LEVEL_ONLY_DIRS = ("/", "/root", "/var", "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/run")
 
-# Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects).
-_DEFAULTS: dict[str, Any] = {
-    "num_users": 100,
-    "duration": 60,
-    "gpu_mem_gb": 16.0,
-    "cpu_mem_gb": 32.0,
-    "num_gpus": 1,
-    "tensor_parallel": 1,
-    "rag_num_docs": 10,
-    "max_conversations": 500,
-    "max_concurrent_allocs": 0,
-    "request_rate": 0.0,
-    "max_requests": 0,
-    "storage_capacity_gb": 0.0,
-    "precondition_size_gb": 0.0,
-    "precondition_threads": 0,
-    "trace_speedup": 1.0,
-    "replay_cycles": 0,
-    "target_saturation": 0.8,
-    "cache_dir": None,
-    "io_chunk_mb": None,
-    "io_workers": None,
-}
+# Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects); the
+# --io-* flags default to None, meaning "as the config's storage section says".
+_DEFAULTS: dict[str, Any] = {**defaults(), "io_chunk_mb": None, "io_workers": None}
 
 # Flags whose feature this version does not have yet: (attribute, flag).
 _UNIMPLEMENTED = (("enable_latency_tracing", "--enable-latency-tracing"),)
@@ -78,12 +60,23 @@ def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str
         return getattr(args, name, _DEFAULTS[name])
 
     errors: list[str] = []
+    _check_sizes(get, limits, errors)
+    _check_placement(get, errors)
+    return errors
+
+
+def _finite(errors: list[str], flag: str, value: Any) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        errors.append(f"{flag} must be a finite number, got {value}")
+        return False
+    return True
+
+
+def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: list[str]) -> None:
+    """Users, duration, memory budgets and the other counts and rates, in the reference's order."""
 
     def finite(flag: str, value: Any) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            errors.append(f"{flag} must be a finite number, got {value}")
-            return False
-        return True
+        return _finite(errors, flag, value)
 
     num_users = get("num_users")
     if num_users <= 0:
@@ -137,6 +130,9 @@ def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str
     if finite("--target-saturation", target_saturation) and not 0.0 <= target_saturation <= 1.0:
         errors.append(f"--target-saturation must be between 0.0 and 1.0, got {target_saturation}")
 
+
+def _check_placement(get: Callable[[str], Any], errors: list[str]) -> None:
+    """GPUs and tensor parallelism, the storage tier's directory and the I/O engine overrides."""
     num_gpus, tensor_parallel = get("num_gpus"), get("tensor_parallel")
     if num_gpus < 1:
         errors.append(f"--num-gpus must be >= 1, got {num_gpus}")
@@ -156,7 +152,6 @@ def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str
         errors.append(f"--io-chunk-mb must be >= 1, got {io_chunk_mb}")
     if io_workers is not None and io_workers < 0:
         errors.append(f"--io-workers cannot be negative, got {io_workers}")
-    return errors
 
 
 def unimplemented_features(args: Any) -> list[str]:

@@ -35,7 +35,7 @@ import weakref
 from pathlib import Path
 from time import perf_counter_ns
 
-from kv_cache.errors import UsageError
+from kv_cache.errors import StorageSetupError
 from kv_cache.storage.base import BLOCK, DataCorruption, StoreBase, key_id, padded
 from kv_cache.storage.blockdev import mount_info
 from kv_cache.storage.rundir import RunDir
@@ -121,7 +121,7 @@ class FileStore(StoreBase):
         if chunk_bytes <= 0 or chunk_bytes % BLOCK:
             raise ValueError(f"chunk_bytes must be a positive multiple of {BLOCK}, got {chunk_bytes}")
         if io_mode not in IO_MODES:
-            raise UsageError(f"io mode must be one of {', '.join(IO_MODES)}, got {io_mode!r}")
+            raise StorageSetupError(f"io mode must be one of {', '.join(IO_MODES)}, got {io_mode!r}")
         self.name = name
         self.chunk_bytes = int(chunk_bytes)
         self.fsync = bool(fsync)
@@ -142,10 +142,10 @@ class FileStore(StoreBase):
             else:
                 ok, why = self._probe_direct()
                 if not ok and io_mode == "direct":
-                    raise UsageError(
-                        f"--io-mode direct: O_DIRECT is not usable in {self._rundir.cache_dir} "
-                        f"({self.fs_type}): {why}; use --io-mode auto or buffered"
-                    )
+                    raise StorageSetupError(
+                        f"direct: O_DIRECT is not usable in {self._rundir.cache_dir} "
+                        f"({self.fs_type}): {why}; use auto or buffered"
+                    ).about("io_mode")
                 self._direct = ok
                 self.io_mode_reason = why if ok else f"{why}; falling back to buffered I/O + fadvise"
         except BaseException:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kv_cache.errors import UsageError
+from kv_cache.errors import StorageSetupError
 
 MARKER = ".kv-cache-run"
 RUN_PREFIX = "kv-cache-run-"
@@ -45,11 +45,11 @@ class RunDir:
         else:
             cd = Path(os.path.expanduser(os.fspath(cache_dir)))
             if cd.exists() and not cd.is_dir():
-                raise UsageError(f"cache dir {cd} exists and is not a directory")
+                raise StorageSetupError(f"cache dir {cd} exists and is not a directory")
             try:
                 cd.mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise UsageError(f"cannot create cache dir {cd}: {e.strerror or e}") from None
+                raise StorageSetupError(f"cannot create cache dir {cd}: {e.strerror or e}") from None
             self.cache_dir = cd
         try:
             self.path = self._make_run_dir()
@@ -82,10 +82,10 @@ class RunDir:
             except FileExistsError:
                 continue
             except OSError as e:
-                raise UsageError(
+                raise StorageSetupError(
                     f"cannot create a run directory in {self.cache_dir}: {e.strerror or e}"
                 ) from None
-        raise UsageError(f"cannot create a unique run directory in {self.cache_dir}")  # pragma: no cover
+        raise StorageSetupError(f"cannot create a unique run directory in {self.cache_dir}")  # pragma: no cover
 
     def remove(self) -> bool:
         """Remove the marker and rmdir the run dir (and a temp cache dir we made).

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from kv_cache.errors import UsageError
+from kv_cache.errors import StorageSetupError
 from kv_cache.storage.base import IOResult
 
 TIER_LABELS = {"gpu": "Tier-0", "cpu": "Tier-1", "nvme": "Tier-2"}
@@ -25,8 +25,8 @@ def check_trace_path(path: str) -> None:
         try:
             import zstandard  # noqa: F401
         except ImportError:
-            raise UsageError(f"--io-trace-log {path}: writing .zst needs the 'zstandard' package "
-                             "(pip install zstandard), or use a .csv name") from None
+            raise StorageSetupError(f"{path}: writing .zst needs the 'zstandard' package "
+                                    "(pip install zstandard), or use a .csv name").about("io_trace_log") from None
 
 
 class IOTraceWriter:

@@ -18,44 +18,13 @@ import glob
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from kv_cache.errors import UsageError
+from kv_cache.workload.pacing import ThinkTime
 from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
 from kv_cache.workload.traces import TraceError, TraceRequest, TraceSource, kv_block_keys, open_trace
 
 SESSION_FORMATS = ("weka", "aiperf", "bailian", "sharegpt")
-
-
-@dataclass(frozen=True)
-class ThinkTime:
-    """`--think-time`: trace | fixed:S | uniform:A:B (seconds, before speed-up)."""
-
-    kind: str = "trace"
-    a: float = 0.0
-    b: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> ThinkTime:
-        parts = text.split(":")
-        try:
-            if parts == ["trace"]:
-                return cls()
-            if parts[0] == "fixed" and len(parts) == 2 and float(parts[1]) >= 0:
-                return cls("fixed", float(parts[1]))
-            if parts[0] == "uniform" and len(parts) == 3 and 0 <= float(parts[1]) <= float(parts[2]):
-                return cls("uniform", float(parts[1]), float(parts[2]))
-        except ValueError:
-            pass
-        raise UsageError(f"--think-time must be trace, fixed:S or uniform:A:B with 0 <= A <= B, got {text!r}")
-
-    def pick(self, recorded: float | None, rng: random.Random) -> float:
-        if self.kind == "fixed":
-            return self.a
-        if self.kind == "uniform":
-            return rng.uniform(self.a, self.b)
-        return recorded or 0.0
 
 
 def resolve_burst_paths(path: str) -> list[str]:
@@ -67,16 +36,13 @@ def resolve_burst_paths(path: str) -> list[str]:
     else:
         files = [path]
     if not files:
-        raise UsageError(f"--burst-trace-path {path}: no CSV file matched")
+        raise TraceError(path, "no CSV file matched").about("burst_trace_path")
     return files
 
 
 def open_sources(paths: list[str], fmt: str, max_rows: int, max_conversations: int) -> list[TraceSource]:
-    """Open (and check) every trace file before the run starts: a bad file is a usage error."""
-    try:
-        return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations) for p in paths]
-    except TraceError as exc:
-        raise UsageError(str(exc)) from None
+    """Open (and check) every trace file before the run starts; a bad file raises TraceError."""
+    return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations) for p in paths]
 
 
 class TracePlanner:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kv_cache.workload.pacing import PACE_MODES, Pace, parse_pace
+
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.schema import SessionsConfig
     from kv_cache.workload.traces import TraceRequest, TraceSource
@@ -48,7 +50,6 @@ __all__ = [
 
 PAUSE_KINDS = ("agentic", "human")
 TURN_CLASSES = ("start", "return", "agentic")
-PACE_MODES = ("trace", "human", "agentic", "fixed")
 
 _SEED_MASK = (1 << 64) - 1
 _GENERATOR_TAG = 0x5E5510  # separates the generator's streams from the pace transform's
@@ -372,58 +373,6 @@ def _script(b: _Building, block: int, shared: int) -> SessionScript:
 # --------------------------------------------------------------------------------------------------
 # Pace transform and turn classes
 # --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pace:
-    """How inter-turn pauses are rewritten: ``trace`` (kept), ``human`` / ``agentic`` (uniform in
-    [low_s, high_s], that kind), ``fixed`` (exactly low_s, kind unknown)."""
-
-    mode: str
-    low_s: float = 0.0
-    high_s: float = 0.0
-
-    def __str__(self) -> str:
-        if self.mode == "trace":
-            return "trace"
-        if self.mode == "fixed":
-            return f"fixed:{self.low_s:g}"
-        return f"{self.mode}:{self.low_s:g}:{self.high_s:g}"
-
-
-_PACE_HELP = (
-    "expected 'trace', 'human:MIN:MAX', 'agentic:MIN:MAX' or 'fixed:SECONDS' (seconds, 0 <= MIN <= MAX)"
-)
-
-
-def parse_pace(text: str) -> Pace:
-    """Parse a pace: ``trace`` (pauses unchanged) | ``human:A:B`` (every inter-turn pause := uniform(A, B)
-    seconds, kind 'human'; the article used human:30:60) | ``agentic:A:B`` (same, kind 'agentic') |
-    ``fixed:S`` (every pause := S seconds, kind unknown, so ``classify_turn`` decides by its length).
-
-    Raises ValueError with a one-line message for anything else.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"bad pace {text!r}: {_PACE_HELP}")
-    parts = [p.strip() for p in text.strip().lower().split(":")]
-    mode = parts[0]
-    if mode == "trace" and len(parts) == 1:
-        return Pace("trace")
-    expected = {"human": 3, "agentic": 3, "fixed": 2}.get(mode)
-    if expected is None or len(parts) != expected:
-        raise ValueError(f"bad pace {text!r}: {_PACE_HELP}")
-    try:
-        numbers = [float(p) for p in parts[1:]]
-    except ValueError:
-        raise ValueError(f"bad pace {text!r}: {_PACE_HELP}") from None
-    if not all(math.isfinite(x) and x >= 0 for x in numbers):
-        raise ValueError(f"bad pace {text!r}: seconds must be finite and >= 0")
-    if mode == "fixed":
-        return Pace("fixed", numbers[0], numbers[0])
-    low, high = numbers
-    if low > high:
-        raise ValueError(f"bad pace {text!r}: MIN ({low:g}) must be <= MAX ({high:g})")
-    return Pace(mode, low, high)
 
 
 def _stable_id(text: str) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kv_cache.errors import UsageError
+from kv_cache.workload.traces.model import TraceError
 
 REQUIRED = ("timestamp", "request_id", "user_id", "context_tokens", "generation_tokens", "phase", "cache_hit",
             "cache_tier", "read_bytes", "write_bytes", "read_latency_ms", "write_latency_ms", "model_name")
@@ -20,21 +20,21 @@ def load_trace_stats(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"--validation-trace {path}: no such file") from None
+        raise TraceError(path, "no such file").about("validation_trace") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--validation-trace {path}: cannot read ({exc})") from None
+        raise TraceError(path, f"cannot read ({exc})").about("validation_trace") from None
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--validation-trace {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise TraceError(path, f"not valid JSON ({exc.msg} at line {exc.lineno})").about("validation_trace") from None
     if not isinstance(data, list) or not data:
-        raise UsageError(f"--validation-trace {path}: expected a non-empty JSON list of trace entries")
+        raise TraceError(path, "expected a non-empty JSON list of trace entries").about("validation_trace")
     for i, row in enumerate(data):
         if not isinstance(row, dict):
-            raise UsageError(f"--validation-trace {path}: entry {i} is not an object")
+            raise TraceError(path, f"entry {i} is not an object").about("validation_trace")
         missing = [k for k in REQUIRED if k not in row]
         unknown = [k for k in row if k not in REQUIRED and k not in OPTIONAL]
         if missing or unknown:
             what = f"missing {missing}" if missing else f"unknown fields {unknown}"
-            raise UsageError(f"--validation-trace {path}: entry {i} has {what}")
+            raise TraceError(path, f"entry {i} has {what}").about("validation_trace")
     n = len(data)
     read_b = sum(float(r["read_bytes"]) for r in data)
     write_b = sum(float(r["write_bytes"]) for r in data)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kv_cache.errors import UsageError
+
 FORMATS = ("mooncake", "aiperf", "bailian", "weka", "burstgpt", "sharegpt")
 
 # Block size (tokens per hash id) each format's hash ids are defined on (weka reads it from the file).
@@ -18,7 +20,7 @@ BLOCK_TOKENS: dict[str, int | None] = {
 }
 
 
-class TraceError(Exception):
+class TraceError(UsageError):
     """A trace that cannot be used at all (missing, unreadable, empty, unknown format, no valid row).
 
     The message is one line that names the file.

@@ -1,0 +1,117 @@
+"""`kv-cache sessions`, end to end: settings -> session supply -> ladder of rungs -> results -> outputs.
+
+Climbs a concurrency ladder for each offload configuration (none, DRAM, DRAM + storage under
+--cache-dir), replaying human-paced multi-turn sessions closed loop against modelled GPUs, with real I/O
+to the offload tiers, and reports per-GPU throughput, completed turns and TTFT by turn class with 95 %
+confidence intervals, the effective capacity of each configuration and the ratios between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+from datetime import datetime
+from typing import Any, TextIO
+
+from kv_cache import __version__
+from kv_cache.config.sessions import SessionsSettings
+from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
+from kv_cache.errors import ExitCode
+from kv_cache.metrics.recorder import GIB
+from kv_cache.report.jsonfile import write_json_atomic
+from kv_cache.report.sessions import print_table
+from kv_cache.workload.session_supply import script_supply
+from kv_cache.workload.sessions import SessionScript, sessions_from_trace
+from kv_cache.workload.traces import TraceError, open_trace
+
+__all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
+
+METHOD = (
+    "Closed loop: each of N session slots issues its next turn only after the previous answer completed and "
+    "its pause elapsed; a finished session is replaced by the next one. Compute is modelled (roofline per "
+    "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
+    "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: batch means "
+    "over equal sub-windows of the measured window, Student t interval; ratios: CI of the ratio of mean "
+    "sub-window throughputs. Effective capacity = the rung (sessions) with the highest mean per-GPU throughput."
+)
+
+
+def load_trace_sessions(s: SessionsSettings) -> tuple[LadderSettings, list[SessionScript] | None]:
+    """The trace's sessions (None without --trace) and the ladder settings on the trace's block size."""
+    ls = s.ladder_settings
+    if not s.trace:
+        return ls, None
+    scripts = sessions_from_trace(open_trace(s.trace, s.trace_format), max_sessions=s.max_sessions)
+    if not scripts:
+        raise TraceError(s.trace, "no sessions found")
+    return dataclasses.replace(ls, block_tokens=scripts[0].block_tokens, shared_prefix_tokens=0), scripts
+
+
+def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
+               rungs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run every (tier config, rung); `rungs` (if given) receives each finished rung as it completes."""
+    rungs = [] if rungs is None else rungs
+    raw = {}
+    cap_blocks = ls.hbm_capacity_blocks()
+    out.write(
+        f"kv-cache {__version__} sessions: {ls.model_name} on {ls.num_gpus} x {ls.gpu_name} "
+        f"(HBM for KV: {cap_blocks} blocks of {ls.block_tokens} tokens = "
+        f"{cap_blocks * ls.block_tokens:,} tokens per replica), rungs {ladder}, tiers {tiers}, "
+        f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
+    )
+    for tier in tiers:
+        for n in ladder:
+            out.write(f"  running {tier:<13} {n:>5} sessions ...")
+            out.flush()
+            rung = RungRun(ls, tier, n, supply)
+            result = rung.run()
+            raw[(tier, n)] = rung.throughput_samples
+            rungs.append(result)
+            t = result["throughput_tokens_per_s_per_gpu"]
+            out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
+            out.flush()
+    flag_work_equivalence(rungs)
+    return {"rungs": rungs, "summary": summarize(rungs, raw)}
+
+
+def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs are still written
+    raise KeyboardInterrupt
+
+
+def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
+    """Load the sessions, climb the ladder, write the JSON, print the table; returns the exit status."""
+    out = out or sys.stdout
+    ls, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
+    ladder, tiers = list(s.ladder), list(s.tiers)
+    started = datetime.now()
+    done_rungs: list[dict[str, Any]] = []
+    code = ExitCode.OK
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        body = run_ladder(ls, ladder, tiers, script_supply(trace_scripts, s.sessions, ls.seed), out, done_rungs)
+    except KeyboardInterrupt:  # keep what was measured: the rungs that completed
+        sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
+        body, code = {"rungs": done_rungs, "summary": None, "interrupted": True}, ExitCode.INTERRUPTED
+    results = {
+        "tool": f"kv-cache {__version__}",
+        "mode": "sessions",
+        "timestamp": started.isoformat(timespec="seconds"),
+        "command": " ".join(["kv-cache", "sessions", *s.argv]),
+        "parameters": {
+            "model": ls.model_name, "gpu": ls.gpu_name, "hbm_gb": ls.gpu.hbm_gb, "num_gpus": ls.num_gpus,
+            "tensor_parallel": ls.tensor_parallel, "block_tokens": ls.block_tokens, "ladder": ladder,
+            "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
+            "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
+            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.io_workers,
+        },
+        "method": METHOD,
+        **body,
+    }
+    write_json_atomic(s.output, results)
+    if code == ExitCode.OK:
+        print_table(results, out)
+    out.write(f"\nResults written to {s.output}\n")
+    return int(code)

@@ -1,0 +1,144 @@
+"""Parsed flags + config.yaml -> RunSettings: validation, overrides, per-rank paths.
+
+Nothing here opens a trace file: the workload source is only chosen and its paths resolved; the
+composition root opens the files once, before the run does any I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kv_cache.config.run import (
+    DriverSettings,
+    OutputSettings,
+    RunSettings,
+    StorageSettings,
+    TierSettings,
+    WorkloadSettings,
+)
+from kv_cache.config.schema import BenchConfig, load_config
+from kv_cache.config.validation import unimplemented_features, validate_args
+from kv_cache.errors import UsageError
+from kv_cache.storage.tracelog import check_trace_path
+from kv_cache.workload.pacing import parse_think_time
+from kv_cache.workload.replay import resolve_burst_paths
+from kv_cache.workload.validation import load_trace_stats
+
+__all__ = ["mpi_rank", "resolve_run", "trace_source"]
+
+MIB = 1024 * 1024
+
+
+def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
+    """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid."""
+    if args.prefill_only and args.decode_only:
+        raise UsageError("--prefill-only and --decode-only are mutually exclusive")
+    config = load_config(args.config)
+    errors = validate_args(args, config.validation_limits)
+    errors += unimplemented_features(args)
+    model = config.model_configs.get(args.model)
+    if model is None:
+        errors.append(f"unknown model '{args.model}' (available: {', '.join(sorted(config.model_configs))})")
+    if errors:
+        raise UsageError("; ".join(errors))
+
+    cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir)) if args.cache_dir is not None else None
+    output = args.output
+    rank, world = mpi_rank()
+    if world > 1:  # several ranks were given the same --output and --cache-dir: keep them apart
+        if cache_dir is not None:
+            cache_dir = os.path.join(cache_dir, f"rank{rank}")
+        stem, dot, ext = output.rpartition(".")
+        output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{output}_rank{rank}"
+    if args.io_trace_log:
+        check_trace_path(args.io_trace_log)
+    return RunSettings(
+        config=config,
+        model=model,
+        model_name=args.model,
+        seed=args.seed,
+        config_path=args.config,
+        storage=_storage(args, config),
+        tiers=TierSettings(
+            gpu_mem_gb=float(args.gpu_mem_gb), num_gpus=args.num_gpus, tensor_parallel=args.tensor_parallel,
+            cpu_mem_gb=float(args.cpu_mem_gb), cache_dir=cache_dir,
+            storage_capacity_gb=float(args.storage_capacity_gb),
+        ),
+        workload=_workload(args),
+        driver=DriverSettings(
+            duration=float(args.duration), generation_mode=args.generation_mode,
+            max_concurrent_allocs=args.max_concurrent_allocs, max_requests=args.max_requests,
+            request_rate=float(args.request_rate), enable_autoscaling=args.enable_autoscaling,
+            autoscaler_mode=args.autoscaler_mode, target_saturation=float(args.target_saturation),
+            precondition=args.precondition, precondition_size_gb=float(args.precondition_size_gb),
+            precondition_threads=args.precondition_threads, prefill_only=args.prefill_only,
+            decode_only=args.decode_only,
+        ),
+        outputs=OutputSettings(
+            output=output, xlsx_output=args.xlsx_output, io_trace_log=args.io_trace_log,
+            performance_profile=args.performance_profile, fail_exit_code=args.fail_exit_code,
+            log_level=args.log_level,
+        ),
+        mpi_rank=rank if world > 1 else None,
+        mpi_world_size=world,
+        argv=tuple(argv),
+    )
+
+
+def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
+    """The config's storage section with the --io-* flags given on the command line laid over it."""
+    storage = config.storage
+    return StorageSettings(
+        chunk_bytes=(args.io_chunk_mb if args.io_chunk_mb is not None else storage.chunk_size_mb) * MIB,
+        fsync=False if args.no_fsync else storage.fsync,
+        io_mode=args.io_mode if args.io_mode is not None else storage.io_mode,
+        io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
+    )
+
+
+def _workload(args: argparse.Namespace) -> WorkloadSettings:
+    trace_stats = load_trace_stats(args.validation_trace) if args.validation_trace else None
+    trace_paths, trace_format = trace_source(args)
+    return WorkloadSettings(
+        num_users=args.num_users, multi_turn=not args.disable_multi_turn,
+        prefix_caching=not args.disable_prefix_caching, enable_rag=args.enable_rag,
+        rag_num_docs=args.rag_num_docs, max_conversations=args.max_conversations,
+        trace_paths=trace_paths, trace_format=trace_format, kv_block_tokens=args.kv_block_tokens,
+        think_time=parse_think_time(args.think_time), trace_speedup=float(args.trace_speedup),
+        replay_cycles=args.replay_cycles, validation_trace=args.validation_trace,
+        validation_trace_stats=trace_stats,
+    )
+
+
+def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
+    """Which trace (if any) drives the run, and in which format ("auto" = detected when opened)."""
+    chosen = [flag for flag, on in (("--trace", args.trace), ("--dataset-path", args.dataset_path),
+                                    ("--use-burst-trace", args.use_burst_trace)) if on]
+    if len(chosen) > 1:
+        raise UsageError(f"choose one workload source, not {' and '.join(chosen)}")
+    if args.kv_block_tokens < 0:
+        raise UsageError(f"--kv-block-tokens cannot be negative, got {args.kv_block_tokens}")
+    if args.trace:
+        paths, fmt = (args.trace,), args.trace_format
+    elif args.dataset_path:
+        paths, fmt = (args.dataset_path,), "sharegpt"
+    elif args.use_burst_trace:
+        paths, fmt = tuple(resolve_burst_paths(args.burst_trace_path)), "burstgpt"
+    else:
+        return (), None
+    if args.enable_autoscaling:
+        raise UsageError("--enable-autoscaling scales synthetic users; it cannot be combined with a trace")
+    return paths, fmt
+
+
+def mpi_rank() -> tuple[int, int]:
+    """(rank, world size) from the MPI launcher's environment (Open MPI or PMI); (0, 1) otherwise."""
+    env = os.environ
+    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")):
+        if rank_var in env:
+            try:
+                return int(env[rank_var]), int(env.get(size_var, "1"))
+            except ValueError:
+                raise UsageError(f"{rank_var}={env[rank_var]!r} is not an integer") from None
+    return 0, 1

@@ -1,0 +1,114 @@
+"""The run's workload from its settings: synthetic users (built on demand, deterministically), or a
+replayed trace (closed-loop sessions, or timestamped arrivals for the open loop)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kv_cache.workload.conversation import ConversationManager
+from kv_cache.workload.pacing import ThinkTime
+from kv_cache.workload.prefix import build_system_prefixes
+from kv_cache.workload.rag import RagCorpus
+from kv_cache.workload.replay import (
+    SESSION_FORMATS,
+    OpenLoopTrace,
+    SessionUser,
+    TracePlanner,
+    load_sessions,
+    open_sources,
+)
+from kv_cache.workload.traces import TraceSource, detect_format
+from kv_cache.workload.users import SyntheticUser, generate_profiles
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.config.run import RunSettings
+
+__all__ = ["PREPOPULATION_PER_USER", "TraceWorkload", "UserFactory", "build_trace_workload", "open_trace_sources",
+           "poisson_retimed"]
+
+PREPOPULATION_PER_USER = 10  # decode-only: entries pre-populated per user (reference)
+
+
+class UserFactory:
+    """Builds user i deterministically (the autoscaler may ask for more users than the run started with)."""
+
+    def __init__(self, settings: RunSettings, rag: RagCorpus | None) -> None:
+        cfg = settings.config
+        self.settings = settings
+        self.seed = settings.effective_seed
+        self.conversations = (ConversationManager(cfg.conversation.max_conversations,
+                                                  cfg.conversation.max_turns_per_conv)
+                              if settings.multi_turn else None)
+        self.prefixes = (build_system_prefixes(cfg.prefix_cache.min_prefix_length,
+                                               cfg.prefix_cache.max_prefix_entries)
+                         if settings.prefix_caching else ())
+        self.rag = rag
+        self.decode_only_entries = settings.num_users * PREPOPULATION_PER_USER if settings.decode_only else 0
+
+    def __call__(self, index: int) -> SyntheticUser:
+        return self.build(index, 1)[0]
+
+    def build(self, first: int, count: int) -> list[SyntheticUser]:
+        cfg = self.settings.config
+        return [
+            SyntheticUser(p, self.seed, self.conversations, cfg.conversation.end_conversation_probability,
+                          self.prefixes, cfg.prefix_cache.system_prompt_hit_probability,
+                          decode_only_entries=self.decode_only_entries, rag=self.rag,
+                          rag_probability=cfg.rag.request_probability,
+                          kv_block_tokens=self.settings.kv_block_tokens)
+            for p in generate_profiles(count, cfg, self.seed, first_index=first)
+        ]
+
+
+@dataclass
+class TraceWorkload:
+    """What drives a trace run: closed-loop sessions, or timestamped arrivals (open loop)."""
+
+    sources: list
+    sessions: list[SessionUser] | None = None
+    arrivals: object = None
+    speedup: float = 1.0
+
+    @property
+    def format(self) -> str:
+        return self.sources[0].format
+
+
+def open_trace_sources(settings: RunSettings) -> list[TraceSource]:
+    """Open and check every trace file of the run (raises TraceError); the run opens them only here."""
+    paths, fmt = list(settings.trace_paths), settings.trace_format
+    if fmt == "auto":  # detected first: the conversation limit applies to ShareGPT only
+        fmt = detect_format(paths[0])
+    max_conv = settings.max_conversations if fmt == "sharegpt" else 0
+    return open_sources(paths, fmt, 0, max_conv)
+
+
+def build_trace_workload(settings: RunSettings, sources: list[TraceSource] | None = None) -> TraceWorkload:
+    """The trace workload over `sources` (opened now when not given)."""
+    cfg = settings.config
+    sources = open_trace_sources(settings) if sources is None else sources
+    planner = TracePlanner(settings.kv_block_tokens, settings.multi_turn, cfg.qos_distribution, cfg.qos_profiles,
+                           settings.effective_seed)
+    think = settings.think_time or ThinkTime()
+    if settings.request_rate > 0:  # every source can be driven open-loop at a Poisson rate
+        rows = OpenLoopTrace(sources, planner, settings.replay_cycles, settings.max_requests)
+        return TraceWorkload(sources, arrivals=poisson_retimed(rows, settings.request_rate, settings.effective_seed))
+    if sources[0].format in SESSION_FORMATS:
+        sessions = load_sessions(sources, planner, think, settings.trace_speedup, settings.effective_seed,
+                                 settings.max_requests)
+        return TraceWorkload(sources, sessions=sessions, speedup=settings.trace_speedup)
+    return TraceWorkload(sources, arrivals=OpenLoopTrace(sources, planner, settings.replay_cycles,
+                                                         settings.max_requests),
+                         speedup=settings.trace_speedup)
+
+
+def poisson_retimed(rows: Iterable[tuple[Any, Any]], rate: float, seed: int) -> Iterator[tuple[float, Any]]:
+    """The rows in order, re-timed as a Poisson process of `rate` per second."""
+    rng = random.Random(f"kv-cache-arrivals:{seed}")
+    t = 0.0
+    for _, plan in rows:
+        t += rng.expovariate(rate)
+        yield t, plan
