@@ -12,11 +12,12 @@ import dataclasses
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
 from kv_cache import __version__
-from kv_cache.config.sessions import SessionsSettings
+from kv_cache.config.schema import SessionsConfig
 from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import GIB
@@ -25,6 +26,24 @@ from kv_cache.report.sessions import print_table
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
 from kv_cache.workload.traces import TraceError, open_trace
+
+
+@dataclass(frozen=True)
+class SessionsSettings:
+    """One `kv-cache sessions` run, resolved (synthetic sessions' block size until a trace is loaded)."""
+
+    ladder_settings: LadderSettings
+    ladder: tuple[int, ...]
+    tiers: tuple[str, ...]
+    sessions: SessionsConfig
+    trace: str | None
+    trace_format: str
+    max_sessions: int
+    pace_text: str
+    output: str
+    log_level: str
+    argv: tuple[str, ...]
+
 
 __all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
 

@@ -10,6 +10,8 @@ import pytest
 
 from kv_cache import cli
 from kv_cache.cli import build_parser, main, parse_settings
+from kv_cache.cli.sessions import SessionsFlags
+from kv_cache.config.pacing import PaceError
 from kv_cache.config.run import (
     DEFAULT_MODEL,
     SECTIONS,
@@ -22,11 +24,9 @@ from kv_cache.config.run import (
     WorkloadSettings,
 )
 from kv_cache.config.schema import BenchConfig, ValidationLimits
-from kv_cache.config.sessions import SessionsFlags
 from kv_cache.config.validation import advisories, check_cache_dir, unimplemented_features, validate_args
 from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
 from kv_cache.models import MODEL_CONFIGS
-from kv_cache.workload.pacing import PaceError
 from kv_cache.workload.traces import TraceError
 
 ROOT = Path(__file__).resolve().parent.parent

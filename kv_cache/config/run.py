@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from kv_cache.config.sections import StorageConfig
-from kv_cache.storage.files import IO_MODES
-from kv_cache.workload.pacing import ThinkTime
+from kv_cache.config.pacing import ThinkTime
+from kv_cache.config.sections import IO_MODES, StorageConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.schema import BenchConfig

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from kv_cache.config.fields import FrozenMap, _f, _int, _num, _prob
 from kv_cache.models import MODEL_CONFIGS, ModelConfig
-from kv_cache.storage.files import IO_MODES
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.models import GPUSpec
@@ -20,6 +19,10 @@ RETRIEVAL_DISTRIBUTIONS = ("zipfian", "uniform", "random")
 # --------------------------------------------------------------------------------------------------
 # Sections
 # --------------------------------------------------------------------------------------------------
+
+
+# How the storage tier opens its files: O_DIRECT where the filesystem allows it, or the page cache.
+IO_MODES = ("auto", "direct", "buffered")
 
 
 @dataclass(frozen=True)

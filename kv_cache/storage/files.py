@@ -35,12 +35,12 @@ import weakref
 from pathlib import Path
 from time import perf_counter_ns
 
+from kv_cache.config.sections import IO_MODES
 from kv_cache.errors import StorageSetupError
 from kv_cache.storage.base import BLOCK, DataCorruption, StoreBase, key_id, padded
 from kv_cache.storage.blockdev import mount_info
 from kv_cache.storage.rundir import RunDir
 
-IO_MODES = ("auto", "direct", "buffered")
 HEADER_BYTES = BLOCK
 
 # Filesystems whose files live in RAM: O_DIRECT (accepted by tmpfs since Linux 6.6) reaches no device.

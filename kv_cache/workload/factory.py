@@ -8,8 +8,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kv_cache.config.pacing import ThinkTime
 from kv_cache.workload.conversation import ConversationManager
-from kv_cache.workload.pacing import ThinkTime
 from kv_cache.workload.prefix import build_system_prefixes
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.replay import (

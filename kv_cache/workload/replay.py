@@ -19,7 +19,7 @@ import os
 import random
 from collections.abc import Iterator
 
-from kv_cache.workload.pacing import ThinkTime
+from kv_cache.config.pacing import ThinkTime
 from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
 from kv_cache.workload.traces import TraceError, TraceRequest, TraceSource, kv_block_keys, open_trace

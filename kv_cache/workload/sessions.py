@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kv_cache.workload.pacing import PACE_MODES, Pace, parse_pace
+from kv_cache.config.pacing import PACE_MODES, Pace, parse_pace
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.schema import SessionsConfig

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from kv_cache.config.pacing import parse_think_time
 from kv_cache.config.run import (
     DriverSettings,
     OutputSettings,
@@ -21,7 +22,6 @@ from kv_cache.config.schema import BenchConfig, load_config
 from kv_cache.config.validation import unimplemented_features, validate_args
 from kv_cache.errors import UsageError
 from kv_cache.storage.tracelog import check_trace_path
-from kv_cache.workload.pacing import parse_think_time
 from kv_cache.workload.replay import resolve_burst_paths
 from kv_cache.workload.validation import load_trace_stats
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kv_cache import __version__
-from kv_cache.cli_flags import add_run_flags, add_sessions_flags
-from kv_cache.config.resolve import resolve_run
+from kv_cache.cli.flags import add_run_flags, add_sessions_flags
+from kv_cache.cli.resolve import resolve_run
+from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
-from kv_cache.config.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.validation import advisories
 from kv_cache.errors import ExitCode, StorageError, UsageError
 

@@ -11,14 +11,15 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
+from kv_cache.app_sessions import SessionsSettings
 from kv_cache.cache import EvictionPolicy
-from kv_cache.config.schema import SessionsConfig, load_config
+from kv_cache.config.pacing import PaceError, parse_pace
+from kv_cache.config.schema import load_config
 from kv_cache.config.validation import check_cache_dir
 from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.engine import roofline as gpumod
 from kv_cache.errors import UsageError
 from kv_cache.metrics.recorder import GIB
-from kv_cache.workload.pacing import PaceError, parse_pace
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 
@@ -53,23 +54,6 @@ class SessionsFlags:
     no_fsync: bool | None = None
     prefill_chunk_tokens: int = 8192
     log_level: str = "WARNING"
-
-
-@dataclass(frozen=True)
-class SessionsSettings:
-    """One `kv-cache sessions` run, resolved (synthetic sessions' block size until a trace is loaded)."""
-
-    ladder_settings: LadderSettings
-    ladder: tuple[int, ...]
-    tiers: tuple[str, ...]
-    sessions: SessionsConfig
-    trace: str | None
-    trace_format: str
-    max_sessions: int
-    pace_text: str
-    output: str
-    log_level: str
-    argv: tuple[str, ...]
 
 
 def timestamped(name: str, when: datetime) -> str:

@@ -9,6 +9,7 @@ from dataclasses import fields
 from datetime import datetime
 
 from kv_cache import __version__
+from kv_cache.cli.sessions import SessionsFlags, timestamped
 from kv_cache.config.run import (
     AUTOSCALER_MODES,
     DEFAULT_MODEL,
@@ -19,7 +20,6 @@ from kv_cache.config.run import (
     TRACE_FORMATS,
     defaults,
 )
-from kv_cache.config.sessions import SessionsFlags, timestamped
 from kv_cache.driver.ladder import TIER_CONFIGS
 
 __all__ = ["add_run_flags", "add_sessions_flags", "run_flag_defaults", "sessions_flag_defaults"]
