@@ -21,6 +21,7 @@ from kv_cache.config.schema import SessionsConfig
 from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import GIB
+from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.sessions import print_table
 from kv_cache.workload.session_supply import script_supply
@@ -114,7 +115,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
         body, code = {"rungs": done_rungs, "summary": None, "interrupted": True}, ExitCode.INTERRUPTED
-    results = {
+    results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
         "timestamp": started.isoformat(timespec="seconds"),
@@ -128,7 +129,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         },
         "method": METHOD,
         **body,
-    }
+    }, SESSIONS_SCHEMA_VERSION)
     write_json_atomic(s.output, results)
     if code == ExitCode.OK:
         print_table(results, out)

@@ -94,6 +94,7 @@ def test_ladder_output_has_curve_capacity_ratios_and_cis(argv, tmp_path):
     code = sessions_main(argv("--ladder", "2,4", "--tiers", "none,dram+storage"))
     assert code == 0
     data = json.loads((tmp_path / "s.json").read_text())
+    assert next(iter(data)) == "schema_version" and data["schema_version"] == "kv-cache-sessions/1"
     assert len(data["rungs"]) == 4 and data["method"]
     r = data["rungs"][0]
     for key in ("throughput_tokens_per_s_per_gpu", "prefill_tokens_per_s_per_gpu", "decode_tokens_per_s_per_gpu"):

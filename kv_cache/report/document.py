@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # Bump the number when a key changes meaning or goes away; adding keys keeps it.
 SCHEMA_VERSION = "kv-cache-results/1"
+SESSIONS_SCHEMA_VERSION = "kv-cache-sessions/1"  # `kv-cache sessions`: rungs, per-config summary
 
 
 class Outcome(Protocol):
@@ -86,9 +87,9 @@ class RunRecord:
     trace: TraceReplay | None = None
 
 
-def results_document(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with the schema version as its first key."""
-    return {"schema_version": SCHEMA_VERSION, **body}
+def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
+    """`body` with the schema version as its first key (a reader checks it before trusting any key)."""
+    return {"schema_version": schema, **body}
 
 
 def interrupted_results(phases: dict[str, Any]) -> dict[str, Any]:
