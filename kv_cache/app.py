@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import resource
 import signal
 import sys
@@ -36,6 +35,7 @@ from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tracelog import IOTraceWriter, NullStore
+from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
 from kv_cache.workload.rag import RagCorpus, build_documents
@@ -191,11 +191,7 @@ def build_trace_workload(settings: RunSettings) -> TraceWorkload:
 
 def poisson_retimed(rows, rate: float, seed: int):
     """The rows in order, re-timed as a Poisson process of `rate` per second."""
-    rng = random.Random(f"kv-cache-arrivals:{seed}")
-    t = 0.0
-    for _, plan in rows:
-        t += rng.expovariate(rate)
-        yield t, plan
+    return PoissonArrivals(rate, seed).retime(rows)
 
 
 def build_users(settings: RunSettings) -> list[SyntheticUser]:
@@ -312,7 +308,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
         out.flush()
         metrics.reset()  # nothing done before the window counts
-        driver = Driver(users, cache, metrics, options, stop, autoscaler=autoscaler, make_user=factory,
+        driver = Driver(users, cache, metrics, options, stop, shape=autoscaler, make_user=factory,
                         arrivals=trace.arrivals if trace is not None else None,
                         trace_speedup=trace.speedup if trace is not None else 1.0,
                         replay_cycles=settings.replay_cycles)

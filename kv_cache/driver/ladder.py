@@ -9,25 +9,26 @@ so their work is comparable; a work-equivalence control flags any that completed
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import math
 import threading
-import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.driver.closed_loop import ClosedLoop
+from kv_cache.driver.events import EventLoop
+from kv_cache.driver.pool import Stream, WorkerPool
+from kv_cache.driver.session_slots import Slot
 from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import CI, mean_ci, ratio_ci
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
-from kv_cache.workload.sessions import SessionScript, apply_pace, classify_turn
+from kv_cache.workload.sessions import SessionScript, apply_pace
 
 log = logging.getLogger("kv_cache.sessions")
 
@@ -75,16 +76,6 @@ class LadderSettings:
         return int(cap // (self.block_tokens * self.model.bytes_per_token))
 
 
-@dataclass
-class Slot:
-    index: int
-    script: SessionScript | None = None
-    contexts: list[tuple[int, int]] = field(default_factory=list)  # (reused prefix, input) per turn
-    turn: int = 0
-    keys: list[str] = field(default_factory=list)  # keys of the session's cached full blocks, in order
-    outstanding: bool = False
-
-
 def subwindow_values(
     samples: list[tuple[float, float]],
     window: tuple[float, float],
@@ -129,8 +120,7 @@ class RungRun:
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
-        self.done: deque = deque()
-        self.cond = threading.Condition()
+        self.loop = EventLoop({"open_window": self._on_open_window})  # replicas report completions to it
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
         self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
@@ -149,9 +139,7 @@ class RungRun:
             self.iterations.append(((now - self.t0) / 1e9, prefill, decode))
 
     def _done(self, req: TurnRequest, now: int) -> None:
-        with self.cond:
-            self.done.append((now, req))
-            self.cond.notify()
+        self.loop.complete((now, req))
 
     # -- build / tear down ---------------------------------------------------------------------
     def _build(self) -> None:
@@ -170,13 +158,10 @@ class RungRun:
             if tiers
             else None
         )
-        self.io = (
-            IOPool(
-                self.cache, ls.io_workers, ls.chunk_bytes, ls.seed, ls.block_bytes, ls.block_tokens, self.stop
-            )
-            if self.cache is not None
-            else None
-        )
+        self.io = None
+        if self.cache is not None:
+            pool = WorkerPool(Stream.ENGINE_IO, ls.io_workers, ls.chunk_bytes, ls.seed, name="kv-sess-io")
+            self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
 
         def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
             return gpumod.iteration_seconds(
@@ -220,41 +205,35 @@ class RungRun:
         if slot.outstanding:  # the closed-loop invariant; counted, never expected
             self.violations += 1
             return
-        ls = self.ls
-        B = ls.block_tokens
-        if slot.script is None or slot.turn >= len(slot.script.turns):
-            slot.script, slot.turn = self._next_script(), 0
-            slot.contexts = slot.script.contexts()
-            slot.keys = [f"shared_{j}" for j in range(slot.script.shared_prefix_tokens // B)]
-        script = slot.script
-        turn = script.turns[slot.turn]
-        reused, input_tokens = slot.contexts[slot.turn]
-        final_tokens = input_tokens + turn.output_tokens
-        sid = script.session_id
-        # Prefix-chained keys: the reused prefix keeps its blocks' keys; every block after it is new content
-        # (a rewritten history must not hit stale blocks), tagged with the turn that creates it.
-        kept = slot.keys[: reused // B]
-        fresh = [f"{sid}_t{slot.turn}_{j}" for j in range(len(kept), final_tokens // B)]
-        final_keys = kept + fresh
-        req = TurnRequest(
-            slot=slot.index,
-            session_id=sid,
-            turn_index=slot.turn,
-            turn_class=classify_turn(turn, ls.human_threshold_s),
-            issue_ns=now,
-            input_tokens=input_tokens,
-            new_tokens=turn.new_tokens,
-            output_tokens=turn.output_tokens,
-            input_keys=final_keys[: input_tokens // B],
-            final_keys=final_keys,
-            needed_slots=-(-final_tokens // B),
-        )
-        slot.keys = final_keys
-        slot.outstanding = True
-        slot.turn += 1
+        req = slot.next_request()
+        req.issue_ns = now
         with self.lock:
-            self.offered.append(((now - self.t0) / 1e9, turn.new_tokens))
-        self.replicas[hash(sid) % len(self.replicas)].submit(req)
+            self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
+        self.replicas[hash(req.session_id) % len(self.replicas)].submit(req)
+
+    def _issue_slot(self, slot: Slot, when: int) -> None:
+        self._issue(slot, self._now)  # turns are stamped when the loop gets to them, as they reach the engine
+
+    def _on_turn_done(self, end_ns: int, req: TurnRequest) -> None:
+        slot = self.closed.users[req.slot]
+        slot.outstanding = False
+        self.completed.append(((end_ns - self.t0) / 1e9, req))
+        self.closed.after(slot.user_id, end_ns)  # its pause, or the next session at once
+
+    def _on_open_window(self, when: int, _: object) -> None:
+        self.metrics.open_window(when)
+
+    def _step(self, window_end: int) -> bool:
+        """One pass of the scheduler; False once the window is over."""
+        loop = self.loop
+        self._now = now = loop.clock()
+        if now >= window_end:
+            return False
+        for end_ns, req in loop.take_completions():
+            self._on_turn_done(end_ns, req)
+        loop.run_due(now, window_end)
+        loop.wait(min(loop.next_time() or window_end, window_end))
+        return True
 
     def run(self) -> dict[str, Any]:
         ls = self.ls
@@ -263,45 +242,16 @@ class RungRun:
         except BaseException:
             self._teardown()
             raise
-        slots = [Slot(i) for i in range(self.sessions)]
-        heap: list[tuple[int, int, int]] = []
-        seq = itertools.count()
-        self.t0 = time.perf_counter_ns()
+        slots = [Slot(i, ls.block_tokens, ls.human_threshold_s, self._next_script) for i in range(self.sessions)]
+        self.closed = ClosedLoop(self.loop, slots, self._issue_slot)  # a rung: a constant number of slots
+        self.t0 = self._now = self.loop.clock()
         window_start = self.t0 + int(ls.warmup_s * 1e9)
         window_end = window_start + int(ls.window_s * 1e9)
-        window_opened = False
+        self.loop.push(window_start, "open_window")
         try:
-            for slot in slots:
-                self._issue(slot, self.t0)
-            while True:
-                now = time.perf_counter_ns()
-                if not window_opened and now >= window_start:
-                    self.metrics.open_window(window_start)
-                    window_opened = True
-                if now >= window_end:
-                    break
-                with self.cond:
-                    finished = list(self.done)
-                    self.done.clear()
-                for end_ns, req in finished:
-                    slot = slots[req.slot]
-                    slot.outstanding = False
-                    self.completed.append(((end_ns - self.t0) / 1e9, req))
-                    script = slot.script
-                    if slot.turn < len(script.turns):
-                        pause = script.turns[slot.turn].pause_before_s or 0.0
-                        heapq.heappush(heap, (end_ns + int(pause * 1e9), next(seq), req.slot))
-                    else:
-                        heapq.heappush(heap, (end_ns, next(seq), req.slot))  # next session starts cold
-                while heap and heap[0][0] <= now:
-                    _, _, idx = heapq.heappop(heap)
-                    self._issue(slots[idx], now)
-                wake = min(heap[0][0] if heap else window_end, window_end)
-                if not window_opened:
-                    wake = min(wake, window_start)
-                with self.cond:
-                    if not self.done:
-                        self.cond.wait(max(0.0, (wake - time.perf_counter_ns()) / 1e9))
+            self.closed.start(self.t0)
+            while self._step(window_end):
+                pass
         finally:
             self.metrics.close_window(window_end)
             self._teardown()
