@@ -58,6 +58,7 @@ def test_new_entries_go_to_fastest_tier_and_push_lru_down(bufs):
     check_accounting(cache)
 
 
+@pytest.mark.slow
 def test_demotion_moves_real_bytes_and_is_counted_in_destination(bufs):
     store = FileStore(None, CHUNK, fsync=False, io_mode="buffered")
     try:

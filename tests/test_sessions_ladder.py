@@ -45,6 +45,7 @@ class CheckedRung(RungRun):
         super()._done(req, now)
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_closed_loop_never_two_outstanding_turns_per_session(argv):
     ls, _, _, (scripts, sess), _ = resolve(argv())
     rung = CheckedRung(ls, "dram+storage", 4, script_supply(scripts, sess, ls.seed))
@@ -66,6 +67,7 @@ def test_closed_loop_never_two_outstanding_turns_per_session(argv):
     assert returns > 0
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_offload_tier_does_real_storage_io(argv, tmp_path):
     # no DRAM tier: every block evicted from HBM goes to files, every reload comes from them
     ls, _, _, (scripts, sess), _ = resolve(argv("--cpu-mem-gb", "0", "--window", "4", "--warmup", "0"))
@@ -77,6 +79,7 @@ def test_offload_tier_does_real_storage_io(argv, tmp_path):
     assert not any((tmp_path / "cache").glob("kv-cache-run-*"))  # the rung removed its files
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_no_tier_recomputes_and_does_no_io(argv):
     ls, _, _, (scripts, sess), _ = resolve(argv())
     result = RungRun(ls, "none", 4, script_supply(scripts, sess, ls.seed)).run()
@@ -84,6 +87,7 @@ def test_no_tier_recomputes_and_does_no_io(argv):
     assert result["kv_sources"]["recomputed_share"] > 0
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_ladder_output_has_curve_capacity_ratios_and_cis(argv, tmp_path):
     code = sessions_main(argv("--ladder", "2,4", "--tiers", "none,dram+storage"))
     assert code == 0
@@ -122,6 +126,7 @@ def test_sessions_subcommand_is_reachable_from_main(argv, capsys):
     assert "kv-cache sessions: error" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_interrupt_keeps_finished_rungs_and_cleans_up(argv, tmp_path):
     import signal
     import subprocess

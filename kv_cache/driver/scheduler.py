@@ -114,7 +114,7 @@ class Driver:
                 self.abandoned += 1
             return
         outcome = self.executor.execute(plan, bufs)
-        self.loop.complete((time.perf_counter_ns(), plan, outcome))
+        self.loop.complete((self.loop.clock(), plan, outcome))
 
     def _submit(self, plan: RequestPlan, when: int) -> None:
         plan.submit_ns = when
