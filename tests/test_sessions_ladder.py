@@ -143,3 +143,25 @@ def test_interrupt_keeps_finished_rungs_and_cleans_up(argv, tmp_path):
     assert proc.returncode == 130 and "interrupted after 1 rung" in err
     assert len(data["rungs"]) == 1 and data["interrupted"] is True
     assert not any((tmp_path / "cache").glob("kv-cache-run-*"))
+
+
+@pytest.mark.slow  # runs a rung in real time
+def test_a_load_shape_moves_the_number_of_slots_at_monitor_ticks(argv):
+    ls, _, _, (scripts, sess), _ = resolve(argv())
+
+    class Grow:
+        interval_s = 0.2
+
+        def __init__(self):
+            self.seen = []
+
+        def tick(self, sample):
+            self.seen.append(sample.users)
+            return 4
+
+    shape = Grow()
+    rung = CheckedRung(ls, "none", 2, script_supply(scripts, sess, ls.seed), shape=shape)
+    result = rung.run()
+    assert shape.seen[0] == 2 and shape.seen[-1] == 4
+    assert {slot for _, slot, _, _ in rung.events} == {0, 1, 2, 3}
+    assert result["closed_loop_violations"] == 0

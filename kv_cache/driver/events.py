@@ -45,6 +45,11 @@ class EventLoop:
     def next_time(self) -> int | None:
         return self._heap[0][0] if self._heap else None
 
+    def wait_next(self, limit: int) -> None:
+        """Sleep until the next event, a completion or an alarm, never past `limit`."""
+        nxt = self.next_time()
+        self.wait(limit if nxt is None else min(nxt, limit))
+
     def pending(self, kind: str) -> bool:
         return any(k == kind for _, _, k, _ in self._heap)
 

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.driver.autoscale import ConstantShape, IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
-from kv_cache.driver.events import EventLoop
+from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.pool import Stream, WorkerPool
 from kv_cache.driver.session_slots import Slot
 from kv_cache.engine import roofline as gpumod
@@ -112,15 +113,19 @@ class RungRun:
     """One rung: build, run closed loop for warm-up + window, measure, tear down."""
 
     def __init__(
-        self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]]
+        self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]],
+        shape: LoadShape | None = None,
     ) -> None:
         self.ls = ls
         self.tiers = tiers
         self.sessions = sessions
+        # A rung holds its session count; another shape may move it at monitor ticks (slots join or leave
+        # when their current turn ends).
+        self.shape = shape or ConstantShape(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1))
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
-        self.loop = EventLoop({"open_window": self._on_open_window})  # replicas report completions to it
+        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor})
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
         self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
@@ -211,6 +216,9 @@ class RungRun:
             self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
         self.replicas[hash(req.session_id) % len(self.replicas)].submit(req)
 
+    def _make_slot(self, index: int) -> Slot:
+        return Slot(index, self.ls.block_tokens, self.ls.human_threshold_s, self._next_script)
+
     def _issue_slot(self, slot: Slot, when: int) -> None:
         self._issue(slot, self._now)  # turns are stamped when the loop gets to them, as they reach the engine
 
@@ -223,16 +231,34 @@ class RungRun:
     def _on_open_window(self, when: int, _: object) -> None:
         self.metrics.open_window(when)
 
+    def _on_monitor(self, when: int, last: tuple[int, int]) -> Stop | None:
+        """Sample the interval (turns and tokens completed) and apply the load shape's decision."""
+        done = self.completed[last[1]:]
+        dt = max(1e-9, (when - last[0]) / 1e9)
+        queued = sum(len(r.waiting) for r in self.replicas)
+        sample = IntervalSample(
+            t_s=(when - self.t0) / 1e9, users=self.closed.active,
+            tokens_per_sec=sum(r.input_tokens + r.output_tokens for _, r in done) / dt,
+            requests_per_sec=len(done) / dt, storage_read_gbps=0.0, storage_write_gbps=0.0,
+            read_p95_ms=None, write_p95_ms=None, queued_requests=queued)
+        target = self.shape.tick(sample)
+        if target is None:
+            return Stop("load shape ended")
+        self.closed.set_active(target, when)
+        self.loop.push(when + int(self.shape.interval_s * 1e9), "monitor", (when, len(self.completed)))
+        return None
+
     def _step(self, window_end: int) -> bool:
-        """One pass of the scheduler; False once the window is over."""
+        """One pass of the scheduler; False once the window is over (or the load shape ended it)."""
         loop = self.loop
         self._now = now = loop.clock()
         if now >= window_end:
             return False
         for end_ns, req in loop.take_completions():
             self._on_turn_done(end_ns, req)
-        loop.run_due(now, window_end)
-        loop.wait(min(loop.next_time() or window_end, window_end))
+        if loop.run_due(now, window_end) is not None:
+            return False
+        loop.wait_next(window_end)
         return True
 
     def run(self) -> dict[str, Any]:
@@ -242,12 +268,13 @@ class RungRun:
         except BaseException:
             self._teardown()
             raise
-        slots = [Slot(i, ls.block_tokens, ls.human_threshold_s, self._next_script) for i in range(self.sessions)]
-        self.closed = ClosedLoop(self.loop, slots, self._issue_slot)  # a rung: a constant number of slots
+        self.closed = ClosedLoop(self.loop, [self._make_slot(i) for i in range(self.sessions)], self._issue_slot,
+                                 make_user=self._make_slot)
         self.t0 = self._now = self.loop.clock()
         window_start = self.t0 + int(ls.warmup_s * 1e9)
         window_end = window_start + int(ls.window_s * 1e9)
         self.loop.push(window_start, "open_window")
+        self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
         try:
             self.closed.start(self.t0)
             while self._step(window_end):

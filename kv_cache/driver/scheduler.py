@@ -244,7 +244,7 @@ class Driver:
             return stop
         if loop.clock() >= self.deadline:
             return Stop("duration", self.deadline)
-        loop.wait(min(loop.next_time() or self.deadline, self.deadline))
+        loop.wait_next(self.deadline)
         return None
 
     def run(self) -> DriverOutcome:
