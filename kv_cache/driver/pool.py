@@ -75,12 +75,13 @@ class WorkerPool:
         except queue.Empty:
             return dropped
 
-    def close(self) -> None:
-        """Let queued jobs run, then stop and join every worker."""
+    def close(self, wait: bool = True) -> None:
+        """Let queued jobs run, then stop every worker; `wait` joins them."""
         for _ in self._threads:
             self._jobs.put((1 << 30, next(self._seq), None))
-        for t in self._threads:
-            t.join()
+        if wait:
+            for t in self._threads:
+                t.join()
         self._threads = []
 
     def run_on_each(self, job: Job) -> None:
@@ -118,5 +119,7 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # On an interrupt the caller sets the run's stop event only after this returns, and the jobs
+        # watch that event: joining here would wait for work nobody stopped yet (workers are daemons).
+        self.close(wait=exc_type is None)
