@@ -166,11 +166,6 @@ class MultiTierCache:
         res = self.read(key, bufs, cause)
         return res.tier, res.ns
 
-    def access_sized(self, key: str, bufs: WorkerBuffers, cause: str = "decode") -> tuple[str | None, int, int]:
-        """As access, plus the entry's size in bytes (0 on a miss)."""
-        res = self.read(key, bufs, cause)
-        return res.tier, res.ns, res.nbytes
-
     def read(self, key: str, bufs: WorkerBuffers, cause: str = "decode") -> CacheRead:
         """Read a whole entry. What a hit means for the workload (system prompt, earlier turn...) is the
         caller's to count; `in_window` says whether this read's hit counted in the measured window."""

@@ -17,7 +17,7 @@ from kv_cache.driver.scheduler import Driver, DriverOptions
 from kv_cache.driver.session_slots import Slot
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.workload.arrivals import PoissonArrivals
-from kv_cache.workload.request import Phase, RequestPlan
+from kv_cache.workload.request import Phase, RequestPlan, decode_reads
 from kv_cache.workload.users import SyntheticUser, User
 
 S = 1_000_000_000
@@ -389,3 +389,29 @@ def test_slot_replays_sessions_and_pauses_between_turns():
         assert slot.next_request().session_id == "s1"
     finally:
         mod.classify_turn = original
+
+
+# -- the plan executor counts what each hit means -------------------------------------------------
+def test_executor_counts_hit_kinds_for_the_workload():
+    from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+    from kv_cache.driver.execute import PlanExecutor
+    from kv_cache.storage.buffers import WorkerBuffers
+    from kv_cache.storage.memory import MemoryStore
+
+    metrics = RunMetrics()
+    metrics.open_window()
+    cache = MultiTierCache([Tier("cpu", MemoryStore(8 << 20, slab_bytes=16 << 10), 8 << 20)], EvictionPolicy(),
+                           metrics, bytes_per_token=16)
+    ex = PlanExecutor(cache, metrics, lambda tokens: tokens * 16, threading.Event(), decode_batch_size=32)
+    p = RequestPlan(user_id="u", request_id="r", seq=1, qos_level="interactive", priority=1, context_tokens=64,
+                    generate_tokens=1, phase=Phase.PREFILL_DECODE, cache_key="k", history_keys=("h",),
+                    prefix_key="sys", prefix_tokens=32)
+    with WorkerBuffers(64 << 10, 1, 0) as bufs:
+        cache.allocate("h", 8, 128, bufs)
+        assert isinstance(ex.execute(p, bufs), Timing)  # prefix missed (stored), history hit, k stored then read
+        assert isinstance(ex.execute(p, bufs), Timing)  # now the prefix hits too
+    c = metrics.snapshot_counters()
+    assert c["system_prompt_hits"] == 1 and c["prefix_misses"] == 1 and c["prefix_hits"] == 1
+    assert c["multi_turn_hits"] == 2 and c["multi_turn_cache_hits"] == 2
+    assert c["user_cache_hits"] == 2 * (1 + decode_reads(1, 32))  # the decode reads of k
+    assert c["cache_hits"] == c["system_prompt_hits"] + c["multi_turn_hits"] + c["user_cache_hits"]
