@@ -136,7 +136,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
     driver = Driver(users, cache, run.metrics, driver_options(settings, workers, record_plans), run.stop,
-                    autoscaler=autoscaler, make_user=factory,
+                    shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
                     replay_cycles=settings.replay_cycles)

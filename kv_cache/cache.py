@@ -19,6 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
@@ -29,6 +30,13 @@ log = logging.getLogger("kv_cache.cache")
 
 # Reference tier names; statistics use 'storage' for the last tier.
 STAT_NAMES = {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
+
+
+class CacheRead(NamedTuple):
+    tier: str | None  # None: a miss
+    ns: int
+    nbytes: int
+    in_window: bool  # the read completed inside the measured window (its hit was counted)
 
 
 @dataclass(eq=False, slots=True)
@@ -154,24 +162,24 @@ class MultiTierCache:
                     raise
                 time.sleep(0.002)
 
-    def access(self, key: str, bufs: WorkerBuffers, cache_type: str = "user", cause: str = "decode") -> tuple[str | None, int]:
+    def access(self, key: str, bufs: WorkerBuffers, cause: str = "decode") -> tuple[str | None, int]:
         """Read a whole entry. Returns (tier, ns) or (None, 0) on a miss."""
-        tier, ns, _ = self.access_sized(key, bufs, cache_type, cause)
-        return tier, ns
+        res = self.read(key, bufs, cause)
+        return res.tier, res.ns
 
-    def access_sized(self, key: str, bufs: WorkerBuffers, cache_type: str = "user",
-                     cause: str = "decode") -> tuple[str | None, int, int]:
-        """As access, plus the entry's size in bytes (0 on a miss)."""
+    def read(self, key: str, bufs: WorkerBuffers, cause: str = "decode") -> CacheRead:
+        """Read a whole entry. What a hit means for the workload (system prompt, earlier turn...) is the
+        caller's to count; `in_window` says whether this read's hit counted in the measured window."""
         with self._cond:
             entry = self.entries.get(key)
             while entry is not None and (entry.writing or entry.moving):
                 if self.stop is not None and self.stop.is_set():
-                    return None, 0, 0
+                    return CacheRead(None, 0, 0, False)
                 self._cond.wait(0.05)
                 entry = self.entries.get(key)
             if entry is None:
                 self.metrics.count(names.CACHE_MISSES, end_ns=time.perf_counter_ns())
-                return None, 0, 0
+                return CacheRead(None, 0, 0, False)
             entry.readers += 1
             entry.last_access = time.monotonic()
             entry.access_count += 1
@@ -188,12 +196,10 @@ class MultiTierCache:
                 if entry.readers == 0:
                     self._cond.notify_all()
         end = time.perf_counter_ns()
-        if self._record(tier, "read", res, end, cause, entry.tokens, key):
+        counted = self._record(tier, "read", res, end, cause, entry.tokens, key)
+        if counted:
             self.metrics.count(names.CACHE_HITS)
-            hit_kind = {"system": names.SYSTEM_PROMPT_HITS, "common": names.COMMON_PHRASE_HITS,
-                        "multi_turn": names.MULTI_TURN_HITS}.get(cache_type, names.USER_CACHE_HITS)
-            self.metrics.count(hit_kind)
-        return tier.name, res.total_ns, res.nbytes
+        return CacheRead(tier.name, res.total_ns, res.nbytes, counted)
 
     def delete(self, key: str) -> bool:
         """Remove an entry from whichever tier holds it (waits for a write, move or reads in progress)."""

@@ -35,6 +35,7 @@ def trace_rows(path):
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow
 def test_open_loop_counts_rejected_arrivals(with_config, sink):
     settings = with_config("driver:\n  admission_queue_limit: 1\n", "--request-rate", "200", "--io-workers", "1",
                            "--duration", "2")
@@ -47,12 +48,14 @@ def test_open_loop_counts_rejected_arrivals(with_config, sink):
     assert "open loop" in m["run_mode"]
 
 
+@pytest.mark.slow
 def test_open_loop_offers_load_independent_of_completions(quick_settings, sink):
     results, _ = execute(quick_settings("--request-rate", "30", "--duration", "2", "--num-users", "2"), sink)
     # closed loop with 2 users and think time >= 0.1 s could never issue ~60 requests in 2 s
     assert results["measurement"]["requests_issued"] + results["measurement"]["requests_rejected"] > 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["capacity", "qos"])
 def test_autoscaler_really_changes_active_users(with_config, sink, mode):
     settings = with_config("autoscaler:\n  interval_seconds: 0.5\n  consecutive_samples_required: 50\n"
@@ -73,6 +76,7 @@ def test_autoscaler_really_changes_active_users(with_config, sink, mode):
     assert len(results["throughput_timeline"]) == len(history)
 
 
+@pytest.mark.slow
 def test_capacity_mode_stops_at_peak(with_config, sink):
     settings = with_config("autoscaler:\n  interval_seconds: 0.3\n  consecutive_samples_required: 1\n"
                            "  max_users: 3\n",

@@ -51,6 +51,7 @@ class CheckedRung(RungRun):
         super()._done(req, now)
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_closed_loop_never_two_outstanding_turns_per_session(argv):
     ls, scripts, sess = ladder_inputs(argv())
     rung = CheckedRung(ls, "dram+storage", 4, script_supply(scripts, sess, ls.seed))
@@ -72,6 +73,7 @@ def test_closed_loop_never_two_outstanding_turns_per_session(argv):
     assert returns > 0
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_offload_tier_does_real_storage_io(argv, tmp_path):
     # no DRAM tier: every block evicted from HBM goes to files, every reload comes from them
     ls, scripts, sess = ladder_inputs(argv("--cpu-mem-gb", "0", "--window", "4", "--warmup", "0"))
@@ -83,6 +85,7 @@ def test_offload_tier_does_real_storage_io(argv, tmp_path):
     assert not any((tmp_path / "cache").glob("kv-cache-run-*"))  # the rung removed its files
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_no_tier_recomputes_and_does_no_io(argv):
     ls, scripts, sess = ladder_inputs(argv())
     result = RungRun(ls, "none", 4, script_supply(scripts, sess, ls.seed)).run()
@@ -90,6 +93,7 @@ def test_no_tier_recomputes_and_does_no_io(argv):
     assert result["kv_sources"]["recomputed_share"] > 0
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_ladder_output_has_curve_capacity_ratios_and_cis(argv, tmp_path):
     code = sessions_main(argv("--ladder", "2,4", "--tiers", "none,dram+storage"))
     assert code == 0
@@ -133,6 +137,7 @@ def test_sessions_subcommand_is_reachable_from_main(argv, capsys):
     assert "kv-cache sessions: error" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs rungs in real time
 def test_interrupt_keeps_finished_rungs_and_cleans_up(argv, tmp_path):
     import signal
     import subprocess
@@ -149,3 +154,25 @@ def test_interrupt_keeps_finished_rungs_and_cleans_up(argv, tmp_path):
     assert proc.returncode == 130 and "interrupted after 1 rung" in err
     assert len(data["rungs"]) == 1 and data["interrupted"] is True
     assert not any((tmp_path / "cache").glob("kv-cache-run-*"))
+
+
+@pytest.mark.slow  # runs a rung in real time
+def test_a_load_shape_moves_the_number_of_slots_at_monitor_ticks(argv):
+    ls, scripts, sess = ladder_inputs(argv())
+
+    class Grow:
+        interval_s = 0.2
+
+        def __init__(self):
+            self.seen = []
+
+        def tick(self, sample):
+            self.seen.append(sample.users)
+            return 4
+
+    shape = Grow()
+    rung = CheckedRung(ls, "none", 2, script_supply(scripts, sess, ls.seed), shape=shape)
+    result = rung.run()
+    assert shape.seen[0] == 2 and shape.seen[-1] == 4
+    assert {slot for _, slot, _, _ in rung.events} == {0, 1, 2, 3}
+    assert result["closed_loop_violations"] == 0

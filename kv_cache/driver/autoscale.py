@@ -1,14 +1,18 @@
-"""Autoscaling: decides how many users should be active, from per-interval measurements.
+"""Load shapes: at every monitor tick, decide how many users (or session slots) should be active.
 
-Two modes (reference names): `qos` keeps storage saturation near a target; `capacity` grows the user
-count while throughput still rises and stops at the peak. Unlike the reference, the decision is applied:
-the driver really starts or stops users. Factors and sample counts come from config.
+A load shape is the only thing that changes the offered load during a run (as locust's LoadTestShape):
+the scheduler samples the interval, asks the shape, and applies the answer.
+- `ConstantShape`: a fixed count (a plain run, one rung of the sessions ladder);
+- `Autoscaler`, two modes (reference names): `qos` keeps storage saturation near a target; `capacity`
+  grows the user count while throughput still rises and stops at the peak. Unlike the reference, the
+  decision is applied: the driver really starts or stops users. Factors and sample counts come from config.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,23 @@ class IntervalSample:
     read_p95_ms: float | None
     write_p95_ms: float | None
     queued_requests: int
+
+
+class LoadShape(Protocol):
+    interval_s: float  # seconds between ticks
+
+    def tick(self, sample: IntervalSample) -> int | None:
+        """The number of users to run from now on; None = stop the run."""
+        ...
+
+
+class ConstantShape:
+    def __init__(self, users: int, interval_s: float = 10.0) -> None:
+        self.users = users
+        self.interval_s = interval_s
+
+    def tick(self, sample: IntervalSample) -> int | None:
+        return self.users
 
 
 class Autoscaler:
@@ -40,6 +61,13 @@ class Autoscaler:
         self.peak_users = initial_users
         self.history: list[dict] = []
         self.stopped = False
+
+    @property
+    def interval_s(self) -> float:
+        return self.cfg.interval_seconds
+
+    def tick(self, sample: IntervalSample) -> int | None:
+        return self.decide(sample)
 
     def saturation(self, s: IntervalSample) -> float:
         """1.0 = at the configured thresholds; the worst of read P95, write P95 and queue backlog,

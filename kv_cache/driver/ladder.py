@@ -9,24 +9,26 @@ so their work is comparable; a work-equivalence control flags any that completed
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
-import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.driver.autoscale import ConstantShape, IntervalSample, LoadShape
+from kv_cache.driver.closed_loop import ClosedLoop
+from kv_cache.driver.events import EventLoop, Stop
+from kv_cache.driver.pool import Stream, WorkerPool
+from kv_cache.driver.session_slots import Slot
 from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates, subwindow_values
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
-from kv_cache.workload.sessions import SessionScript, apply_pace, classify_turn
+from kv_cache.workload.sessions import SessionScript, apply_pace
 
 log = logging.getLogger("kv_cache.sessions")
 
@@ -74,30 +76,23 @@ class LadderSettings:
         return int(cap // (self.block_tokens * self.model.bytes_per_token))
 
 
-@dataclass
-class Slot:
-    index: int
-    script: SessionScript | None = None
-    contexts: list[tuple[int, int]] = field(default_factory=list)  # (reused prefix, input) per turn
-    turn: int = 0
-    keys: list[str] = field(default_factory=list)  # keys of the session's cached full blocks, in order
-    outstanding: bool = False
-
-
 class RungRun:
     """One rung: build, run closed loop for warm-up + window, measure, tear down."""
 
     def __init__(
-        self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]]
+        self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]],
+        shape: LoadShape | None = None,
     ) -> None:
         self.ls = ls
         self.tiers = tiers
         self.sessions = sessions
+        # A rung holds its session count; another shape may move it at monitor ticks (slots join or leave
+        # when their current turn ends).
+        self.shape = shape or ConstantShape(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1))
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
-        self.done: deque = deque()
-        self.cond = threading.Condition()
+        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor})
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
         self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
@@ -116,9 +111,7 @@ class RungRun:
             self.iterations.append(((now - self.t0) / 1e9, prefill, decode))
 
     def _done(self, req: TurnRequest, now: int) -> None:
-        with self.cond:
-            self.done.append((now, req))
-            self.cond.notify()
+        self.loop.complete((now, req))
 
     # -- build / tear down ---------------------------------------------------------------------
     def _build(self) -> None:
@@ -137,13 +130,10 @@ class RungRun:
             if tiers
             else None
         )
-        self.io = (
-            IOPool(
-                self.cache, ls.io_workers, ls.chunk_bytes, ls.seed, ls.block_bytes, ls.block_tokens, self.stop
-            )
-            if self.cache is not None
-            else None
-        )
+        self.io = None
+        if self.cache is not None:
+            pool = WorkerPool(Stream.ENGINE_IO, ls.io_workers, ls.chunk_bytes, ls.seed, name="kv-sess-io")
+            self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
 
         def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
             return gpumod.iteration_seconds(
@@ -187,41 +177,56 @@ class RungRun:
         if slot.outstanding:  # the closed-loop invariant; counted, never expected
             self.violations += 1
             return
-        ls = self.ls
-        B = ls.block_tokens
-        if slot.script is None or slot.turn >= len(slot.script.turns):
-            slot.script, slot.turn = self._next_script(), 0
-            slot.contexts = slot.script.contexts()
-            slot.keys = [f"shared_{j}" for j in range(slot.script.shared_prefix_tokens // B)]
-        script = slot.script
-        turn = script.turns[slot.turn]
-        reused, input_tokens = slot.contexts[slot.turn]
-        final_tokens = input_tokens + turn.output_tokens
-        sid = script.session_id
-        # Prefix-chained keys: the reused prefix keeps its blocks' keys; every block after it is new content
-        # (a rewritten history must not hit stale blocks), tagged with the turn that creates it.
-        kept = slot.keys[: reused // B]
-        fresh = [f"{sid}_t{slot.turn}_{j}" for j in range(len(kept), final_tokens // B)]
-        final_keys = kept + fresh
-        req = TurnRequest(
-            slot=slot.index,
-            session_id=sid,
-            turn_index=slot.turn,
-            turn_class=classify_turn(turn, ls.human_threshold_s),
-            issue_ns=now,
-            input_tokens=input_tokens,
-            new_tokens=turn.new_tokens,
-            output_tokens=turn.output_tokens,
-            input_keys=final_keys[: input_tokens // B],
-            final_keys=final_keys,
-            needed_slots=-(-final_tokens // B),
-        )
-        slot.keys = final_keys
-        slot.outstanding = True
-        slot.turn += 1
+        req = slot.next_request()
+        req.issue_ns = now
         with self.lock:
-            self.offered.append(((now - self.t0) / 1e9, turn.new_tokens))
-        self.replicas[hash(sid) % len(self.replicas)].submit(req)
+            self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
+        self.replicas[hash(req.session_id) % len(self.replicas)].submit(req)
+
+    def _make_slot(self, index: int) -> Slot:
+        return Slot(index, self.ls.block_tokens, self.ls.human_threshold_s, self._next_script)
+
+    def _issue_slot(self, slot: Slot, when: int) -> None:
+        self._issue(slot, self._now)  # turns are stamped when the loop gets to them, as they reach the engine
+
+    def _on_turn_done(self, end_ns: int, req: TurnRequest) -> None:
+        slot = self.closed.users[req.slot]
+        slot.outstanding = False
+        self.completed.append(((end_ns - self.t0) / 1e9, req))
+        self.closed.after(slot.user_id, end_ns)  # its pause, or the next session at once
+
+    def _on_open_window(self, when: int, _: object) -> None:
+        self.metrics.open_window(when)
+
+    def _on_monitor(self, when: int, last: tuple[int, int]) -> Stop | None:
+        """Sample the interval (turns and tokens completed) and apply the load shape's decision."""
+        done = self.completed[last[1]:]
+        dt = max(1e-9, (when - last[0]) / 1e9)
+        queued = sum(len(r.waiting) for r in self.replicas)
+        sample = IntervalSample(
+            t_s=(when - self.t0) / 1e9, users=self.closed.active,
+            tokens_per_sec=sum(r.input_tokens + r.output_tokens for _, r in done) / dt,
+            requests_per_sec=len(done) / dt, storage_read_gbps=0.0, storage_write_gbps=0.0,
+            read_p95_ms=None, write_p95_ms=None, queued_requests=queued)
+        target = self.shape.tick(sample)
+        if target is None:
+            return Stop("load shape ended")
+        self.closed.set_active(target, when)
+        self.loop.push(when + int(self.shape.interval_s * 1e9), "monitor", (when, len(self.completed)))
+        return None
+
+    def _step(self, window_end: int) -> bool:
+        """One pass of the scheduler; False once the window is over (or the load shape ended it)."""
+        loop = self.loop
+        self._now = now = loop.clock()
+        if now >= window_end:
+            return False
+        for end_ns, req in loop.take_completions():
+            self._on_turn_done(end_ns, req)
+        if loop.run_due(now, window_end) is not None:
+            return False
+        loop.wait_next(window_end)
+        return True
 
     def run(self) -> dict[str, Any]:
         ls = self.ls
@@ -230,45 +235,17 @@ class RungRun:
         except BaseException:
             self._teardown()
             raise
-        slots = [Slot(i) for i in range(self.sessions)]
-        heap: list[tuple[int, int, int]] = []
-        seq = itertools.count()
-        self.t0 = time.perf_counter_ns()
+        self.closed = ClosedLoop(self.loop, [self._make_slot(i) for i in range(self.sessions)], self._issue_slot,
+                                 make_user=self._make_slot)
+        self.t0 = self._now = self.loop.clock()
         window_start = self.t0 + int(ls.warmup_s * 1e9)
         window_end = window_start + int(ls.window_s * 1e9)
-        window_opened = False
+        self.loop.push(window_start, "open_window")
+        self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
         try:
-            for slot in slots:
-                self._issue(slot, self.t0)
-            while True:
-                now = time.perf_counter_ns()
-                if not window_opened and now >= window_start:
-                    self.metrics.open_window(window_start)
-                    window_opened = True
-                if now >= window_end:
-                    break
-                with self.cond:
-                    finished = list(self.done)
-                    self.done.clear()
-                for end_ns, req in finished:
-                    slot = slots[req.slot]
-                    slot.outstanding = False
-                    self.completed.append(((end_ns - self.t0) / 1e9, req))
-                    script = slot.script
-                    if slot.turn < len(script.turns):
-                        pause = script.turns[slot.turn].pause_before_s or 0.0
-                        heapq.heappush(heap, (end_ns + int(pause * 1e9), next(seq), req.slot))
-                    else:
-                        heapq.heappush(heap, (end_ns, next(seq), req.slot))  # next session starts cold
-                while heap and heap[0][0] <= now:
-                    _, _, idx = heapq.heappop(heap)
-                    self._issue(slots[idx], now)
-                wake = min(heap[0][0] if heap else window_end, window_end)
-                if not window_opened:
-                    wake = min(wake, window_start)
-                with self.cond:
-                    if not self.done:
-                        self.cond.wait(max(0.0, (wake - time.perf_counter_ns()) / 1e9))
+            self.closed.start(self.t0)
+            while self._step(window_end):
+                pass
         finally:
             self.metrics.close_window(window_end)
             self._teardown()

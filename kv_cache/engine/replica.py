@@ -16,14 +16,16 @@ loaded; everything after it, plus the new prompt, is recomputed in prefill. Only
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
 
 from kv_cache.cache import MultiTierCache
+from kv_cache.metrics import names
 from kv_cache.storage.base import IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 
@@ -65,74 +67,55 @@ class TurnRequest:
     oversized: bool = False
 
 
-class IOPool:
-    """I/O workers moving blocks between the engine and the offload tiers (real reads and writes)."""
+class Executor(Protocol):
+    """Runs jobs on worker threads, each job given that worker's I/O buffers (the driver's WorkerPool)."""
 
-    def __init__(
-        self,
-        cache: MultiTierCache,
-        workers: int,
-        chunk_bytes: int,
-        seed: int,
-        block_bytes: int,
-        block_tokens: int,
-        stop: threading.Event,
-    ) -> None:
+    def submit(self, job: Callable[[WorkerBuffers], None], priority: int = 0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class IOPool:
+    """Moves blocks between the engine and the offload tiers (real reads and writes) on an executor's
+    workers; a load reports whether the block was there."""
+
+    def __init__(self, cache: MultiTierCache, executor: Executor, block_bytes: int, block_tokens: int,
+                 stop: threading.Event) -> None:
         self.cache = cache
+        self.executor = executor
         self.block_bytes = block_bytes
         self.block_tokens = block_tokens
         self.stop = stop
-        self._jobs: queue.Queue = queue.Queue()
-        self._threads = [
-            threading.Thread(
-                target=self._work, args=(i, chunk_bytes, seed), daemon=True, name=f"kv-sess-io-{i}"
-            )
-            for i in range(max(1, workers))
-        ]
-        self._ready = threading.Barrier(len(self._threads) + 1)
-        for t in self._threads:
-            t.start()
-        self._ready.wait()
 
     def load(self, key: str, done: Callable[[str, bool], None]) -> None:
-        self._jobs.put(("load", key, done))
+        self.executor.submit(partial(self._run, "load", key, done))
 
     def store(self, key: str) -> None:
-        self._jobs.put(("store", key, None))
+        self.executor.submit(partial(self._run, "store", key, None))
 
-    def _work(self, worker_id: int, chunk_bytes: int, seed: int) -> None:
-        bufs = WorkerBuffers(chunk_bytes, seed, 300_000 + worker_id)
-        self._ready.wait()
+    def _run(self, kind: str, key: str, done: Callable[[str, bool], None] | None, bufs: WorkerBuffers) -> None:
+        ok = False
         try:
-            while True:
-                job = self._jobs.get()
-                if job is None:
-                    return
-                kind, key, done = job
-                ok = False
-                try:
-                    if self.stop.is_set():
-                        raise IOAborted("stopping")
-                    if kind == "load":
-                        tier, _ = self.cache.access(key, bufs, "user", cause="load")
-                        ok = tier is not None
-                    else:
-                        self.cache.allocate(key, self.block_tokens, self.block_bytes, bufs, cause="offload")
-                        ok = True
-                except IOAborted:
-                    ok = False
-                except OSError as exc:
-                    self.cache.metrics.record_error(f"session_{kind}", exc)
-                if done is not None:
-                    done(key, ok)
-        finally:
-            bufs.close()
+            if self.stop.is_set():
+                raise IOAborted("stopping")
+            if kind == "load":
+                res = self.cache.read(key, bufs, cause="load")
+                ok = res.tier is not None
+                if res.in_window:
+                    self.cache.metrics.count(names.USER_CACHE_HITS)
+            else:
+                self.cache.allocate(key, self.block_tokens, self.block_bytes, bufs, cause="offload")
+                ok = True
+        except IOAborted:
+            ok = False
+        except OSError as exc:
+            self.cache.metrics.record_error(f"session_{kind}", exc)
+        if done is not None:
+            done(key, ok)
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join()
+        """Queued moves run (as aborted, once stopping), then the workers end."""
+        self.executor.close()
 
 
 class Replica:

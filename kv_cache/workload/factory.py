@@ -3,12 +3,12 @@ replayed trace (closed-loop sessions, or timestamped arrivals for the open loop)
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.config.pacing import ThinkTime
+from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
 from kv_cache.workload.rag import RagCorpus
@@ -107,8 +107,4 @@ def build_trace_workload(settings: RunSettings, sources: list[TraceSource] | Non
 
 def poisson_retimed(rows: Iterable[tuple[Any, Any]], rate: float, seed: int) -> Iterator[tuple[float, Any]]:
     """The rows in order, re-timed as a Poisson process of `rate` per second."""
-    rng = random.Random(f"kv-cache-arrivals:{seed}")
-    t = 0.0
-    for _, plan in rows:
-        t += rng.expovariate(rate)
-        yield t, plan
+    return PoissonArrivals(rate, seed).retime(rows)

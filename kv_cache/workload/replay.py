@@ -116,7 +116,7 @@ class OpenLoopTrace:
 
 
 class SessionUser:
-    """One trace session replayed closed-loop; quacks like SyntheticUser for the driver."""
+    """One trace session replayed closed-loop (a `kv_cache.workload.users.User`)."""
 
     def __init__(self, turns: list[TraceRequest], planner: TracePlanner, think: ThinkTime, speedup: float,
                  seed: int) -> None:
@@ -138,6 +138,10 @@ class SessionUser:
 
     def has_next(self) -> bool:
         return self.cursor < len(self.turns)
+
+    def restart(self) -> None:
+        """Next replay cycle: same turns (same keys, as the reference's cycles), new QoS draws."""
+        self.cursor, self.cycle = 0, self.cycle + 1
 
     def next_request(self) -> RequestPlan:
         req = self.turns[self.cursor]

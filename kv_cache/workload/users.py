@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 from kv_cache.workload.conversation import Conversation, ConversationManager
 from kv_cache.workload.prefix import SystemPrefix
@@ -17,6 +18,23 @@ from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
 from kv_cache.workload.traces import TraceRequest, kv_block_keys
 
 PERSONAS = ("chatbot", "coding", "document")
+
+
+class User(Protocol):
+    """What the driver asks of a closed-loop user (synthetic persona, trace session, sessions slot)."""
+
+    @property
+    def user_id(self) -> str: ...
+
+    def next_request(self): ...  # the user's next request (RequestPlan, or an engine turn)
+
+    def think_time(self) -> float: ...  # seconds to pause after a request completed
+
+    def has_next(self) -> bool: ...  # False once the user has nothing left to ask
+
+    def first_wake_s(self) -> float: ...  # seconds before the user's first request
+
+    def restart(self) -> None: ...  # start again from the first request (trace replay cycles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +116,16 @@ class SyntheticUser:
     def think_time(self) -> float:
         """Pause before the next request (reference: think_time x uniform(0.8, 1.2))."""
         return self.profile.think_time * self.rng.uniform(0.8, 1.2)
+
+    def first_wake_s(self) -> float:
+        """A synthetic user thinks before its first request too (one draw from its generator)."""
+        return self.think_time()
+
+    def has_next(self) -> bool:
+        return True  # a synthetic user never runs out
+
+    def restart(self) -> None:
+        """Nothing to replay: the user's stream simply continues."""
 
     def next_request(self) -> RequestPlan:
         rng = self.rng

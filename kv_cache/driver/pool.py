@@ -1,0 +1,125 @@
+"""One pool of I/O worker threads: every phase that touches the cache runs its operations through it.
+
+Each worker owns a `WorkerBuffers` whose incompressible fill is drawn from (run seed, buffer id). Pools
+of different jobs must not write identical bytes (a deduplicating or compressing device would then see
+repeated data across phases), so each job kind has its own stream: a worker's buffer id is its stream's
+base plus its index. The bases below are the only place these ids are chosen; they are kept as they
+were so that a given seed writes the same bytes as before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from enum import IntEnum
+
+from kv_cache.storage.buffers import WorkerBuffers
+
+Job = Callable[[WorkerBuffers], None]
+
+
+class Stream(IntEnum):
+    """Buffer-id base of each pool kind (room for 100,000 workers each)."""
+
+    REQUESTS = 0  # the measured run's request workers
+    FILL = 100_000  # preconditioning and decode-only pre-population
+    RAG_INGEST = 200_000  # RAG document ingestion
+    ENGINE_IO = 300_000  # the sessions engine's block loads and offloads
+
+
+def buffer_id(stream: Stream, index: int) -> int:
+    return int(stream) + index
+
+
+class WorkerPool:
+    """`workers` threads with their buffers allocated (and filled) before `start()` returns.
+
+    Jobs are callables taking the worker's buffers; a higher `priority` runs first, equal priorities
+    in submission order.
+    """
+
+    def __init__(self, stream: Stream, workers: int, chunk_bytes: int, seed: int, name: str = "kv-io") -> None:
+        self.stream = stream
+        self.size = max(1, workers)
+        self.chunk_bytes = chunk_bytes
+        self.seed = seed
+        self.name = name
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> WorkerPool:
+        ready = threading.Barrier(self.size + 1)
+        self._threads = [threading.Thread(target=self._work, args=(i, ready), name=f"{self.name}-{i}", daemon=True)
+                         for i in range(self.size)]
+        for t in self._threads:
+            t.start()
+        ready.wait()
+        return self
+
+    def submit(self, job: Job, priority: int = 0) -> None:
+        self._jobs.put((-priority, next(self._seq), job))
+
+    def qsize(self) -> int:
+        return self._jobs.qsize()
+
+    def drain(self) -> int:
+        """Drop the jobs not started yet; returns how many were dropped."""
+        dropped = 0
+        try:
+            while True:
+                self._jobs.get_nowait()
+                dropped += 1
+        except queue.Empty:
+            return dropped
+
+    def close(self, wait: bool = True) -> None:
+        """Let queued jobs run, then stop every worker; `wait` joins them."""
+        for _ in self._threads:
+            self._jobs.put((1 << 30, next(self._seq), None))
+        if wait:
+            for t in self._threads:
+                t.join()
+        self._threads = []
+
+    def run_on_each(self, job: Job) -> None:
+        """Run `job` once on every worker, wait for all of them; the first exception is re-raised."""
+        errors: list[BaseException] = []
+        done = threading.Semaphore(0)
+
+        def wrapped(bufs: WorkerBuffers) -> None:
+            try:
+                job(bufs)
+            except BaseException as exc:  # surfaced to the caller after all workers returned
+                errors.append(exc)
+            finally:
+                done.release()
+
+        for _ in range(self.size):
+            self.submit(wrapped)
+        for _ in range(self.size):
+            done.acquire()
+        if errors:
+            raise errors[0]
+
+    def _work(self, index: int, ready: threading.Barrier) -> None:
+        bufs = WorkerBuffers(self.chunk_bytes, self.seed, buffer_id(self.stream, index))
+        ready.wait()
+        try:
+            while True:
+                job = self._jobs.get()[2]
+                if job is None:
+                    return
+                job(bufs)
+        finally:
+            bufs.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self.start()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # On an interrupt the caller sets the run's stop event only after this returns, and the jobs
+        # watch that event: joining here would wait for work nobody stopped yet (workers are daemons).
+        self.close(wait=exc_type is None)
