@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import os
 import resource
 import signal
 import sys
@@ -19,13 +17,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.cache import EvictionPolicy, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
-from kv_cache.driver.phases import fill, ingest_rag, precondition_items, prepopulation_items
-from kv_cache.driver.scheduler import Driver, DriverOptions, DriverOutcome
+from kv_cache.driver.scheduler import Driver, DriverOutcome
+from kv_cache.driver.setup import driver_options, io_worker_count, run_phases
 from kv_cache.errors import ExitCode
-from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.report import xlsx
 from kv_cache.report.banner import print_banner
 from kv_cache.report.console import print_report
@@ -35,22 +33,12 @@ from kv_cache.report.parameters import run_mode
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.tiers import TierSet, gpu_tier_note, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
-from kv_cache.workload.rag import RagCorpus, build_documents
+from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
 
 __all__ = ["UserFactory", "build_trace_workload", "execute", "run_benchmark"]
 
 log = logging.getLogger("kv_cache")
-
-DEFAULT_MAX_WORKERS = 32
-
-
-def io_worker_count(settings: RunSettings) -> int:
-    workers = settings.storage.io_workers or min(settings.num_users, DEFAULT_MAX_WORKERS)
-    if settings.max_concurrent_allocs > 0:
-        workers = min(workers, settings.max_concurrent_allocs)
-    return max(1, workers)
-
 
 def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, report, clean up
     raise KeyboardInterrupt
@@ -128,7 +116,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     autoscaler = (Autoscaler(settings.autoscaler_mode, settings.target_saturation, cfg.autoscaler,
                              cfg.saturation_detection, settings.num_users)
                   if settings.enable_autoscaling else None)
-    print_banner(settings, users, workers, stores.file_store, out)
+    contexts = [u.profile.context_length for u in users] if trace is None else []
+    print_banner(settings, contexts, workers, stores.file_store, out)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     run.phases = run_phases(settings, cache, tiers, factory, workers, run.stop, out)
@@ -147,27 +136,6 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace))
-
-
-def driver_options(settings: RunSettings, workers: int, record_plans: bool) -> DriverOptions:
-    cfg = settings.config
-    return DriverOptions(
-        duration_s=float(settings.duration),
-        max_requests=settings.max_requests,
-        workers=workers,
-        chunk_bytes=settings.storage.chunk_bytes,
-        seed=settings.effective_seed,
-        bytes_per_token=settings.model.bytes_per_token,
-        tensor_parallel=settings.tensor_parallel,
-        decode_batch_size=cfg.decode.batch_size,
-        seconds_per_token=getattr(cfg.generation_timing, settings.generation_mode),
-        record_plans=record_plans,
-        request_rate=settings.request_rate,
-        admission_limit=cfg.driver.admission_queue_limit,
-        prefill_only=settings.prefill_only,
-        decode_only=settings.decode_only,
-        timeline_interval_s=cfg.driver.timeline_interval_seconds,
-    )
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
@@ -191,41 +159,3 @@ def exit_code(settings: RunSettings, results: dict[str, Any], outcome: DriverOut
     if settings.fail_exit_code and not results.get("overall_passed"):
         return ExitCode.FAIL
     return ExitCode.OK  # the verdict is in the results (overall_passed), not in the exit status
-
-
-def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], factory: UserFactory, workers: int,
-               stop: threading.Event, out) -> dict[str, Any]:
-    """Preconditioning, decode-only pre-population and RAG ingestion, in the reference's order."""
-    cfg = settings.config
-    phases: dict[str, Any] = {}
-    tp = settings.tensor_parallel
-    bpt = settings.model.bytes_per_token
-
-    def entry_bytes(tokens: int) -> int:
-        return max(1, tokens * bpt // tp)
-
-    chunk, seed = settings.storage.chunk_bytes, settings.effective_seed
-    if settings.precondition:
-        if settings.precondition_size_gb > 0:
-            target = int(settings.precondition_size_gb * GIB)
-        elif not math.isinf(tiers[-1].limit):
-            target = int(2 * tiers[-1].limit)
-        else:
-            target = 0
-        if target <= 0:
-            out.write("WARNING: preconditioning skipped: no --precondition-size-gb and no finite storage capacity\n")
-            phases["preconditioning"] = {"skipped": "no size and no finite storage capacity"}
-        else:
-            threads = settings.precondition_threads or os.cpu_count() or 4
-            out.write(f"Preconditioning: writing {target / GIB:.2f} GiB sequentially with {threads} threads...\n")
-            phases["preconditioning"] = fill(cache, precondition_items(), entry_bytes, threads, chunk, seed, stop,
-                                             "preconditioning", out, target_bytes=target)
-    if settings.decode_only:
-        count = factory.decode_only_entries
-        out.write(f"Decode-only: pre-populating {count} entries of 2048 tokens (not counted)...\n")
-        phases["prepopulation"] = fill(cache, prepopulation_items(count), entry_bytes, os.cpu_count() or 4, chunk,
-                                       seed, stop, "prepopulation", out)
-    if factory.rag is not None:
-        docs = build_documents(settings.rag_num_docs, cfg.rag, settings.model, seed)
-        phases["rag_ingestion"] = ingest_rag(cache, factory.rag, docs, entry_bytes, chunk, seed, stop, out)
-    return phases

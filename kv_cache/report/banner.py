@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
-
 from kv_cache import __version__
+from kv_cache.metrics.stats import mean
 from kv_cache.report.parameters import generation_ms_per_token
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,7 +21,8 @@ def _storage_where(settings: RunSettings, file_store: Any) -> str:
     return f"{file_store.run_dir} ({file_store.fs_type}, {file_store.io_mode} I/O)"
 
 
-def banner_lines(settings: RunSettings, users: Sequence[Any], workers: int, file_store: Any) -> list[str]:
+def banner_lines(settings: RunSettings, context_lengths: Sequence[int], workers: int, file_store: Any) -> list[str]:
+    """`context_lengths`: the synthetic users' context sizes (empty for a trace, whose sizes vary per row)."""
     """`file_store`: the storage tier's store (run_dir, fs_type, io_mode), None in trace mode."""
     m = settings.model
     lines = [LINE, f"Integrated Multi-User KV Cache Benchmark - MLPerf Edition (kv-cache {__version__})",
@@ -44,15 +44,16 @@ def banner_lines(settings: RunSettings, users: Sequence[Any], workers: int, file
         lines.append(f"Trace: {', '.join(settings.trace_paths)} ({settings.trace_format}), speed-up "
                      f"{settings.trace_speedup:g}{' (no pacing)' if settings.trace_speedup == 0 else ''}, "
                      f"KV layout: {layout}")
-    ctx = [u.profile.context_length for u in users if hasattr(u, "profile")]
+    ctx = list(context_lengths)
     if ctx:
         bpt = m.bytes_per_token / settings.tensor_parallel
-        lines.append(f"User context lengths: min {min(ctx)}, max {max(ctx)}, mean {np.mean(ctx):.0f} tokens "
+        lines.append(f"User context lengths: min {min(ctx)}, max {max(ctx)}, mean {mean(ctx):.0f} tokens "
                      f"(max entry {max(ctx) * bpt / 2**20:.1f} MiB)")
     lines.append(LINE)
     return lines
 
 
-def print_banner(settings: RunSettings, users: Sequence[Any], workers: int, file_store: Any, out: TextIO) -> None:
-    out.write("".join(line + "\n" for line in banner_lines(settings, users, workers, file_store)))
+def print_banner(settings: RunSettings, context_lengths: Sequence[int], workers: int, file_store: Any,
+                 out: TextIO) -> None:
+    out.write("".join(line + "\n" for line in banner_lines(settings, context_lengths, workers, file_store)))
     out.flush()
