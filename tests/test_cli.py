@@ -641,6 +641,7 @@ def test_autoscaling_with_request_rate_is_refused():
     )
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_main_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("kv-cache ")
@@ -697,6 +698,7 @@ def test_main_usage_error_from_the_runner(fake_runner, capsys):
     assert one_line_error(capsys) == "kv-cache: error: cannot create --cache-dir: /x"
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_root_script_is_runnable(tmp_path):
     import subprocess
 

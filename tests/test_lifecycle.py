@@ -9,11 +9,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from kv_cache.app import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -38,6 +41,7 @@ def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings):
     assert sorted(os.listdir(cache)) == ["foreign.npy"]
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_usage_error_is_one_line_and_exit_2(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, str(ROOT / "kv-cache.py"), "--num-users", "0", "--output", str(out)],
@@ -48,6 +52,7 @@ def test_usage_error_is_one_line_and_exit_2(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_many_users_do_not_create_threads(quick_settings, sink):
     peak = {"n": 0}
     stop = threading.Event()
@@ -69,6 +74,7 @@ def test_many_users_do_not_create_threads(quick_settings, sink):
     assert peak["n"] <= 8 + 3  # main + watcher + workers (+ pytest's own)
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_gpu_request_without_cuda_is_reported_once(quick_settings, sink):
     results, _ = execute(quick_settings("--gpu-mem-gb", "2"), sink)
     notes = results["measurement"]["notes"]

@@ -36,6 +36,7 @@ def trace_rows(path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real run (wall clock)
 def test_open_loop_counts_rejected_arrivals(with_config, sink):
     settings = with_config("driver:\n  admission_queue_limit: 1\n", "--request-rate", "200", "--io-workers", "1",
                            "--duration", "2")
@@ -49,6 +50,7 @@ def test_open_loop_counts_rejected_arrivals(with_config, sink):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real run (wall clock)
 def test_open_loop_offers_load_independent_of_completions(quick_settings, sink):
     results, _ = execute(quick_settings("--request-rate", "30", "--duration", "2", "--num-users", "2"), sink)
     # closed loop with 2 users and think time >= 0.1 s could never issue ~60 requests in 2 s
@@ -57,6 +59,7 @@ def test_open_loop_offers_load_independent_of_completions(quick_settings, sink):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["capacity", "qos"])
+@pytest.mark.slow  # a real run (wall clock)
 def test_autoscaler_really_changes_active_users(with_config, sink, mode):
     settings = with_config("autoscaler:\n  interval_seconds: 0.5\n  consecutive_samples_required: 50\n"
                            "saturation_detection:\n  read_latency_p95_threshold_ms: 100000\n"
@@ -77,6 +80,7 @@ def test_autoscaler_really_changes_active_users(with_config, sink, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real run (wall clock)
 def test_capacity_mode_stops_at_peak(with_config, sink):
     settings = with_config("autoscaler:\n  interval_seconds: 0.3\n  consecutive_samples_required: 1\n"
                            "  max_users: 3\n",
@@ -89,6 +93,7 @@ def test_capacity_mode_stops_at_peak(with_config, sink):
     assert results["measurement"]["window_seconds"] < 20
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_precondition_fills_before_window_and_is_not_counted(quick_settings, sink, tmp_path):
     trace = tmp_path / "t.csv"
     results, _ = execute(quick_settings("--precondition", "--precondition-size-gb", "0.01", "--precondition-threads",
@@ -102,12 +107,14 @@ def test_precondition_fills_before_window_and_is_not_counted(quick_settings, sin
     assert window_writes < len([r for r in rows if r["Operation"] == "Write"])
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_prefill_only_issues_no_reads(quick_settings, sink):
     results, _ = execute(quick_settings("--prefill-only", "--disable-multi-turn", "--disable-prefix-caching"), sink)
     cs = results["summary"]["cache_stats"]
     assert cs["decode_reads"] == 0 and cs["total_read_bytes"] == 0 and cs["total_write_bytes"] > 0
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_decode_only_reads_prepopulated_entries(quick_settings, sink, tmp_path):
     trace = tmp_path / "t.csv"
     results, _ = execute(quick_settings("--decode-only", "--disable-prefix-caching", "--io-trace-log", str(trace)),
@@ -119,6 +126,7 @@ def test_decode_only_reads_prepopulated_entries(quick_settings, sink, tmp_path):
     assert reads and all(k.startswith("prepop_") for k in reads)
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_rag_reads_the_ingested_chunks(with_config, sink, tmp_path):
     trace = tmp_path / "t.csv"
     settings = with_config("rag:\n  request_probability: 1.0\n  top_k_chunks: 2\n", "--enable-rag",
@@ -132,6 +140,7 @@ def test_rag_reads_the_ingested_chunks(with_config, sink, tmp_path):
     assert results["summary"]["rag_stats"]["chunk_hits"] > 0
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_rag_max_documents_evicts_oldest(with_config, sink):
     settings = with_config("rag:\n  max_documents: 2\n", "--enable-rag", "--rag-num-docs", "5",
                            "--io-trace-log", os.devnull)
@@ -140,6 +149,7 @@ def test_rag_max_documents_evicts_oldest(with_config, sink):
     assert ing["documents_evicted"] == 3 and ing["documents_retrievable"] == 2
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_io_trace_log_does_no_io(quick_settings, sink, tmp_path):
     trace = tmp_path / "t.csv"
     results, _ = execute(quick_settings("--io-trace-log", str(trace), "--cpu-mem-gb", "0.001"), sink)
@@ -153,6 +163,7 @@ def test_io_trace_log_does_no_io(quick_settings, sink, tmp_path):
     assert results["measurement"]["io_mode"].startswith("trace")
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_io_trace_log_zst(quick_settings, sink, tmp_path):
     zstandard = pytest.importorskip("zstandard")
     trace = tmp_path / "t.csv.zst"
@@ -162,6 +173,7 @@ def test_io_trace_log_zst(quick_settings, sink, tmp_path):
     assert text.startswith("Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase\n") and text.count("\n") > 2
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_xlsx_output_has_reference_sheets(quick_settings, sink, tmp_path):
     openpyxl = pytest.importorskip("openpyxl")
     path = tmp_path / "r.xlsx"
@@ -174,6 +186,7 @@ def test_xlsx_output_has_reference_sheets(quick_settings, sink, tmp_path):
     assert wb["Summary"][2][header.index("Model")].value == "micro"
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_xlsx_falls_back_to_csv_without_openpyxl(quick_settings, sink, tmp_path, monkeypatch):
     import builtins
 
@@ -190,6 +203,7 @@ def test_xlsx_falls_back_to_csv_without_openpyxl(quick_settings, sink, tmp_path,
     assert len(rows) == 2 and "Avg Throughput (tok/s)" in rows[0]
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_throughput_profile_uses_configured_floor(with_config, sink):
     settings = with_config("performance_criteria:\n  min_storage_read_gbps: 1000000\n"
                            "  min_storage_write_gbps: 1000000\n", "--performance-profile", "throughput")
@@ -199,6 +213,7 @@ def test_throughput_profile_uses_configured_floor(with_config, sink):
     assert any("Bandwidth >= 1e+06 GiB/s" in c["name"] and not c["passed"] for c in health["criteria"])
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_throughput_profile_passes_when_floor_met(with_config, sink):
     settings = with_config("performance_criteria:\n  min_storage_read_gbps: 0\n  min_storage_write_gbps: 0\n",
                            "--performance-profile", "throughput")
@@ -206,6 +221,7 @@ def test_throughput_profile_passes_when_floor_met(with_config, sink):
     assert code == 0 and results["overall_passed"] is True
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_latency_profile_thresholds_from_config(with_config, sink):
     settings = with_config("performance_criteria:\n  storage_write_device_p95_ms: 0.000001\n", "--fail-exit-code")
     results, code = execute(settings, sink)
@@ -213,6 +229,7 @@ def test_latency_profile_thresholds_from_config(with_config, sink):
     assert code == 1 and results["overall_passed"] is False and any(c["name"].startswith("Storage Tier Write Device P95 < 1e-06ms") for c in crit)
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_validation_trace_compares_hit_rate(quick_settings, sink, tmp_path):
     entry = {"timestamp": 0.0, "request_id": "r", "user_id": "u", "context_tokens": 100, "generation_tokens": 10,
              "phase": "prefill", "cache_hit": True, "cache_tier": "cpu", "read_bytes": 10, "write_bytes": 1,
@@ -251,6 +268,7 @@ def test_single_mpi_rank_keeps_names(tmp_path, monkeypatch):
     assert s.cache_dir == str(tmp_path) and s.output == str(tmp_path / "res.json")
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_harness_command_line_runs_unchanged(tmp_path):
     """The exact command shape mlpstorage builds (spec 13.2), with the harness's float rendering."""
     run_dir = tmp_path / "run"
@@ -269,6 +287,7 @@ def test_harness_command_line_runs_unchanged(tmp_path):
     assert data["total_requests"] > 0 and data["storage_throughput_mbps"] > 0
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_report_sections_for_modes(with_config, tmp_path):
     out = io.StringIO()
     settings = with_config("autoscaler:\n  interval_seconds: 0.5\n", "--enable-autoscaling", "--duration", "2")

@@ -84,6 +84,7 @@ def write_burst(dirpath: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cycles", [1, 2])
+@pytest.mark.slow  # a real run (wall clock)
 def test_burstgpt_directory_and_replay_cycles(quick_settings, sink, tmp_path, cycles):
     write_burst(tmp_path / "burst")
     results, _ = execute(quick_settings("--use-burst-trace", "--burst-trace-path", str(tmp_path / "burst"),
@@ -95,6 +96,7 @@ def test_burstgpt_directory_and_replay_cycles(quick_settings, sink, tmp_path, cy
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real run (wall clock)
 def test_sharegpt_without_multi_turn_runs(quick_settings, sink, tmp_path):
     data = [{"id": f"c{i}", "conversations": [{"from": "human", "value": "hello there " * 20},
                                              {"from": "gpt", "value": "hi " * 30},
@@ -111,6 +113,7 @@ def test_sharegpt_without_multi_turn_runs(quick_settings, sink, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real run (wall clock)
 def test_open_loop_poisson_over_a_trace(quick_settings, sink, tmp_path):
     write_burst(tmp_path / "burst")
     results, _ = execute(quick_settings("--use-burst-trace", "--burst-trace-path", str(tmp_path / "burst"),
@@ -120,6 +123,7 @@ def test_open_loop_poisson_over_a_trace(quick_settings, sink, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real run (wall clock)
 def test_synthetic_users_with_block_layout_reuse_history(quick_settings, sink):
     results, _ = execute(quick_settings("--kv-block-tokens", "256", "--duration", "3", "--disable-prefix-caching"),
                          sink)

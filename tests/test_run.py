@@ -3,6 +3,8 @@
 import json
 import os
 
+import pytest
+
 from kv_cache.app import execute
 from kv_cache.report.document import SCHEMA_VERSION
 from kv_cache.workload.users import SyntheticUser, generate_profiles
@@ -36,6 +38,7 @@ CACHE_STATS_KEYS = {
 LATENCY_KEYS = {"mean", "p50", "p95", "p99", "p999", "p9999"}
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_result_json_has_reference_structure(quick_settings, sink, tmp_path):
     settings = quick_settings()
     results, code = execute(settings, sink)
@@ -74,6 +77,7 @@ def test_result_json_has_reference_structure(quick_settings, sink, tmp_path):
     assert code in (0, 1) and on_disk["overall_passed"] == (code == 0)
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_run_removes_only_its_own_files(quick_settings, sink, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -84,6 +88,7 @@ def test_run_removes_only_its_own_files(quick_settings, sink, tmp_path):
     assert sorted(os.listdir(cache)) == ["precious.npy"]
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_files_removed_and_results_written_when_storage_fails(quick_settings, sink, tmp_path, monkeypatch):
     from kv_cache.storage import files
 
@@ -108,6 +113,7 @@ def test_files_removed_and_results_written_when_storage_fails(quick_settings, si
     assert sorted(os.listdir(cache)) == ["foreign.txt"]
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_same_seed_same_per_user_operation_sequences(quick_settings, sink, tmp_path):
     runs = []
     for i in range(2):
@@ -141,6 +147,7 @@ def test_user_plans_do_not_depend_on_timing_or_other_users(quick_settings):
            [(t, r.cache_key, r.context_tokens, r.generate_tokens) for t, r in b]
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_cpu_tier_demotions_show_in_storage_tier(quick_settings, sink):
     results, _ = execute(quick_settings("--cpu-mem-gb", "0.02", "--duration", "3"), sink)
     cs = results["summary"]["cache_stats"]
@@ -150,6 +157,7 @@ def test_cpu_tier_demotions_show_in_storage_tier(quick_settings, sink):
     assert "storage_write_p95_ms" in cs
 
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_buffered_mode_is_reported(quick_settings, sink):
     results, _ = execute(quick_settings("--io-mode", "buffered"), sink)
     assert results["measurement"]["io_mode"] == "buffered"

@@ -219,6 +219,7 @@ def test_hard_failure_stops_the_suite_and_names_the_run(tmp_path, status, why):
 # kv-cache-wrapper.sh: a real (short) run
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a real run (wall clock)
 def test_real_mini_run_storage_only(tmp_path):
     out_dir = tmp_path / "results"
     proc = wrapper(tmp_path, "-w", "storage-only", "-t", "3", "-m", "tiny-1b", "-u", "2", "-c", str(tmp_path / "cache"),
