@@ -1,8 +1,8 @@
 """The multi-tier KV cache: decides WHERE each entry lives (GPU -> CPU -> storage waterfall LRU).
 
-Semantics follow the reference (spec 7): new entries go to the fastest tier that can make room,
-pushing least-recently-used entries one tier down; the last tier deletes LRU entries when it is full.
-What is fixed (spec 15.3, 15.1.1):
+Placement is the MLPerf kv-cache tool's (kept for comparable results): new entries go to the fastest
+tier that can make room, pushing least-recently-used entries one tier down; the last tier deletes LRU
+entries when it is full. Guarantees:
 - placement decisions and reservations are made atomically under one lock, so a key is never
   allocated twice and every reserved byte belongs to exactly one pending write or move;
 - demotions move the real bytes (read from the upper tier, write to the lower one) and are recorded
@@ -28,7 +28,7 @@ from kv_cache.storage.buffers import WorkerBuffers
 
 log = logging.getLogger("kv_cache.cache")
 
-# Reference tier names; statistics use 'storage' for the last tier.
+# Tier names as in the MLPerf tool ('nvme' is the storage tier); statistics use 'storage' for it.
 STAT_NAMES = {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
 
 
@@ -265,8 +265,9 @@ class MultiTierCache:
         return None
 
     def _ensure_space(self, index: int, required: int, plan: list[_Step], depth: int) -> bool:
-        """Reference waterfall (spec 7.4), planning only: reserves space and appends the moves and
-        deletions that must run first. Called with the lock held."""
+        """Waterfall LRU (the MLPerf tool's rules), planning only: makes room in tier `index` by moving its
+        least-recently-used entries one tier down (recursively) or, in the last tier, deleting them;
+        reserves space and appends the moves and deletions that must run first. Called with the lock held."""
         p = self.policy
         tier = self.tiers[index]
         required = tier.cost(required)

@@ -1,4 +1,4 @@
-"""Model specifications and the KV-cache size of one token (reference `models.py`, spec section 4)."""
+"""Model specifications and the KV-cache size of one token (MLPerf-compatible table and byte formula)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class ModelConfig:
 
     @property
     def bytes_per_element(self) -> int:
-        """float32 4, float16/bfloat16 2, int8 1 (anything else 2, as the reference)."""
+        """float32 4, float16/bfloat16 2, int8 1 (anything else 2, as in the MLPerf tool)."""
         return DTYPE_BYTES.get(self.dtype, 2)
 
     @property
@@ -52,7 +52,7 @@ class ModelConfig:
 
     @property
     def kv_cache_size_per_token(self) -> int:
-        """Reference name of `bytes_per_token`."""
+        """`bytes_per_token` under the MLPerf tool's name."""
         return self.bytes_per_token
 
     @property
@@ -89,11 +89,11 @@ class ModelConfig:
 
     @property
     def is_large_model(self) -> bool:
-        """Reference RAG sizing rule: hidden_dim >= 8192 or num_layers >= 64."""
+        """RAG documents use the large size range: hidden_dim >= 8192 or num_layers >= 64 (MLPerf rule)."""
         return self.hidden_dim >= 8192 or self.num_layers >= 64
 
 
-# Field defaults a model defined only in config.yaml gets for the fields it omits (spec 3.4).
+# Field defaults a model defined only in config.yaml gets for the fields it omits (MLPerf-compatible).
 NEW_MODEL_DEFAULTS = {
     "num_layers": 32,
     "hidden_dim": 4096,
@@ -109,7 +109,7 @@ NEW_MODEL_DEFAULTS = {
 }
 
 # The nine built-in models. Display names are the shipped config.yaml ones (the defaults always equal
-# config.yaml); the reference's code-only names differ for four models, in the banner only.
+# config.yaml), so the banner names a model the same way with or without a config file.
 # Parameter counts (billions) are the published model cards' totals (active = per token, for MoE).
 MODEL_CONFIGS: Mapping[str, ModelConfig] = types.MappingProxyType(
     {

@@ -1,4 +1,4 @@
-"""Command line: `kv-cache [run] FLAGS` (the reference flags plus ours) and `kv-cache sessions FLAGS`.
+"""Command line: `kv-cache [run] FLAGS` (the MLPerf tool's flags plus ours) and `kv-cache sessions FLAGS`.
 
 The only place that knows flag names and exit codes. Errors are one line on stderr,
 `kv-cache: error: <message>` (`kv-cache sessions: error: ...` for that command), and exit status 2:
@@ -105,7 +105,7 @@ DEFAULT_COMMAND = "run"
 
 
 def build_parser(command: str = DEFAULT_COMMAND) -> argparse.ArgumentParser:
-    """The parser of one sub-command on its own (`run`: every reference flag, defaults from RunSettings)."""
+    """The parser of one sub-command on its own (`run`: every MLPerf flag, defaults from RunSettings)."""
     cmd = COMMANDS[command]
     parser = _Parser(prog=cmd.prog, description=cmd.description, epilog=cmd.epilog)
     cmd.add_flags(parser)
@@ -194,7 +194,7 @@ def _with_flag_names(resolve, args: argparse.Namespace, argv: list[str]):
 
 
 def configure_logging(level: str) -> None:
-    """Reference log format on stderr; the level applies to the `kv_cache` loggers."""
+    """The MLPerf tool's log format, on stderr; the level applies to the `kv_cache` loggers."""
     numeric = getattr(logging, level)
     logging.basicConfig(level=numeric, format=LOG_FORMAT, datefmt=LOG_DATEFMT)
     logging.getLogger("kv_cache").setLevel(numeric)

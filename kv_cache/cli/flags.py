@@ -49,7 +49,7 @@ def sessions_flag_defaults(now: datetime | None = None) -> dict[str, object]:
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
-    """All reference flags with their reference names, types and choices, plus ours."""
+    """Every MLPerf kv-cache flag with its name, type and choices (drop-in compatible), plus ours."""
     d = run_flag_defaults()
     add = p.add_argument
     add("--version", action="version", version=f"kv-cache {__version__}")

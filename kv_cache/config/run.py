@@ -5,8 +5,8 @@ part: `storage` (the I/O engine), `tiers` (capacities and where the storage tier
 (who issues what), `driver` (how the run is paced and stopped) and `outputs` (where results go). Every
 default is written here once; the command-line parser takes its defaults from these classes.
 
-The flat names of the reference flags (`settings.num_users`, `settings.cpu_mem_gb`...) stay readable on
-RunSettings: each sub-config field is also a read-only property of the whole.
+The flat names of the MLPerf-compatible flags (`settings.num_users`, `settings.cpu_mem_gb`...) stay
+readable on RunSettings: each sub-config field is also a read-only property of the whole.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class RunSettings:
 
     @property
     def effective_seed(self) -> int:
-        """The seed every generator derives from (the reference uses 0 when --seed is absent)."""
+        """The seed every generator derives from (0 when --seed is absent, as in the MLPerf tool)."""
         return 0 if self.seed is None else self.seed
 
 

@@ -136,7 +136,7 @@ class SaturationDetectionConfig:
 
 @dataclass(frozen=True)
 class ValidationLimits:
-    """Upper limits the command-line validation enforces (these take effect, unlike the reference)."""
+    """Upper limits the command-line validation enforces."""
 
     max_users: int = _int(100000, minimum=1)
     max_duration_seconds: int = _int(86400, minimum=1)
@@ -164,7 +164,7 @@ class DriverConfig:
 
 @dataclass(frozen=True)
 class PerformanceCriteria:
-    """Our own section: PASS/FAIL thresholds of --performance-profile (reference values for latency)."""
+    """Our own section: PASS/FAIL thresholds of --performance-profile (latency defaults: MLPerf's)."""
 
     storage_write_device_p95_ms: float = _num(500.0, exclusive_min=True)
     storage_read_device_p95_ms: float = _num(200.0, exclusive_min=True)

@@ -1,7 +1,7 @@
-"""Command-line value checks (the reference's `validate_args`) and the --cache-dir safety rules.
+"""Command-line value checks (MLPerf-compatible rules and messages) and the --cache-dir safety rules.
 
 Every check runs and every failure is collected, so one invocation reports all of its problems. The
-upper limits come from the config's `validation_limits` section (the reference ignores that section).
+upper limits come from the config's `validation_limits` section.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _UNIMPLEMENTED = (("enable_latency_tracing", "--enable-latency-tracing"),)
 
 
 def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str]:
-    """All problems with the flag values, in the reference's order and wording (empty list = valid)."""
+    """All problems with the flag values, in the MLPerf tool's order and wording (empty list = valid)."""
     limits = limits if limits is not None else ValidationLimits()
 
     def get(name: str) -> Any:
@@ -73,7 +73,7 @@ def _finite(errors: list[str], flag: str, value: Any) -> bool:
 
 
 def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: list[str]) -> None:
-    """Users, duration, memory budgets and the other counts and rates, in the reference's order."""
+    """Users, duration, memory budgets and the other counts and rates, in the MLPerf tool's order."""
 
     def finite(flag: str, value: Any) -> bool:
         return _finite(errors, flag, value)

@@ -3,9 +3,9 @@
 A load shape is the only thing that changes the offered load during a run (as locust's LoadTestShape):
 the scheduler samples the interval, asks the shape, and applies the answer.
 - `ConstantShape`: a fixed count (a plain run, one rung of the sessions ladder);
-- `Autoscaler`, two modes (reference names): `qos` keeps storage saturation near a target; `capacity`
-  grows the user count while throughput still rises and stops at the peak. Unlike the reference, the
-  decision is applied: the driver really starts or stops users. Factors and sample counts come from config.
+- `Autoscaler`, two modes (the MLPerf tool's mode names): `qos` keeps storage saturation near a target;
+  `capacity` grows the user count while throughput still rises and stops at the peak. The decision is
+  applied: the driver really starts or stops users. Factors and sample counts come from config.
 """
 
 from __future__ import annotations

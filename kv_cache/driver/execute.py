@@ -1,4 +1,5 @@
-"""Executes one request plan's cache operations on an I/O worker, in the reference's order.
+"""Executes one request plan's cache operations on an I/O worker, in the MLPerf tool's order: shared
+prefix, earlier turns, prefill write, RAG chunks, decode reads.
 
 The cache says where an entry was found; this module counts what the hit means for the workload (a
 system prompt, an earlier turn, a RAG chunk, a KV block), since only the request knows why it read it.
@@ -25,7 +26,7 @@ log = logging.getLogger("kv_cache.driver")
 # Errors after which continuing would measure nothing meaningful.
 FATAL_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 
-# Counter of an in-window hit, by what was read (reference names).
+# Counter of an in-window hit, by what was read (the MLPerf tool's cache_stats names).
 USER_HIT, SYSTEM_HIT, MULTI_TURN_HIT = names.USER_CACHE_HITS, names.SYSTEM_PROMPT_HITS, names.MULTI_TURN_HITS
 
 

@@ -1,7 +1,7 @@
 """The one statistics module: point statistics and confidence intervals (numpy and stdlib, no scipy).
 
 - Percentiles are numpy's linear interpolation (``numpy.percentile``'s default), the definition the
-  reference benchmark reports with; every percentile of the tool goes through ``percentile(s)`` so the
+  MLPerf kv-cache tool reports with; every percentile of the tool goes through ``percentile(s)`` so the
   figures of both modes, the report and the helper scripts agree.
 - Student-t quantiles come from the t CDF (regularized incomplete beta function, continued fraction)
   inverted by bisection: accurate to ~1e-10 for any confidence level and any (also fractional) degrees

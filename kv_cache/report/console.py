@@ -1,4 +1,4 @@
-"""The printed report, in the reference's section order, plus what was timed and how.
+"""The printed report, in the MLPerf tool's section order, plus what was timed and how.
 
 Each section is a function of the results document that returns its lines (empty when the section does
 not apply), so a section can be checked on its own and the text never depends on anything the document

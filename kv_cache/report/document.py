@@ -1,4 +1,4 @@
-"""The results document of a standard run: the reference's JSON layout, our additions, a schema version.
+"""The results document of a standard run: the MLPerf tool's JSON layout, our additions, a schema version.
 
 The composition root fills a RunRecord (how the run was set up, what it measured) and build_results turns
 it into the document; nothing here runs or times anything. results_document stamps any mode's document
@@ -124,7 +124,7 @@ def build_results(record: RunRecord) -> dict[str, Any]:
 
 
 def run_summary(record: RunRecord) -> dict[str, Any] | None:
-    """The reference `summary` plus the mode-specific parts; None when no request completed."""
+    """The `summary` (MLPerf JSON layout) plus the mode-specific parts; None when no request completed."""
     settings, metrics, outcome = record.settings, record.metrics, record.outcome
     if metrics.requests.completed <= 0:
         return None

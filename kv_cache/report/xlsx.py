@@ -1,4 +1,4 @@
-"""Spreadsheet summary (`--xlsx-output`): the reference's columns and sheets.
+"""Spreadsheet summary (`--xlsx-output`): the MLPerf tool's columns and sheets, for compatibility.
 
 Uses openpyxl directly; without it (or for a path not ending in .xlsx) a one-row CSV is written.
 """

@@ -3,7 +3,7 @@
 ``<cache_dir>/kv-cache-run-<YYYYmmdd-HHMMSS>-<pid>-<4 hex>/`` holds a marker ``.kv-cache-run`` (JSON:
 tool, version, pid, host, start time) and the entry files.  Cleanup removes the marker and rmdirs the
 run directory (and the temporary cache dir if we made one) - never anything it did not create, so a
-user's file in either directory survives.  Unlike the reference tool, nothing pre-existing is purged.
+user's file in either directory survives.  Nothing pre-existing is purged.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Logical trace mode (`--io-trace-log`): every cache operation is logged, no data is moved.
 
 A NullStore stands in for every tier (sizes only, zero timings), so a trace of what the workload would
-ask of each tier can be produced on any machine and replayed elsewhere. CSV columns (reference, spec
-12.4): Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase. A name ending in `.zst` is compressed.
+ask of each tier can be produced on any machine and replayed elsewhere. CSV columns (MLPerf kv-cache
+tool compatible): Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase. A name ending in `.zst` is
+compressed.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class IOTraceWriter:
         self.rows = 0
 
     def log(self, op: str, nbytes: int, tier: str, key: str, cause: str) -> None:
-        # Reference phases: demotions are "Evict", every other write "Prefill", every other read "Decode".
+        # MLPerf-compatible phases: demotions "Evict", every other write "Prefill", every other read "Decode".
         phase = "Evict" if cause == "demotion" else ("Decode" if op == "read" else "Prefill")
         row = (f"{time.time():.6f},{'Read' if op == 'read' else 'Write'},{nbytes},"
                f"{TIER_LABELS.get(tier, tier)},{key},{phase}\n")

@@ -19,8 +19,8 @@ class Conversation:
 class ConversationManager:
     """Bounded LRU of live conversations (config `conversation.max_conversations`).
 
-    Unlike the reference, evicting a conversation never breaks its user: the user simply starts a new
-    conversation on its next turn (the reference's user thread died on a ValueError).
+    Evicting a conversation never breaks its user: the user simply starts a new conversation on its next
+    turn.
     """
 
     def __init__(self, max_conversations: int, max_turns_per_conv: int) -> None:

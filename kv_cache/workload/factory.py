@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["PREPOPULATION_PER_USER", "TraceWorkload", "UserFactory", "build_trace_workload", "open_trace_sources",
            "poisson_retimed"]
 
-PREPOPULATION_PER_USER = 10  # decode-only: entries pre-populated per user (reference)
+PREPOPULATION_PER_USER = 10  # decode-only: entries pre-populated per user (the MLPerf tool's count)
 
 
 class UserFactory:

@@ -1,5 +1,5 @@
 """Shared system-prompt prefixes: entries that are written once and then really read by every request
-that uses the same system prompt (the reference computed a key but never stored anything)."""
+that uses the same system prompt."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class SystemPrefix:
 def build_system_prefixes(min_prefix_length: int, max_prefix_entries: int) -> tuple[SystemPrefix, ...]:
     """The catalogue of shared prefixes.
 
-    Key and hash follow the reference (`kv_system_<16 hex of sha256("<text[:500]>_<words>")>`); the stored
+    Key and hash are the MLPerf tool's (`kv_system_<16 hex of sha256("<text[:500]>_<words>")>`); the stored
     size is at least `prefix_cache.min_prefix_length` tokens, since shorter prefixes are not worth
     caching; `max_prefix_entries` caps the catalogue.
     """

@@ -9,7 +9,7 @@ QOS_LEVELS = ("interactive", "responsive", "batch")
 
 
 def draw_qos_level(rng: random.Random, interactive_probability: float, responsive_threshold: float) -> str:
-    """Reference draw (spec 8.1): r < p_interactive -> interactive; r < threshold -> responsive; else batch."""
+    """MLPerf-compatible draw: r < p_interactive -> interactive; r < threshold -> responsive; else batch."""
     r = rng.random()
     if r < interactive_probability:
         return "interactive"

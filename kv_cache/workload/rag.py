@@ -1,5 +1,5 @@
-"""RAG documents: ingested into fixed-size chunk entries, and retrievals that really read those chunks
-(the reference's retrieval keys never matched the ingested chunks)."""
+"""RAG documents: ingested into fixed-size chunk entries, and retrievals that read those very chunk
+entries (same keys)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class RagDocument:
 
 
 def chunk_tokens(rag_cfg, model: ModelConfig) -> int:
-    """Reference rule: max(1, min(chunk_size_tokens, max_chunk_bytes // bytes_per_token))."""
+    """MLPerf-compatible chunk size: max(1, min(chunk_size_tokens, max_chunk_bytes // bytes_per_token))."""
     return max(1, min(rag_cfg.chunk_size_tokens, rag_cfg.max_chunk_bytes // model.bytes_per_token))
 
 

@@ -8,7 +8,7 @@ Two shapes, decided by the format:
   from `--think-time`), scaled by `--trace-speedup`.
 
 KV layout (`--kv-block-tokens`): 0 = one entry per request holding its new tokens, earlier turns re-read
-(the reference's layout); N > 0 = entries of N tokens keyed by the prefix hash chain, each request looks
+(the MLPerf tool's layout); N > 0 = entries of N tokens keyed by the prefix hash chain, each request looks
 its blocks up in order (present = load, absent = compute and store).
 """
 
@@ -28,7 +28,7 @@ SESSION_FORMATS = ("weka", "aiperf", "bailian", "sharegpt")
 
 
 def resolve_burst_paths(path: str) -> list[str]:
-    """Reference rules: a file, a directory (all *.csv, sorted) or a glob (sorted)."""
+    """As the MLPerf tool's --burst-trace-path: a file, a directory (all *.csv, sorted) or a glob (sorted)."""
     if any(c in path for c in "*?["):
         files = sorted(glob.glob(path))
     elif os.path.isdir(path):
@@ -140,7 +140,7 @@ class SessionUser:
         return self.cursor < len(self.turns)
 
     def restart(self) -> None:
-        """Next replay cycle: same turns (same keys, as the reference's cycles), new QoS draws."""
+        """Next replay cycle: same turns (same keys, as in the MLPerf tool's cycles), new QoS draws."""
         self.cursor, self.cycle = 0, self.cycle + 1
 
     def next_request(self) -> RequestPlan:

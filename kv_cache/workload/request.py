@@ -17,7 +17,7 @@ class Phase(str, enum.Enum):
     PREFILL_DECODE = "both"
 
 
-# Reference phase rule (spec 8.2): long contexts are prefill-only (no decode reads).
+# MLPerf-compatible phase rule: contexts of this many tokens or more are prefill-only (no decode reads).
 PREFILL_ONLY_CONTEXT_TOKENS = 10_000
 
 
@@ -72,5 +72,5 @@ class RequestPlan:
 
 
 def decode_reads(generate_tokens: int, batch_size: int) -> int:
-    """Further full-entry reads after the first decode read (reference: ceil(gen / batch), at least 1)."""
+    """Further full-entry reads after the first decode read: ceil(gen / batch), at least 1 (MLPerf rule)."""
     return max(1, -(-generate_tokens // max(1, batch_size)))

@@ -1,4 +1,4 @@
-"""Synthetic users (reference personas) that decide, from their own seeded generator, what to ask next.
+"""Synthetic users (MLPerf personas) that decide, from their own seeded generator, what to ask next.
 
 Users are closed-loop: the driver asks a user for its next request only after the previous one has
 completed and the user's think time has elapsed. No thread per user.
@@ -54,7 +54,7 @@ def user_rng(seed: int, user_id: str) -> random.Random:
 
 
 def generate_profiles(num_users: int, config, seed: int, first_index: int = 0) -> list[UserProfile]:
-    """Reference `generate_mixed_users`: persona uniform, QoS by the configured distribution,
+    """MLPerf-compatible draws: persona uniform, QoS by the configured distribution,
     context/generation lengths and think time drawn from the persona's ranges."""
     prios = {level: int(p.priority) for level, p in config.qos_profiles.items()}
     dist = config.qos_distribution
@@ -114,7 +114,7 @@ class SyntheticUser:
         return self.profile.user_id
 
     def think_time(self) -> float:
-        """Pause before the next request (reference: think_time x uniform(0.8, 1.2))."""
+        """Pause before the next request: think_time x uniform(0.8, 1.2), as in the MLPerf tool."""
         return self.profile.think_time * self.rng.uniform(0.8, 1.2)
 
     def first_wake_s(self) -> float:

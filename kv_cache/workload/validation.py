@@ -1,4 +1,4 @@
-"""`--validation-trace`: compare this run's cache behaviour with a recorded real-world trace (spec 8.11).
+"""`--validation-trace`: compare this run's cache hit rate with a recorded real-world trace's.
 
 The trace is read and checked BEFORE the run (a bad file is a usage error, never lost results).
 """
@@ -50,7 +50,7 @@ def load_trace_stats(path: str) -> dict[str, Any]:
 
 
 def compare(trace: dict[str, Any], cache_hit_rate: float, read_write_ratio: float) -> dict[str, Any]:
-    """Reference verdict: pass when the cache hit rate is within 5 % (relative) of the trace's."""
+    """MLPerf-compatible verdict: pass when the cache hit rate is within 5 % (relative) of the trace's."""
 
     def err(bench: float, ref: float) -> float:
         return abs(bench - ref) / ref * 100 if ref else (0.0 if bench == 0 else 100.0)
