@@ -18,11 +18,12 @@ is everything else inside the operation.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+
+from kv_cache.hashing import stable_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.buffers import WorkerBuffers
@@ -57,9 +58,7 @@ class StoreFull(Exception):
     """A MemoryStore has no free slabs for the entry (nothing was kept)."""
 
 
-def key_id(key: str) -> int:
-    """Stable 64-bit id of a cache key: blake2b (8-byte digest) of its UTF-8, little-endian."""
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+key_id = stable_id  # the 64-bit id of a cache key, stamped into every 4 KiB block it writes
 
 
 def padded(nbytes: int) -> int:

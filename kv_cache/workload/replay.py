@@ -15,11 +15,13 @@ its blocks up in order (present = load, absent = compute and store).
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import random
 from collections.abc import Iterator
 
 from kv_cache.config.pacing import ThinkTime
+from kv_cache.workload.grouping import group_sessions
 from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
 from kv_cache.workload.traces import TraceError, TraceRequest, TraceSource, kv_block_keys, open_trace
@@ -157,13 +159,7 @@ class SessionUser:
 
 def load_sessions(sources: list[TraceSource], planner: TracePlanner, think: ThinkTime, speedup: float, seed: int,
                   max_requests: int) -> list[SessionUser]:
-    """Group rows by session (sessions may interleave in the file), keeping turn order."""
-    by_session: dict[str, list[TraceRequest]] = {}
-    rows = 0
-    for source in sources:
-        for req in source:
-            if max_requests and rows >= max_requests:
-                break
-            by_session.setdefault(req.session_id or f"row_{req.index}", []).append(req)
-            rows += 1
-    return [SessionUser(turns, planner, think, speedup, seed) for turns in by_session.values()]
+    """One closed-loop user per session (sessions may interleave in the file), turns in trace order."""
+    grouped = group_sessions(itertools.chain.from_iterable(sources), infer_sessionless=False,
+                             max_rows=max_requests)
+    return [SessionUser(g.rows, planner, think, speedup, seed) for g in grouped.sessions]

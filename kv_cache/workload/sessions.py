@@ -18,7 +18,6 @@ human-pace transform), ``classify_turn`` tells session starts, human returns and
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -27,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kv_cache.config.pacing import PACE_MODES, Pace, parse_pace
+from kv_cache.hashing import stable_id
+from kv_cache.workload.grouping import SessionRows, complete_ids, group_sessions
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.schema import SessionsConfig
@@ -191,48 +192,6 @@ def generate_sessions(
 # --------------------------------------------------------------------------------------------------
 
 _ROW_PAUSE_KIND = {"human": "human", "agentic": "agentic", "subagent": "agentic"}
-MIN_SHARED_BLOCKS = 2  # sessionless grouping: a continuation must share at least this many complete blocks
-
-
-class _Node:
-    __slots__ = ("children", "sessions")
-
-    def __init__(self) -> None:
-        self.children: dict[int, _Node] = {}
-        self.sessions: list[int] = []
-
-
-class _Grouper:
-    """Groups sessionless rows into sessions by hash-id prefixes (see ``sessions_from_trace``)."""
-
-    def __init__(self) -> None:
-        self.root = _Node()
-        self.marker: dict[int, _Node] = {}  # session number -> node of its latest row's complete blocks
-
-    def match(self, ids: tuple[int, ...]) -> tuple[int | None, int]:
-        """(session whose latest row's complete blocks are the longest prefix of ``ids``, that length)."""
-        node, best, best_len = self.root, None, 0
-        for depth, block in enumerate(ids, 1):
-            node = node.children.get(block)
-            if node is None:
-                break
-            if node.sessions and depth >= MIN_SHARED_BLOCKS:
-                best, best_len = node.sessions[-1], depth
-        return best, best_len
-
-    def mark(self, session: int, complete_ids: tuple[int, ...]) -> None:
-        old = self.marker.pop(session, None)
-        if old is not None:
-            old.sessions.remove(session)
-        if len(complete_ids) < MIN_SHARED_BLOCKS:
-            return
-        node = self.root
-        for block in complete_ids:
-            node = node.children.setdefault(block, _Node())
-        node.sessions.append(session)
-        self.marker[session] = node
-
-
 class _Building:
     __slots__ = ("sid", "rows", "bases", "first_ids")
 
@@ -241,12 +200,6 @@ class _Building:
         self.rows: list[TraceRequest] = []
         self.bases: list[int] = []  # per row: tokens of its input that were the session's context before
         self.first_ids = first_ids
-
-
-def _complete_ids(req: TraceRequest, block: int) -> tuple[int, ...]:
-    if not req.hash_ids:
-        return ()
-    return tuple(req.hash_ids[: req.input_tokens // block])
 
 
 def _common_prefix_len(seqs: list[tuple[int, ...]]) -> int:
@@ -271,14 +224,11 @@ def sessions_from_trace(
     ``output_tokens`` come from the row (each at least 1); ``kept_tokens = input - new`` when that is less
     than the previous turn's input + output (the history was rewritten), else ``None``.
 
-    Rows WITHOUT a session id (Mooncake, which has none) are grouped by hash ids: a row CONTINUES an earlier
-    session when all the complete blocks of that session's latest row (``input // block`` ids, at least
-    ``MIN_SHARED_BLOCKS`` = 2 of them, so that the one-block system prompt every Mooncake row starts with
-    does not chain unrelated requests) are a prefix of the row's ids; the longest such prefix wins (then
-    the latest session). Otherwise the row starts a new session ``"<format>-<row index>"``. A continuation's
-    new tokens are ``input - (previous input + output)`` when the input is at least that long (the whole
-    previous context kept), else ``input - matched blocks x block`` (only the matched prefix kept). Rows
-    without hash ids are one-turn sessions.
+    Rows WITHOUT a session id (Mooncake, which has none) are grouped into sessions by their hash-id
+    prefixes (``kv_cache.workload.grouping``, shared with trace replay). A continuation's new tokens are
+    ``input - (previous input + output)`` when the input is at least that long (the whole previous context
+    kept), else ``input - matched blocks x block`` (only the matched prefix kept). Rows without hash ids are
+    one-turn sessions.
 
     Pauses: ``pause_before_s`` of turn i = the previous row's ``think_time_s``; where the trace has none,
     the gap between the two rows' arrivals (an upper bound: it includes the previous turn's service time),
@@ -290,48 +240,10 @@ def sessions_from_trace(
     ``new_tokens`` exclude it. ``max_sessions``: keep the first N sessions (by first row; 0 = all).
     """
     fallback_block = int(getattr(source, "block_tokens", None) or default_block_tokens)
-    seen_block: int | None = None
-    fmt = str(getattr(source, "format", "trace"))
-    by_key: dict[str, _Building] = {}
-    grouped: list[_Building] = []  # sessionless sessions, by number
-    order: list[_Building] = []
-    grouper = _Grouper()
-    for req in source:
-        row_block = req.block_tokens or fallback_block
-        if seen_block is None and req.block_tokens:
-            seen_block = int(req.block_tokens)
-        if req.session_id is not None:
-            b = by_key.get(req.session_id)
-            if b is None:
-                if max_sessions and len(order) >= max_sessions:
-                    continue
-                b = by_key[req.session_id] = _Building(req.session_id, _complete_ids(req, row_block))
-                order.append(b)
-                b.bases.append(0)
-            else:
-                b.bases.append(max(0, req.input_tokens - req.new_tokens))
-            b.rows.append(req)
-            continue
-        ids = _complete_ids(req, row_block)
-        number, matched = grouper.match(tuple(req.hash_ids or ()))
-        if number is None:
-            if max_sessions and len(order) >= max_sessions:
-                continue
-            number = len(grouped)
-            b = _Building(f"{fmt}-{req.index}", ids)
-            grouped.append(b)
-            order.append(b)
-            b.bases.append(0)
-        else:
-            b = grouped[number]
-            prev = b.rows[-1]
-            prev_ctx = prev.input_tokens + prev.output_tokens
-            b.bases.append(
-                prev_ctx if req.input_tokens >= prev_ctx else min(req.input_tokens, matched * row_block)
-            )
-        b.rows.append(req)
-        grouper.mark(number, ids)
-
+    grouped = group_sessions(source, infer_sessionless=True, max_sessions=max_sessions,
+                             fmt=str(getattr(source, "format", "trace")), default_block_tokens=fallback_block)
+    order = [_building(g, fallback_block) for g in grouped.sessions]
+    seen_block = grouped.block_tokens
     block = seen_block or int(getattr(source, "block_tokens", None) or default_block_tokens)
     shared = 0
     if len(order) >= 2:
@@ -340,6 +252,24 @@ def sessions_from_trace(
             shortest = min(b.rows[0].input_tokens for b in order)
             shared = min(shared, ((shortest - 1) // block) * block)
     return [_script(b, block, shared) for b in order]
+
+
+def _building(group: SessionRows, fallback_block: int) -> _Building:
+    """A grouped session with, per row, how much of its input was the session's context before it."""
+    first = group.rows[0]
+    b = _Building(group.key, complete_ids(first, first.block_tokens or fallback_block))
+    b.rows = list(group.rows)
+    for i, (req, matched) in enumerate(zip(group.rows, group.matched, strict=True)):
+        if i == 0:
+            b.bases.append(0)
+        elif matched is None:  # a session id: the row says how many of its tokens are new
+            b.bases.append(max(0, req.input_tokens - req.new_tokens))
+        else:  # inferred: the whole previous context when the input covers it, else the matched prefix
+            prev = group.rows[i - 1]
+            prev_ctx = prev.input_tokens + prev.output_tokens
+            row_block = req.block_tokens or fallback_block
+            b.bases.append(prev_ctx if req.input_tokens >= prev_ctx else min(req.input_tokens, matched * row_block))
+    return b
 
 
 def _pause(prev: TraceRequest, cur: TraceRequest) -> float:
@@ -375,10 +305,6 @@ def _script(b: _Building, block: int, shared: int) -> SessionScript:
 # --------------------------------------------------------------------------------------------------
 
 
-def _stable_id(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
 def apply_pace(script: SessionScript, pace: Pace, seed: int | None) -> SessionScript:
     """The script with every inter-turn pause (turns 2..n) rewritten by ``pace``; ``trace`` returns it
     unchanged, the first turn is never touched. The pause of turn i is a function of (seed, session_id, i)
@@ -392,7 +318,7 @@ def apply_pace(script: SessionScript, pace: Pace, seed: int | None) -> SessionSc
         pauses = [pace.low_s] * n
         kind = None
     else:
-        rng = _session_rng(seed, _PACE_TAG, _stable_id(script.session_id))
+        rng = _session_rng(seed, _PACE_TAG, stable_id(script.session_id))
         pauses = (
             rng.uniform(pace.low_s, pace.high_s, size=n).tolist()
             if pace.high_s > pace.low_s
