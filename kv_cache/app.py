@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache
+from kv_cache.cache import MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
 from kv_cache.driver.scheduler import Driver, DriverOutcome
@@ -106,7 +106,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     cfg = settings.config
     open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores)
     stores, tiers = run.stores, run.stores.tiers
-    cache = MultiTierCache(tiers, EvictionPolicy.from_config(cfg.eviction), run.metrics,
+    cache = MultiTierCache(tiers, cfg.eviction, run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer)
     rag = RagCorpus(cfg.rag) if settings.enable_rag else None
     factory = UserFactory(settings, rag)

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import IOAborted, IOResult, Store, StoreFull
@@ -70,20 +71,6 @@ class Tier:
         return footprint(nbytes) if footprint is not None else nbytes
 
 
-@dataclass(frozen=True)
-class EvictionPolicy:
-    max_recursion_depth: int = 10
-    target_usage_ratio: float = 0.8
-    large_entry_limit_ratio: float = 0.95
-    max_evictions_hard_cap: int = 5000
-    max_evictions_min: int = 1000
-
-    @classmethod
-    def from_config(cls, eviction_cfg) -> EvictionPolicy:
-        """From the config's `eviction` section (same key names)."""
-        return cls(**{k: getattr(eviction_cfg, k) for k in cls.__dataclass_fields__})
-
-
 @dataclass(slots=True)
 class _Step:
     kind: str  # 'move' | 'delete'
@@ -93,7 +80,7 @@ class _Step:
 
 
 class MultiTierCache:
-    def __init__(self, tiers: list[Tier], policy: EvictionPolicy, metrics: RunMetrics, bytes_per_token: int,
+    def __init__(self, tiers: list[Tier], policy: EvictionConfig, metrics: RunMetrics, bytes_per_token: int,
                  stop: threading.Event | None = None, tracer=None) -> None:
         if not tiers:
             raise ValueError("at least one tier is required")

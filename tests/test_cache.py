@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import FileStore
@@ -33,7 +34,7 @@ def make_cache(limits, metrics=None, last_store=None):
         tiers.append(Tier(name, store, limit))
     metrics = metrics or RunMetrics()
     metrics.open_window()
-    return MultiTierCache(tiers, EvictionPolicy(), metrics, bytes_per_token=KIB)
+    return MultiTierCache(tiers, EvictionConfig(), metrics, bytes_per_token=KIB)
 
 
 def check_accounting(cache):
@@ -197,7 +198,7 @@ def test_failed_write_releases_reservation(bufs, tmp_path):
     metrics = RunMetrics()
     metrics.open_window()
     tier = Tier("nvme", FailingStore(1024 * KIB), 1024 * KIB)
-    cache = MultiTierCache([tier], EvictionPolicy(), metrics, bytes_per_token=KIB)
+    cache = MultiTierCache([tier], EvictionConfig(), metrics, bytes_per_token=KIB)
     with pytest.raises(OSError):
         cache.allocate("x", 4, 4 * KIB, bufs)
     assert tier.used == 0 and "x" not in cache.entries

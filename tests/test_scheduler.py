@@ -393,14 +393,15 @@ def test_slot_replays_sessions_and_pauses_between_turns():
 
 # -- the plan executor counts what each hit means -------------------------------------------------
 def test_executor_counts_hit_kinds_for_the_workload():
-    from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+    from kv_cache.cache import MultiTierCache, Tier
+    from kv_cache.config.sections import EvictionConfig
     from kv_cache.driver.execute import PlanExecutor
     from kv_cache.storage.buffers import WorkerBuffers
     from kv_cache.storage.memory import MemoryStore
 
     metrics = RunMetrics()
     metrics.open_window()
-    cache = MultiTierCache([Tier("cpu", MemoryStore(8 << 20, slab_bytes=16 << 10), 8 << 20)], EvictionPolicy(),
+    cache = MultiTierCache([Tier("cpu", MemoryStore(8 << 20, slab_bytes=16 << 10), 8 << 20)], EvictionConfig(),
                            metrics, bytes_per_token=16)
     ex = PlanExecutor(cache, metrics, lambda tokens: tokens * 16, threading.Event(), decode_batch_size=32)
     p = RequestPlan(user_id="u", request_id="r", seq=1, qos_level="interactive", priority=1, context_tokens=64,

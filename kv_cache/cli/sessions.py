@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kv_cache.app_sessions import SessionsSettings
-from kv_cache.cache import EvictionPolicy
 from kv_cache.config.pacing import PaceError, parse_pace
 from kv_cache.config.schema import load_config
 from kv_cache.config.validation import check_cache_dir
@@ -137,7 +136,7 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         io_mode=args.io_mode or storage.io_mode, io_workers=args.io_workers,
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
-        pace=pace, seed=args.seed, eviction=EvictionPolicy.from_config(cfg.eviction),
+        pace=pace, seed=args.seed, eviction=cfg.eviction,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.config.sections import EvictionConfig
 from kv_cache.driver.autoscale import ConstantShape, IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
 from kv_cache.driver.events import EventLoop, Stop
@@ -61,7 +62,7 @@ class LadderSettings:
     human_threshold_s: float
     pace: Any  # scripts.Pace
     seed: int
-    eviction: EvictionPolicy
+    eviction: EvictionConfig
 
     @property
     def replicas(self) -> int:
