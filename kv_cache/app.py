@@ -100,7 +100,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores)
+    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, io_worker_count(settings))
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, EvictionPolicy.from_config(cfg.eviction), run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer)

@@ -75,10 +75,12 @@ def gpu_tier_mode(tiers: TierSettings) -> str:
     return tiers.gpu_tier
 
 
-def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, also_bytes: int = 0) -> None:
+def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, also_bytes: int = 0,
+                   workers: int = 8) -> None:
     """Open the GPU tier's store into `tier_set` (none when the tier is off) and say what it is.
 
-    `also_bytes`: host RAM the other tiers take, for deciding whether a simulated arena is prefaulted."""
+    `also_bytes`: host RAM the other tiers take, for deciding whether a simulated arena is prefaulted;
+    `workers`: I/O workers that may copy at once (one pinned staging slot each, for a real tier)."""
     mode = gpu_tier_mode(tiers)
     if mode == "off":
         return
@@ -90,7 +92,7 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
         except CudaUnavailable as exc:
             raise StorageSetupError(f"the real GPU tier needs CUDA: {exc}").about("gpu_tier") from None
         tier_set.gpu_store = DeviceStore(devices, per_gpu, storage.chunk_bytes, tensor_parallel=tiers.tensor_parallel,
-                                         staging_slots=max(8, storage.io_workers))
+                                         staging_slots=workers)
         tier_set.notes.append(f"GPU tier: real, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB of HBM via "
                               f"{getattr(devices[0], 'backend', 'device')} ({devices[0].name})")
         return
@@ -108,7 +110,7 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
 
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet) -> None:
+               tier_set: TierSet, workers: int = 8) -> None:
     """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them)."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
@@ -127,7 +129,7 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-    open_gpu_store(tiers, storage, tier_set, int(tiers.cpu_mem_gb * GIB))
+    open_gpu_store(tiers, storage, tier_set, int(tiers.cpu_mem_gb * GIB), workers)
     tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store)
 
 

@@ -185,6 +185,8 @@ def tier_bandwidth(results: Results) -> list[str]:
             v = cs[f"tier_{tier}_{op}_bandwidth_gbps"]
             if v > 0:
                 lines.append(f"  {_tier_name(tier)} {op.capitalize()} Bandwidth: {v:.3f} GiB/s")
+    if _gpu_mark(results):
+        lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
 
 
@@ -196,6 +198,8 @@ def tier_latencies(results: Results) -> list[str]:
             if f"{tier}_{op}_p95_ms" in cs:
                 lines.append(f"  {_tier_name(tier)} {op.capitalize()} P95: {cs[f'{tier}_{op}_p95_ms']:.2f} ms"
                              f"  (P50 {cs[f'{tier}_{op}_p50_ms']:.2f}, P99 {cs[f'{tier}_{op}_p99_ms']:.2f})")
+    if _gpu_mark(results):
+        lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
 
 
