@@ -8,6 +8,7 @@
 # 3. runs kv-cache for 60 s with --gpu-tier real --gpu-mem-gb 40 (results in $OUT or /tmp),
 # 4. prints the run's H2D / D2H GB/s (CUDA events and wall clock) next to a plain pinned torch copy of the
 #    same chunk size measured here, on the same GPU, in the same script.
+# GDS=1 also installs kvikio-cu12 and runs 30 s with --gds (storage reads into GPU memory).
 # Without an NVIDIA GPU it says so and exits 2 before installing anything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,3 +76,11 @@ for d in ("h2d", "d2h"):
     print(f"{d.upper():5} {x['device_gbs']:18.2f} {x['copy_wall_gbs']:17.2f} {plain(d):19.2f}"
           f"   ({x['copies']} copies, {x['bytes'] / 2**30:.2f} GiB)")
 EOF
+
+if [ "${GDS:-0}" = 1 ]; then
+    echo "== GPUDirect Storage: 30 s with --gds"
+    python3 -m pip install -q -e ".[gds]"
+    python3 -m kv_cache --model llama3.1-8b --num-users 16 --duration 30 --gpu-tier real --gpu-mem-gb 4 \
+        --cpu-mem-gb 1 --gds --cache-dir "$OUTDIR" --output "$OUTDIR/gds_run.json" --seed 42 \
+        | grep -E "GPUDirect|Storage Read|GPU tier" || true
+fi

@@ -14,6 +14,7 @@ from kv_cache.cache import Tier
 from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import GIB
 from kv_cache.storage.files import FileStore
+from kv_cache.storage.gds import GDSFileStore, import_kvikio
 from kv_cache.storage.gpu_device import CudaUnavailable, cuda_status, open_devices
 from kv_cache.storage.gpu_real import DeviceStore
 from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel
@@ -103,6 +104,10 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
                           shards=tiers.tensor_parallel)
     total = per_gpu * tiers.num_gpus
     prefault = total + also_bytes <= 0.5 * available_memory_bytes()
+    if not prefault:
+        tier_set.notes.append(f"simulated GPU tier of {total / GIB:g} GiB plus the CPU tier exceed half of the "
+                              "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
+                              "is not in the reported times)")
     tier_set.gpu_store = SimulatedGPUStore(total, model, prefault=prefault)
     tier_set.notes.append(
         f"GPU tier: SIMULATED, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB held in host RAM; its copy times are "
@@ -116,8 +121,9 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
         return
-    fs = tier_set.file_store = FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync,
-                                         io_mode=storage.io_mode)
+    if tiers.gds:  # the storage tier reads into the real GPU tier's first device: open that first
+        open_gpu_store(tiers, storage, tier_set, 0, workers)
+    fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
     if fs.fs_type in ("tmpfs", "ramfs"):
         tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
     if tiers.cpu_mem_gb > 0:
@@ -129,8 +135,24 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-    open_gpu_store(tiers, storage, tier_set, int(tiers.cpu_mem_gb * GIB), workers)
+    if not tiers.gds:
+        open_gpu_store(tiers, storage, tier_set, int(tiers.cpu_mem_gb * GIB), workers)
     tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store)
+
+
+def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int) -> FileStore:
+    """The storage tier's store: a FileStore, or with GPUDirect Storage asked for, a GDSFileStore."""
+    if not tiers.gds:
+        return FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync, io_mode=storage.io_mode)
+    kvikio = import_kvikio()
+    gpu = tier_set.gpu_store
+    if kvikio is None or not isinstance(gpu, DeviceStore):
+        raise StorageSetupError("GPUDirect Storage needs kvikio and the real GPU tier (CUDA)").about("gds")
+    fs = GDSFileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync, io_mode=storage.io_mode,
+                      kvikio=kvikio, device=gpu.devices[0], slots=workers)
+    tier_set.notes.append(f"storage-tier reads land in GPU memory through kvikio (GPUDirect Storage; compat mode: "
+                          f"{fs.compat_mode})")
+    return fs
 
 
 def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,

@@ -112,6 +112,7 @@ def test_reference_defaults():
         "fail_exit_code": False,
         "gpu_tier": "auto",  # ours: real with CUDA, else simulated
         "gpu_type": "h100",
+        "gds": False,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output"}

@@ -68,6 +68,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--gpu-type", type=str, default=d["gpu_type"],
         help="GPU spec (config gpus key: a100, h100, h200, b200, l40s) whose host link and HBM bandwidth "
              "model the simulated GPU tier.")
+    add("--gds", action="store_true", default=d["gds"],
+        help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU tier).")
     add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
     add("--cache-dir", type=str, default=d["cache_dir"],
         help="Directory of the storage tier (default: a fresh temp dir).")

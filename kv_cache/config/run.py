@@ -79,6 +79,7 @@ class TierSettings:
     storage_capacity_gb: float = 0.0  # 0 = 95 % of the free space
     gpu_tier: str = "auto"  # auto (real with CUDA, else simulated) | real | simulated | off
     gpu_type: str = "h100"  # the config's gpus key whose host link / HBM figures model a simulated tier
+    gds: bool = False  # storage-tier reads into GPU memory through kvikio (needs the real GPU tier)
     gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu("h100"))  # gpu_type's, from the config
 
 

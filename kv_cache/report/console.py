@@ -342,6 +342,10 @@ def measurement(results: Results) -> list[str]:
         lines.append(f"  Not counted (finished after the window or aborted at stop): {late.get('requests', 0)}"
                      f" requests, {late.get('aborted_ops', 0)} aborted I/O operations")
     lines += gpu_tier_lines(meas.get("gpu_tier"))
+    gds = meas.get("storage_gds")
+    if isinstance(gds, dict):
+        lines.append(f"  GPUDirect Storage: {gds['library']}, compat mode {gds['compat_mode']}: {gds['reads']} storage "
+                     f"reads, {gds['bytes'] / GIB:.3f} GiB into GPU memory ({gds['pread_seconds']:.3f} s in pread)")
     lines += [f"  Note: {note}" for note in meas.get("notes", [])]
     if meas.get("errors"):
         lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")

@@ -161,6 +161,7 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
         "cpu_tier_bytes": int(settings.cpu_mem_gb * GIB) if record.memory_store is not None else 0,
         "gpu_tier": record.gpu_store.stats() if record.gpu_store is not None else "absent",
+        "storage_gds": fs.gds_info() if hasattr(fs, "gds_info") else "off",
     }
 
 
