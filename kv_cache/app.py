@@ -31,7 +31,7 @@ from kv_cache.report.document import RunRecord, build_results, interrupted_resul
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.parameters import run_mode
 from kv_cache.storage.blockdev import BlockDeviceCounter
-from kv_cache.tiers import TierSet, gpu_tier_note, open_tiers
+from kv_cache.tiers import TierSet, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -80,10 +80,6 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         settings = dataclasses.replace(
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
     run = _Run()
-    gpu_note = None if settings.io_trace_log else gpu_tier_note(settings.tiers)
-    if gpu_note:
-        log.warning(gpu_note)
-        run.stores.notes.append(gpu_note)
     interrupted = False
     try:
         results = _measure(settings, run, sources, out, record_plans)
@@ -104,7 +100,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores)
+    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, io_worker_count(settings))
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, cfg.eviction, run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer)
@@ -135,7 +131,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
-        tracer=stores.tracer, trace=trace))
+        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store))
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:

@@ -1,5 +1,6 @@
-"""The cache tiers of a run and the stores behind them: RAM (MemoryStore), files (FileStore), or, in
-trace mode, size-only NullStores that log every operation instead of doing it."""
+"""The cache tiers of a run and the stores behind them: GPU memory (DeviceStore on CUDA, or the
+SimulatedGPUStore), RAM (MemoryStore), files (FileStore), or, in trace mode, size-only NullStores that
+log every operation instead of doing it."""
 
 from __future__ import annotations
 
@@ -10,15 +11,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kv_cache.cache import Tier
+from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import GIB
 from kv_cache.storage.files import FileStore
+from kv_cache.storage.gds import GDSFileStore, import_kvikio
+from kv_cache.storage.gpu_device import CudaUnavailable, cuda_status, open_devices
+from kv_cache.storage.gpu_real import DeviceStore
+from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tracelog import IOTraceWriter, NullStore
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
     from kv_cache.config.run import StorageSettings, TierSettings
 
-__all__ = ["TierSet", "available_memory_bytes", "build_tiers", "build_trace_tiers", "gpu_tier_note", "open_tiers"]
+__all__ = ["TierSet", "available_memory_bytes", "build_tiers", "build_trace_tiers", "gpu_tier_mode", "open_gpu_store",
+           "open_tiers"]
 
 log = logging.getLogger("kv_cache")
 
@@ -30,6 +37,7 @@ class TierSet:
     tiers: list[Tier]
     file_store: FileStore | None = None
     memory_store: MemoryStore | None = None
+    gpu_store: SimulatedGPUStore | DeviceStore | None = None
     tracer: IOTraceWriter | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -42,6 +50,8 @@ class TierSet:
                 self.file_store.close()
             if self.memory_store is not None:
                 self.memory_store.close()
+            if self.gpu_store is not None:
+                self.gpu_store.close()
         except Exception as exc:
             log.error("cleanup failed: %s", exc)
 
@@ -57,30 +67,63 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def gpu_tier_note(tiers: TierSettings) -> str | None:
-    """This version has no GPU tier; say why once instead of silently pretending."""
-    if tiers.gpu_mem_gb <= 0:
-        return None
-    reason = "no CUDA device is available"
-    try:
-        import torch  # noqa: PLC0415  (optional dependency)
+def gpu_tier_mode(tiers: TierSettings) -> str:
+    """"off", "real" or "simulated": what --gpu-tier (auto = real where CUDA is present) comes to."""
+    if tiers.gpu_mem_gb <= 0 or tiers.gpu_tier == "off":
+        return "off"
+    if tiers.gpu_tier == "auto":
+        return "real" if cuda_status(tiers.num_gpus)[0] else "simulated"
+    return tiers.gpu_tier
 
-        if torch.cuda.is_available():
-            reason = "the GPU tier is not implemented in this version"
-    except Exception:  # torch missing or broken: same outcome
-        pass
-    return f"--gpu-mem-gb {tiers.gpu_mem_gb:g} requested but {reason}; running without a GPU tier"
+
+def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, also_bytes: int = 0,
+                   workers: int = 8) -> None:
+    """Open the GPU tier's store into `tier_set` (none when the tier is off) and say what it is.
+
+    `also_bytes`: host RAM the other tiers take, for deciding whether a simulated arena is prefaulted;
+    `workers`: I/O workers that may copy at once (one pinned staging slot each, for a real tier)."""
+    mode = gpu_tier_mode(tiers)
+    if mode == "off":
+        return
+    per_gpu = int(tiers.gpu_mem_gb * GIB)
+    spec = tiers.gpu_spec
+    if mode == "real":
+        try:
+            devices = open_devices(tiers.num_gpus)
+        except CudaUnavailable as exc:
+            raise StorageSetupError(f"the real GPU tier needs CUDA: {exc}").about("gpu_tier") from None
+        tier_set.gpu_store = DeviceStore(devices, per_gpu, storage.chunk_bytes, tensor_parallel=tiers.tensor_parallel,
+                                         staging_slots=workers)
+        tier_set.notes.append(f"GPU tier: real, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB of HBM via "
+                              f"{getattr(devices[0], 'backend', 'device')} ({devices[0].name})")
+        return
+    if spec is None or spec.host_link_gbs <= 0:
+        raise StorageSetupError(f"GPU type {tiers.gpu_type!r} has no host link figure to model a simulated "
+                                "GPU tier with").about("gpu_type")
+    model = TransferModel(tiers.gpu_type, spec.host_link, spec.host_link_gbs, spec.hbm_bandwidth_gbs,
+                          shards=tiers.tensor_parallel)
+    total = per_gpu * tiers.num_gpus
+    prefault = total + also_bytes <= 0.5 * available_memory_bytes()
+    if not prefault:
+        tier_set.notes.append(f"simulated GPU tier of {total / GIB:g} GiB plus the CPU tier exceed half of the "
+                              "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
+                              "is not in the reported times)")
+    tier_set.gpu_store = SimulatedGPUStore(total, model, prefault=prefault)
+    tier_set.notes.append(
+        f"GPU tier: SIMULATED, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB held in host RAM; its copy times are "
+        f"modelled from the {spec.name} {spec.host_link} ({spec.host_link_gbs:g} GB/s per direction), not measured")
 
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet) -> None:
+               tier_set: TierSet, workers: int = 8) -> None:
     """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them)."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
         return
-    fs = tier_set.file_store = FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync,
-                                         io_mode=storage.io_mode)
+    if tiers.gds:  # the storage tier reads into the real GPU tier's first device: open that first
+        open_gpu_store(tiers, storage, tier_set, 0, workers)
+    fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
     if fs.fs_type in ("tmpfs", "ramfs"):
         tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
     if tiers.cpu_mem_gb > 0:
@@ -92,11 +135,31 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store)
+    if not tiers.gds:
+        open_gpu_store(tiers, storage, tier_set, int(tiers.cpu_mem_gb * GIB), workers)
+    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store)
 
 
-def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None) -> list[Tier]:
+def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int) -> FileStore:
+    """The storage tier's store: a FileStore, or with GPUDirect Storage asked for, a GDSFileStore."""
+    if not tiers.gds:
+        return FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync, io_mode=storage.io_mode)
+    kvikio = import_kvikio()
+    gpu = tier_set.gpu_store
+    if kvikio is None or not isinstance(gpu, DeviceStore):
+        raise StorageSetupError("GPUDirect Storage needs kvikio and the real GPU tier (CUDA)").about("gds")
+    fs = GDSFileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync, io_mode=storage.io_mode,
+                      kvikio=kvikio, device=gpu.devices[0], slots=workers)
+    tier_set.notes.append(f"storage-tier reads land in GPU memory through kvikio (GPUDirect Storage; compat mode: "
+                          f"{fs.compat_mode})")
+    return fs
+
+
+def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
+                gpu_store: SimulatedGPUStore | DeviceStore | None = None) -> list[Tier]:
     tiers = []
+    if gpu_store is not None:
+        tiers.append(Tier("gpu", gpu_store, settings.gpu_mem_gb * settings.num_gpus * GIB))
     if memory_store is not None:
         tiers.append(Tier("cpu", memory_store, settings.cpu_mem_gb * GIB))
     if settings.storage_capacity_gb > 0:

@@ -110,6 +110,9 @@ def test_reference_defaults():
         "kv_block_tokens": 0,
         "think_time": "trace",
         "fail_exit_code": False,
+        "gpu_tier": "auto",  # ours: real with CUDA, else simulated
+        "gpu_type": "h100",
+        "gds": False,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output"}

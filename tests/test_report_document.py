@@ -27,7 +27,7 @@ TOP_KEYS = {
 }
 MEASUREMENT_KEYS = {
     "tool", "timed", "run_mode", "io_mode", "direct_io", "chunk_bytes", "fsync", "io_workers", "run_dir",
-    "filesystem", "storage_capacity_bytes", "cpu_tier_bytes", "gpu_tier", "window_seconds", "stop_reason",
+    "filesystem", "storage_capacity_bytes", "cpu_tier_bytes", "gpu_tier", "storage_gds", "window_seconds", "stop_reason",
     "requests_issued", "requests_abandoned_at_stop", "requests_failed", "requests_rejected",
     "offered_request_rate", "final_active_users", "counters", "after_window", "achieved_queue_depth",
     "process_cpu_seconds", "cpu_seconds_per_gib", "peak_rss_mib", "block_device", "entry_size_mib", "errors",

@@ -14,6 +14,7 @@ from kv_cache.config.run import (
     AUTOSCALER_MODES,
     DEFAULT_MODEL,
     GENERATION_MODES,
+    GPU_TIERS,
     IO_MODES,
     LOG_LEVELS,
     PERFORMANCE_PROFILES,
@@ -29,7 +30,7 @@ def run_flag_defaults(now: datetime | None = None) -> dict[str, object]:
     """Default of every `run` flag (by argparse dest), derived from the settings' defaults."""
     d = defaults()
     return {
-        **{k: d[k] for k in d if k not in ("multi_turn", "prefix_caching", "output", "config_path")},
+        **{k: d[k] for k in d if k not in ("multi_turn", "prefix_caching", "output", "config_path", "gpu_spec")},
         "model": DEFAULT_MODEL,
         "config": d["config_path"],
         "disable_multi_turn": not d["multi_turn"],
@@ -61,6 +62,14 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--num-gpus", type=int, default=d["num_gpus"], help="GPUs; GPU tier capacity = num-gpus x gpu-mem-gb.")
     add("--tensor-parallel", type=int, default=d["tensor_parallel"],
         help="Tensor-parallel degree; each rank stores 1/TP of an entry.")
+    add("--gpu-tier", type=str, default=d["gpu_tier"], choices=GPU_TIERS,
+        help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
+             "copy times), off; auto = real where CUDA is present, else simulated.")
+    add("--gpu-type", type=str, default=d["gpu_type"],
+        help="GPU spec (config gpus key: a100, h100, h200, b200, l40s) whose host link and HBM bandwidth "
+             "model the simulated GPU tier.")
+    add("--gds", action="store_true", default=d["gds"],
+        help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU tier).")
     add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
     add("--cache-dir", type=str, default=d["cache_dir"],
         help="Directory of the storage tier (default: a fresh temp dir).")

@@ -21,11 +21,13 @@ from kv_cache.config.run import (
 from kv_cache.config.schema import BenchConfig, load_config
 from kv_cache.config.validation import unimplemented_features, validate_args
 from kv_cache.errors import UsageError
+from kv_cache.storage.gds import import_kvikio
+from kv_cache.storage.gpu_device import cuda_status
 from kv_cache.storage.tracelog import check_trace_path
 from kv_cache.workload.replay import resolve_burst_paths
 from kv_cache.workload.validation import load_trace_stats
 
-__all__ = ["mpi_rank", "resolve_run", "trace_source"]
+__all__ = ["gpu_tier_errors", "mpi_rank", "resolve_run", "trace_source"]
 
 MIB = 1024 * 1024
 
@@ -40,6 +42,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
     model = config.model_configs.get(args.model)
     if model is None:
         errors.append(f"unknown model '{args.model}' (available: {', '.join(sorted(config.model_configs))})")
+    errors += gpu_tier_errors(args, config)
     if errors:
         raise UsageError("; ".join(errors))
 
@@ -64,6 +67,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
             gpu_mem_gb=float(args.gpu_mem_gb), num_gpus=args.num_gpus, tensor_parallel=args.tensor_parallel,
             cpu_mem_gb=float(args.cpu_mem_gb), cache_dir=cache_dir,
             storage_capacity_gb=float(args.storage_capacity_gb),
+            gpu_tier=args.gpu_tier, gpu_type=args.gpu_type, gpu_spec=config.gpus.get(args.gpu_type), gds=args.gds,
         ),
         workload=_workload(args),
         driver=DriverSettings(
@@ -84,6 +88,26 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
         mpi_world_size=world,
         argv=tuple(argv),
     )
+
+
+def gpu_tier_errors(args: argparse.Namespace, config: BenchConfig) -> list[str]:
+    """The GPU tier flags: a known GPU type with a host link to model, and CUDA when real is asked for."""
+    if args.gds and (args.gpu_mem_gb <= 0 or args.gpu_tier in ("off", "simulated") or args.io_trace_log):
+        return ["--gds needs the real GPU tier (--gpu-mem-gb > 0, --gpu-tier real or auto with CUDA)"]
+    if args.gds and import_kvikio() is None:
+        return ["--gds needs kvikio (pip install kvikio-cu12)"]
+    if args.gpu_mem_gb <= 0 or args.gpu_tier == "off" or args.io_trace_log:
+        return []
+    spec = config.gpus.get(args.gpu_type)
+    if spec is None:
+        return [f"unknown --gpu-type '{args.gpu_type}' (available: {', '.join(sorted(config.gpus))})"]
+    if args.gpu_tier == "real" or args.gds:
+        ok, reason = cuda_status(args.num_gpus)
+        return [] if ok else [f"--{'gds' if args.gds else 'gpu-tier real'} needs CUDA: {reason}"]
+    if args.gpu_tier == "simulated" and spec.host_link_gbs <= 0:
+        return [f"--gpu-type '{args.gpu_type}' has no host_link_gbs in the config's gpus section to model "
+                "the simulated GPU tier with"]
+    return []
 
 
 def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:

@@ -43,6 +43,9 @@ _GPU_FIELD_CHECKS = {
     "hbm_bandwidth_gbs": _Check("float", minimum=0.0, exclusive_min=True),
     "peak_dense_tflops": _Check("float", minimum=0.0, exclusive_min=True),
     "source": _Check("str"),
+    "host_link": _Check("str"),
+    "host_link_gbs": _Check("float", minimum=0.0, exclusive_min=True),
+    "host_link_source": _Check("str"),
 }
 _NEW_GPU_REQUIRED = ("hbm_gb", "hbm_bandwidth_gbs", "peak_dense_tflops")
 # (min key, max key) pairs that must be ordered, per section.

@@ -19,12 +19,13 @@ from kv_cache.config.sections import IO_MODES, StorageConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.schema import BenchConfig
-    from kv_cache.models import ModelConfig
+    from kv_cache.models import GPUSpec, ModelConfig
 
 __all__ = [
     "AUTOSCALER_MODES",
     "DEFAULT_MODEL",
     "GENERATION_MODES",
+    "GPU_TIERS",
     "IO_MODES",
     "LOG_LEVELS",
     "PERFORMANCE_PROFILES",
@@ -44,6 +45,7 @@ GENERATION_MODES = ("none", "fast", "realistic")
 PERFORMANCE_PROFILES = ("latency", "throughput")
 AUTOSCALER_MODES = ("qos", "capacity")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+GPU_TIERS = ("auto", "real", "simulated", "off")
 TRACE_FORMATS = ("auto", "mooncake", "aiperf", "weka", "bailian", "burstgpt", "sharegpt")
 DEFAULT_MODEL = "llama3.1-8b"
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
@@ -59,6 +61,12 @@ class StorageSettings:
     io_workers: int = _STORAGE.io_workers  # 0 = derived from the core count and user count
 
 
+def _builtin_gpu(key: str) -> GPUSpec:
+    from kv_cache.models import GPU_SPECS  # noqa: PLC0415  (models is the bottom layer; kept lazy as the import above)
+
+    return GPU_SPECS[key]
+
+
 @dataclass(frozen=True)
 class TierSettings:
     """The cache tiers' budgets and where the storage tier lives."""
@@ -69,6 +77,10 @@ class TierSettings:
     cpu_mem_gb: float = 32.0
     cache_dir: str | None = None  # None = a fresh temporary directory
     storage_capacity_gb: float = 0.0  # 0 = 95 % of the free space
+    gpu_tier: str = "auto"  # auto (real with CUDA, else simulated) | real | simulated | off
+    gpu_type: str = "h100"  # the config's gpus key whose host link / HBM figures model a simulated tier
+    gds: bool = False  # storage-tier reads into GPU memory through kvikio (needs the real GPU tier)
+    gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu("h100"))  # gpu_type's, from the config
 
 
 @dataclass(frozen=True)

@@ -129,10 +129,37 @@ def storage_performance(results: Results) -> list[str]:
             f"  Write Operations: {cs['write_iops']} ({cs['write_ops_per_sec']:.2f} ops/sec over the measured window)"]
 
 
+def _gpu_mark(results: Results) -> str:
+    tier = results.get("measurement", {}).get("gpu_tier")
+    return " [SIMULATED GPU tier: host RAM, modelled copy times]" if isinstance(tier, dict) and \
+        tier.get("mode") == "simulated" else ""
+
+
+def gpu_tier_lines(tier: Any) -> list[str]:
+    """The GPU tier's own account: simulated (modelled vs host memcpy) or real (CUDA events vs wall clock)."""
+    if not isinstance(tier, dict):
+        return []
+    if tier.get("mode") == "simulated":
+        lines = [f"  GPU tier: SIMULATED {tier['gpu']} ({tier['host_link']}, {tier['host_link_gbs_per_direction']:g}"
+                 f" GB/s per direction; data in host RAM)"]
+        for d in ("h2d", "d2h"):
+            x = tier[d]
+            lines.append(f"    {d.upper()}: {x['operations']} ops, {x['bytes'] / GIB:.3f} GiB, modelled "
+                         f"{x['modelled_seconds']:.3f} s; host memcpy standing in {x['host_memcpy_seconds']:.3f} s "
+                         f"({x['host_memcpy_gbs']:.1f} GB/s, not in latencies)")
+        return lines
+    lines = [f"  GPU tier: real, {tier.get('backend')} on {', '.join(tier.get('devices', []))}"]
+    for d in ("h2d", "d2h"):
+        x = tier[d]
+        lines.append(f"    {d.upper()}: {x['copies']} copies, {x['bytes'] / GIB:.3f} GiB, CUDA events "
+                     f"{x['device_gbs']:.1f} GB/s, wall clock {x['copy_wall_gbs']:.1f} GB/s")
+    return lines
+
+
 def tier_distribution(results: Results) -> list[str]:
     cs = _cache_stats(results)
     return ["", "### CACHE TIER DISTRIBUTION ###",
-            f"  GPU Entries: {cs['gpu_entries']} ({cs['gpu_memory_used_gb']:.2f} GiB)",
+            f"  GPU Entries: {cs['gpu_entries']} ({cs['gpu_memory_used_gb']:.2f} GiB){_gpu_mark(results)}",
             f"  CPU Entries: {cs['cpu_entries']} ({cs['cpu_memory_used_gb']:.2f} GiB)",
             f"  Storage Entries: {cs['storage_entries']} ({cs['storage_memory_used_gb']:.2f} GiB)"]
 
@@ -158,6 +185,8 @@ def tier_bandwidth(results: Results) -> list[str]:
             v = cs[f"tier_{tier}_{op}_bandwidth_gbps"]
             if v > 0:
                 lines.append(f"  {_tier_name(tier)} {op.capitalize()} Bandwidth: {v:.3f} GiB/s")
+    if _gpu_mark(results):
+        lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
 
 
@@ -169,6 +198,8 @@ def tier_latencies(results: Results) -> list[str]:
             if f"{tier}_{op}_p95_ms" in cs:
                 lines.append(f"  {_tier_name(tier)} {op.capitalize()} P95: {cs[f'{tier}_{op}_p95_ms']:.2f} ms"
                              f"  (P50 {cs[f'{tier}_{op}_p50_ms']:.2f}, P99 {cs[f'{tier}_{op}_p99_ms']:.2f})")
+    if _gpu_mark(results):
+        lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
 
 
@@ -310,6 +341,11 @@ def measurement(results: Results) -> list[str]:
     if late.get("requests") or late.get("aborted_ops"):
         lines.append(f"  Not counted (finished after the window or aborted at stop): {late.get('requests', 0)}"
                      f" requests, {late.get('aborted_ops', 0)} aborted I/O operations")
+    lines += gpu_tier_lines(meas.get("gpu_tier"))
+    gds = meas.get("storage_gds")
+    if isinstance(gds, dict):
+        lines.append(f"  GPUDirect Storage: {gds['library']}, compat mode {gds['compat_mode']}: {gds['reads']} storage "
+                     f"reads, {gds['bytes'] / GIB:.3f} GiB into GPU memory ({gds['pread_seconds']:.3f} s in pread)")
     lines += [f"  Note: {note}" for note in meas.get("notes", [])]
     if meas.get("errors"):
         lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")

@@ -85,6 +85,7 @@ class RunRecord:
     rag: Any = None  # has .live (the retrievable documents)
     tracer: Any = None  # has .path and .rows
     trace: TraceReplay | None = None
+    gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -159,7 +160,8 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "filesystem": fs.fs_type if fs is not None else None,
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
         "cpu_tier_bytes": int(settings.cpu_mem_gb * GIB) if record.memory_store is not None else 0,
-        "gpu_tier": "absent",
+        "gpu_tier": record.gpu_store.stats() if record.gpu_store is not None else "absent",
+        "storage_gds": fs.gds_info() if hasattr(fs, "gds_info") else "off",
     }
 
 

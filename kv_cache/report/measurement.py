@@ -14,7 +14,8 @@ from kv_cache.metrics.stats import percentile
 
 TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
          "host = the rest of the operation (block stamping, bookkeeping); total = both "
-         "(time.perf_counter_ns). RAM tier: device = the memcpy.")
+         "(time.perf_counter_ns). RAM tier: device = the memcpy. GPU tier: see gpu_tier.timed (simulated: "
+         "device = modelled copy time; real: CUDA events).")
 DISK_NOTE = ("deltas of /proc/diskstats over the whole run phase (includes other processes' I/O and "
              "filesystem metadata); tool bytes include work finished after the window")
 

@@ -150,6 +150,12 @@ class StoreBase:
     def close(self) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def _account(self, res: IOResult, op: str) -> IOResult:
+        """The result of one finished ``op`` ("read" or "write") on this store, as reported.  The
+        identity here; a store whose data path is modelled (the simulated GPU tier) swaps its measured
+        stand-in copy time for the modelled device time."""
+        return res
+
     # ----------------------------------------------------------------- operations
     def write(
         self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None
@@ -190,7 +196,7 @@ class StoreBase:
             self._abort(h)
             raise
         t1 = perf_counter_ns()
-        return IOResult(nbytes, dev_bytes, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+        return self._account(IOResult(nbytes, dev_bytes, t1 - t0, dev_ns, t1 - t0 - dev_ns), "write")
 
     def read(
         self,
@@ -244,7 +250,7 @@ class StoreBase:
             raise
         dev_ns += self._end_read(h)
         t1 = perf_counter_ns()
-        return IOResult(nbytes, dev_bytes, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+        return self._account(IOResult(nbytes, dev_bytes, t1 - t0, dev_ns, t1 - t0 - dev_ns), "read")
 
     def move_to(
         self, key: str, dst: Store, bufs: WorkerBuffers, stop: threading.Event | None = None
@@ -317,6 +323,6 @@ class StoreBase:
         r_t += perf_counter_ns() - t
         self.delete(key)
         return (
-            IOResult(nbytes, r_bytes, r_t, r_dev, r_t - r_dev),
-            IOResult(nbytes, w_bytes, w_t, w_dev, w_t - w_dev),
+            self._account(IOResult(nbytes, r_bytes, r_t, r_dev, r_t - r_dev), "read"),
+            dst._account(IOResult(nbytes, w_bytes, w_t, w_dev, w_t - w_dev), "write"),
         )

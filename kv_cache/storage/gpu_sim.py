@@ -1,0 +1,113 @@
+"""The simulated GPU (HBM) tier: capacity is accounted, the bytes live in host RAM, transfer time is modelled.
+
+Where there is no CUDA device this stands in for GPU memory.  It is a :class:`MemoryStore` (one
+preallocated slab arena, no allocation per request) whose reported times are rewritten:
+
+* the **device time** of an operation is *modelled*: ``padded bytes / (shards x min(host link, HBM))``
+  nanoseconds (GB/s = bytes/ns), the time the GPU's host link (PCIe Gen4/Gen5 x16, NVLink-C2C: ``GPUSpec``
+  ``host_link_gbs``, per direction) needs to move them, an entry sharded over ``shards`` GPUs moving its
+  shards in parallel.  A write is host -> device (H2D), a read device -> host (D2H).  Not modelled: the
+  per-copy launch latency, contention of several workers for one link, and the copy engines' overlap;
+* the **host time** is measured: everything the operation did (stamping, bookkeeping) *except* the host
+  memcpy that stands in for the DMA.  That memcpy is measured too, but reported on its own
+  (:meth:`SimulatedGPUStore.stats`, ``host_memcpy_seconds``), never counted in a latency;
+* the total is host time + modelled device time.
+
+Every figure from this store is labelled "simulated" by the report.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from kv_cache.storage.base import IOResult
+from kv_cache.storage.memory import MemoryStore
+
+__all__ = ["SimulatedGPUStore", "TransferModel"]
+
+
+@dataclass(frozen=True)
+class TransferModel:
+    """Host<->HBM copy time of one GPU type: bytes / (shards x the slower of host link and HBM)."""
+
+    gpu: str  # the GPU spec's key (h100, ...)
+    host_link: str  # e.g. "PCIe Gen5 x16"
+    host_link_gbs: float  # per direction, GB/s (10**9 bytes/s)
+    hbm_bandwidth_gbs: float
+    shards: int = 1  # GPUs one entry is spread over (tensor parallel), copied in parallel
+
+    def __post_init__(self) -> None:
+        if self.host_link_gbs <= 0 or self.hbm_bandwidth_gbs <= 0:
+            raise ValueError(f"GPU {self.gpu!r}: host link and HBM bandwidth must be > 0 to model transfers")
+        if self.shards < 1:
+            raise ValueError(f"shards must be >= 1, got {self.shards}")
+
+    @property
+    def bytes_per_ns(self) -> float:
+        """Aggregate copy rate of one entry, bytes per nanosecond (= GB/s)."""
+        return self.shards * min(self.host_link_gbs, self.hbm_bandwidth_gbs)
+
+    def ns(self, nbytes: int) -> int:
+        """Modelled nanoseconds to move ``nbytes`` in one direction."""
+        return round(nbytes / self.bytes_per_ns)
+
+
+class SimulatedGPUStore(MemoryStore):
+    """A host-RAM slab arena of ``capacity_bytes`` that reports modelled GPU copy times."""
+
+    kind = "simulated"
+
+    def __init__(self, capacity_bytes: int, model: TransferModel, *, slab_bytes: int = 1 << 20,
+                 prefault: bool = False, name: str = "gpu"):
+        super().__init__(capacity_bytes, slab_bytes, prefault=prefault, name=name)
+        self.model = model
+        self._stats_lock = threading.Lock()
+        # per direction: [operations, device bytes, modelled ns, measured host-memcpy ns]
+        self._dir = {"h2d": [0, 0, 0, 0], "d2h": [0, 0, 0, 0]}
+
+    def _account(self, res: IOResult, op: str) -> IOResult:
+        memcpy_ns = res.device_ns  # what MemoryStore measured: the copy standing in for the DMA
+        modelled = self.model.ns(res.device_bytes)
+        host = max(0, res.total_ns - memcpy_ns)
+        acc = self._dir["h2d" if op == "write" else "d2h"]
+        with self._stats_lock:
+            acc[0] += 1
+            acc[1] += res.device_bytes
+            acc[2] += modelled
+            acc[3] += memcpy_ns
+        return IOResult(res.nbytes, res.device_bytes, host + modelled, modelled, host)
+
+    def stats(self) -> dict[str, Any]:
+        """What this tier was and did (for the results' ``measurement.gpu_tier``)."""
+        m = self.model
+        with self._stats_lock:
+            dirs = {k: list(v) for k, v in self._dir.items()}
+        out: dict[str, Any] = {
+            "mode": "simulated",
+            "gpu": m.gpu,
+            "host_link": m.host_link,
+            "host_link_gbs_per_direction": m.host_link_gbs,
+            "hbm_bandwidth_gbs": m.hbm_bandwidth_gbs,
+            "shards_per_entry": m.shards,
+            "capacity_bytes": self.capacity_bytes,
+            "timed": ("simulated: device time = modelled, padded bytes / (shards x min(host link, HBM "
+                      "bandwidth)); host time = measured, the operation minus the host memcpy that stands in "
+                      "for the DMA (that memcpy is reported as host_memcpy_seconds, not in latencies); counts cover "
+                      "the whole run, setup phases included; "
+                      "data held in host RAM"),
+        }
+        for d, (ops, nbytes, mod_ns, cpy_ns) in dirs.items():
+            out[d] = {
+                "operations": ops,
+                "bytes": nbytes,
+                "modelled_seconds": mod_ns / 1e9,
+                "modelled_gbs": nbytes / mod_ns if mod_ns else 0.0,
+                "host_memcpy_seconds": cpy_ns / 1e9,
+                "host_memcpy_gbs": nbytes / cpy_ns if cpy_ns else 0.0,
+            }
+        return out
+
+    def __repr__(self) -> str:
+        return f"SimulatedGPUStore(capacity_bytes={self.capacity_bytes}, gpu={self.model.gpu!r})"
