@@ -85,6 +85,15 @@ def storage_assessment(results: Results) -> list[str]:
             *(_criterion(c) for c in health["criteria"])]
 
 
+def storage_never_exercised(results: Results) -> list[str]:
+    """Loud: a storage verdict whose storage tier moved no bytes is no verdict (the run FAILs)."""
+    if _summary(results).get("storage_tier_exercised", True):
+        return []
+    return ["", "!" * 80, "!!! STORAGE TIER NEVER EXERCISED: 0 bytes read or written to storage in the window."
+            " The verdict is FAIL.", "!!! Everything fitted in a faster tier or nothing ran: lower --cpu-mem-gb,"
+            " raise --num-users or --duration.", "!" * 80]
+
+
 def overall_performance(results: Results) -> list[str]:
     s = _summary(results)
     return ["", "### OVERALL PERFORMANCE ###",
@@ -337,15 +346,21 @@ def notes(results: Results) -> list[str]:
 
 # A run that completed requests gets every section; one that completed none says so and shows how it ran.
 SECTIONS: tuple[Section, ...] = (
-    header, run_facts, storage_assessment, overall_performance, latencies, storage_performance,
+    header, run_facts, storage_assessment, storage_never_exercised, overall_performance, latencies, storage_performance,
     tier_distribution, tier_bytes, tier_bandwidth, tier_latencies, storage_latency_breakdown, cache_types,
     prefix_caching, multi_turn, qos, autoscaling, rag, validation, measurement, phases, notes,
 )
 EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
+EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessment, storage_never_exercised,
+                                          measurement, phases)
 
 
 def report_lines(results: Results) -> list[str]:
-    sections = SECTIONS if results.get("summary") else EMPTY_RUN_SECTIONS
+    summary = results.get("summary")
+    if summary and not summary.get("total_requests"):  # a summary of an empty window: its verdict, not its zeros
+        sections = EMPTY_RUN_VERDICT
+    else:
+        sections = SECTIONS if summary else EMPTY_RUN_SECTIONS
     return [line for section in sections for line in section(results)]
 
 
