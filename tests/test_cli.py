@@ -196,7 +196,13 @@ def test_argparse_errors_are_one_line_exit_2(capsys, argv, fragment):
     ],
 )
 def test_each_validation_rule(overrides, message):
-    assert validate_args(ns(**overrides), ValidationLimits()) == [message]
+    errors = validate_args(ns(**overrides), ValidationLimits())
+    assert len(errors) == 1 and _refused(errors[0], message)
+
+
+def _refused(message: str | None, prefix: str) -> bool:
+    """`message` is `prefix` (the refusal), then nothing or the why and what to do instead."""
+    return message is not None and message.startswith(prefix) and message[len(prefix):][:1] in ("", " ", ";")
 
 
 def test_valid_defaults_have_no_errors():
@@ -310,8 +316,14 @@ def test_multiple_errors_in_one_message():
 )
 def test_system_directories_rejected(path):
     message = check_cache_dir(path)
-    assert message is not None and message.startswith("--cache-dir cannot be a system directory: ")
-    assert message.endswith(os.path.realpath(path))
+    assert _refused(message, f"--cache-dir cannot be a system directory: {os.path.realpath(path)}")
+    assert "use a directory of its own, e.g. --cache-dir /" in message  # says what to do instead
+
+
+def test_tmp_refusal_says_why_and_suggests_a_subdirectory():
+    message = check_cache_dir("/tmp")
+    assert "subdirectory of it is fine" in message and message.endswith("--cache-dir /tmp/kvcache_benchmark")
+    assert check_cache_dir("/tmp/kvcache_benchmark") is None
 
 
 @pytest.mark.parametrize(
@@ -341,8 +353,8 @@ def test_home_itself_rejected_but_subdir_accepted(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    assert check_cache_dir(str(home)) == f"--cache-dir cannot be a system directory: {home}"
-    assert check_cache_dir("~") == f"--cache-dir cannot be a system directory: {home}"
+    assert _refused(check_cache_dir(str(home)), f"--cache-dir cannot be a system directory: {home}")
+    assert _refused(check_cache_dir("~"), f"--cache-dir cannot be a system directory: {home}")
     assert check_cache_dir(str(home / "sub")) is None
     assert check_cache_dir("~/sub") is None
 
@@ -350,13 +362,13 @@ def test_home_itself_rejected_but_subdir_accepted(tmp_path, monkeypatch):
 def test_symlink_into_system_directory_rejected(tmp_path):
     link = tmp_path / "innocent"
     link.symlink_to("/etc")
-    assert check_cache_dir(str(link / "kv")) == "--cache-dir cannot be a system directory: /etc/kv"
-    assert check_cache_dir(str(link)) == "--cache-dir cannot be a system directory: /etc"
+    assert _refused(check_cache_dir(str(link / "kv")), "--cache-dir cannot be a system directory: /etc/kv")
+    assert _refused(check_cache_dir(str(link)), "--cache-dir cannot be a system directory: /etc")
 
 
 def test_relative_path_resolved(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
-    assert check_cache_dir("etc/x") == "--cache-dir cannot be a system directory: /etc/x"
+    assert _refused(check_cache_dir("etc/x"), "--cache-dir cannot be a system directory: /etc/x")
     monkeypatch.chdir(tmp_path)
     assert check_cache_dir("kv") is None
 
@@ -364,7 +376,7 @@ def test_relative_path_resolved(tmp_path, monkeypatch):
 def test_existing_file_rejected(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    assert check_cache_dir(str(f)) == f"--cache-dir is not a directory: {f}"
+    assert _refused(check_cache_dir(str(f)), f"--cache-dir is not a directory: {f}")
 
 
 def test_existing_directory_accepted(tmp_path):
@@ -374,18 +386,18 @@ def test_existing_directory_accepted(tmp_path):
 
 def test_parent_not_writable(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode: False)
-    assert check_cache_dir(str(tmp_path / "a" / "b")) == f"--cache-dir parent is not writable: {tmp_path}"
-    assert check_cache_dir(str(tmp_path)) == f"--cache-dir is not writable: {tmp_path}"
+    assert _refused(check_cache_dir(str(tmp_path / "a" / "b")), f"--cache-dir parent is not writable: {tmp_path}")
+    assert _refused(check_cache_dir(str(tmp_path)), f"--cache-dir is not writable: {tmp_path}")
 
 
 def test_parent_is_a_file(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    assert check_cache_dir(str(f / "kv")) == f"--cache-dir parent is not a directory: {f}"
+    assert _refused(check_cache_dir(str(f / "kv")), f"--cache-dir parent is not a directory: {f}")
 
 
 def test_empty_cache_dir_rejected():
-    assert check_cache_dir("") == "--cache-dir must not be empty"
+    assert _refused(check_cache_dir(""), "--cache-dir must not be empty")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,7 +639,7 @@ def test_main_missing_config(tmp_path, capsys):
 
 def test_main_cache_dir_in_system_directory(capsys):
     assert main(["--cache-dir", "/usr/kv"]) == 2
-    assert one_line_error(capsys) == "kv-cache: error: --cache-dir cannot be a system directory: /usr/kv"
+    assert _refused(one_line_error(capsys), "kv-cache: error: --cache-dir cannot be a system directory: /usr/kv")
 
 
 def test_main_unimplemented_flag(capsys):
