@@ -95,7 +95,7 @@ def check_output_paths(args: argparse.Namespace, output: str) -> None:
                                    ("io_trace_log", args.io_trace_log, "io_trace.csv")):
         if path is not None:
             try:
-                check_output_path(path, example)
+                check_output_path(path, example, allow_devnull=setting == "io_trace_log")
             except UsageError as exc:
                 raise exc.about(setting) from None
 

@@ -25,11 +25,14 @@ class OutputPathError(UsageError):
     """An output path the run could not write its results to (checked before anything runs)."""
 
 
-def check_output_path(path: str, example: str = "results.json") -> None:
+def check_output_path(path: str, example: str = "results.json", allow_devnull: bool = False) -> None:
     """Raise OutputPathError unless `path` can take a results file: not a directory nor a special file, in a
-    directory that exists (created here if missing) and accepts new files."""
+    directory that exists (created here if missing) and accepts new files. `allow_devnull`: /dev/null is
+    accepted (a stream written in place, such as the I/O trace log; never a file replaced atomically)."""
     if not path or not path.strip():
         raise OutputPathError(f"is empty: give a file name such as {example}")
+    if allow_devnull and os.path.realpath(path) == os.devnull:
+        return
     target = Path(path).expanduser()
     try:
         st = target.stat()

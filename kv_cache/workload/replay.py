@@ -40,9 +40,11 @@ def resolve_burst_paths(path: str) -> list[str]:
     return files
 
 
-def open_sources(paths: list[str], fmt: str, max_rows: int, max_conversations: int) -> list[TraceSource]:
-    """Open (and check) every trace file before the run starts; a bad file raises TraceError."""
-    return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations) for p in paths]
+def open_sources(paths: list[str], fmt: str, max_rows: int, max_conversations: int,
+                 **limits: float) -> list[TraceSource]:
+    """Open (and check) every trace file before the run starts; a bad file raises TraceError. `limits`:
+    open_trace's max_context_tokens, chars_per_token, sharegpt_max_context, sharegpt_max_generation."""
+    return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations, **limits) for p in paths]
 
 
 class TracePlanner:
