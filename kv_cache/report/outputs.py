@@ -9,6 +9,7 @@ a numbered suffix, and if writing still fails the results go to a fallback path 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -38,6 +39,9 @@ def check_output_path(path: str, example: str = "results.json", allow_devnull: b
         st = target.stat()
     except FileNotFoundError:
         st = None
+    except NotADirectoryError:
+        raise OutputPathError(f"{path}: part of its directory is a file, not a directory; "
+                              "choose a path in a writable directory") from None
     except OSError as exc:
         raise OutputPathError(f"{path}: cannot be checked ({exc.strerror}); choose another path") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
@@ -61,8 +65,8 @@ def _probe(parent: Path, path: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".kv-cache-probe-", dir=parent)
     except OSError as exc:
-        raise OutputPathError(f"{path}: cannot write in {parent} ({exc.strerror}); "
-                              "choose a writable directory") from None
+        why = "its filesystem takes no new files" if exc.errno == errno.ENOENT else exc.strerror
+        raise OutputPathError(f"{path}: cannot write in {parent} ({why}); choose a writable directory") from None
     os.close(fd)
     os.unlink(probe)
 
