@@ -140,12 +140,10 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     """The JSON (always, even when interrupted), the console report, the optional spreadsheet. An older file
-    at --output is kept under a suffix; if the JSON cannot be written where asked, the report is still
+    at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
     printed and the results go to a fallback path that the message names."""
     written = write_results(settings.output, results)
     print_report(results, out)
-    if written.kept_as:
-        out.write(f"\nNote: an earlier {settings.output} was kept as {written.kept_as}\n")
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)
     out.write(f"\nResults written to {written.path}\n")

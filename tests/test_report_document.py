@@ -152,3 +152,12 @@ def test_interrupted_before_the_window_has_the_same_shape(quick_settings):
     assert results["overall_passed"] is False and results["stop_reason"] == "interrupted before the measured phase"
     assert results["summary"]["cache_stats"]["storage_health"]["overall_status"] == "FAIL"
     assert results["phases"] == {"preconditioning": {"entries": 3}}
+
+
+def test_interrupted_report_prints_its_verdict_without_setup_noise(quick_settings):
+    from kv_cache.report.console import report_lines
+
+    lines = report_lines(interrupted_results({}, quick_settings()))
+    assert "### STORAGE PERFORMANCE ASSESSMENT: FAIL [X] ###" in lines
+    assert "  Stop reason: interrupted before the measured phase" in lines
+    assert not any("None" in line for line in lines)

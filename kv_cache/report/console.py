@@ -322,6 +322,12 @@ def measurement(results: Results) -> list[str]:
     meas = results.get("measurement", {})
     if not meas:
         return []
+    if "io_mode" not in meas:  # stopped before the storage tier was set up: only why, and what it noted
+        lines = ["", "### MEASUREMENT ###", f"  Stop reason: {meas.get('stop_reason')}"]
+        lines += [f"  Note: {note}" for note in meas.get("notes", [])]
+        if meas.get("errors"):
+            lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")
+        return lines
     depth = meas.get("achieved_queue_depth", {})
     lines = ["", "### MEASUREMENT (what was timed and how) ###",
              f"  Storage tier: {meas.get('run_dir')} on {meas.get('filesystem')} "

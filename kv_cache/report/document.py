@@ -108,7 +108,8 @@ def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = N
     results = results_document(request_lists(RunMetrics()))
     results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
                     "summary": summary, **harness_keys(summary)})
-    results["measurement"] = {"stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
+    results["measurement"] = {"tool": f"kv-cache {__version__}", "run_mode": run_mode(settings),
+                              "stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
                               "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
                               "notes": [INTERRUPTED_EARLY]}
     results["run_parameters"] = run_parameters(settings, started or datetime.now())
