@@ -160,7 +160,7 @@ def unimplemented_features(args: Any) -> list[str]:
     errors = []
     for name, flag in _UNIMPLEMENTED:
         if getattr(args, name, None) not in (None, False):
-            errors.append(f"{flag} is not implemented in this version yet")
+            errors.append(f"{flag} is not implemented in this version yet (run without it)")
     request_rate = getattr(args, "request_rate", 0.0)
     if getattr(args, "enable_autoscaling", False) and isinstance(request_rate, (int, float)) and request_rate > 0:
         errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
