@@ -1,5 +1,5 @@
 import sys
 
-from kv_cache.cli import main
+from kv_cache.launcher import main
 
 sys.exit(main())

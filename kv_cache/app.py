@@ -28,7 +28,7 @@ from kv_cache.report import xlsx
 from kv_cache.report.banner import print_banner
 from kv_cache.report.console import print_report
 from kv_cache.report.document import RunRecord, build_results, interrupted_results
-from kv_cache.report.jsonfile import write_json_atomic
+from kv_cache.report.outputs import write_results
 from kv_cache.report.parameters import run_mode
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.tiers import TierSet, open_tiers
@@ -88,7 +88,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         interrupted = True
         run.stop.set()
         run.metrics.close_window()
-        results = interrupted_results(run.phases)
+        results = interrupted_results(run.phases, settings, run.metrics, run.started)
     finally:
         run.stop.set()
         run.stores.close()
@@ -135,13 +135,20 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
-    """The JSON (always, even when interrupted), the console report, the optional spreadsheet."""
-    write_json_atomic(settings.output, results)
+    """The JSON (always, even when interrupted), the console report, the optional spreadsheet. An older file
+    at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
+    printed and the results go to a fallback path that the message names."""
+    written = write_results(settings.output, results)
     print_report(results, out)
-    out.write(f"\nResults written to {settings.output}\n")
+    if written.error:
+        log.error("could not write the results to %s; they are in %s", written.error, written.path)
+    out.write(f"\nResults written to {written.path}\n")
     if settings.xlsx_output and "summary" in results:
-        written = xlsx.export(results, settings.xlsx_output)
-        out.write(f"Spreadsheet written to {written}\n")
+        try:
+            out.write(f"Spreadsheet written to {xlsx.export(results, settings.xlsx_output)}\n")
+        except OSError as exc:
+            log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
+                      settings.xlsx_output, exc.strerror or exc, written.path)
     out.flush()
 
 

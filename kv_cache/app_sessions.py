@@ -22,7 +22,7 @@ from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalenc
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import GIB
 from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.report.jsonfile import write_json_atomic
+from kv_cache.report.outputs import write_results
 from kv_cache.report.sessions import print_table
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
@@ -130,8 +130,13 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         "method": METHOD,
         **body,
     }, SESSIONS_SCHEMA_VERSION)
-    write_json_atomic(s.output, results)
+    written = write_results(s.output, results)
     if code == ExitCode.OK:
         print_table(results, out)
-    out.write(f"\nResults written to {s.output}\n")
+    if written.kept_as:
+        out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
+    if written.error:
+        sys.stderr.write(f"kv-cache sessions: could not write the results to {written.error}; "
+                         f"they are in {written.path}\n")
+    out.write(f"\nResults written to {written.path}\n")
     return int(code)

@@ -176,6 +176,8 @@ class MultiTierCache:
             res = tier.store.read(key, bufs, self.stop)
         except BaseException as exc:
             self._note_failure(tier, "read", exc)
+            if isinstance(exc, Exception) and not isinstance(exc, IOAborted):
+                self.metrics.count(names.CACHE_MISSES)  # a read that failed found nothing: a miss, never a hit
             raise
         finally:
             with self._cond:

@@ -199,7 +199,13 @@ def test_argparse_errors_are_one_line_exit_2(capsys, argv, fragment):
     ],
 )
 def test_each_validation_rule(overrides, message):
-    assert validate_args(ns(**overrides), ValidationLimits()) == [message]
+    errors = validate_args(ns(**overrides), ValidationLimits())
+    assert len(errors) == 1 and _refused(errors[0], message)
+
+
+def _refused(message: str | None, prefix: str) -> bool:
+    """`message` is `prefix` (the refusal), then nothing or the why and what to do instead."""
+    return message is not None and message.startswith(prefix) and message[len(prefix):][:1] in ("", " ", ";")
 
 
 def test_valid_defaults_have_no_errors():
@@ -313,8 +319,14 @@ def test_multiple_errors_in_one_message():
 )
 def test_system_directories_rejected(path):
     message = check_cache_dir(path)
-    assert message is not None and message.startswith("--cache-dir cannot be a system directory: ")
-    assert message.endswith(os.path.realpath(path))
+    assert _refused(message, f"--cache-dir cannot be a system directory: {os.path.realpath(path)}")
+    assert "use a directory of its own, e.g. --cache-dir /" in message  # says what to do instead
+
+
+def test_tmp_refusal_says_why_and_suggests_a_subdirectory():
+    message = check_cache_dir("/tmp")
+    assert "subdirectory of it is fine" in message and message.endswith("--cache-dir /tmp/kvcache_benchmark")
+    assert check_cache_dir("/tmp/kvcache_benchmark") is None
 
 
 @pytest.mark.parametrize(
@@ -344,8 +356,8 @@ def test_home_itself_rejected_but_subdir_accepted(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    assert check_cache_dir(str(home)) == f"--cache-dir cannot be a system directory: {home}"
-    assert check_cache_dir("~") == f"--cache-dir cannot be a system directory: {home}"
+    assert _refused(check_cache_dir(str(home)), f"--cache-dir cannot be a system directory: {home}")
+    assert _refused(check_cache_dir("~"), f"--cache-dir cannot be a system directory: {home}")
     assert check_cache_dir(str(home / "sub")) is None
     assert check_cache_dir("~/sub") is None
 
@@ -353,13 +365,13 @@ def test_home_itself_rejected_but_subdir_accepted(tmp_path, monkeypatch):
 def test_symlink_into_system_directory_rejected(tmp_path):
     link = tmp_path / "innocent"
     link.symlink_to("/etc")
-    assert check_cache_dir(str(link / "kv")) == "--cache-dir cannot be a system directory: /etc/kv"
-    assert check_cache_dir(str(link)) == "--cache-dir cannot be a system directory: /etc"
+    assert _refused(check_cache_dir(str(link / "kv")), "--cache-dir cannot be a system directory: /etc/kv")
+    assert _refused(check_cache_dir(str(link)), "--cache-dir cannot be a system directory: /etc")
 
 
 def test_relative_path_resolved(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
-    assert check_cache_dir("etc/x") == "--cache-dir cannot be a system directory: /etc/x"
+    assert _refused(check_cache_dir("etc/x"), "--cache-dir cannot be a system directory: /etc/x")
     monkeypatch.chdir(tmp_path)
     assert check_cache_dir("kv") is None
 
@@ -367,7 +379,7 @@ def test_relative_path_resolved(tmp_path, monkeypatch):
 def test_existing_file_rejected(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    assert check_cache_dir(str(f)) == f"--cache-dir is not a directory: {f}"
+    assert _refused(check_cache_dir(str(f)), f"--cache-dir is not a directory: {f}")
 
 
 def test_existing_directory_accepted(tmp_path):
@@ -377,18 +389,18 @@ def test_existing_directory_accepted(tmp_path):
 
 def test_parent_not_writable(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode: False)
-    assert check_cache_dir(str(tmp_path / "a" / "b")) == f"--cache-dir parent is not writable: {tmp_path}"
-    assert check_cache_dir(str(tmp_path)) == f"--cache-dir is not writable: {tmp_path}"
+    assert _refused(check_cache_dir(str(tmp_path / "a" / "b")), f"--cache-dir parent is not writable: {tmp_path}")
+    assert _refused(check_cache_dir(str(tmp_path)), f"--cache-dir is not writable: {tmp_path}")
 
 
 def test_parent_is_a_file(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    assert check_cache_dir(str(f / "kv")) == f"--cache-dir parent is not a directory: {f}"
+    assert _refused(check_cache_dir(str(f / "kv")), f"--cache-dir parent is not a directory: {f}")
 
 
 def test_empty_cache_dir_rejected():
-    assert check_cache_dir("") == "--cache-dir must not be empty"
+    assert _refused(check_cache_dir(""), "--cache-dir must not be empty")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,7 +574,7 @@ def test_prefill_and_decode_only_are_exclusive():
     ],
 )
 def test_unimplemented_features_rejected(argv, flag):
-    assert usage_error(argv) == f"{flag} is not implemented in this version yet"
+    assert usage_error(argv) == f"{flag} is not implemented in this version yet (run without it)"
 
 
 def test_unimplemented_companions_still_range_validated():
@@ -582,7 +594,7 @@ def test_errors_of_all_kinds_combined():
     m = usage_error(["--num-users", "0", "--enable-latency-tracing", "--model", "nope"])
     assert m.split("; ") == [
         "--num-users must be positive, got 0",
-        "--enable-latency-tracing is not implemented in this version yet",
+        "--enable-latency-tracing is not implemented in this version yet (run without it)",
         m.split("; ")[2],
     ]
     assert m.split("; ")[2].startswith("unknown model 'nope'")
@@ -625,17 +637,18 @@ def test_main_bad_config(tmp_path, capsys):
 
 def test_main_missing_config(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "none.yaml")]) == 2
-    assert one_line_error(capsys) == f"kv-cache: error: {tmp_path / 'none.yaml'}: config file not found"
+    assert one_line_error(capsys).startswith(f"kv-cache: error: {tmp_path / 'none.yaml'}: config file not found (")
 
 
 def test_main_cache_dir_in_system_directory(capsys):
     assert main(["--cache-dir", "/usr/kv"]) == 2
-    assert one_line_error(capsys) == "kv-cache: error: --cache-dir cannot be a system directory: /usr/kv"
+    assert _refused(one_line_error(capsys), "kv-cache: error: --cache-dir cannot be a system directory: /usr/kv")
 
 
 def test_main_unimplemented_flag(capsys):
     assert main(["--enable-latency-tracing"]) == 2
-    assert one_line_error(capsys) == "kv-cache: error: --enable-latency-tracing is not implemented in this version yet"
+    assert one_line_error(capsys) == ("kv-cache: error: --enable-latency-tracing is not implemented in this version yet"
+                                      " (run without it)")
 
 
 def test_autoscaling_with_request_rate_is_refused():

@@ -416,7 +416,7 @@ def test_yaml_python_tags_rejected(tmp_path):
 
 def test_missing_file(tmp_path):
     path = str(tmp_path / "nope.yaml")
-    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found$"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found \(check the path"):
         load_config(path)
 
 

@@ -23,8 +23,10 @@ TOP_KEYS = {
     "throughput_timeline", "prefill_latencies", "decode_latencies", "multi_turn_cache_hits",
     "multi_turn_cache_misses", "seed", "summary", "overall_passed", "total_requests", "avg_latency_ms",
     "p99_latency_ms", "throughput_req_per_sec", "storage_throughput_mbps", "cache_hit_rate", "measurement",
-    "run_parameters",
+    "run_parameters", "stop_reason",
 }
+HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
+                "storage_throughput_mbps", "cache_hit_rate"}
 MEASUREMENT_KEYS = {
     "tool", "timed", "run_mode", "io_mode", "direct_io", "chunk_bytes", "fsync", "io_workers", "run_dir",
     "filesystem", "storage_capacity_bytes", "cpu_tier_bytes", "gpu_tier", "storage_gds", "window_seconds", "stop_reason",
@@ -98,11 +100,35 @@ def test_optional_parts(quick_settings):
     assert m["cpu_tier_bytes"] == 1 << 29
 
 
-def test_no_completed_requests_has_no_summary(quick_settings):
+def test_no_completed_requests_still_has_a_failing_summary(quick_settings):
     results = build_results(record(quick_settings(), metrics(requests=0),
                                    autoscaler=SimpleNamespace(history=[], summary=dict)))
-    assert "summary" not in results and results["schema_version"] == SCHEMA_VERSION
+    assert results.keys() == TOP_KEYS and results["schema_version"] == SCHEMA_VERSION
     assert results["overall_passed"] is False and results["total_requests"] == 0
+    assert results["stop_reason"] == "duration" and results["summary"]["total_requests"] == 0
+    health = results["summary"]["cache_stats"]["storage_health"]
+    assert health["overall_status"] == "FAIL"
+    assert any(c["name"] == "Requests Completed > 0" and not c["passed"] for c in health["criteria"])
+
+
+def test_storage_tier_never_exercised_fails_loudly(quick_settings):
+    m = RunMetrics()
+    m.open_window(0)
+    m.record_io("cpu", "write", IOResult(1 << 20, 1 << 20, 2_000_000, 1_500_000, 500_000), 10, "prefill")
+    m.record_request("batch", 10, 5_000_000, 2_000_000, 0, 2_000_000, None, 10, 100)
+    m.close_window(1_000_000_000)
+    results = build_results(record(quick_settings(), m))
+    assert results["overall_passed"] is False and results["summary"]["storage_tier_exercised"] is False
+    assert any("storage tier never exercised" in n for n in results["measurement"]["notes"])
+
+
+def test_storage_error_stop_fails(quick_settings):
+    rec = record(quick_settings(), metrics())
+    rec.outcome.fatal_error = "ENOSPC: [Errno 28] No space left on device"
+    results = build_results(rec)
+    assert results["overall_passed"] is False
+    crit = results["summary"]["cache_stats"]["storage_health"]["criteria"]
+    assert any(c["name"] == "Not Stopped By A Storage Error" and "ENOSPC" in c["actual"] for c in crit)
 
 
 @pytest.mark.parametrize("flags, mode", [
@@ -118,3 +144,20 @@ def test_interrupted_before_the_window():
     assert interrupted_results({"preconditioning": {"skipped": "x"}}) == {
         "schema_version": SCHEMA_VERSION, "interrupted": True,
         "stop_reason": "interrupted before the measured phase", "phases": {"preconditioning": {"skipped": "x"}}}
+
+
+def test_interrupted_before_the_window_has_the_same_shape(quick_settings):
+    results = interrupted_results({"preconditioning": {"entries": 3}}, quick_settings())
+    assert HARNESS_KEYS <= results.keys() and {"summary", "stop_reason", "measurement", "run_parameters"} <= results.keys()
+    assert results["overall_passed"] is False and results["stop_reason"] == "interrupted before the measured phase"
+    assert results["summary"]["cache_stats"]["storage_health"]["overall_status"] == "FAIL"
+    assert results["phases"] == {"preconditioning": {"entries": 3}}
+
+
+def test_interrupted_report_prints_its_verdict_without_setup_noise(quick_settings):
+    from kv_cache.report.console import report_lines
+
+    lines = report_lines(interrupted_results({}, quick_settings()))
+    assert "### STORAGE PERFORMANCE ASSESSMENT: FAIL [X] ###" in lines
+    assert "  Stop reason: interrupted before the measured phase" in lines
+    assert not any("None" in line for line in lines)

@@ -100,11 +100,13 @@ def test_storage_health_by_profile(metrics):
     latency = summarize(metrics)["cache_stats"]["storage_health"]
     names = [c["name"] for c in latency["criteria"]]
     assert names == ["Storage Tier Write Device P95 < 500ms", "Storage Tier Read Device P95 < 200ms",
-                     "CPU RAM P95 < 150ms", "Cache Hit Rate > 30%"]
-    assert latency["overall_status"] == "PASS" and latency["passed_count"] == 4
+                     "CPU RAM P95 < 150ms", "Cache Hit Rate > 30%", "Requests Completed > 0",
+                     "Failed Requests <= 0%", "Not Stopped By A Storage Error"]
+    assert latency["overall_status"] == "PASS" and latency["passed_count"] == 7
     throughput = summarize(metrics, "throughput", error_rate=0.25)["cache_stats"]["storage_health"]
-    assert [c["passed"] for c in throughput["criteria"]] == [False, False, False]  # 4 MiB/s < 0.1 GiB/s floor
-    assert throughput["overall_status"] == "FAIL" and throughput["criteria"][2]["actual"] == 0.25
+    # 4 MiB/s < 0.1 GiB/s floor in both directions; 25 % failed requests > 0 %
+    assert [c["passed"] for c in throughput["criteria"]] == [False, False, True, False, True]
+    assert throughput["overall_status"] == "FAIL" and throughput["criteria"][3]["actual"] == 0.25
 
 
 def test_harness_keys(metrics):

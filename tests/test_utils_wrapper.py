@@ -69,8 +69,9 @@ def test_wrapper_shellcheck_clean():
     assert proc.returncode == 0, proc.stdout
 
 
-def test_help_exits_zero(tmp_path):
-    proc = wrapper(tmp_path, "-h")
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_exits_zero(tmp_path, flag):
+    proc = wrapper(tmp_path, flag)
     assert proc.returncode == 0
     for opt in ("-m MODEL", "-T SECONDS", "-n ", "-o DIR", "-k COMMAND", "mlperf_submission"):
         assert opt in proc.stdout
@@ -80,6 +81,7 @@ def test_help_exits_zero(tmp_path):
     "args, fragment",
     [
         (["-x"], "invalid option -x"),
+        (["--verbose"], "unknown option --verbose"),
         (["-m", "gpt-17"], "unknown model 'gpt-17'"),
         (["-w", "storage-only,bogus"], "unknown workload 'bogus'"),
         (["-t", "0"], "-t must be a positive integer"),

@@ -47,7 +47,7 @@ Options:
   -o DIR       results directory (default: ./kv_cache_results_<timestamp>)
   -k COMMAND   kv-cache command (default: $PYTHON $REPO_DIR/kv-cache.py); split on spaces
   -n           dry run: print every command, run nothing
-  -h           show this help
+  -h, --help   show this help
 
 mlperf_submission runs the three closed configurations of the MLPerf v3 KV-cache README, $MLPERF_TRIALS trials
 each (stress_8b, throughput_8b, stress_70b), then prints the median over trials of each primary metric
@@ -85,6 +85,15 @@ rag_docs_override=""
 results_dir=""
 kv_command=""
 dry_run=0
+
+# Long options: --help as everywhere else; any other is named (getopts would only say "invalid option -").
+for arg in "$@"; do
+    case "$arg" in
+        --help) usage; exit 0 ;;
+        --) break ;;
+        --*) die_usage "unknown option $arg: this script takes short options (see -h)" ;;
+    esac
+done
 
 while getopts ":m:c:t:s:r:a:T:w:u:U:RD:o:k:nh" opt; do
     case "$opt" in

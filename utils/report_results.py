@@ -85,6 +85,10 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _rate(v: Any, spec: str) -> str:
+    return format(v, spec) if _num(v) else "n/a"
+
+
 def fmt_ms(ms: Any) -> str:
     if not _num(ms):
         return "n/a"
@@ -122,7 +126,7 @@ def describe(r: dict[str, Any]) -> list[str]:
     lines = [
         f"Requests completed: {r['requests']}  |  Tokens generated: {r['tokens']}  |  Window: {r['elapsed']:.1f}s"
         if _num(r["elapsed"]) else f"Requests completed: {r['requests']}  |  Tokens generated: {r['tokens']}",
-        f"Throughput: {r['throughput']:.1f} tok/s wall-clock ({r['req_per_sec']:.2f} req/s), "
+        f"Throughput: {_rate(r['throughput'], '.1f')} tok/s wall-clock ({_rate(r['req_per_sec'], '.2f')} req/s), "
         f"storage throughput {r['storage_throughput']:.1f} tok/s",
         _latency_line("End-to-end latency", r["e2e"]),
         _latency_line("Storage I/O latency (per request)", r["storage_lat"]),

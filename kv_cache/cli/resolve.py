@@ -21,6 +21,7 @@ from kv_cache.config.run import (
 from kv_cache.config.schema import BenchConfig, load_config
 from kv_cache.config.validation import unimplemented_features, validate_args
 from kv_cache.errors import UsageError
+from kv_cache.report.outputs import check_output_path
 from kv_cache.storage.gds import import_kvikio
 from kv_cache.storage.gpu_device import cuda_status
 from kv_cache.storage.tracelog import check_trace_path
@@ -56,6 +57,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
         output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{output}_rank{rank}"
     if args.io_trace_log:
         check_trace_path(args.io_trace_log)
+    check_output_paths(args, output)
     return RunSettings(
         config=config,
         model=model,
@@ -108,6 +110,16 @@ def gpu_tier_errors(args: argparse.Namespace, config: BenchConfig) -> list[str]:
         return [f"--gpu-type '{args.gpu_type}' has no host_link_gbs in the config's gpus section to model "
                 "the simulated GPU tier with"]
     return []
+def check_output_paths(args: argparse.Namespace, output: str) -> None:
+    """Every file the run will write, checked before anything runs (a bad one: UsageError naming its flag)."""
+    for setting, path, example in (("output", output, "results.json"),
+                                   ("xlsx_output", args.xlsx_output, "results.xlsx"),
+                                   ("io_trace_log", args.io_trace_log, "io_trace.csv")):
+        if path is not None:
+            try:
+                check_output_path(path, example, allow_devnull=setting == "io_trace_log")
+            except UsageError as exc:
+                raise exc.about(setting) from None
 
 
 def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:

@@ -19,6 +19,7 @@ from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.engine import roofline as gpumod
 from kv_cache.errors import UsageError
 from kv_cache.metrics.recorder import GIB
+from kv_cache.report.outputs import check_output_path
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 
@@ -118,6 +119,10 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         pace = None
     if errors:
         raise UsageError("; ".join(errors))
+    try:
+        check_output_path(args.output)
+    except UsageError as exc:
+        raise UsageError(f"--output {exc}") from None
     if args.gpu_mem_gb > 0:
         spec = dataclasses.replace(spec, hbm_gb=args.gpu_mem_gb)  # GiB, as the spec table
     try:

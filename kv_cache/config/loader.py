@@ -109,9 +109,9 @@ def _read_yaml(source: str) -> Any:
         with open(source, encoding="utf-8") as fh:
             text = fh.read()
     except FileNotFoundError:
-        _fail(source, "config file not found")
+        _fail(source, "config file not found (check the path; without a config file the built-in defaults apply)")
     except IsADirectoryError:
-        _fail(source, "is a directory, not a config file")
+        _fail(source, "is a directory, not a config file (give the path of a YAML file in it)")
     except UnicodeDecodeError:
         _fail(source, "config file is not UTF-8 text")
     except OSError as exc:

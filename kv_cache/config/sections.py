@@ -142,6 +142,7 @@ class ValidationLimits:
     max_duration_seconds: int = _int(86400, minimum=1)
     max_gpu_memory_gb: float = _num(1024.0)
     max_cpu_memory_gb: float = _num(16384.0)
+    max_trace_context_tokens: int = _int(1048576, minimum=1)  # trace rows beyond this context are rejected
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -159,7 +160,7 @@ def unimplemented_features(args: Any) -> list[str]:
     errors = []
     for name, flag in _UNIMPLEMENTED:
         if getattr(args, name, None) not in (None, False):
-            errors.append(f"{flag} is not implemented in this version yet")
+            errors.append(f"{flag} is not implemented in this version yet (run without it)")
     request_rate = getattr(args, "request_rate", 0.0)
     if getattr(args, "enable_autoscaling", False) and isinstance(request_rate, (int, float)) and request_rate > 0:
         errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
@@ -184,20 +185,25 @@ def check_cache_dir(path: str) -> str | None:
     themselves; the system trees are refused with everything inside them, except /dev/shm.
     """
     if not str(path).strip():
-        return "--cache-dir must not be empty"
+        return "--cache-dir must not be empty; leave it out to use a fresh temporary directory"
     resolved = os.path.realpath(os.path.expanduser(os.fspath(path)))
     home = os.path.realpath(os.path.expanduser("~"))
     in_system_tree = any(_within(resolved, tree) for tree in _with_realpaths(SYSTEM_TREES)) and not any(
         _within(resolved, allowed) for allowed in _with_realpaths(SYSTEM_TREE_EXCEPTIONS)
     )
     if in_system_tree or resolved in _with_realpaths(TOP_LEVEL_ONLY_DIRS) or resolved == home:
-        return f"--cache-dir cannot be a system directory: {resolved}"
-
+        where = os.path.join(tempfile.gettempdir(), "kvcache_benchmark") if in_system_tree else \
+            os.path.join(resolved, "kvcache_benchmark")
+        why = ("a system tree" if in_system_tree else
+               "a shared top-level directory (a subdirectory of it is fine: the default temporary cache dir is one)")
+        return (f"--cache-dir cannot be a system directory: {resolved} is {why}, and the benchmark fills its cache "
+                f"dir with gigabytes of files; use a directory of its own, e.g. --cache-dir {where}")
+    fix = "; choose a directory you can write to (it is created if missing)"
     if os.path.lexists(resolved):
         if not os.path.isdir(resolved):
-            return f"--cache-dir is not a directory: {resolved}"
+            return f"--cache-dir is not a directory: {resolved}{fix}"
         if not os.access(resolved, os.W_OK | os.X_OK):
-            return f"--cache-dir is not writable: {resolved}"
+            return f"--cache-dir is not writable: {resolved}{fix}"
         return None
     # The directory will be created (with its missing parents): the nearest existing ancestor must
     # be a writable directory.
@@ -205,9 +211,9 @@ def check_cache_dir(path: str) -> str | None:
     while not os.path.lexists(parent) and parent != os.path.dirname(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        return f"--cache-dir parent is not a directory: {parent}"
+        return f"--cache-dir parent is not a directory: {parent}{fix}"
     if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--cache-dir parent is not writable: {parent}"
+        return f"--cache-dir parent is not writable: {parent}{fix}"
     return None
 
 

@@ -37,7 +37,7 @@ class WorkerPool:
     """`workers` threads with their buffers allocated (and filled) before `start()` returns.
 
     Jobs are callables taking the worker's buffers; a higher `priority` runs first, equal priorities
-    in submission order.
+    in submission order. `chunk_bytes` 0: no buffers at all (trace mode moves no data), jobs get None.
     """
 
     def __init__(self, stream: Stream, workers: int, chunk_bytes: int, seed: int, name: str = "kv-io") -> None:
@@ -105,7 +105,7 @@ class WorkerPool:
             raise errors[0]
 
     def _work(self, index: int, ready: threading.Barrier) -> None:
-        bufs = WorkerBuffers(self.chunk_bytes, self.seed, buffer_id(self.stream, index))
+        bufs = WorkerBuffers(self.chunk_bytes, self.seed, buffer_id(self.stream, index)) if self.chunk_bytes else None
         ready.wait()
         try:
             while True:
@@ -114,7 +114,8 @@ class WorkerPool:
                     return
                 job(bufs)
         finally:
-            bufs.close()
+            if bufs is not None:
+                bufs.close()
 
     def __enter__(self) -> WorkerPool:
         return self.start()

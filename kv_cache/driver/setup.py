@@ -28,13 +28,18 @@ def io_worker_count(settings: RunSettings) -> int:
     return max(1, workers)
 
 
+def io_chunk_bytes(settings: RunSettings) -> int:
+    """The workers' buffer size; 0 in trace mode (--io-trace-log), which moves no data: no buffers."""
+    return 0 if settings.io_trace_log else settings.storage.chunk_bytes
+
+
 def driver_options(settings: RunSettings, workers: int, record_plans: bool) -> DriverOptions:
     cfg = settings.config
     return DriverOptions(
         duration_s=float(settings.duration),
         max_requests=settings.max_requests,
         workers=workers,
-        chunk_bytes=settings.storage.chunk_bytes,
+        chunk_bytes=io_chunk_bytes(settings),
         seed=settings.effective_seed,
         bytes_per_token=settings.model.bytes_per_token,
         tensor_parallel=settings.tensor_parallel,
@@ -60,7 +65,7 @@ def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], 
     def entry_bytes(tokens: int) -> int:
         return max(1, tokens * bpt // tp)
 
-    chunk, seed = settings.storage.chunk_bytes, settings.effective_seed
+    chunk, seed = io_chunk_bytes(settings), settings.effective_seed
     if settings.precondition:
         if settings.precondition_size_gb > 0:
             target = int(settings.precondition_size_gb * GIB)

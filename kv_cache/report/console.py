@@ -37,6 +37,11 @@ def _tier_name(tier: str) -> str:
     return "Storage" if tier == "storage" else tier.upper()
 
 
+def _rate(v: float | None, spec: str = ".2f") -> str:
+    """A rate, or why there is none (the results hold null when the window was shorter than a second)."""
+    return "n/a (window < 1 s)" if v is None else format(v, spec)
+
+
 def _mark(passed: bool) -> str:
     return "[OK]" if passed else "[X]"
 
@@ -85,15 +90,24 @@ def storage_assessment(results: Results) -> list[str]:
             *(_criterion(c) for c in health["criteria"])]
 
 
+def storage_never_exercised(results: Results) -> list[str]:
+    """Loud: a storage verdict whose storage tier moved no bytes is no verdict (the run FAILs)."""
+    if _summary(results).get("storage_tier_exercised", True):
+        return []
+    return ["", "!" * 80, "!!! STORAGE TIER NEVER EXERCISED: 0 bytes read or written to storage in the window."
+            " The verdict is FAIL.", "!!! Everything fitted in a faster tier or nothing ran: lower --cpu-mem-gb,"
+            " raise --num-users or --duration.", "!" * 80]
+
+
 def overall_performance(results: Results) -> list[str]:
     s = _summary(results)
     return ["", "### OVERALL PERFORMANCE ###",
             f"  Requests Completed: {s['total_requests']}",
             f"  Total Tokens Generated: {s['total_tokens']}",
             f"  Measured window: {s['elapsed_time']:.2f} s",
-            f"  Avg Throughput (wall-clock): {s['avg_throughput_tokens_per_sec']:.2f} tok/s",
+            f"  Avg Throughput (wall-clock): {_rate(s['avg_throughput_tokens_per_sec'])} tok/s",
             f"  Storage Throughput (tokens / summed storage time): {s['storage_throughput_tokens_per_sec']:.2f} tok/s",
-            f"  Requests/sec: {s['requests_per_second']:.2f}"]
+            f"  Requests/sec: {_rate(s['requests_per_second'])}"]
 
 
 def latencies(results: Results) -> list[str]:
@@ -125,8 +139,8 @@ def storage_performance(results: Results) -> list[str]:
             f"  Total Read: {cs['total_read_gb']:.2f} GiB",
             f"  Total Write: {cs['total_write_gb']:.2f} GiB",
             f"  Read/Write Ratio: {read_write_ratio(cs)}",
-            f"  Read Operations: {cs['read_iops']} ({cs['read_ops_per_sec']:.2f} ops/sec over the measured window)",
-            f"  Write Operations: {cs['write_iops']} ({cs['write_ops_per_sec']:.2f} ops/sec over the measured window)"]
+            f"  Read Operations: {cs['read_iops']} ({_rate(cs['read_ops_per_sec'])} ops/sec over the measured window)",
+            f"  Write Operations: {cs['write_iops']} ({_rate(cs['write_ops_per_sec'])} ops/sec over the measured window)"]
 
 
 def _gpu_mark(results: Results) -> str:
@@ -183,6 +197,8 @@ def tier_bandwidth(results: Results) -> list[str]:
     for tier in TIERS:
         for op in OPS:
             v = cs[f"tier_{tier}_{op}_bandwidth_gbps"]
+            if v is None:  # every rate is null together
+                return [*lines, f"  Bandwidth: {_rate(v)}"]
             if v > 0:
                 lines.append(f"  {_tier_name(tier)} {op.capitalize()} Bandwidth: {v:.3f} GiB/s")
     if _gpu_mark(results):
@@ -302,6 +318,22 @@ def validation(results: Results) -> list[str]:
             f"  read/write ratio: benchmark {rw['benchmark']:.2f} vs trace {rw['trace']:.2f} (informational)"]
 
 
+def trace_rows(results: Results) -> list[str]:
+    """Each replayed trace file: rows used, rows skipped and why (malformed, absurd, beyond the window)."""
+    replay = results.get("trace_replay")
+    if not replay or not replay.get("stats"):
+        return []
+    lines = ["", "### TRACE ROWS ###"]
+    for st in replay.get("stats", []):
+        skipped = st.get("skipped_malformed", 0) + st.get("skipped_other", 0)
+        line = f"  {st.get('path')} ({st.get('format')}): {st.get('rows', 0)} rows replayed, {skipped} skipped"
+        reasons = st.get("skipped_reasons") or {}
+        if reasons:
+            line += " (" + ", ".join(f"{k}: {v}" for k, v in reasons.items()) + ")"
+        lines.append(line)
+    return lines
+
+
 def _io_line(meas: dict[str, Any]) -> str:
     how = "O_DIRECT" if meas.get("io_mode") == "direct" else "page cache bypassed by fadvise(DONTNEED)"
     return (f"  I/O: {meas.get('io_mode')} ({how}), {meas.get('chunk_bytes', 0) / 2**20:.0f} MiB chunks,"
@@ -321,6 +353,12 @@ def measurement(results: Results) -> list[str]:
     meas = results.get("measurement", {})
     if not meas:
         return []
+    if "io_mode" not in meas:  # stopped before the storage tier was set up: only why, and what it noted
+        lines = ["", "### MEASUREMENT ###", f"  Stop reason: {meas.get('stop_reason')}"]
+        lines += [f"  Note: {note}" for note in meas.get("notes", [])]
+        if meas.get("errors"):
+            lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")
+        return lines
     depth = meas.get("achieved_queue_depth", {})
     lines = ["", "### MEASUREMENT (what was timed and how) ###",
              f"  Storage tier: {meas.get('run_dir')} on {meas.get('filesystem')} "
@@ -373,15 +411,21 @@ def notes(results: Results) -> list[str]:
 
 # A run that completed requests gets every section; one that completed none says so and shows how it ran.
 SECTIONS: tuple[Section, ...] = (
-    header, run_facts, storage_assessment, overall_performance, latencies, storage_performance,
+    header, run_facts, storage_assessment, storage_never_exercised, overall_performance, latencies, storage_performance,
     tier_distribution, tier_bytes, tier_bandwidth, tier_latencies, storage_latency_breakdown, cache_types,
-    prefix_caching, multi_turn, qos, autoscaling, rag, validation, measurement, phases, notes,
+    prefix_caching, multi_turn, qos, autoscaling, rag, validation, trace_rows, measurement, phases, notes,
 )
 EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
+EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessment, storage_never_exercised,
+                                          trace_rows, measurement, phases)
 
 
 def report_lines(results: Results) -> list[str]:
-    sections = SECTIONS if results.get("summary") else EMPTY_RUN_SECTIONS
+    summary = results.get("summary")
+    if summary and not summary.get("total_requests"):  # a summary of an empty window: its verdict, not its zeros
+        sections = EMPTY_RUN_VERDICT
+    else:
+        sections = SECTIONS if summary else EMPTY_RUN_SECTIONS
     return [line for section in sections for line in section(results)]
 
 

@@ -18,6 +18,7 @@ from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.report import measurement as meas
 from kv_cache.report.parameters import run_mode, run_parameters
 from kv_cache.report.results import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
+from kv_cache.report.verdict import never_exercised_note, storage_bytes_moved
 from kv_cache.workload.validation import compare
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,10 +94,29 @@ def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict
     return {"schema_version": schema, **body}
 
 
-def interrupted_results(phases: dict[str, Any]) -> dict[str, Any]:
-    """The document of a run stopped before its measured window opened: only the phases it got through."""
-    return results_document({"interrupted": True, "stop_reason": "interrupted before the measured phase",
-                             "phases": phases})
+INTERRUPTED_EARLY = "interrupted before the measured phase"
+
+
+def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = None,
+                        metrics: RunMetrics | None = None, started: datetime | None = None) -> dict[str, Any]:
+    """The document of a run stopped before its measured window opened: the phases it got through, and the
+    same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`)."""
+    if settings is None:
+        return results_document({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "phases": phases})
+    metrics = metrics if metrics is not None else RunMetrics()
+    summary = build_summary(RunMetrics(), {}, settings.config.qos_profiles, settings.performance_profile,
+                            settings.config.performance_criteria, 0.0, None, True)
+    results = results_document(request_lists(RunMetrics()))
+    results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
+                    "summary": summary, **harness_keys(summary)})
+    results["measurement"] = {"tool": f"kv-cache {__version__}", "run_mode": run_mode(settings),
+                              "stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
+                              "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
+                              "notes": [INTERRUPTED_EARLY]}
+    results["run_parameters"] = run_parameters(settings, started or datetime.now())
+    results["throughput_timeline"] = []
+    results["phases"] = phases
+    return results
 
 
 def build_results(record: RunRecord) -> dict[str, Any]:
@@ -104,8 +124,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     summary = run_summary(record)
     results = results_document(request_lists(metrics))
     results["seed"] = settings.seed
-    if summary is not None:
-        results["summary"] = summary
+    results["stop_reason"] = outcome.stop_reason
+    results["summary"] = summary
     results.update(harness_keys(summary))
     results["measurement"] = measurement(record)
     results["run_parameters"] = run_parameters(settings, record.started)
@@ -116,7 +136,7 @@ def build_results(record: RunRecord) -> dict[str, Any]:
         results["trace_replay"] = trace_replay(settings, record.trace)
     if record.phases:
         results["phases"] = record.phases
-    if settings.validation_trace_stats is not None and summary is not None:
+    if settings.validation_trace_stats is not None and metrics.requests.completed > 0:
         cs = summary["cache_stats"]
         results["validation"] = compare(settings.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
     if record.tracer is not None:
@@ -124,14 +144,18 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     return results
 
 
-def run_summary(record: RunRecord) -> dict[str, Any] | None:
-    """The `summary` (MLPerf JSON layout) plus the mode-specific parts; None when no request completed."""
+def run_summary(record: RunRecord) -> dict[str, Any]:
+    """The `summary` (MLPerf JSON layout) plus the mode-specific parts; present even when no request
+    completed (its verdict is then FAIL). A storage tier that moved no bytes is said loudly, in the notes too."""
     settings, metrics, outcome = record.settings, record.metrics, record.outcome
-    if metrics.requests.completed <= 0:
-        return None
     error_rate = outcome.requests_failed / max(1, outcome.requests_issued)
     summary = build_summary(metrics, record.usage, settings.config.qos_profiles, settings.performance_profile,
-                            settings.config.performance_criteria, error_rate)
+                            settings.config.performance_criteria, error_rate,
+                            fatal_error=getattr(outcome, "fatal_error", None), storage_expected=True)
+    exercised = storage_bytes_moved(summary["cache_stats"]) > 0
+    summary["storage_tier_exercised"] = exercised
+    if not exercised and never_exercised_note() not in record.notes:
+        record.notes.append(never_exercised_note())
     summary["per_turn"] = per_turn_stats(metrics)
     if settings.kv_block_tokens > 0:
         summary["block_stats"] = block_stats(metrics, settings.kv_block_tokens)

@@ -13,10 +13,18 @@ import numpy as np
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
 from kv_cache.metrics.stats import mean, percentile, percentiles
+from kv_cache.report.verdict import run_criteria
 from kv_cache.workload.qos import QOS_LEVELS
 
 TIERS = ("gpu", "cpu", "storage")
 OPS = ("read", "write")
+# A window shorter than this gives no rate (null): a count over a few milliseconds is no throughput.
+MIN_RATE_WINDOW_S = 1.0
+
+
+def per_second(amount: float, window_s: float) -> float | None:
+    """`amount` / `window_s`, or None when the window was shorter than MIN_RATE_WINDOW_S."""
+    return amount / window_s if window_s >= MIN_RATE_WINDOW_S else None
 
 
 def _latency_block(samples_ns) -> dict[str, float]:
@@ -62,7 +70,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     for tier in TIERS:
         for op in OPS:
             s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_{op}_bandwidth_gbps"] = (s.window_bytes / GIB / window_s) if window_s > 0 else 0.0
+            stats[f"tier_{tier}_{op}_bandwidth_gbps"] = per_second(s.window_bytes / GIB, window_s)
     # Our additions: demotion traffic and per-second operation rates over the measured window.
     for tier in TIERS:
         for op in OPS:
@@ -70,7 +78,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
             stats[f"tier_{tier}_demotion_{op}_gb"] = bytes_ / GIB
             stats[f"tier_{tier}_demotion_{op}_ops"] = ops_
             s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_{op}_ops_per_sec"] = s.ops / window_s if window_s > 0 else 0.0
+            stats[f"tier_{tier}_{op}_ops_per_sec"] = per_second(s.ops, window_s)
 
     stats["system_prompt_hits"] = int(c.get(names.SYSTEM_PROMPT_HITS, 0))
     stats["common_phrase_hits"] = int(c.get(names.COMMON_PHRASE_HITS, 0))
@@ -89,8 +97,8 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     stats["read_write_ratio"] = read_bytes / max(write_bytes, 1)
     stats["read_iops"] = read_ops  # MLPerf-compatible meaning: operation COUNTS, not rates
     stats["write_iops"] = write_ops
-    stats["read_ops_per_sec"] = read_ops / window_s if window_s > 0 else 0.0
-    stats["write_ops_per_sec"] = write_ops / window_s if window_s > 0 else 0.0
+    stats["read_ops_per_sec"] = per_second(read_ops, window_s)
+    stats["write_ops_per_sec"] = per_second(write_ops, window_s)
     stats["storage_tokens_processed"] = int(c.get(names.STORAGE_TOKENS_PROCESSED, 0))
 
     for tier in TIERS:
@@ -107,10 +115,13 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
 
 
 def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p95_ms: float | None = None,
-                   error_rate: float = 0.0) -> dict[str, Any]:
+                   error_rate: float = 0.0, fatal_error: str | None = None,
+                   storage_expected: bool = False, completed: int | None = None) -> dict[str, Any]:
     """PASS/FAIL criteria. Latency profile: the MLPerf tool's criteria, thresholds from config.
     Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
-    data, and no more failed requests than allowed."""
+    data. Every profile then adds the run's own criteria
+    (report/verdict.py): failed requests at most allowed, no stop by a storage error, and, when
+    `storage_expected`, a storage tier that moved bytes."""
     if criteria_cfg is None:
         from kv_cache.config.schema import PerformanceCriteria
 
@@ -122,8 +133,8 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
         criteria.append({"name": name, "target": target, "actual": actual, "unit": unit, "passed": bool(passed)})
 
     if profile == "throughput":
-        read_gbps = stats.get("tier_storage_read_bandwidth_gbps", 0.0)
-        write_gbps = stats.get("tier_storage_write_bandwidth_gbps", 0.0)
+        read_gbps = stats.get("tier_storage_read_bandwidth_gbps") or 0.0  # None: window too short for a rate
+        write_gbps = stats.get("tier_storage_write_bandwidth_gbps") or 0.0
         read_bytes = stats.get("tier_storage_kv_bytes_read_gb", 0.0)
         write_bytes = stats.get("tier_storage_kv_bytes_written_gb", 0.0)
         if read_bytes > 0 or write_bytes == 0:
@@ -134,8 +145,6 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
             floor = c.min_storage_write_gbps
             add(f"Storage KV Write Bandwidth >= {floor:g} GiB/s", floor, write_gbps, "GiB/s",
                 write_gbps > 0 and write_gbps >= floor)
-        add(f"Failed Requests <= {c.max_error_rate * 100:g}%", c.max_error_rate, error_rate, "ratio",
-            error_rate <= c.max_error_rate)
     else:
         for op, limit in (("write", c.storage_write_device_p95_ms), ("read", c.storage_read_device_p95_ms)):
             key = f"storage_{op}_device_p95_ms"
@@ -150,6 +159,7 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
         if stats.get("cache_hits", 0) + stats.get("cache_misses", 0) > 0:
             add(f"Cache Hit Rate > {c.min_cache_hit_rate * 100:g}%", c.min_cache_hit_rate, stats["cache_hit_rate"],
                 "ratio", stats["cache_hit_rate"] > c.min_cache_hit_rate)
+    criteria += run_criteria(stats, error_rate, c.max_error_rate, fatal_error, storage_expected, completed)
     passed = sum(1 for x in criteria if x["passed"])
     return {
         "overall_status": "PASS" if passed == len(criteria) else "FAIL",
@@ -194,11 +204,13 @@ def qos_metrics(metrics: RunMetrics, qos_profiles) -> dict[str, Any]:
 
 
 def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, criteria_cfg=None,
-                  error_rate: float = 0.0) -> dict[str, Any]:
+                  error_rate: float = 0.0, fatal_error: str | None = None,
+                  storage_expected: bool = False) -> dict[str, Any]:
     window_s = metrics.window_seconds
     r = metrics.requests
     stats = cache_stats(metrics, usage, window_s)
-    stats["storage_health"] = storage_health(stats, profile, criteria_cfg, cpu_combined_p95_ms(metrics), error_rate)
+    stats["storage_health"] = storage_health(stats, profile, criteria_cfg, cpu_combined_p95_ms(metrics), error_rate,
+                                             fatal_error, storage_expected, r.completed)
     total_storage_s = sum(r.storage_ns) / 1e9
     c = metrics.snapshot_counters()
     mt_hits, mt_misses = int(c.get(names.MULTI_TURN_CACHE_HITS, 0)), int(c.get(names.MULTI_TURN_CACHE_MISSES, 0))
@@ -207,11 +219,11 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
         "total_requests": r.completed,
         "total_tokens": r.tokens_generated,
         "elapsed_time": window_s,
-        "avg_throughput_tokens_per_sec": r.tokens_generated / window_s if window_s > 0 else 0.0,
+        "avg_throughput_tokens_per_sec": per_second(r.tokens_generated, window_s),
         "total_storage_io_time": total_storage_s,
         # MLPerf-compatible formula: generated tokens / SUM of per-request storage seconds (not wall-clock).
         "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
-        "requests_per_second": r.completed / window_s if window_s > 0 else 0.0,
+        "requests_per_second": per_second(r.completed, window_s),
         "end_to_end_latency_ms": _latency_block(r.e2e_ns),
         "storage_io_latency_ms": _latency_block(r.storage_ns),
         "generation_latency_ms": _latency_block(r.generation_ns),
@@ -240,14 +252,15 @@ def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
     cs = summary["cache_stats"]
-    storage_gibps = cs["tier_storage_read_bandwidth_gbps"] + cs["tier_storage_write_bandwidth_gbps"]
+    read, write = cs["tier_storage_read_bandwidth_gbps"], cs["tier_storage_write_bandwidth_gbps"]
+    storage_gibps = None if read is None or write is None else read + write  # None: window under a second
     return {
         "overall_passed": cs["storage_health"]["overall_status"] == "PASS",
         "total_requests": summary["total_requests"],
         "avg_latency_ms": summary["end_to_end_latency_ms"]["mean"],
         "p99_latency_ms": summary["end_to_end_latency_ms"]["p99"],
         "throughput_req_per_sec": summary["requests_per_second"],
-        "storage_throughput_mbps": storage_gibps * GIB / 1e6,
+        "storage_throughput_mbps": storage_gibps * GIB / 1e6 if storage_gibps is not None else None,
         "cache_hit_rate": cs["cache_hit_rate"],
     }
 

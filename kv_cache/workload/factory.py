@@ -83,7 +83,11 @@ def open_trace_sources(settings: RunSettings) -> list[TraceSource]:
     if fmt == "auto":  # detected first: the conversation limit applies to ShareGPT only
         fmt = detect_format(paths[0])
     max_conv = settings.max_conversations if fmt == "sharegpt" else 0
-    return open_sources(paths, fmt, 0, max_conv)
+    cfg = settings.config
+    return open_sources(paths, fmt, 0, max_conv, max_context_tokens=cfg.validation_limits.max_trace_context_tokens,
+                        chars_per_token=cfg.sharegpt.chars_per_token_estimate,
+                        sharegpt_max_context=cfg.sharegpt.max_context_tokens,
+                        sharegpt_max_generation=cfg.sharegpt.max_generation_tokens)
 
 
 def build_trace_workload(settings: RunSettings, sources: list[TraceSource] | None = None) -> TraceWorkload:

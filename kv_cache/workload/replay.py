@@ -42,13 +42,19 @@ def resolve_burst_paths(path: str) -> list[str]:
     return files
 
 
-def open_sources(paths: list[str], fmt: str, max_rows: int, max_conversations: int) -> list[TraceSource]:
-    """Open (and check) every trace file before the run starts; a bad file raises TraceError."""
-    return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations) for p in paths]
+def open_sources(paths: list[str], fmt: str, max_rows: int, max_conversations: int,
+                 **limits: float) -> list[TraceSource]:
+    """Open (and check) every trace file before the run starts; a bad file raises TraceError. `limits`:
+    open_trace's max_context_tokens, chars_per_token, sharegpt_max_context, sharegpt_max_generation."""
+    return [open_trace(p, fmt, max_rows=max_rows, max_conversations=max_conversations, **limits) for p in paths]
 
 
 class TracePlanner:
-    """Builds the request plan of one trace row."""
+    """Builds the request plan of one trace row.
+
+    Replay cycle c > 0 replays the trace as fresh sessions: every key gets a `c<c>:` prefix (new entries
+    are written, as the first pass wrote them), and a turn's history is the earlier turns of its session
+    in the same cycle only (the trace's own history, never the previous passes')."""
 
     def __init__(self, kv_block_tokens: int, multi_turn: bool, qos_distribution, qos_profiles, seed: int,
                  namespace: str = "") -> None:
@@ -58,7 +64,7 @@ class TracePlanner:
         self.prios = {level: int(p.priority) for level, p in qos_profiles.items()}
         self.seed = seed
         self.namespace = namespace
-        self._history: dict[str, list[str]] = {}
+        self._history: dict[str, tuple[int, list[str]]] = {}  # session -> (cycle, keys of its turns so far)
 
     def plan(self, req: TraceRequest, cycle: int = 0) -> RequestPlan:
         rng = random.Random(f"kv-cache-trace-qos:{self.seed}:{cycle}:{req.index}")
@@ -67,21 +73,25 @@ class TracePlanner:
         common = dict(user_id=user, request_id=f"trace_req_{cycle}_{req.index:08d}", seq=req.index + 1,
                       qos_level=qos, priority=self.prios[qos], generate_tokens=req.output_tokens,
                       conversation_id=req.session_id, turn_number=req.turn)
+        namespace = self.namespace if cycle == 0 else f"{self.namespace}c{cycle}:"
         if self.kv_block_tokens > 0:
-            blocks = tuple(kv_block_keys(req, self.kv_block_tokens, self.namespace))
+            blocks = tuple(kv_block_keys(req, self.kv_block_tokens, namespace))
             return RequestPlan(context_tokens=req.input_tokens, phase=Phase.PREFILL,
                                cache_key=blocks[-1][0] if blocks else f"trace_empty_{req.index}",
                                blocks=blocks, **common)
         if req.session_id is not None:
-            key = f"{self.namespace}{req.session_id}_turn_{req.turn}"
+            key = f"{namespace}{req.session_id}_turn_{req.turn}"
             history: tuple[str, ...] = ()
             if self.multi_turn:
-                seen = self._history.setdefault(req.session_id, [])
+                seen_cycle, seen = self._history.get(req.session_id, (cycle, []))
+                if seen_cycle != cycle:  # a new pass of this session: its own history starts again
+                    seen = []
+                self._history[req.session_id] = (cycle, seen)
                 history = tuple(seen)
                 seen.append(key)
             tokens = max(1, req.new_tokens)
         else:
-            key, history, tokens = f"{self.namespace}trace_req_{req.index:08d}", (), max(1, req.input_tokens)
+            key, history, tokens = f"{namespace}trace_req_{req.index:08d}", (), max(1, req.input_tokens)
         return RequestPlan(context_tokens=tokens, phase=phase_for_context(tokens), cache_key=key,
                            history_keys=history, **common)
 
@@ -142,7 +152,7 @@ class SessionUser:
         return self.cursor < len(self.turns)
 
     def restart(self) -> None:
-        """Next replay cycle: same turns (same keys, as in the MLPerf tool's cycles), new QoS draws."""
+        """Next replay cycle: same turns as a fresh session (new keys, its own history only), new QoS draws."""
         self.cursor, self.cycle = 0, self.cycle + 1
 
     def next_request(self) -> RequestPlan:

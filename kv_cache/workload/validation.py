@@ -13,6 +13,22 @@ from kv_cache.workload.traces.model import TraceError
 REQUIRED = ("timestamp", "request_id", "user_id", "context_tokens", "generation_tokens", "phase", "cache_hit",
             "cache_tier", "read_bytes", "write_bytes", "read_latency_ms", "write_latency_ms", "model_name")
 OPTIONAL = ("conversation_id", "turn_number", "prefix_cached")
+NUMERIC = ("timestamp", "context_tokens", "generation_tokens", "read_bytes", "write_bytes")
+
+
+def _number(path: str, i: int, row: dict[str, Any], key: str) -> float:
+    """A finite, non-negative number (ints, floats, numeric strings); anything else is a TraceError."""
+    value = row[key]
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        f = float(value)
+    except (TypeError, ValueError):
+        raise TraceError(path, f"entry {i}: {key} must be a number, got {value!r}").about("validation_trace") from None
+    if f != f or f in (float("inf"), float("-inf")) or f < 0:
+        raise TraceError(path, f"entry {i}: {key} must be a finite non-negative number, got {value!r}"
+                         ).about("validation_trace")
+    return f
 
 
 def load_trace_stats(path: str) -> dict[str, Any]:
@@ -36,16 +52,15 @@ def load_trace_stats(path: str) -> dict[str, Any]:
             what = f"missing {missing}" if missing else f"unknown fields {unknown}"
             raise TraceError(path, f"entry {i} has {what}").about("validation_trace")
     n = len(data)
-    read_b = sum(float(r["read_bytes"]) for r in data)
-    write_b = sum(float(r["write_bytes"]) for r in data)
-    ts = [float(r["timestamp"]) for r in data]
+    nums = {k: [_number(path, i, r, k) for i, r in enumerate(data)] for k in NUMERIC}
+    read_b, write_b, ts = sum(nums["read_bytes"]), sum(nums["write_bytes"]), nums["timestamp"]
     return {
         "total_requests": n,
         "duration_seconds": max(ts) - min(ts),
         "cache_hit_rate": sum(1 for r in data if r["cache_hit"]) / n,
         "read_write_ratio": read_b / max(write_b, 1.0),
-        "context_tokens_mean": sum(float(r["context_tokens"]) for r in data) / n,
-        "generation_tokens_mean": sum(float(r["generation_tokens"]) for r in data) / n,
+        "context_tokens_mean": sum(nums["context_tokens"]) / n,
+        "generation_tokens_mean": sum(nums["generation_tokens"]) / n,
     }
 
 

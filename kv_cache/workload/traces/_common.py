@@ -33,6 +33,10 @@ class Bad(Exception):
 
 _MISSING = object()
 
+# A token count above this is no real request (no model has a billion-token window): the row is rejected
+# as absurd rather than holding a worker for the rest of the run (e.g. output_length 1e30).
+MAX_TOKENS = 1_000_000_000
+
 
 def tokens(row: dict, key: str, default: Any = _MISSING) -> int:
     """A non-negative integer token count (ints, integral floats and numeric strings are accepted)."""
@@ -59,6 +63,8 @@ def to_count(value: Any, key: str) -> int:
         out = int(f)
     if out < 0:
         raise Bad(f"negative_value:{key}")
+    if out > MAX_TOKENS:
+        raise Bad(f"absurd_value:{key}")
     return out
 
 

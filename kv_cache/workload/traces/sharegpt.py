@@ -15,7 +15,9 @@ prompt; a gpt message with no
 human message before it (e.g. a conversation opening with the assistant) joins the context without a
 turn; a trailing human message without an answer is dropped. Items that are not objects, lack a
 ``conversations`` list, hold a message that is not ``{"from": str, "value": str}`` or yield no turn are
-skipped and counted. ``max_conversations`` stops after that many usable conversations. No timing:
+skipped and counted. The config's ``sharegpt`` section acts here: ``max_context_tokens`` truncates a turn's
+prompt (full context), ``max_generation_tokens`` its answer, ``chars_per_token_estimate`` sets the chars
+tokenizer (as the reference). ``max_conversations`` stops after that many usable conversations. No timing:
 ``arrival_s`` and ``think_time_s`` are None.
 """
 
@@ -100,7 +102,8 @@ def iter_json_array(path: Path, stats: TraceStats) -> Iterator[object]:
 
 
 def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
-    name, count = load_tokenizer(opts.tokenizer, path)
+    name, count = load_tokenizer(opts.tokenizer, path, opts.chars_per_token)
+    max_in, max_out = opts.sharegpt_max_context, opts.sharegpt_max_generation
     stats.tokenizer = name
     used = 0
     for n, item in enumerate(iter_json_array(path, stats)):
@@ -127,7 +130,9 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
             t = count(m["value"])
             if role in GPT:
                 if prompt:
-                    turns.append(Row(sid, len(turns) + 1, None, None, history + prompt, prompt, t, None, None))
+                    full = history + prompt if not max_in else min(history + prompt, max_in)
+                    out = t if not max_out else min(t, max_out)
+                    turns.append(Row(sid, len(turns) + 1, None, None, full, min(prompt, full), out, None, None))
                 history += prompt + t
                 prompt = 0
             else:  # human, system and unknown roles are prompt text

@@ -49,7 +49,11 @@ class TraceSource:
         sessions: set[str] = set()
         index = 0
         try:
+            limit = self.options.max_context_tokens
             for row in reader:
+                if limit and row.input_tokens + row.output_tokens > limit:
+                    stats.skip("beyond_context_window", malformed=False)
+                    continue
                 req = TraceRequest(index, *row)
                 index += 1
                 stats.rows = index
@@ -102,6 +106,10 @@ def open_trace(
     tokenizer: str = "auto",
     max_conversations: int = 0,
     lookahead_rows: int = 4096,
+    max_context_tokens: int = 0,
+    chars_per_token: float = 4.0,
+    sharegpt_max_context: int = 0,
+    sharegpt_max_generation: int = 0,
 ) -> TraceSource:
     """Open a trace for streaming as ``TraceRequest`` rows.
 
@@ -109,7 +117,9 @@ def open_trace(
     sharegpt. ``max_rows``: stop after that many rows (0 = all). ``tokenizer``: auto | tiktoken | chars
     (ShareGPT only). ``max_conversations``: keep only the first N conversations/sessions (ShareGPT items,
     WEKA files, AIPerf/Bailian/BurstGPT sessions; 0 = all). ``lookahead_rows``: AIPerf think-time
-    look-ahead. The trace is checked up to its first valid row before returning, so a missing,
+    look-ahead. ``max_context_tokens``: rows whose input + output tokens exceed it are rejected and counted
+    (``beyond_context_window``; 0 = no limit). ``chars_per_token``, ``sharegpt_max_context`` and
+    ``sharegpt_max_generation``: the config's ``sharegpt`` section (ShareGPT only). The trace is checked up to its first valid row before returning, so a missing,
     unreadable, empty, unrecognised or row-less trace raises TraceError (one line naming the file) here,
     before any run starts.
     """
@@ -128,6 +138,10 @@ def open_trace(
         raise TraceError(p, f"unknown tokenizer {tokenizer!r} (expected one of {', '.join(CHOICES)})")
     if p.is_dir() and fmt != "weka":
         raise TraceError(p, f"is a directory (only the weka format reads a directory), not a {fmt} file")
-    source = TraceSource(p, fmt, max_rows, Options(max_conversations, tokenizer, lookahead_rows))
+    if not isinstance(max_context_tokens, int) or max_context_tokens < 0:
+        raise TraceError(p, f"max_context_tokens must be a non-negative integer, got {max_context_tokens!r}")
+    options = Options(max_conversations, tokenizer, lookahead_rows, max_context_tokens, float(chars_per_token),
+                      sharegpt_max_context, sharegpt_max_generation)
+    source = TraceSource(p, fmt, max_rows, options)
     source.check()
     return source

