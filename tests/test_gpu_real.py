@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage import gpu_device
 from kv_cache.storage.base import StoreFull
@@ -156,7 +157,7 @@ def test_waterfall_through_a_device_tier(bufs):
     metrics = RunMetrics()
     metrics.open_window()
     cache = MultiTierCache([Tier("gpu", gpu, 64 * KIB), Tier("cpu", cpu, 128 * KIB), Tier("nvme", nvme, math.inf)],
-                           EvictionPolicy(), metrics, bytes_per_token=KIB)
+                           EvictionConfig(), metrics, bytes_per_token=KIB)
     try:
         for i in range(10):
             cache.allocate(f"k{i}", 16, 16 * KIB, bufs)

@@ -5,8 +5,9 @@ import math
 import pytest
 
 from kv_cache import tiers as tiers_mod
-from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.cache import MultiTierCache, Tier
 from kv_cache.config.run import StorageSettings, TierSettings
+from kv_cache.config.sections import EvictionConfig
 from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.models import GPU_SPECS
@@ -89,7 +90,7 @@ def test_waterfall_gpu_to_cpu_to_storage_moves_data(bufs):
     metrics = RunMetrics()
     metrics.open_window()
     cache = MultiTierCache([Tier("gpu", gpu, 64 * KIB), Tier("cpu", cpu, 128 * KIB), Tier("nvme", nvme, math.inf)],
-                           EvictionPolicy(), metrics, bytes_per_token=KIB)
+                           EvictionConfig(), metrics, bytes_per_token=KIB)
     try:
         for i in range(12):
             assert cache.allocate(f"k{i}", 16, 16 * KIB, bufs)[0] == "gpu"  # new entries land in HBM

@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache, Tier
+from kv_cache.cache import MultiTierCache, Tier
 from kv_cache.config.schema import BenchConfig
+from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.report.console import report_lines
 from kv_cache.report.results import build_summary, harness_keys
@@ -93,7 +94,7 @@ class _FailingStore:
 def test_a_failed_read_is_a_miss_never_a_hit():
     m = RunMetrics()
     m.open_window()
-    cache = MultiTierCache([Tier("nvme", _FailingStore(), float("inf"))], EvictionPolicy(), m, 2,
+    cache = MultiTierCache([Tier("nvme", _FailingStore(), float("inf"))], EvictionConfig(), m, 2,
                            threading.Event())
     cache.allocate("k", 10, 1024, bufs=None)
     with pytest.raises(OSError):
