@@ -107,7 +107,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores)
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, EvictionPolicy.from_config(cfg.eviction), run.metrics,
-                           settings.model.bytes_per_token, run.stop, tracer=stores.tracer)
+                           settings.model.bytes_per_token, run.stop, tracer=stores.tracer,
+                           retries=settings.storage.io_retries, verify=settings.storage.verify)
     rag = RagCorpus(cfg.rag) if settings.enable_rag else None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None

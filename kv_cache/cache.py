@@ -18,13 +18,15 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.storage.base import IOAborted, IOResult, Store, StoreFull
+from kv_cache.storage.base import DataCorruption, IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
+from kv_cache.storage.faults import StorageFault, describe, is_transient
 
 log = logging.getLogger("kv_cache.cache")
 
@@ -92,9 +94,17 @@ class _Step:
     dst: Tier | None
 
 
+# How many mismatching reads --verify logs in full (key and offset); the rest are only counted.
+VERIFY_LOG_LIMIT = 5
+
+
 class MultiTierCache:
     def __init__(self, tiers: list[Tier], policy: EvictionPolicy, metrics: RunMetrics, bytes_per_token: int,
-                 stop: threading.Event | None = None, tracer=None) -> None:
+                 stop: threading.Event | None = None, tracer=None, retries: int = 0, verify: bool = False,
+                 on_fault: Callable[[StorageFault], None] | None = None) -> None:
+        """`retries`: how many times an operation failing with a transient error (EIO, ENOTCONN, EAGAIN)
+        is tried again; `verify`: every read checks the per-block stamps; `on_fault`: told of every storage
+        error left after retries (the driver's error policy)."""
         if not tiers:
             raise ValueError("at least one tier is required")
         self.tiers = tiers
@@ -103,6 +113,9 @@ class MultiTierCache:
         self.bytes_per_token = bytes_per_token
         self.stop = stop
         self.tracer = tracer  # optional: gets every operation (the --io-trace-log mode)
+        self.retries = retries
+        self.verify = verify
+        self.on_fault = on_fault
         self.entries: dict[str, Entry] = {}
         self._cond = threading.Condition(threading.Lock())
         self._by_name = {t.name: t for t in tiers}
@@ -154,7 +167,8 @@ class MultiTierCache:
         give_up = time.monotonic() + 60.0
         while True:
             try:
-                return tier.store.write(key, nbytes, bufs, self.stop)
+                return self._retrying(tier, "write", key, nbytes,
+                                      lambda: tier.store.write(key, nbytes, bufs, self.stop))
             except StoreFull:
                 if self.stop is not None and self.stop.is_set():
                     raise IOAborted(f"write of {key!r} abandoned at stop while waiting for RAM", 0) from None
@@ -186,7 +200,8 @@ class MultiTierCache:
             tier = self._by_name[entry.location]
             tier.lru.move_to_end(key)
         try:
-            res = tier.store.read(key, bufs, self.stop)
+            res = self._retrying(tier, "read", key, entry.size,
+                                 lambda: tier.store.read(key, bufs, self.stop, verify=self.verify))
         except BaseException as exc:
             self._note_failure(tier, "read", exc)
             raise
@@ -342,6 +357,8 @@ class MultiTierCache:
                     step.src.store.delete(entry.key)
                 except OSError:
                     pass
+                if isinstance(exc, OSError):
+                    exc = describe(exc, dst.stat_name, "demote", dst.store, entry.key, entry.size)
                 self._note_failure(dst, "demote", exc)
                 if isinstance(exc, (IOAborted, StoreFull, OSError)):
                     continue
@@ -372,8 +389,33 @@ class MultiTierCache:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
 
+    def _retrying(self, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], IOResult]) -> IOResult:
+        """`call()`, tried again up to `retries` times on a transient error; any OSError left is raised as
+        a StorageFault naming the path and the error. A store undoes a failed operation, so a retry starts
+        clean."""
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except OSError as exc:
+                stopping = self.stop is not None and self.stop.is_set()
+                if is_transient(exc) and attempt < self.retries and not stopping:
+                    attempt += 1
+                    self.metrics.record_retry(tier.stat_name, op)
+                    continue
+                raise describe(exc, tier.stat_name, op, tier.store, key, nbytes) from exc
+
     def _note_failure(self, tier: Tier, op: str, exc: BaseException) -> None:
         if isinstance(exc, IOAborted):
             self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes)
-        elif isinstance(exc, Exception):
-            self.metrics.record_error(f"{tier.stat_name}_{op}", exc)
+            return
+        if not isinstance(exc, Exception):
+            return
+        self.metrics.record_error(f"{tier.stat_name}_{op}", exc)
+        self.metrics.record_storage_error(tier.stat_name, op, exc)
+        if isinstance(exc, DataCorruption):
+            if self.metrics.count_mismatch() <= VERIFY_LOG_LIMIT:
+                log.error("--verify: %s", exc)
+        if isinstance(exc, OSError) and self.on_fault is not None:
+            fault = exc if isinstance(exc, StorageFault) else describe(exc, tier.stat_name, op, tier.store, "", None)
+            self.on_fault(fault)

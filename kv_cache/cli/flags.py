@@ -38,6 +38,7 @@ def run_flag_defaults(now: datetime | None = None) -> dict[str, object]:
         # None = as the config file's storage section says
         "io_chunk_mb": None, "io_workers": None, "io_mode": None, "no_fsync": None,
         "enable_latency_tracing": False,
+        "verify": False,
     }
 
 
@@ -139,6 +140,8 @@ def _add_trace_and_io_flags(p: argparse.ArgumentParser, d: dict[str, object]) ->
                     help="auto = O_DIRECT where possible; direct = O_DIRECT or fail; buffered = page cache.")
     io.add_argument("--no-fsync", action="store_true", default=d["no_fsync"],
                     help="Skip the fdatasync per written entry.")
+    io.add_argument("--verify", action="store_true", default=d["verify"],
+                    help="Check every read's per-block stamps against what was written (mismatches counted).")
 
 
 def add_sessions_flags(p: argparse.ArgumentParser) -> None:

@@ -57,6 +57,9 @@ class StorageSettings:
     fsync: bool = _STORAGE.fsync  # fdatasync once per written entry
     io_mode: str = _STORAGE.io_mode  # auto = O_DIRECT where the filesystem allows it, else buffered + fadvise
     io_workers: int = _STORAGE.io_workers  # 0 = derived from the core count and user count
+    io_retries: int = _STORAGE.io_retries  # retries after a transient error (EIO, ENOTCONN, EAGAIN)
+    max_storage_errors: int = _STORAGE.max_storage_errors  # tolerated storage errors; one more stops the run
+    verify: bool = False  # every read checks the per-block stamps against what was written
 
 
 @dataclass(frozen=True)

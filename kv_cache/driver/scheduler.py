@@ -27,6 +27,7 @@ from functools import partial
 from kv_cache.cache import MultiTierCache
 from kv_cache.driver.autoscale import IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
+from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
 from kv_cache.driver.pool import Stream, WorkerPool
@@ -55,6 +56,7 @@ class DriverOptions:
     prefill_only: bool = False
     decode_only: bool = False
     timeline_interval_s: float = 10.0
+    max_storage_errors: int = 10  # storage errors (after retries) tolerated before the run stops
 
 
 @dataclass
@@ -89,6 +91,8 @@ class Driver:
                                    "complete": self._on_complete, "monitor": self._on_monitor})
         self.executor = PlanExecutor(cache, metrics, self.entry_bytes, stop, options.decode_batch_size,
                                      options.prefill_only, options.decode_only, on_fatal=self.loop.raise_alarm)
+        if getattr(cache, "on_fault", False) is None:  # the run's one storage-error policy stops this loop
+            cache.on_fault = ErrorPolicy(options.max_storage_errors, self.loop.raise_alarm)
         self.pool = WorkerPool(Stream.REQUESTS, options.workers, options.chunk_bytes, options.seed)
         self._trace = iter(arrivals) if arrivals is not None else None
         self._backlog: tuple[float, RequestPlan] | None = None  # next trace row not yet issued

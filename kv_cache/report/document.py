@@ -195,6 +195,8 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         "errors": int(sum(metrics.errors.values())),
         "errors_by_kind": dict(metrics.errors),
         "first_error": metrics.first_error,
+        **meas.storage_errors(metrics, record.settings.storage.io_retries,
+                              record.settings.storage.max_storage_errors, record.settings.storage.verify),
         "notes": record.notes,
     }
 

@@ -81,3 +81,19 @@ def host_cost(metrics: RunMetrics, rusage0: Any) -> dict[str, float]:
 def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
     limit = usage["nvme"]["limit_bytes"]
     return None if math.isinf(limit) else limit
+
+
+def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: bool) -> dict[str, Any]:
+    """Storage errors per tier and operation (failed for good, and retried), the policy, --verify's count."""
+    table = metrics.storage_error_table()
+    return {
+        "storage_errors": table,
+        "storage_errors_total": sum(c["failed"] for ops in table.values() for c in ops.values()),
+        "storage_retries_total": sum(c["retried"] for ops in table.values() for c in ops.values()),
+        "storage_error_policy": {
+            "transient_errors_retried": ["EIO", "ENOTCONN", "EAGAIN"], "retries": retries,
+            "fatal_errors": ["ENOSPC", "EROFS", "EDQUOT", "EACCES", "EPERM"],
+            "max_storage_errors": max_errors,
+        },
+        "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches},
+    }
