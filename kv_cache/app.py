@@ -40,21 +40,32 @@ __all__ = ["UserFactory", "build_trace_workload", "execute", "run_benchmark"]
 
 log = logging.getLogger("kv_cache")
 
-def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, report, clean up
-    raise KeyboardInterrupt
+class _InterruptOnce:
+    """SIGINT / SIGTERM handler: the first signal stops the run (KeyboardInterrupt); later ones only say
+    that clean-up is under way, so a second Ctrl-C never skips writing the results or removing files."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, signum, frame):
+        self.seen += 1
+        if self.seen == 1:
+            raise KeyboardInterrupt
+        sys.stderr.write("kv-cache: stopping; writing the results and removing the run's files first\n")
 
 
 def run_benchmark(settings: RunSettings, out=None) -> int:
     """Run, write the JSON (and XLSX), print the report. Returns the process exit code."""
     out = out or sys.stdout
-    previous_term = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        handler = _InterruptOnce()
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return int(execute(settings, out)[1])
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from kv_cache.cache import Tier
 from kv_cache.metrics.recorder import GIB
 from kv_cache.storage.files import FileStore
+from kv_cache.storage.leftovers import sweep
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tracelog import IOTraceWriter, NullStore
 
@@ -79,6 +80,9 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
         return
+    for message in sweep(tiers.cache_dir).messages():  # leftovers of earlier runs, before the free space is read
+        log.warning(message)
+        tier_set.notes.append(message)
     fs = tier_set.file_store = FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync,
                                          io_mode=storage.io_mode)
     if fs.fs_type in ("tmpfs", "ramfs"):
