@@ -115,7 +115,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores)
+    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, largest_entry(settings))
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, EvictionPolicy.from_config(cfg.eviction), run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer,
@@ -148,6 +148,14 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace))
+
+
+def largest_entry(settings: RunSettings) -> int:
+    """Bytes of the largest entry the synthetic users may write (the longest context of any template),
+    at least one I/O chunk: the headroom the auto storage capacity keeps."""
+    longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
+    per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
+    return max(settings.storage.chunk_bytes, longest * per_token)
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:

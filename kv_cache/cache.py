@@ -60,6 +60,8 @@ class Tier:
     store: Store
     limit: float  # bytes; math.inf = unlimited
     used: int = 0  # reserved bytes (entries present + writes/moves in flight)
+    peak: int = 0  # the most bytes ever reserved
+    evictions: int = 0  # entries deleted (last tier) or moved down (upper tiers) to make room
     lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
 
     @property
@@ -92,6 +94,18 @@ class _Step:
     entry: Entry
     src: Tier
     dst: Tier | None
+
+
+MIB = 1 << 20
+ROOM_WAIT_S = 30.0  # longest an allocation waits for entries being read or written to make room
+
+
+class CapacityError(Exception):
+    """The storage tier is full and nothing in it can be evicted now (the capacity is a hard limit)."""
+
+
+class EntryTooLarge(CapacityError):
+    """An entry larger than the whole storage tier: it can never be stored."""
 
 
 # How many mismatching reads --verify logs in full (key and offset); the rest are only counted.
@@ -134,16 +148,36 @@ class MultiTierCache:
 
     def allocate_sized(self, key: str, tokens: int, nbytes: int, bufs: WorkerBuffers,
                        cause: str = "prefill") -> tuple[str | None, int, bool]:
-        """As allocate, plus whether this call wrote the entry (False: it already existed)."""
-        with self._cond:
-            existing = self.entries.get(key)
-            if existing is not None:
-                return existing.location, 0, False
-            plan: list[_Step] = []
-            tier = self._place(nbytes, plan)
-            entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name, last_access=time.monotonic())
-            self.entries[key] = entry
-        spent = self._execute(plan, bufs)
+        """As allocate, plus whether this call wrote the entry (False: it already existed).
+
+        The storage tier's capacity is a hard limit: an entry larger than it is refused (EntryTooLarge);
+        while every entry that could make room is being read or written, the call waits for them (and
+        gives up with CapacityError after ROOM_WAIT_S or at stop)."""
+        self._refuse_too_large(key, nbytes)
+        spent = 0
+        give_up = None
+        while True:
+            with self._cond:
+                existing = self.entries.get(key)
+                if existing is not None:
+                    return existing.location, spent, False
+                plan: list[_Step] = []
+                tier = self._place(nbytes, plan)
+                if tier is not None:
+                    entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name,
+                                  last_access=time.monotonic())
+                    self.entries[key] = entry
+            spent += self._execute(plan, bufs)
+            if tier is not None:
+                break
+            give_up = give_up or time.monotonic() + ROOM_WAIT_S
+            if self.stop is not None and self.stop.is_set():
+                raise IOAborted(f"write of {key!r} abandoned at stop while waiting for room", 0)
+            if time.monotonic() > give_up:
+                raise CapacityError(f"no room for entry {key!r} ({nbytes / MIB:.1f} MiB) in the storage tier "
+                                    f"for {ROOM_WAIT_S:.0f} s: every entry in it was being read or written")
+            with self._cond:
+                self._cond.wait(0.01)
         try:
             res = self._write_when_room(tier, key, nbytes, bufs)
         except BaseException as exc:
@@ -160,6 +194,14 @@ class MultiTierCache:
             self._cond.notify_all()
         self._record(tier, "write", res, end, cause, tokens, key)
         return tier.name, spent + res.total_ns, True
+
+    def _refuse_too_large(self, key: str, nbytes: int) -> None:
+        last = self.tiers[-1]
+        cost = last.cost(nbytes)
+        if cost > last.limit:
+            raise EntryTooLarge(
+                f"entry {key!r} needs {cost / MIB:.1f} MiB, more than the whole storage tier "
+                f"({last.limit / MIB:.1f} MiB): raise the storage capacity or use a smaller model or context")
 
     def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
         # A RAM tier's slabs are freed when a concurrent demotion out of it finishes; the space is
@@ -241,7 +283,8 @@ class MultiTierCache:
     def usage(self) -> dict[str, dict[str, float]]:
         with self._cond:
             return {
-                t.name: {"used_bytes": t.used, "limit_bytes": t.limit, "entries": len(t.lru)}
+                t.name: {"used_bytes": t.used, "limit_bytes": t.limit, "entries": len(t.lru), "peak_bytes": t.peak,
+                         "evictions": t.evictions}
                 for t in self.tiers
             }
 
@@ -264,14 +307,12 @@ class MultiTierCache:
                 log.warning("could not delete %s from %s: %s", key, tier.name, exc)
 
     # -- placement ----------------------------------------------------------------------------
-    def _place(self, nbytes: int, plan: list[_Step]) -> Tier:
+    def _place(self, nbytes: int, plan: list[_Step]) -> Tier | None:
+        """The tier the entry goes to (its space reserved), or None: no tier can make room now."""
         for i in range(len(self.tiers)):
             if self._ensure_space(i, nbytes, plan, 0):
                 return self.tiers[i]
-        last = self.tiers[-1]
-        log.warning("no tier could make room for %d bytes; forcing it into %s", nbytes, last.name)
-        last.used += last.cost(nbytes)
-        return last
+        return None
 
     def _first_evictable(self, tier: Tier) -> Entry | None:
         for entry in tier.lru.values():
@@ -298,19 +339,19 @@ class MultiTierCache:
         effective = limit if is_last else limit * p.target_usage_ratio
         budget = min(p.max_evictions_hard_cap, max(p.max_evictions_min, len(tier.lru) + 100))
         for iteration in range(budget):
-            if tier.used + required <= effective or tier.used < 0.05 * limit:
+            # the reference's "< 5 % used" shortcut, but never past the tier's capacity
+            if tier.used + required <= effective or (tier.used < 0.05 * limit and tier.used + required <= limit):
                 tier.used += required
+                tier.peak = max(tier.peak, tier.used)
                 return True
             if (not is_last and iteration == 0 and tier.used < 0.2 * limit
                     and required > 0.5 * limit * p.target_usage_ratio):
                 return False
             victim = self._first_evictable(tier)
-            if victim is None:
-                if is_last:  # nothing left to delete: let the filesystem enforce its size
-                    tier.used += required
-                    return True
+            if victim is None:  # everything left is being read, written or moved: no room now
                 return False
             if is_last:
+                tier.evictions += 1
                 del tier.lru[victim.key]
                 del self.entries[victim.key]
                 tier.used -= tier.cost(victim.size)
@@ -323,9 +364,7 @@ class MultiTierCache:
                 tier.used -= tier.cost(victim.size)
                 victim.moving = True
                 plan.append(_Step("move", victim, tier, self.tiers[index + 1]))
-        if is_last:
-            tier.used += required
-            return True
+                tier.evictions += 1
         return False
 
     def _execute(self, plan: list[_Step], bufs: WorkerBuffers) -> int:

@@ -73,14 +73,25 @@ def gpu_tier_note(tiers: TierSettings) -> str | None:
     return f"--gpu-mem-gb {tiers.gpu_mem_gb:g} requested but {reason}; running without a GPU tier"
 
 
+AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
+
+
+def auto_capacity(free: int, largest_entry: int, other_runs: int) -> float:
+    """The storage tier's capacity when none is given: 90 % of the free space, split with the other live
+    runs on that filesystem, less room for the largest entry (headers and writes in flight); >= 0."""
+    return max(0.0, AUTO_FRACTION * free / (1 + other_runs) - largest_entry)
+
+
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet) -> None:
-    """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them)."""
+               tier_set: TierSet, largest_entry: int = 0) -> None:
+    """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them).
+    `largest_entry`: bytes of the largest entry the workload may write (headroom of the auto capacity)."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
         return
-    for message in sweep(tiers.cache_dir).messages():  # leftovers of earlier runs, before the free space is read
+    found = sweep(tiers.cache_dir)  # leftovers of earlier runs, before the free space is read
+    for message in found.messages():
         log.warning(message)
         tier_set.notes.append(message)
     fs = tier_set.file_store = FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync,
@@ -96,17 +107,23 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store)
+    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, largest_entry, len(found.live))
+    if tiers.storage_capacity_gb <= 0:
+        tier_set.notes.append(
+            f"storage capacity (auto): {tier_set.tiers[-1].limit / GIB:.2f} GiB = {AUTO_FRACTION:.0%} of "
+            f"{fs.free_bytes() / GIB:.2f} GiB free / {1 + len(found.live)} run(s) - largest entry "
+            f"{largest_entry / GIB:.3f} GiB")
 
 
-def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None) -> list[Tier]:
+def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
+                largest_entry: int = 0, other_runs: int = 0) -> list[Tier]:
     tiers = []
     if memory_store is not None:
         tiers.append(Tier("cpu", memory_store, settings.cpu_mem_gb * GIB))
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:
-        storage_limit = file_store.free_bytes() * 0.95
+        storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, other_runs)
     else:
         storage_limit = math.inf
     tiers.append(Tier("nvme", file_store, storage_limit))

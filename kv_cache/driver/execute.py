@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kv_cache.cache import STAT_NAMES, CacheRead, MultiTierCache
+from kv_cache.cache import STAT_NAMES, CacheRead, CapacityError, EntryTooLarge, MultiTierCache
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import IOAborted
@@ -88,6 +88,11 @@ class PlanExecutor:
             prefill_ns, decode_ns = self._operations(plan, bufs, io)
         except IOAborted:
             return ABANDONED
+        except CapacityError as exc:  # the storage tier is full (hard limit) or the entry can never fit
+            self.metrics.record_error("capacity", exc)
+            if isinstance(exc, EntryTooLarge) and self.on_fatal is not None:
+                self.on_fatal(str(exc))
+            return FAILED
         except OSError as exc:
             self.metrics.record_error("request", exc)
             # a StorageFault was already put to the run's error policy by the cache

@@ -325,6 +325,11 @@ def storage_error_lines(meas: dict) -> list[str]:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_error"].items())) or "none left"
             lines.append(f"  Storage errors, {tier} {op}: {cell['failed']} failed ({kinds}),"
                          f" {cell['retried']} retried")
+    fill = meas.get("storage_fill") or {}
+    if fill.get("reached_capacity"):
+        lines.append(f"  Storage tier reached its capacity: {fill['evictions']} entries evicted")
+    elif fill.get("warning"):
+        lines.append(f"  WARNING: {fill['warning']}")
     verify = meas.get("verify") or {}
     if verify.get("enabled"):
         lines.append(f"  --verify: {verify.get('mismatches', 0)} reads did not carry the stamps written")

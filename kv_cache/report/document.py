@@ -197,6 +197,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         "first_error": metrics.first_error,
         **meas.storage_errors(metrics, record.settings.storage.io_retries,
                               record.settings.storage.max_storage_errors, record.settings.storage.verify),
+        "storage_fill": meas.storage_fill(record.usage),
         "notes": record.notes,
     }
 

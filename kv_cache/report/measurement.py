@@ -97,3 +97,18 @@ def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: b
         },
         "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches},
     }
+
+
+def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Whether the storage tier reached its capacity and started evicting (over the whole run, phases
+    before the window included), and a warning when it did not: then no steady state was measured."""
+    tier = usage["nvme"]
+    limit, peak, evictions = tier["limit_bytes"], tier.get("peak_bytes", 0), int(tier.get("evictions", 0))
+    out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
+                           "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}
+    if evictions == 0:
+        cap = "no capacity limit" if math.isinf(limit) else f"peak {peak / GIB:.2f} of {limit / GIB:.2f} GiB"
+        out["warning"] = (f"the storage tier never reached its capacity ({cap}) and evicted nothing: this run "
+                          "measured a filling cache, not a steady state; give a smaller --storage-capacity-gb "
+                          "or a longer --duration")
+    return out
