@@ -325,6 +325,10 @@ def storage_error_lines(meas: dict) -> list[str]:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_error"].items())) or "none left"
             lines.append(f"  Storage errors, {tier} {op}: {cell['failed']} failed ({kinds}),"
                          f" {cell['retried']} retried")
+    if meas.get("requests_in_flight_at_stop"):
+        cens = meas.get("censored_latency_ms") or {}
+        lines.append(f"  In flight at the stop: {meas['requests_in_flight_at_stop']} requests (latency censored: "
+                     f"> {cens.get('p50', 0):.1f} ms median, > {cens.get('max', 0):.1f} ms max; not in the percentiles)")
     fill = meas.get("storage_fill") or {}
     if fill.get("reached_capacity"):
         lines.append(f"  Storage tier reached its capacity: {fill['evictions']} entries evicted")

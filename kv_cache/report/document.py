@@ -174,6 +174,7 @@ def _window(record: RunRecord) -> dict[str, Any]:
         "requests_rejected": outcome.requests_rejected,
         "offered_request_rate": record.settings.request_rate or None,
         "final_active_users": outcome.final_active_users,
+        **meas.in_flight_at_stop(outcome),
     }
 
 

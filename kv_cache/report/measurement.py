@@ -112,3 +112,22 @@ def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
                           "measured a filling cache, not a steady state; give a smaller --storage-capacity-gb "
                           "or a longer --duration")
     return out
+
+
+CENSORED_NOTE = ("requests started on a worker or in modelled generation when the run stopped: each latency is "
+                 "only known to exceed stop - submission (the value given), so they are kept out of the latency "
+                 "percentiles; requests still queued are counted in requests_abandoned_at_stop")
+
+
+def in_flight_at_stop(outcome: Any) -> dict[str, Any]:
+    """The requests in flight at the stop and their censored latencies (lower bounds, ms)."""
+    censored = list(getattr(outcome, "censored_ns", []) or [])
+    lat: dict[str, Any] = {"count": len(censored), "note": CENSORED_NOTE}
+    if censored:
+        ms = np.asarray(censored, dtype=np.float64) / 1e6
+        lat.update(min=float(ms.min()), p50=percentile(ms, 50), max=float(ms.max()))
+    return {
+        "requests_in_flight_at_stop": int(getattr(outcome, "requests_in_flight_at_stop", 0)),
+        "requests_finished_after_stop": int(getattr(outcome, "requests_finished_after_stop", 0)),
+        "censored_latency_ms": lat,
+    }
