@@ -115,7 +115,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, largest_entry(settings))
+    buffers = 2 * settings.storage.chunk_bytes * io_worker_count(settings)  # each worker's read + write buffer
+    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, largest_entry(settings), buffers)
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, EvictionPolicy.from_config(cfg.eviction), run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer,

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kv_cache.cache import Tier
+from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import GIB
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.leftovers import sweep
+from kv_cache.storage.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tracelog import IOTraceWriter, NullStore
 
@@ -73,6 +75,27 @@ def gpu_tier_note(tiers: TierSettings) -> str | None:
     return f"--gpu-mem-gb {tiers.gpu_mem_gb:g} requested but {reason}; running without a GPU tier"
 
 
+MEMORY_FRACTION = 0.9  # of what the process may use: the rest stays for the page cache and other processes
+RESERVE_BYTES = 256 << 20  # the interpreter, numpy, the recorder's samples: kept free besides the tiers
+
+
+def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict: bool, notes: list[str]) -> int:
+    """The RAM tier's size: as requested if it fits, with the run's other memory, in what the process may
+    use; else clamped with a warning (console and notes), or refused under --strict-memory."""
+    fits = max(0, int(MEMORY_FRACTION * limit.available) - other_bytes - RESERVE_BYTES)
+    if requested <= fits:
+        return requested
+    message = (f"CPU tier of {requested / GIB:.2f} GiB does not fit in the memory this process may use: "
+               f"{MEMORY_FRACTION:.0%} of {limit.describe()}, less {other_bytes / GIB:.2f} GiB of I/O buffers and "
+               f"{RESERVE_BYTES / GIB:.2f} GiB reserve")
+    if strict:
+        raise StorageSetupError(f"{message}; give at most {fits / GIB:.2f}").about("cpu_mem_gb")
+    message += f"; clamped to {fits / GIB:.2f} GiB"
+    log.warning(message)
+    notes.append(message)
+    return fits
+
+
 AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
 
 
@@ -83,9 +106,10 @@ def auto_capacity(free: int, largest_entry: int, other_runs: int) -> float:
 
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet, largest_entry: int = 0) -> None:
+               tier_set: TierSet, largest_entry: int = 0, other_bytes: int = 0) -> None:
     """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them).
-    `largest_entry`: bytes of the largest entry the workload may write (headroom of the auto capacity)."""
+    `largest_entry`: bytes of the largest entry the workload may write (headroom of the auto capacity);
+    `other_bytes`: memory the run holds besides the RAM tier (I/O buffers), for the RAM tier's budget."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
@@ -99,14 +123,15 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     if fs.fs_type in ("tmpfs", "ramfs"):
         tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
     if tiers.cpu_mem_gb > 0:
-        cpu_bytes = int(tiers.cpu_mem_gb * GIB)
+        cpu_bytes = ram_tier_bytes(int(tiers.cpu_mem_gb * GIB), process_memory_limit(), other_bytes,
+                                   tiers.strict_memory, tier_set.notes)
         # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
         # only when it comfortably fits, otherwise say that pages are faulted in on first use.
         prefault = cpu_bytes <= 0.5 * available_memory_bytes()
         if not prefault:
-            tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
+            tier_set.notes.append(f"CPU tier of {cpu_bytes / GIB:.2f} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
-        tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
+        tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault) if cpu_bytes > 0 else None
     tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, largest_entry, len(found.live))
     if tiers.storage_capacity_gb <= 0:
         tier_set.notes.append(
@@ -119,7 +144,7 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
                 largest_entry: int = 0, other_runs: int = 0) -> list[Tier]:
     tiers = []
     if memory_store is not None:
-        tiers.append(Tier("cpu", memory_store, settings.cpu_mem_gb * GIB))
+        tiers.append(Tier("cpu", memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:

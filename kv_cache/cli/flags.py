@@ -63,6 +63,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--tensor-parallel", type=int, default=d["tensor_parallel"],
         help="Tensor-parallel degree; each rank stores 1/TP of an entry.")
     add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
+    add("--strict-memory", action="store_true", default=d["strict_memory"],
+        help="Refuse (exit 2) a --cpu-mem-gb that does not fit in the memory this process may use, "
+             "instead of clamping it with a warning.")
     add("--cache-dir", type=str, default=d["cache_dir"],
         help="Directory of the storage tier (default: a fresh temp dir).")
     add("--generation-mode", type=str, default=d["generation_mode"], choices=GENERATION_MODES,

@@ -64,6 +64,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
             gpu_mem_gb=float(args.gpu_mem_gb), num_gpus=args.num_gpus, tensor_parallel=args.tensor_parallel,
             cpu_mem_gb=float(args.cpu_mem_gb), cache_dir=cache_dir,
             storage_capacity_gb=float(args.storage_capacity_gb),
+            strict_memory=bool(getattr(args, "strict_memory", False)),
         ),
         workload=_workload(args),
         driver=DriverSettings(

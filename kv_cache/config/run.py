@@ -71,7 +71,8 @@ class TierSettings:
     tensor_parallel: int = 1
     cpu_mem_gb: float = 32.0
     cache_dir: str | None = None  # None = a fresh temporary directory
-    storage_capacity_gb: float = 0.0  # 0 = 95 % of the free space
+    storage_capacity_gb: float = 0.0  # 0 = 90 % of the free space less the largest entry (shared with live runs)
+    strict_memory: bool = False  # a CPU tier that does not fit in memory is refused (exit 2), not clamped
 
 
 @dataclass(frozen=True)

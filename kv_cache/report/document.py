@@ -158,7 +158,8 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "run_dir": str(fs.run_dir) if fs is not None else None,
         "filesystem": fs.fs_type if fs is not None else None,
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
-        "cpu_tier_bytes": int(settings.cpu_mem_gb * GIB) if record.memory_store is not None else 0,
+        "cpu_tier_bytes": (getattr(record.memory_store, "capacity_bytes", int(settings.cpu_mem_gb * GIB))
+                           if record.memory_store is not None else 0),  # as clamped to the memory there is
         "gpu_tier": "absent",
     }
 
