@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kv_cache.cache import STAT_NAMES, CacheRead, CapacityError, EntryTooLarge, MultiTierCache
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.storage.base import IOAborted
+from kv_cache.storage.base import DataCorruption, IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.faults import FATAL_ERRNOS as _FATAL
 from kv_cache.storage.faults import StorageFault
@@ -88,6 +88,9 @@ class PlanExecutor:
             prefill_ns, decode_ns = self._operations(plan, bufs, io)
         except IOAborted:
             return ABANDONED
+        except DataCorruption as exc:  # --verify: counted and the first ones logged by the cache
+            self.metrics.record_error("verify", exc)
+            return FAILED
         except CapacityError as exc:  # the storage tier is full (hard limit) or the entry can never fit
             self.metrics.record_error("capacity", exc)
             if isinstance(exc, EntryTooLarge) and self.on_fatal is not None:
