@@ -58,14 +58,15 @@ def run_benchmark(settings: RunSettings, out=None) -> int:
     """Run, write the JSON (and XLSX), print the report. Returns the process exit code."""
     out = out or sys.stdout
     previous = {}
+    handler = _InterruptOnce()
     if threading.current_thread() is threading.main_thread():
-        handler = _InterruptOnce()
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return int(execute(settings, out)[1])
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        if not handler.seen:  # once stopping, a late signal must not kill the exit either: keep ours
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
 
 @dataclass
