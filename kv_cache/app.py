@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.cache import EvictionPolicy, MultiTierCache
+from kv_cache.cache import CapacityError, EvictionPolicy, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
 from kv_cache.driver.scheduler import Driver, DriverOutcome
@@ -97,6 +97,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         log.warning(gpu_note)
         run.stores.notes.append(gpu_note)
     interrupted = False
+    storage_error = None
     try:
         results = _measure(settings, run, sources, out, record_plans)
         interrupted = run.outcome.stop_reason == "interrupted"
@@ -105,10 +106,19 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         run.stop.set()
         run.metrics.close_window()
         results = interrupted_results(run.phases)
+    except (OSError, CapacityError) as exc:  # a storage error before the window (preconditioning, ...)
+        run.stop.set()
+        run.metrics.close_window()
+        results = interrupted_results(run.phases)
+        results["stop_reason"] = f"storage error before the measured phase: {exc}"
+        storage_error = str(exc)
     finally:
         run.stop.set()
         run.stores.close()
     write_outputs(settings, results, out)
+    if storage_error is not None:
+        log.error("run stopped by a storage error: %s", storage_error)
+        return results, ExitCode.STORAGE_ERROR
     return results, exit_code(settings, results, run.outcome, interrupted)
 
 

@@ -290,3 +290,17 @@ def test_memory_cgroup_clamps_the_ram_tier_instead_of_being_oom_killed(tmp_path)
     assert meas["cpu_tier_bytes"] < limit and meas["peak_rss_mib"] < limit / (1 << 20)
     print(f"[fault] memory cgroup of 768 MiB, --cpu-mem-gb 32: exit {proc.returncode}: {note}; "
           f"peak RSS {meas['peak_rss_mib']:.0f} MiB")
+
+
+def test_enospc_while_preconditioning_is_exit_3_with_results(tmp_path):
+    mnt = _tiny_tmpfs(tmp_path)
+    try:
+        proc = _run(_cmd(tmp_path, mnt, "--storage-capacity-gb", "1", "--precondition"))
+        left = _run_dirs(mnt)
+    finally:
+        _umount(mnt)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and left == []
+    assert "ENOSPC" in _results(tmp_path)["stop_reason"]
+    line = next(line for line in proc.stderr.splitlines() if "run stopped by a storage error" in line)
+    print(f"[fault] ENOSPC while preconditioning: exit {proc.returncode}: {line}")

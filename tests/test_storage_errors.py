@@ -92,7 +92,7 @@ def test_enospc_message_gives_free_space_against_entry_size(tmp_path):
     fs = FileStore(str(tmp_path), CHUNK)
     fault = describe(OSError(errno.ENOSPC, "No space left on device"), "storage", "write", fs, "k", 3 << 20)
     assert "ENOSPC" in str(fault) and str(fs.path_of("k")) in str(fault)
-    assert "entry 3.0 MiB" in str(fault) and "MiB free on that filesystem" in str(fault)
+    assert "entry 3.00 MiB on disk" in str(fault) and "MiB free on that filesystem" in str(fault)
     fs.close()
 
 

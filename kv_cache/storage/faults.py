@@ -44,7 +44,7 @@ class StorageFault(OSError):
 
 
 def _mib(n: float) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 20):.2f} MiB"
 
 
 def free_space(path: str) -> int | None:
@@ -77,6 +77,7 @@ def describe(exc: OSError, tier: str, op: str, store: Any, key: str, nbytes: int
     message = f"{tier} {op} of {where} failed: {errno_name(exc)} ({reason})"
     if exc.errno == errno.ENOSPC and path is not None:
         free = free_space(path)
-        size = _mib(nbytes) if nbytes is not None else "unknown size"
+        on_disk = store.footprint(nbytes) if nbytes is not None and hasattr(store, "footprint") else nbytes
+        size = f"{_mib(on_disk)} on disk" if on_disk is not None else "of unknown size"
         message += f"; entry {size}, {_mib(free) if free is not None else 'unknown'} free on that filesystem"
     return StorageFault(exc.errno, message, tier, op, path)
