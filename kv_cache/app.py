@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.cache import MultiTierCache
+from kv_cache.cache import CapacityError, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
 from kv_cache.driver.scheduler import Driver, DriverOutcome
@@ -40,21 +40,33 @@ __all__ = ["UserFactory", "build_trace_workload", "execute", "run_benchmark"]
 
 log = logging.getLogger("kv_cache")
 
-def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, report, clean up
-    raise KeyboardInterrupt
+class _InterruptOnce:
+    """SIGINT / SIGTERM handler: the first signal stops the run (KeyboardInterrupt); later ones only say
+    that clean-up is under way, so a second Ctrl-C never skips writing the results or removing files."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, signum, frame):
+        self.seen += 1
+        if self.seen == 1:
+            raise KeyboardInterrupt
+        sys.stderr.write("kv-cache: stopping; writing the results and removing the run's files first\n")
 
 
 def run_benchmark(settings: RunSettings, out=None) -> int:
     """Run, write the JSON (and XLSX), print the report. Returns the process exit code."""
     out = out or sys.stdout
-    previous_term = None
+    previous = {}
+    handler = _InterruptOnce()
     if threading.current_thread() is threading.main_thread():
-        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return int(execute(settings, out)[1])
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        if not handler.seen:  # once stopping, a late signal must not kill the exit either: keep ours
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
 
 @dataclass
@@ -81,6 +93,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
     run = _Run()
     interrupted = False
+    storage_error = None
     try:
         results = _measure(settings, run, sources, out, record_plans)
         interrupted = run.outcome.stop_reason == "interrupted"
@@ -89,10 +102,19 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         run.stop.set()
         run.metrics.close_window()
         results = interrupted_results(run.phases, settings, run.metrics, run.started)
+    except (OSError, CapacityError) as exc:  # a storage error before the window (preconditioning, ...)
+        run.stop.set()
+        run.metrics.close_window()
+        results = interrupted_results(run.phases, settings, run.metrics, run.started)
+        results["stop_reason"] = f"storage error before the measured phase: {exc}"
+        storage_error = str(exc)
     finally:
         run.stop.set()
         run.stores.close()
     write_outputs(settings, results, out)
+    if storage_error is not None:
+        log.error("run stopped by a storage error: %s", storage_error)
+        return results, ExitCode.STORAGE_ERROR
     return results, exit_code(settings, results, run.outcome, interrupted)
 
 
@@ -100,15 +122,18 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, io_worker_count(settings))
+    workers = io_worker_count(settings)
+    buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
+    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, workers,
+               largest_entry(settings), buffers)
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, cfg.eviction, run.metrics,
-                           settings.model.bytes_per_token, run.stop, tracer=stores.tracer)
+                           settings.model.bytes_per_token, run.stop, tracer=stores.tracer,
+                           retries=settings.storage.io_retries, verify=settings.storage.verify)
     rag = RagCorpus(cfg.rag) if settings.enable_rag else None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None
     users = factory.build(0, settings.num_users) if trace is None else (trace.sessions or [])
-    workers = io_worker_count(settings)
     autoscaler = (Autoscaler(settings.autoscaler_mode, settings.target_saturation, cfg.autoscaler,
                              cfg.saturation_detection, settings.num_users)
                   if settings.enable_autoscaling else None)
@@ -132,6 +157,14 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store))
+
+
+def largest_entry(settings: RunSettings) -> int:
+    """Bytes of the largest entry the synthetic users may write (the longest context of any template),
+    at least one I/O chunk: the headroom the auto storage capacity keeps."""
+    longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
+    per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
+    return max(settings.storage.chunk_bytes, longest * per_token)
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:

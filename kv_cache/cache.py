@@ -18,14 +18,16 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.storage.base import IOAborted, IOResult, Store, StoreFull
+from kv_cache.storage.base import DataCorruption, IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
+from kv_cache.storage.faults import StorageFault, describe, is_transient
 
 log = logging.getLogger("kv_cache.cache")
 
@@ -59,6 +61,8 @@ class Tier:
     store: Store
     limit: float  # bytes; math.inf = unlimited
     used: int = 0  # reserved bytes (entries present + writes/moves in flight)
+    peak: int = 0  # the most bytes ever reserved
+    evictions: int = 0  # entries deleted (last tier) or moved down (upper tiers) to make room
     lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
 
     @property
@@ -79,9 +83,29 @@ class _Step:
     dst: Tier | None
 
 
+MIB = 1 << 20
+ROOM_WAIT_S = 30.0  # longest an allocation waits for entries being read or written to make room
+
+
+class CapacityError(Exception):
+    """The storage tier is full and nothing in it can be evicted now (the capacity is a hard limit)."""
+
+
+class EntryTooLarge(CapacityError):
+    """An entry larger than the whole storage tier: it can never be stored."""
+
+
+# How many mismatching reads --verify logs in full (key and offset); the rest are only counted.
+VERIFY_LOG_LIMIT = 5
+
+
 class MultiTierCache:
     def __init__(self, tiers: list[Tier], policy: EvictionConfig, metrics: RunMetrics, bytes_per_token: int,
-                 stop: threading.Event | None = None, tracer=None) -> None:
+                 stop: threading.Event | None = None, tracer=None, retries: int = 0, verify: bool = False,
+                 on_fault: Callable[[StorageFault], None] | None = None) -> None:
+        """`retries`: how many times an operation failing with a transient error (EIO, ENOTCONN, EAGAIN)
+        is tried again; `verify`: every read checks the per-block stamps; `on_fault`: told of every storage
+        error left after retries (the driver's error policy)."""
         if not tiers:
             raise ValueError("at least one tier is required")
         self.tiers = tiers
@@ -90,6 +114,9 @@ class MultiTierCache:
         self.bytes_per_token = bytes_per_token
         self.stop = stop
         self.tracer = tracer  # optional: gets every operation (the --io-trace-log mode)
+        self.retries = retries
+        self.verify = verify
+        self.on_fault = on_fault
         self.entries: dict[str, Entry] = {}
         self._cond = threading.Condition(threading.Lock())
         self._by_name = {t.name: t for t in tiers}
@@ -108,16 +135,36 @@ class MultiTierCache:
 
     def allocate_sized(self, key: str, tokens: int, nbytes: int, bufs: WorkerBuffers,
                        cause: str = "prefill") -> tuple[str | None, int, bool]:
-        """As allocate, plus whether this call wrote the entry (False: it already existed)."""
-        with self._cond:
-            existing = self.entries.get(key)
-            if existing is not None:
-                return existing.location, 0, False
-            plan: list[_Step] = []
-            tier = self._place(nbytes, plan)
-            entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name, last_access=time.monotonic())
-            self.entries[key] = entry
-        spent = self._execute(plan, bufs)
+        """As allocate, plus whether this call wrote the entry (False: it already existed).
+
+        The storage tier's capacity is a hard limit: an entry larger than it is refused (EntryTooLarge);
+        while every entry that could make room is being read or written, the call waits for them (and
+        gives up with CapacityError after ROOM_WAIT_S or at stop)."""
+        self._refuse_too_large(key, nbytes)
+        spent = 0
+        give_up = None
+        while True:
+            with self._cond:
+                existing = self.entries.get(key)
+                if existing is not None:
+                    return existing.location, spent, False
+                plan: list[_Step] = []
+                tier = self._place(nbytes, plan)
+                if tier is not None:
+                    entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name,
+                                  last_access=time.monotonic())
+                    self.entries[key] = entry
+            spent += self._execute(plan, bufs)
+            if tier is not None:
+                break
+            give_up = give_up or time.monotonic() + ROOM_WAIT_S
+            if self.stop is not None and self.stop.is_set():
+                raise IOAborted(f"write of {key!r} abandoned at stop while waiting for room", 0)
+            if time.monotonic() > give_up:
+                raise CapacityError(f"no room for entry {key!r} ({nbytes / MIB:.1f} MiB) in the storage tier "
+                                    f"for {ROOM_WAIT_S:.0f} s: every entry in it was being read or written")
+            with self._cond:
+                self._cond.wait(0.01)
         try:
             res = self._write_when_room(tier, key, nbytes, bufs)
         except BaseException as exc:
@@ -135,13 +182,22 @@ class MultiTierCache:
         self._record(tier, "write", res, end, cause, tokens, key)
         return tier.name, spent + res.total_ns, True
 
+    def _refuse_too_large(self, key: str, nbytes: int) -> None:
+        last = self.tiers[-1]
+        cost = last.cost(nbytes)
+        if cost > last.limit:
+            raise EntryTooLarge(
+                f"entry {key!r} needs {cost / MIB:.1f} MiB, more than the whole storage tier "
+                f"({last.limit / MIB:.1f} MiB): raise the storage capacity or use a smaller model or context")
+
     def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
         # A RAM tier's slabs are freed when a concurrent demotion out of it finishes; the space is
         # already reserved for this entry, so wait for that demotion rather than failing the request.
         give_up = time.monotonic() + 60.0
         while True:
             try:
-                return tier.store.write(key, nbytes, bufs, self.stop)
+                return self._retrying(tier, "write", key, nbytes,
+                                      lambda: tier.store.write(key, nbytes, bufs, self.stop))
             except StoreFull:
                 if self.stop is not None and self.stop.is_set():
                     raise IOAborted(f"write of {key!r} abandoned at stop while waiting for RAM", 0) from None
@@ -173,7 +229,8 @@ class MultiTierCache:
             tier = self._by_name[entry.location]
             tier.lru.move_to_end(key)
         try:
-            res = tier.store.read(key, bufs, self.stop)
+            res = self._retrying(tier, "read", key, entry.size,
+                                 lambda: tier.store.read(key, bufs, self.stop, verify=self.verify))
         except BaseException as exc:
             self._note_failure(tier, "read", exc)
             if isinstance(exc, Exception) and not isinstance(exc, IOAborted):
@@ -215,7 +272,8 @@ class MultiTierCache:
     def usage(self) -> dict[str, dict[str, float]]:
         with self._cond:
             return {
-                t.name: {"used_bytes": t.used, "limit_bytes": t.limit, "entries": len(t.lru)}
+                t.name: {"used_bytes": t.used, "limit_bytes": t.limit, "entries": len(t.lru), "peak_bytes": t.peak,
+                         "evictions": t.evictions}
                 for t in self.tiers
             }
 
@@ -238,14 +296,12 @@ class MultiTierCache:
                 log.warning("could not delete %s from %s: %s", key, tier.name, exc)
 
     # -- placement ----------------------------------------------------------------------------
-    def _place(self, nbytes: int, plan: list[_Step]) -> Tier:
+    def _place(self, nbytes: int, plan: list[_Step]) -> Tier | None:
+        """The tier the entry goes to (its space reserved), or None: no tier can make room now."""
         for i in range(len(self.tiers)):
             if self._ensure_space(i, nbytes, plan, 0):
                 return self.tiers[i]
-        last = self.tiers[-1]
-        log.warning("no tier could make room for %d bytes; forcing it into %s", nbytes, last.name)
-        last.used += last.cost(nbytes)
-        return last
+        return None
 
     def _first_evictable(self, tier: Tier) -> Entry | None:
         for entry in tier.lru.values():
@@ -273,19 +329,19 @@ class MultiTierCache:
         effective = limit if is_last else limit * p.target_usage_ratio
         budget = min(p.max_evictions_hard_cap, max(p.max_evictions_min, len(tier.lru) + 100))
         for iteration in range(budget):
-            if tier.used + required <= effective or tier.used < 0.05 * limit:
+            # the reference's "< 5 % used" shortcut, but never past the tier's capacity
+            if tier.used + required <= effective or (tier.used < 0.05 * limit and tier.used + required <= limit):
                 tier.used += required
+                tier.peak = max(tier.peak, tier.used)
                 return True
             if (not is_last and iteration == 0 and tier.used < 0.2 * limit
                     and required > 0.5 * limit * p.target_usage_ratio):
                 return False
             victim = self._first_evictable(tier)
-            if victim is None:
-                if is_last:  # nothing left to delete: let the filesystem enforce its size
-                    tier.used += required
-                    return True
+            if victim is None:  # everything left is being read, written or moved: no room now
                 return False
             if is_last:
+                tier.evictions += 1
                 del tier.lru[victim.key]
                 del self.entries[victim.key]
                 tier.used -= tier.cost(victim.size)
@@ -298,9 +354,7 @@ class MultiTierCache:
                 tier.used -= tier.cost(victim.size)
                 victim.moving = True
                 plan.append(_Step("move", victim, tier, self.tiers[index + 1]))
-        if is_last:
-            tier.used += required
-            return True
+                tier.evictions += 1
         return False
 
     def _execute(self, plan: list[_Step], bufs: WorkerBuffers) -> int:
@@ -332,6 +386,8 @@ class MultiTierCache:
                     step.src.store.delete(entry.key)
                 except OSError:
                     pass
+                if isinstance(exc, OSError):
+                    exc = describe(exc, dst.stat_name, "demote", dst.store, entry.key, entry.size)
                 self._note_failure(dst, "demote", exc)
                 if isinstance(exc, (IOAborted, StoreFull, OSError)):
                     continue
@@ -362,8 +418,33 @@ class MultiTierCache:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
 
+    def _retrying(self, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], IOResult]) -> IOResult:
+        """`call()`, tried again up to `retries` times on a transient error; any OSError left is raised as
+        a StorageFault naming the path and the error. A store undoes a failed operation, so a retry starts
+        clean."""
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except OSError as exc:
+                stopping = self.stop is not None and self.stop.is_set()
+                if is_transient(exc) and attempt < self.retries and not stopping:
+                    attempt += 1
+                    self.metrics.record_retry(tier.stat_name, op)
+                    continue
+                raise describe(exc, tier.stat_name, op, tier.store, key, nbytes) from exc
+
     def _note_failure(self, tier: Tier, op: str, exc: BaseException) -> None:
         if isinstance(exc, IOAborted):
             self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes)
-        elif isinstance(exc, Exception):
-            self.metrics.record_error(f"{tier.stat_name}_{op}", exc)
+            return
+        if not isinstance(exc, Exception):
+            return
+        self.metrics.record_error(f"{tier.stat_name}_{op}", exc)
+        self.metrics.record_storage_error(tier.stat_name, op, exc)
+        if isinstance(exc, DataCorruption):
+            if self.metrics.count_mismatch() <= VERIFY_LOG_LIMIT:
+                log.error("--verify: %s", exc)
+        if isinstance(exc, OSError) and self.on_fault is not None:
+            fault = exc if isinstance(exc, StorageFault) else describe(exc, tier.stat_name, op, tier.store, "", None)
+            self.on_fault(fault)

@@ -18,6 +18,8 @@ from kv_cache.storage.gds import GDSFileStore, import_kvikio
 from kv_cache.storage.gpu_device import CudaUnavailable, cuda_status, open_devices
 from kv_cache.storage.gpu_real import DeviceStore
 from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel
+from kv_cache.storage.leftovers import sweep
+from kv_cache.storage.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tracelog import IOTraceWriter, NullStore
 
@@ -76,12 +78,13 @@ def gpu_tier_mode(tiers: TierSettings) -> str:
     return tiers.gpu_tier
 
 
-def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, also_bytes: int = 0,
-                   workers: int = 8) -> None:
+def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int = 8,
+                   limit: MemoryLimit | None = None, other_bytes: int = 0) -> None:
     """Open the GPU tier's store into `tier_set` (none when the tier is off) and say what it is.
 
-    `also_bytes`: host RAM the other tiers take, for deciding whether a simulated arena is prefaulted;
-    `workers`: I/O workers that may copy at once (one pinned staging slot each, for a real tier)."""
+    `workers`: I/O workers that may copy at once (one pinned staging slot each, for a real tier); `limit`
+    and `other_bytes`: the memory the process may use and what the run holds besides (a simulated tier's
+    arena is host RAM, so it is clamped to that budget like the CPU tier)."""
     mode = gpu_tier_mode(tiers)
     if mode == "off":
         return
@@ -103,41 +106,92 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
     model = TransferModel(tiers.gpu_type, spec.host_link, spec.host_link_gbs, spec.hbm_bandwidth_gbs,
                           shards=tiers.tensor_parallel)
     total = per_gpu * tiers.num_gpus
-    prefault = total + also_bytes <= 0.5 * available_memory_bytes()
+    if limit is not None:
+        total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
+                               what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
+    if total <= 0:
+        return
+    prefault = total + int(tiers.cpu_mem_gb * GIB) <= 0.5 * available_memory_bytes()
     if not prefault:
         tier_set.notes.append(f"simulated GPU tier of {total / GIB:g} GiB plus the CPU tier exceed half of the "
                               "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
                               "is not in the reported times)")
     tier_set.gpu_store = SimulatedGPUStore(total, model, prefault=prefault)
     tier_set.notes.append(
-        f"GPU tier: SIMULATED, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB held in host RAM; its copy times are "
+        f"GPU tier: SIMULATED, {total / GIB:.2f} GiB ({tiers.num_gpus} GPU(s)) held in host RAM; its copy times are "
         f"modelled from the {spec.name} {spec.host_link} ({spec.host_link_gbs:g} GB/s per direction), not measured")
 
 
+MEMORY_FRACTION = 0.9  # of what the process may use: the rest stays for the page cache and other processes
+RESERVE_BYTES = 256 << 20  # the interpreter, numpy, the recorder's samples: kept free besides the tiers
+
+
+def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict: bool, notes: list[str],
+                   what: str = "CPU tier", flag: str = "cpu_mem_gb") -> int:
+    """A host-RAM tier's size: as requested if it fits, with the run's other memory, in what the process
+    may use; else clamped with a warning (console and notes), or refused under --strict-memory."""
+    fits = max(0, int(MEMORY_FRACTION * limit.available) - other_bytes - RESERVE_BYTES)
+    if requested <= fits:
+        return requested
+    message = (f"{what} of {requested / GIB:.2f} GiB does not fit in the memory this process may use: "
+               f"{MEMORY_FRACTION:.0%} of {limit.describe()}, less {other_bytes / GIB:.2f} GiB of I/O buffers (and upper tiers) and "
+               f"{RESERVE_BYTES / GIB:.2f} GiB reserve")
+    if strict:
+        raise StorageSetupError(f"{message}; give at most {fits / GIB:.2f}").about(flag)
+    message += f"; clamped to {fits / GIB:.2f} GiB"
+    log.warning(message)
+    notes.append(message)
+    return fits
+
+
+AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
+
+
+def auto_capacity(free: int, largest_entry: int, other_runs: int) -> float:
+    """The storage tier's capacity when none is given: 90 % of the free space, split with the other live
+    runs on that filesystem, less room for the largest entry (headers and writes in flight); >= 0."""
+    return max(0.0, AUTO_FRACTION * free / (1 + other_runs) - largest_entry)
+
+
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet, workers: int = 8) -> None:
-    """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them)."""
+               tier_set: TierSet, workers: int = 8, largest_entry: int = 0, other_bytes: int = 0) -> None:
+    """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them).
+    `workers`: I/O workers that may copy at once; `largest_entry`: bytes of the largest entry the workload
+    may write (headroom of the auto capacity); `other_bytes`: memory the run holds besides the host-RAM
+    tiers (I/O buffers), for their budget."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
         return
-    if tiers.gds:  # the storage tier reads into the real GPU tier's first device: open that first
-        open_gpu_store(tiers, storage, tier_set, 0, workers)
+    found = sweep(tiers.cache_dir)  # leftovers of earlier runs, before the free space is read
+    for message in found.messages():
+        log.warning(message)
+        tier_set.notes.append(message)
+    limit = process_memory_limit()
+    # The GPU tier first: the storage tier's GDS reads land in its device, and a simulated one takes host
+    # RAM before the CPU tier does (it is the upper tier).
+    open_gpu_store(tiers, storage, tier_set, workers, limit, other_bytes)
+    if isinstance(tier_set.gpu_store, SimulatedGPUStore):
+        other_bytes += tier_set.gpu_store.capacity_bytes
     fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
     if fs.fs_type in ("tmpfs", "ramfs"):
         tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
     if tiers.cpu_mem_gb > 0:
-        cpu_bytes = int(tiers.cpu_mem_gb * GIB)
+        cpu_bytes = ram_tier_bytes(int(tiers.cpu_mem_gb * GIB), limit, other_bytes,
+                                   tiers.strict_memory, tier_set.notes)
         # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
         # only when it comfortably fits, otherwise say that pages are faulted in on first use.
         prefault = cpu_bytes <= 0.5 * available_memory_bytes()
         if not prefault:
-            tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
+            tier_set.notes.append(f"CPU tier of {cpu_bytes / GIB:.2f} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
-        tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-    if not tiers.gds:
-        open_gpu_store(tiers, storage, tier_set, int(tiers.cpu_mem_gb * GIB), workers)
-    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store)
+        tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault) if cpu_bytes > 0 else None
+    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, len(found.live))
+    if tiers.storage_capacity_gb <= 0:
+        tier_set.notes.append(
+            f"storage capacity (auto): {tier_set.tiers[-1].limit / GIB:.2f} GiB = {AUTO_FRACTION:.0%} of "
+            f"{fs.free_bytes() / GIB:.2f} GiB free / {1 + len(found.live)} run(s) - largest entry "
+            f"{largest_entry / GIB:.3f} GiB")
 
 
 def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int) -> FileStore:
@@ -156,16 +210,17 @@ def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: Ti
 
 
 def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
-                gpu_store: SimulatedGPUStore | DeviceStore | None = None) -> list[Tier]:
+                gpu_store: SimulatedGPUStore | DeviceStore | None = None, largest_entry: int = 0,
+                other_runs: int = 0) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
-        tiers.append(Tier("gpu", gpu_store, settings.gpu_mem_gb * settings.num_gpus * GIB))
+        tiers.append(Tier("gpu", gpu_store, gpu_store.capacity_bytes))  # a simulated one may be clamped
     if memory_store is not None:
-        tiers.append(Tier("cpu", memory_store, settings.cpu_mem_gb * GIB))
+        tiers.append(Tier("cpu", memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:
-        storage_limit = file_store.free_bytes() * 0.95
+        storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, other_runs)
     else:
         storage_limit = math.inf
     tiers.append(Tier("nvme", file_store, storage_limit))

@@ -113,6 +113,8 @@ def test_reference_defaults():
         "gpu_tier": "auto",  # ours: real with CUDA, else simulated
         "gpu_type": "h100",
         "gds": False,
+        "verify": False,
+        "strict_memory": False,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output"}

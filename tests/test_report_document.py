@@ -33,7 +33,9 @@ MEASUREMENT_KEYS = {
     "requests_issued", "requests_abandoned_at_stop", "requests_failed", "requests_rejected",
     "offered_request_rate", "final_active_users", "counters", "after_window", "achieved_queue_depth",
     "process_cpu_seconds", "cpu_seconds_per_gib", "peak_rss_mib", "block_device", "entry_size_mib", "errors",
-    "errors_by_kind", "first_error", "notes",
+    "errors_by_kind", "first_error", "notes", "storage_errors", "storage_errors_total", "storage_retries_total",
+    "storage_error_policy", "verify", "storage_fill", "requests_in_flight_at_stop",
+    "requests_finished_after_stop", "censored_latency_ms",
 }
 
 
@@ -72,6 +74,9 @@ def test_standard_document_keys_and_values(quick_settings):
     assert m["io_mode"] == "direct" and m["direct_io"] is True and m["run_dir"] == "/data/run"
     assert m["storage_capacity_bytes"] == 1e9 and m["cpu_tier_bytes"] == 0 and m["io_workers"] == 4
     assert m["block_device"] == {"name": None} and m["notes"] == ["a note"]
+    assert m["storage_errors"] == {} and m["storage_errors_total"] == 0 and m["verify"]["enabled"] is False
+    fill = m["storage_fill"]  # the record's storage tier never evicted: said so
+    assert fill["reached_capacity"] is False and "never reached its capacity" in fill["warning"]
     assert m["entry_size_mib"] == {"count": 2, "min": 1.0, "mean": 2.0, "p95": 2.9, "max": 3.0}
     assert m["run_mode"] == "standard (prefill+decode), closed loop"
     assert results["run_parameters"]["timestamp"] == "2026-01-02T03:04:05"

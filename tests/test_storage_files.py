@@ -287,7 +287,10 @@ def test_run_dir_layout_and_marker(tmp_path):
     finally:
         s.close()
     assert not rd.exists()
-    assert (tmp_path / "a" / "b").is_dir()  # a cache dir given by the user stays
+    assert not (tmp_path / "a").exists()  # the cache dir levels this run created go with it
+    (tmp_path / "c").mkdir()
+    FileStore(tmp_path / "c", CHUNK).close()
+    assert (tmp_path / "c").is_dir()  # a cache dir that existed stays
 
 
 def test_close_removes_only_what_it_created(tmp_path, bufs):

@@ -81,7 +81,7 @@ def test_console_says_never_exercised_loudly():
 class _FailingStore:
     name = "nvme"
 
-    def read(self, key, bufs, stop=None):
+    def read(self, key, bufs, stop=None, verify=False):
         raise OSError(5, "Input/output error")
 
     def write(self, key, nbytes, bufs, stop=None):

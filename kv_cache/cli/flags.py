@@ -39,6 +39,7 @@ def run_flag_defaults(now: datetime | None = None) -> dict[str, object]:
         # None = as the config file's storage section says
         "io_chunk_mb": None, "io_workers": None, "io_mode": None, "no_fsync": None,
         "enable_latency_tracing": False,
+        "verify": False,
     }
 
 
@@ -71,6 +72,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--gds", action="store_true", default=d["gds"],
         help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU tier).")
     add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
+    add("--strict-memory", action="store_true", default=d["strict_memory"],
+        help="Refuse (exit 2) a --cpu-mem-gb that does not fit in the memory this process may use, "
+             "instead of clamping it with a warning.")
     add("--cache-dir", type=str, default=d["cache_dir"],
         help="Directory of the storage tier (default: a fresh temp dir).")
     add("--generation-mode", type=str, default=d["generation_mode"], choices=GENERATION_MODES,
@@ -148,6 +152,8 @@ def _add_trace_and_io_flags(p: argparse.ArgumentParser, d: dict[str, object]) ->
                     help="auto = O_DIRECT where possible; direct = O_DIRECT or fail; buffered = page cache.")
     io.add_argument("--no-fsync", action="store_true", default=d["no_fsync"],
                     help="Skip the fdatasync per written entry.")
+    io.add_argument("--verify", action="store_true", default=d["verify"],
+                    help="Check every read's per-block stamps against what was written (mismatches counted).")
 
 
 def add_sessions_flags(p: argparse.ArgumentParser) -> None:

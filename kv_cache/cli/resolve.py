@@ -70,6 +70,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
             cpu_mem_gb=float(args.cpu_mem_gb), cache_dir=cache_dir,
             storage_capacity_gb=float(args.storage_capacity_gb),
             gpu_tier=args.gpu_tier, gpu_type=args.gpu_type, gpu_spec=config.gpus.get(args.gpu_type), gds=args.gds,
+            strict_memory=bool(getattr(args, "strict_memory", False)),
         ),
         workload=_workload(args),
         driver=DriverSettings(
@@ -130,6 +131,8 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
         fsync=False if args.no_fsync else storage.fsync,
         io_mode=args.io_mode if args.io_mode is not None else storage.io_mode,
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
+        io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors,
+        verify=bool(getattr(args, "verify", False)),
     )
 
 

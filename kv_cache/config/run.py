@@ -59,6 +59,9 @@ class StorageSettings:
     fsync: bool = _STORAGE.fsync  # fdatasync once per written entry
     io_mode: str = _STORAGE.io_mode  # auto = O_DIRECT where the filesystem allows it, else buffered + fadvise
     io_workers: int = _STORAGE.io_workers  # 0 = derived from the core count and user count
+    io_retries: int = _STORAGE.io_retries  # retries after a transient error (EIO, ENOTCONN, EAGAIN)
+    max_storage_errors: int = _STORAGE.max_storage_errors  # tolerated storage errors; one more stops the run
+    verify: bool = False  # every read checks the per-block stamps against what was written
 
 
 def _builtin_gpu(key: str) -> GPUSpec:
@@ -76,11 +79,12 @@ class TierSettings:
     tensor_parallel: int = 1
     cpu_mem_gb: float = 32.0
     cache_dir: str | None = None  # None = a fresh temporary directory
-    storage_capacity_gb: float = 0.0  # 0 = 95 % of the free space
     gpu_tier: str = "auto"  # auto (real with CUDA, else simulated) | real | simulated | off
     gpu_type: str = "h100"  # the config's gpus key whose host link / HBM figures model a simulated tier
     gds: bool = False  # storage-tier reads into GPU memory through kvikio (needs the real GPU tier)
     gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu("h100"))  # gpu_type's, from the config
+    storage_capacity_gb: float = 0.0  # 0 = 90 % of the free space less the largest entry (shared with live runs)
+    strict_memory: bool = False  # a host-RAM tier (CPU, simulated GPU) that does not fit is refused (exit 2)
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,8 @@ class StorageConfig:
     fsync: bool = _f("bool", True)  # fdatasync once per written entry
     io_mode: str = _f("choice", "auto", choices=IO_MODES)
     io_workers: int = _int(0)  # 0 = auto
+    io_retries: int = _int(3)  # tries again after a transient error (EIO, ENOTCONN, EAGAIN), per operation
+    max_storage_errors: int = _int(10)  # storage errors left after retries that a run tolerates; then exit 3
 
 
 @dataclass(frozen=True)

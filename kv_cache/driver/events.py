@@ -50,6 +50,13 @@ class EventLoop:
         nxt = self.next_time()
         self.wait(limit if nxt is None else min(nxt, limit))
 
+    def remove(self, kind: str) -> list[Any]:
+        """Take every queued event of `kind` off the heap; returns their payloads (the run is over)."""
+        taken = [payload for _, _, k, payload in self._heap if k == kind]
+        self._heap = [e for e in self._heap if e[2] != kind]
+        heapq.heapify(self._heap)
+        return taken
+
     def pending(self, kind: str) -> bool:
         return any(k == kind for _, _, k, _ in self._heap)
 

@@ -14,17 +14,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kv_cache.cache import STAT_NAMES, CacheRead, MultiTierCache
+from kv_cache.cache import STAT_NAMES, CacheRead, CapacityError, EntryTooLarge, MultiTierCache
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.storage.base import IOAborted
+from kv_cache.storage.base import DataCorruption, IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
+from kv_cache.storage.faults import FATAL_ERRNOS as _FATAL
+from kv_cache.storage.faults import StorageFault
 from kv_cache.workload.request import Phase, RequestPlan, decode_reads
 
 log = logging.getLogger("kv_cache.driver")
 
-# Errors after which continuing would measure nothing meaningful.
-FATAL_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+# Errors after which continuing would measure nothing meaningful (storage/faults.py decides which).
+FATAL_ERRNOS = _FATAL
 
 # Counter of an in-window hit, by what was read (the MLPerf tool's cache_stats names).
 USER_HIT, SYSTEM_HIT, MULTI_TURN_HIT = names.USER_CACHE_HITS, names.SYSTEM_PROMPT_HITS, names.MULTI_TURN_HITS
@@ -87,9 +89,18 @@ class PlanExecutor:
             prefill_ns, decode_ns = self._operations(plan, bufs, io)
         except IOAborted:
             return ABANDONED
+        except DataCorruption as exc:  # --verify: counted and the first ones logged by the cache
+            self.metrics.record_error("verify", exc)
+            return FAILED
+        except CapacityError as exc:  # the storage tier is full (hard limit) or the entry can never fit
+            self.metrics.record_error("capacity", exc)
+            if isinstance(exc, EntryTooLarge) and self.on_fatal is not None:
+                self.on_fatal(str(exc))
+            return FAILED
         except OSError as exc:
             self.metrics.record_error("request", exc)
-            if exc.errno in FATAL_ERRNOS and self.on_fatal is not None:
+            # a StorageFault was already put to the run's error policy by the cache
+            if exc.errno in FATAL_ERRNOS and self.on_fatal is not None and not isinstance(exc, StorageFault):
                 self.on_fatal(f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc}")
             return FAILED
         except Exception as exc:  # a bug must not silently kill a worker and starve the run

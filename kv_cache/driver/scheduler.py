@@ -27,6 +27,7 @@ from functools import partial
 from kv_cache.cache import MultiTierCache
 from kv_cache.driver.autoscale import IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
+from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
 from kv_cache.driver.pool import Stream, WorkerPool
@@ -55,6 +56,7 @@ class DriverOptions:
     prefill_only: bool = False
     decode_only: bool = False
     timeline_interval_s: float = 10.0
+    max_storage_errors: int = 10  # storage errors (after retries) tolerated before the run stops
 
 
 @dataclass
@@ -70,6 +72,11 @@ class DriverOutcome:
     plans: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     fatal_error: str | None = None
     final_active_users: int = 0
+    # requests started on a worker or in modelled generation when the run stopped; each one's latency is
+    # only known to exceed stop - submission (a censored observation, kept out of the percentiles)
+    requests_in_flight_at_stop: int = 0
+    requests_finished_after_stop: int = 0
+    censored_ns: list[int] = field(default_factory=list)
 
 
 class Driver:
@@ -89,6 +96,8 @@ class Driver:
                                    "complete": self._on_complete, "monitor": self._on_monitor})
         self.executor = PlanExecutor(cache, metrics, self.entry_bytes, stop, options.decode_batch_size,
                                      options.prefill_only, options.decode_only, on_fatal=self.loop.raise_alarm)
+        if getattr(cache, "on_fault", False) is None:  # the run's one storage-error policy stops this loop
+            cache.on_fault = ErrorPolicy(options.max_storage_errors, self.loop.raise_alarm)
         self.pool = WorkerPool(Stream.REQUESTS, options.workers, options.chunk_bytes, options.seed)
         self._trace = iter(arrivals) if arrivals is not None else None
         self._backlog: tuple[float, RequestPlan] | None = None  # next trace row not yet issued
@@ -268,12 +277,35 @@ class Driver:
             with self._lock:
                 self.abandoned += dropped
             self.pool.close()
+            settled = self._settle(end)
         return DriverOutcome(
             stop_reason=stop.reason, window_s=self.metrics.window_seconds, requests_issued=self.issued,
             requests_completed=self.completed, requests_abandoned=self.abandoned, requests_failed=self.failed,
             requests_rejected=self.rejected, timeline=self.timeline, plans=dict(self._plans),
             fatal_error=self.loop.alarm, final_active_users=self.users.active,
+            requests_in_flight_at_stop=len(settled[1]), requests_finished_after_stop=settled[0],
+            censored_ns=settled[1],
         )
+
+    def _settle(self, stop_ns: int) -> tuple[int, list[int]]:
+        """The requests in flight at the stop, read from the completion queue and the generation events
+        once the workers are gone: abandoned and failed ones are counted as such, and every one's
+        latency is censored at the stop. Returns (finished after the stop, censored latencies ns)."""
+        censored: list[int] = []
+        finished = 0
+        for _, plan, outcome in self.loop.take_completions():
+            censored.append(max(0, stop_ns - plan.submit_ns))
+            if outcome == ABANDONED:
+                self.abandoned += 1
+            elif outcome == FAILED:
+                self.failed += 1
+            else:
+                finished += 1
+        for plan, _, _ in self.loop.remove("complete"):  # storage done, modelled generation still going
+            censored.append(max(0, stop_ns - plan.submit_ns))
+            finished += 1
+        self.in_flight = 0
+        return finished, censored
 
     def _sample(self, last: dict[str, int]) -> tuple[IntervalSample, dict[str, int]]:
         mark = self.metrics.mark()

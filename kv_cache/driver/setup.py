@@ -51,6 +51,7 @@ def driver_options(settings: RunSettings, workers: int, record_plans: bool) -> D
         prefill_only=settings.prefill_only,
         decode_only=settings.decode_only,
         timeline_interval_s=cfg.driver.timeline_interval_seconds,
+        max_storage_errors=settings.storage.max_storage_errors,
     )
 
 

@@ -7,6 +7,7 @@ Rates divide by the window's real length, not the nominal duration.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from array import array
@@ -90,6 +91,10 @@ class RunMetrics:
         self.turns: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self.errors: dict[str, int] = defaultdict(int)
         self.first_error: str | None = None
+        # storage errors left after retries: (tier, operation, error name) -> count; retries per (tier, op)
+        self.storage_errors: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.storage_retries: dict[tuple[str, str], int] = defaultdict(int)
+        self.verify_mismatches = 0
 
     # -- window -------------------------------------------------------------------------------
     def open_window(self, start_ns: int | None = None) -> None:
@@ -161,6 +166,36 @@ class RunMetrics:
             self.errors[what] += 1
             if self.first_error is None:
                 self.first_error = f"{what}: {exc}"
+
+    def record_storage_error(self, tier: str, op: str, exc: BaseException) -> None:
+        """A tier operation that failed for good (after its retries), counted by tier, operation and error."""
+        code = getattr(exc, "errno", None)
+        kind = errno.errorcode.get(code, str(code)) if code is not None else type(exc).__name__
+        with self._lock:
+            self.storage_errors[(tier, op, kind)] += 1
+
+    def record_retry(self, tier: str, op: str) -> None:
+        with self._lock:
+            self.storage_retries[(tier, op)] += 1
+
+    def count_mismatch(self) -> int:
+        """One more --verify mismatch; returns how many so far."""
+        with self._lock:
+            self.verify_mismatches += 1
+            return self.verify_mismatches
+
+    def storage_error_table(self) -> dict[str, dict[str, dict[str, int]]]:
+        """{tier: {operation: {"failed": n, "retried": n, "by_error": {name: n}}}} (JSON-ready)."""
+        with self._lock:
+            errors, retries = dict(self.storage_errors), dict(self.storage_retries)
+        table: dict[str, dict[str, dict]] = {}
+        for (tier, op), n in retries.items():
+            table.setdefault(tier, {}).setdefault(op, {"failed": 0, "retried": 0, "by_error": {}})["retried"] = n
+        for (tier, op, kind), n in errors.items():
+            cell = table.setdefault(tier, {}).setdefault(op, {"failed": 0, "retried": 0, "by_error": {}})
+            cell["failed"] += n
+            cell["by_error"][kind] = n
+        return table
 
     def record_request(
         self,

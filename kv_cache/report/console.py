@@ -387,6 +387,30 @@ def measurement(results: Results) -> list[str]:
     lines += [f"  Note: {note}" for note in meas.get("notes", [])]
     if meas.get("errors"):
         lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")
+    lines += storage_error_lines(meas)
+    return lines
+
+
+def storage_error_lines(meas: dict) -> list[str]:
+    """Storage errors per tier and operation, and --verify's mismatches (nothing when there were none)."""
+    lines = []
+    for tier, ops in sorted((meas.get("storage_errors") or {}).items()):
+        for op, cell in sorted(ops.items()):
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_error"].items())) or "none left"
+            lines.append(f"  Storage errors, {tier} {op}: {cell['failed']} failed ({kinds}),"
+                         f" {cell['retried']} retried")
+    if meas.get("requests_in_flight_at_stop"):
+        cens = meas.get("censored_latency_ms") or {}
+        lines.append(f"  In flight at the stop: {meas['requests_in_flight_at_stop']} requests (latency censored: "
+                     f"> {cens.get('p50', 0):.1f} ms median, > {cens.get('max', 0):.1f} ms max; not in the percentiles)")
+    fill = meas.get("storage_fill") or {}
+    if fill.get("reached_capacity"):
+        lines.append(f"  Storage tier reached its capacity: {fill['evictions']} entries evicted")
+    elif fill.get("warning"):
+        lines.append(f"  WARNING: {fill['warning']}")
+    verify = meas.get("verify") or {}
+    if verify.get("enabled"):
+        lines.append(f"  --verify: {verify.get('mismatches', 0)} reads did not carry the stamps written")
     return lines
 
 

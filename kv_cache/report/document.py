@@ -183,7 +183,8 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "run_dir": str(fs.run_dir) if fs is not None else None,
         "filesystem": fs.fs_type if fs is not None else None,
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
-        "cpu_tier_bytes": int(settings.cpu_mem_gb * GIB) if record.memory_store is not None else 0,
+        "cpu_tier_bytes": (getattr(record.memory_store, "capacity_bytes", int(settings.cpu_mem_gb * GIB))
+                           if record.memory_store is not None else 0),  # as clamped to the memory there is
         "gpu_tier": record.gpu_store.stats() if record.gpu_store is not None else "absent",
         "storage_gds": fs.gds_info() if hasattr(fs, "gds_info") else "off",
     }
@@ -200,6 +201,7 @@ def _window(record: RunRecord) -> dict[str, Any]:
         "requests_rejected": outcome.requests_rejected,
         "offered_request_rate": record.settings.request_rate or None,
         "final_active_users": outcome.final_active_users,
+        **meas.in_flight_at_stop(outcome),
     }
 
 
@@ -221,6 +223,9 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         "errors": int(sum(metrics.errors.values())),
         "errors_by_kind": dict(metrics.errors),
         "first_error": metrics.first_error,
+        **meas.storage_errors(metrics, record.settings.storage.io_retries,
+                              record.settings.storage.max_storage_errors, record.settings.storage.verify),
+        "storage_fill": meas.storage_fill(record.usage),
         "notes": record.notes,
     }
 

@@ -82,3 +82,53 @@ def host_cost(metrics: RunMetrics, rusage0: Any) -> dict[str, float]:
 def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
     limit = usage["nvme"]["limit_bytes"]
     return None if math.isinf(limit) else limit
+
+
+def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: bool) -> dict[str, Any]:
+    """Storage errors per tier and operation (failed for good, and retried), the policy, --verify's count."""
+    table = metrics.storage_error_table()
+    return {
+        "storage_errors": table,
+        "storage_errors_total": sum(c["failed"] for ops in table.values() for c in ops.values()),
+        "storage_retries_total": sum(c["retried"] for ops in table.values() for c in ops.values()),
+        "storage_error_policy": {
+            "transient_errors_retried": ["EIO", "ENOTCONN", "EAGAIN"], "retries": retries,
+            "fatal_errors": ["ENOSPC", "EROFS", "EDQUOT", "EACCES", "EPERM"],
+            "max_storage_errors": max_errors,
+        },
+        "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches},
+    }
+
+
+def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Whether the storage tier reached its capacity and started evicting (over the whole run, phases
+    before the window included), and a warning when it did not: then no steady state was measured."""
+    tier = usage["nvme"]
+    limit, peak, evictions = tier["limit_bytes"], tier.get("peak_bytes", 0), int(tier.get("evictions", 0))
+    out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
+                           "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}
+    if evictions == 0:
+        cap = "no capacity limit" if math.isinf(limit) else f"peak {peak / GIB:.2f} of {limit / GIB:.2f} GiB"
+        out["warning"] = (f"the storage tier never reached its capacity ({cap}) and evicted nothing: this run "
+                          "measured a filling cache, not a steady state; give a smaller --storage-capacity-gb "
+                          "or a longer --duration")
+    return out
+
+
+CENSORED_NOTE = ("requests started on a worker or in modelled generation when the run stopped: each latency is "
+                 "only known to exceed stop - submission (the value given), so they are kept out of the latency "
+                 "percentiles; requests still queued are counted in requests_abandoned_at_stop")
+
+
+def in_flight_at_stop(outcome: Any) -> dict[str, Any]:
+    """The requests in flight at the stop and their censored latencies (lower bounds, ms)."""
+    censored = list(getattr(outcome, "censored_ns", []) or [])
+    lat: dict[str, Any] = {"count": len(censored), "note": CENSORED_NOTE}
+    if censored:
+        ms = np.asarray(censored, dtype=np.float64) / 1e6
+        lat.update(min=float(ms.min()), p50=percentile(ms, 50), max=float(ms.max()))
+    return {
+        "requests_in_flight_at_stop": int(getattr(outcome, "requests_in_flight_at_stop", 0)),
+        "requests_finished_after_stop": int(getattr(outcome, "requests_finished_after_stop", 0)),
+        "censored_latency_ms": lat,
+    }

@@ -189,6 +189,10 @@ class FileStore(StoreBase):
         """Bytes an entry of ``nbytes`` occupies on disk (header + padded payload)."""
         return HEADER_BYTES + padded(nbytes)
 
+    def footprint(self, nbytes: int) -> int:
+        """Capacity an entry takes in the tier (the cache's accounting): its bytes on disk."""
+        return HEADER_BYTES + padded(nbytes)
+
     def path_of(self, key: str) -> Path:
         """Where the entry ``key`` is (or would be) stored."""
         return self._rundir.path / file_name(key)

@@ -21,7 +21,26 @@ from kv_cache.errors import StorageSetupError
 
 MARKER = ".kv-cache-run"
 RUN_PREFIX = "kv-cache-run-"
+TEMP_PREFIX = "kv_cache_"  # the temporary cache dir of a run without a cache dir
 TOOL = "kv-cache"
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of process `pid` in clock ticks after boot (/proc/<pid>/stat field 22); None: unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _tool_version() -> str:
@@ -39,17 +58,21 @@ class RunDir:
     def __init__(self, cache_dir: str | os.PathLike[str] | None, tool: str = TOOL):
         self.owns_cache_dir = False
         self._removed = False
+        self._created: list[Path] = []  # cache dir levels this run created, deepest first
         if cache_dir is None:
-            self.cache_dir = Path(tempfile.mkdtemp(prefix="kv_cache_"))
+            self.cache_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
             self.owns_cache_dir = True
         else:
             cd = Path(os.path.expanduser(os.fspath(cache_dir)))
             if cd.exists() and not cd.is_dir():
                 raise StorageSetupError(f"cache dir {cd} exists and is not a directory")
+            missing = [p for p in (cd, *cd.parents) if not p.exists()]
             try:
                 cd.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise StorageSetupError(f"cannot create cache dir {cd}: {e.strerror or e}") from None
+            self._created = missing  # removed at the end if empty: a created cache dir is not left behind
+            self.owns_cache_dir = bool(missing)
             self.cache_dir = cd
         try:
             self.path = self._make_run_dir()
@@ -62,6 +85,8 @@ class RunDir:
                 "host": socket.gethostname(),
                 "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
                 "start_unix": self.started,
+                "proc_start": process_start(os.getpid()),  # with pid and host: this very process
+                "boot_id": boot_id(),
             }
             fd = os.open(self.marker_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -107,12 +132,13 @@ class RunDir:
             except OSError:
                 gone = False
         if self.owns_cache_dir:
-            try:
-                os.rmdir(self.cache_dir)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                pass
+            for level in self._created or [self.cache_dir]:
+                try:
+                    os.rmdir(level)
+                except FileNotFoundError:
+                    continue
+                except OSError:  # not empty (a user's file, another run): kept, and so are its parents
+                    break
         self._removed = gone
         return gone
 
@@ -142,22 +168,44 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def owner_alive(info: dict) -> bool:
+    """Whether the process a marker (of this host) names still runs: same pid AND same start time, in
+    this boot. A recycled pid is not the owner; a marker without a start time falls back to the pid."""
+    pid = info.get("pid")
+    if not isinstance(pid, int):
+        return False
+    if info.get("boot_id") and boot_id() and info["boot_id"] != boot_id():
+        return False
+    if not _pid_alive(pid):
+        return False
+    started = info.get("proc_start")
+    return started is None or process_start(pid) in (None, started)
+
+
+def run_dirs(cache_dir: str | os.PathLike[str]) -> tuple[list[Path], list[tuple[Path, int]]]:
+    """(stale, live) run directories under ``cache_dir`` whose marker names this tool and host: stale ones
+    belong to a process that is gone, live ones (with their pid) to one that runs. Lists only."""
+    stale: list[Path] = []
+    live: list[tuple[Path, int]] = []
+    host = socket.gethostname()
+    try:
+        candidates = sorted(Path(cache_dir).glob(RUN_PREFIX + "*"))
+    except OSError:
+        return stale, live
+    for p in candidates:
+        info = read_marker(p)
+        if not info or info.get("tool") != TOOL or info.get("host") != host:
+            continue
+        if owner_alive(info):
+            live.append((p, info["pid"]))
+        else:
+            stale.append(p)
+    return stale, live
+
+
 def stale_run_dirs(cache_dir: str | os.PathLike[str]) -> list[Path]:
     """Run directories under ``cache_dir`` left by a kv-cache process of this host that is gone.
 
     Lists only (deletes nothing): a directory counts only if its marker names this tool and host.
     """
-    out: list[Path] = []
-    host = socket.gethostname()
-    try:
-        candidates = sorted(Path(cache_dir).glob(RUN_PREFIX + "*"))
-    except OSError:
-        return out
-    for p in candidates:
-        info = read_marker(p)
-        if not info or info.get("tool") != TOOL or info.get("host") != host:
-            continue
-        pid = info.get("pid")
-        if isinstance(pid, int) and not _pid_alive(pid):
-            out.append(p)
-    return out
+    return run_dirs(cache_dir)[0]

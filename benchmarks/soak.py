@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""One-hour soak of the real CLI (run by hand, never in CI): samples the run's RSS every `--interval`
+seconds from /proc/<pid>/status and says whether memory grows over the run.
+
+    python benchmarks/soak.py /mnt/nvme                  # 3600 s, 10 s samples
+    python benchmarks/soak.py /tmp/soak --duration 120   # a short check
+
+Writes `--out` (default soak_<time>.json): every sample (s, RSS MiB), the run's exit status and its
+results' peak RSS, requests and errors; prints first / last / max RSS and the least-squares growth of RSS
+over the second half of the run (MiB per hour; the first half includes the RAM tier and cache filling up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def growth_mib_per_hour(samples: list[tuple[float, float]]) -> float | None:
+    half = samples[len(samples) // 2:]
+    if len(half) < 3:
+        return None
+    t, r = np.array(half).T
+    return float(np.polyfit(t, r, 1)[0] * 3600)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", type=Path)
+    p.add_argument("--duration", type=int, default=3600)
+    p.add_argument("--interval", type=float, default=10.0)
+    p.add_argument("--model", default="llama3.1-8b")
+    p.add_argument("--users", type=int, default=16)
+    p.add_argument("--cpu-mem-gb", type=float, default=2.0)
+    p.add_argument("--out", type=Path, default=Path(f"soak_{datetime.now():%Y%m%d_%H%M%S}.json"))
+    args = p.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        results_path = Path(tmp) / "r.json"
+        cmd = [sys.executable, "-m", "kv_cache", "--model", args.model, "--num-users", str(args.users),
+               "--duration", str(args.duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", str(args.cpu_mem_gb),
+               "--generation-mode", "realistic", "--seed", "1", "--cache-dir", str(Path(tmp) / "cache"),
+               "--output", str(results_path)]
+        log = open(Path(tmp) / "console.log", "w")  # noqa: SIM115  (closed below)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        samples: list[tuple[float, float]] = []
+        while proc.poll() is None:
+            rss = rss_mib(proc.pid)
+            if rss is not None:
+                samples.append((time.monotonic() - t0, rss))
+                print(f"{samples[-1][0]:7.0f} s  RSS {rss:8.1f} MiB", flush=True)
+            time.sleep(args.interval)
+        log.close()
+        results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    meas = results.get("measurement", {})
+    summary = {
+        "command": cmd, "exit_status": proc.returncode, "interval_s": args.interval, "samples": samples,
+        "rss_first_mib": samples[0][1] if samples else None, "rss_last_mib": samples[-1][1] if samples else None,
+        "rss_max_mib": max((r for _, r in samples), default=None),
+        "growth_second_half_mib_per_hour": growth_mib_per_hour(samples),
+        "results_peak_rss_mib": meas.get("peak_rss_mib"), "requests_completed": results.get("requests_completed"),
+        "storage_errors_total": meas.get("storage_errors_total"),
+    }
+    args.out.write_text(json.dumps(summary, indent=1))
+    print(f"exit {proc.returncode}; RSS first {summary['rss_first_mib']}, last {summary['rss_last_mib']}, max "
+          f"{summary['rss_max_mib']} MiB; growth over the second half {summary['growth_second_half_mib_per_hour']}"
+          f" MiB/h; results peak RSS {summary['results_peak_rss_mib']} MiB; written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
