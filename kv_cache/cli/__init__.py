@@ -25,7 +25,7 @@ from kv_cache.config.validation import advisories
 from kv_cache.errors import ExitCode, StorageError, UsageError
 
 __all__ = ["COMMANDS", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
-           "parse_settings", "parse_sessions_settings"]
+           "parse_settings", "parse_sessions_settings", "run_resolved"]
 
 PROG = "kv-cache"
 LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
@@ -62,7 +62,11 @@ class Command:
 
 
 def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
-    settings = resolve_run(args, argv)
+    return run_resolved(resolve_run(args, argv))
+
+
+def run_resolved(settings: RunSettings) -> int:
+    """Run the benchmark with resolved settings (logging set up, advisories logged); the exit status."""
     configure_logging(settings.log_level)
     if settings.config_path:
         logger.info("Loaded configuration from %s", settings.config_path)

@@ -30,8 +30,10 @@ __all__ = ["mpi_rank", "resolve_run", "trace_source"]
 MIB = 1024 * 1024
 
 
-def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
-    """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid."""
+def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = True) -> RunSettings:
+    """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid.
+
+    rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir."""
     if args.prefill_only and args.decode_only:
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")
     config = load_config(args.config)
@@ -46,7 +48,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
     cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir)) if args.cache_dir is not None else None
     output = args.output
     rank, world = mpi_rank()
-    if world > 1:  # several ranks were given the same --output and --cache-dir: keep them apart
+    if world > 1 and rank_paths:  # several ranks were given the same --output and --cache-dir: keep them apart
         if cache_dir is not None:
             cache_dir = os.path.join(cache_dir, f"rank{rank}")
         stem, dot, ext = output.rpartition(".")
