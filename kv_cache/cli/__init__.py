@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from kv_cache import __version__
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
+from kv_cache.cli.merge import add_merge_flags, merge_command
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
@@ -103,6 +104,14 @@ COMMANDS: dict[str, Command] = {
                     "tier behind them?",
         add_flags=add_sessions_flags,
         handler=_sessions_command,
+    ),
+    "merge": Command(
+        prog=f"{PROG} merge",
+        summary="merge per-rank results (mpirun, --processes, the mlpstorage harness's rank_<N>/ layout)",
+        description="`kv-cache merge DIR|FILES`: one results document from per-rank documents: summed totals, "
+                    "bandwidth over the common window, exact percentiles of the merged samples, a per-rank table.",
+        add_flags=add_merge_flags,
+        handler=merge_command,
     ),
 }
 DEFAULT_COMMAND = "run"
