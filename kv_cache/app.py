@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import resource
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +22,7 @@ from typing import Any
 from kv_cache.cache import EvictionPolicy, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
+from kv_cache.driver.group import MpiUnavailable, RankGroup, mpi_group, shared_filesystem_count
 from kv_cache.driver.scheduler import Driver, DriverOutcome
 from kv_cache.driver.setup import driver_options, io_worker_count, run_phases
 from kv_cache.errors import ExitCode
@@ -29,6 +32,7 @@ from kv_cache.report.banner import print_banner
 from kv_cache.report.console import print_report
 from kv_cache.report.document import RunRecord, build_results, interrupted_results
 from kv_cache.report.jsonfile import write_json_atomic
+from kv_cache.report.merge import merge_documents, merged_table
 from kv_cache.report.parameters import run_mode
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.tiers import TierSet, gpu_tier_note, open_tiers
@@ -44,14 +48,16 @@ def _raise_interrupt(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, repor
     raise KeyboardInterrupt
 
 
-def run_benchmark(settings: RunSettings, out=None) -> int:
-    """Run, write the JSON (and XLSX), print the report. Returns the process exit code."""
+def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = None) -> int:
+    """Run, write the JSON (and XLSX), print the report. Returns the process exit code.
+
+    `group`: the ranks of this run (None: the MPI ranks when mpirun started several, else this one alone)."""
     out = out or sys.stdout
     previous_term = None
     if threading.current_thread() is threading.main_thread():
         previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return int(execute(settings, out)[1])
+        return int(execute(settings, out, group=group)[1])
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
@@ -68,18 +74,21 @@ class _Run:
     phases: dict[str, Any] = field(default_factory=dict)
     started: datetime = field(default_factory=datetime.now)
     rusage0: Any = field(default_factory=lambda: resource.getrusage(resource.RUSAGE_SELF))
+    group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
 
 
-def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dict[str, Any], int]:
+def execute(settings: RunSettings, out, record_plans: bool = False,
+            group: RankGroup | None = None) -> tuple[dict[str, Any], int]:
     """Build, run, write and print; returns (results, exit code).
 
-    Trace files are opened first, once: a bad one raises TraceError before any I/O is done.
+    Trace files are opened first, once: a bad one raises TraceError before any I/O is done. With several
+    ranks, rank 0 also writes the merged document of all ranks (settings.merged_output).
     """
     sources = open_trace_sources(settings) if settings.trace_paths else None
     if sources:  # "auto" becomes the detected format, as shown in the banner and the results
         settings = dataclasses.replace(
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
-    run = _Run()
+    run = _Run(group=group if group is not None else open_group(settings))
     gpu_note = None if settings.io_trace_log else gpu_tier_note(settings.tiers)
     if gpu_note:
         log.warning(gpu_note)
@@ -97,6 +106,8 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
         run.stop.set()
         run.stores.close()
     write_outputs(settings, results, out)
+    if run.group is not None and not interrupted:
+        write_merged(settings, run.group, results, out)
     return results, exit_code(settings, results, run.outcome, interrupted)
 
 
@@ -104,7 +115,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores)
+    sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
+    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, sharers=sharers)
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, EvictionPolicy.from_config(cfg.eviction), run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer)
@@ -128,14 +140,14 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.replay_cycles)
+                    replay_cycles=settings.replay_cycles, group=run.group)
     outcome = run.outcome = driver.run()
     after = blockdev.snapshot() if blockdev else None
     return build_results(RunRecord(
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
-        tracer=stores.tracer, trace=trace))
+        tracer=stores.tracer, trace=trace, barrier_aligned=run.group is not None))
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
@@ -146,6 +158,29 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     if settings.xlsx_output and "summary" in results:
         written = xlsx.export(results, settings.xlsx_output)
         out.write(f"Spreadsheet written to {written}\n")
+    out.flush()
+
+
+def open_group(settings: RunSettings) -> RankGroup | None:
+    """The MPI ranks of this run when the launcher started several; without mpi4py each runs alone."""
+    try:
+        return mpi_group(settings.mpi_world_size)
+    except MpiUnavailable as exc:
+        log.warning("%s: each rank measures its own window and no merged result is written "
+                    "(pip install 'kv-cache[mpi]'; or `kv-cache merge` the rank files afterwards)", exc)
+        return None
+
+
+def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any], out) -> None:
+    """Every rank's document goes to rank 0, which writes the merged one beside the rank files."""
+    docs = group.gather({**results, "_source": settings.output})
+    if docs is None:
+        return
+    path = settings.merged_output or os.path.join(os.path.dirname(settings.output) or ".", "kvcache_merged.json")
+    merged = merge_documents(docs)
+    write_json_atomic(path, merged)
+    out.write(merged_table(merged))
+    out.write(f"Merged results of {group.size} ranks written to {path}\n")
     out.flush()
 
 

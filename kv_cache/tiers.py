@@ -73,8 +73,11 @@ def gpu_tier_note(tiers: TierSettings) -> str | None:
 
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet) -> None:
-    """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them)."""
+               tier_set: TierSet, sharers: int = 1) -> None:
+    """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them).
+
+    `sharers`: how many ranks of this run put their cache on the same filesystem; without
+    --storage-capacity-gb they split its free space instead of each taking 95 % of it."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
@@ -92,17 +95,21 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"CPU tier of {tiers.cpu_mem_gb:g} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault)
-    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store)
+    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, sharers)
+    if sharers > 1 and tiers.storage_capacity_gb <= 0:
+        tier_set.notes.append(f"storage capacity: 95 % of the free space split between the {sharers} ranks "
+                              "whose cache is on this filesystem")
 
 
-def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None) -> list[Tier]:
+def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
+                sharers: int = 1) -> list[Tier]:
     tiers = []
     if memory_store is not None:
         tiers.append(Tier("cpu", memory_store, settings.cpu_mem_gb * GIB))
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:
-        storage_limit = file_store.free_bytes() * 0.95
+        storage_limit = file_store.free_bytes() * 0.95 / max(1, sharers)
     else:
         storage_limit = math.inf
     tiers.append(Tier("nvme", file_store, storage_limit))

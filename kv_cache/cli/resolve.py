@@ -46,7 +46,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         raise UsageError("; ".join(errors))
 
     cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir)) if args.cache_dir is not None else None
-    output = args.output
+    output = merged_output = args.output
     rank, world = mpi_rank()
     if world > 1 and rank_paths:  # several ranks were given the same --output and --cache-dir: keep them apart
         if cache_dir is not None:
@@ -84,6 +84,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         ),
         mpi_rank=rank if world > 1 else None,
         mpi_world_size=world,
+        merged_output=merged_output if world > 1 and rank_paths else None,
         argv=tuple(argv),
     )
 

@@ -14,6 +14,7 @@ and the cache under `<cache>/rank_<N>/`. `--start-delay` / `--end-delay` sleep b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -137,7 +138,10 @@ def run_kv_cache(plan: RankPlan) -> int:
     os.makedirs(plan.cache_dir, exist_ok=True)
     argv = list(plan.argv)
     args = kv_parser().parse_args(argv)
-    return run_resolved(resolve_run(args, argv, rank_paths=False))
+    settings = resolve_run(args, argv, rank_paths=False)
+    stamp = os.path.basename(plan.output).removeprefix("kvcache_results_")
+    merged = os.path.join(os.path.dirname(os.path.dirname(plan.output)), f"kvcache_merged_{stamp}")
+    return run_resolved(dataclasses.replace(settings, merged_output=merged))  # rank 0 writes it under mpirun
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,

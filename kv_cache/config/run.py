@@ -160,6 +160,7 @@ class RunSettings:
     outputs: OutputSettings = field(default_factory=OutputSettings)
     mpi_rank: int | None = None  # set when several MPI ranks run (cache dir and output are per rank)
     mpi_world_size: int = 1
+    merged_output: str | None = None  # several ranks: where rank 0 writes the merged results document
     argv: tuple[str, ...] = ()
 
     @property
