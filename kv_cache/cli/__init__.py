@@ -73,6 +73,10 @@ def run_resolved(settings: RunSettings) -> int:
         logger.info("Loaded configuration from %s", settings.config_path)
     for message in advisories(settings):
         logger.warning(message)
+    if settings.processes > 1:
+        from kv_cache.app_processes import run_processes  # noqa: PLC0415
+
+        return run_processes(settings, sys.stdout, setup_logging=configure_logging)
     from kv_cache.app import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return run_benchmark(settings)

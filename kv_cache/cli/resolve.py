@@ -75,7 +75,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
             autoscaler_mode=args.autoscaler_mode, target_saturation=float(args.target_saturation),
             precondition=args.precondition, precondition_size_gb=float(args.precondition_size_gb),
             precondition_threads=args.precondition_threads, prefill_only=args.prefill_only,
-            decode_only=args.decode_only,
+            decode_only=args.decode_only, processes=_processes(args, world),
         ),
         outputs=OutputSettings(
             output=output, xlsx_output=args.xlsx_output, io_trace_log=args.io_trace_log,
@@ -87,6 +87,19 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         merged_output=merged_output if world > 1 and rank_paths else None,
         argv=tuple(argv),
     )
+
+
+def _processes(args: argparse.Namespace, world: int) -> int:
+    n = args.processes
+    if n < 1:
+        raise UsageError(f"--processes must be at least 1, got {n}")
+    if n > 1 and world > 1:
+        raise UsageError("--processes splits one host's run; under mpirun give the ranks with -n instead")
+    if n > 1 and (args.trace or args.dataset_path or args.use_burst_trace or args.io_trace_log):
+        raise UsageError("--processes splits synthetic users; it cannot be combined with a trace or --io-trace-log")
+    if n > args.num_users:
+        raise UsageError(f"--processes {n} needs at least as many users (--num-users {args.num_users})")
+    return n
 
 
 def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:

@@ -108,6 +108,7 @@ class DriverSettings:
     precondition_threads: int = 0
     prefill_only: bool = False
     decode_only: bool = False
+    processes: int = 1  # > 1: that many worker processes on this host, each with a share of the users
 
 
 @dataclass(frozen=True)
