@@ -110,6 +110,7 @@ def test_reference_defaults():
         "kv_block_tokens": 0,
         "think_time": "trace",
         "fail_exit_code": False,
+        "processes": 1,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output"}

@@ -256,7 +256,7 @@ def merge_documents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def merged_table(doc: dict[str, Any]) -> str:
     """The merged figures and the per-rank table, as text for the console."""
     w, bw, lat = doc["window"], doc["bandwidth_gibps"], doc["latency_ms"]
-    lines = [f"Merged {doc['ranks']} rank(s): window {w['seconds']:.3f} s ({w['kind']})",
+    lines = [f"Merged {doc['ranks']} rank(s): window {w['seconds']:.3f} s, {w['kind']}",
              f"  storage read {bw['storage_read']:.3f} GiB/s, write {bw['storage_write']:.3f} GiB/s "
              f"(sum of the ranks' rates: read {doc['sum_of_ranks']['tier_storage_read_bandwidth_gbps']:.3f}, "
              f"write {doc['sum_of_ranks']['tier_storage_write_bandwidth_gbps']:.3f})",
