@@ -101,3 +101,20 @@ def test_ranks_on_one_filesystem_are_counted():
     assert shared_filesystem_count(Group(), "/tmp") == 3
     assert shared_filesystem_count(None, "/tmp") == 1
     assert filesystem_id("/tmp/does/not/exist/yet") == filesystem_id("/tmp")
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_job_instead_of_hanging_the_others(tmp_path):
+    """Rank 1 cannot open its cache dir while rank 0 waits at the window barrier: MPI_Abort ends both."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "rank1").write_text("not a directory")
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--cache-dir", str(tmp_path / "cache"),
+           "--output", str(tmp_path / "X.json")]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2
+    assert b"kv-cache: error: cache dir" in proc.stdout + proc.stderr
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 cleaned up as it was ended

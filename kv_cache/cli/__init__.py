@@ -23,6 +23,7 @@ from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
 from kv_cache.config.validation import advisories
+from kv_cache.driver.group import abort_peers
 from kv_cache.errors import ExitCode, StorageError, UsageError
 
 __all__ = ["COMMANDS", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
@@ -233,4 +234,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"{prog}: interrupted\n")
         else:
             sys.stderr.write(f"{prog}: error: {explain(exc)}\n")
+            sys.stderr.flush()
+            abort_peers(int(code))  # under mpirun: end the other ranks too, none waits for this one
         return int(code)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-__all__ = ["RankGroup", "mpi_group", "shared_filesystem_count"]
+__all__ = ["RankGroup", "abort_peers", "mpi_group", "shared_filesystem_count"]
+
+_ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
 
 
 class RankGroup(Protocol):
@@ -43,6 +45,9 @@ class MpiGroup:
     def gather(self, obj: Any) -> list[Any] | None:
         return self.comm.gather(obj, root=0)
 
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
 
 class MpiUnavailable(RuntimeError):
     """Several ranks were launched but mpi4py cannot be imported."""
@@ -59,7 +64,17 @@ def mpi_group(world_size: int) -> MpiGroup | None:
     except ImportError as exc:
         raise MpiUnavailable(f"{world_size} MPI ranks but mpi4py cannot be imported ({exc})") from None
     group = MpiGroup(MPI.COMM_WORLD)
-    return group if group.size > 1 else None
+    if group.size <= 1:
+        return None
+    _ACTIVE.append(group)
+    return group
+
+
+def abort_peers(code: int) -> None:
+    """A rank that fails ends the whole MPI job (exit status `code`): the other ranks would otherwise wait
+    for it at a barrier, and MPI_Finalize waits for them, forever. Nothing happens outside MPI."""
+    if _ACTIVE:
+        _ACTIVE[0].abort(code)
 
 
 def filesystem_id(path: str) -> str:
