@@ -64,6 +64,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Per-rank kv-cache run for the mlpstorage harness (both interfaces).",
+                allow_abbrev=False,  # a kv-cache flag is never taken for an abbreviated wrapper flag
                 epilog="Other flags are passed to kv-cache.")
     p.add_argument("--rank-output-base", help="current: results go to DIR/rank_<N>/")
     p.add_argument("--rank-cache-base", help="current: the cache goes under DIR/rank_<N>/")
