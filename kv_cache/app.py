@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import resource
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +22,7 @@ from typing import Any
 from kv_cache.cache import CapacityError, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
+from kv_cache.driver.group import MpiUnavailable, RankGroup, mpi_group, shared_filesystem_count
 from kv_cache.driver.scheduler import Driver, DriverOutcome
 from kv_cache.driver.setup import driver_options, io_worker_count, run_phases
 from kv_cache.errors import ExitCode
@@ -28,6 +31,8 @@ from kv_cache.report import xlsx
 from kv_cache.report.banner import print_banner
 from kv_cache.report.console import print_report
 from kv_cache.report.document import RunRecord, build_results, interrupted_results
+from kv_cache.report.jsonfile import write_json_atomic
+from kv_cache.report.merge import merge_documents, merged_table
 from kv_cache.report.outputs import write_results
 from kv_cache.report.parameters import run_mode
 from kv_cache.storage.blockdev import BlockDeviceCounter
@@ -54,15 +59,17 @@ class _InterruptOnce:
         sys.stderr.write("kv-cache: stopping; writing the results and removing the run's files first\n")
 
 
-def run_benchmark(settings: RunSettings, out=None) -> int:
-    """Run, write the JSON (and XLSX), print the report. Returns the process exit code."""
+def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = None) -> int:
+    """Run, write the JSON (and XLSX), print the report. Returns the process exit code.
+
+    `group`: the ranks of this run (None: the MPI ranks when mpirun started several, else this one alone)."""
     out = out or sys.stdout
     previous = {}
     handler = _InterruptOnce()
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return int(execute(settings, out)[1])
+        return int(execute(settings, out, group=group)[1])
     finally:
         if not handler.seen:  # once stopping, a late signal must not kill the exit either: keep ours
             for sig, old in previous.items():
@@ -80,18 +87,21 @@ class _Run:
     phases: dict[str, Any] = field(default_factory=dict)
     started: datetime = field(default_factory=datetime.now)
     rusage0: Any = field(default_factory=lambda: resource.getrusage(resource.RUSAGE_SELF))
+    group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
 
 
-def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dict[str, Any], int]:
+def execute(settings: RunSettings, out, record_plans: bool = False,
+            group: RankGroup | None = None) -> tuple[dict[str, Any], int]:
     """Build, run, write and print; returns (results, exit code).
 
-    Trace files are opened first, once: a bad one raises TraceError before any I/O is done.
+    Trace files are opened first, once: a bad one raises TraceError before any I/O is done. With several
+    ranks, rank 0 also writes the merged document of all ranks (settings.merged_output).
     """
     sources = open_trace_sources(settings) if settings.trace_paths else None
     if sources:  # "auto" becomes the detected format, as shown in the banner and the results
         settings = dataclasses.replace(
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
-    run = _Run()
+    run = _Run(group=group if group is not None else open_group(settings))
     interrupted = False
     storage_error = None
     try:
@@ -115,6 +125,8 @@ def execute(settings: RunSettings, out, record_plans: bool = False) -> tuple[dic
     if storage_error is not None:
         log.error("run stopped by a storage error: %s", storage_error)
         return results, ExitCode.STORAGE_ERROR
+    if run.group is not None and not interrupted:
+        write_merged(settings, run.group, results, out)
     return results, exit_code(settings, results, run.outcome, interrupted)
 
 
@@ -124,8 +136,9 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     cfg = settings.config
     workers = io_worker_count(settings)
     buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
+    sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, workers,
-               largest_entry(settings), buffers)
+               largest_entry(settings), buffers, sharers=sharers)
     stores, tiers = run.stores, run.stores.tiers
     cache = MultiTierCache(tiers, cfg.eviction, run.metrics,
                            settings.model.bytes_per_token, run.stop, tracer=stores.tracer,
@@ -149,14 +162,14 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.replay_cycles)
+                    replay_cycles=settings.replay_cycles, group=run.group)
     outcome = run.outcome = driver.run()
     after = blockdev.snapshot() if blockdev else None
     return build_results(RunRecord(
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
-        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store))
+        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None))
 
 
 def largest_entry(settings: RunSettings) -> int:
@@ -182,6 +195,29 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
         except OSError as exc:
             log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
                       settings.xlsx_output, exc.strerror or exc, written.path)
+    out.flush()
+
+
+def open_group(settings: RunSettings) -> RankGroup | None:
+    """The MPI ranks of this run when the launcher started several; without mpi4py each runs alone."""
+    try:
+        return mpi_group(settings.mpi_world_size)
+    except MpiUnavailable as exc:
+        log.warning("%s: each rank measures its own window and no merged result is written "
+                    "(pip install 'kv-cache[mpi]'; or `kv-cache merge` the rank files afterwards)", exc)
+        return None
+
+
+def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any], out) -> None:
+    """Every rank's document goes to rank 0, which writes the merged one beside the rank files."""
+    docs = group.gather({**results, "_source": settings.output})
+    if docs is None:
+        return
+    path = settings.merged_output or os.path.join(os.path.dirname(settings.output) or ".", "kvcache_merged.json")
+    merged = merge_documents(docs)
+    write_json_atomic(path, merged)
+    out.write(merged_table(merged))
+    out.write(f"Merged results of {group.size} ranks written to {path}\n")
     out.flush()
 
 

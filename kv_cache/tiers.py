@@ -147,18 +147,21 @@ def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict:
 AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
 
 
-def auto_capacity(free: int, largest_entry: int, other_runs: int) -> float:
-    """The storage tier's capacity when none is given: 90 % of the free space, split with the other live
-    runs on that filesystem, less room for the largest entry (headers and writes in flight); >= 0."""
-    return max(0.0, AUTO_FRACTION * free / (1 + other_runs) - largest_entry)
+def auto_capacity(free: int, largest_entry: int, runs: int = 1) -> float:
+    """The storage tier's capacity when none is given: 90 % of the free space, split between the `runs`
+    (this one included) on that filesystem, less room for the largest entry (headers and writes in
+    flight); >= 0."""
+    return max(0.0, AUTO_FRACTION * free / max(1, runs) - largest_entry)
 
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
-               tier_set: TierSet, workers: int = 8, largest_entry: int = 0, other_bytes: int = 0) -> None:
+               tier_set: TierSet, workers: int = 8, largest_entry: int = 0, other_bytes: int = 0,
+               sharers: int = 1) -> None:
     """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them).
     `workers`: I/O workers that may copy at once; `largest_entry`: bytes of the largest entry the workload
     may write (headroom of the auto capacity); `other_bytes`: memory the run holds besides the host-RAM
-    tiers (I/O buffers), for their budget."""
+    tiers (I/O buffers), for their budget; `sharers`: how many ranks of this run put their cache on the
+    same filesystem (without --storage-capacity-gb they split its free space)."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
@@ -186,11 +189,13 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"CPU tier of {cpu_bytes / GIB:.2f} GiB exceeds half of the available RAM: "
                                   "not preallocated, first writes include page-fault time")
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault) if cpu_bytes > 0 else None
-    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, len(found.live))
+    # Ranks of this run on the filesystem, or live runs found there (which may be those ranks): the larger.
+    runs = max(sharers, 1 + len(found.live))
+    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, runs)
     if tiers.storage_capacity_gb <= 0:
         tier_set.notes.append(
             f"storage capacity (auto): {tier_set.tiers[-1].limit / GIB:.2f} GiB = {AUTO_FRACTION:.0%} of "
-            f"{fs.free_bytes() / GIB:.2f} GiB free / {1 + len(found.live)} run(s) - largest entry "
+            f"{fs.free_bytes() / GIB:.2f} GiB free / {runs} run(s) or rank(s) on this filesystem - largest entry "
             f"{largest_entry / GIB:.3f} GiB")
 
 
@@ -211,7 +216,7 @@ def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: Ti
 
 def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
                 gpu_store: SimulatedGPUStore | DeviceStore | None = None, largest_entry: int = 0,
-                other_runs: int = 0) -> list[Tier]:
+                runs: int = 1) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
         tiers.append(Tier("gpu", gpu_store, gpu_store.capacity_bytes))  # a simulated one may be clamped
@@ -220,7 +225,7 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:
-        storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, other_runs)
+        storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, runs)
     else:
         storage_limit = math.inf
     tiers.append(Tier("nvme", file_store, storage_limit))

@@ -63,9 +63,9 @@ def test_entries_being_read_are_not_evicted_and_placement_waits_then_gives_up(bu
 
 def test_auto_capacity_leaves_room_for_the_largest_entry_and_other_runs():
     gib = 1 << 30
-    assert auto_capacity(10 * gib, gib, 0) == pytest.approx(8 * gib)
-    assert auto_capacity(10 * gib, gib, 1) == pytest.approx(3.5 * gib)
-    assert auto_capacity(gib, 2 * gib, 0) == 0.0
+    assert auto_capacity(10 * gib, gib, 1) == pytest.approx(8 * gib)
+    assert auto_capacity(10 * gib, gib, 2) == pytest.approx(3.5 * gib)  # another run (or rank) there
+    assert auto_capacity(gib, 2 * gib, 1) == 0.0
 
 
 def test_results_say_whether_the_tier_filled_up():

@@ -18,14 +18,16 @@ from typing import NoReturn
 
 from kv_cache import __version__
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
+from kv_cache.cli.merge import add_merge_flags, merge_command
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
 from kv_cache.config.validation import advisories
+from kv_cache.driver.group import abort_peers
 from kv_cache.errors import ExitCode, StorageError, UsageError
 
 __all__ = ["COMMANDS", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
-           "parse_settings", "parse_sessions_settings"]
+           "parse_settings", "parse_sessions_settings", "run_resolved"]
 
 PROG = "kv-cache"
 LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
@@ -62,12 +64,20 @@ class Command:
 
 
 def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
-    settings = resolve_run(args, argv)
+    return run_resolved(resolve_run(args, argv))
+
+
+def run_resolved(settings: RunSettings) -> int:
+    """Run the benchmark with resolved settings (logging set up, advisories logged); the exit status."""
     configure_logging(settings.log_level)
     if settings.config_path:
         logger.info("Loaded configuration from %s", settings.config_path)
     for message in advisories(settings):
         logger.warning(message)
+    if settings.processes > 1:
+        from kv_cache.app_processes import run_processes  # noqa: PLC0415
+
+        return run_processes(settings, sys.stdout, setup_logging=configure_logging)
     from kv_cache.app import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return run_benchmark(settings)
@@ -99,6 +109,14 @@ COMMANDS: dict[str, Command] = {
                     "tier behind them?",
         add_flags=add_sessions_flags,
         handler=_sessions_command,
+    ),
+    "merge": Command(
+        prog=f"{PROG} merge",
+        summary="merge per-rank results (mpirun, --processes, the mlpstorage harness's rank_<N>/ layout)",
+        description="`kv-cache merge DIR|FILES`: one results document from per-rank documents: summed totals, "
+                    "bandwidth over the common window, exact percentiles of the merged samples, a per-rank table.",
+        add_flags=add_merge_flags,
+        handler=merge_command,
     ),
 }
 DEFAULT_COMMAND = "run"
@@ -216,4 +234,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"{prog}: interrupted\n")
         else:
             sys.stderr.write(f"{prog}: error: {explain(exc)}\n")
+            sys.stderr.flush()
+            abort_peers(int(code))  # under mpirun: end the other ranks too, none waits for this one
         return int(code)

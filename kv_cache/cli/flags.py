@@ -130,6 +130,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--fail-exit-code", action="store_true", default=d["fail_exit_code"],
         help="Exit 1 when the performance profile says FAIL (default: a completed run exits 0 whatever "
              "its verdict, as the mlpstorage harness reads results only after exit 0).")
+    add("--processes", type=int, default=d["processes"],
+        help="Run N worker processes on this host, each with a share of the users (and of --cpu-mem-gb), "
+             "one common window, one merged result at --output (X_rank<r>.json beside it).")
     _add_trace_and_io_flags(p, d)
 
 

@@ -33,8 +33,10 @@ __all__ = ["gpu_tier_errors", "mpi_rank", "resolve_run", "trace_source"]
 MIB = 1024 * 1024
 
 
-def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
-    """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid."""
+def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = True) -> RunSettings:
+    """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid.
+
+    rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir."""
     if args.prefill_only and args.decode_only:
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")
     config = load_config(args.config)
@@ -48,9 +50,9 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
         raise UsageError("; ".join(errors))
 
     cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir)) if args.cache_dir is not None else None
-    output = args.output
+    output = merged_output = args.output
     rank, world = mpi_rank()
-    if world > 1:  # several ranks were given the same --output and --cache-dir: keep them apart
+    if world > 1 and rank_paths:  # several ranks were given the same --output and --cache-dir: keep them apart
         if cache_dir is not None:
             cache_dir = os.path.join(cache_dir, f"rank{rank}")
         stem, dot, ext = output.rpartition(".")
@@ -80,7 +82,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
             autoscaler_mode=args.autoscaler_mode, target_saturation=float(args.target_saturation),
             precondition=args.precondition, precondition_size_gb=float(args.precondition_size_gb),
             precondition_threads=args.precondition_threads, prefill_only=args.prefill_only,
-            decode_only=args.decode_only,
+            decode_only=args.decode_only, processes=_processes(args, world),
         ),
         outputs=OutputSettings(
             output=output, xlsx_output=args.xlsx_output, io_trace_log=args.io_trace_log,
@@ -89,6 +91,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str]) -> RunSettings:
         ),
         mpi_rank=rank if world > 1 else None,
         mpi_world_size=world,
+        merged_output=merged_output if world > 1 and rank_paths else None,
         argv=tuple(argv),
     )
 
@@ -111,6 +114,8 @@ def gpu_tier_errors(args: argparse.Namespace, config: BenchConfig) -> list[str]:
         return [f"--gpu-type '{args.gpu_type}' has no host_link_gbs in the config's gpus section to model "
                 "the simulated GPU tier with"]
     return []
+
+
 def check_output_paths(args: argparse.Namespace, output: str) -> None:
     """Every file the run will write, checked before anything runs (a bad one: UsageError naming its flag)."""
     for setting, path, example in (("output", output, "results.json"),
@@ -121,6 +126,19 @@ def check_output_paths(args: argparse.Namespace, output: str) -> None:
                 check_output_path(path, example, allow_devnull=setting == "io_trace_log")
             except UsageError as exc:
                 raise exc.about(setting) from None
+
+
+def _processes(args: argparse.Namespace, world: int) -> int:
+    n = args.processes
+    if n < 1:
+        raise UsageError(f"--processes must be at least 1, got {n}")
+    if n > 1 and world > 1:
+        raise UsageError("--processes splits one host's run; under mpirun give the ranks with -n instead")
+    if n > 1 and (args.trace or args.dataset_path or args.use_burst_trace or args.io_trace_log):
+        raise UsageError("--processes splits synthetic users; it cannot be combined with a trace or --io-trace-log")
+    if n > args.num_users:
+        raise UsageError(f"--processes {n} needs at least as many users (--num-users {args.num_users})")
+    return n
 
 
 def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:

@@ -124,6 +124,7 @@ class DriverSettings:
     precondition_threads: int = 0
     prefill_only: bool = False
     decode_only: bool = False
+    processes: int = 1  # > 1: that many worker processes on this host, each with a share of the users
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class RunSettings:
     outputs: OutputSettings = field(default_factory=OutputSettings)
     mpi_rank: int | None = None  # set when several MPI ranks run (cache dir and output are per rank)
     mpi_world_size: int = 1
+    merged_output: str | None = None  # several ranks: where rank 0 writes the merged results document
     argv: tuple[str, ...] = ()
 
     @property

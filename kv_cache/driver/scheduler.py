@@ -30,6 +30,7 @@ from kv_cache.driver.closed_loop import ClosedLoop
 from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
+from kv_cache.driver.group import RankGroup
 from kv_cache.driver.pool import Stream, WorkerPool
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
@@ -84,10 +85,13 @@ class Driver:
                  stop: threading.Event, shape: LoadShape | None = None,
                  make_user: Callable[[int], User] | None = None,
                  arrivals: Iterable[tuple[float, RequestPlan]] | None = None, trace_speedup: float = 1.0,
-                 replay_cycles: int = 0, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 replay_cycles: int = 0, clock: Callable[[], int] = time.perf_counter_ns,
+                 group: RankGroup | None = None) -> None:
         """`users`: closed-loop users (synthetic or trace sessions). `arrivals`: a timestamped trace
-        replayed open-loop at t / trace_speedup (0 = back-pressured, as fast as the workers go)."""
+        replayed open-loop at t / trace_speedup (0 = back-pressured, as fast as the workers go).
+        `group`: the other ranks of this run; every rank opens and closes its window between shared barriers."""
         self.cache, self.metrics, self.opt, self.stop, self.shape = cache, metrics, options, stop, shape
+        self.group = group
         self._speedup = trace_speedup
         self._replay_cycles = replay_cycles
         self.loop = EventLoop(clock=clock)
@@ -259,6 +263,8 @@ class Driver:
 
     def run(self) -> DriverOutcome:
         self.pool.start()  # buffers allocated and filled before the clock starts
+        if self.group is not None:
+            self.group.barrier()  # one common window: every rank opens it when all are ready
         self.t0 = self.loop.clock()
         self.metrics.open_window(self.t0)
         self.deadline = self.t0 + int(self.opt.duration_s * 1e9)
@@ -277,6 +283,8 @@ class Driver:
             with self._lock:
                 self.abandoned += dropped
             self.pool.close()
+            if self.group is not None and stop is not None and stop.reason != "interrupted":
+                self.group.barrier()  # no rank cleans up (or starts other I/O) while another still measures
             settled = self._settle(end)
         return DriverOutcome(
             stop_reason=stop.reason, window_s=self.metrics.window_seconds, requests_issued=self.issued,

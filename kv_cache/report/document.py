@@ -18,6 +18,7 @@ from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.report import measurement as meas
 from kv_cache.report.parameters import run_mode, run_parameters
 from kv_cache.report.results import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
+from kv_cache.report.samples import latency_samples, window_wallclock
 from kv_cache.report.verdict import never_exercised_note, storage_bytes_moved
 from kv_cache.workload.validation import compare
 
@@ -87,6 +88,7 @@ class RunRecord:
     tracer: Any = None  # has .path and .rows
     trace: TraceReplay | None = None
     gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
+    barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -128,6 +130,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     results["summary"] = summary
     results.update(harness_keys(summary))
     results["measurement"] = measurement(record)
+    results["measurement"]["window_wallclock"] = window_wallclock(metrics, record.barrier_aligned)
+    results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (report/merge.py)
     results["run_parameters"] = run_parameters(settings, record.started)
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)

@@ -1,0 +1,94 @@
+"""The ranks of one run (mpirun, or `--processes` on one host): barriers around the measured window and the
+gathering of every rank's results, so that one common window and one merged document come out.
+
+A RankGroup is what the driver and the composition root see; `mpi_group` builds one on mpi4py when the
+launcher started several ranks (mpi4py is imported only then: importing it initialises MPI).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+__all__ = ["RankGroup", "abort_peers", "mpi_group", "shared_filesystem_count"]
+
+_ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
+
+
+class RankGroup(Protocol):
+    """rank / size of this process in the group; collective operations every rank calls in the same order."""
+
+    rank: int
+    size: int
+
+    def barrier(self) -> None: ...
+
+    def allgather(self, obj: Any) -> list[Any]: ...
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` in rank order at rank 0; None at the other ranks."""
+
+
+class MpiGroup:
+    """A RankGroup on mpi4py's COMM_WORLD."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return self.comm.gather(obj, root=0)
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+
+class MpiUnavailable(RuntimeError):
+    """Several ranks were launched but mpi4py cannot be imported."""
+
+
+def mpi_group(world_size: int) -> MpiGroup | None:
+    """The MPI group when the launcher's environment says `world_size` > 1; None for a single rank.
+
+    Raises MpiUnavailable when mpi4py is missing (the ranks would run unaligned windows)."""
+    if world_size <= 1:
+        return None
+    try:
+        from mpi4py import MPI  # noqa: PLC0415  (initialises MPI: only under a launcher)
+    except ImportError as exc:
+        raise MpiUnavailable(f"{world_size} MPI ranks but mpi4py cannot be imported ({exc})") from None
+    group = MpiGroup(MPI.COMM_WORLD)
+    if group.size <= 1:
+        return None
+    _ACTIVE.append(group)
+    return group
+
+
+def abort_peers(code: int) -> None:
+    """A rank that fails ends the whole MPI job (exit status `code`): the other ranks would otherwise wait
+    for it at a barrier, and MPI_Finalize waits for them, forever. Nothing happens outside MPI."""
+    if _ACTIVE:
+        _ACTIVE[0].abort(code)
+
+
+def filesystem_id(path: str) -> str:
+    """An id of the filesystem `path` is on (its nearest existing ancestor): statvfs f_fsid, else st_dev."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    fsid = os.statvfs(path).f_fsid
+    return f"fsid:{fsid:x}" if fsid else f"dev:{os.uname().nodename}:{os.stat(path).st_dev:x}"
+
+
+def shared_filesystem_count(group: RankGroup | None, path: str | None) -> int:
+    """How many ranks of the group (this one included) put their cache on the filesystem of `path`."""
+    if group is None or path is None:
+        return 1
+    ids = group.allgather(filesystem_id(path))
+    return max(1, ids.count(ids[group.rank]))

@@ -1,0 +1,12 @@
+#!/usr/bin/env python3
+"""mlperf_wrapper.py: the per-rank entry the mlpstorage harness runs under mpirun (`--help`)."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from kv_cache.cli.wrapper import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

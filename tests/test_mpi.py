@@ -1,0 +1,120 @@
+"""Real `mpirun -n 2` and `-n 4` runs (the `mpi` extra: mpi4py and Open MPI from pip): one common window,
+one merged document at X.json, the rank files beside it, and no file or directory shared by two ranks."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kv_cache.driver.group import filesystem_id, shared_filesystem_count
+
+ROOT = Path(__file__).resolve().parent.parent
+MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
+         "    kv_heads: 1\n    dtype: float16\n")
+TINY = ["--model", "micro", "--num-users", "3", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+        "--generation-mode", "none", "--io-chunk-mb", "1"]
+
+
+def _mpirun() -> str:
+    found = shutil.which("mpirun") or shutil.which("mpirun", path=os.path.dirname(sys.executable))
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        found = None
+    if not found:
+        pytest.skip("the mpi extra is not installed (pip install -e '.[mpi]')")
+    return found
+
+
+def _launch(tmp_path, n, script, args):
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(n), "-x", "PYTHONPATH",
+           sys.executable, str(ROOT / script), "--config", str(cfg), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+def _assert_ranks_apart(docs, cache_root, n):
+    """Each rank wrote its own results and used its own cache directory; no path is shared."""
+    run_dirs = [d["measurement"]["run_dir"] for d in docs]
+    assert len(set(run_dirs)) == n
+    for rank, run_dir in enumerate(run_dirs):
+        owner = Path(run_dir).parent
+        assert owner.parent == cache_root and owner.name.endswith(str(rank))
+    assert len({Path(r).parent for r in run_dirs}) == n  # not even the parent directory is shared
+    assert [d["run_parameters"]["mpi_rank"] for d in docs] == list(range(n))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpirun_writes_one_merged_document_and_the_rank_files(tmp_path, n):
+    proc = _launch(tmp_path, n, "kv-cache.py", [*TINY, "--seed", "7", "--cache-dir", str(tmp_path / "cache"),
+                                                "--output", str(tmp_path / "X.json")])
+    names = sorted(p.name for p in tmp_path.glob("X*.json"))
+    assert names == ["X.json", *[f"X_rank{r}.json" for r in range(n)]]
+    assert proc.stdout.count(f"Merged results of {n} ranks written to") == 1  # rank 0 only
+    docs = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(n)]
+    _assert_ranks_apart(docs, tmp_path / "cache", n)
+    assert [d["seed"] for d in docs] == [7] * n  # plain mpirun: the --seed given (the wrapper adds the rank)
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["schema_version"] == "kv-cache-merged/1" and merged["ranks"] == n
+    assert merged["window"]["kind"] == "common (barrier-aligned)"
+    starts = [d["measurement"]["window_wallclock"]["start_unix"] for d in docs]
+    assert max(starts) - min(starts) < merged["window"]["seconds"]  # overlapping windows, one common span
+    assert merged["totals"]["requests_completed"] == sum(d["requests_completed"] for d in docs)
+    assert merged["latency_ms"]["end_to_end"]["count"] == sum(len(d["end_to_end_latencies"]) for d in docs)
+    assert [r["rank"] for r in merged["per_rank"]] == list(range(n))
+    # ranks on one filesystem split its free space
+    assert all(any(f"/ {n} run(s) or rank(s)" in note for note in d["measurement"]["notes"]) for d in docs)
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))  # every rank removed its own run dir
+
+
+@pytest.mark.slow
+def test_mpirun_through_the_wrapper_keeps_the_harness_layout(tmp_path):
+    out, cache = tmp_path / "results", tmp_path / "cache"
+    _launch(tmp_path, 2, "mlperf_wrapper.py", ["--rank-output-base", str(out), "--rank-cache-base", str(cache),
+                                               "--seed-base", "50", *TINY])
+    files = [sorted((out / f"rank_{r}").glob("kvcache_results_*.json")) for r in range(2)]
+    assert [len(f) for f in files] == [1, 1]
+    docs = [json.loads(f[0].read_text()) for f in files]
+    assert [d["seed"] for d in docs] == [50, 51]
+    run_dirs = [Path(d["measurement"]["run_dir"]).parent for d in docs]
+    assert run_dirs == [cache / "rank_0", cache / "rank_1"]
+    merged = list(out.glob("kvcache_merged_*.json"))
+    assert len(merged) == 1 and json.loads(merged[0].read_text())["ranks"] == 2
+
+
+def test_ranks_on_one_filesystem_are_counted():
+    class Group:
+        rank, size = 1, 4
+
+        def allgather(self, obj):
+            return [obj, obj, "fsid:other", obj]
+
+    assert shared_filesystem_count(Group(), "/tmp") == 3
+    assert shared_filesystem_count(None, "/tmp") == 1
+    assert filesystem_id("/tmp/does/not/exist/yet") == filesystem_id("/tmp")
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_job_instead_of_hanging_the_others(tmp_path):
+    """Rank 1 cannot open its cache dir while rank 0 waits at the window barrier: MPI_Abort ends both."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "rank1").write_text("not a directory")
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--cache-dir", str(tmp_path / "cache"),
+           "--output", str(tmp_path / "X.json")]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2
+    assert b"kv-cache: error: cache dir" in proc.stdout + proc.stderr
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 cleaned up as it was ended
