@@ -30,6 +30,7 @@ from kv_cache.report.console import print_report
 from kv_cache.report.document import RunRecord, build_results, interrupted_results
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.parameters import run_mode
+from kv_cache.report.progress import make_progress
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.tiers import TierSet, gpu_tier_note, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
@@ -128,7 +129,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.replay_cycles)
+                    replay_cycles=settings.replay_cycles, observers=_progress(settings))
     outcome = run.outcome = driver.run()
     after = blockdev.snapshot() if blockdev else None
     return build_results(RunRecord(
@@ -136,6 +137,11 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace))
+
+
+def _progress(settings: RunSettings) -> list:
+    progress = make_progress(settings.log_level, float(settings.duration))
+    return [progress] if progress is not None else []
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:

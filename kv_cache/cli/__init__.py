@@ -33,6 +33,17 @@ LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
 
 logger = logging.getLogger(__name__)
 
+
+class HELP_FORMAT(argparse.HelpFormatter):  # noqa: N801  (used as a formatter_class value)
+    """--help shows each flag's default, unless its help text already names it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text.lower()
+                or action.default in (None, argparse.SUPPRESS) or action.nargs == 0 and action.default is False):
+            return text
+        return f"{text} (default: %(default)s)"
+
 # Which exit status each kind of error ends the process with; the first matching row wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (KeyboardInterrupt, ExitCode.INTERRUPTED),
@@ -107,7 +118,7 @@ DEFAULT_COMMAND = "run"
 def build_parser(command: str = DEFAULT_COMMAND) -> argparse.ArgumentParser:
     """The parser of one sub-command on its own (`run`: every reference flag, defaults from RunSettings)."""
     cmd = COMMANDS[command]
-    parser = _Parser(prog=cmd.prog, description=cmd.description, epilog=cmd.epilog)
+    parser = _Parser(prog=cmd.prog, description=cmd.description, epilog=cmd.epilog, formatter_class=HELP_FORMAT)
     cmd.add_flags(parser)
     return parser
 
@@ -120,7 +131,7 @@ def build_main_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Arg
     parsers = {}
     for name, cmd in COMMANDS.items():
         parsers[name] = sub.add_parser(name, prog=cmd.prog, help=cmd.summary, description=cmd.description,
-                                       epilog=cmd.epilog)
+                                       epilog=cmd.epilog, formatter_class=HELP_FORMAT)
         cmd.add_flags(parsers[name])
     return top, parsers
 
