@@ -18,6 +18,7 @@ from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.report import measurement as meas
 from kv_cache.report.parameters import run_mode, run_parameters
 from kv_cache.report.results import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
+from kv_cache.report.series import latency_histograms, time_series
 from kv_cache.workload.validation import compare
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,6 +112,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
     results["throughput_timeline"] = outcome.timeline
+    results["time_series"] = time_series(metrics)
+    results["latency_histograms"] = latency_histograms(metrics)
     if record.trace is not None:
         results["trace_replay"] = trace_replay(settings, record.trace)
     if record.phases:
