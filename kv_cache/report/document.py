@@ -160,6 +160,7 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "io_workers": record.workers,
         "run_dir": str(fs.run_dir) if fs is not None else None,
         "filesystem": fs.fs_type if fs is not None else None,
+        "filesystem_kind": meas.filesystem_kind(fs.fs_type) if fs is not None else None,
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
         "cpu_tier_bytes": int(settings.cpu_mem_gb * GIB) if record.memory_store is not None else 0,
         "gpu_tier": "absent",

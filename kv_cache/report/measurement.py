@@ -81,3 +81,20 @@ def host_cost(metrics: RunMetrics, rusage0: Any) -> dict[str, float]:
 def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
     limit = usage["nvme"]["limit_bytes"]
     return None if math.isinf(limit) else limit
+
+
+RAM_BACKED, NETWORK, BLOCK = "RAM-backed", "network", "block device"
+RAM_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
+                       "9p", "virtiofs", "fuse.sshfs", "afs", "ocfs2", "weka", "fuse.juicefs")
+
+
+def filesystem_kind(fs: str | None) -> str | None:
+    """RAM-backed, network or block device, from the filesystem type (None when unknown or trace mode)."""
+    if not fs:
+        return None
+    if fs in RAM_FILESYSTEMS:
+        return RAM_BACKED
+    if fs in NETWORK_FILESYSTEMS or fs.startswith(("nfs", "fuse.")):
+        return NETWORK
+    return BLOCK
