@@ -112,7 +112,7 @@ def test_reference_defaults():
         "fail_exit_code": False,
     }
     assert {k: getattr(a, k) for k in expected} == expected
-    assert set(vars(a)) == set(expected) | {"output"}
+    assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's
     assert a.output.startswith("benchmark_results_") and a.output.endswith(".json")
     assert len(a.output) == len("benchmark_results_YYYYmmdd_HHMMSS.json")
 
@@ -749,7 +749,7 @@ def test_run_help_names_the_commands(capsys):
 
 def test_unknown_subcommand(capsys):
     assert main(["bogus", "--num-users", "3"]) == 2
-    assert one_line_error(capsys) == "kv-cache: error: unknown command 'bogus' (choose from run, sessions)"
+    assert one_line_error(capsys) == "kv-cache: error: unknown command 'bogus' (choose from run, sessions, report)"
 
 
 def test_sessions_argparse_errors_carry_the_command_name(capsys):

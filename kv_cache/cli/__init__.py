@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from kv_cache import __version__
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
+from kv_cache.cli.report_cmd import add_plots_flag, add_report_flags, plots_after_run, report_command
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
@@ -81,7 +82,9 @@ def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
         logger.warning(message)
     from kv_cache.app import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
-    return run_benchmark(settings)
+    code = run_benchmark(settings)
+    plots_after_run(settings.output, args.plots)
+    return code
 
 
 def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
@@ -89,7 +92,16 @@ def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     logging.basicConfig(level=getattr(logging, settings.log_level), format=LOG_FORMAT)
     from kv_cache.app_sessions import run_sessions  # noqa: PLC0415
 
-    return run_sessions(settings)
+    code = run_sessions(settings)
+    plots_after_run(settings.output, args.plots)
+    return code
+
+
+def _with_plots_flag(add_flags: Callable[[argparse.ArgumentParser], None]) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        add_flags(p)
+        add_plots_flag(p)
+    return add
 
 
 # Sub-commands; `run` is the default when the first argument is not one of these names.
@@ -100,7 +112,7 @@ COMMANDS: dict[str, Command] = {
         description="Integrated Multi-User KV Cache Benchmark (MLPerf Storage v3 compatible).",
         epilog="Commands: run (the default) and sessions (sessions held: modelled GPUs, concurrency ladder, "
                "real offload I/O): kv-cache sessions --help",
-        add_flags=add_run_flags,
+        add_flags=_with_plots_flag(add_run_flags),
         handler=_run_command,
     ),
     "sessions": Command(
@@ -108,8 +120,16 @@ COMMANDS: dict[str, Command] = {
         summary="how many concurrent sessions the GPUs hold with this storage tier behind them",
         description="`kv-cache sessions`: how many concurrent sessions do my GPUs hold with this storage "
                     "tier behind them?",
-        add_flags=add_sessions_flags,
+        add_flags=_with_plots_flag(add_sessions_flags),
         handler=_sessions_command,
+    ),
+    "report": Command(
+        prog=f"{PROG} report",
+        summary="reprint a saved result's report, and draw its plots with --plots DIR",
+        description="`kv-cache report RESULT.json [--plots DIR]`: the report of a saved results file, and "
+                    "optionally PNG plots and an HTML page.",
+        add_flags=add_report_flags,
+        handler=report_command,
     ),
 }
 DEFAULT_COMMAND = "run"
