@@ -91,6 +91,7 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
             rung = RungRun(ls, tier, n, supply)
             result = rung.run()
             raw[(tier, n)] = rung.throughput_samples
+            result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
             rungs.append(result)
             t = result["throughput_tokens_per_s_per_gpu"]
             out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")

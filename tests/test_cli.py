@@ -749,7 +749,7 @@ def test_run_help_names_the_commands(capsys):
 
 def test_unknown_subcommand(capsys):
     assert main(["bogus", "--num-users", "3"]) == 2
-    assert one_line_error(capsys) == "kv-cache: error: unknown command 'bogus' (choose from run, sessions, report)"
+    assert one_line_error(capsys) == "kv-cache: error: unknown command 'bogus' (choose from run, sessions, report, compare)"
 
 
 def test_sessions_argparse_errors_carry_the_command_name(capsys):

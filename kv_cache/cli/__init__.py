@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kv_cache import __version__
+from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
 from kv_cache.cli.report_cmd import add_plots_flag, add_report_flags, plots_after_run, report_command
 from kv_cache.cli.resolve import resolve_run
@@ -130,6 +131,14 @@ COMMANDS: dict[str, Command] = {
                     "optionally PNG plots and an HTML page.",
         add_flags=add_report_flags,
         handler=report_command,
+    ),
+    "compare": Command(
+        prog=f"{PROG} compare",
+        summary="key metrics of two or more results side by side, with ratios and 95 % CIs",
+        description="`kv-cache compare A.json B.json ...`: checks that the workloads match, then shows the key "
+                    "metrics side by side with ratios to A and 95 % confidence intervals from sub-windows.",
+        add_flags=add_compare_flags,
+        handler=compare_command,
     ),
 }
 DEFAULT_COMMAND = "run"
