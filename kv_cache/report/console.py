@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from kv_cache.metrics.recorder import GIB
+from kv_cache.report import blocklatency
 from kv_cache.report.measurement import RAM_BACKED, filesystem_kind
 
 LINE = "=" * 80
@@ -366,7 +367,8 @@ def notes(results: Results) -> list[str]:
 SECTIONS: tuple[Section, ...] = (
     header, run_facts, storage_assessment, overall_performance, latencies, request_traffic, tier_sections,
     tier_distribution, storage_latency_breakdown, cache_types,
-    prefix_caching, multi_turn, qos, autoscaling, rag, validation, measurement, phases, notes,
+    prefix_caching, multi_turn, qos, autoscaling, rag, validation, measurement, blocklatency.report_lines, phases,
+    notes,
 )
 EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
 
