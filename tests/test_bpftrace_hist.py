@@ -71,6 +71,12 @@ def test_keyed_maps_and_values():
     assert maps["@inflight_max"] == 12 and maps["@comm"] == "kv-cache"
 
 
+def test_a_key_printed_twice_is_one_histogram():
+    text = "@bs[RS]:\n[4K, 8K)  2 |@@|\n\n@bs[RS]:\n[4K, 8K)  3 |@@@|\n[1M, 2M)  1 |@|\n"
+    buckets = parse_output(text)["@bs"]["RS"]
+    assert total(buckets) == 6 and len(buckets) == 3
+
+
 def test_single_lines_and_bounds():
     assert parse_bucket("[512, 1K)             49 |@   |") == {"low": 512, "high": 1024, "count": 49}
     assert parse_bucket("Attaching 4 probes...") is None

@@ -83,6 +83,13 @@ def device_gib(name: str | None) -> int:
         return 1024
 
 
+def script_for(device_gib: int) -> str:
+    """The bpftrace program for a disk of `device_gib` GiB (lhist needs literal bounds: ~64 heat-map rows);
+    the process to trace is its first argument ($1)."""
+    step = max(1, device_gib // 64)
+    return SCRIPT.replace("LBA_MAX", str(max(step, device_gib))).replace("LBA_STEP", str(step))
+
+
 def unavailable_reason() -> str | None:
     """Why tracing cannot run here (None when it can be tried)."""
     if shutil.which("bpftrace") is None:
@@ -108,8 +115,7 @@ class BlockTracer:
             return None, reason
         workdir = Path(tempfile.mkdtemp(prefix="kv-cache-bpftrace-"))
         script = workdir / "trace.bt"
-        step = max(1, device_gib // 64)  # lhist needs literal bounds: a heat map of ~64 rows
-        script.write_text(SCRIPT.replace("LBA_MAX", str(max(step, device_gib))).replace("LBA_STEP", str(step)))
+        script.write_text(script_for(device_gib))
         with open(workdir / "out.txt", "wb") as out, open(workdir / "err.txt", "wb") as err:
             proc = subprocess.Popen(["unshare", "-m", "sh", "-c", LAUNCH, "sh", str(script), str(pid)],
                                     stdout=out, stderr=err)

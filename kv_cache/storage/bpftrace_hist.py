@@ -57,7 +57,9 @@ def parse_output(text: str) -> dict[str, Any]:
     """bpftrace's output -> {map name: histogram | {key: histogram} | value}.
 
     A histogram is a list of buckets; a keyed map (`@bs[R]:`) becomes {key: ...}; a plain value (`@n: 12`)
-    an int (or its text when it is not a number). Lines that are neither (Attaching N probes...) are skipped."""
+    an int (or its text when it is not a number). Lines that are neither (Attaching N probes...) are skipped.
+    A key printed twice (bpftrace keys char arrays by all their bytes, so two keys may print alike) is one
+    histogram: the second's buckets are added to the first's."""
     maps: dict[str, Any] = {}
     current: list | None = None
     for line in text.splitlines():
@@ -80,7 +82,11 @@ def parse_output(text: str) -> dict[str, Any]:
         if key is None:
             maps[name] = value
         else:
-            maps.setdefault(name, {})[key] = value
+            keyed = maps.setdefault(name, {})
+            if key in keyed and isinstance(value, list):  # the same printed key twice: one histogram
+                current = keyed[key]
+            else:
+                keyed[key] = value
     return maps
 
 
