@@ -69,22 +69,24 @@ class PlainProgress:
 
 
 class LiveProgress:
-    """A rich live panel redrawn at every tick (on a terminal)."""
+    """A rich live panel redrawn at every tick (on a terminal): a bar for the window, then one line per part."""
 
     def __init__(self, stream: TextIO, duration_s: float) -> None:
         from rich.console import Console  # noqa: PLC0415  (only on a terminal)
         from rich.live import Live  # noqa: PLC0415
         from rich.progress import BarColumn, Progress, TextColumn  # noqa: PLC0415
 
-        self._bar = Progress(TextColumn("window"), BarColumn(), TextColumn("{task.description}"))
+        self._bar = Progress(TextColumn("measured window"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"))
         self._task = self._bar.add_task("", total=max(duration_s, 1e-9))
         self._live = Live(self._bar, console=Console(file=stream), refresh_per_second=2, transient=True)
         self._live.start()
 
     def tick(self, tick: Tick) -> None:
-        lines = progress_line(tick).split(" | ")
-        self._bar.update(self._task, completed=min(tick.elapsed_s, tick.duration_s),
-                         description="\n".join(lines))
+        from rich.console import Group  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        self._bar.update(self._task, completed=min(tick.elapsed_s, tick.duration_s))
+        self._live.update(Group(self._bar, Text("\n".join(progress_line(tick).split(" | ")), overflow="fold")))
 
     def done(self) -> None:
         self._live.stop()
