@@ -29,13 +29,16 @@ from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.report import xlsx
 from kv_cache.report.banner import print_banner
+from kv_cache.report.blocklatency import block_latency
 from kv_cache.report.console import print_report
 from kv_cache.report.document import RunRecord, build_results, interrupted_results
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.merge import merge_documents, merged_table
 from kv_cache.report.outputs import write_results
 from kv_cache.report.parameters import run_mode
+from kv_cache.report.progress import make_progress
 from kv_cache.storage.blockdev import BlockDeviceCounter
+from kv_cache.storage.blocktrace import BlockTracer, device_gib
 from kv_cache.tiers import TierSet, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
@@ -155,6 +158,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     run.phases = run_phases(settings, cache, tiers, factory, workers, run.stop, out)
+    tracer, why = _start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
@@ -162,14 +166,20 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.replay_cycles, group=run.group)
-    outcome = run.outcome = driver.run()
+                    replay_cycles=settings.replay_cycles, group=run.group, observers=_progress(settings))
+    try:
+        outcome = run.outcome = driver.run()
+    finally:
+        traced = tracer.stop() if tracer is not None else None
     after = blockdev.snapshot() if blockdev else None
-    return build_results(RunRecord(
+    results = build_results(RunRecord(
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None))
+    if settings.latency_tracing:
+        results["block_latency"] = block_latency(traced, why, os.getpid())
+    return results
 
 
 def largest_entry(settings: RunSettings) -> int:
@@ -178,6 +188,24 @@ def largest_entry(settings: RunSettings) -> int:
     longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
     per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
     return max(settings.storage.chunk_bytes, longest * per_token)
+
+
+def _start_tracing(settings: RunSettings, blockdev: BlockDeviceCounter | None, out) -> tuple[BlockTracer | None,
+                                                                                             str | None]:
+    """bpftrace around the window when asked for; without it (or root) the run goes on and says why."""
+    if not settings.latency_tracing:
+        return None, None
+    tracer, why = BlockTracer.start(os.getpid(), device_gib(blockdev.name if blockdev else None))
+    if tracer is None:
+        log.warning("latency tracing unavailable: %s", why)
+    else:
+        out.write("Latency tracing: bpftrace attached (block layer and syscalls of this process)\n")
+    return tracer, why
+
+
+def _progress(settings: RunSettings) -> list:
+    progress = make_progress(settings.log_level, float(settings.duration))
+    return [progress] if progress is not None else []
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:

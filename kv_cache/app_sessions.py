@@ -12,6 +12,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
@@ -81,19 +82,30 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         f"{cap_blocks * ls.block_tokens:,} tokens per replica), rungs {ladder}, tiers {tiers}, "
         f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
     )
+    total, started = len(tiers) * len(ladder), time.monotonic()
     for tier in tiers:
         for n in ladder:
-            out.write(f"  running {tier:<13} {n:>5} sessions ...")
+            out.write(f"  [rung {len(raw) + 1} of {total}, {rung_eta(len(raw), total, time.monotonic() - started, ls)}]"
+                      f" running {tier:<13} {n:>5} sessions ...")
             out.flush()
             rung = RungRun(ls, tier, n, supply)
             result = rung.run()
             raw[(tier, n)] = rung.throughput_samples
+            result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
             rungs.append(result)
             t = result["throughput_tokens_per_s_per_gpu"]
             out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
             out.flush()
     flag_work_equivalence(rungs)
     return {"rungs": rungs, "summary": summarize(rungs, raw)}
+
+
+def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str:
+    """Time left for the whole ladder: the finished rungs' mean time per rung, or before the first one
+    the nominal warm-up + window, times the rungs left (this one included)."""
+    per_rung = elapsed_s / done if done else ls.warmup_s + ls.window_s
+    left = per_rung * (total - done)
+    return f"ETA {int(left) // 60}m{int(left) % 60:02d}s" + ("" if done else " (nominal)")
 
 
 def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs are still written

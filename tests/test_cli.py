@@ -118,7 +118,7 @@ def test_reference_defaults():
         "processes": 1,
     }
     assert {k: getattr(a, k) for k in expected} == expected
-    assert set(vars(a)) == set(expected) | {"output"}
+    assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's
     assert a.output.startswith("benchmark_results_") and a.output.endswith(".json")
     assert len(a.output) == len("benchmark_results_YYYYmmdd_HHMMSS.json")
 
@@ -570,14 +570,9 @@ def test_prefill_and_decode_only_are_exclusive():
     )
 
 
-@pytest.mark.parametrize(
-    ("argv", "flag"),
-    [
-        (["--enable-latency-tracing"], "--enable-latency-tracing"),
-    ],
-)
-def test_unimplemented_features_rejected(argv, flag):
-    assert usage_error(argv) == f"{flag} is not implemented in this version yet (run without it)"
+def test_latency_tracing_is_accepted():
+    assert parse_settings(["--enable-latency-tracing"]).latency_tracing is True
+    assert parse_settings([]).latency_tracing is False
 
 
 def test_unimplemented_companions_still_range_validated():
@@ -594,13 +589,9 @@ def test_unimplemented_companions_still_range_validated():
 
 
 def test_errors_of_all_kinds_combined():
-    m = usage_error(["--num-users", "0", "--enable-latency-tracing", "--model", "nope"])
-    assert m.split("; ") == [
-        "--num-users must be positive, got 0",
-        "--enable-latency-tracing is not implemented in this version yet (run without it)",
-        m.split("; ")[2],
-    ]
-    assert m.split("; ")[2].startswith("unknown model 'nope'")
+    m = usage_error(["--num-users", "0", "--enable-autoscaling", "--request-rate", "5", "--model", "nope"])
+    assert m.startswith("--num-users must be positive, got 0; --enable-autoscaling scales closed-loop users; it "
+                        "cannot be combined with --request-rate; unknown model 'nope'")
 
 
 def test_bad_config_is_a_usage_error(tmp_path):
@@ -646,12 +637,6 @@ def test_main_missing_config(tmp_path, capsys):
 def test_main_cache_dir_in_system_directory(capsys):
     assert main(["--cache-dir", "/usr/kv"]) == 2
     assert _refused(one_line_error(capsys), "kv-cache: error: --cache-dir cannot be a system directory: /usr/kv")
-
-
-def test_main_unimplemented_flag(capsys):
-    assert main(["--enable-latency-tracing"]) == 2
-    assert one_line_error(capsys) == ("kv-cache: error: --enable-latency-tracing is not implemented in this version yet"
-                                      " (run without it)")
 
 
 def test_autoscaling_with_request_rate_is_refused():
@@ -770,6 +755,7 @@ def test_unknown_subcommand(capsys):
     assert main(["bogus", "--num-users", "3"]) == 2
     line = one_line_error(capsys)
     assert line.startswith("kv-cache: error: unknown command 'bogus' (choose from run, sessions") and "merge" in line
+    assert "report" in line and "compare" in line
 
 
 def test_sessions_argparse_errors_carry_the_command_name(capsys):

@@ -23,13 +23,14 @@ TOP_KEYS = {
     "throughput_timeline", "prefill_latencies", "decode_latencies", "multi_turn_cache_hits",
     "multi_turn_cache_misses", "seed", "summary", "overall_passed", "total_requests", "avg_latency_ms",
     "p99_latency_ms", "throughput_req_per_sec", "storage_throughput_mbps", "cache_hit_rate", "measurement",
-    "run_parameters", "stop_reason", "latency_samples",
+    "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
 }
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
                 "storage_throughput_mbps", "cache_hit_rate"}
 MEASUREMENT_KEYS = {
     "tool", "timed", "run_mode", "io_mode", "direct_io", "chunk_bytes", "fsync", "io_workers", "run_dir",
-    "filesystem", "storage_capacity_bytes", "cpu_tier_bytes", "gpu_tier", "storage_gds", "window_seconds", "stop_reason",
+    "filesystem", "filesystem_kind", "storage_capacity_bytes", "cpu_tier_bytes", "gpu_tier", "storage_gds",
+    "window_seconds", "stop_reason",
     "requests_issued", "requests_abandoned_at_stop", "requests_failed", "requests_rejected",
     "offered_request_rate", "final_active_users", "counters", "after_window", "achieved_queue_depth",
     "process_cpu_seconds", "cpu_seconds_per_gib", "peak_rss_mib", "block_device", "entry_size_mib", "errors",

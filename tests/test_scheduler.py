@@ -84,7 +84,7 @@ def make_driver(users=(), clock=None, shape=None, arrivals=None, make_user=None,
     options = DriverOptions(duration_s=opts.pop("duration_s", 100.0), **opts)
     metrics = RunMetrics()
     metrics.open_window(0)
-    d = Driver(list(users), cache=SimpleNamespace(bytes_per_token=1), metrics=metrics, options=options,
+    d = Driver(list(users), cache=SimpleNamespace(bytes_per_token=1, usage=dict), metrics=metrics, options=options,
                stop=threading.Event(), shape=shape, make_user=make_user, arrivals=arrivals,
                trace_speedup=trace_speedup, replay_cycles=replay_cycles, clock=clock or Clock())
     d.pool = FakePool()
@@ -249,7 +249,7 @@ def test_trace_rows_are_issued_at_their_time_over_the_speedup():
     rows = [(0.0, plan("t", 1)), (4.0, plan("t", 2))]
     d = make_driver(arrivals=rows, trace_speedup=2.0)
     d._start(0)
-    assert events(d.loop) == [(0, "trace"), (10 * S, "monitor")]
+    assert events(d.loop) == [(0, "trace"), (S, "second"), (10 * S, "monitor")]
     d.loop.run_due(0, 100 * S)
     assert d.issued == 1 and (2 * S, "trace") in events(d.loop)
     d.loop.run_due(2 * S, 100 * S)

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kv_cache import __version__
+from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
 from kv_cache.cli.merge import add_merge_flags, merge_command
+from kv_cache.cli.report_cmd import add_plots_flag, add_report_flags, plots_after_run, report_command
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
@@ -34,6 +36,17 @@ LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
 LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
 
 logger = logging.getLogger(__name__)
+
+
+class HELP_FORMAT(argparse.HelpFormatter):  # noqa: N801  (used as a formatter_class value)
+    """--help shows each flag's default, unless its help text already names it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text.lower()
+                or action.default in (None, argparse.SUPPRESS) or action.nargs == 0 and action.default is False):
+            return text
+        return f"{text} (default: %(default)s)"
 
 # Which exit status each kind of error ends the process with; the first matching row wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
@@ -64,7 +77,10 @@ class Command:
 
 
 def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
-    return run_resolved(resolve_run(args, argv))
+    settings = resolve_run(args, argv)
+    code = run_resolved(settings)
+    plots_after_run(settings.output, args.plots)
+    return code
 
 
 def run_resolved(settings: RunSettings) -> int:
@@ -81,14 +97,21 @@ def run_resolved(settings: RunSettings) -> int:
     from kv_cache.app import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return run_benchmark(settings)
-
-
 def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_sessions(args, argv)
     logging.basicConfig(level=getattr(logging, settings.log_level), format=LOG_FORMAT)
     from kv_cache.app_sessions import run_sessions  # noqa: PLC0415
 
-    return run_sessions(settings)
+    code = run_sessions(settings)
+    plots_after_run(settings.output, args.plots)
+    return code
+
+
+def _with_plots_flag(add_flags: Callable[[argparse.ArgumentParser], None]) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        add_flags(p)
+        add_plots_flag(p)
+    return add
 
 
 # Sub-commands; `run` is the default when the first argument is not one of these names.
@@ -97,9 +120,10 @@ COMMANDS: dict[str, Command] = {
         prog=PROG,
         summary="run the benchmark (the default command)",
         description="Integrated Multi-User KV Cache Benchmark (MLPerf Storage v3 compatible).",
-        epilog="Commands: run (the default) and sessions (sessions held: modelled GPUs, concurrency ladder, "
-               "real offload I/O): kv-cache sessions --help",
-        add_flags=add_run_flags,
+        epilog="Commands: run (the default), sessions (sessions held: modelled GPUs, concurrency ladder, "
+               "real offload I/O): kv-cache sessions --help; report (a saved result's report and plots); "
+               "compare (results side by side)",
+        add_flags=_with_plots_flag(add_run_flags),
         handler=_run_command,
     ),
     "sessions": Command(
@@ -107,7 +131,7 @@ COMMANDS: dict[str, Command] = {
         summary="how many concurrent sessions the GPUs hold with this storage tier behind them",
         description="`kv-cache sessions`: how many concurrent sessions do my GPUs hold with this storage "
                     "tier behind them?",
-        add_flags=add_sessions_flags,
+        add_flags=_with_plots_flag(add_sessions_flags),
         handler=_sessions_command,
     ),
     "merge": Command(
@@ -118,6 +142,22 @@ COMMANDS: dict[str, Command] = {
         add_flags=add_merge_flags,
         handler=merge_command,
     ),
+    "report": Command(
+        prog=f"{PROG} report",
+        summary="reprint a saved result's report, and draw its plots with --plots DIR",
+        description="`kv-cache report RESULT.json [--plots DIR]`: the report of a saved results file, and "
+                    "optionally PNG plots and an HTML page.",
+        add_flags=add_report_flags,
+        handler=report_command,
+    ),
+    "compare": Command(
+        prog=f"{PROG} compare",
+        summary="key metrics of two or more results side by side, with ratios and 95 % CIs",
+        description="`kv-cache compare A.json B.json ...`: checks that the workloads match, then shows the key "
+                    "metrics side by side with ratios to A and 95 % confidence intervals from sub-windows.",
+        add_flags=add_compare_flags,
+        handler=compare_command,
+    ),
 }
 DEFAULT_COMMAND = "run"
 
@@ -125,7 +165,7 @@ DEFAULT_COMMAND = "run"
 def build_parser(command: str = DEFAULT_COMMAND) -> argparse.ArgumentParser:
     """The parser of one sub-command on its own (`run`: every MLPerf flag, defaults from RunSettings)."""
     cmd = COMMANDS[command]
-    parser = _Parser(prog=cmd.prog, description=cmd.description, epilog=cmd.epilog)
+    parser = _Parser(prog=cmd.prog, description=cmd.description, epilog=cmd.epilog, formatter_class=HELP_FORMAT)
     cmd.add_flags(parser)
     return parser
 
@@ -138,7 +178,7 @@ def build_main_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Arg
     parsers = {}
     for name, cmd in COMMANDS.items():
         parsers[name] = sub.add_parser(name, prog=cmd.prog, help=cmd.summary, description=cmd.description,
-                                       epilog=cmd.epilog)
+                                       epilog=cmd.epilog, formatter_class=HELP_FORMAT)
         cmd.add_flags(parsers[name])
     return top, parsers
 

@@ -126,7 +126,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--io-trace-log", type=str, default=d["io_trace_log"],
         help="Trace mode: log operations to CSV instead of doing I/O.")
     add("--enable-latency-tracing", action="store_true", default=d["enable_latency_tracing"],
-        help="bpftrace device latency tracing (needs sudo).")
+        help="bpftrace block-layer and syscall latency histograms of this run (needs root and bpftrace; "
+             "without them the run goes on and says why).")
     add("--fail-exit-code", action="store_true", default=d["fail_exit_code"],
         help="Exit 1 when the performance profile says FAIL (default: a completed run exits 0 whatever "
              "its verdict, as the mlpstorage harness reads results only after exit 0).")

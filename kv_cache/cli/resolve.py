@@ -87,7 +87,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         outputs=OutputSettings(
             output=output, xlsx_output=args.xlsx_output, io_trace_log=args.io_trace_log,
             performance_profile=args.performance_profile, fail_exit_code=args.fail_exit_code,
-            log_level=args.log_level,
+            log_level=args.log_level, latency_tracing=args.enable_latency_tracing,
         ),
         mpi_rank=rank if world > 1 else None,
         mpi_world_size=world,

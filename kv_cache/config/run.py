@@ -137,6 +137,7 @@ class OutputSettings:
     performance_profile: str = "latency"
     fail_exit_code: bool = False  # exit 1 on a FAIL verdict (CI pipelines); default: a completed run exits 0
     log_level: str = "INFO"
+    latency_tracing: bool = False  # --enable-latency-tracing: bpftrace block-layer histograms around the window
 
 
 @dataclass(frozen=True)

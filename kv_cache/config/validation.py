@@ -50,7 +50,7 @@ TOP_LEVEL_ONLY_DIRS = ("/", "/root", "/var", "/home", "/opt", "/srv", "/mnt", "/
 _DEFAULTS: dict[str, Any] = {**defaults(), "io_chunk_mb": None, "io_workers": None}
 
 # Flags whose feature this version does not have yet: (attribute, flag).
-_UNIMPLEMENTED = (("enable_latency_tracing", "--enable-latency-tracing"),)
+_UNIMPLEMENTED: tuple[tuple[str, str], ...] = ()
 
 
 def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str]:

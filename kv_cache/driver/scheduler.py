@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -31,6 +31,7 @@ from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
 from kv_cache.driver.group import RankGroup
+from kv_cache.driver.observe import RunObserver, Tick
 from kv_cache.driver.pool import Stream, WorkerPool
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
@@ -58,6 +59,7 @@ class DriverOptions:
     decode_only: bool = False
     timeline_interval_s: float = 10.0
     max_storage_errors: int = 10  # storage errors (after retries) tolerated before the run stops
+    bucket_s: float = 1.0  # time-series bucket and progress tick
 
 
 @dataclass
@@ -86,18 +88,20 @@ class Driver:
                  make_user: Callable[[int], User] | None = None,
                  arrivals: Iterable[tuple[float, RequestPlan]] | None = None, trace_speedup: float = 1.0,
                  replay_cycles: int = 0, clock: Callable[[], int] = time.perf_counter_ns,
-                 group: RankGroup | None = None) -> None:
+                 group: RankGroup | None = None, observers: Sequence[RunObserver] = ()) -> None:
         """`users`: closed-loop users (synthetic or trace sessions). `arrivals`: a timestamped trace
         replayed open-loop at t / trace_speedup (0 = back-pressured, as fast as the workers go).
         `group`: the other ranks of this run; every rank opens and closes its window between shared barriers."""
         self.cache, self.metrics, self.opt, self.stop, self.shape = cache, metrics, options, stop, shape
         self.group = group
+        self.observers = list(observers)
         self._speedup = trace_speedup
         self._replay_cycles = replay_cycles
         self.loop = EventLoop(clock=clock)
         self.users = ClosedLoop(self.loop, users, self._issue_user, make_user)
         self.loop.handlers.update({"trace": self._on_trace, "arrive": self._on_arrive,
-                                   "complete": self._on_complete, "monitor": self._on_monitor})
+                                   "complete": self._on_complete, "monitor": self._on_monitor,
+                                   "second": self._on_second})
         self.executor = PlanExecutor(cache, metrics, self.entry_bytes, stop, options.decode_batch_size,
                                      options.prefill_only, options.decode_only, on_fatal=self.loop.raise_alarm)
         if getattr(cache, "on_fault", False) is None:  # the run's one storage-error policy stops this loop
@@ -204,6 +208,21 @@ class Driver:
         self.loop.push(when + self.interval_ns, "monitor", mark)
         return None
 
+    def _on_second(self, when: int, _: object) -> None:
+        """Close the time-series bucket (with the gauges only the driver knows) and tell the observers."""
+        self._close_bucket(when)
+        self.loop.push(when + int(self.opt.bucket_s * 1e9), "second")
+
+    def _close_bucket(self, when: int) -> None:
+        gauges: dict[str, float] = {"queue_depth": self.pool.qsize(), "in_flight": self.in_flight,
+                                    "active_users": self.users.active}
+        for tier, u in self.cache.usage().items():
+            gauges[f"occupancy_{'storage' if tier == 'nvme' else tier}_bytes"] = u["used_bytes"]
+        row = self.metrics.close_bucket(when, gauges)
+        tick = Tick((when - self.t0) / 1e9, self.opt.duration_s, self.issued, self.completed, row)
+        for observer in self.observers:
+            observer.tick(tick)
+
     # -- the run ------------------------------------------------------------------------------
     def _start(self, t0: int) -> None:
         """The first events: trace rows, arrivals or user wake-ups, and the first monitor tick."""
@@ -219,6 +238,7 @@ class Driver:
         else:
             self.users.start(t0)
         self.loop.push(t0 + self.interval_ns, "monitor", self.metrics.mark())
+        self.loop.push(t0 + int(self.opt.bucket_s * 1e9), "second")
 
     def _feed_backlog(self) -> None:
         """Trace at speed-up 0: keep the workers busy, no pacing, no rejections."""
@@ -278,6 +298,7 @@ class Driver:
         finally:
             end = stop.at_ns if stop is not None and stop.at_ns is not None else self.loop.clock()
             self.metrics.close_window(min(end, self.loop.clock()))
+            self._last_bucket(min(end, self.loop.clock()))
             self.stop.set()
             dropped = self.pool.drain()
             with self._lock:
@@ -314,6 +335,15 @@ class Driver:
             finished += 1
         self.in_flight = 0
         return finished, censored
+
+    def _last_bucket(self, end: int) -> None:
+        """The partial bucket at the end of the window (a tenth of a bucket or more), then the observers stop."""
+        rows = self.metrics.series.rows
+        last_t = self.t0 + int(rows[-1]["t_s"] * 1e9) if rows else self.t0
+        if end - last_t >= self.opt.bucket_s * 1e8:
+            self._close_bucket(end)
+        for observer in self.observers:
+            observer.done()
 
     def _sample(self, last: dict[str, int]) -> tuple[IntervalSample, dict[str, int]]:
         mark = self.metrics.mark()

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kv_cache.metrics.histograms import new_histogram, record
 from kv_cache.metrics.stats import mean, percentile, percentiles
+from kv_cache.metrics.timeseries import TimeSeries
 
 if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not import it
     from kv_cache.storage.base import IOResult
@@ -95,12 +97,18 @@ class RunMetrics:
         self.storage_errors: dict[tuple[str, str, str], int] = defaultdict(int)
         self.storage_retries: dict[tuple[str, str], int] = defaultdict(int)
         self.verify_mismatches = 0
+        # Bounded-memory distributions (HdrHistogram) beside the per-operation lists above:
+        # (tier, op, "total" | "device") and ("request", "e2e", "total").
+        self.histograms: dict[tuple[str, str, str], object] = {}
+        self.series = TimeSeries()
+        self._bucket_start_ns: int | None = None
 
     # -- window -------------------------------------------------------------------------------
     def open_window(self, start_ns: int | None = None) -> None:
         with self._lock:
             self.window_start_ns = time.perf_counter_ns() if start_ns is None else start_ns
             self.window_end_ns = None
+            self._bucket_start_ns = self.window_start_ns
 
     def close_window(self, end_ns: int | None = None) -> None:
         with self._lock:
@@ -143,7 +151,16 @@ class RunMetrics:
             c = self.io_by_cause[(tier, op, cause)]
             c[0] += 1
             c[1] += res.nbytes
+            self._histogram(tier, op, "total", res.total_ns)
+            self._histogram(tier, op, "device", res.device_ns)
+            self.series.add_io(tier, op, res.nbytes, res.total_ns)
             return True
+
+    def _histogram(self, a: str, b: str, kind: str, value_ns: int) -> None:
+        h = self.histograms.get((a, b, kind))
+        if h is None:
+            h = self.histograms[(a, b, kind)] = new_histogram()
+        record(h, value_ns)
 
     def record_aborted(self, tier: str, op: str, device_bytes: int) -> None:
         """An operation abandoned at stop: the bytes it moved before stopping count for bandwidth."""
@@ -228,6 +245,8 @@ class RunMetrics:
             if decode_ns is not None:
                 r.decode_ns.append(decode_ns)
             self.qos_e2e_ns[qos_level].append(e2e_ns)
+            self._histogram("request", "e2e", "total", e2e_ns)
+            self.series.add_request()
             t = self.turns[turn]
             t[0] += 1
             t[1] += context_tokens
@@ -259,6 +278,15 @@ class RunMetrics:
                 return None
             arr = np.frombuffer(s.total_ns, dtype=np.int64)[start:].copy()
         return percentile(arr, 95) / 1e6
+
+    def close_bucket(self, now_ns: int, gauges: dict[str, float] | None = None) -> dict:
+        """Close the open time-series bucket at `now_ns` (the driver's 1-second tick); returns its row."""
+        with self._lock:
+            start = self._bucket_start_ns if self._bucket_start_ns is not None else now_ns
+            self._bucket_start_ns = now_ns
+            closed = self.series.swap()
+            t0 = self.window_start_ns if self.window_start_ns is not None else start
+        return self.series.close(closed, (now_ns - t0) / 1e9, (now_ns - start) / 1e9, gauges)
 
     # -- views --------------------------------------------------------------------------------
     def tier_op(self, tier: str, op: str) -> TierOpStats:

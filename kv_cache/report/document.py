@@ -19,6 +19,7 @@ from kv_cache.report import measurement as meas
 from kv_cache.report.parameters import run_mode, run_parameters
 from kv_cache.report.results import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
 from kv_cache.report.samples import latency_samples, window_wallclock
+from kv_cache.report.series import latency_histograms, time_series
 from kv_cache.report.verdict import never_exercised_note, storage_bytes_moved
 from kv_cache.workload.validation import compare
 
@@ -136,6 +137,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
     results["throughput_timeline"] = outcome.timeline
+    results["time_series"] = time_series(metrics)
+    results["latency_histograms"] = latency_histograms(metrics)
     if record.trace is not None:
         results["trace_replay"] = trace_replay(settings, record.trace)
     if record.phases:
@@ -186,6 +189,7 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "io_workers": record.workers,
         "run_dir": str(fs.run_dir) if fs is not None else None,
         "filesystem": fs.fs_type if fs is not None else None,
+        "filesystem_kind": meas.filesystem_kind(fs.fs_type) if fs is not None else None,
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
         "cpu_tier_bytes": (getattr(record.memory_store, "capacity_bytes", int(settings.cpu_mem_gb * GIB))
                            if record.memory_store is not None else 0),  # as clamped to the memory there is

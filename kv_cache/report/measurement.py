@@ -132,3 +132,20 @@ def in_flight_at_stop(outcome: Any) -> dict[str, Any]:
         "requests_finished_after_stop": int(getattr(outcome, "requests_finished_after_stop", 0)),
         "censored_latency_ms": lat,
     }
+
+
+RAM_BACKED, NETWORK, BLOCK = "RAM-backed", "network", "block device"
+RAM_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
+                       "9p", "virtiofs", "fuse.sshfs", "afs", "ocfs2", "weka", "fuse.juicefs")
+
+
+def filesystem_kind(fs: str | None) -> str | None:
+    """RAM-backed, network or block device, from the filesystem type (None when unknown or trace mode)."""
+    if not fs:
+        return None
+    if fs in RAM_FILESYSTEMS:
+        return RAM_BACKED
+    if fs in NETWORK_FILESYSTEMS or fs.startswith(("nfs", "fuse.")):
+        return NETWORK
+    return BLOCK

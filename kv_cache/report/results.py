@@ -79,6 +79,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
             stats[f"tier_{tier}_demotion_{op}_ops"] = ops_
             s = metrics.tier_op(tier, op)
             stats[f"tier_{tier}_{op}_ops_per_sec"] = per_second(s.ops, window_s)
+            stats[f"tier_{tier}_{op}_ops"] = s.ops
 
     stats["system_prompt_hits"] = int(c.get(names.SYSTEM_PROMPT_HITS, 0))
     stats["common_phrase_hits"] = int(c.get(names.COMMON_PHRASE_HITS, 0))

@@ -10,6 +10,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from kv_cache.report import blocklatency
+
 log = logging.getLogger("kv_cache.report")
 
 PCT = (("P50", "p50"), ("P95", "p95"), ("P99", "p99"), ("P99.9", "p999"), ("P99.99", "p9999"))
@@ -143,6 +145,10 @@ def export(results: dict[str, Any], path: str) -> str:
             ws.append(list(timeline[0]))
             for point in timeline:
                 ws.append([_cell(v) for v in point.values()])
+        for name, rows in blocklatency.sheets(results).items():  # --enable-latency-tracing
+            ws = wb.create_sheet(name)
+            for r in rows:
+                ws.append([_cell(v) for v in r])
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         wb.save(path)
         return path

@@ -1,0 +1,78 @@
+"""`kv-cache report RESULT.json [--plots DIR]` and the `--plots DIR` flag of `run` and `sessions`.
+
+Reprints the report of a saved results file (standard runs: the console report; sessions: the table) and,
+with --plots, draws the PNGs and one HTML page (kv_cache/report/plots.py, html.py) into DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from kv_cache.errors import UsageError
+
+PLOTS_HELP = "Also draw PNG plots and an index.html page of the results into this directory."
+
+
+def add_plots_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plots", metavar="DIR", default=None, help=PLOTS_HELP)
+
+
+def add_report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", metavar="RESULT.json", help="A results file written by kv-cache or kv-cache sessions.")
+    add_plots_flag(p)
+
+
+def load_results(path: str) -> dict[str, Any]:
+    """A results document; UsageError (one line) when it is missing, unreadable or not ours."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not a JSON results file: {exc}") from None
+    if not isinstance(doc, dict) or not ("summary" in doc or "rungs" in doc or "schema_version" in doc):
+        raise UsageError(f"{path} is not a kv-cache results file (no summary, rungs or schema_version)")
+    return doc
+
+
+def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
+    from kv_cache.report.html import write_html  # noqa: PLC0415  (matplotlib is heavy and optional)
+    from kv_cache.report.plots import PlotsUnavailable, draw_plots  # noqa: PLC0415
+
+    try:
+        pngs = draw_plots(results, plots_dir)
+    except PlotsUnavailable as exc:
+        raise UsageError(f"--plots: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
+    page = write_html(results, pngs, plots_dir, title=f"kv-cache {results.get('mode', 'run')} results")
+    out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}\n")
+
+
+def plots_after_run(output: str, plots_dir: str | None, out: TextIO | None = None) -> None:
+    """--plots on `run` / `sessions`: plot the results file the run has just written."""
+    if plots_dir and Path(output).exists():
+        emit_plots(load_results(output), plots_dir, out or sys.stdout)
+
+
+def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    results = load_results(args.result)
+    if "rungs" in results:
+        from kv_cache.report.sessions import print_table  # noqa: PLC0415
+
+        if results.get("summary"):
+            print_table(results, out)
+        else:
+            out.write(f"{args.result}: an interrupted sessions run with {len(results['rungs'])} rung(s)\n")
+    else:
+        from kv_cache.report.console import print_report  # noqa: PLC0415
+
+        print_report(results, out)
+    if args.plots:
+        emit_plots(results, args.plots, out)
+    return 0

@@ -1,0 +1,86 @@
+"""Latency distributions in bounded memory: HdrHistogram (the `hdrhistogram` package), mergeable across
+ranks and runs.
+
+One histogram covers 1 µs .. 1 hour in nanoseconds at 3 significant digits (a value is recorded within
+0.1 % of itself), in a fixed ~200 KiB counts array however many values it holds: a 24-hour run does not
+grow it. `encode`/`decode` give the standard compressed base64 form, so histograms travel in the results
+JSON and between MPI ranks, and `merge` adds them up (the merge of two histograms is the histogram of the
+union of their values, within the precision above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from hdrh.histogram import HdrHistogram
+
+LOWEST_NS = 1_000  # 1 µs: faster values are clamped up to it
+HIGHEST_NS = 3_600 * 10**9  # 1 hour: slower values are clamped down to it
+SIGNIFICANT_DIGITS = 3
+
+
+def new_histogram() -> HdrHistogram:
+    return HdrHistogram(LOWEST_NS, HIGHEST_NS, SIGNIFICANT_DIGITS)
+
+
+def record(h: HdrHistogram, value_ns: int) -> None:
+    """Record one value, clamped into the histogram's range (never dropped)."""
+    h.record_value(min(HIGHEST_NS, max(LOWEST_NS, int(value_ns))))
+
+
+def from_values(values_ns: Iterable[int]) -> HdrHistogram:
+    h = new_histogram()
+    for v in values_ns:
+        record(h, v)
+    return h
+
+
+def merge(histograms: Iterable[HdrHistogram]) -> HdrHistogram:
+    """One histogram holding every value of `histograms` (from ranks, runs or time buckets)."""
+    out = new_histogram()
+    for h in histograms:
+        out.add(h)
+    return out
+
+
+def encode(h: HdrHistogram) -> str:
+    """The standard compressed, base64 HdrHistogram encoding (readable by every HdrHistogram port)."""
+    return h.encode().decode("ascii")
+
+
+def decode(text: str) -> HdrHistogram:
+    return HdrHistogram.decode(text.encode("ascii"))
+
+
+def merge_encoded(texts: Iterable[str]) -> str:
+    """Merge histograms in their encoded form (what ranks send and results files hold)."""
+    return encode(merge(decode(t) for t in texts))
+
+
+def percentiles_ms(h: HdrHistogram, qs: Sequence[float] = (50.0, 95.0, 99.0)) -> dict[str, float]:
+    """{"p50": ms, ...} of a histogram ({} when it is empty)."""
+    if h.get_total_count() == 0:
+        return {}
+    values = h.get_percentile_to_value_dict(list(qs))
+    return {f"p{q:g}".replace(".", ""): values[q] / 1e6 for q in qs}
+
+
+def cdf_points(h: HdrHistogram) -> tuple[list[float], list[float]]:
+    """(latency ms, cumulative fraction) at every recorded value level: a CDF to plot."""
+    total = h.get_total_count()
+    xs: list[float] = []
+    ys: list[float] = []
+    if total == 0:
+        return xs, ys
+    seen = 0
+    for item in h.get_recorded_iterator():
+        seen += item.count_at_value_iterated_to
+        xs.append(item.value_iterated_to / 1e6)
+        ys.append(seen / total)
+    return xs, ys
+
+
+def summary(h: HdrHistogram) -> dict[str, object]:
+    """The JSON form: count, a few percentiles in ms, and the encoded histogram itself."""
+    return {"count": h.get_total_count(), **percentiles_ms(h, (50.0, 95.0, 99.0, 99.9)),
+            "max_ms": h.get_max_value() / 1e6 if h.get_total_count() else 0.0, "hdr": encode(h)}

@@ -1,0 +1,91 @@
+"""The run as a time series: one row per bucket (1 s by default), in bounded memory per bucket.
+
+While a bucket is open the recorder adds each completed I/O operation's bytes, count and latency (an
+HdrHistogram per tier and direction, reused from bucket to bucket) and each completed request; the driver
+closes the bucket at its 1-second tick, adding gauges it alone knows (cache occupancy, queue depth, active
+users). Rows are flat dicts, so they go straight into the results JSON and into plots:
+
+    t_s, seconds, requests, <tier>_<op>_ops, <tier>_<op>_bytes, <tier>_<op>_gibps,
+    <tier>_<op>_p50_ms / _p95_ms / _p99_ms (only when the bucket had operations), plus the gauges.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from hdrh.histogram import HdrHistogram
+
+from kv_cache.metrics.histograms import new_histogram, percentiles_ms, record
+
+GIB = float(1 << 30)
+
+
+@dataclass
+class Bucket:
+    """What one open bucket has gathered so far."""
+
+    counts: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    hists: dict[tuple[str, str], HdrHistogram] = field(default_factory=dict)
+    requests: int = 0
+
+    def add_io(self, tier: str, op: str, nbytes: int, total_ns: int) -> None:
+        c = self.counts[(tier, op)]
+        c[0] += 1
+        c[1] += nbytes
+        h = self.hists.get((tier, op))
+        if h is None:
+            h = self.hists[(tier, op)] = new_histogram()
+        record(h, total_ns)
+
+    def clear(self) -> None:
+        """Empty the bucket for reuse (the histograms keep their memory)."""
+        self.counts.clear()
+        for h in self.hists.values():
+            h.reset()
+        self.requests = 0
+
+
+def bucket_row(t_s: float, seconds: float, bucket: Bucket, gauges: dict[str, float] | None = None) -> dict:
+    """One time-series row from a closed bucket that lasted `seconds` and ended at `t_s` into the window."""
+    row: dict[str, float] = {"t_s": round(t_s, 3), "seconds": round(seconds, 3), "requests": bucket.requests}
+    for (tier, op), (ops, nbytes) in sorted(bucket.counts.items()):
+        key = f"{tier}_{op}"
+        row[f"{key}_ops"] = ops
+        row[f"{key}_bytes"] = nbytes
+        row[f"{key}_gibps"] = nbytes / GIB / seconds if seconds > 0 else 0.0
+        h = bucket.hists.get((tier, op))
+        if h is not None:
+            row.update({f"{key}_{k}_ms": v for k, v in percentiles_ms(h).items()})
+    row.update(gauges or {})
+    return row
+
+
+class TimeSeries:
+    """Double-buffered buckets: recording goes on into one while the other is turned into a row.
+
+    Not locked itself: the recorder calls `add_io`, `add_request` and `swap` under its own lock, and
+    `close` (the percentile work) outside it."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self._open = Bucket()
+        self._spare = Bucket()
+
+    def add_io(self, tier: str, op: str, nbytes: int, total_ns: int) -> None:
+        self._open.add_io(tier, op, nbytes, total_ns)
+
+    def add_request(self) -> None:
+        self._open.requests += 1
+
+    def swap(self) -> Bucket:
+        """Start a new bucket; returns the closed one (to be passed to `close`)."""
+        closed, self._open = self._open, self._spare
+        self._spare = closed
+        return closed
+
+    def close(self, closed: Bucket, t_s: float, seconds: float, gauges: dict[str, float] | None = None) -> dict:
+        row = bucket_row(t_s, seconds, closed, gauges)
+        closed.clear()
+        self.rows.append(row)
+        return row

@@ -1,0 +1,118 @@
+"""Parse bpftrace's printed maps: power-of-two `hist()`, linear `lhist()`, keyed maps and plain values.
+
+Every bucket form bpftrace prints is read (the reference's parser dropped the suffixed ones):
+
+    [0]                      a single value (hist: 0 and 1 have their own buckets)
+    [2, 4)   [512, 1K)       a power-of-two range; K, M, G, T, P, E are powers of 1024
+    [1K, 2K)  [4M, 8M)
+    [0, 5)   [-10, -5)       an lhist step
+    (..., 0)                 below an lhist's min
+    [100, ...)               at or above an lhist's max
+
+A map's buckets come back as {"low": int | None, "high": int | None, "count": int} (None = unbounded),
+with `high` exclusive, and the single-value bucket [v] as low = v, high = v + 1.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
+_NUM = r"-?\d+[KMGTPE]?"
+_HEADER = re.compile(r"^(@[\w.]*)(?:\[(.*)\])?:\s*(.*)$")
+_BUCKET = re.compile(
+    rf"^\s*(?:\[(?P<single>{_NUM})\]|\[(?P<lo>{_NUM}),\s*(?P<hi>{_NUM}|\.\.\.)\)|\(\.\.\.,\s*(?P<below>{_NUM})\))"
+    r"\s+(?P<count>\d+)\s*\|.*$")
+
+
+def number(text: str) -> int:
+    """'512' -> 512, '1K' -> 1024, '-10' -> -10, '4M' -> 4194304."""
+    m = re.fullmatch(r"(-?\d+)([KMGTPE]?)", text.strip())
+    if m is None:
+        raise ValueError(f"not a bpftrace bucket bound: {text!r}")
+    return int(m.group(1)) * SUFFIX[m.group(2)]
+
+
+def parse_bucket(line: str) -> dict[str, int | None] | None:
+    """One histogram line -> {"low", "high", "count"}; None when the line is not a bucket."""
+    m = _BUCKET.match(line)
+    if m is None:
+        return None
+    count = int(m.group("count"))
+    if m.group("single") is not None:
+        v = number(m.group("single"))
+        return {"low": v, "high": v + 1, "count": count}
+    if m.group("below") is not None:
+        return {"low": None, "high": number(m.group("below")), "count": count}
+    hi = m.group("hi")
+    return {"low": number(m.group("lo")), "high": None if hi == "..." else number(hi), "count": count}
+
+
+def _key(raw: str | None) -> str | None:
+    return None if raw is None else raw.strip()
+
+
+def parse_output(text: str) -> dict[str, Any]:
+    """bpftrace's output -> {map name: histogram | {key: histogram} | value}.
+
+    A histogram is a list of buckets; a keyed map (`@bs[R]:`) becomes {key: ...}; a plain value (`@n: 12`)
+    an int (or its text when it is not a number). Lines that are neither (Attaching N probes...) are skipped.
+    A key printed twice (bpftrace keys char arrays by all their bytes, so two keys may print alike) is one
+    histogram: the second's buckets are added to the first's."""
+    maps: dict[str, Any] = {}
+    current: list | None = None
+    for line in text.splitlines():
+        bucket = parse_bucket(line)
+        if bucket is not None and current is not None:
+            current.append(bucket)
+            continue
+        m = _HEADER.match(line.strip())
+        if m is None:
+            if line.strip():
+                current = None
+            continue
+        name, key, rest = m.group(1), _key(m.group(2)), m.group(3).strip()
+        value: Any
+        if rest:
+            value = int(rest) if re.fullmatch(r"-?\d+", rest) else rest
+            current = None
+        else:
+            value = current = []
+        if key is None:
+            maps[name] = value
+        else:
+            keyed = maps.setdefault(name, {})
+            if key in keyed and isinstance(value, list):  # the same printed key twice: one histogram
+                current = keyed[key]
+            else:
+                keyed[key] = value
+    return maps
+
+
+def total(buckets: list[dict]) -> int:
+    return sum(b["count"] for b in buckets)
+
+
+def quantile_bucket(buckets: list[dict], q: float) -> dict | None:
+    """The bucket holding the q-quantile (0 < q <= 1) of a histogram; None when it is empty."""
+    n = total(buckets)
+    if n == 0:
+        return None
+    seen = 0
+    for b in sorted(buckets, key=lambda b: float("-inf") if b["low"] is None else b["low"]):
+        seen += b["count"]
+        if seen >= q * n:
+            return b
+    return buckets[-1]
+
+
+def bucket_text(b: dict | None, unit: str = "") -> str:
+    if b is None:
+        return "-"
+    lo, hi = b["low"], b["high"]
+    if lo is None:
+        return f"< {hi}{unit}"
+    if hi is None:
+        return f">= {lo}{unit}"
+    return f"[{lo}, {hi}){unit}"

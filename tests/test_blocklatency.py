@@ -1,0 +1,68 @@
+"""--enable-latency-tracing: the results block, the report section, the sheets, and degrading cleanly."""
+
+import shutil
+
+from kv_cache.report import blocklatency
+from kv_cache.storage import blocktrace
+from kv_cache.storage.bpftrace_hist import parse_output
+
+TRACE = """Attaching 16 probes...
+@d2c_us[RS]:
+[512, 1K)             10 |@@@@@|
+[8K, 16K)             90 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+@d2c_us[R]:
+[16K, 32K)            10 |@@@@@|
+@d2c_us[WS]:
+[1K, 2K)               4 |@@@@@|
+@vfs_read_us:
+[8K, 16K)             50 |@@@@@|
+@inflight:
+[1]                    3 |@@@@@|
+"""
+
+
+def maps() -> dict:
+    return {k.lstrip("@"): v for k, v in parse_output(TRACE).items()}
+
+
+def test_read_keys_merge_and_percentiles_are_buckets_in_ms():
+    block = blocklatency.block_latency(maps(), None, pid=42)
+    read = block["figures"]["D2C read"]
+    assert read["count"] == 110  # RS and R merged
+    assert read["p50_ms_bucket"] == [8.192, 16.384] and read["p99_ms_bucket"] == [16.384, 32.768]
+    assert block["figures"]["D2C write"]["p95_ms_bucket"] == [1.024, 2.048]
+    assert "Q2D" not in block["figures"] and block["pid"] == 42
+
+
+def test_report_section_puts_the_tools_figure_next_to_the_block_layers():
+    results = {"block_latency": blocklatency.block_latency(maps(), None),
+               "summary": {"cache_stats": {"storage_read_device_p50_ms": 12.0, "storage_read_device_p95_ms": 30.0}}}
+    lines = blocklatency.report_lines(results)
+    assert any(ln.startswith("  D2C read: 110") and "p50 in [8.192, 16.384) ms" in ln for ln in lines)
+    assert lines[-1].endswith("p50 12.00 ms, p95 30.00 ms")
+    assert blocklatency.report_lines({}) == []
+
+
+def test_missing_bpftrace_or_privilege_is_one_clear_line(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    tracer, why = blocktrace.BlockTracer.start(1)
+    assert tracer is None and why.startswith("bpftrace is not installed")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(blocktrace.os, "geteuid", lambda: 1000)
+    assert blocktrace.unavailable_reason().startswith("bpftrace needs root")
+    block = blocklatency.block_latency(None, why)
+    assert blocklatency.report_lines({"block_latency": block})[-1] == f"  Not traced: {why}"
+    assert blocklatency.sheets({"block_latency": block}) == {}
+
+
+def test_sheets_hold_figures_and_every_bucket():
+    sheets = blocklatency.sheets({"block_latency": blocklatency.block_latency(maps(), None)})
+    assert sheets["Block Latency"][1][:2] == ["D2C read", 110]
+    rows = sheets["Block Histograms"]
+    assert ["d2c_us", "RS", 512, 1024, 10] in rows and ["inflight", "", 1, 2, 3] in rows
+    assert len(rows) == 1 + 6
+
+
+def test_device_size_falls_back_when_unknown():
+    assert blocktrace.device_gib(None) == 1024
+    assert blocktrace.device_gib("no-such-device") == 1024
