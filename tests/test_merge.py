@@ -8,7 +8,7 @@ import pytest
 from kv_cache.cli import main
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
-from kv_cache.report.merge import MergeError, find_rank_files, merge_documents
+from kv_cache.report.merge import MergeError, find_rank_files, merge_documents, merged_table
 from kv_cache.report.samples import latency_samples
 from kv_cache.storage.base import IOResult
 
@@ -34,7 +34,7 @@ def _doc(rank, e2e_s, read_ns, read_gib, write_gib, start, end, aligned=True, p9
                                     "cache_hits": 3, "cache_misses": 1}},
         "measurement": {"window_seconds": window, "requests_issued": len(e2e_s), "requests_failed": 0, "errors": 0,
                         "window_wallclock": {"start_unix": start, "end_unix": end, "barrier_aligned": aligned}},
-        "run_parameters": {"mpi_rank": rank},
+        "run_parameters": {"mpi_rank": rank, "host": f"node{rank}"},
     }
 
 
@@ -94,6 +94,8 @@ def test_per_rank_table_and_harness_keys():
     assert [r["rank"] for r in m["per_rank"]] == [0, 1, 2]
     assert [r["requests"] for r in m["per_rank"]] == [50, 200, 17]
     assert [r["seed"] for r in m["per_rank"]] == [10, 11, 12]
+    assert [r["host"] for r in m["per_rank"]] == ["node0", "node1", "node2"]  # which host each rank ran on
+    assert "node2:" in merged_table(m)
     assert m["per_rank"][2]["storage_read_gibps"] == pytest.approx(0.3)
     assert m["total_requests"] == 267 and m["overall_passed"] is False  # rank 1 failed
     assert m["cache_hit_rate"] == pytest.approx(0.75)

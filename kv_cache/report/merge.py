@@ -163,7 +163,8 @@ def _per_rank(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, d in enumerate(docs):
         s, cs = d.get("summary") or {}, _cs(d)
         rows.append({
-            "rank": _rank_of(d, i), "file": d.get("_source"), "seed": d.get("seed"),
+            "rank": _rank_of(d, i), "host": (d.get("run_parameters") or {}).get("host"),
+            "file": d.get("_source"), "seed": d.get("seed"),
             "window_seconds": d["measurement"].get("window_seconds"),
             "requests": d.get("requests_completed", 0),
             "storage_read_gib": cs.get("tier_storage_kv_bytes_read_gb", 0.0),
@@ -264,9 +265,9 @@ def merged_table(doc: dict[str, Any]) -> str:
              f"{lat['end_to_end'].get('p95', 0.0):.2f} ms (merged), max of rank P95 "
              f"{doc['max_of_rank_p95_ms']['end_to_end_latency'] or 0.0:.2f} ms",
              f"  {'rank':>4} {'window s':>9} {'requests':>8} {'read GiB/s':>10} {'write GiB/s':>11} "
-             f"{'e2e P95 ms':>10}  file"]
+             f"{'e2e P95 ms':>10}  host / file"]
     for r in doc["per_rank"]:
         lines.append(f"  {r['rank']:>4} {r['window_seconds'] or 0.0:>9.3f} {r['requests']:>8} "
                      f"{r['storage_read_gibps']:>10.3f} {r['storage_write_gibps']:>11.3f} "
-                     f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r['file']}")
+                     f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r.get('host') or '-'}: {r['file']}")
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -73,4 +74,5 @@ def run_parameters(settings: RunSettings, started: datetime) -> dict[str, Any]:
         "mpi_rank": settings.mpi_rank,
         "mpi_world_size": settings.mpi_world_size,
         "pid": os.getpid(),
+        "host": socket.gethostname(),  # tells the ranks of a multi-host run apart in the merged rows
     }
