@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from kv_cache import __version__
 from kv_cache.config.schema import SessionsConfig
 from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
+from kv_cache.driver.ladder_summary import merge_replications, rung_warnings
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import GIB
 from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
@@ -44,6 +45,8 @@ class SessionsSettings:
     output: str
     log_level: str
     argv: tuple[str, ...]
+    replications: int = 1
+    slo_ttft_p90_s: float | None = None
 
 
 __all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
@@ -53,8 +56,11 @@ METHOD = (
     "its pause elapsed; a finished session is replaced by the next one. Compute is modelled (roofline per "
     "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
     "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: batch means "
-    "over equal sub-windows of the measured window, Student t interval; ratios: CI of the ratio of mean "
-    "sub-window throughputs. Effective capacity = the rung (sessions) with the highest mean per-GPU throughput."
+    "over equal sub-windows of the measured window, Student t interval, widened for lag-1 autocorrelation and "
+    "clamped at 0 (or, with --replications K, t-interval across K seeded replications); TTFT percentiles: "
+    "pooled per-turn samples of the window, bootstrap interval; ratios: CI of the ratio of mean throughputs. "
+    "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
+    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO."
 )
 
 
@@ -69,9 +75,14 @@ def load_trace_sessions(s: SessionsSettings) -> tuple[LadderSettings, list[Sessi
     return dataclasses.replace(ls, block_tokens=scripts[0].block_tokens, shared_prefix_tokens=0), scripts
 
 
+REPLICATION_SEED_STRIDE = 7919  # replication k runs with seed + k x this (k = 0: the given seed)
+
+
 def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
-               rungs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run every (tier config, rung); `rungs` (if given) receives each finished rung as it completes."""
+               rungs: list[dict[str, Any]] | None = None, replications: int = 1,
+               slo_ttft_p90_s: float | None = None) -> dict[str, Any]:
+    """Run every (tier config, rung), `replications` times each with its own seed; `rungs` (if given)
+    receives each finished cell as it completes. `supply(seed)` -> the session supply of that seed."""
     rungs = [] if rungs is None else rungs
     raw = {}
     cap_blocks = ls.hbm_capacity_blocks()
@@ -83,17 +94,27 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
     )
     for tier in tiers:
         for n in ladder:
-            out.write(f"  running {tier:<13} {n:>5} sessions ...")
-            out.flush()
-            rung = RungRun(ls, tier, n, supply)
-            result = rung.run()
-            raw[(tier, n)] = rung.throughput_samples
-            rungs.append(result)
-            t = result["throughput_tokens_per_s_per_gpu"]
-            out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
-            out.flush()
+            reps = []
+            for k in range(replications):
+                out.write(f"  running {tier:<13} {n:>5} sessions" + (f" (replication {k + 1})" if replications > 1
+                                                                       else "") + " ...")
+                out.flush()
+                lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
+                rung = RungRun(lsk, tier, n, supply(lsk.seed))
+                result = rung.run()
+                reps.append(result)
+                if k == 0:
+                    raw[(tier, n)] = rung.throughput_samples
+                t = result["throughput_tokens_per_s_per_gpu"]
+                out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
+                out.flush()
+            cell = merge_replications(reps)
+            if replications > 1:
+                raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
+            rungs.append(cell)
     flag_work_equivalence(rungs)
-    return {"rungs": rungs, "summary": summarize(rungs, raw)}
+    summary = summarize(rungs, raw, slo_ttft_p90_s)
+    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary)}
 
 
 def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs are still written
@@ -111,10 +132,12 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        body = run_ladder(ls, ladder, tiers, script_supply(trace_scripts, s.sessions, ls.seed), out, done_rungs)
+        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(trace_scripts, s.sessions, seed), out,
+                          done_rungs, s.replications, s.slo_ttft_p90_s)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
-        body, code = {"rungs": done_rungs, "summary": None, "interrupted": True}, ExitCode.INTERRUPTED
+        body, code = ({"rungs": done_rungs, "summary": None, "interrupted": True,
+                       "warnings": rung_warnings(done_rungs, None)}, ExitCode.INTERRUPTED)
     results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
@@ -126,6 +149,10 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
             "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
             "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.io_workers,
+            "load_policy": ls.load_policy, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
+            "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+            "dram_usable_fraction": ls.dram_usable_fraction,
+            "replica_assignment": "blake2b(seed:session_id) mod replicas",
         },
         "method": METHOD,
         **body,

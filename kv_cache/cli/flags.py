@@ -21,6 +21,7 @@ from kv_cache.config.run import (
     defaults,
 )
 from kv_cache.driver.ladder import TIER_CONFIGS
+from kv_cache.engine.replica import LOAD_POLICIES
 
 __all__ = ["add_run_flags", "add_sessions_flags", "run_flag_defaults", "sessions_flag_defaults"]
 
@@ -177,3 +178,10 @@ def add_sessions_flags(p: argparse.ArgumentParser) -> None:
     a("--prefill-chunk-tokens", type=int, default=d["prefill_chunk_tokens"],
       help="Prefill tokens per batching iteration.")
     a("--log-level", default=d["log_level"], choices=LOG_LEVELS)
+    a("--load-policy", choices=LOAD_POLICIES, default=d["load_policy"],
+      help="always: load every offloaded prefix hit; cost: recompute it when loading at the tier's measured "
+           "bandwidth would take longer than the modelled prefill.")
+    a("--replications", type=int, default=d["replications"],
+      help="Independent seeded replications per (config, sessions) cell; CIs across them (t).")
+    a("--slo-ttft-p90", type=float, default=d["slo_ttft_p90"], metavar="S",
+      help="SLO on the p90 TTFT of returning turns: effective capacity = largest session count meeting it.")

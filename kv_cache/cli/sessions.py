@@ -54,6 +54,9 @@ class SessionsFlags:
     no_fsync: bool | None = None
     prefill_chunk_tokens: int = 8192
     log_level: str = "WARNING"
+    load_policy: str = "always"
+    replications: int = 1
+    slo_ttft_p90: float | None = None
 
 
 def timestamped(name: str, when: datetime) -> str:
@@ -89,6 +92,10 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         errors.append("--num-gpus must be a positive multiple of --tensor-parallel")
     if args.io_workers < 1 or args.prefill_chunk_tokens < 1:
         errors.append("--io-workers and --prefill-chunk-tokens must be positive")
+    if args.replications < 1:
+        errors.append(f"--replications must be >= 1, got {args.replications}")
+    if args.slo_ttft_p90 is not None and not args.slo_ttft_p90 > 0:
+        errors.append(f"--slo-ttft-p90 must be positive seconds, got {args.slo_ttft_p90}")
     if args.cache_dir is not None and "dram+storage" in tiers:
         problem = check_cache_dir(args.cache_dir)
         if problem:
@@ -138,9 +145,11 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=EvictionPolicy.from_config(cfg.eviction),
+        load_policy=args.load_policy,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
+        replications=args.replications, slo_ttft_p90_s=args.slo_ttft_p90,
     )
