@@ -194,3 +194,17 @@ def test_full_settings_dataclass_keeps_the_default_policy(settings):
     ls = settings().ladder_settings
     assert ls.load_policy == "always" and dataclasses.replace(ls, load_policy="cost").load_policy == "cost"
     assert settings("--load-policy", "cost").ladder_settings.load_policy == "cost"
+
+
+def test_article_grid_models_resolve_with_their_sourced_shapes(settings):
+    from kv_cache.errors import UsageError
+    from kv_cache.models import MODEL_CONFIGS
+
+    assert "llama3.1-405b" not in MODEL_CONFIGS  # the standard run keeps the reference's nine models
+    ls = parse_sessions_settings(["--model", "llama3.1-405b", "--gpu", "h200", "--num-gpus", "8",
+                                  "--tensor-parallel", "8"]).ladder_settings
+    assert ls.model.bytes_per_token == 126 * 8 * 128 * 2 * 2 and ls.hbm_capacity_blocks() > 0
+    assert ls.block_bytes_per_gpu * 8 == ls.block_bytes
+    assert parse_sessions_settings(["--model", "qwen3-32b"]).ladder_settings.model.bytes_per_token == 262144
+    with pytest.raises(UsageError, match="does not fit"):
+        parse_sessions_settings(["--model", "llama3.1-405b", "--gpu", "h100"])

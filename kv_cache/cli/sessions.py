@@ -20,6 +20,7 @@ from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.engine import roofline as gpumod
 from kv_cache.errors import UsageError
 from kv_cache.metrics.recorder import GIB
+from kv_cache.models import SESSION_MODELS
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 
@@ -107,9 +108,10 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
     """Validate every flag (all problems in one message), then resolve model, GPU and I/O settings."""
     cfg = load_config(args.config)
     errors = []
-    model = cfg.model_configs.get(args.model)
+    model = cfg.model_configs.get(args.model) or SESSION_MODELS.get(args.model)
     if model is None:
-        errors.append(f"unknown model '{args.model}' (available: {', '.join(sorted(cfg.model_configs))})")
+        names = sorted({*cfg.model_configs, *SESSION_MODELS})
+        errors.append(f"unknown model '{args.model}' (available: {', '.join(names)})")
     spec = cfg.gpus.get(args.gpu)
     if spec is None:
         errors.append(f"unknown GPU '{args.gpu}' (available: {', '.join(sorted(cfg.gpus))})")
