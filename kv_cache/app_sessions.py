@@ -149,7 +149,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
             "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
             "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.io_workers,
-            "load_policy": ls.load_policy, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
+            "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
             "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
             "dram_usable_fraction": ls.dram_usable_fraction,
             "replica_assignment": "blake2b(seed:session_id) mod replicas",

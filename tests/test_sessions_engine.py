@@ -208,3 +208,75 @@ def test_article_grid_models_resolve_with_their_sourced_shapes(settings):
     assert parse_sessions_settings(["--model", "qwen3-32b"]).ladder_settings.model.bytes_per_token == 262144
     with pytest.raises(UsageError, match="does not fit"):
         parse_sessions_settings(["--model", "llama3.1-405b", "--gpu", "h100"])
+
+
+# ---------------------------------------------------------------------------------------------
+# --steady-state
+# ---------------------------------------------------------------------------------------------
+
+
+def make_slots(n, settings_obj, block_tokens):
+    from kv_cache.driver.session_slots import Slot
+    from kv_cache.workload.sessions import apply_pace
+
+    ls = settings_obj.ladder_settings
+    supply = script_supply(None, settings_obj.sessions, ls.seed)()
+    return [Slot(i, block_tokens, 1.0, lambda: apply_pace(next(supply), ls.pace, ls.seed)) for i in range(n)]
+
+
+def test_steady_start_fills_hbm_by_lru_and_prestores_the_rest(settings):
+    from kv_cache.driver.steady_state import prepare_steady_start
+
+    s = settings("--pace", "fixed:2")
+    slots = make_slots(12, s, 512)
+
+    class StoreCounter:
+        block_bytes = 1
+
+        def __init__(self):
+            self.stored = []
+            self.cache = self
+
+        def store(self, key):
+            self.stored.append(key)
+
+        def contains(self, key):
+            return key in self.stored
+
+    io = StoreCounter()
+    replicas = [idle_replica(20, io=io), idle_replica(20, io=io)]
+    start = prepare_steady_start(slots, replicas, lambda sid: replica_of(sid, 42, 2), seed=7, stagger_cap_s=3.0,
+                                 drain=None)
+    assert start.hbm_occupancy == 1.0 and all(len(r.hbm) == 20 for r in replicas)  # HBM full, as in a long run
+    assert start.prestored_blocks == len(io.stored) > 0  # what HBM could not hold went to the tiers
+    assert sum(1 for t in start.start_turns if t > 0) > 0  # sessions start mid-way, their context processed
+    for slot, t in zip(slots, start.start_turns, strict=True):
+        assert slot.turn == t and not slot.outstanding
+        assert 0.0 <= slot.first_wake <= (2.0 if t else 3.0)  # staggered within the turn's pause
+        if t:
+            assert slot.next_request().turn_index == t  # the first issued turn is the drawn one
+    again = make_slots(12, s, 512)
+    same = prepare_steady_start(again, [idle_replica(20), idle_replica(20)], lambda sid: replica_of(sid, 42, 2),
+                                seed=7, stagger_cap_s=3.0, drain=None)
+    assert same.start_turns == start.start_turns  # seeded
+
+
+def test_warmup_detector_waits_for_steady_occupancy():
+    from kv_cache.driver.steady_state import WarmupDetector
+
+    d = WarmupDetector(ticks=3)
+    ramp = [(0.1, 0.5, 1), (0.2, 0.7, 3), (0.3, 0.9, 5), (0.4, 0.99, 8), (0.5, 1.0, 8), (0.6, 1.0, 9)]
+    steady_at = [t for t, occ, n in ramp if d.add(t, occ, n)]
+    assert steady_at and steady_at[0] == 0.6
+
+
+@pytest.mark.slow  # runs a rung in real time
+def test_steady_state_rung_starts_full_and_detects_its_warmup(settings):
+    s = settings("--steady-state", "--window", "1", "--warmup", "2", "--pace", "fixed:0.3", "--io-workers", "2",
+                 "--io-chunk-mb", "1", "--no-fsync")
+    ls = s.ladder_settings
+    result = RungRun(ls, "dram+storage", 6, script_supply(None, s.sessions, ls.seed)).run()
+    st = result["steady_state"]
+    assert st["hbm_occupancy_at_start"] == 1.0 and st["prestored_blocks"] > 0 and st["started_mid_session"] > 0
+    assert 0 < result["warmup_end_s"] <= 2.0 and result["window_s"] == 1.0
+    assert result["offload_io"]["storage_write_gib"] + result["offload_io"]["dram_write_gib"] < 1  # not counted

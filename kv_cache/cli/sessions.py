@@ -58,6 +58,7 @@ class SessionsFlags:
     load_policy: str = "always"
     replications: int = 1
     slo_ttft_p90: float | None = None
+    steady_state: bool = False
 
 
 def timestamped(name: str, when: datetime) -> str:
@@ -147,7 +148,7 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=EvictionPolicy.from_config(cfg.eviction),
-        load_policy=args.load_policy,
+        load_policy=args.load_policy, steady_state=args.steady_state,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,

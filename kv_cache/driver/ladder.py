@@ -32,6 +32,7 @@ from kv_cache.driver.rung_results import (
     ttft_percentiles,
 )
 from kv_cache.driver.session_slots import Slot
+from kv_cache.driver.steady_state import WarmupDetector, prepare_steady_start
 from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
@@ -75,6 +76,7 @@ class LadderSettings:
     seed: int
     eviction: EvictionPolicy
     load_policy: str = "always"  # always | cost (see Replica)
+    steady_state: bool = False  # start as a long run would have left the engine and tiers (steady_state.py)
 
     @property
     def replicas(self) -> int:
@@ -122,7 +124,11 @@ class RungRun:
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
-        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor})
+        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor,
+                               "warmup_check": self._on_warmup_check})
+        self.window_start_ns: int | None = None
+        self.steady = None
+        self.warmup = WarmupDetector()
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
         self.first_reqs: list[tuple[float, TurnRequest]] = []  # (t, turn) at its first token
@@ -238,9 +244,30 @@ class RungRun:
         self.closed.after(slot.user_id, end_ns)  # its pause, or the next session at once
 
     def _on_open_window(self, when: int, _: object) -> None:
+        """Open the measured window (once: at the fixed warm-up's end, or when steady occupancy is detected)."""
+        if self.window_start_ns is not None:
+            return
+        self.window_start_ns = when
+        self.window_end = when + int(self.ls.window_s * 1e9)
         self.metrics.open_window(when)
         if self.io is not None:
             self.io_open = self.io.snapshot()
+
+    def _on_warmup_check(self, when: int, interval_ns: int) -> None:
+        """Steady-state runs: sample occupancy; open the window once it is steady."""
+        if self.window_start_ns is not None:
+            return
+        in_engine = sum(len(r.waiting) + len(r.prefill) + len(r.decoding) for r in self.replicas)
+        occupancy = sum(r.occupancy() for r in self.replicas) / len(self.replicas)
+        if self.warmup.add((when - self.t0) / 1e9, occupancy, in_engine):
+            self._on_open_window(when, None)
+        else:
+            self.loop.push(when + interval_ns, "warmup_check", interval_ns)
+
+    def _drain_io(self) -> None:
+        """Wait until every queued block move is done (the steady-state start's pre-stored blocks)."""
+        while any(c.backlog_ops for c in self.io.snapshot().values()):
+            self.stop.wait(0.005)
 
     def _on_monitor(self, when: int, last: tuple[int, int]) -> Stop | None:
         """Sample the interval (turns and tokens completed) and apply the load shape's decision."""
@@ -284,21 +311,39 @@ class RungRun:
             raise
         self.closed = ClosedLoop(self.loop, [self._make_slot(i) for i in range(self.sessions)], self._issue_slot,
                                  make_user=self._make_slot)
+        if ls.steady_state:
+            self.steady = prepare_steady_start(
+                self.closed.users, self.replicas, lambda sid: replica_of(sid, ls.seed, len(self.replicas)),
+                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None)
         self.t0 = self._now = self.loop.clock()
-        window_start = self.t0 + int(ls.warmup_s * 1e9)
-        window_end = window_start + int(ls.window_s * 1e9)
+        window_start = self.t0 + int(ls.warmup_s * 1e9)  # steady state: the latest the window opens
+        self.window_end = window_start + int(ls.window_s * 1e9)
         self.loop.push(window_start, "open_window")
+        if ls.steady_state:
+            interval = int(max(0.05, min(1.0, ls.window_s / 20)) * 1e9)
+            self.loop.push(self.t0 + interval, "warmup_check", interval)
         self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
         try:
             self.closed.start(self.t0)
-            while self._step(window_end):
+            while self._step(self.window_end):
                 pass
         finally:
-            self.metrics.close_window(window_end)
+            self.metrics.close_window(self.window_end)
             if getattr(self, "io", None) is not None:
                 self.io_close = self.io.snapshot()
             self._teardown()
-        return self._results(ls.warmup_s, ls.warmup_s + ls.window_s)
+        w0 = ((self.window_start_ns or self.t0 + int(ls.warmup_s * 1e9)) - self.t0) / 1e9
+        result = self._results(w0, w0 + ls.window_s)
+        result["warmup_end_s"] = w0
+        if self.steady is not None:
+            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": w0 < ls.warmup_s,
+                                      "warmup_rule": f"HBM occupancy within {self.warmup.hbm_tolerance:.0%} and "
+                                                     f"turns in the engine within max(1, "
+                                                     f"{self.warmup.turns_tolerance:.0%}) over "
+                                                     f"{self.warmup.ticks} checks; cap --warmup {ls.warmup_s:g} s"}
+            if w0 >= ls.warmup_s:
+                result["flags"].append("steady occupancy not detected: the window opened at the --warmup cap")
+        return result
 
     # -- results ------------------------------------------------------------------------------
     def _engine_clock(self) -> dict[str, Any]:

@@ -306,6 +306,33 @@ class Replica:
             self._to_prefill(req)
         return True
 
+    def install(self, keys: list[str]) -> int:
+        """Before the run: make `keys` (one session's processed context) resident as a finished turn would
+        leave them, evicting LRU blocks; blocks evicted, and those of a context longer than HBM, are stored
+        in the offload tiers (when there are any). Returns how many blocks were stored."""
+        stored = 0
+        with self.cond:
+            keys = list(dict.fromkeys(keys))
+            kept, overflow = keys[: self.capacity], keys[self.capacity:]
+            for k in kept:
+                if k not in self.hbm:
+                    if len(self.hbm) + self.reserved >= self.capacity:
+                        stored += self._evict_one(exclude=set(kept))
+                    self.hbm[k] = 0
+            for k in reversed(kept):
+                self.hbm.move_to_end(k)
+            if self.io is not None:
+                for k in overflow:
+                    self.io.store(k)
+                stored += len(overflow) if self.io is not None else 0
+            self.max_occupied = max(self.max_occupied, len(self.hbm) + self.reserved)
+        return stored
+
+    def occupancy(self) -> float:
+        """Share of the HBM's KV blocks resident or reserved."""
+        with self.cond:
+            return (len(self.hbm) + self.reserved) / self.capacity
+
     def _worth_loading(self, hits: int, load_keys: list[str]) -> bool:
         """Cost policy: load when reading the blocks at each tier's measured bandwidth takes no longer than
         the modelled prefill of their tokens (after the HBM hits); no measurement yet: load."""
@@ -318,14 +345,16 @@ class Replica:
         tokens = len(load_keys) * self.block_tokens
         return seconds <= self.prefill_seconds(tokens, hits * self.block_tokens)
 
-    def _evict_one(self, exclude: set[str]) -> None:
+    def _evict_one(self, exclude: set[str]) -> bool:
+        """Evict the least recently used unpinned block; True when it was sent down to the tiers."""
         for key, pins in self.hbm.items():
             if pins == 0 and key not in exclude:
                 del self.hbm[key]
                 self.evictions += 1
                 if self.io is not None and not self.io.cache.contains(key):
                     self.io.store(key)  # evicted blocks go down the tiers (real writes, asynchronous)
-                return
+                    return True
+                return False
         raise RuntimeError("no evictable HBM block")  # guarded by _try_admit
 
     def _loaded(self, req: TurnRequest, key: str, ok: bool, t0: int) -> None:
