@@ -113,3 +113,24 @@ def test_replications_merge_into_a_t_interval_and_give_capacity_cis():
     assert s["configs"]["none"]["slo_capacity_sessions_ci"]["estimate"] == pytest.approx(3.0)  # caps 2 and 4
     assert s["configs"]["dram"]["slo_capacity_sessions_ci"]["estimate"] == pytest.approx(4.0)
     assert s["ratios"][0]["effective_capacity_ratio_ci"]["n"] == 2
+
+
+def test_auto_ladder_doubles_until_throughput_has_peaked():
+    from kv_cache.driver.ladder_summary import auto_next_rung
+
+    assert auto_next_rung([], 2) == 2
+    assert auto_next_rung([(2, 10.0)], 2) == 4
+    assert auto_next_rung([(2, 10.0), (4, 20.0), (8, 15.0)], 2) == 16  # one lower rung may be noise
+    assert auto_next_rung([(2, 10.0), (4, 20.0), (8, 15.0), (16, 12.0)], 2) is None  # peaked at 4
+    assert auto_next_rung([(2 ** i, float(i)) for i in range(1, 4)], 2, max_rungs=3) is None  # capped: censored
+
+
+def test_ladder_auto_flag_parses():
+    from kv_cache.cli import parse_sessions_settings
+    from kv_cache.errors import UsageError
+
+    assert parse_sessions_settings(["--ladder", "auto"]).ladder_auto_start == 2
+    assert parse_sessions_settings(["--ladder", "auto:8"]).ladder_auto_start == 8
+    assert parse_sessions_settings(["--ladder", "4,8"]).ladder_auto_start == 0
+    with pytest.raises(UsageError):
+        parse_sessions_settings(["--ladder", "auto:0"])

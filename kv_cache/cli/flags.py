@@ -153,7 +153,9 @@ def add_sessions_flags(p: argparse.ArgumentParser) -> None:
     a("--gpu-mem-gb", type=float, default=d["gpu_mem_gb"], help="HBM per GPU in GiB (0 = the GPU spec's).")
     a("--num-gpus", type=int, default=d["num_gpus"], help="GPUs; replicas = num-gpus / tensor-parallel.")
     a("--tensor-parallel", type=int, default=d["tensor_parallel"], help="GPUs per model replica.")
-    a("--ladder", default=d["ladder"], help="Comma-separated concurrent-session counts (rungs).")
+    a("--ladder", default=d["ladder"],
+      help="Comma-separated concurrent-session counts (rungs), or auto[:START] (double from START, default 2, "
+           "until throughput has peaked).")
     a("--window", type=float, default=d["window"], help="Measured seconds per rung (the article used 720).")
     a("--warmup", type=float, default=d["warmup"], help="Unmeasured seconds before each window.")
     a("--subwindows", type=int, default=d["subwindows"], help="Sub-windows for the confidence intervals (>= 2).")

@@ -116,7 +116,13 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
     spec = cfg.gpus.get(args.gpu)
     if spec is None:
         errors.append(f"unknown GPU '{args.gpu}' (available: {', '.join(sorted(cfg.gpus))})")
-    ladder = _positive_ints(args.ladder, "--ladder")
+    auto_start = 0
+    if args.ladder.strip().startswith("auto"):  # auto or auto:START
+        start = args.ladder.strip()[4:].lstrip(":") or "2"
+        auto_start = _positive_ints(start, "--ladder auto:START")[0]
+        ladder = [auto_start]
+    else:
+        ladder = _positive_ints(args.ladder, "--ladder")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
     bad = [t for t in tiers if t not in TIER_CONFIGS]
     if bad or not tiers:
@@ -154,5 +160,5 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
-        replications=args.replications, slo_ttft_p90_s=args.slo_ttft_p90,
+        replications=args.replications, slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
     )

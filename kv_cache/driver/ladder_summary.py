@@ -16,9 +16,27 @@ from typing import Any
 from kv_cache.driver.rung_results import mean_of
 from kv_cache.metrics.stats import CI, nonnegative, ratio_ci
 
-__all__ = ["CENSORED", "flag_work_equivalence", "merge_replications", "rung_warnings", "slo_capacity", "summarize"]
+__all__ = ["AUTO_MAX_RUNGS", "CENSORED", "auto_next_rung", "flag_work_equivalence", "merge_replications", "rung_warnings", "slo_capacity", "summarize"]
 
 CENSORED = "censored: extend the ladder"
+
+
+AUTO_MAX_RUNGS = 12
+AUTO_PAST_PEAK = 2  # rungs below the best one that end the climb
+
+
+def auto_next_rung(history: list[tuple[int, float]], start: int, max_rungs: int = AUTO_MAX_RUNGS) -> int | None:
+    """`--ladder auto`: the next session count to run after `history` ((sessions, throughput) so far), or None
+    when the throughput has peaked (the best rung is followed by AUTO_PAST_PEAK lower ones) or the climb hit
+    `max_rungs` (then the top rung may be the peak: the summary flags it as censored). Doubles each time."""
+    if not history:
+        return start
+    if len(history) >= max_rungs:
+        return None
+    best = max(range(len(history)), key=lambda i: history[i][1])
+    if len(history) - 1 - best >= AUTO_PAST_PEAK:
+        return None
+    return history[-1][0] * 2
 
 
 def _p90_return(r: dict[str, Any]) -> float | None:
