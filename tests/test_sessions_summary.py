@@ -134,3 +134,19 @@ def test_ladder_auto_flag_parses():
     assert parse_sessions_settings(["--ladder", "4,8"]).ladder_auto_start == 0
     with pytest.raises(UsageError):
         parse_sessions_settings(["--ladder", "auto:0"])
+
+
+def test_work_equivalence_compares_context_and_output_tokens_too():
+    from kv_cache.driver.ladder_summary import flag_work_equivalence
+
+    def work(new, ctx, out):
+        ci = lambda m: {"estimate": m, "low": m * 0.99, "high": m * 1.01, "n": 50, "method": "t",  # noqa: E731
+                        "confidence": 0.95}
+        return {"turns_completed": 50, "mean_new_tokens_completed": new, "new_tokens_per_turn_ci": ci(new),
+                "context_tokens_per_turn_ci": ci(ctx), "output_tokens_per_turn_ci": ci(out)}
+
+    rungs = [{"sessions": 4, "work": work(1000, 20000, 100)}, {"sessions": 4, "work": work(1000, 20000, 100)},
+             {"sessions": 4, "work": work(1000, 40000, 100)}]
+    flag_work_equivalence(rungs)
+    assert [r["work"]["flagged"] for r in rungs] == [False, False, True]
+    assert "context tokens" in rungs[2]["work"]["flag_reasons"][0]

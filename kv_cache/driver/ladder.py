@@ -453,6 +453,7 @@ class RungRun:
             "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
             "mean_output_tokens_completed": (sum(out) / len(done)) if done else 0.0,
             "context_tokens_per_turn_ci": mean_ci(ctx).to_dict() if ctx else None,
+            "output_tokens_per_turn_ci": mean_ci(out).to_dict() if out else None,
             "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
             "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
             "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,

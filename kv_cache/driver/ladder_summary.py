@@ -71,7 +71,7 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) -> None:
     """At each session count, configs must have done comparable work per turn, or a config that "looks
-    faster" may simply have done less. A rung is flagged when its mean new tokens, or mean context tokens,
+    faster" may simply have done less. A rung is flagged when its mean new, context or output tokens
     per completed turn differs from the median config's by more than `tolerance` AND their 95 % CIs do not
     overlap (so sampling noise of a short window is not flagged), or when it completed no turn."""
     by_sessions: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -88,7 +88,8 @@ def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) 
                 reasons.append("no turn completed in the window")
             elif ref is not None and w is not ref:
                 for key, what in (("new_tokens_per_turn_ci", "new tokens"),
-                                  ("context_tokens_per_turn_ci", "context tokens")):
+                                  ("context_tokens_per_turn_ci", "context tokens"),
+                                  ("output_tokens_per_turn_ci", "output tokens")):
                     a, b = w.get(key), ref.get(key)
                     if not a or not b:
                         continue
