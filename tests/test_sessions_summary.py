@@ -150,3 +150,27 @@ def test_work_equivalence_compares_context_and_output_tokens_too():
     flag_work_equivalence(rungs)
     assert [r["work"]["flagged"] for r in rungs] == [False, False, True]
     assert "context tokens" in rungs[2]["work"]["flag_reasons"][0]
+
+
+def test_table_marks_clamped_intervals_flags_and_prints_the_breakdown():
+    import io
+
+    from kv_cache.metrics.stats import CLAMP_MARK
+    from kv_cache.report.sessions import print_table
+
+    r = rung("dram", 4, 100.0, 0.5)
+    r["throughput_tokens_per_s_per_gpu"].update(low=0.0, high=300.0, method=f"t; {CLAMP_MARK}")
+    r["ttft"]["start"] = {"n": 0, "p90_s": None}
+    r["work"]["flagged"] = False
+    r["flags"] = ["HBM never filled"]
+    part = {"mean": 0.1, "p90": 0.2}
+    r["ttft_breakdown"] = {"return": {"n": 30, "queue_wait_s": part, "load_s": part, "prefill_s": part,
+                                      "turns_loading": 12, "load_gb_per_turn": 0.3, "load_gbps": 2.5}}
+    results = {"rungs": [r], "summary": summarize([r], {("dram", 4): [100.0, 100.0]}), "method": "m",
+               "warnings": ["dram @ 4 sessions: HBM never filled"]}
+    out = io.StringIO()
+    print_table(results, out)
+    text = out.getvalue()
+    assert "100.0 [0.0*, 300.0]" in text and " !" in text
+    assert "TTFT of returning turns, broken down" in text and "2.50" in text
+    assert "Warnings (1" in text and "HBM never filled" in text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
+from kv_cache.metrics.stats import CLAMP_MARK
+
 __all__ = ["print_table"]
 
 
@@ -13,14 +15,15 @@ def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> s
     est, lo, hi = ci["estimate"] * scale, ci.get("low"), ci.get("high")
     if lo is None or hi is None or lo == hi:
         return f"{est:.{digits}f}"
-    return f"{est:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]"
+    mark = "*" if CLAMP_MARK in (ci.get("method") or "") else ""
+    return f"{est:.{digits}f} [{lo * scale:.{digits}f}{mark}, {hi * scale:.{digits}f}]"
 
 
 def print_table(results: dict[str, Any], out: TextIO) -> None:
     line = "=" * 118
     out.write(
         f"\n{line}\nSESSIONS HELD - per-GPU throughput and TTFT by configuration and concurrency "
-        "(95 % CI in brackets)\n{line}\n".replace("{line}", line)
+        "(95 % CI in brackets; * = lower bound clamped at 0)\n{line}\n".replace("{line}", line)
     )
     out.write(
         f"{'config':<13} {'sessions':>8}  {'tokens/s per GPU':<28} {'turns':>6}  "
