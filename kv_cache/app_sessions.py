@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from kv_cache import __version__
 from kv_cache.config.schema import SessionsConfig
 from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
+from kv_cache.driver.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import GIB
 from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
@@ -45,6 +46,9 @@ class SessionsSettings:
     output: str
     log_level: str
     argv: tuple[str, ...]
+    replications: int = 1
+    slo_ttft_p90_s: float | None = None
+    ladder_auto_start: int = 0  # > 0: `--ladder auto`, climbing from this many sessions until throughput peaked
 
 
 __all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
@@ -54,8 +58,11 @@ METHOD = (
     "its pause elapsed; a finished session is replaced by the next one. Compute is modelled (roofline per "
     "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
     "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: batch means "
-    "over equal sub-windows of the measured window, Student t interval; ratios: CI of the ratio of mean "
-    "sub-window throughputs. Effective capacity = the rung (sessions) with the highest mean per-GPU throughput."
+    "over equal sub-windows of the measured window, Student t interval, widened for lag-1 autocorrelation and "
+    "clamped at 0 (or, with --replications K, t-interval across K seeded replications); TTFT percentiles: "
+    "pooled per-turn samples of the window, bootstrap interval; ratios: CI of the ratio of mean throughputs. "
+    "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
+    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO."
 )
 
 
@@ -70,34 +77,77 @@ def load_trace_sessions(s: SessionsSettings) -> tuple[LadderSettings, list[Sessi
     return dataclasses.replace(ls, block_tokens=scripts[0].block_tokens, shared_prefix_tokens=0), scripts
 
 
+REPLICATION_SEED_STRIDE = 7919  # replication k runs with seed + k x this (k = 0: the given seed)
+
+
+class RungProgress:
+    """'rung i of n' with an ETA for the console (n unknown on an auto ladder: 'rung i' and elapsed time)."""
+
+    def __init__(self, ls: LadderSettings, total: int | None) -> None:
+        self.ls, self.total, self.done, self.started = ls, total, 0, time.monotonic()
+
+    def label(self) -> str:
+        elapsed = time.monotonic() - self.started
+        if self.total is None:
+            return f"[rung {self.done + 1}, {int(elapsed) // 60}m{int(elapsed) % 60:02d}s so far]"
+        return f"[rung {self.done + 1} of {self.total}, {rung_eta(self.done, self.total, elapsed, self.ls)}]"
+
+
+def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
+              raw: dict[tuple[str, int], list[float]], progress: RungProgress) -> dict[str, Any]:
+    """One (config, sessions) cell: `replications` seeded runs merged; its throughput samples into `raw`."""
+    reps = []
+    for k in range(replications):
+        out.write(f"  {progress.label()} running {tier:<13} {n:>5} sessions"
+                  + (f" (replication {k + 1})" if replications > 1 else "") + " ...")
+        out.flush()
+        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
+        rung = RungRun(lsk, tier, n, supply(lsk.seed))
+        result = rung.run()
+        result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
+        reps.append(result)
+        progress.done += 1
+        if k == 0:
+            raw[(tier, n)] = rung.throughput_samples
+        t = result["throughput_tokens_per_s_per_gpu"]
+        out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
+        out.flush()
+    cell = merge_replications(reps)
+    if replications > 1:
+        raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
+    return cell
+
+
 def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
-               rungs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run every (tier config, rung); `rungs` (if given) receives each finished rung as it completes."""
+               rungs: list[dict[str, Any]] | None = None, replications: int = 1,
+               slo_ttft_p90_s: float | None = None, auto_start: int = 0) -> dict[str, Any]:
+    """Run every (tier config, rung), `replications` times each with its own seed; `rungs` (if given)
+    receives each finished cell as it completes. `supply(seed)` -> the session supply of that seed.
+    `auto_start` > 0: ignore `ladder`, climb from that many sessions (doubling) until throughput peaked."""
     rungs = [] if rungs is None else rungs
-    raw = {}
+    raw: dict[tuple[str, int], list[float]] = {}
     cap_blocks = ls.hbm_capacity_blocks()
     out.write(
         f"kv-cache {__version__} sessions: {ls.model_name} on {ls.num_gpus} x {ls.gpu_name} "
         f"(HBM for KV: {cap_blocks} blocks of {ls.block_tokens} tokens = "
-        f"{cap_blocks * ls.block_tokens:,} tokens per replica), rungs {ladder}, tiers {tiers}, "
+        f"{cap_blocks * ls.block_tokens:,} tokens per replica), "
+        f"rungs {f'auto from {auto_start}' if auto_start else ladder}, tiers {tiers}, "
         f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
     )
-    total, started = len(tiers) * len(ladder), time.monotonic()
+    progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
     for tier in tiers:
-        for n in ladder:
-            out.write(f"  [rung {len(raw) + 1} of {total}, {rung_eta(len(raw), total, time.monotonic() - started, ls)}]"
-                      f" running {tier:<13} {n:>5} sessions ...")
-            out.flush()
-            rung = RungRun(ls, tier, n, supply)
-            result = rung.run()
-            raw[(tier, n)] = rung.throughput_samples
-            result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
-            rungs.append(result)
-            t = result["throughput_tokens_per_s_per_gpu"]
-            out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
-            out.flush()
+        if not auto_start:
+            for n in ladder:
+                rungs.append(_run_cell(ls, tier, n, supply, out, replications, raw, progress))
+            continue
+        history: list[tuple[int, float]] = []
+        while (n := auto_next_rung(history, auto_start)) is not None:
+            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress)
+            rungs.append(cell)
+            history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
     flag_work_equivalence(rungs)
-    return {"rungs": rungs, "summary": summarize(rungs, raw)}
+    summary = summarize(rungs, raw, slo_ttft_p90_s)
+    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary)}
 
 
 def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str:
@@ -123,10 +173,12 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        body = run_ladder(ls, ladder, tiers, script_supply(trace_scripts, s.sessions, ls.seed), out, done_rungs)
+        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(trace_scripts, s.sessions, seed), out,
+                          done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
-        body, code = {"rungs": done_rungs, "summary": None, "interrupted": True}, ExitCode.INTERRUPTED
+        body, code = ({"rungs": done_rungs, "summary": None, "interrupted": True,
+                       "warnings": rung_warnings(done_rungs, None)}, ExitCode.INTERRUPTED)
     results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
@@ -134,10 +186,16 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         "command": " ".join(["kv-cache", "sessions", *s.argv]),
         "parameters": {
             "model": ls.model_name, "gpu": ls.gpu_name, "hbm_gb": ls.gpu.hbm_gb, "num_gpus": ls.num_gpus,
-            "tensor_parallel": ls.tensor_parallel, "block_tokens": ls.block_tokens, "ladder": ladder,
+            "tensor_parallel": ls.tensor_parallel, "block_tokens": ls.block_tokens,
+            "ladder": ladder if not s.ladder_auto_start else sorted({r["sessions"] for r in done_rungs}),
+            "ladder_auto_start": s.ladder_auto_start or None,
             "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
             "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.io_workers,
+            "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
+            "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+            "dram_usable_fraction": ls.dram_usable_fraction,
+            "replica_assignment": "blake2b(seed:session_id) mod replicas",
         },
         "method": METHOD,
         **body,

@@ -163,6 +163,15 @@ MODEL_CONFIGS: Mapping[str, ModelConfig] = types.MappingProxyType(
     }
 )
 
+# Models of the session-aware article's grid that the reference's nine lack: `kv-cache sessions` accepts them
+# (a config's model_configs entry of the same name wins); the standard run keeps the reference's nine.
+SESSION_MODELS: Mapping[str, ModelConfig] = types.MappingProxyType(
+    {
+        # huggingface.co/meta-llama/Llama-3.1-405B config.json: 126 layers, hidden 16384, 128 heads, 8 KV
+        # heads (head_dim 128); model card: 405B parameters. 126 x 8 x 128 x 2 x 2 = 516,096 bytes/token
+        "llama3.1-405b": ModelConfig("Llama 3.1 405B", 126, 16384, 128, 8, total_params_b=405.0),
+    }
+)
 
 GIB = 1024**3
 

@@ -121,6 +121,9 @@ def test_ladder_output_has_curve_capacity_ratios_and_cis(argv, tmp_path):
     (["--pace", "slow"], "--pace"),
     (["--subwindows", "1"], "--subwindows must be >= 2"),
     (["--model", "llama3.1-70b-instruct", "--gpu-mem-gb", "10"], "does not fit"),
+    (["--replications", "0"], "--replications must be >= 1"),
+    (["--slo-ttft-p90", "-1"], "--slo-ttft-p90 must be positive"),
+    (["--load-policy", "never"], "--load-policy"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, capsys, extra, message):
     assert sessions_main(argv(*extra)) == 2
@@ -176,3 +179,24 @@ def test_a_load_shape_moves_the_number_of_slots_at_monitor_ticks(argv):
     assert shape.seen[0] == 2 and shape.seen[-1] == 4
     assert {slot for _, slot, _, _ in rung.events} == {0, 1, 2, 3}
     assert result["closed_loop_violations"] == 0
+
+
+@pytest.mark.slow  # runs rungs in real time
+def test_replications_slo_and_checks_reach_the_results(argv, tmp_path, capsys):
+    code = sessions_main(argv("--ladder", "2,3", "--tiers", "none,dram", "--window", "1", "--replications", "2",
+                              "--slo-ttft-p90", "5", "--load-policy", "cost"))
+    assert code == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    p = data["parameters"]
+    assert p["replications"] == 2 and p["slo_ttft_p90_s"] == 5 and p["load_policy"] == "cost"
+    for r in data["rungs"]:
+        assert r["replications"]["k"] == 2 and len(r["replications"]["seeds"]) == 2
+        assert r["throughput_tokens_per_s_per_gpu"]["n"] == 2 and r["throughput_tokens_per_s_per_gpu"]["low"] >= 0
+        assert {"queue_wait_s", "load_s", "prefill_s", "load_gbps"} <= r["ttft_breakdown"]["return"].keys()
+        assert r["engine_clock"]["iterations"] > 0 and "flags" in r
+    assert data["rungs"][-1]["offload_io_rates"]["load"]["offered_gbps"] >= 0
+    c = data["summary"]["configs"]["none"]
+    assert c["capacity_basis"].startswith("largest sessions") and "peak_throughput_sessions" in c
+    assert isinstance(data["warnings"], list)
+    out = capsys.readouterr().out
+    assert "TTFT of returning turns, broken down" in out and "Offload I/O per rung" in out

@@ -183,6 +183,7 @@ def test_every_public_function_is_tested_here():
     tested = {
         "CI", "mean", "mean_ci", "median", "normal_quantile", "percentile", "percentiles", "ratio_ci",
         "subwindow_rates", "subwindow_values", "t_cdf", "t_quantile",
+        "batch_means_ci", "lag1_autocorrelation", "nonnegative", "percentile_ci",
     }
     assert set(stats.__all__) == tested
 
@@ -267,3 +268,72 @@ def test_ratio_ci_edge_cases():
     flat = ratio_ci([2.0, 2.0], [4.0, 4.0])
     assert (flat.estimate, flat.low, flat.high) == (0.5, 0.5, 0.5)
     assert math.isnan(ratio_ci([], [1.0]).estimate)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch means with the lag-1 check, pooled percentiles with a bootstrap interval, clamping
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lag1_autocorrelation_known_values():
+    assert stats.lag1_autocorrelation([1, 2, 3, 4, 5]) == pytest.approx(0.4)  # (sum of d_i d_i+1) / sum d^2
+    assert stats.lag1_autocorrelation([1, -1, 1, -1]) == pytest.approx(-0.75)
+    assert math.isnan(stats.lag1_autocorrelation([1, 2]))
+
+
+def test_batch_means_ci_widens_for_positive_autocorrelation_and_says_so():
+    trend = [1.0, 2.0, 3.0, 4.0, 5.0]  # r1 = 0.4: widened by sqrt(1.4 / 0.6)
+    plain, wide = mean_ci(trend), stats.batch_means_ci(trend)
+    assert wide.half_width == pytest.approx(plain.half_width * math.sqrt(1.4 / 0.6))
+    assert "widened" in wide.method and "r1 = 0.40" in wide.method
+    alternating = [1.0, 3.0, 1.0, 3.0, 1.0, 3.0]
+    assert stats.batch_means_ci(alternating).half_width == pytest.approx(mean_ci(alternating).half_width)
+
+
+def test_batch_means_ci_covers_the_mean_of_an_autocorrelated_series():
+    # AR(1) series (phi 0.6) around a known mean, cut into 10 batches: the 95 % interval covers the mean in
+    # at least 90 % of 200 seeded series
+    rng = np.random.default_rng(7)
+    true_mean, covered = 5.0, 0
+    for _ in range(200):
+        e = rng.normal(0, 1, size=2000)
+        x = np.empty(2000)
+        x[0] = e[0]
+        for i in range(1, 2000):
+            x[i] = 0.6 * x[i - 1] + e[i]
+        batches = (x + true_mean).reshape(10, 200).mean(axis=1)
+        ci = stats.batch_means_ci(batches)
+        covered += ci.low <= true_mean <= ci.high
+    assert covered >= 180
+
+
+def test_percentile_ci_bootstrap_covers_a_known_p90():
+    # lognormal(mu, sigma): p90 = exp(mu + sigma z_0.9); 95 % bootstrap intervals over n = 200 pooled samples
+    # cover it in at least 90 % of 200 seeds, and never reach below 0 (the data are positive)
+    mu, sigma = 0.5, 0.8
+    true_p90 = math.exp(mu + sigma * normal_quantile(0.9))
+    covered = 0
+    for seed in range(200):
+        data = np.random.default_rng(1000 + seed).lognormal(mu, sigma, size=200)
+        ci = stats.percentile_ci(data, 90, resamples=400, seed=seed)
+        assert 0 < ci.low <= ci.estimate <= ci.high
+        covered += ci.low <= true_p90 <= ci.high
+    assert covered >= 180
+
+
+def test_percentile_ci_is_seeded_and_pooled():
+    data = [0.1 * i for i in range(50)]
+    a, b = stats.percentile_ci(data, 90, seed=3), stats.percentile_ci(data, 90, seed=3)
+    assert a == b and a.estimate == percentile(data, 90) and a.n == 50
+    assert stats.percentile_ci([2.0], 90).low == 2.0 and "n<2" in stats.percentile_ci([2.0], 90).method
+    with pytest.raises(ValueError):
+        stats.percentile_ci(data, 101)
+
+
+def test_nonnegative_clamps_and_marks():
+    ci = mean_ci([1.0, 30.0, 0.5])
+    assert ci.low < 0
+    clamped = stats.nonnegative(ci)
+    assert clamped.low == 0.0 and clamped.high == ci.high and stats.CLAMP_MARK in clamped.method
+    fine = mean_ci([10.0, 11.0, 12.0])
+    assert stats.nonnegative(fine) is fine

@@ -22,6 +22,7 @@ from kv_cache.config.run import (
     defaults,
 )
 from kv_cache.driver.ladder import TIER_CONFIGS
+from kv_cache.engine.replica import LOAD_POLICIES
 
 __all__ = ["add_run_flags", "add_sessions_flags", "run_flag_defaults", "sessions_flag_defaults"]
 
@@ -171,7 +172,9 @@ def add_sessions_flags(p: argparse.ArgumentParser) -> None:
     a("--gpu-mem-gb", type=float, default=d["gpu_mem_gb"], help="HBM per GPU in GiB (0 = the GPU spec's).")
     a("--num-gpus", type=int, default=d["num_gpus"], help="GPUs; replicas = num-gpus / tensor-parallel.")
     a("--tensor-parallel", type=int, default=d["tensor_parallel"], help="GPUs per model replica.")
-    a("--ladder", default=d["ladder"], help="Comma-separated concurrent-session counts (rungs).")
+    a("--ladder", default=d["ladder"],
+      help="Comma-separated concurrent-session counts (rungs), or auto[:START] (double from START, default 2, "
+           "until throughput has peaked).")
     a("--window", type=float, default=d["window"], help="Measured seconds per rung (the article used 720).")
     a("--warmup", type=float, default=d["warmup"], help="Unmeasured seconds before each window.")
     a("--subwindows", type=int, default=d["subwindows"], help="Sub-windows for the confidence intervals (>= 2).")
@@ -196,3 +199,13 @@ def add_sessions_flags(p: argparse.ArgumentParser) -> None:
     a("--prefill-chunk-tokens", type=int, default=d["prefill_chunk_tokens"],
       help="Prefill tokens per batching iteration.")
     a("--log-level", default=d["log_level"], choices=LOG_LEVELS)
+    a("--load-policy", choices=LOAD_POLICIES, default=d["load_policy"],
+      help="always: load every offloaded prefix hit; cost: recompute it when loading at the tier's measured "
+           "bandwidth would take longer than the modelled prefill.")
+    a("--replications", type=int, default=d["replications"],
+      help="Independent seeded replications per (config, sessions) cell; CIs across them (t).")
+    a("--slo-ttft-p90", type=float, default=d["slo_ttft_p90"], metavar="S",
+      help="SLO on the p90 TTFT of returning turns: effective capacity = largest session count meeting it.")
+    a("--steady-state", action="store_true", default=d["steady_state"],
+      help="Start each rung as a long run would leave it (sessions mid-way, HBM full, evicted blocks in the "
+           "tiers, staggered arrivals); the warm-up ends when occupancy is steady (--warmup = its cap).")

@@ -19,6 +19,7 @@ from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.engine import roofline as gpumod
 from kv_cache.errors import UsageError
 from kv_cache.metrics.recorder import GIB
+from kv_cache.models import SESSION_MODELS
 from kv_cache.report.outputs import check_output_path
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
@@ -54,6 +55,10 @@ class SessionsFlags:
     no_fsync: bool | None = None
     prefill_chunk_tokens: int = 8192
     log_level: str = "WARNING"
+    load_policy: str = "always"
+    replications: int = 1
+    slo_ttft_p90: float | None = None
+    steady_state: bool = False
 
 
 def timestamped(name: str, when: datetime) -> str:
@@ -89,6 +94,10 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         errors.append("--num-gpus must be a positive multiple of --tensor-parallel")
     if args.io_workers < 1 or args.prefill_chunk_tokens < 1:
         errors.append("--io-workers and --prefill-chunk-tokens must be positive")
+    if args.replications < 1:
+        errors.append(f"--replications must be >= 1, got {args.replications}")
+    if args.slo_ttft_p90 is not None and not args.slo_ttft_p90 > 0:
+        errors.append(f"--slo-ttft-p90 must be positive seconds, got {args.slo_ttft_p90}")
     if args.cache_dir is not None and "dram+storage" in tiers:
         problem = check_cache_dir(args.cache_dir)
         if problem:
@@ -100,13 +109,20 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
     """Validate every flag (all problems in one message), then resolve model, GPU and I/O settings."""
     cfg = load_config(args.config)
     errors = []
-    model = cfg.model_configs.get(args.model)
+    model = cfg.model_configs.get(args.model) or SESSION_MODELS.get(args.model)
     if model is None:
-        errors.append(f"unknown model '{args.model}' (available: {', '.join(sorted(cfg.model_configs))})")
+        names = sorted({*cfg.model_configs, *SESSION_MODELS})
+        errors.append(f"unknown model '{args.model}' (available: {', '.join(names)})")
     spec = cfg.gpus.get(args.gpu)
     if spec is None:
         errors.append(f"unknown GPU '{args.gpu}' (available: {', '.join(sorted(cfg.gpus))})")
-    ladder = _positive_ints(args.ladder, "--ladder")
+    auto_start = 0
+    if args.ladder.strip().startswith("auto"):  # auto or auto:START
+        start = args.ladder.strip()[4:].lstrip(":") or "2"
+        auto_start = _positive_ints(start, "--ladder auto:START")[0]
+        ladder = [auto_start]
+    else:
+        ladder = _positive_ints(args.ladder, "--ladder")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
     bad = [t for t in tiers if t not in TIER_CONFIGS]
     if bad or not tiers:
@@ -142,9 +158,11 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,
+        load_policy=args.load_policy, steady_state=args.steady_state,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
+        replications=args.replications, slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
     )

@@ -9,9 +9,9 @@ so their work is comparable; a work-equivalence control flags any that completed
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,17 +21,30 @@ from kv_cache.config.sections import EvictionConfig
 from kv_cache.driver.autoscale import ConstantShape, IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
 from kv_cache.driver.events import EventLoop, Stop
+from kv_cache.driver.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.driver.pool import Stream, WorkerPool
+from kv_cache.driver.rung_results import (
+    RungRecord,
+    io_rates,
+    per_gpu_rates,
+    rung_flags,
+    throughput_ci,
+    ttft_breakdown,
+    ttft_percentiles,
+)
 from kv_cache.driver.session_slots import Slot
+from kv_cache.driver.steady_state import WarmupDetector, prepare_steady_start
 from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
-from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates, subwindow_values
+from kv_cache.metrics.stats import mean_ci, percentile
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.workload.sessions import SessionScript, apply_pace
 
 log = logging.getLogger("kv_cache.sessions")
+
+__all__ = ["TIER_CONFIGS", "LadderSettings", "RungRun", "flag_work_equivalence", "replica_of", "summarize"]
 
 TIER_CONFIGS = ("none", "dram", "dram+storage")
 TURN_CLASSES = ("start", "return", "agentic")
@@ -63,6 +76,8 @@ class LadderSettings:
     pace: Any  # scripts.Pace
     seed: int
     eviction: EvictionConfig
+    load_policy: str = "always"  # always | cost (see Replica)
+    steady_state: bool = False  # start as a long run would have left the engine and tiers (steady_state.py)
 
     @property
     def replicas(self) -> int:
@@ -70,11 +85,28 @@ class LadderSettings:
 
     @property
     def block_bytes(self) -> int:
-        return self.block_tokens * self.model.bytes_per_token // self.tensor_parallel
+        """A whole block's KV: a replica offloads all of it (each TP rank its shard, together the block)."""
+        return self.block_tokens * self.model.bytes_per_token
+
+    @property
+    def block_bytes_per_gpu(self) -> int:
+        """Each GPU's (TP rank's) share of a block."""
+        return self.block_bytes // self.tensor_parallel
+
+    @property
+    def dram_usable_fraction(self) -> float:
+        """The DRAM tier's usable share, the same whether it is the last tier or spills to storage."""
+        return self.eviction.target_usage_ratio
 
     def hbm_capacity_blocks(self) -> int:
         cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
         return int(cap // (self.block_tokens * self.model.bytes_per_token))
+
+
+def replica_of(session_id: str, seed: int, replicas: int) -> int:
+    """Stable, seeded session -> replica assignment (the same in every process, unlike hash())."""
+    digest = hashlib.blake2b(f"{seed}:{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % replicas
 
 
 class RungRun:
@@ -93,9 +125,16 @@ class RungRun:
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
-        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor})
+        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor,
+                               "warmup_check": self._on_warmup_check})
+        self.window_start_ns: int | None = None
+        self.steady = None
+        self.warmup = WarmupDetector()
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
+        self.first_reqs: list[tuple[float, TurnRequest]] = []  # (t, turn) at its first token
+        self.io_open = self.io_close = None  # offload-I/O counter snapshots at the window's start and end
+        self.backlog: list[tuple[float, int, int]] = []  # (t, load ops, store ops) queued at monitor ticks
         self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
         self.completed: list[tuple[float, TurnRequest]] = []
         self.offered: list[tuple[float, int]] = []  # (t, new tokens)
@@ -106,6 +145,7 @@ class RungRun:
     def _first_token(self, req: TurnRequest, now: int) -> None:
         with self.lock:
             self.first_tokens.append(((now - self.t0) / 1e9, req.turn_class, req.ttft_ns / 1e9))
+            self.first_reqs.append(((now - self.t0) / 1e9, req))
 
     def _iteration(self, now: int, prefill: int, decode: int, replica: int) -> None:
         with self.lock:
@@ -121,7 +161,10 @@ class RungRun:
         tiers: list[Tier] = []
         if self.tiers in ("dram", "dram+storage") and ls.dram_bytes > 0:
             self.memory_store = MemoryStore(ls.dram_bytes)
-            tiers.append(Tier("cpu", self.memory_store, ls.dram_bytes))
+            # as the last tier the cache would fill DRAM to 100 %, above storage to target_usage_ratio:
+            # the same usable fraction in both configurations
+            limit = ls.dram_bytes * (ls.dram_usable_fraction if self.tiers == "dram" else 1.0)
+            tiers.append(Tier("cpu", self.memory_store, limit))
         if self.tiers == "dram+storage":
             self.file_store = FileStore(ls.cache_dir, ls.chunk_bytes, fsync=ls.fsync, io_mode=ls.io_mode)
             limit = ls.storage_capacity_bytes or self.file_store.free_bytes() * 0.95
@@ -141,6 +184,9 @@ class RungRun:
                 ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel
             )
 
+        def prefill_seconds(new: int, cached: int) -> float:
+            return gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, new, cached, tp=ls.tensor_parallel)
+
         cap = ls.hbm_capacity_blocks()
         self.replicas = [
             Replica(
@@ -154,6 +200,8 @@ class RungRun:
                 self._iteration,
                 ls.prefill_chunk_tokens,
                 self.stop,
+                load_policy=ls.load_policy if self.io is not None else "always",
+                prefill_seconds=prefill_seconds,
             )
             for i in range(ls.replicas)
         ]
@@ -182,7 +230,7 @@ class RungRun:
         req.issue_ns = now
         with self.lock:
             self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
-        self.replicas[hash(req.session_id) % len(self.replicas)].submit(req)
+        self.replicas[replica_of(req.session_id, self.ls.seed, len(self.replicas))].submit(req)
 
     def _make_slot(self, index: int) -> Slot:
         return Slot(index, self.ls.block_tokens, self.ls.human_threshold_s, self._next_script)
@@ -197,13 +245,39 @@ class RungRun:
         self.closed.after(slot.user_id, end_ns)  # its pause, or the next session at once
 
     def _on_open_window(self, when: int, _: object) -> None:
+        """Open the measured window (once: at the fixed warm-up's end, or when steady occupancy is detected)."""
+        if self.window_start_ns is not None:
+            return
+        self.window_start_ns = when
+        self.window_end = when + int(self.ls.window_s * 1e9)
         self.metrics.open_window(when)
+        if self.io is not None:
+            self.io_open = self.io.snapshot()
+
+    def _on_warmup_check(self, when: int, interval_ns: int) -> None:
+        """Steady-state runs: sample occupancy; open the window once it is steady."""
+        if self.window_start_ns is not None:
+            return
+        in_engine = sum(len(r.waiting) + len(r.prefill) + len(r.decoding) for r in self.replicas)
+        occupancy = sum(r.occupancy() for r in self.replicas) / len(self.replicas)
+        if self.warmup.add((when - self.t0) / 1e9, occupancy, in_engine):
+            self._on_open_window(when, None)
+        else:
+            self.loop.push(when + interval_ns, "warmup_check", interval_ns)
+
+    def _drain_io(self) -> None:
+        """Wait until every queued block move is done (the steady-state start's pre-stored blocks)."""
+        while any(c.backlog_ops for c in self.io.snapshot().values()):
+            self.stop.wait(0.005)
 
     def _on_monitor(self, when: int, last: tuple[int, int]) -> Stop | None:
         """Sample the interval (turns and tokens completed) and apply the load shape's decision."""
         done = self.completed[last[1]:]
         dt = max(1e-9, (when - last[0]) / 1e9)
         queued = sum(len(r.waiting) for r in self.replicas)
+        if self.io is not None:
+            snap = self.io.snapshot()
+            self.backlog.append(((when - self.t0) / 1e9, snap["load"].backlog_ops, snap["store"].backlog_ops))
         sample = IntervalSample(
             t_s=(when - self.t0) / 1e9, users=self.closed.active,
             tokens_per_sec=sum(r.input_tokens + r.output_tokens for _, r in done) / dt,
@@ -238,21 +312,55 @@ class RungRun:
             raise
         self.closed = ClosedLoop(self.loop, [self._make_slot(i) for i in range(self.sessions)], self._issue_slot,
                                  make_user=self._make_slot)
+        if ls.steady_state:
+            self.steady = prepare_steady_start(
+                self.closed.users, self.replicas, lambda sid: replica_of(sid, ls.seed, len(self.replicas)),
+                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None)
         self.t0 = self._now = self.loop.clock()
-        window_start = self.t0 + int(ls.warmup_s * 1e9)
-        window_end = window_start + int(ls.window_s * 1e9)
+        window_start = self.t0 + int(ls.warmup_s * 1e9)  # steady state: the latest the window opens
+        self.window_end = window_start + int(ls.window_s * 1e9)
         self.loop.push(window_start, "open_window")
+        if ls.steady_state:
+            interval = int(max(0.05, min(1.0, ls.window_s / 20)) * 1e9)
+            self.loop.push(self.t0 + interval, "warmup_check", interval)
         self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
         try:
             self.closed.start(self.t0)
-            while self._step(window_end):
+            while self._step(self.window_end):
                 pass
         finally:
-            self.metrics.close_window(window_end)
+            self.metrics.close_window(self.window_end)
+            if getattr(self, "io", None) is not None:
+                self.io_close = self.io.snapshot()
             self._teardown()
-        return self._results(ls.warmup_s, ls.warmup_s + ls.window_s)
+        w0 = ((self.window_start_ns or self.t0 + int(ls.warmup_s * 1e9)) - self.t0) / 1e9
+        result = self._results(w0, w0 + ls.window_s)
+        result["warmup_end_s"] = w0
+        if self.steady is not None:
+            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": w0 < ls.warmup_s,
+                                      "warmup_rule": f"HBM occupancy within {self.warmup.hbm_tolerance:.0%} and "
+                                                     f"turns in the engine within max(1, "
+                                                     f"{self.warmup.turns_tolerance:.0%}) over "
+                                                     f"{self.warmup.ticks} checks; cap --warmup {ls.warmup_s:g} s"}
+            if w0 >= ls.warmup_s:
+                result["flags"].append("steady occupancy not detected: the window opened at the --warmup cap")
+        return result
 
     # -- results ------------------------------------------------------------------------------
+    def _engine_clock(self) -> dict[str, Any]:
+        """How late the replicas woke up against their modelled (absolute) deadlines: the drift that remained."""
+        late = [x / 1e6 for r in self.replicas for x in r.late_ns]
+        modelled = sum(r.modelled_ns for r in self.replicas) / 1e9
+        return {
+            "method": "absolute deadlines: iteration i ends at t_start + sum of modelled iteration times; "
+                      "lateness = wake-up time - deadline, not accumulated",
+            "iterations": len(late),
+            "modelled_busy_s": modelled,
+            "late_ms_mean": sum(late) / len(late) if late else None,
+            "late_ms_p99": percentile(late, 99) if late else None,
+            "late_ms_max": max(late) if late else None,
+        }
+
     def _results(self, w0: float, w1: float) -> dict[str, Any]:
         ls = self.ls
         k = ls.subwindows
@@ -261,27 +369,21 @@ class RungRun:
         it = [(t, p, d) for t, p, d in self.iterations if w0 <= t < w1]
         done = [(t, r) for t, r in self.completed if w0 <= t < w1]
         offered = [(t, n) for t, n in self.offered if w0 <= t < w1]
+        rec = RungRecord(window, k, gpus, ls.block_bytes, self.first_reqs, self.io_open, self.io_close, self.backlog)
 
         def per_gpu_rate(samples: list[tuple[float, float]]) -> list[float]:
-            return [x / gpus for x in subwindow_rates(samples, window, k)]
+            return per_gpu_rates(samples, window, k, gpus)
 
         # Served tokens (as vLLM counts throughput): prompt (whole context, cached or not) and generated tokens
         # of the turns completed in the window. Recomputing a context adds GPU work, not served tokens.
         self.throughput_samples = per_gpu_rate([(t, r.input_tokens + r.output_tokens) for t, r in done])
-        total = mean_ci(self.throughput_samples)
-        prefill = mean_ci(per_gpu_rate([(t, r.input_tokens) for t, r in done]))
-        decode = mean_ci(per_gpu_rate([(t, r.output_tokens) for t, r in done]))
-        computed = mean_ci(per_gpu_rate([(t, p) for t, p, _ in it]))
-        turns_rate = mean_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
-        ttft: dict[str, Any] = {}
-        for cls in TURN_CLASSES:
-            samples = [(t, v) for t, c, v in self.first_tokens if c == cls and w0 <= t < w1]
-            ttft[cls] = {"n": len(samples)}
-            for q in (50, 90, 99):
-                # one percentile per sub-window, then their mean and t-interval: TTFTs close in time are
-                # correlated, so the per-turn values are not independent samples
-                values = subwindow_values(samples, window, k, q)
-                ttft[cls][f"p{q}_s"] = mean_ci(values).to_dict() if values else None
+        total = throughput_ci(self.throughput_samples)
+        prefill = throughput_ci(per_gpu_rate([(t, r.input_tokens) for t, r in done]))
+        decode = throughput_ci(per_gpu_rate([(t, r.output_tokens) for t, r in done]))
+        computed = throughput_ci(per_gpu_rate([(t, p) for t, p, _ in it]))
+        turns_rate = throughput_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
+        # percentiles of the pooled TTFTs of the window, bootstrap interval (seeded per rung)
+        ttft = ttft_percentiles(rec, ls.seed + self.sessions)
         hit_tok = sum(r.hbm_hit_blocks * ls.block_tokens for _, r in done)
         load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
         recompute_tok = sum(r.recomputed_tokens for _, r in done)
@@ -290,12 +392,14 @@ class RungRun:
         cpu_r, cpu_w = self.metrics.tier_op("cpu", "read"), self.metrics.tier_op("cpu", "write")
         new_done = [r.new_tokens for _, r in done]
         new_offered = [n for _, n in offered]
-        return {
+        result = {
             "tiers": self.tiers,
             "sessions": self.sessions,
             "gpus": gpus,
             "window_s": w1 - w0,
             "subwindows": k,
+            "seed": ls.seed,
+            "load_policy": ls.load_policy,
             "throughput_tokens_per_s_per_gpu": total.to_dict(),
             "prefill_tokens_per_s_per_gpu": prefill.to_dict(),
             "decode_tokens_per_s_per_gpu": decode.to_dict(),
@@ -303,10 +407,12 @@ class RungRun:
             "completed_turns": len(done),
             "completed_turns_per_s_per_gpu": turns_rate.to_dict(),
             "ttft": ttft,
+            "ttft_breakdown": ttft_breakdown(rec),
             "kv_sources": {
                 "hbm_hit_share": hit_tok / source_total,
                 "loaded_share": load_tok / source_total,
                 "recomputed_share": recompute_tok / source_total,
+                "load_skipped_blocks": sum(r.skipped_load_blocks for _, r in done),
             },
             "offload_io": {
                 "storage_read_gib": st_r.window_bytes / GIB,
@@ -316,102 +422,40 @@ class RungRun:
                 "storage_read_ops": st_r.ops,
                 "storage_write_ops": st_w.ops,
                 "errors": int(sum(self.metrics.errors.values())),
+                "block_bytes": ls.block_bytes,
+                "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+                "storage_read_gib_per_gpu": st_r.window_bytes / GIB / ls.tensor_parallel,
+                "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
             },
-            "work": {
-                "turns_offered": len(offered),
-                "turns_completed": len(done),
-                "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
-                "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
-                "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
-                "mean_output_tokens_completed": (sum(r.output_tokens for _, r in done) / len(done))
-                if done
-                else 0.0,
-            },
+            "offload_io_rates": io_rates(rec),
+            "work": self._work(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,
             "closed_loop_violations": self.violations,
             "oversized_turns": sum(1 for _, r in done if r.oversized),
             "hbm_evictions": sum(r.evictions for r in self.replicas),
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
+            "hbm_max_occupied_blocks": max(r.max_occupied for r in self.replicas),
+            "engine_clock": self._engine_clock(),
         }
+        filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
+        result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
+        return result
 
-
-def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) -> None:
-    """At each session count, configs must have done comparable work per turn, or a config that "looks
-    faster" may simply have done less. A rung is flagged when its mean new tokens per completed turn
-    differs from the median config's by more than `tolerance` AND their 95 % CIs do not overlap (so
-    sampling noise of a short window is not flagged), or when it completed no turn."""
-    by_sessions: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in rungs:
-        by_sessions[r["sessions"]].append(r)
-    for group in by_sessions.values():
-        done = sorted((r for r in group if r["work"]["turns_completed"]),
-                      key=lambda r: r["work"]["mean_new_tokens_completed"])
-        ref = done[len(done) // 2]["work"] if done else None
-        for r in group:
-            w = r["work"]
-            reasons = []
-            if w["turns_completed"] == 0:
-                reasons.append("no turn completed in the window")
-            elif ref is not None and w is not ref:
-                a, b = w["new_tokens_per_turn_ci"], ref["new_tokens_per_turn_ci"]
-                differs = abs(a["estimate"] - b["estimate"]) > tolerance * b["estimate"]
-                separate = not CI(**a).overlaps(CI(**b))
-                if differs and separate:
-                    reasons.append(f"tokens per completed turn {a['estimate']:.0f} [{a['low']:.0f}, {a['high']:.0f}]"
-                                   f" vs {b['estimate']:.0f} [{b['low']:.0f}, {b['high']:.0f}] at this rung")
-            w["flagged"] = bool(reasons)
-            w["flag_reasons"] = reasons
-
-
-def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float]]) -> dict[str, Any]:
-    """Curve per config, effective capacity (sessions at peak per-GPU throughput), ratios with CIs.
-
-    `raw[(config, sessions)]`: that rung's per-sub-window throughput samples (for the ratio CIs).
-    """
-    configs = list(dict.fromkeys(r["tiers"] for r in rungs))
-    out: dict[str, Any] = {"configs": {}, "ratios": []}
-    for cfg in configs:
-        mine = [r for r in rungs if r["tiers"] == cfg]
-        peak = max(mine, key=lambda r: r["throughput_tokens_per_s_per_gpu"]["estimate"])
-        out["configs"][cfg] = {
-            "curve": [
-                {
-                    "sessions": r["sessions"],
-                    "throughput_tokens_per_s_per_gpu": r["throughput_tokens_per_s_per_gpu"],
-                }
-                for r in mine
-            ],
-            "effective_capacity_sessions": peak["sessions"],
-            "peak_throughput_tokens_per_s_per_gpu": peak["throughput_tokens_per_s_per_gpu"],
+    @staticmethod
+    def _work(done, offered, new_done, new_offered) -> dict[str, Any]:
+        """What the completed turns were: the work-equivalence control's inputs."""
+        ctx = [r.input_tokens for _, r in done]
+        out = [r.output_tokens for _, r in done]
+        return {
+            "turns_offered": len(offered),
+            "turns_completed": len(done),
+            "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
+            "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
+            "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
+            "mean_output_tokens_completed": (sum(out) / len(done)) if done else 0.0,
+            "context_tokens_per_turn_ci": mean_ci(ctx).to_dict() if ctx else None,
+            "output_tokens_per_turn_ci": mean_ci(out).to_dict() if out else None,
+            "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
+            "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
+            "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,
         }
-    base = "none" if "none" in configs else configs[0]
-    for cfg in configs:
-        if cfg == base:
-            continue
-        a, b = out["configs"][cfg], out["configs"][base]
-        ci = ratio_ci(
-            raw[(cfg, a["effective_capacity_sessions"])], raw[(base, b["effective_capacity_sessions"])]
-        )
-        out["ratios"].append(
-            {
-                "config": cfg,
-                "baseline": base,
-                "effective_capacity_ratio": a["effective_capacity_sessions"]
-                / b["effective_capacity_sessions"],
-                "peak_throughput_ratio": ci.to_dict(),
-            }
-        )
-    by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
-    for cfg in configs:
-        if cfg == base:
-            continue
-        for (c, n), r in by_rung.items():
-            if c != cfg or (base, n) not in by_rung:
-                continue
-            b = by_rung[(base, n)]
-            out.setdefault("ratios_by_rung", []).append({
-                "config": cfg, "baseline": base, "sessions": n,
-                "throughput_ratio": ratio_ci(raw[(cfg, n)], raw[(base, n)]).to_dict(),
-                "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
-            })
-    return out

@@ -26,6 +26,7 @@ class Slot:
     turn: int = 0
     keys: list[str] = field(default_factory=list)  # keys of the session's cached full blocks, in order
     outstanding: bool = False
+    first_wake: float = 0.0  # seconds before the first turn (steady-state start: staggered)
 
     @property
     def user_id(self) -> str:
@@ -35,7 +36,7 @@ class Slot:
         return True  # a slot starts the next session when one ends
 
     def first_wake_s(self) -> float:
-        return 0.0
+        return self.first_wake
 
     def think_time(self) -> float:
         """The pause before the session's next turn; none when it ended (the next session starts now)."""
@@ -45,6 +46,18 @@ class Slot:
 
     def restart(self) -> None:
         """Nothing to replay: the slot's supply of sessions continues."""
+
+    def fast_forward(self, start_turn: int) -> list[str]:
+        """Mark the first `start_turn` turns of the current session (a new one if none) as already processed
+        (a steady-state start): their blocks are keyed as if they had run; returns the keys of the context
+        they left behind."""
+        if self.script is None:
+            self._start_session()
+        start_turn = max(0, min(start_turn, len(self.script.turns) - 1))
+        for _ in range(start_turn):
+            self.next_request()
+        self.outstanding = False
+        return list(self.keys)
 
     def _start_session(self) -> None:
         self.script, self.turn = self.next_script(), 0

@@ -64,6 +64,9 @@ class TurnRequest:
     ttft_ns: int = 0
     admitted_ns: int = 0
     load_ns: int = 0
+    load_bytes: int = 0
+    prefill_start_ns: int = 0  # when the turn joined the prefill queue (after its loads)
+    skipped_load_blocks: int = 0  # offload hits recomputed instead (--load-policy cost)
     oversized: bool = False
 
 
@@ -75,9 +78,33 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+LOAD_PRIORITY, STORE_PRIORITY = 1, 0  # a turn waits on its loads; a store only frees HBM that is already free
+
+
+@dataclass
+class IOCounters:
+    """Offered (submitted) and sustained (completed) block moves of one kind, ops and bytes."""
+
+    submitted_ops: int = 0
+    completed_ops: int = 0
+    submitted_bytes: int = 0
+    completed_bytes: int = 0
+    busy_ns: int = 0  # summed per-move I/O time (for the tier's measured bandwidth)
+
+    @property
+    def backlog_ops(self) -> int:
+        return self.submitted_ops - self.completed_ops
+
+    def snapshot(self) -> IOCounters:
+        return IOCounters(self.submitted_ops, self.completed_ops, self.submitted_bytes, self.completed_bytes,
+                          self.busy_ns)
+
+
 class IOPool:
     """Moves blocks between the engine and the offload tiers (real reads and writes) on an executor's
-    workers; a load reports whether the block was there."""
+    workers; a load reports whether the block was there. Loads run ahead of queued stores (a turn waits
+    on its loads). Counts offered and completed moves per kind, and each tier's measured read bandwidth
+    (bytes per second of one move, as one worker sees it)."""
 
     def __init__(self, cache: MultiTierCache, executor: Executor, block_bytes: int, block_tokens: int,
                  stop: threading.Event) -> None:
@@ -86,21 +113,46 @@ class IOPool:
         self.block_bytes = block_bytes
         self.block_tokens = block_tokens
         self.stop = stop
+        self.lock = threading.Lock()
+        self.counters = {"load": IOCounters(), "store": IOCounters()}
+        self.read_bytes_by_tier: dict[str, int] = {}
+        self.read_ns_by_tier: dict[str, int] = {}
 
     def load(self, key: str, done: Callable[[str, bool], None]) -> None:
-        self.executor.submit(partial(self._run, "load", key, done))
+        self._count_submit("load")
+        self.executor.submit(partial(self._run, "load", key, done), LOAD_PRIORITY)
 
     def store(self, key: str) -> None:
-        self.executor.submit(partial(self._run, "store", key, None))
+        self._count_submit("store")
+        self.executor.submit(partial(self._run, "store", key, None), STORE_PRIORITY)
+
+    def _count_submit(self, kind: str) -> None:
+        with self.lock:
+            c = self.counters[kind]
+            c.submitted_ops += 1
+            c.submitted_bytes += self.block_bytes
+
+    def read_bandwidth(self, tier: str) -> float | None:
+        """Measured bytes per second of one block read from `tier` so far (None before the first read)."""
+        with self.lock:
+            ns = self.read_ns_by_tier.get(tier, 0)
+            return self.read_bytes_by_tier[tier] * 1e9 / ns if ns else None
+
+    def snapshot(self) -> dict[str, IOCounters]:
+        with self.lock:
+            return {k: c.snapshot() for k, c in self.counters.items()}
 
     def _run(self, kind: str, key: str, done: Callable[[str, bool], None] | None, bufs: WorkerBuffers) -> None:
         ok = False
+        t0 = time.perf_counter_ns()
+        tier = None
         try:
             if self.stop.is_set():
                 raise IOAborted("stopping")
             if kind == "load":
                 res = self.cache.read(key, bufs, cause="load")
-                ok = res.tier is not None
+                tier = res.tier
+                ok = tier is not None
                 if res.in_window:
                     self.cache.metrics.count(names.USER_CACHE_HITS)
             else:
@@ -110,16 +162,42 @@ class IOPool:
             ok = False
         except OSError as exc:
             self.cache.metrics.record_error(f"session_{kind}", exc)
+        spent = time.perf_counter_ns() - t0
+        with self.lock:
+            c = self.counters[kind]
+            c.completed_ops += 1
+            c.busy_ns += spent
+            if ok:
+                c.completed_bytes += self.block_bytes
+            if tier is not None:
+                self.read_bytes_by_tier[tier] = self.read_bytes_by_tier.get(tier, 0) + self.block_bytes
+                self.read_ns_by_tier[tier] = self.read_ns_by_tier.get(tier, 0) + spent
         if done is not None:
             done(key, ok)
+
+    def tier_of(self, key: str) -> str | None:
+        entry = self.cache.entries.get(key)
+        return entry.location if entry is not None else None
 
     def close(self) -> None:
         """Queued moves run (as aborted, once stopping), then the workers end."""
         self.executor.close()
 
 
+LOAD_POLICIES = ("always", "cost")
+
+
 class Replica:
-    """One model replica: HBM prefix cache + continuous-batching loop on modelled time."""
+    """One model replica: HBM prefix cache + continuous-batching loop on modelled time.
+
+    HBM eviction follows vLLM: a finished turn's blocks return to the free queue tail first (the last block
+    of a context is evicted before its prefix), and across turns the least recently used go first.
+    Modelled time runs on absolute deadlines (each iteration ends `seconds` after the previous one's
+    deadline, not after the thread woke up), so scheduling delays do not add up; the lateness of each
+    wake-up is kept (`late_ns`) to report the drift that remained.
+    `load_policy`: "always" loads every offload hit; "cost" recomputes a hit prefix instead when reading it
+    at the tier's measured bandwidth would take longer than prefilling it (`prefill_seconds(new, cached)`).
+    """
 
     def __init__(
         self,
@@ -133,6 +211,8 @@ class Replica:
         on_iteration: Callable,
         prefill_chunk_tokens: int,
         stop: threading.Event,
+        load_policy: str = "always",
+        prefill_seconds: Callable[[int, int], float] | None = None,
     ) -> None:
         if capacity_blocks < 1:
             raise ValueError("HBM holds no KV block after the weights: use a bigger GPU or a smaller model")
@@ -153,6 +233,13 @@ class Replica:
         self.decoding: list[TurnRequest] = []
         self.cond = threading.Condition()
         self.evictions = 0
+        if load_policy not in LOAD_POLICIES or (load_policy == "cost" and prefill_seconds is None):
+            raise ValueError(f"load policy must be one of {LOAD_POLICIES} (cost needs prefill_seconds)")
+        self.load_policy = load_policy
+        self.prefill_seconds = prefill_seconds
+        self.max_occupied = 0  # most HBM blocks resident or reserved at once
+        self.late_ns: list[int] = []  # per iteration: wake-up time - modelled deadline
+        self.modelled_ns = 0  # sum of modelled iteration time
         self.thread = threading.Thread(target=self._loop, name=f"kv-replica-{index}", daemon=True)
         self.thread.start()
 
@@ -181,13 +268,14 @@ class Replica:
             new_slots = free + evictable
             req.needed_slots = len(resident) + new_slots
             req.oversized = True
-        for k in resident:
+        for k in reversed(resident):  # the prefix ends most recent: evicted last
             self.hbm[k] += 1
             self.hbm.move_to_end(k)
         req.pinned = resident
         while self.capacity - len(self.hbm) - self.reserved < new_slots:
             self._evict_one(exclude=set(resident))
         self.reserved += new_slots
+        self.max_occupied = max(self.max_occupied, len(self.hbm) + self.reserved)
         req.reserved = new_slots
         req.admitted_ns = time.perf_counter_ns()
         # Longest cached prefix: HBM hits are free, offload hits are loaded, the rest is recomputed.
@@ -203,7 +291,11 @@ class Replica:
             else:
                 break
         req.hbm_hit_blocks = hits
+        if load_keys and self.load_policy == "cost" and not self._worth_loading(hits, load_keys):
+            req.skipped_load_blocks = len(load_keys)
+            load_keys = []
         req.load_keys = load_keys
+        req.load_bytes = len(load_keys) * self.io.block_bytes if load_keys else 0
         if load_keys:
             req.loads_pending = len(load_keys)
             req.loaded_blocks = 0
@@ -214,14 +306,55 @@ class Replica:
             self._to_prefill(req)
         return True
 
-    def _evict_one(self, exclude: set[str]) -> None:
+    def install(self, keys: list[str]) -> int:
+        """Before the run: make `keys` (one session's processed context) resident as a finished turn would
+        leave them, evicting LRU blocks; blocks evicted, and those of a context longer than HBM, are stored
+        in the offload tiers (when there are any). Returns how many blocks were stored."""
+        stored = 0
+        with self.cond:
+            keys = list(dict.fromkeys(keys))
+            kept, overflow = keys[: self.capacity], keys[self.capacity:]
+            for k in kept:
+                if k not in self.hbm:
+                    if len(self.hbm) + self.reserved >= self.capacity:
+                        stored += self._evict_one(exclude=set(kept))
+                    self.hbm[k] = 0
+            for k in reversed(kept):
+                self.hbm.move_to_end(k)
+            if self.io is not None:
+                for k in overflow:
+                    self.io.store(k)
+                stored += len(overflow) if self.io is not None else 0
+            self.max_occupied = max(self.max_occupied, len(self.hbm) + self.reserved)
+        return stored
+
+    def occupancy(self) -> float:
+        """Share of the HBM's KV blocks resident or reserved."""
+        with self.cond:
+            return (len(self.hbm) + self.reserved) / self.capacity
+
+    def _worth_loading(self, hits: int, load_keys: list[str]) -> bool:
+        """Cost policy: load when reading the blocks at each tier's measured bandwidth takes no longer than
+        the modelled prefill of their tokens (after the HBM hits); no measurement yet: load."""
+        seconds = 0.0
+        for key in load_keys:
+            bw = self.io.read_bandwidth(self.io.tier_of(key) or "")
+            if bw is None:
+                return True
+            seconds += self.io.block_bytes / bw
+        tokens = len(load_keys) * self.block_tokens
+        return seconds <= self.prefill_seconds(tokens, hits * self.block_tokens)
+
+    def _evict_one(self, exclude: set[str]) -> bool:
+        """Evict the least recently used unpinned block; True when it was sent down to the tiers."""
         for key, pins in self.hbm.items():
             if pins == 0 and key not in exclude:
                 del self.hbm[key]
                 self.evictions += 1
                 if self.io is not None and not self.io.cache.contains(key):
                     self.io.store(key)  # evicted blocks go down the tiers (real writes, asynchronous)
-                return
+                    return True
+                return False
         raise RuntimeError("no evictable HBM block")  # guarded by _try_admit
 
     def _loaded(self, req: TurnRequest, key: str, ok: bool, t0: int) -> None:
@@ -240,6 +373,7 @@ class Replica:
                 self.cond.notify_all()
 
     def _to_prefill(self, req: TurnRequest) -> None:
+        req.prefill_start_ns = time.perf_counter_ns()
         cached_blocks = req.hbm_hit_blocks + len(req.load_keys)
         req.cached_tokens = cached_blocks * self.block_tokens
         req.prefill_left = max(1, req.input_tokens - req.cached_tokens)
@@ -248,8 +382,10 @@ class Replica:
 
     # -- the batching loop (engine thread) --------------------------------------------------
     def _loop(self) -> None:
+        deadline = 0  # modelled end of the last iteration (absolute, perf_counter ns)
         while not self.stop.is_set():
             with self.cond:
+                idle = not self.prefill and not self.decoding
                 while not self.prefill and not self.decoding and not self.stop.is_set():
                     self.cond.wait(0.1)
                 if self.stop.is_set():
@@ -270,36 +406,46 @@ class Replica:
                 steps = max(
                     1, min(min(r.decode_left for r in batch), int(MAX_DECODE_MACRO_STEP_S / max(step, 1e-9)))
                 )
-            seconds = step * steps
-            if self.stop.wait(seconds):
+            start = time.perf_counter_ns()
+            if idle or deadline == 0:
+                deadline = start  # an idle GPU starts its next iteration when the work arrives
+            seconds_ns = int(step * steps * 1e9)
+            deadline += seconds_ns
+            self.modelled_ns += seconds_ns
+            if self.stop.wait(max(0, deadline - start) / 1e9):
                 return
-            now = time.perf_counter_ns()
-            finished = []
-            with self.cond:
-                for req, n, _ in chunk:
-                    req.prefill_left -= n
-                    req.prefill_done += n
-                    if req.prefill_left == 0:
-                        self.prefill.remove(req)
-                        req.ttft_ns = now - req.issue_ns
-                        req.decode_left = max(0, req.output_tokens - 1)  # prefill emits the first token
-                        self.on_first_token(req, now)
-                        if req.decode_left:
-                            self.decoding.append(req)
-                        else:
-                            finished.append(req)
-                for req in batch:
-                    req.decode_left -= steps
-                    if req.decode_left <= 0:
-                        self.decoding.remove(req)
+            self.late_ns.append(time.perf_counter_ns() - deadline)
+            self._finish_iteration(deadline, chunk, batch, steps)
+
+    def _finish_iteration(self, now: int, chunk: list[tuple[TurnRequest, int, int]], batch: list[TurnRequest],
+                          steps: int) -> None:
+        """Apply one iteration's progress at its modelled end `now`; first tokens, completions, admissions."""
+        finished = []
+        with self.cond:
+            for req, n, _ in chunk:
+                req.prefill_left -= n
+                req.prefill_done += n
+                if req.prefill_left == 0:
+                    self.prefill.remove(req)
+                    req.ttft_ns = now - req.issue_ns
+                    req.decode_left = max(0, req.output_tokens - 1)  # prefill emits the first token
+                    self.on_first_token(req, now)
+                    if req.decode_left:
+                        self.decoding.append(req)
+                    else:
                         finished.append(req)
-                for req in finished:
-                    self._complete(req)
-                if finished:
-                    self._admit_waiting()
-            self.on_iteration(now, sum(n for _, n, _ in chunk), len(batch) * steps, self.index)
+            for req in batch:
+                req.decode_left -= steps
+                if req.decode_left <= 0:
+                    self.decoding.remove(req)
+                    finished.append(req)
             for req in finished:
-                self.on_done(req, now)
+                self._complete(req)
+            if finished:
+                self._admit_waiting()
+        self.on_iteration(now, sum(n for _, n, _ in chunk), len(batch) * steps, self.index)
+        for req in finished:
+            self.on_done(req, now)
 
     def _complete(self, req: TurnRequest) -> None:
         """The turn's full blocks stay cached (unpinned, most recent); spare reservation is released."""
@@ -307,12 +453,16 @@ class Replica:
             if k in self.hbm:
                 self.hbm[k] -= 1
         materialized = 0
+        keep = []
         for k in dict.fromkeys(req.final_keys):
             if k in self.hbm:
-                self.hbm.move_to_end(k)
+                keep.append(k)
             elif materialized < req.reserved:
                 self.hbm[k] = 0
+                keep.append(k)
                 materialized += 1
+        for k in reversed(keep):  # tail first into the LRU order: the prefix is evicted last
+            self.hbm.move_to_end(k)
         self.reserved -= req.reserved
 
     def close(self) -> None:

@@ -12,6 +12,11 @@
   window into k equal sub-windows, compute the statistic per sub-window (``subwindow_values``,
   ``subwindow_rates``) and put a t-interval (``mean_ci``) on those k values; with sub-windows long
   compared with the correlation time the k values are close to independent.
+- ``batch_means_ci``: the t-interval of batch means, with their lag-1 autocorrelation checked: a positive
+  r1 widens the interval by sqrt((1 + r1) / (1 - r1)) (the AR(1) variance factor of a mean) and says so.
+- ``percentile_ci``: a percentile of pooled samples with a seeded bootstrap (percentile method) interval,
+  which stays inside the range of the data (non-negative data, non-negative interval).
+- ``nonnegative``: a non-negative quantity's interval clamped at 0, with a mark in its method.
 - ``ratio_ci``: ratio of two independent means (e.g. throughput with / without a tier), delta method on
   the log ratio with Welch-Satterthwaite degrees of freedom.
 """
@@ -29,11 +34,15 @@ import numpy as np
 
 __all__ = [
     "CI",
+    "batch_means_ci",
+    "lag1_autocorrelation",
     "mean",
     "mean_ci",
     "median",
+    "nonnegative",
     "normal_quantile",
     "percentile",
+    "percentile_ci",
     "percentiles",
     "ratio_ci",
     "subwindow_rates",
@@ -347,3 +356,79 @@ def ratio_ci(a_values: Iterable[float], b_values: Iterable[float], confidence: f
     half = t_quantile((1.0 + confidence) / 2.0, df) * math.sqrt(va + vb)
     log_r = math.log(estimate)
     return CI(estimate, math.exp(log_r - half), math.exp(log_r + half), n, method, confidence)
+
+
+CLAMP_MARK = "low clamped at 0 (non-negative quantity)"
+
+
+def nonnegative(ci: CI) -> CI:
+    """``ci`` with a negative lower bound raised to 0 and the method marked (a rate or a time cannot be
+    negative; a t-interval on few, spread values can reach below 0)."""
+    if not ci.low < 0:
+        return ci
+    return CI(ci.estimate, 0.0, ci.high, ci.n, f"{ci.method}; {CLAMP_MARK}", ci.confidence)
+
+
+def lag1_autocorrelation(values: Iterable[float]) -> float:
+    """Lag-1 autocorrelation ``sum (x_i - m)(x_{i+1} - m) / sum (x_i - m)^2`` (nan for n < 3 or no spread)."""
+    arr = _finite(values)
+    if arr.size < 3:
+        return math.nan
+    d = arr - arr.mean()
+    denom = float(d @ d)
+    return float(d[:-1] @ d[1:]) / denom if denom > 0 else math.nan
+
+
+MAX_R1 = 0.9  # a larger estimated r1 from a handful of batches widens by at most sqrt(19) = 4.4
+
+
+def batch_means_ci(values: Iterable[float], confidence: float = 0.95) -> CI:
+    """t-interval (``mean_ci``) of batch means, widened by sqrt((1 + r1) / (1 - r1)) when their lag-1
+    autocorrelation r1 is positive (batches too short for the correlation time); the method gives r1."""
+    arr = _finite(values)
+    ci = mean_ci(arr, confidence)
+    r1 = lag1_autocorrelation(arr)
+    if not math.isfinite(r1):
+        return CI(ci.estimate, ci.low, ci.high, ci.n, f"batch means, {ci.method} (lag-1 autocorrelation: n/a)",
+                  confidence)
+    if r1 <= 0:
+        return CI(ci.estimate, ci.low, ci.high, ci.n, f"batch means, {ci.method} (lag-1 r1 = {r1:.2f})",
+                  confidence)
+    factor = math.sqrt((1 + min(r1, MAX_R1)) / (1 - min(r1, MAX_R1)))
+    half = (ci.high - ci.low) / 2 * factor
+    return CI(ci.estimate, ci.estimate - half, ci.estimate + half, ci.n,
+              f"batch means, {ci.method} widened x{factor:.2f} for lag-1 r1 = {r1:.2f}", confidence)
+
+
+BOOTSTRAP_CELLS = 4_000_000  # resampled values held at once (memory bound of one chunk)
+
+
+def percentile_ci(values: Iterable[float], q: float, confidence: float = 0.95, resamples: int = 1000,
+                  seed: int = 0) -> CI:
+    """Percentile ``q`` of the pooled ``values`` with a bootstrap percentile interval: ``resamples`` seeded
+    resamples with replacement, the (1-c)/2 and (1+c)/2 quantiles of their percentile q. n < 2: no
+    interval. Deterministic for a given seed."""
+    _check_confidence(confidence)
+    if isinstance(q, bool) or not 0.0 <= float(q) <= 100.0:
+        raise ValueError(f"q must be a percentile in [0, 100], got {q!r}")
+    if resamples < 10:
+        raise ValueError(f"resamples must be >= 10, got {resamples}")
+    arr = _finite(values)
+    n = int(arr.size)
+    if n == 0:
+        return CI(math.nan, math.nan, math.nan, 0, "pooled percentile (no values)", confidence)
+    est = float(np.percentile(arr, q))
+    if n < 2:
+        return CI(est, est, est, n, "pooled percentile (n<2: no interval)", confidence)
+    rng = np.random.default_rng(seed)
+    rows = max(1, BOOTSTRAP_CELLS // n)
+    stats_: list[np.ndarray] = []
+    left = resamples
+    while left > 0:
+        m = min(rows, left)
+        stats_.append(np.percentile(arr[rng.integers(0, n, size=(m, n))], q, axis=1))
+        left -= m
+    boot = np.concatenate(stats_)
+    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return CI(est, float(min(lo, est)), float(max(hi, est)), n,
+              f"pooled percentile, bootstrap percentile interval ({resamples} resamples)", confidence)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
+from kv_cache.metrics.stats import CLAMP_MARK
+
 __all__ = ["print_table"]
 
 
@@ -13,14 +15,15 @@ def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> s
     est, lo, hi = ci["estimate"] * scale, ci.get("low"), ci.get("high")
     if lo is None or hi is None or lo == hi:
         return f"{est:.{digits}f}"
-    return f"{est:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]"
+    mark = "*" if CLAMP_MARK in (ci.get("method") or "") else ""
+    return f"{est:.{digits}f} [{lo * scale:.{digits}f}{mark}, {hi * scale:.{digits}f}]"
 
 
 def print_table(results: dict[str, Any], out: TextIO) -> None:
     line = "=" * 118
     out.write(
         f"\n{line}\nSESSIONS HELD - per-GPU throughput and TTFT by configuration and concurrency "
-        "(95 % CI in brackets)\n{line}\n".replace("{line}", line)
+        "(95 % CI in brackets; * = lower bound clamped at 0)\n{line}\n".replace("{line}", line)
     )
     out.write(
         f"{'config':<13} {'sessions':>8}  {'tokens/s per GPU':<28} {'turns':>6}  "
@@ -31,18 +34,29 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         out.write(
             f"{r['tiers']:<13} {r['sessions']:>8}  {_fmt_ci(r['throughput_tokens_per_s_per_gpu']):<28} "
             f"{r['completed_turns']:>6}  {_fmt_ci(ret['p90_s'], digits=2):<26} {ret['n']:>4}  "
-            f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work']['flagged'] else 'ok':<6}\n"
+            f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work']['flagged'] else 'ok':<6}"
+            f"{' !' * bool(r.get('flags'))}\n"
         )
+    _breakdown_table(results["rungs"], out)
+    _io_table(results["rungs"], out)
     s = results["summary"]
-    out.write("\nEffective capacity (sessions at peak per-GPU throughput):\n")
+    slo = s.get("slo_ttft_p90_s")
+    basis = f"largest sessions with p90 return TTFT <= {slo:g} s" if slo else "sessions at peak per-GPU throughput"
+    out.write(f"\nEffective capacity ({basis}):\n")
     for cfg, c in s["configs"].items():
+        cap_ci = c.get("slo_capacity_sessions_ci") or c.get("peak_throughput_sessions_ci")
+        cap_text = f" (replications: {_fmt_ci(cap_ci)})" if cap_ci else ""
         out.write(
-            f"  {cfg:<13} {c['effective_capacity_sessions']:>6} sessions, peak "
-            f"{_fmt_ci(c['peak_throughput_tokens_per_s_per_gpu'])} tok/s/GPU\n"
+            f"  {cfg:<13} {c['effective_capacity_sessions']:>6} sessions{cap_text}; throughput peak at "
+            f"{c.get('peak_throughput_sessions', c['effective_capacity_sessions'])} sessions, "
+            f"{_fmt_ci(c['peak_throughput_tokens_per_s_per_gpu'])} tok/s/GPU"
+            f"{'  [' + '; '.join(c['flags']) + ']' if c.get('flags') else ''}\n"
         )
     for r in s["ratios"]:
+        cap = r["effective_capacity_ratio"]
         out.write(
-            f"  {r['config']} vs {r['baseline']}: capacity x{r['effective_capacity_ratio']:.2f}, "
+            f"  {r['config']} vs {r['baseline']}: capacity {f'x{cap:.2f}' if cap is not None else '-'}"
+            f"{' (censored)' if r.get('censored') else ''}, "
             f"peak throughput x{_fmt_ci(r['peak_throughput_ratio'], digits=2)}\n"
         )
     for r in s.get("ratios_by_rung", []):
@@ -53,4 +67,49 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
     flagged = [r for r in results["rungs"] if r["work"]["flagged"]]
     for r in flagged:
         out.write(f"  WORK FLAG {r['tiers']} @ {r['sessions']}: {'; '.join(r['work']['flag_reasons'])}\n")
+    warnings = results.get("warnings") or []
+    if warnings:
+        out.write(f"\nWarnings ({len(warnings)}; cells marked ! above):\n")
+        for w in warnings:
+            out.write(f"  - {w}\n")
     out.write(f"\nMethod: {results['method']}\n")
+
+
+def _s(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _breakdown_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
+    """Each returning turn's TTFT = queue wait (HBM admission) + offload load + prefill (incl. batching)."""
+    if not any("ttft_breakdown" in r for r in rungs):
+        return
+    out.write("\nTTFT of returning turns, broken down (mean s; p90 s in brackets), and what the loads moved:\n")
+    out.write(f"{'config':<13} {'sessions':>8}  {'n':>5}  {'queue wait':<17} {'load':<17} {'prefill':<17} "
+              f"{'loading':>7} {'GB/turn':>8} {'load GB/s':>9}\n")
+    for r in rungs:
+        b = r.get("ttft_breakdown", {}).get("return")
+        if not b:
+            continue
+
+        def part(name: str, b: dict[str, Any] = b) -> str:
+            return f"{_s(b[name]['mean'])} [{_s(b[name]['p90'])}]"
+
+        out.write(f"{r['tiers']:<13} {r['sessions']:>8}  {b['n']:>5}  {part('queue_wait_s'):<17} {part('load_s'):<17} "
+                  f"{part('prefill_s'):<17} {b['turns_loading']:>7} {_s(b['load_gb_per_turn']):>8} "
+                  f"{_s(b['load_gbps'], 2):>9}\n")
+
+
+def _io_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
+    """Offered vs sustained offload bandwidth and the backlog: is the tier keeping up?"""
+    rows = [r for r in rungs if r.get("offload_io_rates")]
+    if not rows:
+        return
+    out.write("\nOffload I/O per rung: offered / sustained GB/s (load, store), backlog (moves queued: end, max):\n")
+    for r in rows:
+        io = r["offload_io_rates"]
+        ld, st = io["load"], io["store"]
+        clock = r.get("engine_clock") or {}
+        out.write(f"  {r['tiers']:<13} {r['sessions']:>5}  load {ld['offered_gbps']:.2f} / {ld['sustained_gbps']:.2f}"
+                  f"  store {st['offered_gbps']:.2f} / {st['sustained_gbps']:.2f}  backlog load "
+                  f"{ld['backlog_ops_end']}/{ld['backlog_ops_max']} store {st['backlog_ops_end']}/{st['backlog_ops_max']}"
+                  f"  engine late mean {_s(clock.get('late_ms_mean'), 2)} ms\n")

@@ -1,0 +1,282 @@
+"""The modelled replica (kv_cache.engine.replica) and the rung's model settings: HBM eviction order, TP
+bytes, DRAM fraction, replica assignment, the absolute-deadline clock, load policy and I/O priorities."""
+
+import dataclasses
+import threading
+
+import pytest
+
+from kv_cache.cli import parse_sessions_settings
+from kv_cache.config.sections import EvictionConfig
+from kv_cache.driver.ladder import RungRun, replica_of
+from kv_cache.engine.replica import LOAD_PRIORITY, STORE_PRIORITY, IOPool, Replica, TurnRequest
+from kv_cache.workload.session_supply import script_supply
+
+
+def turn(keys, needed=None, input_keys=None, tokens_per_block=1, output_tokens=1):
+    input_keys = keys if input_keys is None else input_keys
+    return TurnRequest(slot=0, session_id="s", turn_index=0, turn_class="return", issue_ns=0,
+                       input_tokens=len(input_keys) * tokens_per_block, new_tokens=1, output_tokens=output_tokens,
+                       input_keys=list(input_keys), final_keys=list(keys),
+                       needed_slots=len(keys) if needed is None else needed)
+
+
+def idle_replica(capacity, io=None, **kw):
+    """A replica whose batching thread has already stopped: admission and completion are driven by hand."""
+    stop = threading.Event()
+    stop.set()
+    r = Replica(0, capacity, 1, lambda *a: 0.0, io, lambda *a: None, lambda *a: None, lambda *a: None, 8, stop, **kw)
+    r.thread.join()
+    return r
+
+
+def test_hbm_evicts_a_finished_turns_tail_first_so_its_prefix_survives():
+    # The issue's case: a session's 6 blocks, then another turn needs 3 slots of a 6-block HBM. vLLM frees
+    # the tail first, so the returning session still finds its first 3 blocks (front-first eviction: 0 hits).
+    r = idle_replica(6)
+    a = turn([f"a{i}" for i in range(6)])
+    assert r._try_admit(a)
+    r._complete(a)
+    assert list(r.hbm) == ["a5", "a4", "a3", "a2", "a1", "a0"]  # LRU first: the tail goes first
+    b = turn(["b0", "b1", "b2"])
+    assert r._try_admit(b)
+    r._complete(b)
+    assert set(r.hbm) == {"a0", "a1", "a2", "b0", "b1", "b2"}
+    back = turn([f"a{i}" for i in range(6)])
+    assert r._try_admit(back)
+    assert back.hbm_hit_blocks == 3 and back.recomputed_tokens == 3
+
+
+def test_lru_across_turns_the_least_recent_turn_goes_first():
+    r = idle_replica(4)
+    for keys in (["x0", "x1"], ["y0", "y1"]):
+        t = turn(keys)
+        r._try_admit(t)
+        r._complete(t)
+    z = turn(["z0", "z1"])
+    r._try_admit(z)  # evicts x (older), not y
+    assert {"y0", "y1"} <= set(r.hbm) and not {"x0", "x1"} & set(r.hbm)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model_configs:\n  micro:\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
+                   "    kv_heads: 1\n")
+
+    def make(*extra):
+        return parse_sessions_settings(["--config", str(cfg), "--model", "micro", "--gpu", "l40s",
+                                        "--gpu-mem-gb", "0.012", "--cpu-mem-gb", "0.05", "--cache-dir",
+                                        str(tmp_path / "cache"), "--output", str(tmp_path / "o.json"), *extra])
+
+    return make
+
+
+def test_tensor_parallel_offloads_whole_blocks_and_reports_the_per_gpu_share(settings):
+    one = settings().ladder_settings
+    tp4 = settings("--num-gpus", "4", "--tensor-parallel", "4").ladder_settings
+    assert tp4.block_bytes == one.block_bytes == one.block_tokens * one.model.bytes_per_token
+    assert tp4.block_bytes_per_gpu * 4 == tp4.block_bytes
+
+
+def test_dram_has_the_same_usable_fraction_alone_and_above_storage(settings):
+    ls = settings().ladder_settings
+    limits = {}
+    for tiers in ("dram", "dram+storage"):
+        rung = RungRun(ls, tiers, 1, script_supply(None, settings().sessions, ls.seed))
+        rung._build()
+        try:
+            cpu = rung.cache.tier("cpu")
+            last = rung.cache.tiers[-1] is cpu
+            limits[tiers] = cpu.limit * (1.0 if last else ls.eviction.target_usage_ratio)
+        finally:
+            rung._teardown()
+    assert limits["dram"] == pytest.approx(limits["dram+storage"]) == pytest.approx(
+        ls.dram_bytes * EvictionConfig().target_usage_ratio)
+
+
+def test_replica_assignment_is_stable_and_seeded():
+    # fixed values: hashlib, not hash() (which changes with PYTHONHASHSEED from one process to the next)
+    assert [replica_of(f"sess_{i}", 42, 4) for i in range(8)] == [replica_of(f"sess_{i}", 42, 4) for i in range(8)]
+    spread = {replica_of(f"sess_{i}", 42, 4) for i in range(64)}
+    assert spread == {0, 1, 2, 3}
+    assert [replica_of(f"sess_{i}", 1, 4) for i in range(16)] != [replica_of(f"sess_{i}", 42, 4) for i in range(16)]
+    assert replica_of("sess_0", 42, 4) == int.from_bytes(
+        __import__("hashlib").blake2b(b"42:sess_0", digest_size=8).digest(), "big") % 4
+
+
+@pytest.mark.slow  # the replica thread sleeps through 16 ms of modelled time
+def test_modelled_time_runs_on_absolute_deadlines():
+    # 8 prefill chunks of 8 tokens at 2 ms each: every iteration is reported exactly 2 ms after the previous
+    # one, whatever the thread's wake-up delays (they are kept as lateness, not added to the clock)
+    stamps = []
+    done = threading.Event()
+    stop = threading.Event()
+    r = Replica(0, 100, 1, lambda *a: 0.002, None, lambda *a: None, lambda req, now: done.set(),
+                lambda now, *a: stamps.append(now), 8, stop)
+    try:
+        req = turn([f"k{i}" for i in range(64)], output_tokens=1)
+        req.issue_ns = 0
+        r.submit(req)
+        assert done.wait(10)
+    finally:
+        r.close()
+    assert len(stamps) == 8
+    assert [b - a for a, b in zip(stamps, stamps[1:], strict=False)] == [2_000_000] * 7
+    assert len(r.late_ns) == 8 and all(x >= 0 for x in r.late_ns) and r.modelled_ns == 16_000_000
+
+
+class FakeIO:
+    block_bytes = 1000
+
+    def __init__(self, bandwidth):
+        self.bandwidth = bandwidth
+        self.cache = self
+        self.loaded = []
+
+    def contains(self, key):
+        return key.startswith("off")
+
+    def read_bandwidth(self, tier):
+        return self.bandwidth
+
+    def tier_of(self, key):
+        return "nvme"
+
+    def load(self, key, done):
+        self.loaded.append(key)
+
+    def store(self, key):
+        pass
+
+
+@pytest.mark.parametrize("bandwidth, loads", [(1e12, True), (1.0, False), (None, True)])
+def test_cost_policy_recomputes_when_loading_is_slower_than_prefill(bandwidth, loads):
+    # prefill of 4 tokens is modelled at 1 s; 4 blocks of 1000 B take 4e-9 s at 1 TB/s (load) or 4000 s at
+    # 1 B/s (recompute); before any read was measured the policy loads
+    io = FakeIO(bandwidth)
+    r = idle_replica(10, io=io, load_policy="cost", prefill_seconds=lambda new, cached: 1.0)
+    req = turn([f"off{i}" for i in range(4)] + ["new0"])
+    r._try_admit(req)
+    assert bool(io.loaded) is loads
+    assert req.skipped_load_blocks == (0 if loads else 4)
+    assert req.load_bytes == (4000 if loads else 0)
+
+
+def test_load_policy_is_checked():
+    with pytest.raises(ValueError):
+        idle_replica(4, load_policy="sometimes")
+
+
+class RecordingExecutor:
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, job, priority=0):
+        self.jobs.append(priority)
+
+    def close(self):
+        pass
+
+
+def test_loads_run_ahead_of_stores_and_are_counted_as_offered():
+    ex = RecordingExecutor()
+    io = IOPool(cache=None, executor=ex, block_bytes=4096, block_tokens=16, stop=threading.Event())
+    io.store("a")
+    io.load("b", lambda k, ok: None)
+    assert LOAD_PRIORITY > STORE_PRIORITY and ex.jobs == [STORE_PRIORITY, LOAD_PRIORITY]
+    snap = io.snapshot()
+    assert snap["load"].submitted_bytes == snap["store"].submitted_bytes == 4096
+    assert snap["load"].backlog_ops == 1 and io.read_bandwidth("cpu") is None
+
+
+def test_full_settings_dataclass_keeps_the_default_policy(settings):
+    ls = settings().ladder_settings
+    assert ls.load_policy == "always" and dataclasses.replace(ls, load_policy="cost").load_policy == "cost"
+    assert settings("--load-policy", "cost").ladder_settings.load_policy == "cost"
+
+
+def test_article_grid_models_resolve_with_their_sourced_shapes(settings):
+    from kv_cache.errors import UsageError
+    from kv_cache.models import MODEL_CONFIGS
+
+    assert "llama3.1-405b" not in MODEL_CONFIGS  # the standard run keeps the reference's nine models
+    ls = parse_sessions_settings(["--model", "llama3.1-405b", "--gpu", "h200", "--num-gpus", "8",
+                                  "--tensor-parallel", "8"]).ladder_settings
+    assert ls.model.bytes_per_token == 126 * 8 * 128 * 2 * 2 and ls.hbm_capacity_blocks() > 0
+    assert ls.block_bytes_per_gpu * 8 == ls.block_bytes
+    assert parse_sessions_settings(["--model", "qwen3-32b"]).ladder_settings.model.bytes_per_token == 262144
+    with pytest.raises(UsageError, match="does not fit"):
+        parse_sessions_settings(["--model", "llama3.1-405b", "--gpu", "h100"])
+
+
+# ---------------------------------------------------------------------------------------------
+# --steady-state
+# ---------------------------------------------------------------------------------------------
+
+
+def make_slots(n, settings_obj, block_tokens):
+    from kv_cache.driver.session_slots import Slot
+    from kv_cache.workload.sessions import apply_pace
+
+    ls = settings_obj.ladder_settings
+    supply = script_supply(None, settings_obj.sessions, ls.seed)()
+    return [Slot(i, block_tokens, 1.0, lambda: apply_pace(next(supply), ls.pace, ls.seed)) for i in range(n)]
+
+
+def test_steady_start_fills_hbm_by_lru_and_prestores_the_rest(settings):
+    from kv_cache.driver.steady_state import prepare_steady_start
+
+    s = settings("--pace", "fixed:2")
+    slots = make_slots(12, s, 512)
+
+    class StoreCounter:
+        block_bytes = 1
+
+        def __init__(self):
+            self.stored = []
+            self.cache = self
+
+        def store(self, key):
+            self.stored.append(key)
+
+        def contains(self, key):
+            return key in self.stored
+
+    io = StoreCounter()
+    replicas = [idle_replica(20, io=io), idle_replica(20, io=io)]
+    start = prepare_steady_start(slots, replicas, lambda sid: replica_of(sid, 42, 2), seed=7, stagger_cap_s=3.0,
+                                 drain=None)
+    assert start.hbm_occupancy == 1.0 and all(len(r.hbm) == 20 for r in replicas)  # HBM full, as in a long run
+    assert start.prestored_blocks == len(io.stored) > 0  # what HBM could not hold went to the tiers
+    assert sum(1 for t in start.start_turns if t > 0) > 0  # sessions start mid-way, their context processed
+    for slot, t in zip(slots, start.start_turns, strict=True):
+        assert slot.turn == t and not slot.outstanding
+        assert 0.0 <= slot.first_wake <= (2.0 if t else 3.0)  # staggered within the turn's pause
+        if t:
+            assert slot.next_request().turn_index == t  # the first issued turn is the drawn one
+    again = make_slots(12, s, 512)
+    same = prepare_steady_start(again, [idle_replica(20), idle_replica(20)], lambda sid: replica_of(sid, 42, 2),
+                                seed=7, stagger_cap_s=3.0, drain=None)
+    assert same.start_turns == start.start_turns  # seeded
+
+
+def test_warmup_detector_waits_for_steady_occupancy():
+    from kv_cache.driver.steady_state import WarmupDetector
+
+    d = WarmupDetector(ticks=3)
+    ramp = [(0.1, 0.5, 1), (0.2, 0.7, 3), (0.3, 0.9, 5), (0.4, 0.99, 8), (0.5, 1.0, 8), (0.6, 1.0, 9)]
+    steady_at = [t for t, occ, n in ramp if d.add(t, occ, n)]
+    assert steady_at and steady_at[0] == 0.6
+
+
+@pytest.mark.slow  # runs a rung in real time
+def test_steady_state_rung_starts_full_and_detects_its_warmup(settings):
+    s = settings("--steady-state", "--window", "1", "--warmup", "2", "--pace", "fixed:0.3", "--io-workers", "2",
+                 "--io-chunk-mb", "1", "--no-fsync")
+    ls = s.ladder_settings
+    result = RungRun(ls, "dram+storage", 6, script_supply(None, s.sessions, ls.seed)).run()
+    st = result["steady_state"]
+    assert st["hbm_occupancy_at_start"] == 1.0 and st["prestored_blocks"] > 0 and st["started_mid_session"] > 0
+    assert 0 < result["warmup_end_s"] <= 2.0 and result["window_s"] == 1.0
+    assert result["offload_io"]["storage_write_gib"] + result["offload_io"]["dram_write_gib"] < 1  # not counted
