@@ -22,24 +22,19 @@ from typing import Any
 from kv_cache.cache import CapacityError, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
-from kv_cache.driver.group import MpiUnavailable, RankGroup, mpi_group, shared_filesystem_count
+from kv_cache.driver.group import RankGroup, open_group, shared_filesystem_count
 from kv_cache.driver.scheduler import Driver, DriverOutcome
-from kv_cache.driver.setup import driver_options, io_worker_count, run_phases
+from kv_cache.driver.setup import driver_options, io_worker_count, run_phases, start_tracing
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report import xlsx
 from kv_cache.report.banner import print_banner
 from kv_cache.report.blocklatency import block_latency
-from kv_cache.report.console import print_report
 from kv_cache.report.document import RunRecord, build_results, interrupted_results
-from kv_cache.report.jsonfile import write_json_atomic
-from kv_cache.report.merge import merge_documents, merged_table
-from kv_cache.report.outputs import write_results
 from kv_cache.report.parameters import run_mode
 from kv_cache.report.progress import make_progress
+from kv_cache.report.run_outputs import write_merged, write_outputs
 from kv_cache.storage.blockdev import BlockDeviceCounter
-from kv_cache.storage.blocktrace import BlockTracer, device_gib
-from kv_cache.tiers import TierSet, open_tiers
+from kv_cache.tiers import TierSet, largest_entry, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -104,7 +99,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False,
     if sources:  # "auto" becomes the detected format, as shown in the banner and the results
         settings = dataclasses.replace(
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
-    run = _Run(group=group if group is not None else open_group(settings))
+    run = _Run(group=group if group is not None else open_group(settings.mpi_world_size))
     interrupted = False
     storage_error = None
     try:
@@ -158,7 +153,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     run.phases = run_phases(settings, cache, tiers, factory, workers, run.stop, out)
-    tracer, why = _start_tracing(settings, blockdev, out)
+    tracer, why = start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
@@ -182,71 +177,9 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     return results
 
 
-def largest_entry(settings: RunSettings) -> int:
-    """Bytes of the largest entry the synthetic users may write (the longest context of any template),
-    at least one I/O chunk: the headroom the auto storage capacity keeps."""
-    longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
-    per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
-    return max(settings.storage.chunk_bytes, longest * per_token)
-
-
-def _start_tracing(settings: RunSettings, blockdev: BlockDeviceCounter | None, out) -> tuple[BlockTracer | None,
-                                                                                             str | None]:
-    """bpftrace around the window when asked for; without it (or root) the run goes on and says why."""
-    if not settings.latency_tracing:
-        return None, None
-    tracer, why = BlockTracer.start(os.getpid(), device_gib(blockdev.name if blockdev else None))
-    if tracer is None:
-        log.warning("latency tracing unavailable: %s", why)
-    else:
-        out.write("Latency tracing: bpftrace attached (block layer and syscalls of this process)\n")
-    return tracer, why
-
-
 def _progress(settings: RunSettings) -> list:
     progress = make_progress(settings.log_level, float(settings.duration))
     return [progress] if progress is not None else []
-
-
-def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
-    """The JSON (always, even when interrupted), the console report, the optional spreadsheet. An older file
-    at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
-    printed and the results go to a fallback path that the message names."""
-    written = write_results(settings.output, results)
-    print_report(results, out)
-    if written.error:
-        log.error("could not write the results to %s; they are in %s", written.error, written.path)
-    out.write(f"\nResults written to {written.path}\n")
-    if settings.xlsx_output and "summary" in results:
-        try:
-            out.write(f"Spreadsheet written to {xlsx.export(results, settings.xlsx_output)}\n")
-        except OSError as exc:
-            log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
-                      settings.xlsx_output, exc.strerror or exc, written.path)
-    out.flush()
-
-
-def open_group(settings: RunSettings) -> RankGroup | None:
-    """The MPI ranks of this run when the launcher started several; without mpi4py each runs alone."""
-    try:
-        return mpi_group(settings.mpi_world_size)
-    except MpiUnavailable as exc:
-        log.warning("%s: each rank measures its own window and no merged result is written "
-                    "(pip install 'kv-cache[mpi]'; or `kv-cache merge` the rank files afterwards)", exc)
-        return None
-
-
-def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any], out) -> None:
-    """Every rank's document goes to rank 0, which writes the merged one beside the rank files."""
-    docs = group.gather({**results, "_source": settings.output})
-    if docs is None:
-        return
-    path = settings.merged_output or os.path.join(os.path.dirname(settings.output) or ".", "kvcache_merged.json")
-    merged = merge_documents(docs)
-    write_json_atomic(path, merged)
-    out.write(merged_table(merged))
-    out.write(f"Merged results of {group.size} ranks written to {path}\n")
-    out.flush()
 
 
 def exit_code(settings: RunSettings, results: dict[str, Any], outcome: DriverOutcome | None,

@@ -329,7 +329,7 @@ class MultiTierCache:
         effective = limit if is_last else limit * p.target_usage_ratio
         budget = min(p.max_evictions_hard_cap, max(p.max_evictions_min, len(tier.lru) + 100))
         for iteration in range(budget):
-            # the reference's "< 5 % used" shortcut, but never past the tier's capacity
+            # the MLPerf tool's "< 5 % used" shortcut, but never past the tier's capacity
             if tier.used + required <= effective or (tier.used < 0.05 * limit and tier.used + required <= limit):
                 tier.used += required
                 tier.peak = max(tier.peak, tier.used)

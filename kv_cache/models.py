@@ -163,8 +163,8 @@ MODEL_CONFIGS: Mapping[str, ModelConfig] = types.MappingProxyType(
     }
 )
 
-# Models of the session-aware article's grid that the reference's nine lack: `kv-cache sessions` accepts them
-# (a config's model_configs entry of the same name wins); the standard run keeps the reference's nine.
+# Models of the session-aware article's grid that the MLPerf tool's nine lack: `kv-cache sessions` accepts them
+# (a config's model_configs entry of the same name wins); the standard run keeps the MLPerf tool's nine.
 SESSION_MODELS: Mapping[str, ModelConfig] = types.MappingProxyType(
     {
         # huggingface.co/meta-llama/Llama-3.1-405B config.json: 126 layers, hidden 16384, 128 heads, 8 KV

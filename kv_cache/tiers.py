@@ -24,7 +24,7 @@ from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tracelog import IOTraceWriter, NullStore
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
-    from kv_cache.config.run import StorageSettings, TierSettings
+    from kv_cache.config.run import RunSettings, StorageSettings, TierSettings
 
 __all__ = ["TierSet", "available_memory_bytes", "build_tiers", "build_trace_tiers", "gpu_tier_mode", "open_gpu_store",
            "open_tiers"]
@@ -145,6 +145,14 @@ def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict:
 
 
 AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
+
+
+def largest_entry(settings: RunSettings) -> int:
+    """Bytes of the largest entry the synthetic users may write (the longest context of any template),
+    at least one I/O chunk: the headroom the auto storage capacity keeps."""
+    longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
+    per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
+    return max(settings.storage.chunk_bytes, longest * per_token)
 
 
 def auto_capacity(free: int, largest_entry: int, runs: int = 1) -> float:

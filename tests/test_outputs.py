@@ -81,8 +81,8 @@ def test_cli_refuses_before_running(argv, words, capsys):
 def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings, tmp_path, monkeypatch, caplog):
     import io
 
-    from kv_cache.app import write_outputs
     from kv_cache.report.document import interrupted_results
+    from kv_cache.report.run_outputs import write_outputs
 
     settings = quick_settings("--output", str(tmp_path / "r.json"))
     real = outputs.write_json_atomic

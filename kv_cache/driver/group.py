@@ -7,13 +7,16 @@ launcher started several ranks (mpi4py is imported only then: importing it initi
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Protocol
 
-__all__ = ["RankGroup", "abort_peers", "mpi_group", "shared_filesystem_count"]
+__all__ = ["RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count"]
 
 _ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
 
+
+log = logging.getLogger("kv_cache")
 
 class RankGroup(Protocol):
     """rank / size of this process in the group; collective operations every rank calls in the same order."""
@@ -68,6 +71,16 @@ def mpi_group(world_size: int) -> MpiGroup | None:
         return None
     _ACTIVE.append(group)
     return group
+
+
+def open_group(world_size: int) -> RankGroup | None:
+    """The MPI ranks of this run when the launcher started several; without mpi4py each runs alone."""
+    try:
+        return mpi_group(world_size)
+    except MpiUnavailable as exc:
+        log.warning("%s: each rank measures its own window and no merged result is written "
+                    "(pip install 'kv-cache[mpi]'; or `kv-cache merge` the rank files afterwards)", exc)
+        return None
 
 
 def abort_peers(code: int) -> None:

@@ -6,6 +6,7 @@ pool, before the measured window opens (nothing they do is counted).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -16,10 +17,14 @@ from kv_cache.config.run import RunSettings
 from kv_cache.driver.phases import fill, ingest_rag, precondition_items, prepopulation_items
 from kv_cache.driver.scheduler import DriverOptions
 from kv_cache.metrics.recorder import GIB
+from kv_cache.storage.blockdev import BlockDeviceCounter
+from kv_cache.storage.blocktrace import BlockTracer, device_gib
 from kv_cache.workload.rag import build_documents
 
 DEFAULT_MAX_WORKERS = 32  # I/O workers when --io-workers is 0: one per user up to this many
 
+
+log = logging.getLogger("kv_cache")
 
 def io_worker_count(settings: RunSettings) -> int:
     workers = settings.storage.io_workers or min(settings.num_users, DEFAULT_MAX_WORKERS)
@@ -91,3 +96,16 @@ def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], 
         docs = build_documents(settings.rag_num_docs, cfg.rag, settings.model, seed)
         phases["rag_ingestion"] = ingest_rag(cache, factory.rag, docs, entry_bytes, chunk, seed, stop, out)
     return phases
+
+
+def start_tracing(settings: RunSettings, blockdev: BlockDeviceCounter | None, out) -> tuple[BlockTracer | None,
+                                                                                             str | None]:
+    """bpftrace around the window when asked for; without it (or root) the run goes on and says why."""
+    if not settings.latency_tracing:
+        return None, None
+    tracer, why = BlockTracer.start(os.getpid(), device_gib(blockdev.name if blockdev else None))
+    if tracer is None:
+        log.warning("latency tracing unavailable: %s", why)
+    else:
+        out.write("Latency tracing: bpftrace attached (block layer and syscalls of this process)\n")
+    return tracer, why

@@ -35,7 +35,7 @@ __all__ = ["MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_docum
 
 MERGED_SCHEMA_VERSION = "kv-cache-merged/1"
 _RANK_DIR = re.compile(r"rank_?(\d+)")
-# Per-request lists of the reference layout (seconds) -> merged latency block name.
+# Per-request lists of the MLPerf tool's layout (seconds) -> merged latency block name.
 _REQUEST_LISTS = {"end_to_end": "end_to_end_latencies", "storage_io": "storage_latencies",
                   "generation": "generation_latencies"}
 _SUM_KEYS = ("tier_storage_read_bandwidth_gbps", "tier_storage_write_bandwidth_gbps")

@@ -1,6 +1,6 @@
 """Parse bpftrace's printed maps: power-of-two `hist()`, linear `lhist()`, keyed maps and plain values.
 
-Every bucket form bpftrace prints is read (the reference's parser dropped the suffixed ones):
+Every bucket form bpftrace prints is read (the MLPerf tool's parser dropped the suffixed ones):
 
     [0]                      a single value (hist: 0 and 1 have their own buckets)
     [2, 4)   [512, 1K)       a power-of-two range; K, M, G, T, P, E are powers of 1024

@@ -17,7 +17,7 @@ turn; a trailing human message without an answer is dropped. Items that are not 
 ``conversations`` list, hold a message that is not ``{"from": str, "value": str}`` or yield no turn are
 skipped and counted. The config's ``sharegpt`` section acts here: ``max_context_tokens`` truncates a turn's
 prompt (full context), ``max_generation_tokens`` its answer, ``chars_per_token_estimate`` sets the chars
-tokenizer (as the reference). ``max_conversations`` stops after that many usable conversations. No timing:
+tokenizer (as the MLPerf tool). ``max_conversations`` stops after that many usable conversations. No timing:
 ``arrival_s`` and ``think_time_s`` are None.
 """
 
