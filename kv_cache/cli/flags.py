@@ -60,22 +60,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--model", type=str, default=d["model"], help="Model key (built-in or from --config).")
     add("--num-users", type=int, default=d["num_users"], help="Number of concurrent users to simulate.")
     add("--duration", type=int, default=d["duration"], help="Measured phase length in seconds.")
-    add("--gpu-mem-gb", type=float, default=d["gpu_mem_gb"], help="GPU tier budget per GPU, GiB (0 = no GPU tier).")
-    add("--num-gpus", type=int, default=d["num_gpus"], help="GPUs; GPU tier capacity = num-gpus x gpu-mem-gb.")
-    add("--tensor-parallel", type=int, default=d["tensor_parallel"],
-        help="Tensor-parallel degree; each rank stores 1/TP of an entry.")
-    add("--gpu-tier", type=str, default=d["gpu_tier"], choices=GPU_TIERS,
-        help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
-             "copy times), off; auto = real where CUDA is present, else simulated.")
-    add("--gpu-type", type=str, default=d["gpu_type"],
-        help="GPU spec (config gpus key: a100, h100, h200, b200, l40s) whose host link and HBM bandwidth "
-             "model the simulated GPU tier.")
-    add("--gds", action="store_true", default=d["gds"],
-        help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU tier).")
-    add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
-    add("--strict-memory", action="store_true", default=d["strict_memory"],
-        help="Refuse (exit 2) a --cpu-mem-gb that does not fit in the memory this process may use, "
-             "instead of clamping it with a warning.")
+    _add_tier_flags(p, d)
     add("--cache-dir", type=str, default=d["cache_dir"],
         help="Directory of the storage tier (default: a fresh temp dir).")
     add("--generation-mode", type=str, default=d["generation_mode"], choices=GENERATION_MODES,
@@ -136,6 +121,27 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         help="Run N worker processes on this host, each with a share of the users (and of --cpu-mem-gb), "
              "one common window, one merged result at --output (X_rank<r>.json beside it).")
     _add_trace_and_io_flags(p, d)
+
+
+def _add_tier_flags(p: argparse.ArgumentParser, d: dict[str, object]) -> None:
+    """The cache tiers' budgets: GPU (real or simulated), CPU RAM, and how memory limits apply."""
+    add = p.add_argument
+    add("--gpu-mem-gb", type=float, default=d["gpu_mem_gb"], help="GPU tier budget per GPU, GiB (0 = no GPU tier).")
+    add("--num-gpus", type=int, default=d["num_gpus"], help="GPUs; GPU tier capacity = num-gpus x gpu-mem-gb.")
+    add("--tensor-parallel", type=int, default=d["tensor_parallel"],
+        help="Tensor-parallel degree; each rank stores 1/TP of an entry.")
+    add("--gpu-tier", type=str, default=d["gpu_tier"], choices=GPU_TIERS,
+        help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
+             "copy times), off; auto = real where CUDA is present, else simulated.")
+    add("--gpu-type", type=str, default=d["gpu_type"],
+        help="GPU spec (config gpus key: a100, h100, h200, b200, l40s) whose host link and HBM bandwidth "
+             "model the simulated GPU tier.")
+    add("--gds", action="store_true", default=d["gds"],
+        help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU tier).")
+    add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
+    add("--strict-memory", action="store_true", default=d["strict_memory"],
+        help="Refuse (exit 2) a --cpu-mem-gb that does not fit in the memory this process may use, "
+             "instead of clamping it with a warning.")
 
 
 def _add_trace_and_io_flags(p: argparse.ArgumentParser, d: dict[str, object]) -> None:
