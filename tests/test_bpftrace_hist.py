@@ -74,7 +74,8 @@ def test_keyed_maps_and_values():
 def test_a_key_printed_twice_is_one_histogram():
     text = "@bs[RS]:\n[4K, 8K)  2 |@@|\n\n@bs[RS]:\n[4K, 8K)  3 |@@@|\n[1M, 2M)  1 |@|\n"
     buckets = parse_output(text)["@bs"]["RS"]
-    assert total(buckets) == 6 and len(buckets) == 3
+    assert buckets == [{"low": 4096, "high": 8192, "count": 5}, {"low": 1 << 20, "high": 2 << 20, "count": 1}]
+    assert quantile_bucket(buckets, 0.9)["low"] == 1 << 20  # one histogram, in order, counts added
 
 
 def test_single_lines_and_bounds():

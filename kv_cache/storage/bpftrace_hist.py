@@ -15,6 +15,7 @@ with `high` exclusive, and the single-value bucket [v] as low = v, high = v + 1.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -87,7 +88,26 @@ def parse_output(text: str) -> dict[str, Any]:
                 current = keyed[key]
             else:
                 keyed[key] = value
+    for value in maps.values():
+        if isinstance(value, dict):
+            for key, hist in value.items():
+                if isinstance(hist, list):
+                    value[key] = _combined(hist)
     return maps
+
+
+def _combined(buckets: list[dict]) -> list[dict]:
+    """One bucket per range, in order: the buckets of histograms printed under the same key, added up."""
+    counts: dict[tuple, int] = {}
+    for b in buckets:
+        edge = (b["low"], b["high"])
+        counts[edge] = counts.get(edge, 0) + b["count"]
+
+    def order(edge: tuple) -> tuple[float, float]:
+        low, high = edge
+        return (-math.inf if low is None else low, math.inf if high is None else high)
+
+    return [{"low": low, "high": high, "count": n} for (low, high), n in sorted(counts.items(), key=lambda e: order(e[0]))]
 
 
 def total(buckets: list[dict]) -> int:
