@@ -135,8 +135,8 @@ def run_kv_cache(plan: RankPlan) -> int:
     from kv_cache.cli import run_resolved  # noqa: PLC0415
     from kv_cache.cli.resolve import resolve_run  # noqa: PLC0415
 
-    os.makedirs(os.path.dirname(plan.output), exist_ok=True)
-    os.makedirs(plan.cache_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(plan.output), exist_ok=True)  # the cache dir is left to the run: it removes
+    # the levels it created when it ends, so a rank's rank_<N>/ is not left behind empty
     argv = list(plan.argv)
     args = kv_parser().parse_args(argv)
     settings = resolve_run(args, argv, rank_paths=False)
