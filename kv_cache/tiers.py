@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from kv_cache.cache import Tier
 from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import GIB
+from kv_cache.storage.capacity import AUTO_FRACTION, auto_capacity
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.gds import GDSFileStore, import_kvikio
 from kv_cache.storage.gpu_device import CudaUnavailable, cuda_status, open_devices
@@ -144,22 +145,12 @@ def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict:
     return fits
 
 
-AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
-
-
 def largest_entry(settings: RunSettings) -> int:
     """Bytes of the largest entry the synthetic users may write (the longest context of any template),
     at least one I/O chunk: the headroom the auto storage capacity keeps."""
     longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
     per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
     return max(settings.storage.chunk_bytes, longest * per_token)
-
-
-def auto_capacity(free: int, largest_entry: int, runs: int = 1) -> float:
-    """The storage tier's capacity when none is given: 90 % of the free space, split between the `runs`
-    (this one included) on that filesystem, less room for the largest entry (headers and writes in
-    flight); >= 0."""
-    return max(0.0, AUTO_FRACTION * free / max(1, runs) - largest_entry)
 
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,

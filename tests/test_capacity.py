@@ -12,8 +12,8 @@ from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.report.measurement import storage_fill
 from kv_cache.storage.base import IOAborted
+from kv_cache.storage.capacity import auto_capacity
 from kv_cache.storage.memory import MemoryStore
-from kv_cache.tiers import auto_capacity
 
 KIB = 1024
 CHUNK = 64 * KIB

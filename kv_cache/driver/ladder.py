@@ -38,6 +38,7 @@ from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import mean_ci, percentile
+from kv_cache.storage.capacity import auto_capacity
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.workload.sessions import SessionScript, apply_pace
@@ -63,7 +64,7 @@ class LadderSettings:
     shared_prefix_tokens: int
     dram_bytes: int
     cache_dir: str | None
-    storage_capacity_bytes: float  # 0 = 95 % of free space
+    storage_capacity_bytes: float  # 0 = auto: 90 % of the free space less one block (storage.capacity)
     chunk_bytes: int
     fsync: bool
     io_mode: str
@@ -167,7 +168,7 @@ class RungRun:
             tiers.append(Tier("cpu", self.memory_store, limit))
         if self.tiers == "dram+storage":
             self.file_store = FileStore(ls.cache_dir, ls.chunk_bytes, fsync=ls.fsync, io_mode=ls.io_mode)
-            limit = ls.storage_capacity_bytes or self.file_store.free_bytes() * 0.95
+            limit = ls.storage_capacity_bytes or auto_capacity(self.file_store.free_bytes(), ls.block_bytes)
             tiers.append(Tier("nvme", self.file_store, limit))
         self.cache = (
             MultiTierCache(tiers, ls.eviction, self.metrics, ls.model.bytes_per_token, self.stop)

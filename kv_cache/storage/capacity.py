@@ -1,0 +1,17 @@
+"""How much of a filesystem's free space a storage tier takes when no capacity is given.
+
+Not all of it: other runs (or ranks of this one) may share the filesystem, entries being written need room
+beyond what is counted, and a tier that fills the disk to the last byte turns every write into ENOSPC."""
+
+from __future__ import annotations
+
+__all__ = ["AUTO_FRACTION", "auto_capacity"]
+
+AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
+
+
+def auto_capacity(free: int, largest_entry: int, runs: int = 1) -> float:
+    """The storage tier's capacity when none is given: 90 % of the free space, split between the `runs`
+    (this one included) on that filesystem, less room for the largest entry (headers and writes in
+    flight); >= 0."""
+    return max(0.0, AUTO_FRACTION * free / max(1, runs) - largest_entry)
