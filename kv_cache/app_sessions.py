@@ -94,11 +94,14 @@ class RungProgress:
 
 
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
-              raw: dict[tuple[str, int], list[float]], progress: RungProgress) -> dict[str, Any]:
-    """One (config, sessions) cell: `replications` seeded runs merged; its throughput samples into `raw`."""
+              raw: dict[tuple[str, int], list[float]], progress: RungProgress,
+              rungs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (config, sessions) cell: `replications` seeded runs merged, appended to `rungs` before its last
+    line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`."""
     reps = []
+    line = ""
     for k in range(replications):
-        out.write(f"  {progress.label()} running {tier:<13} {n:>5} sessions"
+        out.write(line + f"  {progress.label()} running {tier:<13} {n:>5} sessions"
                   + (f" (replication {k + 1})" if replications > 1 else "") + " ...")
         out.flush()
         lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
@@ -110,11 +113,13 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
         if k == 0:
             raw[(tier, n)] = rung.throughput_samples
         t = result["throughput_tokens_per_s_per_gpu"]
-        out.write(f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n")
-        out.flush()
+        line = f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n"
     cell = merge_replications(reps)
     if replications > 1:
         raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
+    rungs.append(cell)
+    out.write(line)
+    out.flush()
     return cell
 
 
@@ -138,12 +143,11 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
     for tier in tiers:
         if not auto_start:
             for n in ladder:
-                rungs.append(_run_cell(ls, tier, n, supply, out, replications, raw, progress))
+                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
             continue
         history: list[tuple[int, float]] = []
         while (n := auto_next_rung(history, auto_start)) is not None:
-            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress)
-            rungs.append(cell)
+            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
             history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
