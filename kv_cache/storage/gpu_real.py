@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from kv_cache.storage.base import BLOCK, StoreBase, StoreFull, padded
+from kv_cache.storage.base import BLOCK, StoreFull, padded
 from kv_cache.storage.gpu_device import Device
+from kv_cache.storage.slabs import SlabEntry, SlabPending, SlabStore
 
 __all__ = ["DeviceStore"]
 
@@ -39,24 +40,7 @@ class _Slot:
         self.events = events  # per device index: a (start, end) event pair
 
 
-class _Entry:
-    __slots__ = ("slabs", "nbytes", "pins", "dead")
-
-    def __init__(self, slabs: list[tuple[int, int]], nbytes: int):
-        self.slabs = slabs  # (device index, slab index) per slab of the entry, in payload order
-        self.nbytes = nbytes
-        self.pins = 0
-        self.dead = False
-
-
-class _Pending:
-    __slots__ = ("key", "slabs", "nbytes")
-
-    def __init__(self, key: str, slabs: list[tuple[int, int]], nbytes: int):
-        self.key, self.slabs, self.nbytes = key, slabs, nbytes
-
-
-class DeviceStore(StoreBase):
+class DeviceStore(SlabStore):
     """Slab arenas on ``devices`` (``capacity_per_device`` bytes each) behind a pinned staging pool."""
 
     kind = "real"
@@ -77,7 +61,7 @@ class DeviceStore(StoreBase):
         self.capacity_bytes = capacity_per_device * len(devices)
         self.slabs_per_device = capacity_per_device // slab_bytes
         self._lock = threading.Lock()
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, SlabEntry] = {}
         self._free = [list(range(self.slabs_per_device - 1, -1, -1)) for _ in devices]
         self._next_group = 0
         self._closed = False
@@ -94,14 +78,6 @@ class DeviceStore(StoreBase):
     def footprint(self, nbytes: int) -> int:
         """Device bytes an entry occupies (whole slabs)."""
         return -(-nbytes // self.slab_bytes) * self.slab_bytes
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._entries
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
 
     def placement(self, key: str) -> list[int]:
         """The device index of each slab of ``key`` (for tests and diagnostics)."""
@@ -175,7 +151,7 @@ class DeviceStore(StoreBase):
         return dev_ns, wall_ns
 
     # ------------------------------------------------------------------ primitives
-    def _begin_write(self, key: str, nbytes: int) -> tuple[_Pending, int]:
+    def _begin_write(self, key: str, nbytes: int) -> tuple[SlabPending, int]:
         need = -(-padded(nbytes) // self.slab_bytes)
         with self._lock:
             if self._closed:
@@ -183,60 +159,9 @@ class DeviceStore(StoreBase):
             slabs = self._take(need) if need <= self.slabs_per_device * len(self.devices) else None
             if slabs is None:
                 raise StoreFull(f"{self.name}: entry {key!r} needs {need} slab(s); no GPU group has room")
-        return _Pending(key, slabs, nbytes), 0
-
-    def _put(self, h: _Pending, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
-        if not len(view):
-            return 0, 0
-        return len(view), self._copy(h.slabs, offset, view, True)
-
-    def _commit(self, h: _Pending) -> int:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{self.name}: store closed during write")
-            old = self._entries.get(h.key)
-            self._entries[h.key] = _Entry(h.slabs, h.nbytes)
-            if old is not None:
-                self._release(old)
-        h.slabs = []
-        return 0
-
-    def _abort(self, h: _Pending) -> None:
-        with self._lock:
-            self._give(h.slabs)
-        h.slabs = []
-
-    def _begin_read(self, key: str) -> tuple[_Entry, int, int]:
-        with self._lock:
-            e = self._entries[key]  # KeyError if missing
-            e.pins += 1
-        return e, e.nbytes, 0
-
-    def _get(self, h: _Entry, offset: int, view: memoryview) -> tuple[int, int]:
-        return len(view), self._copy(h.slabs, offset, view, False)
-
-    def _end_read(self, h: _Entry) -> int:
-        with self._lock:
-            h.pins -= 1
-            if h.dead and h.pins == 0:
-                self._give(h.slabs)
-                h.slabs = []
-        return 0
-
-    def _release(self, e: _Entry) -> None:  # lock held
-        if e.pins:
-            e.dead = True
-        else:
-            self._give(e.slabs)
-            e.slabs = []
+        return SlabPending(key, slabs, nbytes), 0
 
     # ------------------------------------------------------------------ public
-    def delete(self, key: str) -> None:
-        with self._lock:
-            e = self._entries.pop(key, None)
-            if e is not None:
-                self._release(e)
-
     def close(self) -> None:
         """Drop every entry and the references to the arenas and staging (the library frees them)."""
         with self._lock:

@@ -17,7 +17,8 @@ from time import perf_counter_ns
 
 import numpy as np
 
-from kv_cache.storage.base import BLOCK, StoreBase, StoreFull, padded
+from kv_cache.storage.base import BLOCK, StoreFull, padded
+from kv_cache.storage.slabs import SlabEntry, SlabPending, SlabStore
 
 
 def _map_noreserve() -> int:
@@ -39,26 +40,7 @@ def _map_noreserve() -> int:
     return 0
 
 
-class _Entry:
-    __slots__ = ("slabs", "nbytes", "pins", "dead")
-
-    def __init__(self, slabs: list[int], nbytes: int):
-        self.slabs = slabs
-        self.nbytes = nbytes
-        self.pins = 0  # readers currently copying out of the slabs
-        self.dead = False  # deleted/replaced while pinned: the last reader frees the slabs
-
-
-class _Pending:
-    __slots__ = ("key", "slabs", "nbytes")
-
-    def __init__(self, key: str, slabs: list[int], nbytes: int):
-        self.key = key
-        self.slabs = slabs
-        self.nbytes = nbytes
-
-
-class MemoryStore(StoreBase):
+class MemoryStore(SlabStore):
     """Slab arena of ``capacity_bytes`` (rounded up to slabs, plus ``spare_slabs``)."""
 
     def __init__(
@@ -80,7 +62,7 @@ class MemoryStore(StoreBase):
         base = -(-self.capacity_bytes // self.slab_bytes)
         self.nslabs = base + (max(0, spare_slabs) if base else 0)
         self._lock = threading.Lock()
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, SlabEntry] = {}
         self._free: list[int] = list(range(self.nslabs - 1, -1, -1))  # pop() hands out low slabs first
         self._closed = False
         self._mm: mmap.mmap | None = None
@@ -113,25 +95,13 @@ class MemoryStore(StoreBase):
         with self._lock:
             return (self.nslabs - len(self._free)) * self.slab_bytes
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._entries
-
-    def keys(self) -> list[str]:
-        with self._lock:
-            return list(self._entries)
-
     # ------------------------------------------------------------------ bookkeeping helpers
-    def _release(self, e: _Entry) -> None:  # lock held
-        if e.pins:
-            e.dead = True
-        else:
-            self._free.extend(e.slabs)
-            e.slabs = []
+    def _give(self, slabs: list[int]) -> None:  # lock held
+        if not self._closed:
+            self._free.extend(slabs)
+
+    def _copyable(self, view: memoryview) -> np.ndarray:
+        return np.frombuffer(view, dtype=np.uint8)
 
     def _copy(self, slabs: list[int], offset: int, buf: np.ndarray, to_arena: bool) -> int:
         """Copy ``buf`` to/from the entry's bytes at ``offset``; returns the ns spent in copyto."""
@@ -156,7 +126,7 @@ class MemoryStore(StoreBase):
         return ns
 
     # ------------------------------------------------------------------ primitives
-    def _begin_write(self, key: str, nbytes: int) -> tuple[_Pending, int]:
+    def _begin_write(self, key: str, nbytes: int) -> tuple[SlabPending, int]:
         need = -(-padded(nbytes) // self.slab_bytes)
         with self._lock:
             if self._closed:
@@ -168,54 +138,9 @@ class MemoryStore(StoreBase):
                 )
             slabs = self._free[len(self._free) - need :][::-1]
             del self._free[len(self._free) - need :]
-        return _Pending(key, slabs, nbytes), 0
-
-    def _put(self, h: _Pending, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
-        if not len(view):
-            return 0, 0
-        return len(view), self._copy(h.slabs, offset, np.frombuffer(view, dtype=np.uint8), True)
-
-    def _commit(self, h: _Pending) -> int:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{self.name}: store closed during write")
-            old = self._entries.get(h.key)
-            self._entries[h.key] = _Entry(h.slabs, h.nbytes)
-            if old is not None:
-                self._release(old)
-        h.slabs = []
-        return 0
-
-    def _abort(self, h: _Pending) -> None:
-        with self._lock:
-            if not self._closed:
-                self._free.extend(h.slabs)
-        h.slabs = []
-
-    def _begin_read(self, key: str) -> tuple[_Entry, int, int]:
-        with self._lock:
-            e = self._entries[key]  # KeyError if missing
-            e.pins += 1
-        return e, e.nbytes, 0
-
-    def _get(self, h: _Entry, offset: int, view: memoryview) -> tuple[int, int]:
-        return len(view), self._copy(h.slabs, offset, np.frombuffer(view, dtype=np.uint8), False)
-
-    def _end_read(self, h: _Entry) -> int:
-        with self._lock:
-            h.pins -= 1
-            if h.dead and h.pins == 0 and not self._closed:
-                self._free.extend(h.slabs)
-                h.slabs = []
-        return 0
+        return SlabPending(key, slabs, nbytes), 0
 
     # ------------------------------------------------------------------ public
-    def delete(self, key: str) -> None:
-        with self._lock:
-            e = self._entries.pop(key, None)
-            if e is not None:
-                self._release(e)
-
     def close(self) -> None:
         """Drop all entries and unmap the arena (left to the GC if a copy still holds a view)."""
         with self._lock:
