@@ -37,8 +37,11 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def growth_mib_per_hour(samples: list[tuple[float, float]]) -> float | None:
-    half = samples[len(samples) // 2:]
+def growth_mib_per_hour(samples: list[tuple[float, float]], until_s: float | None = None) -> float | None:
+    """Least-squares RSS growth over the second half of the samples taken up to `until_s` (the run's
+    duration: the clean-up after it frees the tiers and would read as a fall)."""
+    kept = [s for s in samples if until_s is None or s[0] <= until_s]
+    half = kept[len(kept) // 2:]
     if len(half) < 3:
         return None
     t, r = np.array(half).T
@@ -79,7 +82,7 @@ def main() -> None:
         "command": cmd, "exit_status": proc.returncode, "interval_s": args.interval, "samples": samples,
         "rss_first_mib": samples[0][1] if samples else None, "rss_last_mib": samples[-1][1] if samples else None,
         "rss_max_mib": max((r for _, r in samples), default=None),
-        "growth_second_half_mib_per_hour": growth_mib_per_hour(samples),
+        "growth_second_half_mib_per_hour": growth_mib_per_hour(samples, args.duration),
         "results_peak_rss_mib": meas.get("peak_rss_mib"), "requests_completed": results.get("requests_completed"),
         "storage_errors_total": meas.get("storage_errors_total"),
     }
