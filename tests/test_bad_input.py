@@ -120,6 +120,10 @@ CASES = [
     ("sessions-gpu", ["sessions", "--gpu", "abacus"], "unknown GPU"),
     ("sessions-tiers", ["sessions", "--tiers", "floppy"], "--tiers"),
     ("sessions-unknown-flag", ["sessions", "--frobnicate"], "unrecognized arguments"),
+    # plot directories, checked before the run (not after hours of measuring)
+    ("plots-is-a-file", ["--plots", "{file}"], "is a file, not a directory"),
+    ("plots-under-a-file", ["--plots", "{file}/plots"], "is not a writable directory"),
+    ("sessions-plots-is-a-file", ["sessions", "--plots", "{file}"], "is a file, not a directory"),
 ]
 
 
@@ -151,3 +155,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, tripwire, argv, frag
     assert err.startswith(("kv-cache: error: ", "kv-cache sessions: error: ")), err
     assert "Traceback" not in err and fragment in err, err
     assert not list(out_dir.iterdir())  # nothing written
+
+
+def test_plots_without_matplotlib_are_refused_before_the_run(tmp_path, capsys, tripwire, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    code = main(["--plots", str(tmp_path / "plots"), "--output", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--plots needs matplotlib" in err and err.count("\n") == 1
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "plots").exists()

@@ -20,7 +20,13 @@ from kv_cache import __version__
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
 from kv_cache.cli.merge import add_merge_flags, merge_command
-from kv_cache.cli.report_cmd import add_plots_flag, add_report_flags, plots_after_run, report_command
+from kv_cache.cli.report_cmd import (
+    add_plots_flag,
+    add_report_flags,
+    check_plots_dir,
+    plots_after_run,
+    report_command,
+)
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
@@ -78,6 +84,7 @@ class Command:
 
 def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_run(args, argv)
+    check_plots_dir(args.plots)
     code = run_resolved(settings)
     plots_after_run(settings.output, args.plots)
     return code
@@ -99,6 +106,7 @@ def run_resolved(settings: RunSettings) -> int:
     return run_benchmark(settings)
 def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_sessions(args, argv)
+    check_plots_dir(args.plots)
     logging.basicConfig(level=getattr(logging, settings.log_level), format=LOG_FORMAT)
     from kv_cache.app_sessions import run_sessions  # noqa: PLC0415
 

@@ -7,7 +7,9 @@ with --plots, draws the PNGs and one HTML page (kv_cache/report/plots.py, html.p
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -51,6 +53,25 @@ def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
         raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
     page = write_html(results, pngs, plots_dir, title=f"kv-cache {results.get('mode', 'run')} results")
     out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}\n")
+
+
+def check_plots_dir(plots_dir: str | None) -> None:
+    """--plots on `run` / `sessions`, checked before anything runs (a run may take hours): a directory, or a
+    path that can become one, somewhere this process can write, and matplotlib to draw with."""
+    if plots_dir is None:
+        return
+    if not plots_dir.strip():
+        raise UsageError("--plots is empty: give a directory such as plots/")
+    target = Path(plots_dir).expanduser()
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"--plots {plots_dir} is a file, not a directory; give a directory (it is created if missing)")
+    existing = next((p for p in (target, *target.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--plots {plots_dir}: {existing} is not a writable directory; choose a directory you can "
+                         "write to")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plots needs matplotlib: pip install 'kv-cache[plots]' (or run without --plots and draw "
+                         "them later with `kv-cache report RESULT.json --plots DIR`)")
 
 
 def plots_after_run(output: str, plots_dir: str | None, out: TextIO | None = None) -> None:
