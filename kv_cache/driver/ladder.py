@@ -304,13 +304,8 @@ class RungRun:
         loop.wait_next(window_end)
         return True
 
-    def run(self) -> dict[str, Any]:
-        ls = self.ls
-        try:
-            self._build()
-        except BaseException:
-            self._teardown()
-            raise
+    def _prepare(self, ls: LadderSettings) -> None:
+        """Slots, the steady-state start (which stores blocks before the clock starts) and the first events."""
         self.closed = ClosedLoop(self.loop, [self._make_slot(i) for i in range(self.sessions)], self._issue_slot,
                                  make_user=self._make_slot)
         if ls.steady_state:
@@ -325,14 +320,22 @@ class RungRun:
             interval = int(max(0.05, min(1.0, ls.window_s / 20)) * 1e9)
             self.loop.push(self.t0 + interval, "warmup_check", interval)
         self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
-        try:
+
+    def run(self) -> dict[str, Any]:
+        ls = self.ls
+        measuring = False
+        try:  # one try from the first file to the last: an interrupt anywhere in between still tears down
+            self._build()
+            self._prepare(ls)
+            measuring = True
             self.closed.start(self.t0)
             while self._step(self.window_end):
                 pass
         finally:
-            self.metrics.close_window(self.window_end)
-            if getattr(self, "io", None) is not None:
-                self.io_close = self.io.snapshot()
+            if measuring:
+                self.metrics.close_window(self.window_end)
+                if getattr(self, "io", None) is not None:
+                    self.io_close = self.io.snapshot()
             self._teardown()
         w0 = ((self.window_start_ns or self.t0 + int(ls.warmup_s * 1e9)) - self.t0) / 1e9
         result = self._results(w0, w0 + ls.window_s)
