@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from kv_cache.config.fields import FrozenMap, _Check
@@ -203,29 +203,36 @@ def _build_named(defaults: Mapping[str, Any], data: Any, key: str, source: str) 
     return FrozenMap(merged)
 
 
-def _build_models(data: Any, source: str) -> FrozenMap:
-    """Built-in models merged with the YAML ones, field by field."""
-    models = dict(MODEL_CONFIGS)
+def _named_entries(data: Any, source: str, section: str, what: str, builtins: Mapping[str, Any],
+                   new_defaults: Mapping[str, Any], checks: Mapping[str, _Check]) -> Iterator[tuple[str, str, dict]]:
+    """(name, dotted key, checked field values) of each entry of a named section (`model_configs`, `gpus`):
+    a built-in entry's fields overlaid with the YAML ones, a new entry's defaults with them."""
     if data is None:
-        return FrozenMap(models)
+        return
     if not isinstance(data, Mapping):
-        _fail(source, f"'model_configs' must be a mapping, got {_type_name(data)}")
+        _fail(source, f"'{section}' must be a mapping, got {_type_name(data)}")
     for name, entry in data.items():
         if not isinstance(name, str) or not name.strip():
-            _fail(source, f"'model_configs' keys must be non-empty model names, got {_show(name)}")
-        dotted = f"model_configs.{name}"
+            _fail(source, f"'{section}' keys must be non-empty {what} names, got {_show(name)}")
+        dotted = f"{section}.{name}"
         if entry is None:
             entry = {}
         if not isinstance(entry, Mapping):
             _fail(source, f"'{dotted}' must be a mapping, got {_type_name(entry)}")
-        base = models.get(name)
-        values = dataclasses.asdict(base) if base is not None else {"name": name, **NEW_MODEL_DEFAULTS}
+        base = builtins.get(name)
+        values = dataclasses.asdict(base) if base is not None else {"name": name, **new_defaults}
         for field_name, value in entry.items():
-            if not isinstance(field_name, str) or field_name not in _MODEL_FIELD_CHECKS:
-                _unknown(source, f"{dotted}.{field_name}", _MODEL_FIELD_CHECKS)
-            values[field_name] = _check(
-                _MODEL_FIELD_CHECKS[field_name], value, f"{dotted}.{field_name}", source
-            )
+            if not isinstance(field_name, str) or field_name not in checks:
+                _unknown(source, f"{dotted}.{field_name}", checks)
+            values[field_name] = _check(checks[field_name], value, f"{dotted}.{field_name}", source)
+        yield name, dotted, values
+
+
+def _build_models(data: Any, source: str) -> FrozenMap:
+    """Built-in models merged with the YAML ones, field by field."""
+    models = dict(MODEL_CONFIGS)
+    for name, dotted, values in _named_entries(data, source, "model_configs", "model", models,
+                                               NEW_MODEL_DEFAULTS, _MODEL_FIELD_CHECKS):
         model = ModelConfig(**values)
         if 0 < model.total_params_b < model.active_params_b:
             _fail(
@@ -248,26 +255,8 @@ def _build_gpus(data: Any, source: str) -> FrozenMap:
     from kv_cache.models import GPUSpec
 
     gpus = dict(_builtin_gpus())
-    if data is None:
-        return FrozenMap(gpus)
-    if not isinstance(data, Mapping):
-        _fail(source, f"'gpus' must be a mapping, got {_type_name(data)}")
-    for name, entry in data.items():
-        if not isinstance(name, str) or not name.strip():
-            _fail(source, f"'gpus' keys must be non-empty GPU names, got {_show(name)}")
-        dotted = f"gpus.{name}"
-        if entry is None:
-            entry = {}
-        if not isinstance(entry, Mapping):
-            _fail(source, f"'{dotted}' must be a mapping, got {_type_name(entry)}")
-        base = gpus.get(name)
-        values = dataclasses.asdict(base) if base is not None else {"name": name, "source": ""}
-        for field_name, value in entry.items():
-            if not isinstance(field_name, str) or field_name not in _GPU_FIELD_CHECKS:
-                _unknown(source, f"{dotted}.{field_name}", _GPU_FIELD_CHECKS)
-            values[field_name] = _check(
-                _GPU_FIELD_CHECKS[field_name], value, f"{dotted}.{field_name}", source
-            )
+    for name, dotted, values in _named_entries(data, source, "gpus", "GPU", gpus, {"source": ""},
+                                               _GPU_FIELD_CHECKS):
         missing = [k for k in _NEW_GPU_REQUIRED if k not in values]
         if missing:
             _fail(source, f"'{dotted}' is a new GPU and needs {', '.join(missing)}")
