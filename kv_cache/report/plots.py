@@ -6,6 +6,10 @@ Drawn from the document alone, so a saved result plots exactly as the run that w
 - occupancy.png: bytes held per tier, queue depth and active users over time (from `time_series`);
 - ladder.png (sessions results): per-GPU throughput against concurrent sessions, per configuration, 95 % CIs.
 A plot with nothing to show is not drawn. matplotlib is the `plots` extra; without it, PlotsUnavailable.
+
+Every figure names the storage it measured at its top (filesystem, block device, cache directory, I/O mode,
+tier configuration: report/storage_info.py), and carries the same text in the PNG's Title and Description
+fields, so that two plot folders from two storages can be told apart once opened.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from kv_cache.metrics.histograms import cdf_points, decode
+from kv_cache.report.storage_info import storage_label, wrapped
 
 GIB = float(1 << 30)
 TIER_OPS = [(t, op) for t in ("gpu", "cpu", "storage") for op in ("read", "write")]
+PERCENTILE_KEYS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999), ("p9999", 0.9999), ("max", 1.0))
 
 
 class PlotsUnavailable(RuntimeError):
@@ -34,17 +40,53 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+def caption(results: dict[str, Any]) -> str:
+    """The storage line every figure of `results` carries."""
+    return f"Storage: {storage_label(results)}"
+
+
+def save_figure(fig, path: Path, text: str, title: str | None = None) -> Path:
+    """`fig` as a PNG at `path`, with `text` (the storage it is about) above the plots and in the PNG's
+    Title / Description fields."""
+    lines = wrapped(text, int(fig.get_figwidth() * 14))  # about 14 characters of 8 pt text per inch
+    fig.suptitle(lines, fontsize=8, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.14 * (lines.count("\n") + 1) + 0.05) / fig.get_figheight()))
+    axes = fig.get_axes()
+    meta_title = title or (axes[0].get_title() if axes else path.stem)
+    fig.savefig(path, dpi=100, metadata={"Title": meta_title, "Description": text, "Software": "kv-cache"})
     fig.clf()
     return path
 
 
+def _save(fig, path: Path, results: dict[str, Any]) -> Path:
+    return save_figure(fig, path, caption(results))
+
+
+def percentile_points(block: dict[str, Any] | None) -> tuple[list[float], list[float]] | None:
+    """(ms, fraction) points of a block of percentiles (p50 ... p9999, max), as merged documents keep them."""
+    if not block or not block.get("count"):
+        return None
+    pts = sorted((float(block[k]), q) for k, q in PERCENTILE_KEYS if isinstance(block.get(k), (int, float)))
+    return ([x for x, _ in pts], [q for _, q in pts]) if pts else None
+
+
+def latency_curve(results: dict[str, Any], name: str) -> tuple[tuple[list[float], list[float]], bool] | None:
+    """The CDF of the latency `name` (e.g. storage_read_device): from its HdrHistogram when the document has
+    one (exact to the histogram's precision), else from its percentiles (`latency_ms`, merged documents);
+    with True when it is percentile points only."""
+    hist = (results.get("latency_histograms") or {}).get(name)
+    if hist and hist.get("count") and hist.get("hdr"):
+        return cdf_points(decode(hist["hdr"])), False
+    pts = percentile_points((results.get("latency_ms") or {}).get(name))
+    return (pts, True) if pts else None
+
+
 def latency_cdf(results: dict[str, Any], out: Path) -> Path | None:
-    hists = results.get("latency_histograms") or {}
-    curves = [(f"{t} {op}", cdf_points(decode(hists[f"{t}_{op}_total"]["hdr"]))) for t, op in TIER_OPS
-              if f"{t}_{op}_total" in hists and hists[f"{t}_{op}_total"]["count"]]
+    curves = []
+    for t, op in TIER_OPS:
+        found = latency_curve(results, f"{t}_{op}_total")
+        if found:
+            curves.append((f"{t} {op}" + (" (percentiles)" if found[1] else ""), found[0]))
     if not curves:
         return None
     plt = _pyplot()
@@ -57,7 +99,7 @@ def latency_cdf(results: dict[str, Any], out: Path) -> Path | None:
     ax.set_title("Latency CDF per tier and operation (measured window)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    return _save(fig, out / "latency_cdf.png")
+    return _save(fig, out / "latency_cdf.png", results)
 
 
 def _rows(results: dict[str, Any]) -> list[dict]:
@@ -85,7 +127,7 @@ def throughput(results: dict[str, Any], out: Path) -> Path | None:
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    return _save(fig, out / "throughput.png")
+    return _save(fig, out / "throughput.png", results)
 
 
 def occupancy(results: dict[str, Any], out: Path) -> Path | None:
@@ -110,7 +152,7 @@ def occupancy(results: dict[str, Any], out: Path) -> Path | None:
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize="small", loc="upper left")
     ax.set_title("Cache occupancy, queue and users over time")
     ax.grid(True, alpha=0.3)
-    return _save(fig, out / "occupancy.png")
+    return _save(fig, out / "occupancy.png", results)
 
 
 def ladder(results: dict[str, Any], out: Path) -> Path | None:
@@ -132,7 +174,7 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
     ax.set_title("Sessions ladder: per-GPU throughput by offload configuration")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return _save(fig, out / "ladder.png")
+    return _save(fig, out / "ladder.png", results)
 
 
 PLOTS = (latency_cdf, throughput, occupancy, ladder)
