@@ -257,10 +257,12 @@ def merge_documents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def rank_facts(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What readers of a merged document need from its ranks (report/compare.py): each rank's
-    `run_parameters` (`rank_parameters`: the workload check of `kv-cache compare`) and the storage it measured
+    `run_parameters` and replayed trace files (`rank_parameters`, `rank_trace_paths`: the workload check of
+    `kv-cache compare`) and the storage it measured
     (`rank_storage`: its measurement.storage_location, or what older rank documents said of it), by rank."""
     order = sorted(range(len(docs)), key=lambda i: _rank_of(docs[i], i))
     return {"rank_parameters": [docs[i].get("run_parameters") or {} for i in order],
+            "rank_trace_paths": [(docs[i].get("trace_replay") or {}).get("paths") for i in order],
             "rank_storage": [_storage_of(docs[i]["measurement"]) for i in order]}
 
 

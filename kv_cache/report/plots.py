@@ -29,7 +29,8 @@ class PlotsUnavailable(RuntimeError):
     """matplotlib is not installed (pip install 'kv-cache[plots]')."""
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; PlotsUnavailable without matplotlib."""
     try:
         import matplotlib  # noqa: PLC0415  (optional dependency, loaded only to plot)
 
@@ -89,7 +90,7 @@ def latency_cdf(results: dict[str, Any], out: Path) -> Path | None:
             curves.append((f"{t} {op}" + (" (percentiles)" if found[1] else ""), found[0]))
     if not curves:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, (xs, ys) in curves:
         ax.step(xs, ys, where="post", label=label)
@@ -111,7 +112,7 @@ def throughput(results: dict[str, Any], out: Path) -> Path | None:
     keys = [(t, op) for t, op in TIER_OPS if any(f"{t}_{op}_bytes" in r for r in rows)]
     if not rows or not keys:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     ts = [r["t_s"] for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for t, op in keys:
@@ -135,7 +136,7 @@ def occupancy(results: dict[str, Any], out: Path) -> Path | None:
     tiers = [t for t in ("gpu", "cpu", "storage") if any(f"occupancy_{t}_bytes" in r for r in rows)]
     if not rows or not tiers:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     ts = [r["t_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(9, 5))
     for t in tiers:
@@ -159,7 +160,7 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
     rungs = results.get("rungs") or []
     if not rungs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for cfg in dict.fromkeys(r["tiers"] for r in rungs):
         mine = sorted((r for r in rungs if r["tiers"] == cfg), key=lambda r: r["sessions"])
@@ -184,7 +185,7 @@ def draw_plots(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Every plot the document has data for, as PNGs in `out_dir` (created); returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plt = _pyplot()
+    plt = pyplot()
     try:
         return [p for plot in PLOTS if (p := plot(results, out)) is not None]
     finally:

@@ -109,5 +109,5 @@ def storage_label(doc: dict[str, Any]) -> str:
 
 
 def wrapped(text: str, width: int = 110) -> str:
-    """`text` broken into lines of at most `width` characters (for figure titles)."""
-    return "\n".join(textwrap.wrap(text, width)) or text
+    """`text` broken into lines of at most `width` characters, each of its own lines apart (figure titles)."""
+    return "\n".join(part for line in text.split("\n") for part in (textwrap.wrap(line, width) or [""]))
