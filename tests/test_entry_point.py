@@ -66,3 +66,11 @@ def test_merge_with_a_closed_pipe_still_writes_its_document(tmp_path):
     assert done.returncode == CLOSED_PIPE
     assert (tmp_path / "m.json").stat().st_size > 0
 
+
+
+def test_readme_lists_the_five_commands_and_no_refused_tracing():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "sub-commands (run = default, sessions, merge, report, compare)" in text
+    assert "The five sub-commands are `run` (the default), `sessions`, `merge`, `report` and `compare`" in text
+    assert "parsed but refused" not in text
+    assert "| 141 | stdout was closed by its reader" in text
