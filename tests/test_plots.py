@@ -155,3 +155,12 @@ def test_older_documents_without_storage_location_still_name_their_storage():
 
     assert "storage_location" not in doc["measurement"]
     assert storage_label(doc).startswith("ext4 (block device vda) at /data/cache/")
+
+
+def test_page_of_a_merged_document_has_the_storage_headline_and_the_ranks_storage(tmp_path):
+    doc = _doc("merged/m.json")
+    page = write_html(doc, draw_plots(doc, tmp_path), tmp_path).read_text()
+    cs = doc["summary"]["cache_stats"]
+    assert f"<th>storage read</th><td>{cs['tier_storage_read_bandwidth_gbps']:.3f} GiB/s</td>" in page
+    assert "<th>cache directory</th><td>/tmp/render/cacheM (2 rank dirs)</td>" in page
+    assert "<th>num_users</th><td>1</td>" in page  # rank 0's parameters: a merged document has no run_parameters
