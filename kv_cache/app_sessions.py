@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalenc
 from kv_cache.driver.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import GIB
+from kv_cache.report import measurement as meas
 from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
 from kv_cache.report.outputs import write_results
 from kv_cache.report.sessions import print_table
@@ -166,6 +168,15 @@ def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs 
     raise KeyboardInterrupt
 
 
+def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str, Any]:
+    """parameters.storage_location (report/measurement.py): where the storage offload tier's files go (a
+    temp dir without --cache-dir) and the I/O mode asked for; without a storage configuration, none."""
+    if "dram+storage" not in tiers:
+        return meas.storage_location(None, None)
+    return meas.storage_location(ls.cache_dir or tempfile.gettempdir(), ls.io_mode,
+                                 "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")
+
+
 def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
     """Load the sessions, climb the ladder, write the JSON, print the table; returns the exit status."""
     out = out or sys.stdout
@@ -200,6 +211,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
             "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
             "dram_usable_fraction": ls.dram_usable_fraction,
             "replica_assignment": "blake2b(seed:session_id) mod replicas",
+            "storage_location": sessions_storage_location(ls, tiers),
         },
         "method": METHOD,
         **body,

@@ -2,10 +2,16 @@
 
 Only the standard library here, so that a checkout run without its dependencies installed gets one line
 naming the package and the command that installs it, instead of a ModuleNotFoundError traceback.
+
+A closed stdout (`kv-cache report X.json | head`) ends the process quietly with status 141 (128 + SIGPIPE,
+what a shell shows for any tool its pipe reader stopped): no BrokenPipeError traceback, and no second one
+from the interpreter's final flush.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 # Import name -> the pip package that provides it (where they differ).
@@ -22,11 +28,35 @@ def missing_dependency_message(exc: ModuleNotFoundError, prog: str = "kv-cache")
             "dependencies)")
 
 
+# Exit status when stdout's reader went away (128 + SIGPIPE, as for a process the signal ended).
+CLOSED_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _guarded_main(argv)
+    except BrokenPipeError:
+        _silence_stdout()
+        return CLOSED_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that the interpreter's flush of stdout at exit cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout already closed or not a real file
+        pass
+
+
+def _guarded_main(argv: list[str] | None) -> int:
     try:
         from kv_cache.cli import main as cli_main  # noqa: PLC0415  (the guarded import)
 
-        return cli_main(argv)
+        code = cli_main(argv)
+        sys.stdout.flush()  # inside the guard: a closed pipe shows here, not in the interpreter's exit
+        return code
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] == "kv_cache":
             raise  # our own package broken: a bug, not a missing dependency

@@ -4,6 +4,7 @@ import io
 import json
 import math
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,141 @@ def test_cli_refuses_different_workloads_unless_told(tmp_path, capsys):
     assert "warning: workloads differ: duration" in warn.getvalue() and "requests/s" in out.getvalue()
     with pytest.raises(UsageError, match="at least two"):
         compare_command(Namespace(results=[str(pa)], allow_different_workloads=False), [], out, warn)
+
+
+# --- each side's storage, merged documents, --json and --plots (fixtures from real runs) --------------------
+RENDER = Path(__file__).parent / "fixtures" / "render"
+EXT4, SHM, MERGED = RENDER / "ext4_direct.json", RENDER / "shm_buffered.json", RENDER / "merged" / "m.json"
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_the_legend_names_each_sides_storage(capsys):
+    assert main(["compare", str(EXT4), str(SHM)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"  A = {EXT4}"
+    assert out[1].startswith("      storage: ext4 (block device vda) at /tmp/render/cacheA, direct I/O; tiers: GPU absent")
+    assert out[2] == f"  B = {SHM}"
+    assert out[3].startswith("      storage: tmpfs (RAM-backed) at /dev/shm/kvrender, buffered I/O")
+    assert out[-1].startswith("Brackets: 95 % confidence intervals")  # both runs have a time series
+
+
+def test_merged_documents_compare_their_ranks_workload():
+    merged = _load(MERGED)
+    assert merged["schema_version"] == "kv-cache-merged/1" and len(merged["rank_parameters"]) == 2
+    assert workload_differences([merged, _load(MERGED)]) == []
+    other = _load(MERGED)
+    for rank in other["rank_parameters"]:
+        rank["num_users"] = 3
+    assert workload_differences([merged, other]) == ["num_users: A=1 (each of 2 ranks), B=3 (each of 2 ranks)"]
+    other["rank_parameters"][1]["duration"] = 9.0
+    assert "duration: A=4.0 (each of 2 ranks), B=[4.0, 9.0]" in workload_differences([merged, other])
+    # a merged document and a single run: the rank layout is part of the workload
+    assert any(d.startswith("mpi_world_size: A=2 (each of 2 ranks), B=1")
+               for d in workload_differences([merged, _load(EXT4)]))
+
+
+def test_a_merged_document_without_its_ranks_parameters_has_an_unknown_workload(tmp_path, capsys):
+    old = _load(MERGED)
+    del old["rank_parameters"]
+    path = tmp_path / "old_merged.json"
+    path.write_text(json.dumps(old))
+    assert workload_differences([old, _load(MERGED)])[0].startswith("workload: A=unknown")
+    assert main(["compare", str(path), str(MERGED)]) == 2
+    assert "the workloads differ (workload: A=unknown" in capsys.readouterr().err
+    assert main(["compare", str(path), str(MERGED), "--allow-different-workloads"]) == 0
+
+
+def test_merged_documents_have_no_time_series_so_no_interval_footer(capsys):
+    assert main(["compare", str(MERGED), str(MERGED)]) == 0
+    out = capsys.readouterr().out
+    assert "[" not in out.split("metric", 1)[1].split("\n\n")[0]  # no brackets in the table
+    assert "Brackets" not in out and out.rstrip().endswith("each figure is a single value per run.")
+    rows = {r.label: r for r in standard_rows([_load(MERGED), _load(MERGED)])}
+    cs = _load(MERGED)["summary"]["cache_stats"]
+    assert rows["storage read GiB/s"].cells[0].value == cs["tier_storage_read_bandwidth_gbps"]
+    assert rows["storage write device p95 ms"].cells[0].value == cs["storage_write_device_p95_ms"]
+
+
+def test_json_to_stdout_holds_storage_metrics_ratios_and_intervals(capsys):
+    assert main(["compare", str(EXT4), str(SHM), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # only the JSON on stdout
+    assert doc["schema_version"] == "kv-cache-compare/1" and doc["baseline"] == "A"
+    a, b = doc["runs"]
+    assert (a["path"], a["storage"]["filesystem"], a["storage"]["block_device"], a["storage"]["io_mode"]) == (
+        str(EXT4), "ext4", "vda", "direct")
+    assert (b["storage"]["filesystem"], b["storage"]["block_device"], b["storage"]["io_mode"],
+            b["storage"]["cache_dir"]) == ("tmpfs", None, "buffered", "/dev/shm/kvrender")
+    metrics = {m["metric"]: m for m in doc["metrics"]}
+    read = metrics["storage read GiB/s"]
+    ea, eb = (_load(p)["summary"]["cache_stats"]["tier_storage_read_bandwidth_gbps"] for p in (EXT4, SHM))
+    assert [v["value"] for v in read["values"]] == [ea, eb]
+    assert math.isclose(read["ratios_to_baseline"][0]["value"], eb / ea)
+    assert read["ratios_to_baseline"][0]["label"] == "B/A"
+    assert read["values"][0]["ci95"] is not None and read["ratios_to_baseline"][0]["ci95"] is not None
+    assert metrics["tokens/s"]["values"][0]["ci95"] is None  # no per-second column behind it
+    assert doc["intervals"].startswith("Brackets") and doc["workload_differences"] == []
+
+
+def test_json_to_a_path_keeps_an_earlier_file_and_still_prints_the_table(tmp_path, capsys):
+    target = tmp_path / "cmp.json"
+    target.write_text("{}")
+    assert main(["compare", str(MERGED), str(MERGED), "--json", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert f"Comparison written to {target} (an earlier file was kept as {target}.1)" in out and "metric" in out
+    doc = json.loads(target.read_text())
+    assert doc["intervals"] is None and (tmp_path / "cmp.json.1").read_text() == "{}"
+    assert doc["runs"][0]["storage"]["cache_dir"] == "/tmp/render/cacheM (2 rank dirs)"
+
+
+def test_bad_json_and_plots_paths_are_one_line_errors_before_anything_is_written(tmp_path, capsys):
+    assert main(["compare", str(EXT4), str(SHM), "--json", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"kv-cache compare: error: --json {tmp_path} is a directory")
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    assert main(["compare", str(EXT4), str(SHM), "--plots", str(afile), "--json", str(tmp_path / "c.json")]) == 2
+    assert "--plots" in capsys.readouterr().err and not (tmp_path / "c.json").exists()
+
+
+def test_plots_overlay_the_runs_one_png_per_figure_with_their_storage(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    out_dir = tmp_path / "cmp"
+    assert main(["compare", str(EXT4), str(SHM), "--plots", str(out_dir)]) == 0
+    assert "Plots written to" in capsys.readouterr().out
+    names = sorted(p.name for p in out_dir.glob("*.png"))
+    assert names == ["latency_cdf_end_to_end.png", "latency_cdf_storage_read.png", "latency_cdf_storage_write.png",
+                     "throughput_storage_read.png", "throughput_storage_write.png"]
+    for name in names:
+        with Image.open(out_dir / name) as img:
+            text = img.text["Description"]
+        assert f"A = {EXT4}: ext4 (block device vda) at /tmp/render/cacheA, direct I/O" in text
+        assert f"B = {SHM}: tmpfs (RAM-backed) at /dev/shm/kvrender, buffered I/O" in text
+    page = (out_dir / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 5
+    assert "<td>/tmp/render/cacheA</td>" in page and "<td>/dev/shm/kvrender</td>" in page
+    assert "<title>kv-cache compare: A: ext4 vda /tmp/render/cacheA direct vs B: tmpfs RAM-backed" in page
+
+
+def test_plots_of_merged_documents_use_their_percentiles(tmp_path):
+    pytest.importorskip("matplotlib")
+    from kv_cache.report.compare_plots import draw_compare_plots
+
+    pngs = draw_compare_plots(["m.json", "a.json"], [_load(MERGED), _load(EXT4)], tmp_path)
+    # the throughput figures come from the single run only (the merged document has no time series)
+    assert [p.name for p in pngs] == ["latency_cdf_storage_read.png", "latency_cdf_storage_write.png",
+                                      "latency_cdf_end_to_end.png", "throughput_storage_read.png",
+                                      "throughput_storage_write.png"]
+
+
+def test_sessions_results_compare_and_overlay_their_ladders(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    sessions = RENDER / "sessions.json"
+    assert main(["compare", str(sessions), str(sessions), "--plots", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "storage: ext4 (block device vda) at /tmp/render/cacheS, auto I/O; tiers: dram+storage" in out
+    assert "dram+storage @ 1 sessions tok/s/GPU" in out and "Brackets" in out
+    assert [p.name for p in sorted(tmp_path.glob("*.png"))] == ["ladder.png"]

@@ -84,3 +84,83 @@ def test_bad_result_files_are_one_line_errors(tmp_path, capsys):
         load_results(str(bad))
     assert main(["report", str(tmp_path / "missing.json")]) == 2
     assert capsys.readouterr().err.strip().startswith("kv-cache report: error: cannot read")
+
+
+# --- which storage was measured: every PNG and the page say it (fixtures from real runs) ---------------------
+RENDER = Path(__file__).parent / "fixtures" / "render"
+
+
+def _doc(name: str) -> dict:
+    return json.loads((RENDER / name).read_text())
+
+
+def _png_text(path: Path) -> dict:
+    from PIL import Image  # matplotlib's own dependency
+
+    with Image.open(path) as img:
+        return dict(img.text)
+
+
+def test_every_png_names_its_storage_and_two_storages_differ(tmp_path):
+    descriptions = {}
+    for name, expect in (("ext4_direct.json", ("ext4", "vda", "/tmp/render/cacheA", "direct I/O", "CPU 0.1 GiB")),
+                         ("shm_buffered.json", ("tmpfs", "RAM-backed", "/dev/shm/kvrender", "buffered I/O"))):
+        pngs = draw_plots(_doc(name), tmp_path / name)
+        assert [p.name for p in pngs] == ["latency_cdf.png", "throughput.png", "occupancy.png"]
+        texts = [_png_text(p) for p in pngs]
+        for text in texts:
+            assert text["Description"].startswith("Storage: ") and text["Software"] == "kv-cache"
+            for word in expect:
+                assert word in text["Description"], (name, word)
+        assert texts[0]["Title"].startswith("Latency CDF")
+        descriptions[name] = texts[0]["Description"]
+    assert descriptions["ext4_direct.json"] != descriptions["shm_buffered.json"]
+
+
+def test_merged_documents_plot_their_percentiles_with_their_ranks_storage(tmp_path):
+    pngs = draw_plots(_doc("merged/m.json"), tmp_path)
+    assert [p.name for p in pngs] == ["latency_cdf.png"]
+    assert "/tmp/render/cacheM (2 rank dirs)" in _png_text(pngs[0])["Description"]
+
+
+def test_sessions_ladder_png_names_its_storage(tmp_path):
+    pngs = draw_plots(_doc("sessions.json"), tmp_path)
+    text = _png_text(pngs[0])["Description"]
+    assert "/tmp/render/cacheS" in text and "auto I/O" in text and "dram+storage" in text
+
+
+def test_page_headline_is_storage_bandwidth_and_latency_and_names_the_storage(tmp_path):
+    doc = _doc("ext4_direct.json")
+    cs = doc["summary"]["cache_stats"]
+    page = write_html(doc, draw_plots(doc, tmp_path), tmp_path, title="kv-cache run results").read_text()
+    head = page[page.index("<h2>Headline</h2>"):page.index("<h2>Storage measured</h2>")]
+    assert f"<th>storage read</th><td>{cs['tier_storage_read_bandwidth_gbps']:.3f} GiB/s</td>" in head
+    assert f"<th>storage write</th><td>{cs['tier_storage_write_bandwidth_gbps']:.3f} GiB/s</td>" in head
+    assert f"<th>storage read device P95</th><td>{cs['storage_read_device_p95_ms']:.3f} ms</td>" in head
+    assert f"<th>storage write device P95</th><td>{cs['storage_write_device_p95_ms']:.3f} ms</td>" in head
+    assert f"<th>end-to-end P95</th><td>{doc['summary']['end_to_end_latency_ms']['p95']:.3f} ms</td>" in head
+    assert head.index("storage read") < head.index("end-to-end P95")
+    assert page.index("<h2>Headline</h2>") < page.index(" requests in ")  # requests and tokens come after
+    facts = page[page.index("<h2>Storage measured</h2>"):page.index("<h2>Plots</h2>")]
+    for row in ("<th>cache directory</th><td>/tmp/render/cacheA</td>", "<th>filesystem</th><td>ext4</td>",
+                "<th>block device</th><td>vda</td>", "<th>I/O mode</th><td>direct</td>"):
+        assert row in facts
+    assert "<title>kv-cache run results: ext4 (block device vda) at /tmp/render/cacheA" in page
+    assert page.count("Storage: ext4 (block device vda)") == 1 + 3  # the page's line, one per figure caption
+
+
+def test_older_documents_without_storage_location_still_name_their_storage():
+    doc = json.loads((FIXTURES / "full.json").read_text())
+    from kv_cache.report.storage_info import storage_label
+
+    assert "storage_location" not in doc["measurement"]
+    assert storage_label(doc).startswith("ext4 (block device vda) at /data/cache/")
+
+
+def test_page_of_a_merged_document_has_the_storage_headline_and_the_ranks_storage(tmp_path):
+    doc = _doc("merged/m.json")
+    page = write_html(doc, draw_plots(doc, tmp_path), tmp_path).read_text()
+    cs = doc["summary"]["cache_stats"]
+    assert f"<th>storage read</th><td>{cs['tier_storage_read_bandwidth_gbps']:.3f} GiB/s</td>" in page
+    assert "<th>cache directory</th><td>/tmp/render/cacheM (2 rank dirs)</td>" in page
+    assert "<th>num_users</th><td>1</td>" in page  # rank 0's parameters: a merged document has no run_parameters

@@ -35,7 +35,7 @@ MEASUREMENT_KEYS = {
     "offered_request_rate", "final_active_users", "counters", "after_window", "achieved_queue_depth",
     "process_cpu_seconds", "cpu_seconds_per_gib", "peak_rss_mib", "block_device", "entry_size_mib", "errors",
     "errors_by_kind", "first_error", "notes", "storage_errors", "storage_errors_total", "storage_retries_total",
-    "storage_error_policy", "verify", "storage_fill", "requests_in_flight_at_stop",
+    "storage_error_policy", "verify", "storage_fill", "requests_in_flight_at_stop", "storage_location",
     "requests_finished_after_stop", "censored_latency_ms", "window_wallclock",
 }
 
@@ -75,6 +75,8 @@ def test_standard_document_keys_and_values(quick_settings):
     assert m["io_mode"] == "direct" and m["direct_io"] is True and m["run_dir"] == "/data/run"
     assert m["storage_capacity_bytes"] == 1e9 and m["cpu_tier_bytes"] == 0 and m["io_workers"] == 4
     assert m["block_device"] == {"name": None} and m["notes"] == ["a note"]
+    loc = m["storage_location"]  # where the storage was: /data/run does not exist here, its nearest parent does
+    assert loc["cache_dir"] == "/data/run" and loc["io_mode"] == "direct" and loc["mount_point"] is not None
     assert m["storage_errors"] == {} and m["storage_errors_total"] == 0 and m["verify"]["enabled"] is False
     fill = m["storage_fill"]  # the record's storage tier never evicted: said so
     assert fill["reached_capacity"] is False and "never reached its capacity" in fill["warning"]

@@ -128,9 +128,10 @@ COMMANDS: dict[str, Command] = {
         prog=PROG,
         summary="run the benchmark (the default command)",
         description="Integrated Multi-User KV Cache Benchmark (MLPerf Storage v3 compatible).",
-        epilog="Commands: run (the default), sessions (sessions held: modelled GPUs, concurrency ladder, "
-               "real offload I/O): kv-cache sessions --help; report (a saved result's report and plots); "
-               "compare (results side by side)",
+        epilog="Commands (each has its own --help, e.g. kv-cache sessions --help): run (the default); "
+               "sessions (sessions held: modelled GPUs, concurrency ladder, real offload I/O); merge (per-rank "
+               "results of one run into one document); report (a saved result's report and plots); compare "
+               "(results side by side, with their storage, plots and JSON)",
         add_flags=_with_plots_flag(add_run_flags),
         handler=_run_command,
     ),

@@ -1,32 +1,61 @@
-"""`kv-cache compare A.json B.json ...`: key metrics side by side with ratios to A and 95 % CIs.
+"""`kv-cache compare A.json B.json ...`: key metrics side by side with ratios to A and 95 % CIs, each side's
+storage named.
 
-Refuses (exit 2) when the workloads differ, naming the settings; --allow-different-workloads compares anyway
-with a warning on stderr.
+Refuses (exit 2) when the workloads differ, naming the settings (merged documents: from their ranks'
+parameters; unknown counts as different); --allow-different-workloads compares anyway with a warning on
+stderr. --plots DIR overlays the runs (report/compare_plots.py); --json [PATH] writes the comparison as JSON
+(report/compare.py `to_json`) to PATH, or to stdout instead of the table when no PATH (or `-`) is given.
+All of it is checked before anything is written: bad input is one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TextIO
 
-from kv_cache.cli.report_cmd import load_results
+from kv_cache.cli.report_cmd import check_plots_dir, load_results
 from kv_cache.errors import UsageError
-from kv_cache.report.compare import CompareError, compare_rows, format_table, workload_differences
+from kv_cache.report.compare import CompareError, compare_rows, format_table, to_json, workload_differences
+from kv_cache.report.storage_info import storage_label
+
+STDOUT = "-"
 
 
 def add_compare_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", metavar="RESULT.json", nargs="+",
-                   help="Two or more results files of the same kind (standard runs, or sessions runs); the first"
-                        " is the baseline of the ratios.")
+                   help="Two or more results files of the same kind (standard or merged runs, or sessions runs); "
+                        "the first is the baseline of the ratios.")
     p.add_argument("--allow-different-workloads", action="store_true",
                    help="Compare even when the workloads differ (a warning names the differences).")
+    p.add_argument("--plots", metavar="DIR", default=None,
+                   help="Also draw the runs overlaid (latency CDFs, throughput over time; one line per run, "
+                        "labelled with its storage) as PNGs and an index.html page in this directory.")
+    p.add_argument("--json", metavar="PATH", nargs="?", const=STDOUT, default=None,
+                   help="Write the comparison as JSON (each side's storage, the metrics, ratios and intervals) "
+                        "to PATH; without PATH, or with -, to stdout instead of the table.")
+
+
+def _check_json_path(path: str | None) -> None:
+    if path in (None, STDOUT):
+        return
+    from kv_cache.report.outputs import OutputPathError, check_output_path  # noqa: PLC0415
+
+    try:
+        check_output_path(path, example="compare.json")
+    except OutputPathError as exc:
+        raise UsageError(f"--json {exc}") from None
 
 
 def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None,
                     err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
+    plots_dir, json_path = getattr(args, "plots", None), getattr(args, "json", None)
     docs = [load_results(path) for path in args.results]
+    check_plots_dir(plots_dir)
+    _check_json_path(json_path)
+    names = list(args.results)
     try:
         diffs = workload_differences(docs)
         if diffs and not args.allow_different_workloads:
@@ -37,5 +66,40 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
         rows = compare_rows(docs)
     except CompareError as exc:
         raise UsageError(str(exc)) from None
-    out.write("\n".join(format_table(list(args.results), rows)) + "\n")
+    table = format_table(names, rows, [storage_label(d) for d in docs])
+    if json_path is not None:
+        _write_json(json_path, to_json(names, docs, rows, diffs), out)
+    if json_path != STDOUT:
+        out.write("\n".join(table) + "\n")
+    if plots_dir:
+        _plots(names, docs, table, plots_dir, err if json_path == STDOUT else out)
     return 0
+
+
+def _write_json(path: str, doc: dict, out: TextIO) -> None:
+    if path == STDOUT:
+        out.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        return
+    from kv_cache.report.jsonfile import write_json_atomic  # noqa: PLC0415
+    from kv_cache.report.outputs import keep_existing  # noqa: PLC0415
+
+    try:
+        kept = keep_existing(path)  # the write policy of every output: an earlier file is kept as PATH.1
+        write_json_atomic(path, doc)
+    except OSError as exc:
+        raise UsageError(f"--json: cannot write {path}: {exc.strerror or exc}") from None
+    out.write(f"Comparison written to {path}" + (f" (an earlier file was kept as {kept})" if kept else "") + "\n")
+
+
+def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str, out: TextIO) -> None:
+    from kv_cache.report.compare_plots import draw_compare_plots, write_compare_html  # noqa: PLC0415  (matplotlib)
+    from kv_cache.report.plots import PlotsUnavailable  # noqa: PLC0415
+
+    try:
+        pngs = draw_compare_plots(names, docs, plots_dir)
+        page = write_compare_html(names, docs, table, pngs, plots_dir)
+    except PlotsUnavailable as exc:
+        raise UsageError(f"--plots: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
+    out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}\n")

@@ -9,7 +9,16 @@ Where a result has windows, intervals come from them (kv_cache/metrics/stats.py)
   for short runs); a rate's CI is the Student t interval of the k sub-window rates, and a ratio's CI the
   delta-method interval of `ratio_ci` on the two sets of sub-window rates;
 - sessions runs: each rung's per-sub-window throughput samples (the same batch means its own CI uses).
-Percentiles, hit rates and whole-run averages are shown without an interval.
+Percentiles, hit rates and whole-run averages are shown without an interval. The footer that explains the
+brackets is printed only when at least one interval was computed (a merged document has no time series).
+
+Merged documents (`kv-cache-merged/1`) compare like standard runs. Their workload is read from
+`rank_parameters` (each rank's run parameters; a setting that differs between ranks, such as the offset
+seeds, compares as the list of its per-rank values); a merged document without them (merged by an older
+kv-cache) has an unknown workload, which is refused like a different one.
+
+Each side's storage (report/storage_info.py) is named in the table's legend, in `--json` (`to_json`) and in
+the overlaid plots (report/compare_plots.py).
 """
 
 from __future__ import annotations
@@ -19,9 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates
+from kv_cache.report.storage_info import kind_of, storage_facts, storage_label
 
 GIB = float(1 << 30)
 MAX_SUBWINDOWS = 10
+COMPARE_SCHEMA_VERSION = "kv-cache-compare/1"
+INTERVALS_NOTE = ("Brackets: 95 % confidence intervals from sub-windows of each run's measured window (batch means,"
+                  " Student t; ratios: delta method on the log ratio). No brackets: a single figure per run.")
+NO_INTERVALS_NOTE = ("No confidence intervals: no result here has the per-second time series (or rung sub-window"
+                     " samples) they are computed from; each figure is a single value per run.")
+UNKNOWN_WORKLOAD = "unknown (a merged document without its ranks' parameters: merge the rank files again)"
 
 # Settings that change the workload (what is asked for), per kind of result; everything else (cache dir,
 # tier sizes, I/O engine) is what a comparison is for.
@@ -41,6 +57,8 @@ STANDARD_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float], ...] = (
      "storage_write_bytes", 1 / GIB),
     ("storage read p95 ms", ("summary", "cache_stats", "storage_read_p95_ms"), None, 1.0),
     ("storage write p95 ms", ("summary", "cache_stats", "storage_write_p95_ms"), None, 1.0),
+    ("storage read device p95 ms", ("summary", "cache_stats", "storage_read_device_p95_ms"), None, 1.0),
+    ("storage write device p95 ms", ("summary", "cache_stats", "storage_write_device_p95_ms"), None, 1.0),
     ("end-to-end p50 ms", ("summary", "end_to_end_latency_ms", "p50"), None, 1.0),
     ("end-to-end p95 ms", ("summary", "end_to_end_latency_ms", "p95"), None, 1.0),
     ("cache hit rate", ("summary", "cache_stats", "cache_hit_rate"), None, 1.0),
@@ -55,24 +73,55 @@ def kind(doc: dict[str, Any]) -> str:
     return "sessions" if "rungs" in doc else "standard"
 
 
-def workload_of(doc: dict[str, Any]) -> dict[str, Any]:
+def workload_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The settings that make the workload; None when the document does not say (older merged documents)."""
     if kind(doc) == "sessions":
         params = doc.get("parameters") or {}
         return {k: params.get(k) for k in SESSIONS_WORKLOAD}
+    if kind_of(doc) == "merged":
+        return merged_workload(doc)
     params = doc.get("run_parameters") or {}
     out = {k: params.get(k) for k in STANDARD_WORKLOAD}
     out["trace"] = (doc.get("trace_replay") or {}).get("paths")
     return out
 
 
+def merged_workload(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """A merged document's workload from its ranks' parameters: a setting's value when every rank had the
+    same, else the list of the per-rank values (rank order)."""
+    ranks = doc.get("rank_parameters")
+    if not ranks:
+        return None
+
+    def one(values: list[Any]) -> Any:
+        return values[0] if all(v == values[0] for v in values) else values
+
+    out = {k: one([r.get(k) for r in ranks]) for k in STANDARD_WORKLOAD}
+    out["trace"] = one(list(doc.get("rank_trace_paths") or [None] * len(ranks)))
+    return out
+
+
 def workload_differences(docs: list[dict[str, Any]]) -> list[str]:
-    """'setting: A=..., B=...' for every workload setting that is not the same in all documents."""
+    """'setting: A=..., B=...' for every workload setting that is not the same in all documents; a document
+    whose workload is unknown is a difference of its own ('workload: A=unknown ...')."""
     kinds = {kind(d) for d in docs}
     if len(kinds) > 1:
         raise CompareError("cannot compare a sessions result with a standard run's result")
     loads = [workload_of(d) for d in docs]
-    return [f"{key}: " + ", ".join(f"{_letter(i)}={w[key]!r}" for i, w in enumerate(loads))
-            for key in loads[0] if any(w[key] != loads[0][key] for w in loads[1:])]
+    unknown = [i for i, w in enumerate(loads) if w is None]
+    if unknown:
+        return ["workload: " + ", ".join(f"{_letter(i)}={UNKNOWN_WORKLOAD}" for i in unknown)]
+    known = [w for w in loads if w is not None]
+    return [f"{key}: " + ", ".join(f"{_letter(i)}={_shown(w[key], d)}" for i, (w, d) in enumerate(zip(known, docs,
+                                                                                                       strict=True)))
+            for key in known[0] if any(w[key] != known[0][key] for w in known[1:])]
+
+
+def _shown(value: Any, doc: dict[str, Any]) -> str:
+    """A workload value as the message shows it; a merged document's value is each rank's."""
+    if kind_of(doc) == "merged" and not isinstance(value, list):
+        return f"{value!r} (each of {len(doc.get('rank_parameters') or [])} ranks)"
+    return repr(value)
 
 
 def _letter(i: int) -> str:
@@ -107,13 +156,24 @@ class Cell:
     value: float | None
     ci: CI | None = None
 
+    def has_interval(self) -> bool:
+        """A figure with an interval worth showing (two or more sub-windows that did not all agree)."""
+        return (self.value is not None and self.ci is not None and self.ci.n >= 2
+                and self.ci.low != self.ci.high)
+
     def text(self) -> str:
         if self.value is None or (isinstance(self.value, float) and math.isnan(self.value)):
             return "-"
         out = number(self.value)
-        if self.ci is not None and self.ci.n >= 2 and self.ci.low != self.ci.high:
+        if self.has_interval():
+            assert self.ci is not None
             out += f" [{number(self.ci.low)}, {number(self.ci.high)}]"
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        finite = self.value is not None and not (isinstance(self.value, float) and math.isnan(self.value))
+        return {"value": self.value if finite else None,
+                "ci95": [self.ci.low, self.ci.high] if self.has_interval() and self.ci is not None else None}
 
 
 def number(v: float) -> str:
@@ -182,16 +242,41 @@ def compare_rows(docs: list[dict[str, Any]]) -> list[Row]:
     return sessions_rows(docs) if kind(docs[0]) == "sessions" else standard_rows(docs)
 
 
-def format_table(names: list[str], rows: list[Row]) -> list[str]:
-    """The side-by-side table: one column per file, then one ratio column per file after the first."""
+def has_intervals(rows: list[Row]) -> bool:
+    return any(c.has_interval() for r in rows for c in (*r.cells, *r.ratios))
+
+
+def format_table(names: list[str], rows: list[Row], storages: list[str] | None = None) -> list[str]:
+    """The side-by-side table: one column per file, then one ratio column per file after the first; with
+    `storages`, each file's storage under its name. The intervals' footer only when there are intervals."""
     head = ["metric", *(f"{_letter(i)}" for i in range(len(names))),
             *(f"{_letter(i)}/A" for i in range(1, len(names)))]
     body = [[r.label, *(c.text() for c in r.cells), *(c.text() for c in r.ratios)] for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
-    lines = [f"  {_letter(i)} = {name}" for i, name in enumerate(names)]
+    lines = []
+    for i, name in enumerate(names):
+        lines.append(f"  {_letter(i)} = {name}")
+        if storages is not None:
+            lines.append(f"      storage: {storages[i]}")
     lines.append("")
     for line in [head, *body]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
-    lines += ["", "Brackets: 95 % confidence intervals from sub-windows of each run's measured window (batch means,"
-                  " Student t; ratios: delta method on the log ratio). No brackets: a single figure per run."]
+    lines += ["", INTERVALS_NOTE if has_intervals(rows) else NO_INTERVALS_NOTE]
     return lines
+
+
+def to_json(names: list[str], docs: list[dict[str, Any]], rows: list[Row], differences: list[str]) -> dict[str, Any]:
+    """The comparison for scripts: each side (file, kind, schema, storage), the workload differences, and per
+    metric each side's value and 95 % interval, and each ratio to A with its interval (None: not computed)."""
+    return {
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        "baseline": _letter(0),
+        "runs": [{"label": _letter(i), "path": name, "kind": kind_of(doc), "schema_version": doc.get("schema_version"),
+                  "storage": storage_facts(doc), "storage_label": storage_label(doc)}
+                 for i, (name, doc) in enumerate(zip(names, docs, strict=True))],
+        "workload_differences": differences,
+        "intervals": INTERVALS_NOTE if has_intervals(rows) else None,
+        "metrics": [{"metric": r.label, "values": [c.to_json() for c in r.cells],
+                     "ratios_to_baseline": [{"label": f"{_letter(i + 1)}/{_letter(0)}", **c.to_json()}
+                                            for i, c in enumerate(r.ratios)]} for r in rows],
+    }

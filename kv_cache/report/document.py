@@ -235,7 +235,15 @@ def measurement(record: RunRecord) -> dict[str, Any]:
                               record.settings.storage.max_storage_errors, record.settings.storage.verify),
         "storage_fill": meas.storage_fill(record.usage),
         "notes": record.notes,
+        "storage_location": _storage_location(record.file_store),
     }
+
+
+def _storage_location(fs: StorageTierStore | None) -> dict[str, Any]:
+    """measurement.storage_location (report/measurement.py): the storage the run measured, for readers."""
+    if fs is None:
+        return meas.storage_location(None, "trace (no I/O)")
+    return meas.storage_location(getattr(fs, "cache_dir", fs.run_dir), fs.io_mode, getattr(fs, "io_mode_reason", None))
 
 
 def trace_replay(settings: RunSettings, trace: TraceReplay) -> dict[str, Any]:

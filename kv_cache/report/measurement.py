@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import resource
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import percentile
+from kv_cache.storage.blockdev import BlockDeviceCounter, mount_info
 
 TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
          "host = the rest of the operation (block stamping, bookkeeping); total = both "
@@ -149,3 +151,32 @@ def filesystem_kind(fs: str | None) -> str | None:
     if fs in NETWORK_FILESYSTEMS or fs.startswith(("nfs", "fuse.")):
         return NETWORK
     return BLOCK
+
+
+def storage_location(cache_dir: str | os.PathLike[str] | None, io_mode: str | None,
+                     io_mode_reason: str | None = None) -> dict[str, Any]:
+    """Which storage the storage tier's files were on, so that two results can be told apart by reading them:
+    the cache directory (absolute), the mount point holding it, its filesystem type and kind, the mount's
+    source, the block device under it (None for tmpfs, overlay, network filesystems...) and the I/O mode
+    (direct = O_DIRECT, buffered = page cache; a requested mode for a sessions run, whose rungs each probe
+    it) with the reason it is in force. `cache_dir` None: no storage tier files (trace mode)."""
+    if cache_dir is None:
+        return {"cache_dir": None, "mount_point": None, "filesystem": None, "filesystem_kind": None,
+                "mount_source": None, "block_device": None, "io_mode": io_mode, "io_mode_reason": io_mode_reason}
+    path = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+    probe = next((p for p in (path, *_parents(path)) if os.path.exists(p)), path)  # not created yet: its parent
+    mi = mount_info(probe)
+    device = BlockDeviceCounter.for_path(probe)
+    fs = mi.fs_type if mi is not None else None
+    return {"cache_dir": path, "mount_point": mi.mount_point if mi is not None else None, "filesystem": fs,
+            "filesystem_kind": filesystem_kind(fs), "mount_source": mi.source if mi is not None else None,
+            "block_device": device.name if device is not None else None, "io_mode": io_mode,
+            "io_mode_reason": io_mode_reason}
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while (up := os.path.dirname(path)) != path:
+        out.append(up)
+        path = up
+    return out

@@ -251,7 +251,26 @@ def merge_documents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "throughput_req_per_sec": rate(totals["requests_completed"]),
         "storage_throughput_mbps": (read_gibps + write_gibps) * GIB / 1e6,
         "cache_hit_rate": cache_stats["cache_hit_rate"],
+        **rank_facts(docs),
     }
+
+
+def rank_facts(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What readers of a merged document need from its ranks (report/compare.py): each rank's
+    `run_parameters` and replayed trace files (`rank_parameters`, `rank_trace_paths`: the workload check of
+    `kv-cache compare`) and the storage it measured
+    (`rank_storage`: its measurement.storage_location, or what older rank documents said of it), by rank."""
+    order = sorted(range(len(docs)), key=lambda i: _rank_of(docs[i], i))
+    return {"rank_parameters": [docs[i].get("run_parameters") or {} for i in order],
+            "rank_trace_paths": [(docs[i].get("trace_replay") or {}).get("paths") for i in order],
+            "rank_storage": [_storage_of(docs[i]["measurement"]) for i in order]}
+
+
+def _storage_of(m: dict[str, Any]) -> dict[str, Any]:
+    if m.get("storage_location"):
+        return m["storage_location"]
+    return {"cache_dir": m.get("run_dir"), "filesystem": m.get("filesystem"), "filesystem_kind": m.get("filesystem_kind"),
+            "block_device": (m.get("block_device") or {}).get("name"), "io_mode": m.get("io_mode")}
 
 
 def merged_table(doc: dict[str, Any]) -> str:

@@ -6,6 +6,10 @@ Drawn from the document alone, so a saved result plots exactly as the run that w
 - occupancy.png: bytes held per tier, queue depth and active users over time (from `time_series`);
 - ladder.png (sessions results): per-GPU throughput against concurrent sessions, per configuration, 95 % CIs.
 A plot with nothing to show is not drawn. matplotlib is the `plots` extra; without it, PlotsUnavailable.
+
+Every figure names the storage it measured at its top (filesystem, block device, cache directory, I/O mode,
+tier configuration: report/storage_info.py), and carries the same text in the PNG's Title and Description
+fields, so that two plot folders from two storages can be told apart once opened.
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from kv_cache.metrics.histograms import cdf_points, decode
+from kv_cache.report.storage_info import storage_label, wrapped
 
 GIB = float(1 << 30)
 TIER_OPS = [(t, op) for t in ("gpu", "cpu", "storage") for op in ("read", "write")]
+PERCENTILE_KEYS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999), ("p9999", 0.9999), ("max", 1.0))
 
 
 class PlotsUnavailable(RuntimeError):
     """matplotlib is not installed (pip install 'kv-cache[plots]')."""
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; PlotsUnavailable without matplotlib."""
     try:
         import matplotlib  # noqa: PLC0415  (optional dependency, loaded only to plot)
 
@@ -34,20 +41,56 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+def caption(results: dict[str, Any]) -> str:
+    """The storage line every figure of `results` carries."""
+    return f"Storage: {storage_label(results)}"
+
+
+def save_figure(fig, path: Path, text: str, title: str | None = None) -> Path:
+    """`fig` as a PNG at `path`, with `text` (the storage it is about) above the plots and in the PNG's
+    Title / Description fields."""
+    lines = wrapped(text, int(fig.get_figwidth() * 14))  # about 14 characters of 8 pt text per inch
+    fig.suptitle(lines, fontsize=8, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.14 * (lines.count("\n") + 1) + 0.05) / fig.get_figheight()))
+    axes = fig.get_axes()
+    meta_title = title or (axes[0].get_title() if axes else path.stem)
+    fig.savefig(path, dpi=100, metadata={"Title": meta_title, "Description": text, "Software": "kv-cache"})
     fig.clf()
     return path
 
 
+def _save(fig, path: Path, results: dict[str, Any]) -> Path:
+    return save_figure(fig, path, caption(results))
+
+
+def percentile_points(block: dict[str, Any] | None) -> tuple[list[float], list[float]] | None:
+    """(ms, fraction) points of a block of percentiles (p50 ... p9999, max), as merged documents keep them."""
+    if not block or not block.get("count"):
+        return None
+    pts = sorted((float(block[k]), q) for k, q in PERCENTILE_KEYS if isinstance(block.get(k), (int, float)))
+    return ([x for x, _ in pts], [q for _, q in pts]) if pts else None
+
+
+def latency_curve(results: dict[str, Any], name: str) -> tuple[tuple[list[float], list[float]], bool] | None:
+    """The CDF of the latency `name` (e.g. storage_read_device): from its HdrHistogram when the document has
+    one (exact to the histogram's precision), else from its percentiles (`latency_ms`, merged documents);
+    with True when it is percentile points only."""
+    hist = (results.get("latency_histograms") or {}).get(name)
+    if hist and hist.get("count") and hist.get("hdr"):
+        return cdf_points(decode(hist["hdr"])), False
+    pts = percentile_points((results.get("latency_ms") or {}).get(name))
+    return (pts, True) if pts else None
+
+
 def latency_cdf(results: dict[str, Any], out: Path) -> Path | None:
-    hists = results.get("latency_histograms") or {}
-    curves = [(f"{t} {op}", cdf_points(decode(hists[f"{t}_{op}_total"]["hdr"]))) for t, op in TIER_OPS
-              if f"{t}_{op}_total" in hists and hists[f"{t}_{op}_total"]["count"]]
+    curves = []
+    for t, op in TIER_OPS:
+        found = latency_curve(results, f"{t}_{op}_total")
+        if found:
+            curves.append((f"{t} {op}" + (" (percentiles)" if found[1] else ""), found[0]))
     if not curves:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, (xs, ys) in curves:
         ax.step(xs, ys, where="post", label=label)
@@ -57,7 +100,7 @@ def latency_cdf(results: dict[str, Any], out: Path) -> Path | None:
     ax.set_title("Latency CDF per tier and operation (measured window)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    return _save(fig, out / "latency_cdf.png")
+    return _save(fig, out / "latency_cdf.png", results)
 
 
 def _rows(results: dict[str, Any]) -> list[dict]:
@@ -69,7 +112,7 @@ def throughput(results: dict[str, Any], out: Path) -> Path | None:
     keys = [(t, op) for t, op in TIER_OPS if any(f"{t}_{op}_bytes" in r for r in rows)]
     if not rows or not keys:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     ts = [r["t_s"] for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for t, op in keys:
@@ -85,7 +128,7 @@ def throughput(results: dict[str, Any], out: Path) -> Path | None:
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    return _save(fig, out / "throughput.png")
+    return _save(fig, out / "throughput.png", results)
 
 
 def occupancy(results: dict[str, Any], out: Path) -> Path | None:
@@ -93,7 +136,7 @@ def occupancy(results: dict[str, Any], out: Path) -> Path | None:
     tiers = [t for t in ("gpu", "cpu", "storage") if any(f"occupancy_{t}_bytes" in r for r in rows)]
     if not rows or not tiers:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     ts = [r["t_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(9, 5))
     for t in tiers:
@@ -110,14 +153,14 @@ def occupancy(results: dict[str, Any], out: Path) -> Path | None:
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize="small", loc="upper left")
     ax.set_title("Cache occupancy, queue and users over time")
     ax.grid(True, alpha=0.3)
-    return _save(fig, out / "occupancy.png")
+    return _save(fig, out / "occupancy.png", results)
 
 
 def ladder(results: dict[str, Any], out: Path) -> Path | None:
     rungs = results.get("rungs") or []
     if not rungs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for cfg in dict.fromkeys(r["tiers"] for r in rungs):
         mine = sorted((r for r in rungs if r["tiers"] == cfg), key=lambda r: r["sessions"])
@@ -132,7 +175,7 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
     ax.set_title("Sessions ladder: per-GPU throughput by offload configuration")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return _save(fig, out / "ladder.png")
+    return _save(fig, out / "ladder.png", results)
 
 
 PLOTS = (latency_cdf, throughput, occupancy, ladder)
@@ -142,7 +185,7 @@ def draw_plots(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Every plot the document has data for, as PNGs in `out_dir` (created); returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plt = _pyplot()
+    plt = pyplot()
     try:
         return [p for plot in PLOTS if (p := plot(results, out)) is not None]
     finally:
