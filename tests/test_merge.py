@@ -13,7 +13,14 @@ from kv_cache.cli import main
 from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
-from kv_cache.report.merge import EXACT, FROM_HISTOGRAMS, MergeError, find_rank_files, merge_documents, merged_table
+from kv_cache.report.merge import (
+    EXACT,
+    FROM_HISTOGRAMS,
+    MergeError,
+    find_rank_files,
+    merge_documents,
+    merged_table,
+)
 from kv_cache.report.results import build_summary, harness_keys, request_lists
 from kv_cache.report.samples import latency_samples
 from kv_cache.report.series import latency_histograms, time_series

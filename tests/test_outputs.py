@@ -10,8 +10,8 @@ import pytest
 
 from kv_cache.cli import main
 from kv_cache.report import outputs
-from kv_cache.results import write as write_mod
 from kv_cache.report.outputs import OutputPathError, check_output_path, write_results
+from kv_cache.results import write as write_mod
 
 
 def test_a_missing_directory_is_created(tmp_path):
