@@ -106,6 +106,7 @@ class RunMetrics:
         # (tier, op) whose per-operation lists are a subsample (a merge of ranks that kept every k-th
         # sample): their percentiles come from the HdrHistograms instead (op_percentiles_ms).
         self.subsampled: set[tuple[str, str]] = set()
+        self._frozen: dict[tuple[str, str, str], dict[str, float]] | None = None  # see freeze()
 
     # -- window -------------------------------------------------------------------------------
     def open_window(self, start_ns: int | None = None) -> None:
@@ -306,10 +307,22 @@ class RunMetrics:
         """The PERCENTILES of one tier and direction's `part` ("total", "device" or "host") time, in ms:
         exact, of every sample, unless the lists are a subsample (`subsampled`): then from the HdrHistogram
         (3 significant digits; {} for a part without one)."""
+        key = (tier, op, part)
+        if self._frozen is not None and key in self._frozen:
+            return self._frozen[key]
         if (tier, op) not in self.subsampled:
-            return percentiles_ms(getattr(self.tier_op(tier, op), f"{part}_ns"))
-        h = self.histograms.get((tier, op, part))
-        return histogram_percentiles_ms(h, tuple(PERCENTILES.values())) if h is not None else {}
+            out = percentiles_ms(getattr(self.tier_op(tier, op), f"{part}_ns"))
+        else:
+            h = self.histograms.get(key)
+            out = histogram_percentiles_ms(h, tuple(PERCENTILES.values())) if h is not None else {}
+        if self._frozen is not None:
+            self._frozen[key] = out
+        return out
+
+    def freeze(self) -> None:
+        """Nothing more will be recorded (a merge of ranks, once added up): percentiles are kept once
+        computed, so the summary and the merged latency blocks sort each list once."""
+        self._frozen = {}
 
     # -- the recorder as data (a rank's document carries it; a merge adds the ranks' up) -------------
     def state(self) -> dict:
@@ -355,7 +368,7 @@ class RunMetrics:
             self.requests.tokens_generated += r.get("tokens_generated", 0)
             self.requests.context_tokens += r.get("context_tokens", 0)
             for level, values in state.get("qos_e2e_ns", {}).items():
-                self.qos_e2e_ns[level].extend(int(x) for x in values)
+                self.qos_e2e_ns[level].frombytes(_int64_bytes(values))
             _add(self.late, state.get("late", {}))
             for turn, values in state.get("turns", {}).items():
                 t = self.turns[int(turn)]
@@ -372,13 +385,13 @@ class RunMetrics:
     def absorb_samples(self, tier: str, op: str, part: str, values_ns) -> None:
         """Append per-operation samples (ns) of another recorder to one of this one's lists."""
         with self._lock:
-            getattr(self.io[(tier, op)], f"{part}_ns").extend(int(x) for x in values_ns)
+            getattr(self.io[(tier, op)], f"{part}_ns").frombytes(_int64_bytes(values_ns))
 
     def absorb_request_samples(self, name: str, values_ns) -> None:
         """Append per-request samples (ns) of another recorder: `name` is e2e, storage, generation,
         prefill or decode."""
         with self._lock:
-            getattr(self.requests, f"{name}_ns").extend(int(x) for x in values_ns)
+            getattr(self.requests, f"{name}_ns").frombytes(_int64_bytes(values_ns))
 
     def absorb_histogram(self, key: tuple[str, str, str], encoded: str) -> None:
         """Add another recorder's HdrHistogram (its encoded form, as a document carries it)."""
@@ -387,6 +400,11 @@ class RunMetrics:
             if h is None:
                 h = self.histograms[key] = new_histogram()
             h.add(decode(encoded))
+
+
+def _int64_bytes(values) -> bytes:
+    """`values` (ints, or floats holding whole numbers) as the machine's int64s, the lists' item type."""
+    return np.asarray(values, dtype=np.int64).tobytes()
 
 
 def _pair(key: str) -> tuple[str, str]:

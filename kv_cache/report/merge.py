@@ -269,8 +269,11 @@ def _op_block(metrics: RunMetrics, tier: str, op: str, part: str) -> dict[str, A
         return {"count": int(h.get_total_count()), "mean": h.get_mean_value() / 1e6,
                 **{k: ps[q] / 1e6 for k, q in PERCENTILES.items()}, "max": h.get_max_value() / 1e6,
                 "samples": int(h.get_total_count()), "method": FROM_HISTOGRAMS, "precision": PRECISION}
-    block = _block(np.frombuffer(getattr(s, f"{part}_ns"), dtype=np.int64) / 1e6)
-    return {**block, "samples": block["count"], "method": EXACT} if block["count"] else block
+    values = np.frombuffer(getattr(s, f"{part}_ns"), dtype=np.int64)
+    if not len(values):
+        return {"count": 0}
+    return {"count": len(values), "mean": float(values.mean()) / 1e6, **metrics.op_percentiles_ms(tier, op, part),
+            "max": float(values.max()) / 1e6, "samples": len(values), "method": EXACT}
 
 
 def _block(values_ms: np.ndarray) -> dict[str, Any]:
@@ -334,6 +337,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     w = window["seconds"]
     metrics.open_window(0)
     metrics.close_window(int(round(w * 1e9)))
+    metrics.freeze()
     profile, criteria, qos, block_tokens = inputs or ("latency", None, {}, 0)
     usage: dict[str, dict[str, float]] = {}
     for r in rows:
