@@ -22,7 +22,7 @@ from typing import Any
 from kv_cache.cache import CapacityError, MultiTierCache
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.autoscale import Autoscaler
-from kv_cache.driver.group import RankGroup, open_group, shared_filesystem_count
+from kv_cache.driver.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.driver.scheduler import Driver, DriverOutcome
 from kv_cache.driver.setup import driver_options, io_worker_count, run_phases, start_tracing
 from kv_cache.errors import ExitCode
@@ -86,6 +86,7 @@ class _Run:
     started: datetime = field(default_factory=datetime.now)
     rusage0: Any = field(default_factory=lambda: resource.getrusage(resource.RUSAGE_SELF))
     group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
+    run_id: str | None = None  # one id for all the ranks of this run (shared_run_id)
 
 
 def execute(settings: RunSettings, out, record_plans: bool = False,
@@ -109,11 +110,11 @@ def execute(settings: RunSettings, out, record_plans: bool = False,
         interrupted = True
         run.stop.set()
         run.metrics.close_window()
-        results = interrupted_results(run.phases, settings, run.metrics, run.started)
+        results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
     except (OSError, CapacityError) as exc:  # a storage error before the window (preconditioning, ...)
         run.stop.set()
         run.metrics.close_window()
-        results = interrupted_results(run.phases, settings, run.metrics, run.started)
+        results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
         results["stop_reason"] = f"storage error before the measured phase: {exc}"
         storage_error = str(exc)
     finally:
@@ -135,6 +136,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     workers = io_worker_count(settings)
     buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
+    run.run_id = shared_run_id(run.group)
     open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, workers,
                largest_entry(settings), buffers, sharers=sharers)
     stores, tiers = run.stores, run.stores.tiers
@@ -171,7 +173,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
-        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None))
+        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
+        run_id=run.run_id))
     if settings.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results

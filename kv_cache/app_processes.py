@@ -21,8 +21,8 @@ from typing import Any
 from kv_cache.app import run_benchmark
 from kv_cache.config.run import RunSettings
 from kv_cache.errors import ExitCode
-from kv_cache.report.jsonfile import write_json_atomic
-from kv_cache.report.merge import merge_documents, merged_table
+from kv_cache.report.merge import merge_documents
+from kv_cache.report.run_outputs import write_merged_document
 
 __all__ = ["ProcessGroup", "rank_settings", "run_processes"]
 
@@ -117,9 +117,7 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     codes = [p.exitcode for p in procs]
     if len(docs) == n:
         merged = merge_documents([{**docs[r], "_source": rank_settings(settings, r, n).output} for r in range(n)])
-        write_json_atomic(settings.output, merged)
-        out.write(merged_table(merged))
-        out.write(f"Merged results of {n} processes written to {settings.output}\n")
+        write_merged_document(settings.output, merged, out, f"Merged results of {n} processes")
     else:
         out.write(f"{n - len(docs)} of {n} processes did not finish; no merged result (`kv-cache merge` the "
                   "rank files that exist)\n")

@@ -39,5 +39,10 @@ class StorageSetupError(UsageError):
     """The storage tier cannot be set up as asked (directory, I/O mode, trace log)."""
 
 
+class DocumentError(UsageError):
+    """A file given as a results document that is not one: unreadable, not JSON, no or an unknown
+    `schema_version`, or rank documents that are not one run's (a merge). One line, exit 2."""
+
+
 class StorageError(Exception):
     """The storage tier failed while the run was going (exit 3)."""

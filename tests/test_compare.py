@@ -162,11 +162,14 @@ def test_a_merged_document_without_its_ranks_parameters_has_an_unknown_workload(
     assert main(["compare", str(path), str(MERGED), "--allow-different-workloads"]) == 0
 
 
-def test_merged_documents_have_no_time_series_so_no_interval_footer(capsys):
+def test_merged_documents_get_intervals_from_their_merged_time_series(capsys):
+    """A merge sums the ranks' 1-second rows, so a merged document has the per-second columns that intervals
+    are computed from; the footer is printed because intervals were computed, and only then."""
     assert main(["compare", str(MERGED), str(MERGED)]) == 0
     out = capsys.readouterr().out
-    assert "[" not in out.split("metric", 1)[1].split("\n\n")[0]  # no brackets in the table
-    assert "Brackets" not in out and out.rstrip().endswith("each figure is a single value per run.")
+    table = out.split("metric", 1)[1].split("\n\n")[0]
+    assert "storage read GiB/s" in table and "[" in table.split("storage read GiB/s", 1)[1].split("\n")[0]
+    assert "Brackets" in out
     rows = {r.label: r for r in standard_rows([_load(MERGED), _load(MERGED)])}
     cs = _load(MERGED)["summary"]["cache_stats"]
     assert rows["storage read GiB/s"].cells[0].value == cs["tier_storage_read_bandwidth_gbps"]
@@ -200,7 +203,7 @@ def test_json_to_a_path_keeps_an_earlier_file_and_still_prints_the_table(tmp_pat
     out = capsys.readouterr().out
     assert f"Comparison written to {target} (an earlier file was kept as {target}.1)" in out and "metric" in out
     doc = json.loads(target.read_text())
-    assert doc["intervals"] is None and (tmp_path / "cmp.json.1").read_text() == "{}"
+    assert doc["intervals"].startswith("Brackets") and (tmp_path / "cmp.json.1").read_text() == "{}"
     assert doc["runs"][0]["storage"]["cache_dir"] == "/tmp/render/cacheM (2 rank dirs)"
 
 

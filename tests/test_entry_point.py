@@ -43,7 +43,7 @@ RENDER = FIXTURES / "render"
 
 
 @pytest.mark.parametrize(("args", "code"), [
-    (["report", str(FIXTURES / "report" / "full.json")], CLOSED_PIPE),
+    (["report", str(FIXTURES / "results" / "kv-cache-results-1.json")], CLOSED_PIPE),
     (["compare", str(RENDER / "ext4_direct.json"), str(RENDER / "shm_buffered.json")], CLOSED_PIPE),
     (["merge", str(RENDER / "merged" / "m_rank0.json"), str(RENDER / "merged" / "m_rank1.json"),
       "--output", "{tmp}/m.json"], CLOSED_PIPE),

@@ -11,6 +11,7 @@ import pytest
 from kv_cache.cli import main
 from kv_cache.report import outputs
 from kv_cache.report.outputs import OutputPathError, check_output_path, write_results
+from kv_cache.results import write as write_mod
 
 
 def test_a_missing_directory_is_created(tmp_path):
@@ -52,14 +53,14 @@ def test_an_existing_file_is_kept_with_a_suffix(tmp_path):
 
 def test_a_failed_write_goes_to_a_named_fallback(tmp_path, monkeypatch):
     target = str(tmp_path / "r.json")
-    real = outputs.write_json_atomic
+    real = write_mod.write_json_atomic
 
     def fail_first(path, data):
         if str(path) == target:
             raise OSError(errno.EROFS, "Read-only file system")
         return real(path, data)
-    monkeypatch.setattr(outputs, "write_json_atomic", fail_first)
-    monkeypatch.setattr(outputs.tempfile, "gettempdir", lambda: str(tmp_path / "fb"))
+    monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)
+    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path / "fb"))
     os.mkdir(tmp_path / "fb")
     w = write_results(target, {"x": 1})
     assert w.error and "Read-only" in w.error and w.path.startswith(str(tmp_path / "fb"))
@@ -85,14 +86,14 @@ def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings
     from kv_cache.report.run_outputs import write_outputs
 
     settings = quick_settings("--output", str(tmp_path / "r.json"))
-    real = outputs.write_json_atomic
+    real = write_mod.write_json_atomic
 
     def fail_first(path, data):
         if str(path) == settings.output:
             raise OSError(errno.EROFS, "Read-only file system")
         return real(path, data)
-    monkeypatch.setattr(outputs, "write_json_atomic", fail_first)
-    monkeypatch.setattr(outputs.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)
+    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path))
     out = io.StringIO()
     write_outputs(settings, interrupted_results({}, settings), out)
     text = out.getvalue()

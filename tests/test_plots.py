@@ -117,9 +117,10 @@ def test_every_png_names_its_storage_and_two_storages_differ(tmp_path):
     assert descriptions["ext4_direct.json"] != descriptions["shm_buffered.json"]
 
 
-def test_merged_documents_plot_their_percentiles_with_their_ranks_storage(tmp_path):
+def test_merged_documents_plot_like_a_run_with_their_ranks_storage(tmp_path):
+    """A merge carries the merged histograms and time series, so it gets every plot of a single run."""
     pngs = draw_plots(_doc("merged/m.json"), tmp_path)
-    assert [p.name for p in pngs] == ["latency_cdf.png"]
+    assert [p.name for p in pngs] == ["latency_cdf.png", "throughput.png", "occupancy.png"]
     assert "/tmp/render/cacheM (2 rank dirs)" in _png_text(pngs[0])["Description"]
 
 

@@ -64,13 +64,17 @@ def test_two_processes_give_one_merged_document(quick_settings, tmp_path, capsys
             "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode", "none", "--seed", "3", "--io-chunk-mb",
             "1", "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json"), "--processes", "2"]
     quick_settings()  # writes micro.yaml
+    (tmp_path / "X.json").write_text('{"older": "merge"}')  # an earlier merged document is kept, not replaced
     assert main(argv) == 0
     assert sorted(p.name for p in tmp_path.glob("X*.json")) == ["X.json", "X_rank0.json", "X_rank1.json"]
+    assert json.loads((tmp_path / "X.json.1").read_text()) == {"older": "merge"}
     docs = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
     assert [d["seed"] for d in docs] == [3, 4]
+    assert docs[0]["run_id"] == docs[1]["run_id"] and [d["world_size"] for d in docs] == [2, 2]
     run_dirs = [d["measurement"]["run_dir"] for d in docs]
     assert [r.startswith(str(tmp_path / "cache" / f"rank{i}") + "/") for i, r in enumerate(run_dirs)] == [True, True]
     merged = json.loads((tmp_path / "X.json").read_text())
     assert merged["ranks"] == 2 and merged["window"]["kind"] == "common (barrier-aligned)"
+    assert merged["run_id"] == docs[0]["run_id"] and merged["world_size"] == 2
     assert merged["totals"]["requests_completed"] == sum(d["requests_completed"] for d in docs)
     assert "Merged results of 2 processes" in capsys.readouterr().out

@@ -58,7 +58,7 @@ def test_window_histograms_are_in_the_document_and_decode():
     for ms in range(1, 101):
         m.record_io("storage", "read", io(1, ms * MS), end_ns=ms * MS, cause="decode")
     hist = latency_histograms(m)
-    assert set(hist) == {"storage_read_total", "storage_read_device"}
+    assert set(hist) == {"storage_read_total", "storage_read_device", "storage_read_host"}
     assert hist["storage_read_total"]["count"] == 100
     assert abs(hist["storage_read_total"]["p95"] - 95.0) < 0.1
     assert H.decode(hist["storage_read_total"]["hdr"]).get_total_count() == 100

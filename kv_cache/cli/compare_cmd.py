@@ -80,15 +80,14 @@ def _write_json(path: str, doc: dict, out: TextIO) -> None:
     if path == STDOUT:
         out.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return
-    from kv_cache.report.jsonfile import write_json_atomic  # noqa: PLC0415
-    from kv_cache.report.outputs import keep_existing  # noqa: PLC0415
+    from kv_cache.results.write import write_document  # noqa: PLC0415
 
-    try:
-        kept = keep_existing(path)  # the write policy of every output: an earlier file is kept as PATH.1
-        write_json_atomic(path, doc)
-    except OSError as exc:
-        raise UsageError(f"--json: cannot write {path}: {exc.strerror or exc}") from None
-    out.write(f"Comparison written to {path}" + (f" (an earlier file was kept as {kept})" if kept else "") + "\n")
+    written = write_document(path, doc)  # the one write policy: an earlier file kept as PATH.1, atomic, fallback
+    if written.error:
+        out.write(f"Comparison could not be written to {written.error}; written to {written.path} instead\n")
+        return
+    out.write(f"Comparison written to {path}"
+              + (f" (an earlier file was kept as {written.kept_as})" if written.kept_as else "") + "\n")
 
 
 def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str, out: TextIO) -> None:

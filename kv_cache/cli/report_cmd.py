@@ -1,6 +1,8 @@
 """`kv-cache report RESULT.json [--plots DIR]` and the `--plots DIR` flag of `run` and `sessions`.
 
-Reprints the report of a saved results file (standard runs: the console report; sessions: the table) and,
+Reprints the report of a saved results file of any kind, read by its schema version (results/documents.py):
+a run, the console report; a merge of ranks, the same report of the merged figures and the per-rank table;
+sessions, the table. And,
 with --plots, draws the PNGs and one HTML page (kv_cache/report/plots.py, html.py) into DIR.
 """
 
@@ -8,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from kv_cache.errors import UsageError
+from kv_cache.results.documents import MergedDocument, SessionsDocument, load
 
 PLOTS_HELP = "Also draw PNG plots and an index.html page of the results into this directory."
 
@@ -29,16 +31,9 @@ def add_report_flags(p: argparse.ArgumentParser) -> None:
 
 
 def load_results(path: str) -> dict[str, Any]:
-    """A results document; UsageError (one line) when it is missing, unreadable or not ours."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not a JSON results file: {exc}") from None
-    if not isinstance(doc, dict) or not ("summary" in doc or "rungs" in doc or "schema_version" in doc):
-        raise UsageError(f"{path} is not a kv-cache results file (no summary, rungs or schema_version)")
-    return doc
+    """A results document of any kind (run, sessions, merged) as its mapping; DocumentError (a UsageError:
+    one line, exit 2) when it is missing, unreadable or not ours (results/documents.py load)."""
+    return load(path).to_json()
 
 
 def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
@@ -82,18 +77,23 @@ def plots_after_run(output: str, plots_dir: str | None, out: TextIO | None = Non
 
 def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    results = load_results(args.result)
-    if "rungs" in results:
+    doc = load(args.result)
+    results = doc.to_json()
+    if isinstance(doc, SessionsDocument):
         from kv_cache.report.sessions import print_table  # noqa: PLC0415
 
         if results.get("summary"):
             print_table(results, out)
         else:
-            out.write(f"{args.result}: an interrupted sessions run with {len(results['rungs'])} rung(s)\n")
+            out.write(f"{args.result}: an interrupted sessions run with {len(doc.rungs)} rung(s)\n")
     else:
         from kv_cache.report.console import print_report  # noqa: PLC0415
 
         print_report(results, out)
+        if isinstance(doc, MergedDocument):
+            from kv_cache.report.merge import merged_table  # noqa: PLC0415
+
+            out.write("\n" + merged_table(results))
     if args.plots:
         emit_plots(results, args.plots, out)
     return 0

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from typing import Any, Protocol
 
-__all__ = ["RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count"]
+__all__ = ["RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count", "shared_run_id"]
 
 _ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
 
@@ -105,3 +106,12 @@ def shared_filesystem_count(group: RankGroup | None, path: str | None) -> int:
         return 1
     ids = group.allgather(filesystem_id(path))
     return max(1, ids.count(ids[group.rank]))
+
+
+def shared_run_id(group: RankGroup | None, run_id: str | None = None) -> str:
+    """The id of this run, one for all its ranks: rank 0's (`run_id`, or a new random one) sent to every rank
+    (a collective call: every rank makes it at the same point). Alone, this process's own."""
+    mine = run_id or uuid.uuid4().hex
+    if group is None or group.size <= 1:
+        return mine
+    return str(group.allgather(mine)[0])

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kv_cache.metrics.histograms import new_histogram, record
+from kv_cache.metrics.histograms import decode, new_histogram, record
+from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.metrics.timeseries import TimeSeries
 
@@ -98,10 +99,14 @@ class RunMetrics:
         self.storage_retries: dict[tuple[str, str], int] = defaultdict(int)
         self.verify_mismatches = 0
         # Bounded-memory distributions (HdrHistogram) beside the per-operation lists above:
-        # (tier, op, "total" | "device") and ("request", "e2e", "total").
+        # (tier, op, "total" | "device" | "host") and ("request", "e2e", "total").
         self.histograms: dict[tuple[str, str, str], object] = {}
         self.series = TimeSeries()
         self._bucket_start_ns: int | None = None
+        # (tier, op) whose per-operation lists are a subsample (a merge of ranks that kept every k-th
+        # sample): their percentiles come from the HdrHistograms instead (op_percentiles_ms).
+        self.subsampled: set[tuple[str, str]] = set()
+        self._frozen: dict[tuple[str, str, str], dict[str, float]] | None = None  # see freeze()
 
     # -- window -------------------------------------------------------------------------------
     def open_window(self, start_ns: int | None = None) -> None:
@@ -153,6 +158,7 @@ class RunMetrics:
             c[1] += res.nbytes
             self._histogram(tier, op, "total", res.total_ns)
             self._histogram(tier, op, "device", res.device_ns)
+            self._histogram(tier, op, "host", res.host_ns)
             self.series.add_io(tier, op, res.nbytes, res.total_ns)
             return True
 
@@ -296,3 +302,116 @@ class RunMetrics:
     def snapshot_counters(self) -> dict[str, float]:
         with self._lock:
             return dict(self.counters)
+
+    def op_percentiles_ms(self, tier: str, op: str, part: str = "total") -> dict[str, float]:
+        """The PERCENTILES of one tier and direction's `part` ("total", "device" or "host") time, in ms:
+        exact, of every sample, unless the lists are a subsample (`subsampled`): then from the HdrHistogram
+        (3 significant digits; {} for a part without one)."""
+        key = (tier, op, part)
+        if self._frozen is not None and key in self._frozen:
+            return self._frozen[key]
+        if (tier, op) not in self.subsampled:
+            out = percentiles_ms(getattr(self.tier_op(tier, op), f"{part}_ns"))
+        else:
+            h = self.histograms.get(key)
+            out = histogram_percentiles_ms(h, tuple(PERCENTILES.values())) if h is not None else {}
+        if self._frozen is not None:
+            self._frozen[key] = out
+        return out
+
+    def freeze(self) -> None:
+        """Nothing more will be recorded (a merge of ranks, once added up): percentiles are kept once
+        computed, so the summary and the merged latency blocks sort each list once."""
+        self._frozen = {}
+
+    # -- the recorder as data (a rank's document carries it; a merge adds the ranks' up) -------------
+    def state(self) -> dict:
+        """Everything this recorder holds except the sample lists, histograms and time series (which
+        the document carries in their own blocks), JSON-ready: what `absorb_state` adds back up."""
+        with self._lock:
+            return {
+                "io": {f"{t}/{o}": {"ops": s.ops, "bytes": s.bytes, "device_bytes": s.device_bytes,
+                                    "busy_ns": s.busy_ns, "partial_bytes": s.partial_bytes}
+                       for (t, o), s in sorted(self.io.items())},
+                "io_by_cause": {f"{t}/{o}/{c}": list(v) for (t, o, c), v in sorted(self.io_by_cause.items())},
+                "counters": dict(self.counters),
+                "requests": {"completed": self.requests.completed,
+                             "tokens_generated": self.requests.tokens_generated,
+                             "context_tokens": self.requests.context_tokens},
+                "qos_e2e_ns": {level: list(v) for level, v in sorted(self.qos_e2e_ns.items())},
+                "late": dict(self.late),
+                "turns": {str(t): list(v) for t, v in sorted(self.turns.items())},
+                "errors": dict(self.errors),
+                "first_error": self.first_error,
+                "storage_errors": {f"{t}/{o}/{k}": n for (t, o, k), n in sorted(self.storage_errors.items())},
+                "storage_retries": {f"{t}/{o}": n for (t, o), n in sorted(self.storage_retries.items())},
+                "verify_mismatches": self.verify_mismatches,
+            }
+
+    def absorb_state(self, state: dict) -> None:
+        """Add another recorder's `state()` to this one (counts add up; the first error seen stays)."""
+        with self._lock:
+            for key, v in state.get("io", {}).items():
+                s = self.io[_pair(key)]
+                s.ops += v["ops"]
+                s.bytes += v["bytes"]
+                s.device_bytes += v["device_bytes"]
+                s.busy_ns += v["busy_ns"]
+                s.partial_bytes += v["partial_bytes"]
+            for key, (ops, nbytes) in state.get("io_by_cause", {}).items():
+                c = self.io_by_cause[tuple(key.split("/"))]
+                c[0] += ops
+                c[1] += nbytes
+            _add(self.counters, state.get("counters", {}))
+            r = state.get("requests", {})
+            self.requests.completed += r.get("completed", 0)
+            self.requests.tokens_generated += r.get("tokens_generated", 0)
+            self.requests.context_tokens += r.get("context_tokens", 0)
+            for level, values in state.get("qos_e2e_ns", {}).items():
+                self.qos_e2e_ns[level].frombytes(_int64_bytes(values))
+            _add(self.late, state.get("late", {}))
+            for turn, values in state.get("turns", {}).items():
+                t = self.turns[int(turn)]
+                for i, x in enumerate(values):
+                    t[i] += x
+            _add(self.errors, state.get("errors", {}))
+            self.first_error = self.first_error or state.get("first_error")
+            for key, n in state.get("storage_errors", {}).items():
+                self.storage_errors[tuple(key.split("/"))] += n
+            for key, n in state.get("storage_retries", {}).items():
+                self.storage_retries[_pair(key)] += n
+            self.verify_mismatches += state.get("verify_mismatches", 0)
+
+    def absorb_samples(self, tier: str, op: str, part: str, values_ns) -> None:
+        """Append per-operation samples (ns) of another recorder to one of this one's lists."""
+        with self._lock:
+            getattr(self.io[(tier, op)], f"{part}_ns").frombytes(_int64_bytes(values_ns))
+
+    def absorb_request_samples(self, name: str, values_ns) -> None:
+        """Append per-request samples (ns) of another recorder: `name` is e2e, storage, generation,
+        prefill or decode."""
+        with self._lock:
+            getattr(self.requests, f"{name}_ns").frombytes(_int64_bytes(values_ns))
+
+    def absorb_histogram(self, key: tuple[str, str, str], encoded: str) -> None:
+        """Add another recorder's HdrHistogram (its encoded form, as a document carries it)."""
+        with self._lock:
+            h = self.histograms.get(key)
+            if h is None:
+                h = self.histograms[key] = new_histogram()
+            h.add(decode(encoded))
+
+
+def _int64_bytes(values) -> bytes:
+    """`values` (ints, or floats holding whole numbers) as the machine's int64s, the lists' item type."""
+    return np.asarray(values, dtype=np.int64).tobytes()
+
+
+def _pair(key: str) -> tuple[str, str]:
+    tier, op = key.split("/")
+    return tier, op
+
+
+def _add(into: dict, more: dict) -> None:
+    for k, n in more.items():
+        into[k] += n

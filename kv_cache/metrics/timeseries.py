@@ -89,3 +89,37 @@ class TimeSeries:
         closed.clear()
         self.rows.append(row)
         return row
+
+
+def merge_rows(ranks_rows: list[list[dict]]) -> list[dict]:
+    """The time series of several ranks' windows as one: row i of the merge is the sum of the ranks' row i
+    (requests, operations, bytes, and the gauges: occupancy, queue depth, in flight, active users), its
+    GiB/s recomputed from the summed bytes, and its latency percentiles the highest rank's of that bucket
+    (a bucket's histogram is not kept, so a per-bucket percentile of the union cannot be had; the highest
+    is an upper bound of it). `t_s` / `seconds` are the first rank's that has the row."""
+    merged: list[dict] = []
+    kinds: dict[str, str] = {}  # key -> "max" | "sum" | "skip", decided once per key
+    for rows in ranks_rows:
+        for i, row in enumerate(rows):
+            if i == len(merged):
+                merged.append({"t_s": row.get("t_s"), "seconds": row.get("seconds")})
+            into = merged[i]
+            for key, value in row.items():
+                kind = kinds.get(key)
+                if kind is None:
+                    kind = kinds[key] = _merge_kind(key, value)
+                if kind == "sum":
+                    into[key] = into.get(key, 0) + value
+                elif kind == "max":
+                    into[key] = max(into.get(key, value), value)
+    for row in merged:
+        seconds = row.get("seconds") or 0.0
+        for key in [k for k in row if k.endswith("_bytes") and not k.startswith("occupancy")]:
+            row[f"{key[:-6]}_gibps"] = row[key] / GIB / seconds if seconds > 0 else 0.0
+    return merged
+
+
+def _merge_kind(key: str, value: object) -> str:
+    if key in ("t_s", "seconds") or not isinstance(value, (int, float)) or key.endswith("_gibps"):
+        return "skip"
+    return "max" if key.endswith("_ms") else "sum"

@@ -7,6 +7,7 @@ with the schema version, so readers can tell layouts apart.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,14 +22,15 @@ from kv_cache.report.results import block_stats, build_summary, harness_keys, pe
 from kv_cache.report.samples import latency_samples, window_wallclock
 from kv_cache.report.series import latency_histograms, time_series
 from kv_cache.report.verdict import never_exercised_note, storage_bytes_moved
+from kv_cache.results.documents import SCHEMA_VERSION, SESSIONS_SCHEMA_VERSION
 from kv_cache.workload.validation import compare
+
+__all__ = ["SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "RunRecord", "build_results", "interrupted_results",
+           "rank_keys", "results_document", "summary_inputs"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.run import RunSettings
 
-# Bump the number when a key changes meaning or goes away; adding keys keeps it.
-SCHEMA_VERSION = "kv-cache-results/1"
-SESSIONS_SCHEMA_VERSION = "kv-cache-sessions/1"  # `kv-cache sessions`: rungs, per-config summary
 
 
 class Outcome(Protocol):
@@ -90,6 +92,7 @@ class RunRecord:
     trace: TraceReplay | None = None
     gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
     barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
+    run_id: str | None = None  # shared by every rank of this run (driver/group.py shared_run_id)
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -100,8 +103,23 @@ def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict
 INTERRUPTED_EARLY = "interrupted before the measured phase"
 
 
+def summary_inputs(settings: RunSettings) -> dict[str, Any]:
+    """What the summary code takes besides the recorder (profile, PASS/FAIL thresholds, QoS targets), so a
+    merge of ranks runs the same summary with the same inputs."""
+    cfg = settings.config
+    return {"performance_profile": settings.performance_profile, "kv_block_tokens": settings.kv_block_tokens,
+            "performance_criteria": dataclasses.asdict(cfg.performance_criteria),
+            "qos_profiles": {level: dataclasses.asdict(p) for level, p in cfg.qos_profiles.items()}}
+
+
+def rank_keys(settings: RunSettings, run_id: str | None) -> dict[str, Any]:
+    """The run's id and world size: which run a rank's document belongs to, and how many ranks it had."""
+    return {"run_id": run_id, "world_size": int(settings.mpi_world_size or 1)}
+
+
 def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = None,
-                        metrics: RunMetrics | None = None, started: datetime | None = None) -> dict[str, Any]:
+                        metrics: RunMetrics | None = None, started: datetime | None = None,
+                        run_id: str | None = None) -> dict[str, Any]:
     """The document of a run stopped before its measured window opened: the phases it got through, and the
     same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`)."""
     if settings is None:
@@ -111,7 +129,7 @@ def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = N
                             settings.config.performance_criteria, 0.0, None, True)
     results = results_document(request_lists(RunMetrics()))
     results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
-                    "summary": summary, **harness_keys(summary)})
+                    **rank_keys(settings, run_id), "summary": summary, **harness_keys(summary)})
     results["measurement"] = {"tool": f"kv-cache {__version__}", "run_mode": run_mode(settings),
                               "stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
                               "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
@@ -127,12 +145,15 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     summary = run_summary(record)
     results = results_document(request_lists(metrics))
     results["seed"] = settings.seed
+    results.update(rank_keys(settings, record.run_id))
     results["stop_reason"] = outcome.stop_reason
     results["summary"] = summary
     results.update(harness_keys(summary))
     results["measurement"] = measurement(record)
     results["measurement"]["window_wallclock"] = window_wallclock(metrics, record.barrier_aligned)
     results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (report/merge.py)
+    results["recorder"] = metrics.state()  # a merge adds the ranks' recorders up (report/merge.py)
+    results["summary_inputs"] = summary_inputs(settings)
     results["run_parameters"] = run_parameters(settings, record.started)
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)

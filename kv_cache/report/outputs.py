@@ -3,8 +3,8 @@
 A run may take hours; finding out at its end that `--output` names a directory, a read-only mount or
 `/proc/version` loses everything it measured. So every output path is checked first
 (check_output_path: the directory exists or is created, is writable, and the path is not a directory
-or a special file), and at the end write_results never loses the results: an existing file is kept under
-a numbered suffix, and if writing still fails the results go to a fallback path that the caller names.
+or a special file), and at the end write_results writes them under the one write policy of
+kv_cache/results/write.py (an existing file kept, atomic, a fallback file when the target fails).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import errno
 import os
 import stat
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kv_cache.errors import UsageError
-from kv_cache.report.jsonfile import write_json_atomic
+from kv_cache.results.write import Written, write_document
 
 
 class OutputPathError(UsageError):
@@ -71,49 +69,6 @@ def _probe(parent: Path, path: str) -> None:
     os.unlink(probe)
 
 
-@dataclass(frozen=True)
-class Written:
-    """Where the results went: `path` (the one asked for, or the fallback), the older file's new name when
-    one was kept, and the error that sent them to the fallback (None: written where asked)."""
-
-    path: str
-    kept_as: str | None = None
-    error: str | None = None
-
-
-def keep_existing(path: str) -> str | None:
-    """Rename an existing regular file at `path` to `path.1` (`.2`, ...): never overwrite a result silently.
-    Returns the new name, or None when there was nothing to keep."""
-    target = Path(path)
-    if not target.is_file():
-        return None
-    n = 1
-    while Path(f"{path}.{n}").exists():
-        n += 1
-    kept = f"{path}.{n}"
-    os.rename(target, kept)
-    return kept
-
-
-def fallback_path(path: str) -> str:
-    """A path in the temporary directory, named after the one that failed."""
-    name = Path(path).name or "results.json"
-    return os.path.join(tempfile.gettempdir(), f"kv-cache-fallback-{os.getpid()}-{int(time.time())}-{name}")
-
-
 def write_results(path: str, results: dict[str, Any], keep: bool = True) -> Written:
-    """Write `results` as JSON to `path`, keeping an existing file there (when `keep`); on an OSError write
-    them to fallback_path instead (an error there too is raised)."""
-    kept = None
-    try:
-        kept = keep_existing(path) if keep else None
-        if kept is not None:
-            results.setdefault("measurement", {}).setdefault("notes", []).append(
-                f"an earlier results file at {path} was kept as {kept}")
-        write_json_atomic(path, results)
-        return Written(path, kept)
-    except OSError as exc:
-        error = f"{path}: {exc.strerror or exc}"
-    other = fallback_path(path)
-    write_json_atomic(other, results)
-    return Written(other, kept, error)
+    """The results of a run or a sessions ladder to `path`, under the one write policy (results/write.py)."""
+    return write_document(path, results, keep)

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from kv_cache.metrics import names
+from kv_cache.metrics.histograms import merge as merge_histograms
+from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
 from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.report.verdict import run_criteria
@@ -104,13 +106,11 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
 
     for tier in TIERS:
         for op in OPS:
-            s = metrics.tier_op(tier, op)
-            for k, v in percentiles_ms(s.total_ns).items():
+            for k, v in metrics.op_percentiles_ms(tier, op).items():
                 stats[f"{tier}_{op}_{k}_ms"] = v
     for op in OPS:
-        s = metrics.tier_op("storage", op)
-        for part, samples in (("device", s.device_ns), ("host", s.host_ns)):
-            for k, v in percentiles_ms(samples).items():
+        for part in ("device", "host"):
+            for k, v in metrics.op_percentiles_ms("storage", op, part).items():
                 stats[f"storage_{op}_{part}_{k}_ms"] = v
     return stats
 
@@ -172,6 +172,9 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
 
 def cpu_combined_p95_ms(metrics: RunMetrics) -> float | None:
     r, w = metrics.tier_op("cpu", "read"), metrics.tier_op("cpu", "write")
+    if {("cpu", "read"), ("cpu", "write")} & metrics.subsampled:  # a merge of subsampled ranks
+        hists = [h for op in OPS if (h := metrics.histograms.get(("cpu", op, "total"))) is not None]
+        return histogram_percentiles_ms(merge_histograms(hists), (95.0,)).get("p95") if hists else None
     if not len(r.total_ns) and not len(w.total_ns):
         return None
     both = np.concatenate([np.frombuffer(r.total_ns, dtype=np.int64), np.frombuffer(w.total_ns, dtype=np.int64)])

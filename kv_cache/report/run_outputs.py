@@ -11,11 +11,11 @@ from kv_cache.config.run import RunSettings
 from kv_cache.driver.group import RankGroup
 from kv_cache.report import xlsx
 from kv_cache.report.console import print_report
-from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.merge import merge_documents, merged_table
 from kv_cache.report.outputs import write_results
+from kv_cache.results.write import Written, write_document
 
-__all__ = ["write_merged", "write_outputs"]
+__all__ = ["write_merged", "write_merged_document", "write_outputs"]
 
 log = logging.getLogger("kv_cache")
 
@@ -45,7 +45,18 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
         return
     path = settings.merged_output or os.path.join(os.path.dirname(settings.output) or ".", "kvcache_merged.json")
     merged = merge_documents(docs)
-    write_json_atomic(path, merged)
+    write_merged_document(path, merged, out, f"Merged results of {group.size} ranks")
+
+
+def write_merged_document(path: str, merged: dict[str, Any], out, what: str = "Merged results") -> Written:
+    """A merged document to `path` under the one write policy (an existing file kept as PATH.1, atomic, a
+    fallback file when the target fails), its table, and where it went."""
+    written = write_document(path, merged)
     out.write(merged_table(merged))
-    out.write(f"Merged results of {group.size} ranks written to {path}\n")
+    if written.kept_as:
+        out.write(f"Note: an earlier {path} was kept as {written.kept_as}\n")
+    if written.error:
+        log.error("could not write the merged results to %s; they are in %s", written.error, written.path)
+    out.write(f"{what} written to {written.path}\n")
     out.flush()
+    return written

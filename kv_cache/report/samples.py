@@ -1,9 +1,10 @@
 """What a rank's results document carries so that several ranks can be merged exactly afterwards.
 
-- `latency_samples`: the storage tier's per-operation latencies (total and device time, ns, each a list in
+- `latency_samples`: the storage and CPU tiers' per-operation latencies (total, device and host time, ns, each a list in
   completion order), so a merge takes its percentiles from the union of the ranks' samples rather than
   averaging percentiles. Bounded: a list longer than SAMPLE_CAP keeps every k-th sample (k the smallest
-  stride that fits) and says so (`stride` > 1); percentiles of a strided list are of that subsample.
+  stride that fits) and says so (`stride` > 1); a merge then takes that list's percentiles from the ranks'
+  merged HdrHistograms (report/merge.py), never from the strided subsample.
 - `window_wallclock`: the measured window in Unix seconds, so a merge can take the union of the ranks'
   windows (perf_counter_ns is per process; the offset to the wall clock is taken once, here).
 """
@@ -17,7 +18,7 @@ from kv_cache.metrics.recorder import RunMetrics
 
 __all__ = ["SAMPLE_CAP", "latency_samples", "window_wallclock"]
 
-SAMPLE_CAP = 200_000  # per list: 16 MiB-class operations at ~2 GiB/s give ~40k per 300 s run
+SAMPLE_CAP = 200_000  # per list (beyond, a merge takes its percentiles from the HdrHistograms): 16 MiB-class operations at ~2 GiB/s give ~40k per 300 s run
 
 
 def _bounded(values, cap: int) -> tuple[list[int], int]:
@@ -32,7 +33,7 @@ def latency_samples(metrics: RunMetrics, cap: int = SAMPLE_CAP) -> dict[str, Any
     for tier in ("storage", "cpu"):
         for op in ("read", "write"):
             s = metrics.tier_op(tier, op)
-            for part, arr in (("total", s.total_ns), ("device", s.device_ns)):
+            for part, arr in (("total", s.total_ns), ("device", s.device_ns), ("host", s.host_ns)):
                 if not len(arr):
                     continue
                 values, stride = _bounded(arr, cap)

@@ -1,7 +1,7 @@
 """The time-series and distribution blocks of the results document.
 
 `time_series`: one flat row per 1-second bucket of the measured window (metrics/timeseries.py says what a
-row holds). `latency_histograms`: per tier and direction ("total" and "device" time) and per request
+row holds). `latency_histograms`: per tier and direction ("total", "device" and "host" time) and per request
 (end to end), the HdrHistogram of the whole window: count, percentiles and the encoded histogram, which
 `kv_cache.metrics.histograms.decode` / `merge_encoded` read back (to merge ranks or runs, or to plot a CDF).
 """

@@ -1,0 +1,107 @@
+"""The one write policy of every results document (a run, a rank, a sessions ladder, a merge).
+
+A run may take hours, so what it measured is never lost at the moment of writing it:
+- an existing file at the path is kept, renamed to `PATH.1` (`.2`, ...), never overwritten;
+- the document is written atomically (a temporary file in the same directory, fsync, rename), so a crash
+  or Ctrl-C never leaves a half-written file;
+- when the target cannot be written (full disk, a directory gone read-only), the document goes to a file
+  in the temporary directory, and the returned Written names both the error and that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Written", "fallback_path", "keep_existing", "write_document", "write_json_atomic"]
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
+    """`data` as indented JSON at `path`, atomically (the old content or the new, never a part)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=4, default=_default, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are an ordinary file
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+@dataclass(frozen=True)
+class Written:
+    """Where a document went: `path` (the one asked for, or the fallback), the older file's new name when
+    one was kept, and the error that sent it to the fallback (None: written where asked)."""
+
+    path: str
+    kept_as: str | None = None
+    error: str | None = None
+
+
+def keep_existing(path: str) -> str | None:
+    """Rename an existing regular file at `path` to `path.1` (`.2`, ...): never overwrite a result silently.
+    Returns the new name, or None when there was nothing to keep."""
+    target = Path(path)
+    if not target.is_file():
+        return None
+    n = 1
+    while Path(f"{path}.{n}").exists():
+        n += 1
+    kept = f"{path}.{n}"
+    os.rename(target, kept)
+    return kept
+
+
+def fallback_path(path: str) -> str:
+    """A path in the temporary directory, named after the one that failed."""
+    name = Path(path).name or "results.json"
+    return os.path.join(tempfile.gettempdir(), f"kv-cache-fallback-{os.getpid()}-{int(time.time())}-{name}")
+
+
+def write_document(path: str, document: Any, keep: bool = True) -> Written:
+    """Write `document` (a dict, or anything with `to_json()`) to `path` under the policy above: an existing
+    file there is kept (when `keep`; said in the document's `measurement.notes`), and on an OSError the
+    document goes to fallback_path instead (an error there too is raised)."""
+    data = document.to_json() if hasattr(document, "to_json") else document
+    kept = None
+    try:
+        kept = keep_existing(path) if keep else None
+        if kept is not None:
+            data.setdefault("measurement", {}).setdefault("notes", []).append(
+                f"an earlier results file at {path} was kept as {kept}")
+        write_json_atomic(path, data)
+        return Written(path, kept)
+    except OSError as exc:
+        error = f"{path}: {exc.strerror or exc}"
+    other = fallback_path(path)
+    write_json_atomic(other, data)
+    return Written(other, kept, error)
