@@ -149,7 +149,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                              cfg.saturation_detection, settings.num_users)
                   if settings.enable_autoscaling else None)
     contexts = [u.profile.context_length for u in users] if trace is None else []
-    print_banner(settings, contexts, workers, stores.file_store, out)
+    print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     run.phases = run_phases(settings, cache, tiers, factory, workers, run.stop, out)
@@ -171,7 +171,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
-        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None))
+        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
+        tier_sizes=stores.sizes))
     if settings.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results

@@ -7,9 +7,11 @@ composition root opens the files once, before the run does any I/O.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from kv_cache.config.pacing import parse_think_time
+from kv_cache.config.ranks import rank_share, share_errors
 from kv_cache.config.run import (
     DriverSettings,
     OutputSettings,
@@ -28,15 +30,19 @@ from kv_cache.storage.tracelog import check_trace_path
 from kv_cache.workload.replay import resolve_burst_paths
 from kv_cache.workload.validation import load_trace_stats
 
-__all__ = ["gpu_tier_errors", "mpi_rank", "resolve_run", "trace_source"]
+__all__ = ["gpu_tier_errors", "mpi_local_size", "mpi_rank", "resolve_run", "trace_source"]
 
 MIB = 1024 * 1024
 
 
-def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = True) -> RunSettings:
+def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = True,
+                flags_per_rank: bool = False) -> RunSettings:
     """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid.
 
-    rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir."""
+    rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir.
+    Under mpirun the flags are the whole run's totals, and this rank takes its share of them
+    (config/ranks.py), unless flags_per_rank: the caller (mlperf_wrapper.py, whose Rules define the flags
+    per client) gave each rank its own values, seed included."""
     if args.prefill_only and args.decode_only:
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")
     config = load_config(args.config)
@@ -60,7 +66,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
     if args.io_trace_log:
         check_trace_path(args.io_trace_log)
     check_output_paths(args, output)
-    return RunSettings(
+    settings = RunSettings(
         config=config,
         model=model,
         model_name=args.model,
@@ -94,6 +100,23 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         merged_output=merged_output if world > 1 and rank_paths else None,
         argv=tuple(argv),
     )
+    return _rank_of_world(settings, rank, world, flags_per_rank)
+
+
+def _rank_of_world(settings: RunSettings, rank: int, world: int, flags_per_rank: bool) -> RunSettings:
+    """This MPI rank's settings: its share of the totals given, or the flags as given (per-rank values);
+    either way the host's memory budget is divided between the ranks on this host."""
+    if settings.processes > 1:  # the totals of --processes are divided when the processes start: check now
+        errors = share_errors(settings, settings.processes)
+        if errors:
+            raise UsageError("; ".join(errors))
+    if world <= 1:
+        return settings
+    local = mpi_local_size()
+    if flags_per_rank:
+        return dataclasses.replace(settings, flags_per_rank=True,
+                                   tiers=dataclasses.replace(settings.tiers, host_ranks=local))
+    return rank_share(settings, rank, world, host_ranks=local)
 
 
 def gpu_tier_errors(args: argparse.Namespace, config: BenchConfig) -> list[str]:
@@ -187,6 +210,17 @@ def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]
     if args.enable_autoscaling:
         raise UsageError("--enable-autoscaling scales synthetic users; it cannot be combined with a trace")
     return paths, fmt
+
+
+def mpi_local_size() -> int:
+    """How many ranks of this MPI job run on this host (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's
+    MPI_LOCALNRANKS); 1 when the launcher does not say."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        try:
+            return max(1, int(os.environ[var]))
+        except (KeyError, ValueError):
+            continue
+    return 1
 
 
 def mpi_rank() -> tuple[int, int]:

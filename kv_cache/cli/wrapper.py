@@ -139,7 +139,7 @@ def run_kv_cache(plan: RankPlan) -> int:
     # the levels it created when it ends, so a rank's rank_<N>/ is not left behind empty
     argv = list(plan.argv)
     args = kv_parser().parse_args(argv)
-    settings = resolve_run(args, argv, rank_paths=False)
+    settings = resolve_run(args, argv, rank_paths=False, flags_per_rank=True)  # the Rules: values per client
     stamp = os.path.basename(plan.output).removeprefix("kvcache_results_")
     merged = os.path.join(os.path.dirname(os.path.dirname(plan.output)), f"kvcache_merged_{stamp}")
     return run_resolved(dataclasses.replace(settings, merged_output=merged))  # rank 0 writes it under mpirun

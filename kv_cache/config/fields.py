@@ -72,3 +72,28 @@ def _num(default: Any = MISSING, minimum: float = 0.0, exclusive_min: bool = Fal
 
 def _prob(default: Any = MISSING) -> Any:
     return _f("prob", default)
+
+
+# --------------------------------------------------------------------------------------------------
+# How a run setting divides across ranks (kept in the field metadata of the settings dataclasses)
+# --------------------------------------------------------------------------------------------------
+
+SPLIT = "split"  # a total: rank r gets total / N (integers: remainders to the first ranks), summing to it
+OFFSET = "offset"  # a base: rank r gets base + r (seeds, so that no two ranks draw the same numbers)
+COPY = "copy"  # every rank gets the value as given
+SPLIT_RULES = (SPLIT, OFFSET, COPY)
+
+
+def setting(default: Any = MISSING, *, split: str = COPY, default_factory: Any = MISSING) -> Any:
+    """A run setting's dataclass field with its default and its rule across ranks (`SPLIT`, `OFFSET`,
+    `COPY`); read back with `split_rule`."""
+    if split not in SPLIT_RULES:
+        raise ValueError(f"unknown split rule {split!r}")
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata={"split": split})
+    return field(default=default, metadata={"split": split})
+
+
+def split_rule(f: Any) -> str:
+    """The rule of a dataclass field made with `setting` (COPY for any other field)."""
+    return f.metadata.get("split", COPY)

@@ -11,9 +11,11 @@ readable on RunSettings: each sub-config field is also a read-only property of t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from kv_cache.config.fields import OFFSET, SPLIT, setting
 from kv_cache.config.pacing import ThinkTime
 from kv_cache.config.sections import IO_MODES, StorageConfig
 
@@ -74,28 +76,29 @@ def _builtin_gpu(key: str) -> GPUSpec:
 class TierSettings:
     """The cache tiers' budgets and where the storage tier lives."""
 
-    gpu_mem_gb: float = 16.0  # per GPU
+    gpu_mem_gb: float = setting(16.0, split=SPLIT)  # per GPU
     num_gpus: int = 1
     tensor_parallel: int = 1
-    cpu_mem_gb: float = 32.0
+    cpu_mem_gb: float = setting(32.0, split=SPLIT)
     cache_dir: str | None = None  # None = a fresh temporary directory
     gpu_tier: str = "auto"  # auto (real with CUDA, else simulated) | real | simulated | off
     gpu_type: str = "h100"  # the config's gpus key whose host link / HBM figures model a simulated tier
     gds: bool = False  # storage-tier reads into GPU memory through kvikio (needs the real GPU tier)
     gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu("h100"))  # gpu_type's, from the config
-    storage_capacity_gb: float = 0.0  # 0 = 90 % of the free space less the largest entry (shared with live runs)
+    storage_capacity_gb: float = setting(0.0, split=SPLIT)  # 0 = 90 % of the free space less the largest entry (shared with live runs)
     strict_memory: bool = False  # a host-RAM tier (CPU, simulated GPU) that does not fit is refused (exit 2)
+    host_ranks: int = 1  # ranks of this run on this host: the host's memory budget is divided between them
 
 
 @dataclass(frozen=True)
 class WorkloadSettings:
     """Who issues which requests: synthetic users, RAG, or a replayed trace (empty trace_paths = synthetic)."""
 
-    num_users: int = 100
+    num_users: int = setting(100, split=SPLIT)
     multi_turn: bool = True
     prefix_caching: bool = True
     enable_rag: bool = False
-    rag_num_docs: int = 10
+    rag_num_docs: int = setting(10, split=SPLIT)
     max_conversations: int = 500
     trace_paths: tuple[str, ...] = ()
     trace_format: str | None = None  # "auto" until the sources are opened
@@ -114,13 +117,13 @@ class DriverSettings:
     duration: float = 60.0
     generation_mode: str = "realistic"
     max_concurrent_allocs: int = 0
-    max_requests: int = 0
-    request_rate: float = 0.0  # > 0: open-loop Poisson arrivals per second
+    max_requests: int = setting(0, split=SPLIT)  # 0 = duration only
+    request_rate: float = setting(0.0, split=SPLIT)  # > 0: open-loop Poisson arrivals per second
     enable_autoscaling: bool = False
     autoscaler_mode: str = "qos"
     target_saturation: float = 0.8
     precondition: bool = False
-    precondition_size_gb: float = 0.0
+    precondition_size_gb: float = setting(0.0, split=SPLIT)  # 0 = 2 x the storage capacity
     precondition_threads: int = 0
     prefill_only: bool = False
     decode_only: bool = False
@@ -169,7 +172,7 @@ class RunSettings:
     config: BenchConfig
     model: ModelConfig
     model_name: str = DEFAULT_MODEL
-    seed: int | None = None
+    seed: int | None = setting(None, split=OFFSET)
     config_path: str | None = None
     storage: StorageSettings = field(default_factory=StorageSettings)
     tiers: TierSettings = field(default_factory=TierSettings)
@@ -180,6 +183,11 @@ class RunSettings:
     mpi_world_size: int = 1
     merged_output: str | None = None  # several ranks: where rank 0 writes the merged results document
     argv: tuple[str, ...] = ()
+    # Several ranks: the totals of the SPLIT settings (and the OFFSET base) this rank's values are a share
+    # of, by flat name; None for a single process. flags_per_rank: the flags were each rank's own values
+    # (mlperf_wrapper.py, the Rules' semantics), so nothing was divided.
+    rank_totals: Mapping[str, Any] | None = None
+    flags_per_rank: bool = False
 
     @property
     def effective_seed(self) -> int:

@@ -90,6 +90,7 @@ class RunRecord:
     trace: TraceReplay | None = None
     gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
     barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
+    tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     results["measurement"] = measurement(record)
     results["measurement"]["window_wallclock"] = window_wallclock(metrics, record.barrier_aligned)
     results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (report/merge.py)
-    results["run_parameters"] = run_parameters(settings, record.started)
+    results["run_parameters"] = run_parameters(settings, record.started, record.tier_sizes)
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
     results["throughput_timeline"] = outcome.timeline
