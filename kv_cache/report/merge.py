@@ -30,6 +30,7 @@ import numpy as np
 
 from kv_cache.metrics.recorder import GIB, PERCENTILES
 from kv_cache.metrics.stats import percentiles
+from kv_cache.report.parameters import merged_settings_split
 
 __all__ = ["MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents", "merge_documents"]
 
@@ -224,6 +225,7 @@ def merge_documents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "schema_version": MERGED_SCHEMA_VERSION,
         "merged_from": [r["file"] for r in ranks],
         "ranks": len(docs),
+        "settings_split": merged_settings_split(docs),  # the totals given and each rank's share
         "window": window,
         "totals": totals,
         "bandwidth_gibps": {"storage_read": read_gibps, "storage_write": write_gibps,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -113,3 +113,16 @@ def run_parameters(settings: RunSettings, started: datetime,
         "tier_sizes": {k: dict(v) for k, v in (sizes or {}).items()},
         "settings_split": settings_split(settings),
     }
+
+
+def merged_settings_split(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The merged document's `settings_split`: the totals given (rank 0's record of them) and every rank's
+    share, in rank order, so that a merged document never reads like one run of the flags given; None when
+    the ranks' documents predate the record."""
+    splits = [(d.get("run_parameters") or {}).get("settings_split") for d in docs]
+    if not splits or any(s is None for s in splits):
+        return None
+    order = sorted(range(len(docs)), key=lambda i: (docs[i].get("run_parameters") or {}).get("mpi_rank") or 0)
+    first = splits[order[0]]
+    return {"flags_given_as": first["flags_given_as"], "ranks": len(docs), "totals": first["totals"],
+            "rank_shares": [splits[i]["rank_share"] for i in order]}
