@@ -91,7 +91,7 @@ def did_you_mean(message: str, known: Iterable[str]) -> str:
     for word in message[len(_UNRECOGNIZED):].split():
         if not word.startswith("--"):
             continue
-        close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
         if close:
             return f" (did you mean {close[0]}?)"
     return ""
