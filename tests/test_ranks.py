@@ -171,3 +171,20 @@ def test_two_real_processes_each_offer_half_the_rate(quick_settings, tmp_path):
     merged = json.loads((tmp_path / "X.json").read_text())["settings_split"]
     assert merged["flags_given_as"] == "totals" and merged["totals"]["request_rate"] == 2.0
     assert [s["request_rate"] for s in merged["rank_shares"]] == [1.0, 1.0]
+
+
+def test_the_mlperf_wrapper_runs_each_rank_with_its_own_values(tmp_path, monkeypatch):
+    from kv_cache.cli import wrapper  # noqa: PLC0415
+
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    plan = wrapper.plan_rank(["--rank-output-base", str(tmp_path / "o"), "--rank-cache-base", str(tmp_path / "c"),
+                              "--seed-base", "40", "--num-users", "100", "--request-rate", "4",
+                              "--gpu-mem-gb", "0"], env, datetime(2026, 1, 1))
+    seen = []
+    monkeypatch.setattr("kv_cache.cli.run_resolved", lambda s: seen.append(s) or 0)
+    assert wrapper.run_kv_cache(plan) == 0
+    (s,) = seen
+    assert (s.num_users, s.request_rate, s.seed) == (100, 4.0, 41)  # per client, as the Rules say
+    assert s.flags_per_rank and s.host_ranks == 2 and s.mpi_rank == 1

@@ -58,7 +58,7 @@ class SessionsFlags:
     cache_dir: str | None = setting(None, flag=Flag(
         "--cache-dir", help="Directory of the storage offload tier (default: a temp dir)."))
     storage_capacity_gb: float = setting(0.0, flag=Flag(
-        "--storage-capacity-gb", type=float, help="Storage tier capacity (0 = 95%% of free space)."))
+        "--storage-capacity-gb", type=float, help="Storage tier capacity (0 = 90%% of free space)."))
     trace: str | None = setting(None, flag=Flag(
         "--trace", help="Sessions from a trace (agentic-coding dir, AIPerf, Bailian, Mooncake)."))
     trace_format: str = setting("auto", flag=Flag("--trace-format", help="Trace format (default: detected)."))
