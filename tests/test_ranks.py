@@ -188,3 +188,12 @@ def test_the_mlperf_wrapper_runs_each_rank_with_its_own_values(tmp_path, monkeyp
     (s,) = seen
     assert (s.num_users, s.request_rate, s.seed) == (100, 4.0, 41)  # per client, as the Rules say
     assert s.flags_per_rank and s.host_ranks == 2 and s.mpi_rank == 1
+
+
+def test_the_banner_names_the_ranks_share(quick_settings):
+    from kv_cache.report.banner import rank_line  # noqa: PLC0415
+
+    settings = quick_settings("--num-users", "10", "--request-rate", "2", "--processes", "2")
+    line = rank_line(rank_settings(settings, 1, 2))
+    assert line.startswith("Rank 1 of 2: its share of the totals given (")
+    assert "num_users 5 of 10" in line and "request_rate 1 of 2" in line
