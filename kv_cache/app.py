@@ -151,7 +151,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                              cfg.saturation_detection, settings.num_users)
                   if settings.enable_autoscaling else None)
     contexts = [u.profile.context_length for u in users] if trace is None else []
-    print_banner(settings, contexts, workers, stores.file_store, out)
+    print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     run.phases = run_phases(settings, cache, tiers, factory, workers, run.stop, out)
@@ -174,7 +174,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
-        run_id=run.run_id))
+        run_id=run.run_id, tier_sizes=stores.sizes))
     if settings.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results

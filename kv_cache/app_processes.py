@@ -1,6 +1,7 @@
 """`--processes N`: N worker processes on one host, for a storage array one Python process cannot drive.
 
-Each process is a rank of a standard run: a share of the users (and of the CPU tier), seed + rank, its own
+Each process is a rank of a standard run: its share of every setting that divides across ranks (users,
+request rate, tier sizes...: kv_cache/config/ranks.py), seed + rank, its own
 cache directory `<cache>/rank<r>` and results `X_rank<r>.json`. The same barriers as under mpirun open and
 close one common window (multiprocessing.Barrier); each rank hands its document to this (parent) process,
 which writes the merged document at X.json. No MPI is needed.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kv_cache.app import run_benchmark
+from kv_cache.config.ranks import rank_share
 from kv_cache.config.run import RunSettings
 from kv_cache.errors import ExitCode
 from kv_cache.report.merge import merge_documents
@@ -59,21 +61,19 @@ class ProcessGroup:
         return None
 
 
-def _share(total: float | int, rank: int, n: int) -> int:
-    return int(total) // n + (1 if rank < int(total) % n else 0)
-
-
 def rank_settings(settings: RunSettings, rank: int, n: int) -> RunSettings:
-    """The settings of process `rank` of `n`: its users and CPU tier share, seed + rank, its own paths."""
+    """The settings of process `rank` of `n`: its share of every SPLIT setting (users, request rate, the
+    tiers' sizes, max-requests, precondition volume, RAG documents), seed + rank, the host's memory divided
+    between the `n` processes on it (config/ranks.py), and its own paths."""
     stem, dot, ext = settings.output.rpartition(".")
     output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{settings.output}_rank{rank}"
     cache_dir = os.path.join(settings.cache_dir, f"rank{rank}") if settings.cache_dir else None
+    share = rank_share(settings, rank, n, host_ranks=n)
     return dataclasses.replace(
-        settings, seed=settings.effective_seed + rank, mpi_rank=rank, mpi_world_size=n, merged_output=None,
-        workload=dataclasses.replace(settings.workload, num_users=_share(settings.num_users, rank, n)),
-        tiers=dataclasses.replace(settings.tiers, cache_dir=cache_dir, cpu_mem_gb=settings.cpu_mem_gb / n),
-        outputs=dataclasses.replace(settings.outputs, output=output, xlsx_output=None),
-        driver=dataclasses.replace(settings.driver, processes=1),
+        share, merged_output=None,
+        tiers=dataclasses.replace(share.tiers, cache_dir=cache_dir),
+        outputs=dataclasses.replace(share.outputs, output=output, xlsx_output=None),
+        driver=dataclasses.replace(share.driver, processes=1),
     )
 
 

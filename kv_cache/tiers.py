@@ -43,6 +43,9 @@ class TierSet:
     gpu_store: SimulatedGPUStore | DeviceStore | None = None
     tracer: IOTraceWriter | None = None
     notes: list[str] = field(default_factory=list)
+    # setting -> {"asked": GiB as given, "effective": GiB in force, "clamped": why, or None}: each tier size
+    # that a memory budget or the free space decided (cpu_mem_gb, gpu_mem_gb per GPU, storage_capacity_gb)
+    sizes: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def close(self) -> None:
         """Close what was opened; a failure is logged, never raised (it must not hide the results)."""
@@ -108,8 +111,11 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
                           shards=tiers.tensor_parallel)
     total = per_gpu * tiers.num_gpus
     if limit is not None:
+        asked = total
         total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
                                what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
+        tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / tiers.num_gpus,
+                                                 _clamp_reason(limit) if total < asked else None)
     if total <= 0:
         return
     prefault = total + int(tiers.cpu_mem_gb * GIB) <= 0.5 * available_memory_bytes()
@@ -123,15 +129,31 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
         f"modelled from the {spec.name} {spec.host_link} ({spec.host_link_gbs:g} GB/s per direction), not measured")
 
 
+RAM_FILESYSTEMS = ("tmpfs", "ramfs")  # a storage tier there is host RAM
 MEMORY_FRACTION = 0.9  # of what the process may use: the rest stays for the page cache and other processes
 RESERVE_BYTES = 256 << 20  # the interpreter, numpy, the recorder's samples: kept free besides the tiers
+
+
+def ram_budget_bytes(limit: MemoryLimit, other_bytes: int) -> int:
+    """Bytes of host RAM the run's RAM-backed tiers may take together: MEMORY_FRACTION of what this
+    process may use, less `other_bytes` (I/O buffers, upper tiers) and RESERVE_BYTES."""
+    return max(0, int(MEMORY_FRACTION * limit.available) - other_bytes - RESERVE_BYTES)
+
+
+def tier_size(asked_gib: float, effective_bytes: float, clamped: str | None) -> dict[str, object]:
+    """One entry of TierSet.sizes."""
+    return {"asked": float(asked_gib), "effective": effective_bytes / GIB, "clamped": clamped}
+
+
+def _clamp_reason(limit: MemoryLimit) -> str:
+    return f"{MEMORY_FRACTION:.0%} of {limit.describe()}, less buffers and reserve"
 
 
 def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict: bool, notes: list[str],
                    what: str = "CPU tier", flag: str = "cpu_mem_gb") -> int:
     """A host-RAM tier's size: as requested if it fits, with the run's other memory, in what the process
     may use; else clamped with a warning (console and notes), or refused under --strict-memory."""
-    fits = max(0, int(MEMORY_FRACTION * limit.available) - other_bytes - RESERVE_BYTES)
+    fits = ram_budget_bytes(limit, other_bytes)
     if requested <= fits:
         return requested
     message = (f"{what} of {requested / GIB:.2f} GiB does not fit in the memory this process may use: "
@@ -169,18 +191,20 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     for message in found.messages():
         log.warning(message)
         tier_set.notes.append(message)
-    limit = process_memory_limit()
+    limit = process_memory_limit(tiers.host_ranks)
     # The GPU tier first: the storage tier's GDS reads land in its device, and a simulated one takes host
     # RAM before the CPU tier does (it is the upper tier).
     open_gpu_store(tiers, storage, tier_set, workers, limit, other_bytes)
     if isinstance(tier_set.gpu_store, SimulatedGPUStore):
         other_bytes += tier_set.gpu_store.capacity_bytes
     fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
-    if fs.fs_type in ("tmpfs", "ramfs"):
+    if fs.fs_type in RAM_FILESYSTEMS:
         tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
     if tiers.cpu_mem_gb > 0:
         cpu_bytes = ram_tier_bytes(int(tiers.cpu_mem_gb * GIB), limit, other_bytes,
                                    tiers.strict_memory, tier_set.notes)
+        tier_set.sizes["cpu_mem_gb"] = tier_size(tiers.cpu_mem_gb, cpu_bytes, _clamp_reason(limit)
+                                                 if cpu_bytes < int(tiers.cpu_mem_gb * GIB) else None)
         # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
         # only when it comfortably fits, otherwise say that pages are faulted in on first use.
         prefault = cpu_bytes <= 0.5 * available_memory_bytes()
@@ -190,12 +214,29 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault) if cpu_bytes > 0 else None
     # Ranks of this run on the filesystem, or live runs found there (which may be those ranks): the larger.
     runs = max(sharers, 1 + len(found.live))
-    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, runs)
+    # A storage tier in RAM (tmpfs) takes host memory like the CPU tier: its automatic capacity stays
+    # within what the memory budget leaves after the RAM tiers.
+    ram_room = None
+    if fs.fs_type in RAM_FILESYSTEMS:
+        cpu_bytes = tier_set.memory_store.capacity_bytes if tier_set.memory_store is not None else 0
+        ram_room = max(0, ram_budget_bytes(limit, other_bytes) - cpu_bytes)
+    tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, runs,
+                                 ram_room)
+    storage_limit = tier_set.tiers[-1].limit
     if tiers.storage_capacity_gb <= 0:
+        by_free = auto_capacity(fs.free_bytes(), largest_entry, runs)
+        in_ram = ram_room is not None and storage_limit < by_free
         tier_set.notes.append(
-            f"storage capacity (auto): {tier_set.tiers[-1].limit / GIB:.2f} GiB = {AUTO_FRACTION:.0%} of "
+            f"storage capacity (auto): {storage_limit / GIB:.2f} GiB = {AUTO_FRACTION:.0%} of "
             f"{fs.free_bytes() / GIB:.2f} GiB free / {runs} run(s) or rank(s) on this filesystem - largest entry "
-            f"{largest_entry / GIB:.3f} GiB")
+            f"{largest_entry / GIB:.3f} GiB"
+            + (f"; {fs.fs_type} is RAM: bounded by the memory budget left after the RAM tiers "
+               f"({ram_room / GIB:.2f} GiB of {_clamp_reason(limit)})" if in_ram else ""))
+    else:
+        in_ram = False
+    tier_set.sizes["storage_capacity_gb"] = tier_size(
+        tiers.storage_capacity_gb, storage_limit,
+        f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)
 
 
 def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int) -> FileStore:
@@ -215,7 +256,7 @@ def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: Ti
 
 def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
                 gpu_store: SimulatedGPUStore | DeviceStore | None = None, largest_entry: int = 0,
-                runs: int = 1) -> list[Tier]:
+                runs: int = 1, ram_room: int | None = None) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
         tiers.append(Tier("gpu", gpu_store, gpu_store.capacity_bytes))  # a simulated one may be clamped
@@ -224,7 +265,7 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:
-        storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, runs)
+        storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, runs, ram_room)
     else:
         storage_limit = math.inf
     tiers.append(Tier("nvme", file_store, storage_limit))

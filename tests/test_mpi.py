@@ -15,7 +15,7 @@ from kv_cache.driver.group import filesystem_id, shared_filesystem_count
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
          "    kv_heads: 1\n    dtype: float16\n")
-TINY = ["--model", "micro", "--num-users", "3", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+TINY = ["--model", "micro", "--num-users", "4", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
         "--generation-mode", "none", "--io-chunk-mb", "1"]
 
 
@@ -41,6 +41,10 @@ def _launch(tmp_path, n, script, args):
     return proc
 
 
+def merged_split(tmp_path):
+    return json.loads((tmp_path / "X.json").read_text())["settings_split"]
+
+
 def _assert_ranks_apart(docs, cache_root, n):
     """Each rank wrote its own results and used its own cache directory; no path is shared."""
     run_dirs = [d["measurement"]["run_dir"] for d in docs]
@@ -62,7 +66,11 @@ def test_mpirun_writes_one_merged_document_and_the_rank_files(tmp_path, n):
     assert proc.stdout.count(f"Merged results of {n} ranks written to") == 1  # rank 0 only
     docs = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(n)]
     _assert_ranks_apart(docs, tmp_path / "cache", n)
-    assert [d["seed"] for d in docs] == [7] * n  # plain mpirun: the --seed given (the wrapper adds the rank)
+    assert [d["seed"] for d in docs] == [7 + r for r in range(n)]  # plain mpirun: seed + rank, as --processes
+    # the flags are totals: the ranks' users sum to --num-users (the wrapper's are per rank)
+    assert sum(d["run_parameters"]["num_users"] for d in docs) == 4
+    assert all(d["run_parameters"]["settings_split"]["flags_given_as"] == "totals" for d in docs)
+    assert merged_split(tmp_path)["totals"]["num_users"] == 4
     merged = json.loads((tmp_path / "X.json").read_text())
     assert merged["schema_version"] == "kv-cache-merged/1" and merged["ranks"] == n
     assert merged["window"]["kind"] == "common (barrier-aligned)"
@@ -85,6 +93,8 @@ def test_mpirun_through_the_wrapper_keeps_the_harness_layout(tmp_path):
     assert [len(f) for f in files] == [1, 1]
     docs = [json.loads(f[0].read_text()) for f in files]
     assert [d["seed"] for d in docs] == [50, 51]
+    assert [d["run_parameters"]["num_users"] for d in docs] == [4, 4]  # per client, as the Rules say
+    assert {d["run_parameters"]["settings_split"]["flags_given_as"] for d in docs} == {"per_rank"}
     run_dirs = [Path(d["measurement"]["run_dir"]).parent for d in docs]
     assert run_dirs == [cache / "rank_0", cache / "rank_1"]
     merged = list(out.glob("kvcache_merged_*.json"))

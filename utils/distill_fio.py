@@ -70,7 +70,7 @@ def distill(maps: dict, runtime_s: int = 60, filename: str = "fio.dat") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="distill_fio.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="distill_fio.py", allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
     p.add_argument("-o", "--output", help="job file (default: stdout)")
     p.add_argument("--runtime", type=int, default=60)

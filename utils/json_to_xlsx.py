@@ -124,7 +124,7 @@ def write_table(rows: list[dict[str, Any]], path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Convert kv-cache JSON results to one spreadsheet.")
+    parser = argparse.ArgumentParser(description="Convert kv-cache JSON results to one spreadsheet.", allow_abbrev=False)
     parser.add_argument("--input-dir", "-i", default=".", help="directory containing the JSON files")
     parser.add_argument("--output", "-o", default="mlperf_storage_summary.xlsx", help="output .xlsx (or .csv) file")
     args = parser.parse_args(argv)

@@ -171,7 +171,8 @@ def format_tables(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Median of the MLPerf v3 primary metrics over trials.")
+    parser = argparse.ArgumentParser(description="Median of the MLPerf v3 primary metrics over trials.",
+                                     allow_abbrev=False)
     parser.add_argument("directory", help="directory holding mlperf_v3_<config>_trial<n>.json files")
     parser.add_argument("--json", dest="json_path", default=None,
                         help=f"summary JSON to write (default: DIR/{SUMMARY_FILE})")

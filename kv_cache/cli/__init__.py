@@ -10,9 +10,10 @@ does not implement yet. An error raised below about a setting gets that setting'
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -63,11 +64,37 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage dump): `<prog>: error: <message>`, exit status 2."""
+    """argparse with a one-line error (no usage dump): `<prog>: error: <message>`, exit status 2; no flag
+    abbreviations (a prefix such as `--windo` is an error, never taken for `--window`), and a "did you
+    mean" for a flag it does not know."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False  # every parser, sub-commands included
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {' '.join(message.split())}\n")
+        text = " ".join(message.split())
+        hint = did_you_mean(text, self._option_string_actions)
+        sys.stderr.write(f"{self.prog}: error: {text}{hint}\n")
         sys.exit(ExitCode.USAGE)
+
+
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def did_you_mean(message: str, known: Iterable[str]) -> str:
+    """` (did you mean --window?)` for the first unknown flag of an argparse "unrecognized arguments"
+    message that is close to a known flag (difflib); "" otherwise."""
+    if not message.startswith(_UNRECOGNIZED):
+        return ""
+    flags = [f for f in known if f.startswith("--")]
+    for word in message[len(_UNRECOGNIZED):].split():
+        if not word.startswith("--"):
+            continue
+        close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+        if close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,14 @@ composition root opens the files once, before the run does any I/O.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from dataclasses import fields
+from typing import Any, TypeVar
 
+from kv_cache.config.fields import field_default, flag_of
 from kv_cache.config.pacing import parse_think_time
+from kv_cache.config.ranks import rank_share, share_errors
 from kv_cache.config.run import (
     DriverSettings,
     OutputSettings,
@@ -28,15 +33,20 @@ from kv_cache.storage.tracelog import check_trace_path
 from kv_cache.workload.replay import resolve_burst_paths
 from kv_cache.workload.validation import load_trace_stats
 
-__all__ = ["gpu_tier_errors", "mpi_rank", "resolve_run", "trace_source"]
+__all__ = ["gpu_tier_errors", "mpi_local_size", "mpi_rank", "resolve_run", "trace_source"]
 
 MIB = 1024 * 1024
+T = TypeVar("T")
 
 
-def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = True) -> RunSettings:
+def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = True,
+                flags_per_rank: bool = False) -> RunSettings:
     """The run's immutable settings from the parsed flags; raises UsageError (or a subclass) when invalid.
 
-    rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir."""
+    rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir.
+    Under mpirun the flags are the whole run's totals, and this rank takes its share of them
+    (config/ranks.py), unless flags_per_rank: the caller (mlperf_wrapper.py, whose Rules define the flags
+    per client) gave each rank its own values, seed included."""
     if args.prefill_only and args.decode_only:
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")
     config = load_config(args.config)
@@ -60,40 +70,39 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
     if args.io_trace_log:
         check_trace_path(args.io_trace_log)
     check_output_paths(args, output)
-    return RunSettings(
+    settings = RunSettings(
         config=config,
         model=model,
         model_name=args.model,
         seed=args.seed,
         config_path=args.config,
         storage=_storage(args, config),
-        tiers=TierSettings(
-            gpu_mem_gb=float(args.gpu_mem_gb), num_gpus=args.num_gpus, tensor_parallel=args.tensor_parallel,
-            cpu_mem_gb=float(args.cpu_mem_gb), cache_dir=cache_dir,
-            storage_capacity_gb=float(args.storage_capacity_gb),
-            gpu_tier=args.gpu_tier, gpu_type=args.gpu_type, gpu_spec=config.gpus.get(args.gpu_type), gds=args.gds,
-            strict_memory=bool(getattr(args, "strict_memory", False)),
-        ),
+        tiers=from_flags(TierSettings, args, cache_dir=cache_dir, gpu_spec=config.gpus.get(args.gpu_type)),
         workload=_workload(args),
-        driver=DriverSettings(
-            duration=float(args.duration), generation_mode=args.generation_mode,
-            max_concurrent_allocs=args.max_concurrent_allocs, max_requests=args.max_requests,
-            request_rate=float(args.request_rate), enable_autoscaling=args.enable_autoscaling,
-            autoscaler_mode=args.autoscaler_mode, target_saturation=float(args.target_saturation),
-            precondition=args.precondition, precondition_size_gb=float(args.precondition_size_gb),
-            precondition_threads=args.precondition_threads, prefill_only=args.prefill_only,
-            decode_only=args.decode_only, processes=_processes(args, world),
-        ),
-        outputs=OutputSettings(
-            output=output, xlsx_output=args.xlsx_output, io_trace_log=args.io_trace_log,
-            performance_profile=args.performance_profile, fail_exit_code=args.fail_exit_code,
-            log_level=args.log_level, latency_tracing=args.enable_latency_tracing,
-        ),
+        driver=from_flags(DriverSettings, args, processes=_processes(args, world)),
+        outputs=from_flags(OutputSettings, args, output=output),
         mpi_rank=rank if world > 1 else None,
         mpi_world_size=world,
         merged_output=merged_output if world > 1 and rank_paths else None,
         argv=tuple(argv),
     )
+    return _rank_of_world(settings, rank, world, flags_per_rank)
+
+
+def _rank_of_world(settings: RunSettings, rank: int, world: int, flags_per_rank: bool) -> RunSettings:
+    """This MPI rank's settings: its share of the totals given, or the flags as given (per-rank values);
+    either way the host's memory budget is divided between the ranks on this host."""
+    if settings.processes > 1:  # the totals of --processes are divided when the processes start: check now
+        errors = share_errors(settings, settings.processes)
+        if errors:
+            raise UsageError("; ".join(errors))
+    if world <= 1:
+        return settings
+    local = mpi_local_size()
+    if flags_per_rank:
+        return dataclasses.replace(settings, flags_per_rank=True,
+                                   tiers=dataclasses.replace(settings.tiers, host_ranks=local))
+    return rank_share(settings, rank, world, host_ranks=local)
 
 
 def gpu_tier_errors(args: argparse.Namespace, config: BenchConfig) -> list[str]:
@@ -157,15 +166,27 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
 def _workload(args: argparse.Namespace) -> WorkloadSettings:
     trace_stats = load_trace_stats(args.validation_trace) if args.validation_trace else None
     trace_paths, trace_format = trace_source(args)
-    return WorkloadSettings(
-        num_users=args.num_users, multi_turn=not args.disable_multi_turn,
-        prefix_caching=not args.disable_prefix_caching, enable_rag=args.enable_rag,
-        rag_num_docs=args.rag_num_docs, max_conversations=args.max_conversations,
-        trace_paths=trace_paths, trace_format=trace_format, kv_block_tokens=args.kv_block_tokens,
-        think_time=parse_think_time(args.think_time), trace_speedup=float(args.trace_speedup),
-        replay_cycles=args.replay_cycles, validation_trace=args.validation_trace,
-        validation_trace_stats=trace_stats,
-    )
+    return from_flags(WorkloadSettings, args, trace_paths=trace_paths, trace_format=trace_format,
+                      think_time=parse_think_time(args.think_time), validation_trace_stats=trace_stats)
+
+
+def from_flags(cls: type[T], args: argparse.Namespace, **computed: Any) -> T:
+    """A settings section from the parsed flags, by walking its fields: a flagged field takes its flag's
+    value (`not` it for a --disable-X switch; an int flag of a float setting as a float), a flag missing
+    from a partial namespace its default; `computed` gives the fields that are derived, not copied."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        flag = flag_of(f)
+        if f.name in computed or flag is None:
+            continue
+        default = field_default(f)
+        value = getattr(args, flag.dest, flag.default_for(default))
+        if flag.invert:
+            value = not value
+        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        values[f.name] = value
+    return cls(**values, **computed)
 
 
 def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
@@ -187,6 +208,17 @@ def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]
     if args.enable_autoscaling:
         raise UsageError("--enable-autoscaling scales synthetic users; it cannot be combined with a trace")
     return paths, fmt
+
+
+def mpi_local_size() -> int:
+    """How many ranks of this MPI job run on this host (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's
+    MPI_LOCALNRANKS); 1 when the launcher does not say."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        try:
+            return max(1, int(os.environ[var]))
+        except (KeyError, ValueError):
+            continue
+    return 1
 
 
 def mpi_rank() -> tuple[int, int]:

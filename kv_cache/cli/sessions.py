@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kv_cache.app_sessions import SessionsSettings
+from kv_cache.config.fields import Flag, setting
 from kv_cache.config.pacing import PaceError, parse_pace
+from kv_cache.config.run import IO_MODES, LOG_LEVELS
 from kv_cache.config.schema import load_config
 from kv_cache.config.validation import check_cache_dir
 from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.engine import roofline as gpumod
+from kv_cache.engine.replica import LOAD_POLICIES
 from kv_cache.errors import UsageError
 from kv_cache.metrics.recorder import GIB
 from kv_cache.models import SESSION_MODELS
@@ -27,38 +30,70 @@ __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 
 @dataclass(frozen=True)
 class SessionsFlags:
-    """Defaults of the `kv-cache sessions` flags (the parser reads them from here)."""
+    """The `kv-cache sessions` flags: each one's default, help and argparse arguments, written once here
+    (cli/flags.py generates the parser from these fields)."""
 
-    config: str | None = None
-    model: str = "llama3.1-8b"
-    gpu: str = "h100"
-    gpu_mem_gb: float = 0.0  # 0 = the GPU spec's HBM
-    num_gpus: int = 1
-    tensor_parallel: int = 1
-    ladder: str = "4,8,16"
-    window: float = 30.0
-    warmup: float = 10.0
-    subwindows: int = 5
-    tiers: str = ",".join(TIER_CONFIGS)
-    cpu_mem_gb: float = 8.0
-    cache_dir: str | None = None
-    storage_capacity_gb: float = 0.0
-    trace: str | None = None
-    trace_format: str = "auto"
-    max_sessions: int = 0
-    pace: str = "trace"
-    seed: int = 42
-    output: str = "sessions_results.json"  # the parser adds the start time to the name
-    io_workers: int = 8
-    io_chunk_mb: int | None = None  # None = the config's storage section
-    io_mode: str | None = None
-    no_fsync: bool | None = None
-    prefill_chunk_tokens: int = 8192
-    log_level: str = "WARNING"
-    load_policy: str = "always"
-    replications: int = 1
-    slo_ttft_p90: float | None = None
-    steady_state: bool = False
+    config: str | None = setting(None, flag=Flag(
+        "--config", help="YAML config (sections sessions, gpus, inference_model, model_configs)."))
+    model: str = setting("llama3.1-8b", flag=Flag("--model", help="Model key."))
+    gpu: str = setting("h100", flag=Flag(
+        "--gpu", help="GPU spec key from the config's gpus section (a100, h100, h200, b200, l40s)."))
+    gpu_mem_gb: float = setting(0.0, flag=Flag(
+        "--gpu-mem-gb", type=float, help="HBM per GPU in GiB (0 = the GPU spec's)."))  # 0 = the GPU spec's HBM
+    num_gpus: int = setting(1, flag=Flag(
+        "--num-gpus", type=int, help="GPUs; replicas = num-gpus / tensor-parallel."))
+    tensor_parallel: int = setting(1, flag=Flag("--tensor-parallel", type=int, help="GPUs per model replica."))
+    ladder: str = setting("4,8,16", flag=Flag(
+        "--ladder", help="Comma-separated concurrent-session counts (rungs), or auto[:START] (double from START, "
+                         "default 2, until throughput has peaked)."))
+    window: float = setting(30.0, flag=Flag(
+        "--window", type=float, help="Measured seconds per rung (the article used 720)."))
+    warmup: float = setting(10.0, flag=Flag(
+        "--warmup", type=float, help="Unmeasured seconds before each window."))
+    subwindows: int = setting(5, flag=Flag(
+        "--subwindows", type=int, help="Sub-windows for the confidence intervals (>= 2)."))
+    tiers: str = setting(",".join(TIER_CONFIGS), flag=Flag(
+        "--tiers", help=f"Offload configurations: {', '.join(TIER_CONFIGS)}."))
+    cpu_mem_gb: float = setting(8.0, flag=Flag("--cpu-mem-gb", type=float, help="DRAM offload tier per run, GiB."))
+    cache_dir: str | None = setting(None, flag=Flag(
+        "--cache-dir", help="Directory of the storage offload tier (default: a temp dir)."))
+    storage_capacity_gb: float = setting(0.0, flag=Flag(
+        "--storage-capacity-gb", type=float, help="Storage tier capacity (0 = 90%% of free space)."))
+    trace: str | None = setting(None, flag=Flag(
+        "--trace", help="Sessions from a trace (agentic-coding dir, AIPerf, Bailian, Mooncake)."))
+    trace_format: str = setting("auto", flag=Flag("--trace-format", help="Trace format (default: detected)."))
+    max_sessions: int = setting(0, flag=Flag(
+        "--max-sessions", type=int, help="Use at most this many sessions of the trace (0 = all)."))
+    pace: str = setting("trace", flag=Flag(
+        "--pace", help="Pause transform: trace | human:A:B | agentic:A:B | fixed:S."))
+    seed: int = setting(42, flag=Flag(
+        "--seed", type=int, help="Seed of the session generator and the pace transform."))
+    output: str = setting("sessions_results.json", flag=Flag(
+        "--output", help="Results JSON."))  # the parser adds the start time to the name
+    io_workers: int = setting(8, flag=Flag(
+        "--io-workers", type=int, help="I/O worker threads moving blocks to/from the offload tiers."))
+    io_chunk_mb: int | None = setting(None, flag=Flag(
+        "--io-chunk-mb", type=int,
+        help="MiB per pwritev/preadv call (default: config storage)."))  # None = the config's storage section
+    io_mode: str | None = setting(None, flag=Flag("--io-mode", choices=IO_MODES))
+    no_fsync: bool | None = setting(None, flag=Flag("--no-fsync", action="store_true"))
+    prefill_chunk_tokens: int = setting(8192, flag=Flag(
+        "--prefill-chunk-tokens", type=int, help="Prefill tokens per batching iteration."))
+    log_level: str = setting("WARNING", flag=Flag("--log-level", choices=LOG_LEVELS))
+    load_policy: str = setting("always", flag=Flag(
+        "--load-policy", choices=LOAD_POLICIES,
+        help="always: load every offloaded prefix hit; cost: recompute it when loading at the tier's measured "
+             "bandwidth would take longer than the modelled prefill."))
+    replications: int = setting(1, flag=Flag(
+        "--replications", type=int,
+        help="Independent seeded replications per (config, sessions) cell; CIs across them (t)."))
+    slo_ttft_p90: float | None = setting(None, flag=Flag(
+        "--slo-ttft-p90", type=float, metavar="S",
+        help="SLO on the p90 TTFT of returning turns: effective capacity = largest session count meeting it."))
+    steady_state: bool = setting(False, flag=Flag(
+        "--steady-state", action="store_true",
+        help="Start each rung as a long run would leave it (sessions mid-way, HBM full, evicted blocks in the "
+             "tiers, staggered arrivals); the warm-up ends when occupancy is steady (--warmup = its cap)."))
 
 
 def timestamped(name: str, when: datetime) -> str:

@@ -9,6 +9,10 @@ Two interfaces are in use, both supported:
 Either way the rank comes from the launcher's environment (OMPI_COMM_WORLD_RANK or PMI_RANK, no mpi4py
 needed), the seed is base + rank, the results go to `<base>/rank_<N>/kvcache_results_<YYYYmmdd_HHMMSS>.json`
 and the cache under `<cache>/rank_<N>/`. `--start-delay` / `--end-delay` sleep before / after the run.
+
+The kv-cache flags are each rank's own values, as the Rules define them (`--num-users` is per client): the
+wrapper resolves them with `flags_per_rank`, so nothing is divided between the ranks (a plain `mpirun
+kv-cache.py` takes them as totals instead); the host's memory budget is still shared by its ranks.
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ def run_kv_cache(plan: RankPlan) -> int:
     # the levels it created when it ends, so a rank's rank_<N>/ is not left behind empty
     argv = list(plan.argv)
     args = kv_parser().parse_args(argv)
-    settings = resolve_run(args, argv, rank_paths=False)
+    settings = resolve_run(args, argv, rank_paths=False, flags_per_rank=True)  # the Rules: values per client
     stamp = os.path.basename(plan.output).removeprefix("kvcache_results_")
     merged = os.path.join(os.path.dirname(os.path.dirname(plan.output)), f"kvcache_merged_{stamp}")
     return run_resolved(dataclasses.replace(settings, merged_output=merged))  # rank 0 writes it under mpirun

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["FrozenMap"]
+__all__ = ["COPY", "OFFSET", "SPLIT", "Flag", "FrozenMap", "field_default", "flag_of", "setting", "split_rule"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -72,3 +72,88 @@ def _num(default: Any = MISSING, minimum: float = 0.0, exclusive_min: bool = Fal
 
 def _prob(default: Any = MISSING) -> Any:
     return _f("prob", default)
+
+
+# --------------------------------------------------------------------------------------------------
+# How a run setting divides across ranks (kept in the field metadata of the settings dataclasses)
+# --------------------------------------------------------------------------------------------------
+
+SPLIT = "split"  # a total: rank r gets total / N (integers: remainders to the first ranks), summing to it
+OFFSET = "offset"  # a base: rank r gets base + r (seeds, so that no two ranks draw the same numbers)
+COPY = "copy"  # every rank gets the value as given
+SPLIT_RULES = (SPLIT, OFFSET, COPY)
+
+
+class _NotSet:
+    """The type of NOT_SET: a flag default that is its setting's."""
+
+    def __repr__(self) -> str:
+        return "NOT_SET"
+
+
+NOT_SET: Any = _NotSet()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The command-line flag of a setting: name, help, and the argparse arguments (`type`, `choices`,
+    `action`, `metavar`); the parser is generated from these (cli/flags.py), so a flag is written once,
+    on its setting's field.
+
+    `group`: the --help section it is listed under (None: the main list). `default`: the flag's own
+    default where it is not the setting's (`NOT_SET` = the setting's); e.g. None for "as the config file
+    says". `invert`: a `--disable-X` switch, whose value is `not` the setting's."""
+
+    name: str
+    help: str | None = None
+    type: Any = None
+    choices: tuple[str, ...] | None = None
+    action: str | None = None
+    metavar: str | None = None
+    group: str | None = None
+    default: Any = NOT_SET
+    invert: bool = False
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute of the flag (`--num-users` -> `num_users`)."""
+        return self.name.lstrip("-").replace("-", "_")
+
+    def default_for(self, setting_default: Any) -> Any:
+        """The flag's default, given its setting's."""
+        if self.default is not NOT_SET:
+            return self.default
+        return (not setting_default) if self.invert else setting_default
+
+    def argparse_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `add_argument`, default excluded."""
+        kw = {"type": self.type, "choices": self.choices, "action": self.action, "metavar": self.metavar,
+              "help": self.help}
+        return {k: v for k, v in kw.items() if v is not None}
+
+
+def setting(default: Any = MISSING, *, split: str = COPY, default_factory: Any = MISSING,
+            flag: Flag | None = None) -> Any:
+    """A run setting's dataclass field: its default (written only here), its rule across ranks (`SPLIT`,
+    `OFFSET`, `COPY`; read back with `split_rule`) and its command-line flag, if it has one (`flag_of`)."""
+    if split not in SPLIT_RULES:
+        raise ValueError(f"unknown split rule {split!r}")
+    metadata = {"split": split, "flag": flag}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def flag_of(f: Any) -> Flag | None:
+    """The command-line flag of a dataclass field made with `setting` (None: no flag)."""
+    return f.metadata.get("flag")
+
+
+def field_default(f: Any) -> Any:
+    """A dataclass field's default value (its factory's product for a default_factory field)."""
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def split_rule(f: Any) -> str:
+    """The rule of a dataclass field made with `setting` (COPY for any other field)."""
+    return f.metadata.get("split", COPY)

@@ -93,6 +93,7 @@ class RunRecord:
     gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
     barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
     run_id: str | None = None  # shared by every rank of this run (driver/group.py shared_run_id)
+    tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -154,7 +155,7 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (report/merge.py)
     results["recorder"] = metrics.state()  # a merge adds the ranks' recorders up (report/merge.py)
     results["summary_inputs"] = summary_inputs(settings)
-    results["run_parameters"] = run_parameters(settings, record.started)
+    results["run_parameters"] = run_parameters(settings, record.started, record.tier_sizes)
     if outcome.plans:
         results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
     results["throughput_timeline"] = outcome.timeline

@@ -42,6 +42,7 @@ from kv_cache.metrics.histograms import summary as histogram_summary
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
+from kv_cache.report.parameters import merged_settings_split
 from kv_cache.report.results import block_stats, build_summary, harness_keys, per_turn_stats
 from kv_cache.report.series import SERIES_NOTE
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument, load
@@ -382,6 +383,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         # The first rank's parameters (the run's flags, the header of the report); per rank: `per_rank`.
         "run_parameters": {**rows[0]["_params"], "merged_ranks": len(rows)},
         "ranks": len(rows),
+        "settings_split": merged_settings_split([{"run_parameters": x["_params"]} for x in rows]),
         "window": window,
         "totals": {
             "requests_completed": r.completed, "tokens_generated": r.tokens_generated,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from kv_cache.config.ranks import totals
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.run import RunSettings
@@ -35,7 +38,38 @@ def generation_ms_per_token(settings: RunSettings) -> float:
     return getattr(settings.config.generation_timing, settings.generation_mode) * 1000
 
 
-def run_parameters(settings: RunSettings, started: datetime) -> dict[str, Any]:
+def settings_split(settings: RunSettings) -> dict[str, Any]:
+    """How this rank's settings relate to the whole run's: `flags_given_as` "totals" (divided between the
+    ranks: `totals` holds what was given, `rank_share` this rank's part), "per_rank" (each rank was given
+    its own values, the mlperf_wrapper.py Rules' semantics: `totals` = ranks x the values, every rank
+    being given the same flags) or "single" (one process: share = totals)."""
+    ranks = max(1, settings.mpi_world_size)
+    share = totals(settings)
+    share["seed"] = settings.seed
+    if settings.rank_totals is not None and not settings.flags_per_rank:
+        given_as, whole = "totals", dict(settings.rank_totals)
+    elif ranks > 1:
+        given_as = "per_rank"
+        whole = {k: (v * ranks if isinstance(v, (int, float)) and k != "seed" else v) for k, v in share.items()}
+    else:
+        given_as, whole = "single", dict(share)
+    return {"flags_given_as": given_as, "ranks": ranks, "host_ranks": settings.host_ranks,
+            "totals": whole, "rank_share": share}
+
+
+def effective_sizes(sizes: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    """`<setting>_effective` keys: the tier sizes in force after clamping (None where no tier was sized:
+    trace mode, or no measured phase)."""
+    sizes = sizes or {}
+    return {f"{key}_effective": (sizes[key]["effective"] if key in sizes else None)
+            for key in ("gpu_mem_gb", "cpu_mem_gb", "storage_capacity_gb")}
+
+
+def run_parameters(settings: RunSettings, started: datetime,
+                   sizes: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The `run_parameters` block: the settings as given (the flat keys, unchanged), the tier sizes in
+    force beside them (`*_effective`, `tier_sizes`: from TierSet.sizes) and how the settings were divided
+    between ranks (`settings_split`)."""
     return {
         "timestamp": started.isoformat(timespec="seconds"),
         "command": " ".join(settings.argv),
@@ -75,4 +109,20 @@ def run_parameters(settings: RunSettings, started: datetime) -> dict[str, Any]:
         "mpi_world_size": settings.mpi_world_size,
         "pid": os.getpid(),
         "host": socket.gethostname(),  # tells the ranks of a multi-host run apart in the merged rows
+        **effective_sizes(sizes),
+        "tier_sizes": {k: dict(v) for k, v in (sizes or {}).items()},
+        "settings_split": settings_split(settings),
     }
+
+
+def merged_settings_split(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The merged document's `settings_split`: the totals given (rank 0's record of them) and every rank's
+    share, in rank order, so that a merged document never reads like one run of the flags given; None when
+    the ranks' documents predate the record."""
+    splits = [(d.get("run_parameters") or {}).get("settings_split") for d in docs]
+    if not splits or any(s is None for s in splits):
+        return None
+    order = sorted(range(len(docs)), key=lambda i: (docs[i].get("run_parameters") or {}).get("mpi_rank") or 0)
+    first = splits[order[0]]
+    return {"flags_given_as": first["flags_given_as"], "ranks": len(docs), "totals": first["totals"],
+            "rank_shares": [splits[i]["rank_share"] for i in order]}

@@ -10,8 +10,14 @@ __all__ = ["AUTO_FRACTION", "auto_capacity"]
 AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
 
 
-def auto_capacity(free: int, largest_entry: int, runs: int = 1) -> float:
+def auto_capacity(free: int, largest_entry: int, runs: int = 1, ram_room: int | None = None) -> float:
     """The storage tier's capacity when none is given: 90 % of the free space, split between the `runs`
     (this one included) on that filesystem, less room for the largest entry (headers and writes in
-    flight); >= 0."""
-    return max(0.0, AUTO_FRACTION * free / max(1, runs) - largest_entry)
+    flight); >= 0.
+
+    `ram_room`: for a filesystem in RAM (tmpfs), the bytes the run's memory budget has left after its RAM
+    tiers; the capacity stays within it, as the tier's bytes are host memory like the CPU tier's."""
+    share = AUTO_FRACTION * free / max(1, runs)
+    if ram_room is not None:
+        share = min(share, ram_room)
+    return max(0.0, share - largest_entry)

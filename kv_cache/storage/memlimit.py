@@ -89,10 +89,19 @@ def cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_
     return best
 
 
-def process_memory_limit() -> MemoryLimit:
-    """The memory this process may still use (see the module docstring)."""
+def process_memory_limit(host_ranks: int = 1) -> MemoryLimit:
+    """The memory this process may still use (see the module docstring), shared equally with the other
+    `host_ranks - 1` ranks of the run on this host (`--processes`, or mpirun's ranks per node): the host's
+    room covers all of them, not each."""
     host = mem_available()
     cg = cgroup_headroom()
-    if cg is not None and cg[0] < host:
-        return MemoryLimit(cg[0], f"cgroup limit {cg[1]}")
-    return MemoryLimit(host, "MemAvailable")
+    limit = MemoryLimit(cg[0], f"cgroup limit {cg[1]}") if cg is not None and cg[0] < host else MemoryLimit(
+        host, "MemAvailable")
+    return share_of_host(limit, host_ranks)
+
+
+def share_of_host(limit: MemoryLimit, host_ranks: int) -> MemoryLimit:
+    """One rank's part of `limit` when `host_ranks` ranks of the run share the host (itself for 1)."""
+    if host_ranks <= 1:
+        return limit
+    return MemoryLimit(limit.available // host_ranks, f"{limit.source} / {host_ranks} ranks on this host")
