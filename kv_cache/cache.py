@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics import names
@@ -30,6 +30,8 @@ from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.faults import StorageFault, describe, is_transient
 
 log = logging.getLogger("kv_cache.cache")
+
+_T = TypeVar("_T")
 
 # Tier names as in the MLPerf tool ('nvme' is the storage tier); statistics use 'storage' for it.
 STAT_NAMES = {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
@@ -374,10 +376,11 @@ class MultiTierCache:
                 continue
             dst = step.dst
             try:
-                read_res, write_res = step.src.store.move_to(entry.key, dst.store, bufs, self.stop)
+                read_res, write_res = self._move_when_room(step.src, dst, entry, bufs)
             except BaseException as exc:
                 # The entry is dropped (not half-kept): its reservation in dst is returned, the source
-                # copy removed, and the failure recorded.
+                # copy removed, and the failure counted like any other operation's (storage errors per
+                # tier and operation, and the error policy, which may stop the run).
                 with self._cond:
                     dst.used -= dst.cost(entry.size)
                     self.entries.pop(entry.key, None)
@@ -389,6 +392,8 @@ class MultiTierCache:
                 if isinstance(exc, OSError):
                     exc = describe(exc, dst.stat_name, "demote", dst.store, entry.key, entry.size)
                 self._note_failure(dst, "demote", exc)
+                if isinstance(exc, Exception) and not isinstance(exc, (OSError, IOAborted)) and self.on_fault:
+                    self.on_fault(self._lost_entry_fault(exc, dst, entry))
                 if isinstance(exc, (IOAborted, StoreFull, OSError)):
                     continue
                 raise
@@ -418,7 +423,31 @@ class MultiTierCache:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
 
-    def _retrying(self, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], IOResult]) -> IOResult:
+    def _move_when_room(self, src: Tier, dst: Tier, entry: Entry, bufs: WorkerBuffers) -> tuple[IOResult, IOResult]:
+        """Demote `entry` from `src` to `dst` with the retries of every other operation; a RAM destination
+        whose slabs are still held by a demotion out of it is waited for, as a write is."""
+        give_up = time.monotonic() + 60.0
+        while True:
+            try:
+                return self._retrying(dst, "demote", entry.key, entry.size,
+                                      lambda: src.store.move_to(entry.key, dst.store, bufs, self.stop))
+            except StoreFull:
+                if self.stop is not None and self.stop.is_set():
+                    raise IOAborted(f"move of {entry.key!r} abandoned at stop while waiting for RAM", 0) from None
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.002)
+
+    @staticmethod
+    def _lost_entry_fault(exc: Exception, tier: Tier, entry: Entry) -> StorageFault:
+        """A demotion that failed without an OSError (no room left in a RAM tier after the wait) as the
+        error policy sees it: an entry lost this way is never left out of the policy's count."""
+        fault = StorageFault(None, f"{tier.stat_name} demote of {entry.key!r} failed: {type(exc).__name__} "
+                             f"({exc}); the entry was dropped", tier.stat_name, "demote", None)
+        fault.__cause__ = exc
+        return fault
+
+    def _retrying(self, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], _T]) -> _T:
         """`call()`, tried again up to `retries` times on a transient error; any OSError left is raised as
         a StorageFault naming the path and the error. A store undoes a failed operation, so a retry starts
         clean."""
