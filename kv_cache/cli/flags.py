@@ -212,6 +212,8 @@ def add_sessions_flags(p: argparse.ArgumentParser) -> None:
       help="Independent seeded replications per (config, sessions) cell; CIs across them (t).")
     a("--slo-ttft-p90", type=float, default=d["slo_ttft_p90"], metavar="S",
       help="SLO on the p90 TTFT of returning turns: effective capacity = largest session count meeting it.")
+    a("--verify", action="store_true", default=d["verify"],
+      help="Every offload-tier read checks each 4 KiB block's stamp (mismatches are storage errors).")
     a("--steady-state", action="store_true", default=d["steady_state"],
       help="Start each rung as a long run would leave it (sessions mid-way, HBM full, evicted blocks in the "
            "tiers, staggered arrivals); the warm-up ends when occupancy is steady (--warmup = its cap).")

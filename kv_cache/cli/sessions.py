@@ -59,6 +59,7 @@ class SessionsFlags:
     replications: int = 1
     slo_ttft_p90: float | None = None
     steady_state: bool = False
+    verify: bool = False
 
 
 def timestamped(name: str, when: datetime) -> str:
@@ -159,6 +160,7 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
+        io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
