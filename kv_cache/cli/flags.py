@@ -18,11 +18,11 @@ from kv_cache.config.run import (
     IO_MODES,
     LOG_LEVELS,
     PERFORMANCE_PROFILES,
-    TRACE_FORMATS,
     defaults,
 )
 from kv_cache.driver.ladder import TIER_CONFIGS
 from kv_cache.engine.replica import LOAD_POLICIES
+from kv_cache.workload.traces import formats as trace_formats
 
 __all__ = ["add_run_flags", "add_sessions_flags", "run_flag_defaults", "sessions_flag_defaults"]
 
@@ -148,8 +148,10 @@ def _add_trace_and_io_flags(p: argparse.ArgumentParser, d: dict[str, object]) ->
     tr = p.add_argument_group("trace replay and KV layout")
     tr.add_argument("--trace", type=str, default=d["trace"],
                     help="Replay a trace: a file, or a directory of WEKA agentic-coding JSON files.")
-    tr.add_argument("--trace-format", default=d["trace_format"], choices=TRACE_FORMATS,
-                    help="Format of --trace (default: detected).")
+    tr.add_argument("--trace-format", default=d["trace_format"],
+                    choices=("auto", *trace_formats.names()),
+                    help="Format of --trace (default: detected): "
+                         + "; ".join(f"{f.name}: {f.summary}" for f in trace_formats.all_formats()) + ".")
     tr.add_argument("--kv-block-tokens", type=int, default=d["kv_block_tokens"],
                     help="0 = one KV entry per request (reference layout); N > 0 = entries of N tokens keyed "
                          "by the prefix hash chain (loads for cached blocks, stores for the rest).")

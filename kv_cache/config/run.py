@@ -30,7 +30,6 @@ __all__ = [
     "LOG_LEVELS",
     "PERFORMANCE_PROFILES",
     "SECTIONS",
-    "TRACE_FORMATS",
     "DriverSettings",
     "OutputSettings",
     "RunSettings",
@@ -46,7 +45,6 @@ PERFORMANCE_PROFILES = ("latency", "throughput")
 AUTOSCALER_MODES = ("qos", "capacity")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GPU_TIERS = ("auto", "real", "simulated", "off")
-TRACE_FORMATS = ("auto", "mooncake", "aiperf", "weka", "bailian", "burstgpt", "sharegpt")
 DEFAULT_MODEL = "llama3.1-8b"
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 
