@@ -22,9 +22,15 @@ from kv_cache.config.run import (
 )
 from kv_cache.driver.ladder import TIER_CONFIGS
 from kv_cache.engine.replica import LOAD_POLICIES
+from kv_cache.specs import gpu_specs
 from kv_cache.workload.traces import formats as trace_formats
 
 __all__ = ["add_run_flags", "add_sessions_flags", "run_flag_defaults", "sessions_flag_defaults"]
+
+
+def _gpu_keys() -> str:
+    """The built-in GPU spec keys (kv_cache/specs/gpus.yaml), for the help."""
+    return ", ".join(gpu_specs())
 
 
 def run_flag_defaults(now: datetime | None = None) -> dict[str, object]:
@@ -134,8 +140,8 @@ def _add_tier_flags(p: argparse.ArgumentParser, d: dict[str, object]) -> None:
         help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
              "copy times), off; auto = real where CUDA is present, else simulated.")
     add("--gpu-type", type=str, default=d["gpu_type"],
-        help="GPU spec (config gpus key: a100, h100, h200, b200, l40s) whose host link and HBM bandwidth "
-             "model the simulated GPU tier.")
+        help=f"GPU spec ({_gpu_keys()}, or a key the config's gpus section adds) whose host link and HBM "
+             "bandwidth model the simulated GPU tier.")
     add("--gds", action="store_true", default=d["gds"],
         help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU tier).")
     add("--cpu-mem-gb", type=float, default=d["cpu_mem_gb"], help="CPU tier budget, GiB.")
@@ -176,7 +182,7 @@ def add_sessions_flags(p: argparse.ArgumentParser) -> None:
     a("--config", default=d["config"],
       help="YAML config (sections sessions, gpus, inference_model, model_configs).")
     a("--model", default=d["model"], help="Model key.")
-    a("--gpu", default=d["gpu"], help="GPU spec key from the config's gpus section (a100, h100, h200, b200, l40s).")
+    a("--gpu", default=d["gpu"], help=f"GPU spec ({_gpu_keys()}, or a key the config's gpus section adds).")
     a("--gpu-mem-gb", type=float, default=d["gpu_mem_gb"], help="HBM per GPU in GiB (0 = the GPU spec's).")
     a("--num-gpus", type=int, default=d["num_gpus"], help="GPUs; replicas = num-gpus / tensor-parallel.")
     a("--tensor-parallel", type=int, default=d["tensor_parallel"], help="GPUs per model replica.")
