@@ -21,7 +21,7 @@ from typing import Any
 
 from kv_cache.cache import CapacityError
 from kv_cache.config.run import RunSettings
-from kv_cache.driver.autoscale import Autoscaler
+from kv_cache.driver import shapes
 from kv_cache.driver.group import RankGroup, open_group, shared_filesystem_count
 from kv_cache.driver.scheduler import Driver, DriverOutcome
 from kv_cache.driver.setup import driver_options, io_worker_count, run_phases, start_tracing
@@ -144,8 +144,9 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None
     users = factory.build(0, settings.num_users) if trace is None else (trace.sessions or [])
-    autoscaler = (Autoscaler(settings.autoscaler_mode, settings.target_saturation, cfg.autoscaler,
-                             cfg.saturation_detection, settings.num_users)
+    autoscaler = (shapes.build(settings.autoscaler_mode, shapes.ShapeRequest(
+                      settings.num_users, target_saturation=settings.target_saturation, scaler_cfg=cfg.autoscaler,
+                      saturation_cfg=cfg.saturation_detection))
                   if settings.enable_autoscaling else None)
     contexts = [u.profile.context_length for u in users] if trace is None else []
     print_banner(settings, contexts, workers, stores.file_store, out)

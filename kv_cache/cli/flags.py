@@ -11,7 +11,6 @@ from datetime import datetime
 from kv_cache import __version__
 from kv_cache.cli.sessions import SessionsFlags, timestamped
 from kv_cache.config.run import (
-    AUTOSCALER_MODES,
     DEFAULT_MODEL,
     GENERATION_MODES,
     GPU_TIERS,
@@ -20,6 +19,7 @@ from kv_cache.config.run import (
     PERFORMANCE_PROFILES,
     defaults,
 )
+from kv_cache.driver import shapes
 from kv_cache.driver.ladder import TIER_CONFIGS
 from kv_cache.engine.replica import LOAD_POLICIES
 from kv_cache.specs import gpu_specs
@@ -81,8 +81,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     add("--rag-num-docs", type=int, default=d["rag_num_docs"], help="Number of RAG documents to ingest.")
     add("--enable-autoscaling", action="store_true", default=d["enable_autoscaling"],
         help="Enable workload autoscaling.")
-    add("--autoscaler-mode", type=str, default=d["autoscaler_mode"], choices=AUTOSCALER_MODES,
-        help="Autoscaling strategy.")
+    add("--autoscaler-mode", type=str, default=d["autoscaler_mode"], choices=shapes.autoscaler_modes(),
+        help="Autoscaling strategy: " + "; ".join(f"{s.name}: {s.summary}" for s in shapes.all_shapes()
+                                                  if s.autoscaling) + ".")
     add("--target-saturation", type=float, default=d["target_saturation"],
         help="Target storage saturation (0.0-1.0).")
     add("--use-burst-trace", action="store_true", default=d["use_burst_trace"],

@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.models import GPUSpec, ModelConfig
 
 __all__ = [
-    "AUTOSCALER_MODES",
     "DEFAULT_MODEL",
     "GENERATION_MODES",
     "GPU_TIERS",
@@ -42,7 +41,6 @@ __all__ = [
 
 GENERATION_MODES = ("none", "fast", "realistic")
 PERFORMANCE_PROFILES = ("latency", "throughput")
-AUTOSCALER_MODES = ("qos", "capacity")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GPU_TIERS = ("auto", "real", "simulated", "off")
 DEFAULT_MODEL = "llama3.1-8b"

@@ -18,7 +18,8 @@ from typing import Any
 
 from kv_cache.config.run import StorageSettings, TierSettings
 from kv_cache.config.sections import EvictionConfig
-from kv_cache.driver.autoscale import ConstantShape, IntervalSample, LoadShape
+from kv_cache.driver import shapes
+from kv_cache.driver.autoscale import IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
 from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
@@ -139,7 +140,8 @@ class RungRun:
         self.sessions = sessions
         # A rung holds its session count; another shape may move it at monitor ticks (slots join or leave
         # when their current turn ends).
-        self.shape = shape or ConstantShape(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1))
+        self.shape = shape or shapes.build(
+            "constant", shapes.ShapeRequest(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1)))
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
