@@ -28,13 +28,15 @@ from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import DataCorruption, IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.faults import StorageFault, describe, is_transient
+from kv_cache.storage.tiername import TierName
 
 log = logging.getLogger("kv_cache.cache")
 
 _T = TypeVar("_T")
 
-# Tier names as in the MLPerf tool ('nvme' is the storage tier); statistics use 'storage' for it.
-STAT_NAMES = {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
+# Tier names as in the MLPerf tool ('nvme' is the storage tier); statistics use 'storage' for it. Both are
+# spellings of one TierName (storage/tiername.py); this map is the MLPerf name -> statistics name.
+STAT_NAMES = {t.legacy: t.value for t in TierName}
 
 
 class CacheRead(NamedTuple):
@@ -59,7 +61,7 @@ class Entry:
 
 @dataclass(eq=False)
 class Tier:
-    name: str  # 'gpu' | 'cpu' | 'nvme'
+    name: str  # the MLPerf name of its TierName: 'gpu' | 'cpu' | 'nvme'
     store: Store
     limit: float  # bytes; math.inf = unlimited
     used: int = 0  # reserved bytes (entries present + writes/moves in flight)
@@ -68,8 +70,12 @@ class Tier:
     lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
 
     @property
+    def kind(self) -> TierName:
+        return TierName.of(self.name)
+
+    @property
     def stat_name(self) -> str:
-        return STAT_NAMES[self.name]
+        return self.kind.value
 
     def cost(self, nbytes: int) -> int:
         """Bytes of this tier's capacity an entry occupies (a RAM arena allocates whole slabs)."""
@@ -407,9 +413,9 @@ class MultiTierCache:
             self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key)
             self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key)
             self.metrics.count(names.EVICTIONS)
-            if dst.name == "cpu":
+            if dst.kind is TierName.CPU:
                 self.metrics.count(names.OFFLOADS_CPU)
-            elif dst.name == "nvme":
+            elif dst.kind is TierName.STORAGE:
                 self.metrics.count(names.OFFLOADS_STORAGE)
             spent += read_res.total_ns + write_res.total_ns
         return spent
@@ -419,7 +425,7 @@ class MultiTierCache:
         if self.tracer is not None:
             self.tracer.log(op, res.nbytes, tier.name, key, cause)
         ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause)
-        if ok and tier.name == "nvme":
+        if ok and tier.kind is TierName.STORAGE:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
 

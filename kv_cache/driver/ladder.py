@@ -42,6 +42,7 @@ from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import mean_ci, percentile
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet
+from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
 
 log = logging.getLogger("kv_cache.sessions")
@@ -410,8 +411,9 @@ class RungRun:
         load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
         recompute_tok = sum(r.recomputed_tokens for _, r in done)
         source_total = max(1, hit_tok + load_tok + recompute_tok)
-        st_r, st_w = self.metrics.tier_op("storage", "read"), self.metrics.tier_op("storage", "write")
-        cpu_r, cpu_w = self.metrics.tier_op("cpu", "read"), self.metrics.tier_op("cpu", "write")
+        storage, cpu = TierName.STORAGE.value, TierName.CPU.value
+        st_r, st_w = self.metrics.tier_op(storage, "read"), self.metrics.tier_op(storage, "write")
+        cpu_r, cpu_w = self.metrics.tier_op(cpu, "read"), self.metrics.tier_op(cpu, "write")
         new_done = [r.new_tokens for _, r in done]
         new_offered = [n for _, n in offered]
         result = {
