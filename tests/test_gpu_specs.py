@@ -16,7 +16,7 @@ def _help(parser, flag):
 
 def test_the_shipped_table_is_the_data_file():
     assert GPU_SPECS is specs.gpu_specs()
-    assert list(GPU_SPECS) == ["a100", "h100", "h200", "b200", "l40s"]
+    assert list(GPU_SPECS)[:5] == ["a100", "h100", "h200", "b200", "l40s"]  # (a new GPU adds to them)
     h100 = GPU_SPECS["h100"]
     assert (h100.hbm_gb, h100.hbm_bandwidth_gbs, h100.peak_dense_tflops, h100.host_link_gbs) == (80, 3350, 989, 64)
 
