@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.cache import CapacityError, MultiTierCache
+from kv_cache.cache import CapacityError
 from kv_cache.config.run import RunSettings
-from kv_cache.driver.autoscale import Autoscaler
+from kv_cache.driver import shapes
 from kv_cache.driver.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.driver.scheduler import Driver, DriverOutcome
 from kv_cache.driver.setup import driver_options, io_worker_count, run_phases, start_tracing
@@ -33,8 +33,9 @@ from kv_cache.report.document import RunRecord, build_results, interrupted_resul
 from kv_cache.report.parameters import run_mode
 from kv_cache.report.progress import make_progress
 from kv_cache.report.run_outputs import write_merged, write_outputs
+from kv_cache.serving.build import open_cache
+from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.storage.blockdev import BlockDeviceCounter
-from kv_cache.tiers import TierSet, largest_entry, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -137,18 +138,17 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     run.run_id = shared_run_id(run.group)
-    open_tiers(settings.tiers, settings.storage, settings.io_trace_log, run.stores, workers,
-               largest_entry(settings), buffers, sharers=sharers)
+    cache = open_cache(settings.tiers, settings.storage, cfg.eviction, run.metrics, settings.model.bytes_per_token,
+                       run.stop, run.stores, io_trace_log=settings.io_trace_log, workers=workers,
+                       largest_entry=largest_entry(settings), other_bytes=buffers, sharers=sharers)
     stores, tiers = run.stores, run.stores.tiers
-    cache = MultiTierCache(tiers, cfg.eviction, run.metrics,
-                           settings.model.bytes_per_token, run.stop, tracer=stores.tracer,
-                           retries=settings.storage.io_retries, verify=settings.storage.verify)
     rag = RagCorpus(cfg.rag) if settings.enable_rag else None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None
     users = factory.build(0, settings.num_users) if trace is None else (trace.sessions or [])
-    autoscaler = (Autoscaler(settings.autoscaler_mode, settings.target_saturation, cfg.autoscaler,
-                             cfg.saturation_detection, settings.num_users)
+    autoscaler = (shapes.build(settings.autoscaler_mode, shapes.ShapeRequest(
+                      settings.num_users, target_saturation=settings.target_saturation, scaler_cfg=cfg.autoscaler,
+                      saturation_cfg=cfg.saturation_detection))
                   if settings.enable_autoscaling else None)
     contexts = [u.profile.context_length for u in users] if trace is None else []
     print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)

@@ -79,6 +79,10 @@ def load_trace_sessions(s: SessionsSettings) -> tuple[LadderSettings, list[Sessi
     return dataclasses.replace(ls, block_tokens=scripts[0].block_tokens, shared_prefix_tokens=0), scripts
 
 
+class LadderStopped(Exception):
+    """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
+
+
 REPLICATION_SEED_STRIDE = 7919  # replication k runs with seed + k x this (k = 0: the given seed)
 
 
@@ -109,6 +113,10 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
         lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
         rung = RungRun(lsk, tier, n, supply(lsk.seed))
         result = rung.run()
+        if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
+            rungs.append(result)
+            out.write(" stopped by a storage error\n")
+            raise LadderStopped(result["storage_error"])
         result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
         reps.append(result)
         progress.done += 1
@@ -194,6 +202,10 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
         body, code = ({"rungs": done_rungs, "summary": None, "interrupted": True,
                        "warnings": rung_warnings(done_rungs, None)}, ExitCode.INTERRUPTED)
+    except LadderStopped as exc:  # keep what was measured, say why it stopped, exit 3
+        sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {exc}\n")
+        body, code = ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
+                       "warnings": rung_warnings(done_rungs, None)}, ExitCode.STORAGE_ERROR)
     results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics import names
@@ -28,11 +28,15 @@ from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import DataCorruption, IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.faults import StorageFault, describe, is_transient
+from kv_cache.storage.tiername import TierName
 
 log = logging.getLogger("kv_cache.cache")
 
-# Tier names as in the MLPerf tool ('nvme' is the storage tier); statistics use 'storage' for it.
-STAT_NAMES = {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
+_T = TypeVar("_T")
+
+# Tier names as in the MLPerf tool ('nvme' is the storage tier); statistics use 'storage' for it. Both are
+# spellings of one TierName (storage/tiername.py); this map is the MLPerf name -> statistics name.
+STAT_NAMES = {t.legacy: t.value for t in TierName}
 
 
 class CacheRead(NamedTuple):
@@ -57,7 +61,7 @@ class Entry:
 
 @dataclass(eq=False)
 class Tier:
-    name: str  # 'gpu' | 'cpu' | 'nvme'
+    name: str  # the MLPerf name of its TierName: 'gpu' | 'cpu' | 'nvme'
     store: Store
     limit: float  # bytes; math.inf = unlimited
     used: int = 0  # reserved bytes (entries present + writes/moves in flight)
@@ -66,8 +70,12 @@ class Tier:
     lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
 
     @property
+    def kind(self) -> TierName:
+        return TierName.of(self.name)
+
+    @property
     def stat_name(self) -> str:
-        return STAT_NAMES[self.name]
+        return self.kind.value
 
     def cost(self, nbytes: int) -> int:
         """Bytes of this tier's capacity an entry occupies (a RAM arena allocates whole slabs)."""
@@ -374,10 +382,11 @@ class MultiTierCache:
                 continue
             dst = step.dst
             try:
-                read_res, write_res = step.src.store.move_to(entry.key, dst.store, bufs, self.stop)
+                read_res, write_res = self._move_when_room(step.src, dst, entry, bufs)
             except BaseException as exc:
                 # The entry is dropped (not half-kept): its reservation in dst is returned, the source
-                # copy removed, and the failure recorded.
+                # copy removed, and the failure counted like any other operation's (storage errors per
+                # tier and operation, and the error policy, which may stop the run).
                 with self._cond:
                     dst.used -= dst.cost(entry.size)
                     self.entries.pop(entry.key, None)
@@ -389,6 +398,8 @@ class MultiTierCache:
                 if isinstance(exc, OSError):
                     exc = describe(exc, dst.stat_name, "demote", dst.store, entry.key, entry.size)
                 self._note_failure(dst, "demote", exc)
+                if isinstance(exc, Exception) and not isinstance(exc, (OSError, IOAborted)) and self.on_fault:
+                    self.on_fault(self._lost_entry_fault(exc, dst, entry))
                 if isinstance(exc, (IOAborted, StoreFull, OSError)):
                     continue
                 raise
@@ -402,9 +413,9 @@ class MultiTierCache:
             self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key)
             self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key)
             self.metrics.count(names.EVICTIONS)
-            if dst.name == "cpu":
+            if dst.kind is TierName.CPU:
                 self.metrics.count(names.OFFLOADS_CPU)
-            elif dst.name == "nvme":
+            elif dst.kind is TierName.STORAGE:
                 self.metrics.count(names.OFFLOADS_STORAGE)
             spent += read_res.total_ns + write_res.total_ns
         return spent
@@ -414,11 +425,35 @@ class MultiTierCache:
         if self.tracer is not None:
             self.tracer.log(op, res.nbytes, tier.name, key, cause)
         ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause)
-        if ok and tier.name == "nvme":
+        if ok and tier.kind is TierName.STORAGE:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
 
-    def _retrying(self, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], IOResult]) -> IOResult:
+    def _move_when_room(self, src: Tier, dst: Tier, entry: Entry, bufs: WorkerBuffers) -> tuple[IOResult, IOResult]:
+        """Demote `entry` from `src` to `dst` with the retries of every other operation; a RAM destination
+        whose slabs are still held by a demotion out of it is waited for, as a write is."""
+        give_up = time.monotonic() + 60.0
+        while True:
+            try:
+                return self._retrying(dst, "demote", entry.key, entry.size,
+                                      lambda: src.store.move_to(entry.key, dst.store, bufs, self.stop))
+            except StoreFull:
+                if self.stop is not None and self.stop.is_set():
+                    raise IOAborted(f"move of {entry.key!r} abandoned at stop while waiting for RAM", 0) from None
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.002)
+
+    @staticmethod
+    def _lost_entry_fault(exc: Exception, tier: Tier, entry: Entry) -> StorageFault:
+        """A demotion that failed without an OSError (no room left in a RAM tier after the wait) as the
+        error policy sees it: an entry lost this way is never left out of the policy's count."""
+        fault = StorageFault(None, f"{tier.stat_name} demote of {entry.key!r} failed: {type(exc).__name__} "
+                             f"({exc}); the entry was dropped", tier.stat_name, "demote", None)
+        fault.__cause__ = exc
+        return fault
+
+    def _retrying(self, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], _T]) -> _T:
         """`call()`, tried again up to `retries` times on a transient error; any OSError left is raised as
         a StorageFault naming the path and the error. A store undoes a failed operation, so a retry starts
         clean."""

@@ -6,6 +6,8 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kv_cache.specs import GIB, GPUSpec, gpu_specs  # noqa: F401  (re-exported: the GPU table is data, kv_cache/specs/gpus.yaml)
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 ATTENTION_TYPES = ("mha", "gqa", "mla")
 
@@ -173,96 +175,11 @@ SESSION_MODELS: Mapping[str, ModelConfig] = types.MappingProxyType(
     }
 )
 
-GIB = 1024**3
 
 
-@dataclass(frozen=True)
-class GPUSpec:
-    """One GPU's datasheet numbers.
-
-    - ``hbm_gb``: device memory in GiB (2**30 bytes). Datasheet "GB" of HBM are binary: an "80GB" A100 or
-      H100 reports 81,920 MiB;
-    - ``hbm_bandwidth_gbs``: peak memory bandwidth, GB/s (10**9 bytes/s, as datasheets give it);
-    - ``peak_dense_tflops``: peak BF16/FP16 tensor-core TFLOP/s, DENSE (datasheets often headline the 2:4
-      sparsity figure, twice this);
-    - ``source``: where the numbers come from;
-    - ``host_link`` / ``host_link_gbs``: the GPU's link to host memory and its peak bandwidth PER DIRECTION,
-      GB/s (datasheets give PCIe as the bidirectional sum: "PCIe Gen5 128GB/s" = 64 GB/s each way); the
-      simulated GPU tier models host<->HBM copies with it (0 = unknown: no simulated tier for that GPU);
-    - ``host_link_source``: where the link figure comes from.
-    """
-
-    name: str
-    hbm_gb: float
-    hbm_bandwidth_gbs: float
-    peak_dense_tflops: float
-    source: str = ""
-    host_link: str = ""
-    host_link_gbs: float = 0.0
-    host_link_source: str = ""
-
-    @property
-    def hbm_bytes(self) -> float:
-        return self.hbm_gb * GIB
-
-
-# Built-in GPUs (config.yaml `gpus:` lists the same values; a config may override fields or add GPUs).
-GPU_SPECS: Mapping[str, GPUSpec] = types.MappingProxyType(
-    {
-        "a100": GPUSpec(
-            "NVIDIA A100 80GB SXM",
-            80.0,
-            2039.0,
-            312.0,
-            "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): 80GB HBM2e, 2,039 GB/s, "
-            "BF16 312 TFLOPS dense (624 sparse)",
-            host_link="PCIe Gen4 x16",
-            host_link_gbs=32.0,
-            host_link_source="NVIDIA A100 datasheet: PCIe Gen4 64GB/s (both directions) -> 32 GB/s each way"
-        ),
-        "h100": GPUSpec(
-            "NVIDIA H100 SXM 80GB",
-            80.0,
-            3350.0,
-            989.0,
-            "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): 80GB HBM3, 3.35 TB/s, "
-            "BF16 1,979 TFLOPS with sparsity = 989 dense",
-            host_link="PCIe Gen5 x16",
-            host_link_gbs=64.0,
-            host_link_source="NVIDIA H100 datasheet: H100 SXM PCIe Gen5 128GB/s (both directions) -> 64 GB/s each way"
-        ),
-        "h200": GPUSpec(
-            "NVIDIA H200 SXM 141GB",
-            141.0,
-            4800.0,
-            989.0,
-            "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 141GB HBM3e, 4.8 TB/s, "
-            "BF16 1,979 TFLOPS with sparsity = 989 dense",
-            host_link="PCIe Gen5 x16",
-            host_link_gbs=64.0,
-            host_link_source="NVIDIA H200 datasheet: PCIe Gen5 128GB/s (both directions) -> 64 GB/s each way"
-        ),
-        "b200": GPUSpec(
-            "NVIDIA B200 (HGX B200, per GPU)",
-            180.0,
-            8000.0,
-            2250.0,
-            "NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx): 8 GPUs, 1,440GB HBM3e, 64 TB/s, "
-            "FP16/BF16 36 PFLOPS with sparsity -> per GPU 180GB, 8 TB/s, 2,250 TFLOPS dense",
-            host_link="PCIe Gen5 x16",
-            host_link_gbs=64.0,
-            host_link_source="NVIDIA DGX B200 / HGX B200: GPUs attach to the host over PCIe Gen5 x16, 128GB/s (both directions) -> 64 GB/s each way"
-        ),
-        "l40s": GPUSpec(
-            "NVIDIA L40S 48GB",
-            48.0,
-            864.0,
-            362.0,
-            "NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): 48GB GDDR6, 864 GB/s, "
-            "BF16 362.05 TFLOPS dense (733 sparse)",
-            host_link="PCIe Gen4 x16",
-            host_link_gbs=32.0,
-            host_link_source="NVIDIA L40S datasheet: PCIe Gen4 x16 64GB/s bidirectional -> 32 GB/s each way"
-        ),
-    }
-)
+def __getattr__(name: str):
+    """GPU_SPECS: the built-in GPUs, read from kv_cache/specs/gpus.yaml when first asked for (a config's
+    `gpus:` section overlays them)."""
+    if name == "GPU_SPECS":
+        return gpu_specs()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

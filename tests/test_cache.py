@@ -223,3 +223,15 @@ def test_concurrent_mixed_load_keeps_accounting_exact():
     check_accounting(cache)
     for t in cache.tiers:
         assert t.used >= 0 and not any(e.readers or e.moving or e.writing for e in t.lru.values())
+
+
+def test_one_tier_name_type_maps_the_mlperf_and_statistics_names():
+    from kv_cache.cache import STAT_NAMES
+    from kv_cache.storage.tiername import TierName
+
+    assert STAT_NAMES == {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}
+    assert TierName.of("nvme") is TierName.of("storage") is TierName.STORAGE and TierName.STORAGE.legacy == "nvme"
+    assert Tier("nvme", None, 1).kind is TierName.STORAGE and Tier("nvme", None, 1).stat_name == "storage"
+    assert f"{TierName.CPU}" == "cpu" and TierName.GPU == "gpu"
+    with pytest.raises(ValueError, match="unknown tier 'ssd'"):
+        TierName.of("ssd")

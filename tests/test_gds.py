@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 
+from kv_cache.storage import gds as gds_mod
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.gds import GDSFileStore, compat_mode
@@ -129,14 +130,14 @@ def test_gds_flag_needs_the_real_gpu_tier(monkeypatch):
 
 
 def test_tiers_open_a_gds_store_only_behind_a_real_gpu_tier(tmp_path, monkeypatch):
-    from kv_cache import tiers
     from kv_cache.config.run import StorageSettings, TierSettings
     from kv_cache.errors import StorageSetupError
+    from kv_cache.serving import tiers
     from kv_cache.storage.gpu_real import DeviceStore
 
     settings = TierSettings(gpu_mem_gb=0.001, cpu_mem_gb=0.0, cache_dir=str(tmp_path), gds=True)
     storage = StorageSettings(chunk_bytes=CHUNK, fsync=False, io_mode="buffered")
-    monkeypatch.setattr(tiers, "import_kvikio", fake_kvikio)
+    monkeypatch.setattr(gds_mod, "import_kvikio", fake_kvikio)
     ts = tiers.TierSet([])
     ts.gpu_store = DeviceStore([FakeDevice()], 256 * KIB, CHUNK, slab_bytes=16 * KIB)
     try:

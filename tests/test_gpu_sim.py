@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from kv_cache import tiers as tiers_mod
 from kv_cache.cache import MultiTierCache, Tier
 from kv_cache.config.run import StorageSettings, TierSettings
 from kv_cache.config.sections import EvictionConfig
@@ -12,6 +11,8 @@ from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.models import GPU_SPECS
 from kv_cache.report.console import gpu_tier_lines
+from kv_cache.serving import tiers as tiers_mod
+from kv_cache.storage import gpu_device
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel
 from kv_cache.storage.memory import MemoryStore
@@ -114,7 +115,7 @@ def tier_settings(**kw):
 
 
 def test_auto_without_cuda_opens_a_simulated_tier_and_says_so(monkeypatch):
-    monkeypatch.setattr(tiers_mod, "cuda_status", lambda n=1: (False, "no CUDA device visible to torch"))
+    monkeypatch.setattr(gpu_device, "cuda_status", lambda n=1: (False, "no CUDA device visible to torch"))
     ts = tiers_mod.TierSet([])
     try:
         tiers_mod.open_gpu_store(tier_settings(), StorageSettings(), ts)

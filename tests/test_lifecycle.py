@@ -76,9 +76,9 @@ def test_many_users_do_not_create_threads(quick_settings, sink):
 
 @pytest.mark.slow  # a real run (wall clock)
 def test_gpu_request_without_cuda_runs_a_simulated_tier_and_says_so(quick_settings, sink, monkeypatch):
-    from kv_cache import tiers
+    from kv_cache.storage import gpu_device
 
-    monkeypatch.setattr(tiers, "cuda_status", lambda n=1: (False, "no CUDA device"))
+    monkeypatch.setattr(gpu_device, "cuda_status", lambda n=1: (False, "no CUDA device"))
     results, _ = execute(quick_settings("--gpu-mem-gb", "0.05"), sink)
     notes = results["measurement"]["notes"]
     assert len([n for n in notes if "GPU tier: SIMULATED" in n]) == 1

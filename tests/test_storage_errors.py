@@ -128,3 +128,78 @@ def test_persistent_eio_stops_the_run_with_exit_3_and_full_results(quick_setting
     assert read["by_error"]["EIO"] == read["failed"] > 0 and read["retried"] == 3 * read["failed"]
     assert "summary" in results or "requests_completed" in results
     assert "Storage errors, storage read" in sink.getvalue()
+
+
+class FlakyMoves:
+    """Wraps an upper tier's store: its next `fail` demotions out of it raise OSError(code)."""
+
+    def __init__(self, store, fail: int, code: int = errno.EIO):
+        self.store, self.fail, self.code = store, fail, code
+        self.name = store.name
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def __contains__(self, key):
+        return key in self.store
+
+    def move_to(self, key, dst, bufs, stop=None):
+        if self.fail > 0:
+            self.fail -= 1
+            raise OSError(self.code, errno.errorcode[self.code])
+        return self.store.move_to(key, dst, bufs, stop)
+
+
+def _two_tier_cache(fail: int, retries: int, faults: list):
+    metrics = RunMetrics()
+    metrics.open_window()
+    upper = FlakyMoves(MemoryStore(1 << 20, slab_bytes=16 * KIB), fail)
+    lower = MemoryStore(1 << 20, slab_bytes=16 * KIB)
+    tiers = [Tier("cpu", upper, 40 * KIB), Tier("nvme", lower, math.inf)]
+    return MultiTierCache(tiers, EvictionConfig(), metrics, KIB, retries=retries, on_fault=faults.append), metrics
+
+
+def test_a_demotion_is_retried_like_any_other_operation(bufs):
+    faults = []
+    cache, metrics = _two_tier_cache(fail=1, retries=2, faults=faults)
+    for i in range(3):  # the third entry pushes the first one down to the storage tier
+        cache.allocate(f"k{i}", 16, 16 * KIB, bufs)
+    assert cache.entries["k0"].location == "nvme" and "k0" in cache.tier("nvme").store
+    table = metrics.storage_error_table()
+    assert table["storage"]["demote"] == {"failed": 0, "retried": 1, "by_error": {}}
+    assert faults == []
+
+
+def test_a_failed_demotion_is_a_storage_error_the_policy_sees(bufs):
+    faults = []
+    cache, metrics = _two_tier_cache(fail=10, retries=2, faults=faults)
+    alarms = []
+    cache.on_fault = ErrorPolicy(0, alarms.append)
+    for i in range(3):
+        cache.allocate(f"k{i}", 16, 16 * KIB, bufs)
+    assert "k0" not in cache.entries  # the entry is gone from every tier ...
+    table = metrics.storage_error_table()
+    assert table["storage"]["demote"] == {"failed": 1, "retried": 2, "by_error": {"EIO": 1}}  # ... and counted
+    assert len(alarms) == 1 and "storage demote" in alarms[0]  # the policy saw it and stops the run
+    assert cache.tier("cpu").used == sum(cache.tier("cpu").cost(e.size) for e in cache.tier("cpu").lru.values())
+
+
+def test_a_demotion_that_finds_no_ram_is_a_fault_for_the_policy(bufs, monkeypatch):
+    from kv_cache import cache as cache_mod
+    from kv_cache.storage.base import StoreFull
+
+    faults = []
+    cache, metrics = _two_tier_cache(fail=0, retries=0, faults=faults)
+    monkeypatch.setattr(cache_mod.time, "sleep", lambda s: None)
+    clock = iter(range(0, 10_000, 100))  # each look at the clock is 100 s later: the wait gives up at once
+    monkeypatch.setattr(cache_mod.time, "monotonic", lambda: float(next(clock)))
+
+    def full(*args, **kwargs):
+        raise StoreFull("no free slabs")
+
+    cache.tiers[0].store.move_to = full
+    for i in range(3):
+        cache.allocate(f"k{i}", 16, 16 * KIB, bufs)
+    assert "k0" not in cache.entries
+    assert metrics.storage_error_table()["storage"]["demote"]["by_error"] == {"StoreFull": 1}
+    assert len(faults) == 1 and isinstance(faults[0], StorageFault) and "dropped" in str(faults[0])

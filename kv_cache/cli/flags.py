@@ -14,6 +14,9 @@ from kv_cache import __version__
 from kv_cache.cli.sessions import SessionsFlags, timestamped
 from kv_cache.config.fields import Flag, field_default, flag_of
 from kv_cache.config.run import SECTIONS, RunSettings, SourceFlags
+from kv_cache.driver import shapes
+from kv_cache.specs import gpu_specs
+from kv_cache.workload.traces import formats as trace_formats
 
 __all__ = ["add_run_flags", "add_sessions_flags", "flags_of", "run_flag_defaults", "sessions_flag_defaults"]
 
@@ -48,6 +51,26 @@ def sessions_flag_defaults(now: datetime | None = None) -> dict[str, object]:
     return _defaults((SessionsFlags,), now)
 
 
+def _load_shapes(kw: dict[str, object]) -> dict[str, object]:
+    listed = "; ".join(f"{s.name}: {s.summary}" for s in shapes.all_shapes() if s.autoscaling)
+    return {**kw, "choices": shapes.autoscaler_modes(), "help": f"{kw.get('help', '')} {listed}.".strip()}
+
+
+def _trace_formats(kw: dict[str, object]) -> dict[str, object]:
+    listed = "; ".join(f"{f.name}: {f.summary}" for f in trace_formats.all_formats())
+    return {**kw, "choices": ("auto", *trace_formats.names()), "help": f"{kw.get('help', '')} {listed}.".strip()}
+
+
+def _gpu_specs(kw: dict[str, object]) -> dict[str, object]:
+    """No choices: a config's `gpus:` section may add keys; the help lists the built-in ones."""
+    keys = ", ".join(gpu_specs())
+    return {**kw, "help": f"{kw.get('help', '')} Built in: {keys}; a config's gpus section may add more.".strip()}
+
+
+# Flags whose choices and help come from a registry (Flag.registry): a new entry is listed with no edit here.
+_REGISTRIES = {"load_shapes": _load_shapes, "trace_formats": _trace_formats, "gpu_specs": _gpu_specs}
+
+
 def _add(p: argparse.ArgumentParser, classes: tuple[type, ...]) -> None:
     """One `add_argument` per flag of `classes`; a flag with a group goes under that --help heading."""
     defaults = _defaults(classes, None)
@@ -56,7 +79,10 @@ def _add(p: argparse.ArgumentParser, classes: tuple[type, ...]) -> None:
         target = p if flag.group is None else groups.get(flag.group)
         if target is None:
             target = groups[flag.group] = p.add_argument_group(flag.group)
-        target.add_argument(flag.name, default=defaults[flag.dest], **flag.argparse_kwargs())
+        kwargs = flag.argparse_kwargs()
+        if flag.registry is not None:
+            kwargs = _REGISTRIES[flag.registry](kwargs)
+        target.add_argument(flag.name, default=defaults[flag.dest], **kwargs)
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ class SessionsFlags:
         "--config", help="YAML config (sections sessions, gpus, inference_model, model_configs)."))
     model: str = setting("llama3.1-8b", flag=Flag("--model", help="Model key."))
     gpu: str = setting("h100", flag=Flag(
-        "--gpu", help="GPU spec key from the config's gpus section (a100, h100, h200, b200, l40s)."))
+        "--gpu", registry="gpu_specs", help="GPU spec."))
     gpu_mem_gb: float = setting(0.0, flag=Flag(
         "--gpu-mem-gb", type=float, help="HBM per GPU in GiB (0 = the GPU spec's)."))  # 0 = the GPU spec's HBM
     num_gpus: int = setting(1, flag=Flag(
@@ -90,6 +90,9 @@ class SessionsFlags:
     slo_ttft_p90: float | None = setting(None, flag=Flag(
         "--slo-ttft-p90", type=float, metavar="S",
         help="SLO on the p90 TTFT of returning turns: effective capacity = largest session count meeting it."))
+    verify: bool = setting(False, flag=Flag(
+        "--verify", action="store_true",
+        help="Every offload-tier read checks each 4 KiB block's stamp (mismatches are storage errors)."))
     steady_state: bool = setting(False, flag=Flag(
         "--steady-state", action="store_true",
         help="Start each rung as a long run would leave it (sessions mid-way, HBM full, evicted blocks in the "
@@ -194,6 +197,7 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
+        io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,

@@ -102,7 +102,9 @@ class Flag:
 
     `group`: the --help section it is listed under (None: the main list). `default`: the flag's own
     default where it is not the setting's (`NOT_SET` = the setting's); e.g. None for "as the config file
-    says". `invert`: a `--disable-X` switch, whose value is `not` the setting's."""
+    says". `invert`: a `--disable-X` switch, whose value is `not` the setting's. `registry`: the registry whose
+    entries are the flag's choices and are listed in its help (`load_shapes`, `trace_formats`, `gpu_specs`);
+    the CLI fills them in, since settings sit below every registry in the layers."""
 
     name: str
     help: str | None = None
@@ -113,6 +115,7 @@ class Flag:
     group: str | None = None
     default: Any = NOT_SET
     invert: bool = False
+    registry: str | None = None
 
     @property
     def dest(self) -> str:

@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.models import GPUSpec, ModelConfig
 
 __all__ = [
-    "AUTOSCALER_MODES",
     "DEFAULT_MODEL",
     "GENERATION_MODES",
     "GPU_TIERS",
@@ -32,7 +31,6 @@ __all__ = [
     "LOG_LEVELS",
     "PERFORMANCE_PROFILES",
     "SECTIONS",
-    "TRACE_FORMATS",
     "DriverSettings",
     "OutputSettings",
     "RunSettings",
@@ -45,10 +43,8 @@ __all__ = [
 
 GENERATION_MODES = ("none", "fast", "realistic")
 PERFORMANCE_PROFILES = ("latency", "throughput")
-AUTOSCALER_MODES = ("qos", "capacity")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GPU_TIERS = ("auto", "real", "simulated", "off")
-TRACE_FORMATS = ("auto", "mooncake", "aiperf", "weka", "bailian", "burstgpt", "sharegpt")
 DEFAULT_MODEL = "llama3.1-8b"
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 _ENGINE = "storage engine (override the config 'storage' section)"  # --help group of the --io-* flags
@@ -99,9 +95,8 @@ class TierSettings:
         help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
              "copy times), off; auto = real where CUDA is present, else simulated."))
     gpu_type: str = setting("h100", flag=Flag(
-        "--gpu-type", type=str,
-        help="GPU spec (config gpus key: a100, h100, h200, b200, l40s) whose host link and HBM bandwidth "
-             "model the simulated GPU tier."))  # the config's gpus key whose figures model a simulated tier
+        "--gpu-type", type=str, registry="gpu_specs",
+        help="GPU spec whose host link and HBM bandwidth model the simulated GPU tier."))  # the config's gpus key whose figures model a simulated tier
     gds: bool = setting(False, flag=Flag(
         "--gds", action="store_true",
         help="GPUDirect Storage: storage-tier reads land in GPU memory through kvikio (needs the real GPU "
@@ -163,7 +158,7 @@ class DriverSettings:
     enable_autoscaling: bool = setting(False, flag=Flag(
         "--enable-autoscaling", action="store_true", help="Enable workload autoscaling."))
     autoscaler_mode: str = setting("qos", flag=Flag(
-        "--autoscaler-mode", type=str, choices=AUTOSCALER_MODES, help="Autoscaling strategy."))
+        "--autoscaler-mode", type=str, registry="load_shapes", help="Autoscaling strategy."))
     target_saturation: float = setting(0.8, flag=Flag(
         "--target-saturation", type=float, help="Target storage saturation (0.0-1.0)."))
     max_concurrent_allocs: int = setting(0, flag=Flag(
@@ -223,7 +218,7 @@ class SourceFlags:
         "--trace", type=str, group=_TRACE,
         help="Replay a trace: a file, or a directory of WEKA agentic-coding JSON files."))
     trace_format: str = setting("auto", flag=Flag(
-        "--trace-format", choices=TRACE_FORMATS, group=_TRACE, help="Format of --trace (default: detected)."))
+        "--trace-format", registry="trace_formats", group=_TRACE, help="Format of --trace (default: detected)."))
     dataset_path: str | None = setting(None, flag=Flag(
         "--dataset-path", type=str, help="ShareGPT dataset JSON file."))
     use_burst_trace: bool = setting(False, flag=Flag(

@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.config.run import StorageSettings, TierSettings
 from kv_cache.config.sections import EvictionConfig
-from kv_cache.driver.autoscale import ConstantShape, IntervalSample, LoadShape
+from kv_cache.driver import shapes
+from kv_cache.driver.autoscale import IntervalSample, LoadShape
 from kv_cache.driver.closed_loop import ClosedLoop
+from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.driver.pool import Stream, WorkerPool
@@ -38,9 +40,9 @@ from kv_cache.engine import roofline as gpumod
 from kv_cache.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import mean_ci, percentile
-from kv_cache.storage.capacity import auto_capacity
-from kv_cache.storage.files import FileStore
-from kv_cache.storage.memory import MemoryStore
+from kv_cache.serving.build import open_cache
+from kv_cache.serving.tiers import TierSet
+from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
 
 log = logging.getLogger("kv_cache.sessions")
@@ -79,6 +81,10 @@ class LadderSettings:
     eviction: EvictionConfig
     load_policy: str = "always"  # always | cost (see Replica)
     steady_state: bool = False  # start as a long run would have left the engine and tiers (steady_state.py)
+    io_retries: int = 3  # retries of a transient storage error (EIO, ENOTCONN, EAGAIN), per operation
+    max_storage_errors: int = 10  # storage errors left after retries a rung tolerates; one more stops the ladder
+    verify: bool = False  # every offload-tier read checks the per-block stamps
+    strict_memory: bool = False  # a DRAM tier that does not fit the memory budget is refused, not clamped
 
     @property
     def replicas(self) -> int:
@@ -98,6 +104,19 @@ class LadderSettings:
     def dram_usable_fraction(self) -> float:
         """The DRAM tier's usable share, the same whether it is the last tier or spills to storage."""
         return self.eviction.target_usage_ratio
+
+    def tier_settings(self, tiers: str) -> TierSettings:
+        """The offload tiers of configuration `tiers` as the tier builder takes them (no GPU store: HBM is
+        the modelled replicas' own)."""
+        dram = self.dram_bytes if tiers in ("dram", "dram+storage") else 0
+        return TierSettings(gpu_mem_gb=0.0, gpu_tier="off", num_gpus=self.num_gpus,
+                            tensor_parallel=self.tensor_parallel, cpu_mem_gb=dram / GIB, cache_dir=self.cache_dir,
+                            storage_capacity_gb=self.storage_capacity_bytes / GIB, strict_memory=self.strict_memory)
+
+    def storage_settings(self) -> StorageSettings:
+        return StorageSettings(chunk_bytes=self.chunk_bytes, fsync=self.fsync, io_mode=self.io_mode,
+                               io_workers=self.io_workers, io_retries=self.io_retries,
+                               max_storage_errors=self.max_storage_errors, verify=self.verify)
 
     def hbm_capacity_blocks(self) -> int:
         cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
@@ -122,7 +141,8 @@ class RungRun:
         self.sessions = sessions
         # A rung holds its session count; another shape may move it at monitor ticks (slots join or leave
         # when their current turn ends).
-        self.shape = shape or ConstantShape(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1))
+        self.shape = shape or shapes.build(
+            "constant", shapes.ShapeRequest(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1)))
         self.scripts = scripts()
         self.stop = threading.Event()
         self.metrics = RunMetrics()
@@ -141,6 +161,7 @@ class RungRun:
         self.offered: list[tuple[float, int]] = []  # (t, new tokens)
         self.violations = 0
         self.sessions_started = 0
+        self.storage_error: str | None = None  # why the error policy stopped the rung (None: it did not)
 
     # -- engine callbacks (engine threads) ---------------------------------------------------
     def _first_token(self, req: TurnRequest, now: int) -> None:
@@ -157,24 +178,20 @@ class RungRun:
 
     # -- build / tear down ---------------------------------------------------------------------
     def _build(self) -> None:
+        """The offload tiers, cache and I/O pool through the standard run's builder (the same backends,
+        memory budget, leftovers sweep, retries, --verify), with the standard run's error policy: a storage
+        error past the threshold, or a fatal one, ends the rung (and the ladder) as a storage error."""
         ls = self.ls
-        self.file_store = self.memory_store = None
-        tiers: list[Tier] = []
-        if self.tiers in ("dram", "dram+storage") and ls.dram_bytes > 0:
-            self.memory_store = MemoryStore(ls.dram_bytes)
-            # as the last tier the cache would fill DRAM to 100 %, above storage to target_usage_ratio:
-            # the same usable fraction in both configurations
-            limit = ls.dram_bytes * (ls.dram_usable_fraction if self.tiers == "dram" else 1.0)
-            tiers.append(Tier("cpu", self.memory_store, limit))
-        if self.tiers == "dram+storage":
-            self.file_store = FileStore(ls.cache_dir, ls.chunk_bytes, fsync=ls.fsync, io_mode=ls.io_mode)
-            limit = ls.storage_capacity_bytes or auto_capacity(self.file_store.free_bytes(), ls.block_bytes)
-            tiers.append(Tier("nvme", self.file_store, limit))
-        self.cache = (
-            MultiTierCache(tiers, ls.eviction, self.metrics, ls.model.bytes_per_token, self.stop)
-            if tiers
-            else None
-        )
+        self.stores = TierSet([])
+        # as the last tier the cache would fill DRAM to 100 %, above storage to target_usage_ratio:
+        # the same usable fraction in both configurations
+        self.policy = ErrorPolicy(ls.max_storage_errors, self.loop.raise_alarm)
+        self.cache = open_cache(
+            ls.tier_settings(self.tiers), ls.storage_settings(), ls.eviction, self.metrics, ls.model.bytes_per_token,
+            self.stop, self.stores, workers=ls.io_workers, largest_entry=ls.block_bytes,
+            other_bytes=2 * ls.chunk_bytes * ls.io_workers, storage_tier=self.tiers == "dram+storage",
+            last_ram_fraction=ls.dram_usable_fraction, on_fault=self.policy)
+        self.file_store, self.memory_store = self.stores.file_store, self.stores.memory_store
         self.io = None
         if self.cache is not None:
             pool = WorkerPool(Stream.ENGINE_IO, ls.io_workers, ls.chunk_bytes, ls.seed, name="kv-sess-io")
@@ -214,9 +231,8 @@ class RungRun:
             r.close()
         if getattr(self, "io", None) is not None:
             self.io.close()
-        for store in (getattr(self, "file_store", None), getattr(self, "memory_store", None)):
-            if store is not None:
-                store.close()
+        if getattr(self, "stores", None) is not None:
+            self.stores.close()
 
     # -- the closed loop ----------------------------------------------------------------------
     def _next_script(self) -> SessionScript:
@@ -296,6 +312,9 @@ class RungRun:
         loop = self.loop
         self._now = now = loop.clock()
         if now >= window_end:
+            return False
+        if loop.alarm is not None:  # the error policy stopped the rung
+            self.storage_error = loop.alarm
             return False
         for end_ns, req in loop.take_completions():
             self._on_turn_done(end_ns, req)
@@ -392,8 +411,9 @@ class RungRun:
         load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
         recompute_tok = sum(r.recomputed_tokens for _, r in done)
         source_total = max(1, hit_tok + load_tok + recompute_tok)
-        st_r, st_w = self.metrics.tier_op("storage", "read"), self.metrics.tier_op("storage", "write")
-        cpu_r, cpu_w = self.metrics.tier_op("cpu", "read"), self.metrics.tier_op("cpu", "write")
+        storage, cpu = TierName.STORAGE.value, TierName.CPU.value
+        st_r, st_w = self.metrics.tier_op(storage, "read"), self.metrics.tier_op(storage, "write")
+        cpu_r, cpu_w = self.metrics.tier_op(cpu, "read"), self.metrics.tier_op(cpu, "write")
         new_done = [r.new_tokens for _, r in done]
         new_offered = [n for _, n in offered]
         result = {
@@ -432,6 +452,10 @@ class RungRun:
                 "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
             },
             "offload_io_rates": io_rates(rec),
+            "storage_errors": self.metrics.storage_error_table(),
+            "storage_error": self.storage_error,
+            "verify": {"enabled": ls.verify, "mismatches": self.metrics.verify_mismatches},
+            "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
             "work": self._work(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,
             "closed_loop_violations": self.violations,

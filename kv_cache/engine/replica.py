@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
-from kv_cache.cache import MultiTierCache
+from kv_cache.cache import CapacityError, MultiTierCache
 from kv_cache.metrics import names
-from kv_cache.storage.base import IOAborted
+from kv_cache.storage.base import DataCorruption, IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 
 log = logging.getLogger("kv_cache.sessions")
@@ -160,7 +160,7 @@ class IOPool:
                 ok = True
         except IOAborted:
             ok = False
-        except OSError as exc:
+        except (OSError, DataCorruption, CapacityError) as exc:  # counted; the block is a miss or not stored
             self.cache.metrics.record_error(f"session_{kind}", exc)
         spent = time.perf_counter_ns() - t0
         with self.lock:

@@ -183,3 +183,13 @@ class CupyDevice:
             end.record(self._d2h)
             end.synchronize()
         return int(self._cp.cuda.get_elapsed_time(start, end) * 1e6)
+
+
+def gpu_tier_mode(tiers: Any) -> str:
+    """"off", "real" or "simulated": what --gpu-tier (auto = real where CUDA is present) comes to for the
+    TierSettings `tiers`."""
+    if tiers.gpu_mem_gb <= 0 or tiers.gpu_tier == "off":
+        return "off"
+    if tiers.gpu_tier == "auto":
+        return "real" if cuda_status(tiers.num_gpus)[0] else "simulated"
+    return tiers.gpu_tier

@@ -13,7 +13,6 @@ from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.replay import (
-    SESSION_FORMATS,
     OpenLoopTrace,
     SessionUser,
     TracePlanner,
@@ -21,6 +20,7 @@ from kv_cache.workload.replay import (
     open_sources,
 )
 from kv_cache.workload.traces import TraceSource, detect_format
+from kv_cache.workload.traces import formats as trace_formats
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,7 +100,7 @@ def build_trace_workload(settings: RunSettings, sources: list[TraceSource] | Non
     if settings.request_rate > 0:  # every source can be driven open-loop at a Poisson rate
         rows = OpenLoopTrace(sources, planner, settings.replay_cycles, settings.max_requests)
         return TraceWorkload(sources, arrivals=poisson_retimed(rows, settings.request_rate, settings.effective_seed))
-    if sources[0].format in SESSION_FORMATS:
+    if trace_formats.get(sources[0].format).sessions:  # rows form sessions: one user per session
         sessions = load_sessions(sources, planner, think, settings.trace_speedup, settings.effective_seed,
                                  settings.max_requests)
         return TraceWorkload(sources, sessions=sessions, speedup=settings.trace_speedup)

@@ -26,8 +26,6 @@ from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
 from kv_cache.workload.traces import TraceError, TraceRequest, TraceSource, kv_block_keys, open_trace
 
-SESSION_FORMATS = ("weka", "aiperf", "bailian", "sharegpt")
-
 
 def resolve_burst_paths(path: str) -> list[str]:
     """As the MLPerf tool's --burst-trace-path: a file, a directory (all *.csv, sorted) or a glob (sorted)."""

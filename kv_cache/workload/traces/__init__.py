@@ -2,14 +2,16 @@
 request model (``TraceRequest``), plus block-level helpers for KV-cache replay.
 
 Formats: Mooncake and AIPerf/Bailian JSON Lines, WEKA agentic-coding JSON (file or directory), BurstGPT
-CSV, ShareGPT JSON. See each reader module's docstring for the format's fields and the choices made.
+CSV, ShareGPT JSON, each a reader module that registers its descriptor (formats.py). See each reader
+module's docstring for the format's fields and the choices made.
 """
 
 from __future__ import annotations
 
+from . import formats
 from .blocks import block_reuse, kv_block_keys
 from .detect import detect_format
-from .model import BLOCK_TOKENS, FORMATS, TraceError, TraceRequest, TraceStats
+from .model import TraceError, TraceRequest, TraceStats
 from .source import TraceSource, open_trace
 
 __all__ = [
@@ -21,6 +23,17 @@ __all__ = [
     "TraceStats",
     "block_reuse",
     "detect_format",
+    "formats",
     "kv_block_keys",
     "open_trace",
 ]
+
+
+def __getattr__(name: str):
+    """FORMATS (the registered format names) and BLOCK_TOKENS (each one's tokens per hash id), read from
+    the registry when first asked for."""
+    if name == "FORMATS":
+        return formats.names()
+    if name == "BLOCK_TOKENS":
+        return {f.name: f.block_tokens for f in formats.all_formats()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

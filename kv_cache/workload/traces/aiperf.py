@@ -42,6 +42,7 @@ from pathlib import Path
 
 from ._common import Bad, Row, SessionLimit, hash_list, iter_jsonl, seconds, synthetic_id, tokens
 from ._options import Options
+from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceStats
 
 BLOCK_TOKENS = 512
@@ -158,3 +159,14 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
     while pending:
         head = pending.popleft()
         yield head.row._replace(think_time_s=head.think)
+
+
+def _keys(head: Head) -> bool:
+    return bool((head.first_object_keys or frozenset()) & {"session_id", "delay"})
+
+
+FORMAT = register(TraceFormat(
+    name="aiperf", summary="AIPerf JSONL (session_id, delay)", read=read, block_tokens=BLOCK_TOKENS,
+    sessions=True, sniff=(SniffRule(20, _keys),),
+    options=("max_conversations", "lookahead_rows", "max_context_tokens"),
+))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ._common import Bad, Row, SessionLimit, hash_list, iter_jsonl, seconds, tokens
 from ._options import Options
+from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceStats
 
 BLOCK_TOKENS = 16
@@ -83,3 +84,13 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
             del chats[next(iter(chats))]
         chats[chat] = entry
         yield Row(root, turn, arrival, None, inp, new, out, ids, BLOCK_TOKENS)
+
+
+def _keys(head: Head) -> bool:
+    return bool((head.first_object_keys or frozenset()) & {"chat_id", "parent_chat_id"})
+
+
+FORMAT = register(TraceFormat(
+    name="bailian", summary="Bailian JSONL (chat_id, parent_chat_id)", read=read, block_tokens=BLOCK_TOKENS,
+    sessions=True, sniff=(SniffRule(30, _keys),), options=("max_conversations", "max_context_tokens"),
+))

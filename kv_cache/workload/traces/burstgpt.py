@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ._common import Bad, Row, SessionLimit, new_tokens_full_context, seconds, tokens
 from ._options import Options
+from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceError, TraceStats
 
 REQUEST = "Request tokens"
@@ -66,3 +67,14 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
                 new = new_tokens_full_context(inp, prev[1], prev[2], None, None, None)
             sessions[sid] = (turn, inp, out)
             yield Row(sid, turn, arrival, None, inp, new, out, None, None)
+
+
+def _header(head: Head) -> bool:
+    first = head.first_line
+    return head.kind == "text" and "Request tokens" in first and "," in first
+
+
+FORMAT = register(TraceFormat(
+    name="burstgpt", summary="a BurstGPT CSV (Request tokens)", read=read, block_tokens=None,
+    sniff=(SniffRule(40, _header),), options=("max_conversations", "max_context_tokens"),
+))

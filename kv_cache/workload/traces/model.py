@@ -7,18 +7,6 @@ from typing import Any
 
 from kv_cache.errors import UsageError
 
-FORMATS = ("mooncake", "aiperf", "bailian", "weka", "burstgpt", "sharegpt")
-
-# Block size (tokens per hash id) each format's hash ids are defined on (weka reads it from the file).
-BLOCK_TOKENS: dict[str, int | None] = {
-    "mooncake": 512,
-    "aiperf": 512,
-    "bailian": 16,
-    "weka": 64,
-    "burstgpt": None,
-    "sharegpt": None,
-}
-
 
 class TraceError(UsageError):
     """A trace that cannot be used at all (missing, unreadable, empty, unknown format, no valid row).

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ._common import Bad, Row, hash_list, iter_jsonl, seconds, tokens
 from ._options import Options
+from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceStats
 
 BLOCK_TOKENS = 512
@@ -29,3 +30,13 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
             stats.skip(exc.args[0])
             continue
         yield Row(None, 1, arrival, None, inp, inp, out, ids, BLOCK_TOKENS)
+
+
+def _keys(head: Head) -> bool:
+    return bool((head.first_object_keys or frozenset()) & {"input_length", "hash_ids"})
+
+
+FORMAT = register(TraceFormat(
+    name="mooncake", summary="Mooncake JSONL (input_length, hash_ids)", read=read, block_tokens=512,
+    sniff=(SniffRule(10, _keys),), options=("max_context_tokens",),
+))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ._common import Row
 from ._options import Options
+from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceError, TraceStats
 from .tokenizer import load_tokenizer
 
@@ -142,3 +143,15 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
             continue
         used += 1
         yield from turns
+
+
+def _array(head: Head) -> bool:
+    return head.kind == "array" and '"conversations"' in head.text
+
+
+FORMAT = register(TraceFormat(
+    name="sharegpt", summary="a ShareGPT JSON array (conversations)", read=read, block_tokens=None,
+    sessions=True, sniff=(SniffRule(40, _array),),
+    options=("max_conversations", "tokenizer", "chars_per_token", "sharegpt_max_context",
+             "sharegpt_max_generation", "max_context_tokens"),
+))

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-from . import aiperf, bailian, burstgpt, mooncake, sharegpt, weka
-from ._common import Row
+from . import formats
 from ._options import Options
 from .detect import detect_format
-from .model import BLOCK_TOKENS, FORMATS, TraceError, TraceRequest, TraceStats
+from .model import TraceError, TraceRequest, TraceStats
 from .tokenizer import CHOICES
-
-Reader = Callable[[Path, TraceStats, Options], Iterator[Row]]
-
-READERS: dict[str, Reader] = {
-    "mooncake": mooncake.read,
-    "aiperf": aiperf.read,
-    "bailian": bailian.read,
-    "weka": weka.read,
-    "burstgpt": burstgpt.read,
-    "sharegpt": sharegpt.read,
-}
 
 
 class TraceSource:
@@ -36,7 +24,7 @@ class TraceSource:
         self.format = fmt
         self.max_rows = max_rows
         self.options = options
-        self.block_tokens: int | None = BLOCK_TOKENS[fmt]
+        self.block_tokens: int | None = formats.get(fmt).block_tokens
         self.stats = TraceStats(format=fmt, path=str(path), block_tokens=self.block_tokens)
 
     def __repr__(self) -> str:
@@ -45,7 +33,7 @@ class TraceSource:
     def __iter__(self) -> Iterator[TraceRequest]:
         stats = TraceStats(format=self.format, path=str(self.path), block_tokens=self.block_tokens)
         self.stats = stats
-        reader = READERS[self.format](self.path, stats, self.options)
+        reader = formats.get(self.format).read(self.path, stats, self.options)
         sessions: set[str] = set()
         index = 0
         try:
@@ -113,8 +101,7 @@ def open_trace(
 ) -> TraceSource:
     """Open a trace for streaming as ``TraceRequest`` rows.
 
-    ``fmt``: "auto" (``detect_format``) or one of mooncake | aiperf | bailian | weka | burstgpt |
-    sharegpt. ``max_rows``: stop after that many rows (0 = all). ``tokenizer``: auto | tiktoken | chars
+    ``fmt``: "auto" (``detect_format``) or the name of a registered format (formats.py). ``max_rows``: stop after that many rows (0 = all). ``tokenizer``: auto | tiktoken | chars
     (ShareGPT only). ``max_conversations``: keep only the first N conversations/sessions (ShareGPT items,
     WEKA files, AIPerf/Bailian/BurstGPT sessions; 0 = all). ``lookahead_rows``: AIPerf think-time
     look-ahead. ``max_context_tokens``: rows whose input + output tokens exceed it are rejected and counted
@@ -126,9 +113,9 @@ def open_trace(
     p = Path(path)
     if fmt == "auto":
         fmt = detect_format(p)
-    elif fmt not in FORMATS:
-        raise TraceError(p, f"unknown trace format {fmt!r} (expected auto or one of {', '.join(FORMATS)})")
-    elif not p.exists():
+    else:
+        formats.check_known(p, fmt)
+    if not p.exists():
         raise TraceError(p, "no such file or directory")
     if not isinstance(max_rows, int) or max_rows < 0:
         raise TraceError(p, f"max_rows must be a non-negative integer, got {max_rows!r}")
@@ -136,8 +123,9 @@ def open_trace(
         raise TraceError(p, f"max_conversations must be a non-negative integer, got {max_conversations!r}")
     if tokenizer not in CHOICES:
         raise TraceError(p, f"unknown tokenizer {tokenizer!r} (expected one of {', '.join(CHOICES)})")
-    if p.is_dir() and fmt != "weka":
-        raise TraceError(p, f"is a directory (only the weka format reads a directory), not a {fmt} file")
+    if p.is_dir() and not formats.get(fmt).directory:
+        readers = " or ".join(f.name for f in formats.all_formats() if f.directory)
+        raise TraceError(p, f"is a directory (only the {readers} format reads a directory), not a {fmt} file")
     if not isinstance(max_context_tokens, int) or max_context_tokens < 0:
         raise TraceError(p, f"max_context_tokens must be a non-negative integer, got {max_context_tokens!r}")
     options = Options(max_conversations, tokenizer, lookahead_rows, max_context_tokens, float(chars_per_token),

@@ -43,6 +43,7 @@ import numpy as np
 
 from ._common import Bad, Row, hash_list, new_tokens_full_context, seconds, tokens
 from ._options import Options
+from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceError, TraceStats
 
 DEFAULT_BLOCK_TOKENS = 64
@@ -183,3 +184,51 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
         done += 1
         for _, _, row in _conversation_rows(obj, file_index, f.stem, stats):
             yield row
+
+
+FULL_PARSE_LIMIT = 64 << 20  # a JSON object file up to this size is parsed whole to find its requests
+
+
+def _directory(head: Head) -> bool:
+    if head.kind != "dir":
+        return False
+    files = conversation_files(head.path)
+    if not files:
+        raise TraceError(head.path, "directory holds no *.json conversation files")
+    for f in files[:8]:
+        try:
+            with open(f, "rb") as fp:
+                start = fp.read(64 << 10).decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
+        except OSError as exc:
+            raise TraceError(f, f"cannot read ({exc.strerror or exc})") from None
+        if start.startswith("{") and '"requests"' in start:
+            return True
+    raise TraceError(head.path, "directory holds no WEKA conversation files (JSON objects with 'requests')")
+
+
+def _keys(head: Head) -> bool:
+    return "requests" in (head.first_object_keys or frozenset())
+
+
+def _text(head: Head) -> bool:
+    return head.kind == "object" and '"requests"' in head.text
+
+
+def _whole(head: Head) -> bool:
+    if head.kind != "object" or head.path.stat().st_size > FULL_PARSE_LIMIT:
+        return False
+    try:
+        with open(head.path, "rb") as fp:
+            obj = json.load(fp)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(obj, dict) and "requests" in obj
+
+
+FORMAT = register(TraceFormat(
+    name="weka", summary="a WEKA conversation JSON file or directory (requests)", read=read,
+    block_tokens=DEFAULT_BLOCK_TOKENS, sessions=True, directory=True,
+    # a file's own first-object keys outrank the other formats'; the text and whole-file looks come last
+    sniff=(SniffRule(100, _directory), SniffRule(40, _keys), SniffRule(5, _text), SniffRule(4, _whole)),
+    options=("max_conversations", "max_context_tokens"),
+))

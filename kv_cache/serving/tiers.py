@@ -1,6 +1,10 @@
-"""The cache tiers of a run and the stores behind them: GPU memory (DeviceStore on CUDA, or the
-SimulatedGPUStore), RAM (MemoryStore), files (FileStore), or, in trace mode, size-only NullStores that
-log every operation instead of doing it."""
+"""The cache tiers of a run and the stores behind them, each store opened by the storage backend the
+settings select for its tier (kv_cache.storage.backends): GPU memory (real or simulated), RAM, files (or
+GPUDirect Storage), or, in trace mode, size-only stores that log every operation instead of doing it.
+
+This module decides what is built and how big: the memory budget of the host-RAM tiers, the storage
+tier's automatic capacity, the leftovers of earlier runs swept before the free space is read. A backend
+only opens its store."""
 
 from __future__ import annotations
 
@@ -13,16 +17,18 @@ from typing import TYPE_CHECKING
 from kv_cache.cache import Tier
 from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import GIB
+from kv_cache.storage import backends
+from kv_cache.storage.backends import Backend, BackendRequest
 from kv_cache.storage.capacity import AUTO_FRACTION, auto_capacity
 from kv_cache.storage.files import FileStore
-from kv_cache.storage.gds import GDSFileStore, import_kvikio
-from kv_cache.storage.gpu_device import CudaUnavailable, cuda_status, open_devices
+from kv_cache.storage.gpu_device import gpu_tier_mode
 from kv_cache.storage.gpu_real import DeviceStore
-from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel
+from kv_cache.storage.gpu_sim import SimulatedGPUStore
 from kv_cache.storage.leftovers import sweep
 from kv_cache.storage.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.storage.memory import MemoryStore
-from kv_cache.storage.tracelog import IOTraceWriter, NullStore
+from kv_cache.storage.tiername import TierName
+from kv_cache.storage.tracelog import IOTraceWriter
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
     from kv_cache.config.run import RunSettings, StorageSettings, TierSettings
@@ -46,6 +52,7 @@ class TierSet:
     # setting -> {"asked": GiB as given, "effective": GiB in force, "clamped": why, or None}: each tier size
     # that a memory budget or the free space decided (cpu_mem_gb, gpu_mem_gb per GPU, storage_capacity_gb)
     sizes: dict[str, dict[str, object]] = field(default_factory=dict)
+    backends: dict[TierName, Backend] = field(default_factory=dict)  # the backend behind each tier opened
 
     def close(self) -> None:
         """Close what was opened; a failure is logged, never raised (it must not hide the results)."""
@@ -73,13 +80,14 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def gpu_tier_mode(tiers: TierSettings) -> str:
-    """"off", "real" or "simulated": what --gpu-tier (auto = real where CUDA is present) comes to."""
-    if tiers.gpu_mem_gb <= 0 or tiers.gpu_tier == "off":
-        return "off"
-    if tiers.gpu_tier == "auto":
-        return "real" if cuda_status(tiers.num_gpus)[0] else "simulated"
-    return tiers.gpu_tier
+def _open(backend: Backend, tier: TierName, tiers: TierSettings, storage: StorageSettings, tier_set: TierSet,
+          workers: int, capacity: int = 0, prefault: bool = False):
+    backend.check(tiers)
+    request = BackendRequest(tier, tiers, storage, workers, capacity, prefault, upper=tier_set.gpu_store,
+                             notes=tier_set.notes)
+    store = backend.open(request)
+    tier_set.backends[tier] = backend
+    return store
 
 
 def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int = 8,
@@ -87,46 +95,29 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
     """Open the GPU tier's store into `tier_set` (none when the tier is off) and say what it is.
 
     `workers`: I/O workers that may copy at once (one pinned staging slot each, for a real tier); `limit`
-    and `other_bytes`: the memory the process may use and what the run holds besides (a simulated tier's
-    arena is host RAM, so it is clamped to that budget like the CPU tier)."""
-    mode = gpu_tier_mode(tiers)
-    if mode == "off":
+    and `other_bytes`: the memory the process may use and what the run holds besides (a host-RAM backend's
+    arena, the simulated tier's, is clamped to that budget like the CPU tier)."""
+    backend = backends.choose(TierName.GPU, tiers)
+    if backend is None:
         return
-    per_gpu = int(tiers.gpu_mem_gb * GIB)
-    spec = tiers.gpu_spec
-    if mode == "real":
-        try:
-            devices = open_devices(tiers.num_gpus)
-        except CudaUnavailable as exc:
-            raise StorageSetupError(f"the real GPU tier needs CUDA: {exc}").about("gpu_tier") from None
-        tier_set.gpu_store = DeviceStore(devices, per_gpu, storage.chunk_bytes, tensor_parallel=tiers.tensor_parallel,
-                                         staging_slots=workers)
-        tier_set.notes.append(f"GPU tier: real, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB of HBM via "
-                              f"{getattr(devices[0], 'backend', 'device')} ({devices[0].name})")
-        return
-    if spec is None or spec.host_link_gbs <= 0:
-        raise StorageSetupError(f"GPU type {tiers.gpu_type!r} has no host link figure to model a simulated "
-                                "GPU tier with").about("gpu_type")
-    model = TransferModel(tiers.gpu_type, spec.host_link, spec.host_link_gbs, spec.hbm_bandwidth_gbs,
-                          shards=tiers.tensor_parallel)
-    total = per_gpu * tiers.num_gpus
-    if limit is not None:
-        asked = total
-        total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
-                               what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
-        tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / tiers.num_gpus,
-                                                 _clamp_reason(limit) if total < asked else None)
-    if total <= 0:
-        return
-    prefault = total + int(tiers.cpu_mem_gb * GIB) <= 0.5 * available_memory_bytes()
-    if not prefault:
-        tier_set.notes.append(f"simulated GPU tier of {total / GIB:g} GiB plus the CPU tier exceed half of the "
-                              "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
-                              "is not in the reported times)")
-    tier_set.gpu_store = SimulatedGPUStore(total, model, prefault=prefault)
-    tier_set.notes.append(
-        f"GPU tier: SIMULATED, {total / GIB:.2f} GiB ({tiers.num_gpus} GPU(s)) held in host RAM; its copy times are "
-        f"modelled from the {spec.name} {spec.host_link} ({spec.host_link_gbs:g} GB/s per direction), not measured")
+    total = int(tiers.gpu_mem_gb * GIB) * tiers.num_gpus
+    prefault = False
+    backend.check(tiers)
+    if backend.capabilities.host_ram:
+        if limit is not None:
+            asked = total
+            total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
+                                   what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
+            tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / tiers.num_gpus,
+                                                     _clamp_reason(limit) if total < asked else None)
+        if total <= 0:
+            return
+        prefault = total + int(tiers.cpu_mem_gb * GIB) <= 0.5 * available_memory_bytes()
+        if not prefault:
+            tier_set.notes.append(f"simulated GPU tier of {total / GIB:g} GiB plus the CPU tier exceed half of the "
+                                  "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
+                                  "is not in the reported times)")
+    tier_set.gpu_store = _open(backend, TierName.GPU, tiers, storage, tier_set, workers, total, prefault)
 
 
 RAM_FILESYSTEMS = ("tmpfs", "ramfs")  # a storage tier there is host RAM
@@ -177,18 +168,21 @@ def largest_entry(settings: RunSettings) -> int:
 
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
                tier_set: TierSet, workers: int = 8, largest_entry: int = 0, other_bytes: int = 0,
-               sharers: int = 1) -> None:
+               sharers: int = 1, storage_tier: bool = True, last_ram_fraction: float = 1.0) -> None:
     """Open the stores into `tier_set` (filled as they open, so a failure part-way still closes them).
     `workers`: I/O workers that may copy at once; `largest_entry`: bytes of the largest entry the workload
     may write (headroom of the auto capacity); `other_bytes`: memory the run holds besides the host-RAM
     tiers (I/O buffers), for their budget; `sharers`: how many ranks of this run put their cache on the
-    same filesystem (without --storage-capacity-gb they split its free space)."""
+    same filesystem (without --storage-capacity-gb they split its free space); `storage_tier`: False for
+    a configuration without one (a sessions rung on DRAM alone), whose last RAM tier then fills to
+    `last_ram_fraction` of its size."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
         tier_set.tiers = build_trace_tiers(tiers)
+        tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
         return
-    found = sweep(tiers.cache_dir)  # leftovers of earlier runs, before the free space is read
-    for message in found.messages():
+    found = sweep(tiers.cache_dir) if storage_tier else None  # leftovers of earlier runs, before the free space is read
+    for message in found.messages() if found is not None else ():
         log.warning(message)
         tier_set.notes.append(message)
     limit = process_memory_limit(tiers.host_ranks)
@@ -197,31 +191,24 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     open_gpu_store(tiers, storage, tier_set, workers, limit, other_bytes)
     if isinstance(tier_set.gpu_store, SimulatedGPUStore):
         other_bytes += tier_set.gpu_store.capacity_bytes
-    fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
-    if fs.fs_type in RAM_FILESYSTEMS:
-        tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
-    if tiers.cpu_mem_gb > 0:
-        cpu_bytes = ram_tier_bytes(int(tiers.cpu_mem_gb * GIB), limit, other_bytes,
-                                   tiers.strict_memory, tier_set.notes)
-        tier_set.sizes["cpu_mem_gb"] = tier_size(tiers.cpu_mem_gb, cpu_bytes, _clamp_reason(limit)
-                                                 if cpu_bytes < int(tiers.cpu_mem_gb * GIB) else None)
-        # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
-        # only when it comfortably fits, otherwise say that pages are faulted in on first use.
-        prefault = cpu_bytes <= 0.5 * available_memory_bytes()
-        if not prefault:
-            tier_set.notes.append(f"CPU tier of {cpu_bytes / GIB:.2f} GiB exceeds half of the available RAM: "
-                                  "not preallocated, first writes include page-fault time")
-        tier_set.memory_store = MemoryStore(cpu_bytes, prefault=prefault) if cpu_bytes > 0 else None
+    fs = None
+    if storage_tier:
+        fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
+        if fs.fs_type in RAM_FILESYSTEMS:
+            tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
+    _open_memory_store(tiers, storage, tier_set, workers, limit, other_bytes)
     # Ranks of this run on the filesystem, or live runs found there (which may be those ranks): the larger.
-    runs = max(sharers, 1 + len(found.live))
+    runs = max(sharers, 1 + len(found.live)) if found is not None else sharers
     # A storage tier in RAM (tmpfs) takes host memory like the CPU tier: its automatic capacity stays
     # within what the memory budget leaves after the RAM tiers.
     ram_room = None
-    if fs.fs_type in RAM_FILESYSTEMS:
+    if fs is not None and fs.fs_type in RAM_FILESYSTEMS:
         cpu_bytes = tier_set.memory_store.capacity_bytes if tier_set.memory_store is not None else 0
         ram_room = max(0, ram_budget_bytes(limit, other_bytes) - cpu_bytes)
     tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, runs,
-                                 ram_room)
+                                 ram_room, storage_tier=storage_tier, last_ram_fraction=last_ram_fraction)
+    if not storage_tier:
+        return
     storage_limit = tier_set.tiers[-1].limit
     if tiers.storage_capacity_gb <= 0:
         by_free = auto_capacity(fs.free_bytes(), largest_entry, runs)
@@ -239,47 +226,65 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)
 
 
+def _open_memory_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int,
+                       limit: MemoryLimit, other_bytes: int) -> None:
+    backend = backends.choose(TierName.CPU, tiers)
+    if backend is None:
+        return
+    cpu_bytes = int(tiers.cpu_mem_gb * GIB)
+    prefault = False
+    if backend.capabilities.host_ram:
+        asked = cpu_bytes
+        cpu_bytes = ram_tier_bytes(cpu_bytes, limit, other_bytes, tiers.strict_memory, tier_set.notes)
+        tier_set.sizes["cpu_mem_gb"] = tier_size(tiers.cpu_mem_gb, cpu_bytes,
+                                                 _clamp_reason(limit) if cpu_bytes < asked else None)
+        # Preallocate (touch) the RAM tier so its latencies are copies, not first-touch page faults;
+        # only when it comfortably fits, otherwise say that pages are faulted in on first use.
+        prefault = cpu_bytes <= 0.5 * available_memory_bytes()
+        if not prefault:
+            tier_set.notes.append(f"CPU tier of {cpu_bytes / GIB:.2f} GiB exceeds half of the available RAM: "
+                                  "not preallocated, first writes include page-fault time")
+    if cpu_bytes > 0:
+        tier_set.memory_store = _open(backend, TierName.CPU, tiers, storage, tier_set, workers, cpu_bytes, prefault)
+
+
 def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int) -> FileStore:
-    """The storage tier's store: a FileStore, or with GPUDirect Storage asked for, a GDSFileStore."""
-    if not tiers.gds:
-        return FileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync, io_mode=storage.io_mode)
-    kvikio = import_kvikio()
-    gpu = tier_set.gpu_store
-    if kvikio is None or not isinstance(gpu, DeviceStore):
-        raise StorageSetupError("GPUDirect Storage needs kvikio and the real GPU tier (CUDA)").about("gds")
-    fs = GDSFileStore(tiers.cache_dir, storage.chunk_bytes, fsync=storage.fsync, io_mode=storage.io_mode,
-                      kvikio=kvikio, device=gpu.devices[0], slots=workers)
-    tier_set.notes.append(f"storage-tier reads land in GPU memory through kvikio (GPUDirect Storage; compat mode: "
-                          f"{fs.compat_mode})")
-    return fs
+    """The storage tier's store: the backend the settings select (files, or GPUDirect Storage)."""
+    backend = backends.choose(TierName.STORAGE, tiers)
+    if backend is None:  # pragma: no cover  (the file backend selects every setting)
+        raise StorageSetupError("no storage backend serves these settings").about("cache_dir")
+    return _open(backend, TierName.STORAGE, tiers, storage, tier_set, workers)
 
 
 def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_store: MemoryStore | None,
                 gpu_store: SimulatedGPUStore | DeviceStore | None = None, largest_entry: int = 0,
-                runs: int = 1, ram_room: int | None = None) -> list[Tier]:
+                runs: int = 1, ram_room: int | None = None, storage_tier: bool = True,
+                last_ram_fraction: float = 1.0) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
-        tiers.append(Tier("gpu", gpu_store, gpu_store.capacity_bytes))  # a simulated one may be clamped
+        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_store.capacity_bytes))  # a simulated one may be clamped
     if memory_store is not None:
-        tiers.append(Tier("cpu", memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
+        tiers.append(Tier(TierName.CPU.legacy, memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
+    if not storage_tier:
+        if tiers:
+            tiers[-1].limit *= last_ram_fraction
+        return tiers
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
     elif file_store is not None:
         storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, runs, ram_room)
     else:
         storage_limit = math.inf
-    tiers.append(Tier("nvme", file_store, storage_limit))
+    tiers.append(Tier(TierName.STORAGE.legacy, file_store, storage_limit))
     return tiers
 
 
 def build_trace_tiers(settings: TierSettings) -> list[Tier]:
-    """Trace mode: every tier is a size-only NullStore (the GPU tier can be modelled too)."""
-    tiers = []
-    gpu_bytes = settings.gpu_mem_gb * settings.num_gpus * GIB
-    if gpu_bytes > 0:
-        tiers.append(Tier("gpu", NullStore("gpu"), gpu_bytes))
-    if settings.cpu_mem_gb > 0:
-        tiers.append(Tier("cpu", NullStore("cpu"), settings.cpu_mem_gb * GIB))
+    """Trace mode: every tier a size-only store of the trace-log backend (the GPU tier can be modelled too)."""
+    trace = backends.get("tracelog")
+    sizes = ((TierName.GPU, settings.gpu_mem_gb * settings.num_gpus * GIB), (TierName.CPU, settings.cpu_mem_gb * GIB))
+    tiers = [Tier(name.legacy, trace.open(BackendRequest(name, settings, None)), size)  # type: ignore[arg-type]
+             for name, size in sizes if size > 0]
     limit = settings.storage_capacity_gb * GIB if settings.storage_capacity_gb > 0 else math.inf
-    tiers.append(Tier("nvme", NullStore("nvme"), limit))
+    tiers.append(Tier(TierName.STORAGE.legacy, trace.open(BackendRequest(TierName.STORAGE, settings, None)), limit))  # type: ignore[arg-type]
     return tiers

@@ -1,0 +1,37 @@
+"""The one builder of the serving path: every benchmark (the standard run, each sessions rung) opens its
+tiers and its cache here, so both get the same storage backends, memory budget, leftovers sweep,
+automatic capacity, transient-error retries and --verify. The error policy is the caller's event loop's
+(it turns the policy's alarm into its stop): pass it as `on_fault`, or set ``cache.on_fault`` later."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kv_cache.cache import MultiTierCache
+from kv_cache.serving.tiers import TierSet, open_tiers
+
+if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
+    from kv_cache.config.run import StorageSettings, TierSettings
+    from kv_cache.config.sections import EvictionConfig
+    from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.storage.faults import StorageFault
+
+__all__ = ["open_cache"]
+
+
+def open_cache(tiers: TierSettings, storage: StorageSettings, eviction: EvictionConfig, metrics: RunMetrics,
+               bytes_per_token: int, stop: threading.Event | None, stores: TierSet, *,
+               io_trace_log: str | None = None, workers: int = 8, largest_entry: int = 0, other_bytes: int = 0,
+               sharers: int = 1, storage_tier: bool = True, last_ram_fraction: float = 1.0,
+               on_fault: Callable[[StorageFault], None] | None = None) -> MultiTierCache | None:
+    """Open the stores into `stores` (see open_tiers for the sizing arguments) and the cache over them,
+    with `storage.io_retries` retries of a transient error and `storage.verify`; None when no tier was
+    built (a sessions rung without offload tiers)."""
+    open_tiers(tiers, storage, io_trace_log, stores, workers, largest_entry, other_bytes, sharers=sharers,
+               storage_tier=storage_tier, last_ram_fraction=last_ram_fraction)
+    if not stores.tiers:
+        return None
+    return MultiTierCache(stores.tiers, eviction, metrics, bytes_per_token, stop, tracer=stores.tracer,
+                          retries=storage.io_retries, verify=storage.verify, on_fault=on_fault)

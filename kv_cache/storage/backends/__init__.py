@@ -1,0 +1,128 @@
+"""Storage backends, found by a registry: each backend is one module of this package that calls
+:func:`register` with a :class:`Backend` entry (its name, the tier it serves, its options, capabilities and
+constructor). Nothing else lists them: the tier builder asks :func:`choose` which backend the settings
+select for a tier, and :func:`get` for one by name. Adding a backend is adding one module here (and its
+test).
+
+Entries are loaded on the first lookup (every module of this package is imported once), never at the
+import of this package, so importing a store class never drags in its siblings' optional dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kv_cache.storage.tiername import TierName
+
+if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
+    from kv_cache.config.run import StorageSettings, TierSettings
+    from kv_cache.storage.base import Store
+
+__all__ = ["Backend", "BackendRequest", "Capabilities", "Option", "all_backends", "choose", "get", "names",
+           "register"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, for the builder and the reader of a result."""
+
+    o_direct: bool = False  # can move bytes past the page cache (O_DIRECT)
+    verify: bool = False  # its reads can check every block's stamp (--verify)
+    device_counters: bool = False  # its I/O reaches a block device whose counters (/proc/diskstats) are read
+    host_ram: bool = False  # its bytes live in host RAM: its size counts against the memory budget
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting the backend reads (a field of TierSettings or StorageSettings) and what it does there."""
+
+    name: str
+    help: str
+
+
+@dataclass
+class BackendRequest:
+    """What a backend is opened with. `capacity_bytes`: the size the builder gave a sized tier (after the
+    memory budget, for a host-RAM backend; 0 for the storage tier, whose capacity is read from the store);
+    `upper`: the store of the tier above (GPUDirect reads land in the GPU tier's device); `notes`: where
+    the backend says what it opened, for the results."""
+
+    tier: TierName
+    tiers: TierSettings
+    storage: StorageSettings
+    workers: int = 8
+    capacity_bytes: int = 0
+    prefault: bool = False
+    upper: Store | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One registry entry. `selects(tiers)`: whether the settings ask for this backend on its tier (the
+    highest `priority` among those that do wins); `open(request)`: the opened store (raises
+    StorageSetupError for settings it cannot open with)."""
+
+    name: str
+    tier: TierName | None  # None: any tier (the trace log stands in for every tier)
+    summary: str
+    capabilities: Capabilities
+    open: Callable[[BackendRequest], Store]
+    selects: Callable[[TierSettings], bool] = lambda tiers: False
+    priority: int = 0
+    options: tuple[Option, ...] = ()
+    check: Callable[[TierSettings], object] = lambda tiers: None  # raises StorageSetupError before any sizing
+
+
+_ENTRIES: dict[str, Backend] = {}
+_LOADED = False
+_LOCK = threading.Lock()
+
+
+def register(backend: Backend) -> Backend:
+    """Add an entry (called by each backend module at its import); a second entry of one name is refused."""
+    known = _ENTRIES.get(backend.name)
+    if known is not None and known is not backend:
+        raise ValueError(f"storage backend {backend.name!r} registered twice")
+    _ENTRIES[backend.name] = backend
+    return backend
+
+
+def _load() -> None:
+    global _LOADED
+    with _LOCK:
+        if _LOADED:
+            return
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _LOADED = True
+
+
+def all_backends() -> list[Backend]:
+    """Every entry, by name."""
+    _load()
+    return [_ENTRIES[n] for n in sorted(_ENTRIES)]
+
+
+def names() -> list[str]:
+    return [b.name for b in all_backends()]
+
+
+def get(name: str) -> Backend:
+    """The entry called `name` (KeyError naming the known ones otherwise)."""
+    _load()
+    try:
+        return _ENTRIES[name]
+    except KeyError:
+        raise KeyError(f"no storage backend {name!r} (known: {', '.join(sorted(_ENTRIES))})") from None
+
+
+def choose(tier: TierName, tiers: TierSettings) -> Backend | None:
+    """The backend the settings select for `tier` (None: none does, the tier is not built)."""
+    chosen = [b for b in all_backends() if b.tier is tier and b.selects(tiers)]
+    return max(chosen, key=lambda b: b.priority) if chosen else None
