@@ -21,7 +21,7 @@ from kv_cache import __version__
 from kv_cache.config.schema import SessionsConfig
 from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.driver.ladder_summary import auto_next_rung, merge_replications, rung_warnings
-from kv_cache.errors import ExitCode
+from kv_cache.errors import RunOutcome
 from kv_cache.metrics.recorder import GIB
 from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
 from kv_cache.report.outputs import write_results
@@ -166,14 +166,15 @@ def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs 
     raise KeyboardInterrupt
 
 
-def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
-    """Load the sessions, climb the ladder, write the JSON, print the table; returns the exit status."""
+def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
+    """Load the sessions, climb the ladder, write the JSON, print the table; returns how the ladder ended
+    (interrupted or not; the CLI makes it the exit status)."""
     out = out or sys.stdout
     ls, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
     ladder, tiers = list(s.ladder), list(s.tiers)
     started = datetime.now()
     done_rungs: list[dict[str, Any]] = []
-    code = ExitCode.OK
+    interrupted = False
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -181,8 +182,8 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
-        body, code = ({"rungs": done_rungs, "summary": None, "interrupted": True,
-                       "warnings": rung_warnings(done_rungs, None)}, ExitCode.INTERRUPTED)
+        body, interrupted = ({"rungs": done_rungs, "summary": None, "interrupted": True,
+                              "warnings": rung_warnings(done_rungs, None)}, True)
     results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
@@ -205,7 +206,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         **body,
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
-    if code == ExitCode.OK:
+    if not interrupted:
         print_table(results, out)
     if written.kept_as:
         out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
@@ -213,4 +214,4 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         sys.stderr.write(f"kv-cache sessions: could not write the results to {written.error}; "
                          f"they are in {written.path}\n")
     out.write(f"\nResults written to {written.path}\n")
-    return int(code)
+    return RunOutcome(interrupted=interrupted)

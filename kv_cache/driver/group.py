@@ -11,15 +11,23 @@ import logging
 import os
 from typing import Any, Protocol
 
-__all__ = ["RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count"]
+from kv_cache.errors import KvCacheError
+
+__all__ = ["GroupBroken", "RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count"]
 
 _ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
 
 
 log = logging.getLogger("kv_cache")
 
+class GroupBroken(KvCacheError):
+    """A collective of the group can never complete: another rank failed or was lost (a broken barrier)."""
+
+
 class RankGroup(Protocol):
-    """rank / size of this process in the group; collective operations every rank calls in the same order."""
+    """rank / size of this process in the group; collective operations every rank calls in the same order.
+
+    `barrier` raises GroupBroken when another rank failed or was lost, rather than waiting for ever."""
 
     rank: int
     size: int
@@ -52,7 +60,7 @@ class MpiGroup:
         self.comm.Abort(code)
 
 
-class MpiUnavailable(RuntimeError):
+class MpiUnavailable(KvCacheError):
     """Several ranks were launched but mpi4py cannot be imported."""
 
 
