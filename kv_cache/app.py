@@ -136,6 +136,10 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
     finally:
         run.stop.set()
         run.stores.close()
+    if run.outcome is not None and run.outcome.peers_lost:
+        results.setdefault("measurement", {}).setdefault("notes", []).append(
+            "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
+            "but the ranks' windows were not closed together")
     if interrupted or storage_error is not None:
         window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
         mark_incomplete(results, window_fraction(window, float(settings.duration)),
