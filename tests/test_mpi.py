@@ -118,3 +118,28 @@ def test_a_failing_rank_ends_the_job_instead_of_hanging_the_others(tmp_path):
     assert proc.returncode == 2
     assert b"kv-cache: error: cache dir" in proc.stdout + proc.stderr
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 cleaned up as it was ended
+
+
+@pytest.mark.slow
+def test_a_storage_error_while_preconditioning_on_one_rank_stops_both(tmp_path):
+    """Rank 1 may write files of 200 kB at most (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails):
+    its preconditioning fails, it writes what it has and ends the job; rank 0, at the window barrier,
+    stops within seconds instead of running its 300 s window. Exit status 3 (a storage error)."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    args = [str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "300", "--precondition",
+            "--precondition-size-gb", "0.05", "--cache-dir", str(tmp_path / "cache"),
+            "--output", str(tmp_path / "X.json")]
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-x", "PYTHONPATH", "-n", "1", sys.executable,
+           *args, ":", "-n", "1", prlimit, "--fsize=200000", sys.executable, *args]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    assert b"kv-cache: error: run stopped before the measured window: storage error" in proc.stdout + proc.stderr
+    rank1 = json.loads((tmp_path / "X_rank1.json").read_text())
+    assert rank1["stop_reason"].startswith("storage error before the measured phase")
+    assert rank1["verdict"] == "INCOMPLETE"
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))  # both ranks removed their files
