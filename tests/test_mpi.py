@@ -4,13 +4,16 @@ one merged document at X.json, the rank files beside it, and no file or director
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from kv_cache.driver.group import filesystem_id, shared_filesystem_count
+from kv_cache.storage.rundir import RUN_DIR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
@@ -143,3 +146,31 @@ def test_a_storage_error_while_preconditioning_on_one_rank_stops_both(tmp_path):
     assert rank1["stop_reason"].startswith("storage error before the measured phase")
     assert rank1["verdict"] == "INCOMPLETE"
     assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))  # both ranks removed their files
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_path):
+    """SIGKILL of rank 1 once its window is open: mpirun ends rank 0 with SIGTERM, and rank 0 writes what
+    it measured, INCOMPLETE, and removes its files."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "30",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        entry = None
+        while entry is None and time.monotonic() < deadline:
+            entry = next((tmp_path / "cache").glob("rank1/kv-cache-run-*/*.npy"), None)
+            time.sleep(0.05)
+        assert entry is not None, "rank 1 never opened its window"
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
+    assert rank0["stop_reason"] == "interrupted" and rank0["verdict"] == "INCOMPLETE"
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))
