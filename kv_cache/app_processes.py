@@ -26,7 +26,7 @@ from kv_cache.driver.group import GroupBroken
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
 from kv_cache.report.jsonfile import write_json_atomic
 from kv_cache.report.merge import merge_documents, merged_table
-from kv_cache.report.verdict import mark_missing_ranks
+from kv_cache.report.verdict import INCOMPLETE, mark_missing_ranks
 
 __all__ = ["GroupBroken", "ProcessGroup", "rank_settings", "run_processes", "with_missing_ranks"]
 
@@ -38,6 +38,8 @@ class ProcessGroup:
 
     The parent breaks the barrier (abort) as soon as a process ends without finishing, so no rank waits
     for a lost one: a rank at a barrier gets GroupBroken within a poll (half a second)."""
+
+    gather_waits = False  # a rank's document goes on the queue: an interrupted rank sends its own too
 
     def __init__(self, rank: int, size: int, barrier: Any, shared: Any, results: Any) -> None:
         self.rank, self.size = rank, size
@@ -133,13 +135,22 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
               f"beside {settings.output}\n")
     out.flush()
     ended = _Ended()
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the ranks like Ctrl-C
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         for p in procs:
             p.start()
         _collect(procs, results, barrier, ended)
     finally:
         manager.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return _conclude(settings, procs, ended, out)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 @dataclass
@@ -168,8 +179,11 @@ def _collect(procs: list, results: Any, barrier: Any, ended: _Ended) -> None:
                 barrier.abort()
             if all(p.exitcode is not None for p in procs):
                 break
-        except KeyboardInterrupt:
-            ended.interrupted = True
+        except KeyboardInterrupt:  # each rank gets it too (a terminal's Ctrl-C reaches them already: a
+            ended.interrupted = True  # second one only makes them say that they are writing)
+            for p in procs:
+                if p.pid is not None and p.exitcode is None:
+                    os.kill(p.pid, signal.SIGINT)
     while True:  # what the last ones sent just before they ended
         try:
             ended.take(results.get_nowait())
@@ -189,6 +203,10 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutc
         merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).output}
                                   for r in sorted(ended.docs)])
         merged = with_missing_ranks(merged, missing, n, lost)
+        if any(d.get("verdict") == INCOMPLETE for d in ended.docs.values()):
+            merged.update(overall_passed=False, verdict=INCOMPLETE)  # a rank's window was cut short
+        else:
+            merged.setdefault("verdict", "PASS" if merged.get("overall_passed") else "FAIL")
         write_json_atomic(settings.output, merged)
         out.write(merged_table(merged))
         what = f"{len(ended.docs)} of {n} processes" if missing else f"{n} processes"

@@ -200,3 +200,25 @@ def test_a_partial_merge_names_the_missing_ranks():
     assert merged["lost_ranks"] == [{"rank": 2, "ended": "killed by SIGKILL"}]
     assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
     assert with_missing_ranks({"ranks": 3}, [], 3, {}) == {"ranks": 3}
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp_path):
+    """SIGTERM to the `--processes` parent once the windows are open: it stops every rank like Ctrl-C,
+    each writes its part (INCOMPLETE), the parent merges them (INCOMPLETE) and exits 130."""
+    proc = subprocess.Popen(_processes_cmd(tmp_path, duration="60"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        _wait_for(lambda: all(next((tmp_path / "cache").glob(f"rank{r}/kv-cache-run-*/*.npy"), None)
+                              for r in range(2)))
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
+    assert [d["verdict"] for d in ranks] == ["INCOMPLETE", "INCOMPLETE"]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False and merged["ranks"] == 2
+    assert "missing_ranks" not in merged
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))

@@ -31,6 +31,7 @@ class RankGroup(Protocol):
 
     rank: int
     size: int
+    gather_waits: bool  # gather is a collective every rank must reach (MPI); False: a rank sends alone
 
     def barrier(self) -> None: ...
 
@@ -42,6 +43,8 @@ class RankGroup(Protocol):
 
 class MpiGroup:
     """A RankGroup on mpi4py's COMM_WORLD."""
+
+    gather_waits = True
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
