@@ -33,7 +33,7 @@ from kv_cache.report.document import RunRecord, build_results, interrupted_resul
 from kv_cache.report.parameters import run_mode
 from kv_cache.report.progress import make_progress
 from kv_cache.report.run_outputs import write_merged, write_outputs
-from kv_cache.report.verdict import mark_incomplete, verdict_keys, window_fraction
+from kv_cache.report.verdict import mark_incomplete, mark_storage_stop, verdict_keys, window_fraction
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.tiers import TierSet, largest_entry, open_tiers
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
@@ -132,7 +132,9 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         run.metrics.close_window()
         results = interrupted_results(run.phases, settings, run.metrics, run.started)
         results["stop_reason"] = f"storage error before the measured phase: {exc}"
-        storage_error = exc if isinstance(exc, StorageError) else StorageError(str(exc))
+        storage_error = exc if isinstance(exc, StorageError) else StorageError(
+            f"run stopped by a storage error before the measured window: {exc}")
+        mark_storage_stop(results, str(storage_error))
     finally:
         run.stop.set()
         run.stores.close()
@@ -148,8 +150,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         results.update(verdict_keys(results))
     write_outputs(settings, results, out)
     if storage_error is not None:
-        raise StorageError(f"run stopped before the measured window: {storage_error}") \
-            from storage_error
+        raise storage_error
     if interrupted:
         out.write(f"Run INCOMPLETE: interrupted after {results['window_fraction'] * 100:.0f} % of the "
                   f"{settings.duration} s window; the verdict is not PASS\n")

@@ -38,6 +38,8 @@ def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings):
     results = json.loads(out.read_text())
     assert results["measurement"]["stop_reason"] == "interrupted"
     assert 0 < results["measurement"]["window_seconds"] < 30
+    assert results["verdict"] == "INCOMPLETE" and results["overall_passed"] is False  # never PASS
+    assert 0 < results["window_fraction"] < 0.5
     assert sorted(os.listdir(cache)) == ["foreign.npy"]
 
 
@@ -173,8 +175,11 @@ def test_a_storage_error_while_preconditioning_stops_the_run_with_exit_3(quick_s
             "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "r.json")]
     assert main(argv) == 3
     err = capsys.readouterr().err
-    assert "kv-cache: error: run stopped before the measured window: storage error before the window" in err
+    assert "kv-cache: error: run stopped by a storage error before the measured window: " in err
     results = json.loads((tmp_path / "r.json").read_text())
     assert results["stop_reason"].startswith("storage error before the measured phase")
     assert results["verdict"] == "INCOMPLETE" and results["window_fraction"] == 0.0
+    crit = {c["name"]: c for c in results["summary"]["cache_stats"]["storage_health"]["criteria"]}
+    assert not crit["Not Stopped By A Storage Error"]["passed"]
+    assert "No space left" in crit["Not Stopped By A Storage Error"]["actual"]
     assert not (tmp_path / "cache").exists()

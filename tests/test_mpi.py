@@ -141,7 +141,7 @@ def test_a_storage_error_while_preconditioning_on_one_rank_stops_both(tmp_path):
     proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
                           cwd=tmp_path)
     assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
-    assert b"kv-cache: error: run stopped before the measured window: storage error" in proc.stdout + proc.stderr
+    assert b"kv-cache: error: run stopped by a storage error before the measured window" in proc.stdout + proc.stderr
     rank1 = json.loads((tmp_path / "X_rank1.json").read_text())
     assert rank1["stop_reason"].startswith("storage error before the measured phase")
     assert rank1["verdict"] == "INCOMPLETE"

@@ -73,7 +73,7 @@ def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], 
         _phases(settings, cache, tiers, factory, stop, out, phases)
     except OSError as exc:
         done = f" (after {', '.join(phases)})" if phases else ""
-        raise StorageError(f"storage error before the window{done}: {exc}") from exc
+        raise StorageError(f"run stopped by a storage error before the measured window{done}: {exc}") from exc
     return phases
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 NEVER_EXERCISED = "storage tier never exercised"
+STORAGE_STOP_CRITERION = "Not Stopped By A Storage Error"
 
 
 def storage_bytes_moved(stats: dict[str, Any]) -> float:
@@ -33,7 +34,7 @@ def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float
     out += [
         {"name": f"Failed Requests <= {max_error_rate * 100:g}%", "target": max_error_rate, "actual": error_rate,
          "unit": "ratio", "passed": bool(error_rate <= max_error_rate)},
-        {"name": "Not Stopped By A Storage Error", "target": "none", "actual": fatal_error or "none", "unit": "",
+        {"name": STORAGE_STOP_CRITERION, "target": "none", "actual": fatal_error or "none", "unit": "",
          "passed": fatal_error is None},
     ]
     if storage_expected:
@@ -74,7 +75,20 @@ def _fail_health(results: dict[str, Any], criterion: dict[str, Any]) -> None:
         return
     health.setdefault("criteria", []).append(criterion)
     health["total_count"] = len(health["criteria"])
+    health["passed_count"] = sum(1 for c in health["criteria"] if c.get("passed"))
     health["overall_status"] = INCOMPLETE
+
+
+def mark_storage_stop(results: dict[str, Any], error: str) -> None:
+    """A run a storage error stopped before its window: its "Not Stopped By A Storage Error" criterion
+    names the error and fails (the document of such a run has no window to judge otherwise)."""
+    summary = results.get("summary")
+    health = summary.get("cache_stats", {}).get("storage_health") if isinstance(summary, dict) else None
+    for criterion in (health or {}).get("criteria", []):
+        if criterion.get("name") == STORAGE_STOP_CRITERION:
+            criterion.update(actual=error, passed=False)
+    if health:
+        health["passed_count"] = sum(1 for c in health["criteria"] if c["passed"])
 
 
 def mark_incomplete(results: dict[str, Any], fraction: float, why: str) -> None:
