@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.cache import CapacityError
 from kv_cache.config.run import RunSettings
 from kv_cache.driver import shapes
 from kv_cache.driver.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.driver.scheduler import Driver, DriverOutcome
 from kv_cache.driver.setup import driver_options, io_worker_count, run_phases, start_tracing
-from kv_cache.errors import ExitCode
+from kv_cache.errors import RunOutcome, StorageError
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.report.banner import print_banner
 from kv_cache.report.blocklatency import block_latency
@@ -33,6 +32,7 @@ from kv_cache.report.document import RunRecord, build_results, interrupted_resul
 from kv_cache.report.parameters import run_mode
 from kv_cache.report.progress import make_progress
 from kv_cache.report.run_outputs import write_merged, write_outputs
+from kv_cache.report.verdict import mark_incomplete, mark_storage_stop, verdict_keys, window_fraction
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.storage.blockdev import BlockDeviceCounter
@@ -40,35 +40,48 @@ from kv_cache.workload.factory import UserFactory, build_trace_workload, open_tr
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
 
-__all__ = ["UserFactory", "build_trace_workload", "execute", "run_benchmark"]
+__all__ = ["Interrupts", "UserFactory", "build_trace_workload", "execute", "run_benchmark"]
 
 log = logging.getLogger("kv_cache")
 
-class _InterruptOnce:
-    """SIGINT / SIGTERM handler: the first signal stops the run (KeyboardInterrupt); later ones only say
-    that clean-up is under way, so a second Ctrl-C never skips writing the results or removing files."""
+class Interrupts:
+    """SIGINT / SIGTERM handler of a run.
+
+    Until the measured window closes, the first signal stops the run (KeyboardInterrupt: the window ends
+    there, the run is INCOMPLETE); later ones only say that clean-up is under way, so a second Ctrl-C never
+    skips writing the results or removing files. Once the window has closed (`close_window`, called by the
+    driver), no signal raises: the drain, tracing stop, results, writing and clean-up run to their end, so
+    the window's results cannot be lost to a late Ctrl-C."""
 
     def __init__(self) -> None:
         self.seen = 0
+        self.window_closed = False
+
+    def close_window(self) -> None:
+        self.window_closed = True
 
     def __call__(self, signum, frame):
         self.seen += 1
+        if self.window_closed:
+            sys.stderr.write("kv-cache: the measured window is over; finishing the results and clean-up first\n")
+            return
         if self.seen == 1:
             raise KeyboardInterrupt
         sys.stderr.write("kv-cache: stopping; writing the results and removing the run's files first\n")
 
 
-def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = None) -> int:
-    """Run, write the JSON (and XLSX), print the report. Returns the process exit code.
+def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = None) -> RunOutcome:
+    """Run, write the JSON (and XLSX), print the report. Returns how the run ended (the CLI makes it the
+    exit status); an error it could not run with, or a storage error before the window, is raised.
 
     `group`: the ranks of this run (None: the MPI ranks when mpirun started several, else this one alone)."""
     out = out or sys.stdout
     previous = {}
-    handler = _InterruptOnce()
+    handler = Interrupts()
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return int(execute(settings, out, group=group)[1])
+        return execute(settings, out, group=group, interrupts=handler)[1]
     finally:
         if not handler.seen:  # once stopping, a late signal must not kill the exit either: keep ours
             for sig, old in previous.items():
@@ -88,46 +101,68 @@ class _Run:
     rusage0: Any = field(default_factory=lambda: resource.getrusage(resource.RUSAGE_SELF))
     group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
     run_id: str | None = None  # one id for all the ranks of this run (shared_run_id)
+    interrupts: Interrupts | None = None  # told when the window closes (signals no longer stop the run)
 
 
-def execute(settings: RunSettings, out, record_plans: bool = False,
-            group: RankGroup | None = None) -> tuple[dict[str, Any], int]:
-    """Build, run, write and print; returns (results, exit code).
+def execute(settings: RunSettings, out, record_plans: bool = False, group: RankGroup | None = None,
+            interrupts: Interrupts | None = None) -> tuple[dict[str, Any], RunOutcome]:
+    """Build, run, write and print; returns (results, how the run ended).
 
     Trace files are opened first, once: a bad one raises TraceError before any I/O is done. With several
-    ranks, rank 0 also writes the merged document of all ranks (settings.merged_output).
+    ranks, rank 0 also writes the merged document of all ranks (settings.merged_output). A storage error
+    before the window (preconditioning, ingestion) writes the results of the phases done, removes the
+    run's files, then raises StorageError (under mpirun the CLI ends the other ranks with it).
     """
     sources = open_trace_sources(settings) if settings.trace_paths else None
     if sources:  # "auto" becomes the detected format, as shown in the banner and the results
         settings = dataclasses.replace(
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
-    run = _Run(group=group if group is not None else open_group(settings.mpi_world_size))
+    run = _Run(group=group if group is not None else open_group(settings.mpi_world_size), interrupts=interrupts)
     interrupted = False
-    storage_error = None
+    storage_error: StorageError | None = None
     try:
         results = _measure(settings, run, sources, out, record_plans)
         interrupted = run.outcome.stop_reason == "interrupted"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the window closed (after it, Interrupts never raises)
         interrupted = True
         run.stop.set()
         run.metrics.close_window()
         results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
-    except (OSError, CapacityError) as exc:  # a storage error before the window (preconditioning, ...)
+    except (OSError, StorageError) as exc:  # a storage error before the window (preconditioning, ...)
         run.stop.set()
         run.metrics.close_window()
         results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
         results["stop_reason"] = f"storage error before the measured phase: {exc}"
-        storage_error = str(exc)
+        storage_error = exc if isinstance(exc, StorageError) else StorageError(
+            f"run stopped by a storage error before the measured window: {exc}")
+        mark_storage_stop(results, str(storage_error))
     finally:
         run.stop.set()
         run.stores.close()
+    if run.outcome is not None and run.outcome.peers_lost:
+        results.setdefault("measurement", {}).setdefault("notes", []).append(
+            "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
+            "but the ranks' windows were not closed together")
+    if interrupted or storage_error is not None:
+        window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
+        mark_incomplete(results, window_fraction(window, float(settings.duration)),
+                        "interrupted" if interrupted else "storage error before the window")
+    else:
+        results.update(verdict_keys(results))
     write_outputs(settings, results, out)
     if storage_error is not None:
-        log.error("run stopped by a storage error: %s", storage_error)
-        return results, ExitCode.STORAGE_ERROR
-    if run.group is not None and not interrupted:
-        write_merged(settings, run.group, results, out)
-    return results, exit_code(settings, results, run.outcome, interrupted)
+        raise storage_error
+    if interrupted:
+        out.write(f"Run INCOMPLETE: interrupted after {results['window_fraction'] * 100:.0f} % of the "
+                  f"{settings.duration} s window; the verdict is not PASS\n")
+        out.flush()
+    if run.group is not None and (not interrupted or not run.group.gather_waits):  # (an interrupted MPI
+        write_merged(settings, run.group, results, out)  # rank may be alone at the gather: never wait there)
+    fatal = run.outcome.fatal_error if run.outcome is not None else None
+    if fatal:
+        log.error("run stopped by a storage error: %s", fatal)
+    return results, RunOutcome(interrupted=interrupted, storage_error=fatal, passed=bool(results.get("overall_passed")),
+                               fail_exit_code=settings.fail_exit_code)
 
 
 def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,
@@ -154,7 +189,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
-    run.phases = run_phases(settings, cache, tiers, factory, workers, run.stop, out)
+    run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
     tracer, why = start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
@@ -163,7 +198,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.replay_cycles, group=run.group, observers=_progress(settings))
+                    replay_cycles=settings.replay_cycles, group=run.group, observers=_progress(settings),
+                    on_window_close=run.interrupts.close_window if run.interrupts is not None else None)
     try:
         outcome = run.outcome = driver.run()
     finally:
@@ -183,15 +219,3 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
 def _progress(settings: RunSettings) -> list:
     progress = make_progress(settings.log_level, float(settings.duration))
     return [progress] if progress is not None else []
-
-
-def exit_code(settings: RunSettings, results: dict[str, Any], outcome: DriverOutcome | None,
-              interrupted: bool) -> ExitCode:
-    if interrupted:
-        return ExitCode.INTERRUPTED
-    if outcome is not None and outcome.fatal_error:
-        log.error("run stopped by a storage error: %s", outcome.fatal_error)
-        return ExitCode.STORAGE_ERROR
-    if settings.fail_exit_code and not results.get("overall_passed"):
-        return ExitCode.FAIL
-    return ExitCode.OK  # the verdict is in the results (overall_passed), not in the exit status

@@ -22,7 +22,7 @@ from kv_cache import __version__
 from kv_cache.config.schema import SessionsConfig
 from kv_cache.driver.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.driver.ladder_summary import auto_next_rung, merge_replications, rung_warnings
-from kv_cache.errors import ExitCode
+from kv_cache.errors import RunOutcome
 from kv_cache.metrics.recorder import GIB
 from kv_cache.report import measurement as meas
 from kv_cache.report.document import SESSIONS_SCHEMA_VERSION, results_document
@@ -185,14 +185,15 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
                                  "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")
 
 
-def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
-    """Load the sessions, climb the ladder, write the JSON, print the table; returns the exit status."""
+def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
+    """Load the sessions, climb the ladder, write the JSON, print the table; returns how the ladder ended
+    (interrupted or not; the CLI makes it the exit status)."""
     out = out or sys.stdout
     ls, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
     ladder, tiers = list(s.ladder), list(s.tiers)
     started = datetime.now()
     done_rungs: list[dict[str, Any]] = []
-    code = ExitCode.OK
+    interrupted, storage_error = False, None
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -200,12 +201,13 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
-        body, code = ({"rungs": done_rungs, "summary": None, "interrupted": True,
-                       "warnings": rung_warnings(done_rungs, None)}, ExitCode.INTERRUPTED)
+        body, interrupted = ({"rungs": done_rungs, "summary": None, "interrupted": True,
+                              "warnings": rung_warnings(done_rungs, None)}, True)
     except LadderStopped as exc:  # keep what was measured, say why it stopped, exit 3
         sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {exc}\n")
-        body, code = ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
-                       "warnings": rung_warnings(done_rungs, None)}, ExitCode.STORAGE_ERROR)
+        body, interrupted = ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
+                              "warnings": rung_warnings(done_rungs, None)}, False)
+        storage_error = str(exc)
     results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
@@ -229,7 +231,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         **body,
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
-    if code == ExitCode.OK:
+    if not interrupted and storage_error is None:
         print_table(results, out)
     if written.kept_as:
         out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
@@ -237,4 +239,4 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> int:
         sys.stderr.write(f"kv-cache sessions: could not write the results to {written.error}; "
                          f"they are in {written.path}\n")
     out.write(f"\nResults written to {written.path}\n")
-    return int(code)
+    return RunOutcome(interrupted=interrupted, storage_error=storage_error)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
 from kv_cache.config.sections import EvictionConfig
+from kv_cache.errors import StorageError
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import DataCorruption, IOAborted, IOResult, Store, StoreFull
@@ -95,7 +96,7 @@ MIB = 1 << 20
 ROOM_WAIT_S = 30.0  # longest an allocation waits for entries being read or written to make room
 
 
-class CapacityError(Exception):
+class CapacityError(StorageError):
     """The storage tier is full and nothing in it can be evicted now (the capacity is a hard limit)."""
 
 

@@ -765,7 +765,7 @@ def test_sessions_argparse_errors_carry_the_command_name(capsys):
 
 
 def test_exit_code_values():
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 130]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 70, 130]
 
 
 @pytest.mark.parametrize(

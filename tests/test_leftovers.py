@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kv_cache.app import _InterruptOnce
-from kv_cache.storage.leftovers import sweep
+from kv_cache.app import Interrupts
+from kv_cache.storage.leftovers import ORPHAN_AGE_S, markerless_run_dirs, sweep
 from kv_cache.storage.rundir import MARKER, RunDir, boot_id, process_start, stale_run_dirs
 
 
@@ -75,8 +75,56 @@ def test_a_cache_dir_the_run_created_is_removed_at_the_end(tmp_path):
 
 
 def test_only_the_first_interrupt_raises(capsys):
-    handler = _InterruptOnce()
+    handler = Interrupts()
     with pytest.raises(KeyboardInterrupt):
         handler(2, None)
     handler(2, None)  # the second one is only reported
     assert "writing the results" in capsys.readouterr().err
+
+
+def test_no_signal_raises_once_the_window_has_closed(capsys):
+    handler = Interrupts()
+    handler.close_window()
+    handler(2, None)  # a late Ctrl-C: noted, the results and clean-up go on
+    handler(15, None)
+    assert "window is over" in capsys.readouterr().err
+
+
+def test_the_marker_stays_while_an_entry_file_does(tmp_path):
+    run = RunDir(tmp_path)
+    (run.path / "left.npy").write_bytes(b"x")  # an unlink that failed, a clean-up cut short
+    assert run.remove() is False
+    assert (run.path / MARKER).exists()  # so the next run's sweep knows the directory is a dead run's
+    (run.path / "left.npy").unlink()
+    assert run.remove() is True and not run.path.exists()
+
+
+def _markerless(parent, pid, age_s, files=("a.npy",)):
+    d = parent / f"kv-cache-run-20260101-000000-{pid}-ab12"
+    d.mkdir(parents=True)
+    for f in files:
+        (d / f).write_bytes(b"x" * 4096)
+    old = 1_000_000.0
+    for p in [*(d / f for f in files), d]:
+        os.utime(p, (old, old))
+    return d, old + age_s
+
+
+def test_a_dead_runs_markerless_dir_of_entry_files_is_swept(tmp_path):
+    d, now = _markerless(tmp_path, _dead_pid(), ORPHAN_AGE_S + 1)
+    assert markerless_run_dirs(tmp_path, now) == [d]
+    found = sweep(tmp_path)  # the real clock: the files are decades old
+    assert not d.exists() and [p for p, _ in found.removed] == [d]
+
+
+@pytest.mark.parametrize("case", ["live pid", "recent", "foreign file", "empty", "other name"])
+def test_a_markerless_dir_is_kept_unless_provably_a_dead_runs(tmp_path, case):
+    pid = os.getpid() if case == "live pid" else _dead_pid()
+    files = {"foreign file": ("a.npy", "notes.txt"), "empty": ()}.get(case, ("a.npy",))
+    d, now = _markerless(tmp_path, pid, 1.0 if case == "recent" else ORPHAN_AGE_S + 1, files)
+    if case == "other name":
+        d = d.rename(tmp_path / "kv-cache-run-mine")
+    assert markerless_run_dirs(tmp_path, now) == []
+    if case != "recent":
+        sweep(tmp_path)
+        assert d.exists() and sorted(os.listdir(d)) == sorted(files)

@@ -38,6 +38,8 @@ def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings):
     results = json.loads(out.read_text())
     assert results["measurement"]["stop_reason"] == "interrupted"
     assert 0 < results["measurement"]["window_seconds"] < 30
+    assert results["verdict"] == "INCOMPLETE" and results["overall_passed"] is False  # never PASS
+    assert 0 < results["window_fraction"] < 0.5
     assert sorted(os.listdir(cache)) == ["foreign.npy"]
 
 
@@ -86,3 +88,98 @@ def test_gpu_request_without_cuda_runs_a_simulated_tier_and_says_so(quick_settin
     assert gpu["mode"] == "simulated" and gpu["gpu"] == "h100" and gpu["h2d"]["bytes"] > 0
     assert results["summary"]["cache_stats"]["tier_gpu_kv_bytes_written_gb"] > 0
     assert "[SIMULATED GPU tier" in sink.getvalue() and "GPU tier: SIMULATED h100" in sink.getvalue()
+
+
+def _signal_self_in(monkeypatch, owner, name: str, sig: int = signal.SIGINT, times: int = 1) -> dict:
+    """Make the first call of `owner.name` send `sig` to this process `times` times (the test runs in the
+    main thread, where the run's handler is installed), then do its work."""
+    real = getattr(owner, name)
+    sent = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        while sent.get("calls", 0) == 0 and sent["n"] < times:
+            sent["n"] += 1
+            os.kill(os.getpid(), sig)
+            time.sleep(0.01)  # let the handler run before the next one
+        sent["calls"] = sent.get("calls", 0) + 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+    return sent
+
+
+@pytest.mark.slow  # a real run (wall clock)
+@pytest.mark.parametrize("where", ["drain", "results", "clean-up"])
+def test_a_late_ctrl_c_keeps_the_windows_results(quick_settings, sink, tmp_path, monkeypatch, where):
+    """A Ctrl-C (twice) after the window closed: during the drain, while the results are built, while the
+    run's files are removed. The window's results are written whole, the files are gone."""
+    from kv_cache import app
+    from kv_cache.driver.pool import WorkerPool
+    from kv_cache.serving.tiers import TierSet
+
+    owner, name = {"drain": (WorkerPool, "drain"), "results": (app, "build_results"),
+                   "clean-up": (TierSet, "close")}[where]
+    sent = _signal_self_in(monkeypatch, owner, name, times=2)
+    outcome = app.run_benchmark(quick_settings(), sink)
+    assert sent["n"] == 2
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["stop_reason"] == "duration" and results["total_requests"] > 0
+    assert results["total_requests"] == len(results["end_to_end_latencies"])
+    assert results["verdict"] in ("PASS", "FAIL") and results["window_fraction"] == 1.0
+    assert not outcome.interrupted
+    assert not (tmp_path / "cache").exists()  # entry files, marker, run dir and the cache dir it made: gone
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_a_run_interrupted_in_its_window_is_incomplete_never_pass(quick_settings, sink, tmp_path, monkeypatch):
+    from kv_cache.app import run_benchmark
+    from kv_cache.cli.exits import exit_status
+    from kv_cache.driver.scheduler import Driver
+
+    _signal_self_in(monkeypatch, Driver, "_close_bucket")  # one second into the window
+    outcome = run_benchmark(quick_settings("--duration", "6"), sink)
+    assert outcome.interrupted and exit_status(outcome) == 130
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["stop_reason"] == "interrupted" and results["total_requests"] > 0
+    assert results["overall_passed"] is False and results["verdict"] == "INCOMPLETE"
+    assert 0 < results["window_fraction"] < 1
+    health = results["summary"]["cache_stats"]["storage_health"]
+    assert health["overall_status"] == "INCOMPLETE"
+    assert [c for c in health["criteria"] if not c["passed"]][-1]["name"] == "Measured Window Completed"
+    text = sink.getvalue()
+    assert "STORAGE PERFORMANCE ASSESSMENT: INCOMPLETE" in text and "Run INCOMPLETE: interrupted after" in text
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_a_storage_error_while_preconditioning_stops_the_run_with_exit_3(quick_settings, tmp_path, monkeypatch,
+                                                                        capsys):
+    """The StorageError is raised from the preconditioning path: the phases' results are written, the
+    files removed, and the CLI says it in one line with exit status 3."""
+    from kv_cache.cli import main
+    from kv_cache.storage import files
+
+    real_write = files.FileStore.write
+    calls = {"n": 0}
+
+    def failing_write(self, key, nbytes, bufs, stop=None):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise OSError(28, "No space left on device")
+        return real_write(self, key, nbytes, bufs, stop)
+
+    monkeypatch.setattr(files.FileStore, "write", failing_write)
+    quick_settings()  # writes micro.yaml
+    argv = ["--config", str(tmp_path / "micro.yaml"), "--model", "micro", "--num-users", "2", "--duration", "60",
+            "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode", "none", "--io-chunk-mb", "1",
+            "--precondition", "--precondition-size-gb", "0.05",
+            "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "r.json")]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "kv-cache: error: run stopped by a storage error before the measured window: " in err
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["stop_reason"].startswith("storage error before the measured phase")
+    assert results["verdict"] == "INCOMPLETE" and results["window_fraction"] == 0.0
+    crit = {c["name"]: c for c in results["summary"]["cache_stats"]["storage_health"]["criteria"]}
+    assert not crit["Not Stopped By A Storage Error"]["passed"]
+    assert "No space left" in crit["Not Stopped By A Storage Error"]["actual"]
+    assert not (tmp_path / "cache").exists()

@@ -12,6 +12,7 @@ import pytest
 
 from kv_cache.app import execute
 from kv_cache.cli import parse_settings
+from kv_cache.cli.exits import exit_status
 from kv_cache.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +210,7 @@ def test_throughput_profile_uses_configured_floor(with_config, sink):
                            "  min_storage_write_gbps: 1000000\n", "--performance-profile", "throughput")
     results, code = execute(settings, sink)
     health = results["summary"]["cache_stats"]["storage_health"]
-    assert code == 0 and health["overall_status"] == "FAIL" and results["overall_passed"] is False
+    assert exit_status(code) == 0 and health["overall_status"] == "FAIL" and results["overall_passed"] is False
     assert any("Bandwidth >= 1e+06 GiB/s" in c["name"] and not c["passed"] for c in health["criteria"])
 
 
@@ -218,7 +219,7 @@ def test_throughput_profile_passes_when_floor_met(with_config, sink):
     settings = with_config("performance_criteria:\n  min_storage_read_gbps: 0\n  min_storage_write_gbps: 0\n",
                            "--performance-profile", "throughput")
     results, code = execute(settings, sink)
-    assert code == 0 and results["overall_passed"] is True
+    assert exit_status(code) == 0 and results["overall_passed"] is True
 
 
 @pytest.mark.slow  # a real run (wall clock)
@@ -226,7 +227,7 @@ def test_latency_profile_thresholds_from_config(with_config, sink):
     settings = with_config("performance_criteria:\n  storage_write_device_p95_ms: 0.000001\n", "--fail-exit-code")
     results, code = execute(settings, sink)
     crit = results["summary"]["cache_stats"]["storage_health"]["criteria"]
-    assert code == 1 and results["overall_passed"] is False and any(c["name"].startswith("Storage Tier Write Device P95 < 1e-06ms") for c in crit)
+    assert exit_status(code) == 1 and results["overall_passed"] is False and any(c["name"].startswith("Storage Tier Write Device P95 < 1e-06ms") for c in crit)
 
 
 @pytest.mark.slow  # a real run (wall clock)

@@ -4,13 +4,16 @@ one merged document at X.json, the rank files beside it, and no file or director
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from kv_cache.driver.group import filesystem_id, shared_filesystem_count
+from kv_cache.storage.rundir import RUN_DIR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
@@ -128,3 +131,56 @@ def test_a_failing_rank_ends_the_job_instead_of_hanging_the_others(tmp_path):
     assert proc.returncode == 2
     assert b"kv-cache: error: cache dir" in proc.stdout + proc.stderr
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 cleaned up as it was ended
+
+
+@pytest.mark.slow
+def test_a_storage_error_while_preconditioning_on_one_rank_stops_both(tmp_path):
+    """Rank 1 may write files of 200 kB at most (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails):
+    its preconditioning fails, it writes what it has and ends the job; rank 0, at the window barrier,
+    stops within seconds instead of running its 300 s window. Exit status 3 (a storage error)."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    args = [str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "300", "--precondition",
+            "--precondition-size-gb", "0.05", "--cache-dir", str(tmp_path / "cache"),
+            "--output", str(tmp_path / "X.json")]
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-x", "PYTHONPATH", "-n", "1", sys.executable,
+           *args, ":", "-n", "1", prlimit, "--fsize=200000", sys.executable, *args]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    assert b"kv-cache: error: run stopped by a storage error before the measured window" in proc.stdout + proc.stderr
+    rank1 = json.loads((tmp_path / "X_rank1.json").read_text())
+    assert rank1["stop_reason"].startswith("storage error before the measured phase")
+    assert rank1["verdict"] == "INCOMPLETE"
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))  # both ranks removed their files
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_path):
+    """SIGKILL of rank 1 once its window is open: mpirun ends rank 0 with SIGTERM, and rank 0 writes what
+    it measured, INCOMPLETE, and removes its files."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "30",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        entry = None
+        while entry is None and time.monotonic() < deadline:
+            entry = next((tmp_path / "cache").glob("rank1/kv-cache-run-*/*.npy"), None)
+            time.sleep(0.05)
+        assert entry is not None, "rank 1 never opened its window"
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
+    assert rank0["stop_reason"] == "interrupted" and rank0["verdict"] == "INCOMPLETE"
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))

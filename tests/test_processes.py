@@ -1,13 +1,24 @@
 """`--processes N`: the per-process settings, the group's collectives, and a real two-process run."""
 
 import json
+import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from kv_cache.app_processes import GroupBroken, ProcessGroup, rank_settings
-from kv_cache.cli import main
+from kv_cache.app_processes import GroupBroken, ProcessGroup, rank_settings, with_missing_ranks
+from kv_cache.cli import exit_code_for, main
+from kv_cache.errors import ExitCode, InternalError
+from kv_cache.storage.rundir import RUN_DIR_NAME
+
+MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
+         "    kv_heads: 1\n    dtype: float16\n")
 
 
 def test_each_process_gets_a_share_and_its_own_paths(quick_settings, tmp_path):
@@ -48,7 +59,7 @@ def test_process_group_collectives_in_rank_order():
     for t in threads:
         t.join()
     assert all(g == (["fs0", "fs1", "fs0"], [0, 10, 20], None) for g in got)
-    assert sorted(results.get_nowait()[0] for _ in range(n)) == [0, 1, 2]
+    assert sorted(results.get_nowait()[:2] for _ in range(n)) == [(0, "doc"), (1, "doc"), (2, "doc")]
 
 
 def test_a_broken_barrier_is_a_clear_error():
@@ -78,3 +89,140 @@ def test_two_processes_give_one_merged_document(quick_settings, tmp_path, capsys
     assert merged["run_id"] == docs[0]["run_id"] and merged["world_size"] == 2
     assert merged["totals"]["requests_completed"] == sum(d["requests_completed"] for d in docs)
     assert "Merged results of 2 processes" in capsys.readouterr().out
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _processes_cmd(tmp_path, *extra, duration="6"):
+    (tmp_path / "micro.yaml").write_text(MICRO)
+    return [sys.executable, str(ROOT / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"), "--model", "micro",
+            "--num-users", "4", "--duration", duration, "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+            "--generation-mode", "none", "--io-chunk-mb", "1", "--cache-dir", str(tmp_path / "cache"),
+            "--output", str(tmp_path / "X.json"), "--processes", "2", *extra]
+
+
+def _wait_for(find, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = find()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_the_window_leaves_a_merged_document_naming_it(tmp_path):
+    """SIGKILL of rank 1 once its window is open (it has written an entry file): rank 0 finishes its
+    window, its closing barrier is broken rather than waited on, and the merge of rank 0 names rank 1."""
+    proc = subprocess.Popen(_processes_cmd(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        entry = _wait_for(lambda: next((tmp_path / "cache" / "rank1").glob("kv-cache-run-*/*.npy"), None)
+                          if (tmp_path / "cache" / "rank1").is_dir() else None)
+        pid = int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1))
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.RANKS_LOST == 4, stderr[-3000:]
+    assert "Process 1 ended without its results (killed by SIGKILL)" in stdout
+    assert "Merged results of 1 of 2 processes" in stdout
+    rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
+    assert rank0["stop_reason"] == "duration" and rank0["total_requests"] > 0
+    assert any("closing barrier" in note for note in rank0["measurement"]["notes"])
+    assert not (tmp_path / "X_rank1.json").exists()
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["ranks_expected"] == 2
+    assert merged["lost_ranks"] == [{"rank": 1, "ended": "killed by SIGKILL"}]
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
+    assert merged["totals"]["requests_completed"] == rank0["requests_completed"]
+    assert not list((tmp_path / "cache" / "rank0").glob("kv-cache-run-*"))  # the survivor cleaned up
+    assert (entry.parent / ".kv-cache-run").exists()  # the killed rank's files keep their marker: swept later
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_before_the_window_stops_the_others(tmp_path):
+    """Rank 1's cache dir is a file: it fails at once, rank 0 stops at the window barrier instead of
+    waiting there (or running its 300 s window); one line, exit 2."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "rank1").write_text("not a directory")
+    proc = subprocess.run(_processes_cmd(tmp_path, duration="300"), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("kv-cache: error: ") == 1 and "exists and is not a directory" in proc.stderr
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))
+    assert not list(tmp_path.glob("X*.json"))  # nothing was measured
+
+
+@pytest.mark.slow
+def test_a_programming_error_in_a_process_is_an_internal_error_not_bad_input(tmp_path):
+    """A bug (here an injected ZeroDivisionError in rank 1's driver) is reported with its traceback and
+    exit status 70; the other rank stops at the barrier."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('KV_CACHE_TEST_BUG_RANK'):\n"
+        "    from kv_cache.driver import scheduler\n"
+        "    real = scheduler.Driver.run\n"
+        "    def run(self):\n"
+        "        if self.group is not None and self.group.rank == int(os.environ['KV_CACHE_TEST_BUG_RANK']):\n"
+        "            raise ZeroDivisionError('injected bug')\n"
+        "        return real(self)\n"
+        "    scheduler.Driver.run = run\n")
+    env = {**os.environ, "PYTHONPATH": f"{inject}{os.pathsep}{ROOT}", "KV_CACHE_TEST_BUG_RANK": "1"}
+    proc = subprocess.run(_processes_cmd(tmp_path, duration="300"), capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == ExitCode.INTERNAL == 70, proc.stderr[-3000:]
+    assert "Traceback" in proc.stderr and "ZeroDivisionError: injected bug" in proc.stderr
+    assert "kv-cache: error: internal error in process 1: ZeroDivisionError: injected bug" in proc.stderr
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))
+
+
+def test_a_bug_in_a_process_is_sent_to_the_parent_as_an_internal_error(monkeypatch):
+    from kv_cache import app_processes
+
+    def buggy(settings, out, group):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(app_processes, "run_benchmark", buggy)
+    barrier, results = threading.Barrier(2), queue.Queue()
+    group = ProcessGroup(1, 2, barrier, {}, results)
+    with pytest.raises(SystemExit) as ended:
+        app_processes._child(None, group, None)
+    assert ended.value.code != 2 and barrier.broken
+    rank, kind, error = results.get_nowait()
+    assert (rank, kind) == (1, "error") and isinstance(error, InternalError)
+    assert exit_code_for(error) == ExitCode.INTERNAL
+
+
+def test_a_partial_merge_names_the_missing_ranks():
+    merged = with_missing_ranks({"ranks": 2, "overall_passed": True}, [2], 3, {2: -9})
+    assert merged["missing_ranks"] == [2] and merged["ranks_expected"] == 3
+    assert merged["lost_ranks"] == [{"rank": 2, "ended": "killed by SIGKILL"}]
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
+    assert with_missing_ranks({"ranks": 3}, [], 3, {}) == {"ranks": 3}
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp_path):
+    """SIGTERM to the `--processes` parent once the windows are open: it stops every rank like Ctrl-C,
+    each writes its part (INCOMPLETE), the parent merges them (INCOMPLETE) and exits 130."""
+    proc = subprocess.Popen(_processes_cmd(tmp_path, duration="60"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        _wait_for(lambda: all(next((tmp_path / "cache").glob(f"rank{r}/kv-cache-run-*/*.npy"), None)
+                              for r in range(2)))
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
+    assert [d["verdict"] for d in ranks] == ["INCOMPLETE", "INCOMPLETE"]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False and merged["ranks"] == 2
+    assert not merged.get("missing_ranks")  # every rank sent its document
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from kv_cache.app import execute
+from kv_cache.cli.exits import exit_status
 from kv_cache.report.document import SCHEMA_VERSION
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 
@@ -74,7 +75,7 @@ def test_result_json_has_reference_structure(quick_settings, sink, tmp_path):
     assert abs(cs["tier_storage_read_bandwidth_gbps"] - expected) < 1e-9
     assert on_disk["total_requests"] == s["total_requests"] == on_disk["requests_completed"]
     assert len(on_disk["end_to_end_latencies"]) == s["total_requests"]
-    assert code in (0, 1) and on_disk["overall_passed"] == (code == 0)
+    assert exit_status(code) == 0 and on_disk["overall_passed"] == code.passed
 
 
 @pytest.mark.slow  # a real run (wall clock)
@@ -106,7 +107,7 @@ def test_files_removed_and_results_written_when_storage_fails(quick_settings, si
 
     monkeypatch.setattr(files.FileStore, "write", failing_write)
     results, code = execute(quick_settings(), sink)
-    assert code == 3
+    assert exit_status(code) == 3
     assert results["measurement"]["stop_reason"] == "storage error"
     assert "No space left" in results["measurement"]["first_error"]
     assert (tmp_path / "r.json").exists()

@@ -6,14 +6,15 @@ import tempfile
 
 import pytest
 
-from kv_cache.serving import tiers as tiers_mod
 from kv_cache.app import execute
+from kv_cache.cli.exits import exit_status
 from kv_cache.config.run import StorageSettings, TierSettings
 from kv_cache.report.banner import size_lines
+from kv_cache.serving import tiers as tiers_mod
+from kv_cache.serving.tiers import RESERVE_BYTES, TierSet, open_tiers
 from kv_cache.storage.blockdev import fs_type
 from kv_cache.storage.capacity import auto_capacity
 from kv_cache.storage.memlimit import MemoryLimit
-from kv_cache.serving.tiers import RESERVE_BYTES, TierSet, open_tiers
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -45,7 +46,8 @@ def test_auto_capacity_in_ram_stays_inside_the_memory_room():
 @pytest.mark.slow  # a real run
 def test_banner_and_json_show_the_cpu_tier_in_force(quick_settings, sink, monkeypatch):
     seen = _budget(monkeypatch, 600 * MIB)
-    results, code = execute(quick_settings("--cpu-mem-gb", "1000", "--duration", "1"), sink)
+    results, outcome = execute(quick_settings("--cpu-mem-gb", "1000", "--duration", "1"), sink)
+    code = exit_status(outcome)
     assert code == 0 and seen == [1]
     params = results["run_parameters"]
     effective = params["cpu_mem_gb_effective"]

@@ -9,6 +9,7 @@ import pytest
 
 from kv_cache.app import execute
 from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.cli.exits import exit_status
 from kv_cache.config.sections import EvictionConfig
 from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.errors import ExitCode
@@ -119,7 +120,8 @@ def test_persistent_eio_stops_the_run_with_exit_3_and_full_results(quick_setting
         raise OSError(errno.EIO, "Input/output error")
 
     with mock.patch.object(FileStore, "_get", failing_get):
-        results, code = execute(quick_settings("--duration", "5"), sink)
+        results, outcome = execute(quick_settings("--duration", "5"), sink)
+        code = exit_status(outcome)
     assert real_get is FileStore._get
     meas = results["measurement"]
     assert code == ExitCode.STORAGE_ERROR

@@ -102,3 +102,19 @@ def test_a_failed_read_is_a_miss_never_a_hit():
     c = m.snapshot_counters()
     assert c.get("cache_hits", 0) == 0 and c.get("cache_misses", 0) == 1
     assert m.errors["storage_read"] == 1
+
+
+def test_an_incomplete_run_is_never_pass():
+    from kv_cache.report.verdict import mark_incomplete, verdict_keys, window_fraction
+
+    health = {"overall_status": "PASS", "criteria": [{"name": "x", "passed": True}], "passed_count": 1,
+              "total_count": 1}
+    results = {"overall_passed": True, "summary": {"cache_stats": {"storage_health": health}}}
+    assert verdict_keys(results) == {"verdict": "PASS", "window_fraction": 1.0}
+    mark_incomplete(results, window_fraction(5.5, 20.0), "interrupted")
+    assert results["overall_passed"] is False and results["verdict"] == "INCOMPLETE"
+    assert results["window_fraction"] == 0.275
+    assert health["overall_status"] == "INCOMPLETE" and (health["passed_count"], health["total_count"]) == (1, 2)
+    assert health["criteria"][-1] == {"name": "Measured Window Completed", "target": "100%",
+                                      "actual": "28% (interrupted)", "unit": "", "passed": False}
+    assert window_fraction(30.0, 20.0) == 1.0 and window_fraction(1.0, 0.0) == 1.0

@@ -9,6 +9,7 @@ import pytest
 
 from kv_cache.app import execute
 from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.cli.exits import exit_status
 from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.base import DataCorruption
@@ -38,7 +39,8 @@ def test_a_corrupted_block_is_counted_and_logged_with_key_and_offset(tmp_path, b
 
 @pytest.mark.slow  # a real run (wall clock)
 def test_a_verified_run_reports_no_mismatch(quick_settings, sink):
-    results, code = execute(quick_settings("--verify"), sink)
+    results, outcome = execute(quick_settings("--verify"), sink)
+    code = exit_status(outcome)
     assert code == 0
     assert results["measurement"]["verify"] == {"enabled": True, "mismatches": 0}
     assert "--verify: 0 reads" in sink.getvalue()

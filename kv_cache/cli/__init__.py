@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from kv_cache import __version__
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
+from kv_cache.cli.exits import EXIT_CODES, exit_code_for, exit_status
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
 from kv_cache.cli.merge import add_merge_flags, merge_command
 from kv_cache.cli.report_cmd import (
@@ -33,9 +34,9 @@ from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.config.run import RunSettings
 from kv_cache.config.validation import advisories
 from kv_cache.driver.group import abort_peers
-from kv_cache.errors import ExitCode, StorageError, UsageError
+from kv_cache.errors import ExitCode, KvCacheError, UsageError
 
-__all__ = ["COMMANDS", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
+__all__ = ["COMMANDS", "EXIT_CODES", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
            "parse_settings", "parse_sessions_settings", "run_resolved"]
 
 PROG = "kv-cache"
@@ -54,13 +55,6 @@ class HELP_FORMAT(argparse.HelpFormatter):  # noqa: N801  (used as a formatter_c
                 or action.default in (None, argparse.SUPPRESS) or action.nargs == 0 and action.default is False):
             return text
         return f"{text} (default: %(default)s)"
-
-# Which exit status each kind of error ends the process with; the first matching row wins.
-EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
-    (KeyboardInterrupt, ExitCode.INTERRUPTED),
-    (StorageError, ExitCode.STORAGE_ERROR),
-    (UsageError, ExitCode.USAGE),  # ConfigError, TraceError, PaceError, StorageSetupError included
-)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,17 +121,18 @@ def run_resolved(settings: RunSettings) -> int:
     if settings.processes > 1:
         from kv_cache.app_processes import run_processes  # noqa: PLC0415
 
-        return run_processes(settings, sys.stdout, setup_logging=configure_logging)
+        return int(exit_status(run_processes(settings, sys.stdout, setup_logging=configure_logging)))
     from kv_cache.app import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
-    return run_benchmark(settings)
+    return int(exit_status(run_benchmark(settings)))
+
 def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_sessions(args, argv)
     check_plots_dir(args.plots)
     logging.basicConfig(level=getattr(logging, settings.log_level), format=LOG_FORMAT)
     from kv_cache.app_sessions import run_sessions  # noqa: PLC0415
 
-    code = run_sessions(settings)
+    code = int(exit_status(run_sessions(settings)))
     plots_after_run(settings.output, args.plots)
     return code
 
@@ -253,14 +248,6 @@ def _flag_of(setting: str) -> str | None:
     return None
 
 
-def exit_code_for(exc: BaseException) -> ExitCode | None:
-    """The exit status an uncaught error ends the process with; None for errors we do not map."""
-    for kind, code in EXIT_CODES:
-        if isinstance(exc, kind):
-            return code
-    return None
-
-
 def parse_settings(argv: list[str] | None = None) -> RunSettings:
     """Parse, load the config, validate, resolve the model: the run's immutable settings.
 
@@ -304,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(COMMANDS[command].handler(args, rest))
     except SystemExit as exc:  # argparse: --help / --version (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except (KeyboardInterrupt, StorageError, UsageError) as exc:
-        code = exit_code_for(exc)
+    except (KeyboardInterrupt, KvCacheError) as exc:
+        code = exit_code_for(exc) or ExitCode.INTERNAL
         if code == ExitCode.INTERRUPTED:
             sys.stderr.write(f"{prog}: interrupted\n")
         else:
@@ -313,3 +300,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             abort_peers(int(code))  # under mpirun: end the other ranks too, none waits for this one
         return int(code)
+    except BrokenPipeError:  # stdout's reader went away: not a bug; the launcher ends quietly (141)
+        raise
+    except Exception as exc:  # a bug, not bad input: the traceback, and a status of its own (never 2)
+        logger.exception("internal error")
+        sys.stderr.write(f"{prog}: internal error: {type(exc).__name__}: {exc} (a bug; the traceback is above)\n")
+        sys.stderr.flush()
+        abort_peers(int(ExitCode.INTERNAL))
+        return int(ExitCode.INTERNAL)

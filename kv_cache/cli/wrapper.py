@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from kv_cache.errors import ExitCode, StorageError, UsageError
+from kv_cache.errors import ExitCode, KvCacheError, UsageError
 
 __all__ = ["OPTIONS", "RankPlan", "main", "plan_rank"]
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
         return code
     except SystemExit as exc:  # kv-cache's argparse: --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except (KeyboardInterrupt, StorageError, UsageError) as exc:
-        code = exit_code_for(exc)
+    except (KeyboardInterrupt, KvCacheError) as exc:
+        code = exit_code_for(exc) or ExitCode.INTERNAL
         sys.stderr.write(f"{PROG}: {'interrupted' if code == ExitCode.INTERRUPTED else 'error: ' + explain(exc)}\n")
         return int(code)

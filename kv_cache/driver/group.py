@@ -12,18 +12,28 @@ import os
 import uuid
 from typing import Any, Protocol
 
-__all__ = ["RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count", "shared_run_id"]
+from kv_cache.errors import KvCacheError
+
+__all__ = ["GroupBroken", "RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count",
+           "shared_run_id"]
 
 _ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
 
 
 log = logging.getLogger("kv_cache")
 
+class GroupBroken(KvCacheError):
+    """A collective of the group can never complete: another rank failed or was lost (a broken barrier)."""
+
+
 class RankGroup(Protocol):
-    """rank / size of this process in the group; collective operations every rank calls in the same order."""
+    """rank / size of this process in the group; collective operations every rank calls in the same order.
+
+    `barrier` raises GroupBroken when another rank failed or was lost, rather than waiting for ever."""
 
     rank: int
     size: int
+    gather_waits: bool  # gather is a collective every rank must reach (MPI); False: a rank sends alone
 
     def barrier(self) -> None: ...
 
@@ -35,6 +45,8 @@ class RankGroup(Protocol):
 
 class MpiGroup:
     """A RankGroup on mpi4py's COMM_WORLD."""
+
+    gather_waits = True
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
@@ -53,7 +65,7 @@ class MpiGroup:
         self.comm.Abort(code)
 
 
-class MpiUnavailable(RuntimeError):
+class MpiUnavailable(KvCacheError):
     """Several ranks were launched but mpi4py cannot be imported."""
 
 

@@ -17,6 +17,7 @@ A load shape (driver/autoscale.py) may change the number of active users at ever
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -30,7 +31,7 @@ from kv_cache.driver.closed_loop import ClosedLoop
 from kv_cache.driver.error_policy import ErrorPolicy
 from kv_cache.driver.events import EventLoop, Stop
 from kv_cache.driver.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
-from kv_cache.driver.group import RankGroup
+from kv_cache.driver.group import GroupBroken, RankGroup
 from kv_cache.driver.observe import RunObserver, Tick
 from kv_cache.driver.pool import Stream, WorkerPool
 from kv_cache.metrics import names
@@ -39,6 +40,8 @@ from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.request import RequestPlan
 from kv_cache.workload.users import User
+
+log = logging.getLogger("kv_cache")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class DriverOutcome:
     requests_in_flight_at_stop: int = 0
     requests_finished_after_stop: int = 0
     censored_ns: list[int] = field(default_factory=list)
+    peers_lost: bool = False  # the window's closing barrier broke: another rank ended without closing it
 
 
 class Driver:
@@ -88,12 +92,17 @@ class Driver:
                  make_user: Callable[[int], User] | None = None,
                  arrivals: Iterable[tuple[float, RequestPlan]] | None = None, trace_speedup: float = 1.0,
                  replay_cycles: int = 0, clock: Callable[[], int] = time.perf_counter_ns,
-                 group: RankGroup | None = None, observers: Sequence[RunObserver] = ()) -> None:
+                 group: RankGroup | None = None, observers: Sequence[RunObserver] = (),
+                 on_window_close: Callable[[], None] | None = None) -> None:
         """`users`: closed-loop users (synthetic or trace sessions). `arrivals`: a timestamped trace
         replayed open-loop at t / trace_speedup (0 = back-pressured, as fast as the workers go).
-        `group`: the other ranks of this run; every rank opens and closes its window between shared barriers."""
+        `group`: the other ranks of this run; every rank opens and closes its window between shared barriers.
+        `on_window_close`: called the moment the window closes, before the drain (the run's signal handler
+        stops raising KeyboardInterrupt then, so nothing after it can lose the window's results)."""
         self.cache, self.metrics, self.opt, self.stop, self.shape = cache, metrics, options, stop, shape
         self.group = group
+        self.on_window_close = on_window_close
+        self.peers_lost = False  # the closing barrier broke: another rank never closed its window
         self.observers = list(observers)
         self._speedup = trace_speedup
         self._replay_cycles = replay_cycles
@@ -296,6 +305,7 @@ class Driver:
         except KeyboardInterrupt:
             stop = Stop("interrupted")
         finally:
+            self._window_closing()
             end = stop.at_ns if stop is not None and stop.at_ns is not None else self.loop.clock()
             self.metrics.close_window(min(end, self.loop.clock()))
             self._last_bucket(min(end, self.loop.clock()))
@@ -305,7 +315,7 @@ class Driver:
                 self.abandoned += dropped
             self.pool.close()
             if self.group is not None and stop is not None and stop.reason != "interrupted":
-                self.group.barrier()  # no rank cleans up (or starts other I/O) while another still measures
+                self._closing_barrier()
             settled = self._settle(end)
         return DriverOutcome(
             stop_reason=stop.reason, window_s=self.metrics.window_seconds, requests_issued=self.issued,
@@ -313,8 +323,28 @@ class Driver:
             requests_rejected=self.rejected, timeline=self.timeline, plans=dict(self._plans),
             fatal_error=self.loop.alarm, final_active_users=self.users.active,
             requests_in_flight_at_stop=len(settled[1]), requests_finished_after_stop=settled[0],
-            censored_ns=settled[1],
+            censored_ns=settled[1], peers_lost=self.peers_lost,
         )
+
+    def _window_closing(self) -> None:
+        """Tell the run the window is over; a KeyboardInterrupt landing just before that is the same stop
+        (the run's handler raises at most one, so the retry cannot loop)."""
+        if self.on_window_close is None:
+            return
+        try:
+            self.on_window_close()
+        except KeyboardInterrupt:
+            self.on_window_close()
+
+    def _closing_barrier(self) -> None:
+        """No rank cleans up (or starts other I/O) while another still measures. A rank that died in the
+        window breaks the barrier: this rank's window is whole, so its results stand (peers_lost)."""
+        try:
+            self.group.barrier()
+        except GroupBroken as exc:
+            self.peers_lost = True
+            log.warning("the closing barrier broke (%s): this rank's results are kept; the merge names the "
+                        "missing rank(s)", exc)
 
     def _settle(self, stop_ns: int) -> tuple[int, list[int]]:
         """The requests in flight at the stop, read from the completion queue and the generation events

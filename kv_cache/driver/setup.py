@@ -16,6 +16,7 @@ from kv_cache.cache import MultiTierCache, Tier
 from kv_cache.config.run import RunSettings
 from kv_cache.driver.phases import fill, ingest_rag, precondition_items, prepopulation_items
 from kv_cache.driver.scheduler import DriverOptions
+from kv_cache.errors import StorageError
 from kv_cache.metrics.recorder import GIB
 from kv_cache.storage.blockdev import BlockDeviceCounter
 from kv_cache.storage.blocktrace import BlockTracer, device_gib
@@ -61,10 +62,24 @@ def driver_options(settings: RunSettings, workers: int, record_plans: bool) -> D
 
 
 def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], factory: Any, workers: int,
-               stop: threading.Event, out: TextIO) -> dict[str, Any]:
-    """Preconditioning, decode-only pre-population and RAG ingestion; `factory` gives the entry counts and corpus."""
+               stop: threading.Event, out: TextIO, phases: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Preconditioning, decode-only pre-population and RAG ingestion; `factory` gives the entry counts and corpus.
+    Returns `phases` (a new dict if None), filled as each phase ends.
+
+    A storage failure in any of them stops the run before its window: StorageError, with the OSError as
+    its cause; the phases that ended before it are in `phases`."""
+    phases = {} if phases is None else phases
+    try:
+        _phases(settings, cache, tiers, factory, stop, out, phases)
+    except OSError as exc:
+        done = f" (after {', '.join(phases)})" if phases else ""
+        raise StorageError(f"run stopped by a storage error before the measured window{done}: {exc}") from exc
+    return phases
+
+
+def _phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], factory: Any, stop: threading.Event,
+            out: TextIO, phases: dict[str, Any]) -> None:
     cfg = settings.config
-    phases: dict[str, Any] = {}
     tp = settings.tensor_parallel
     bpt = settings.model.bytes_per_token
 
@@ -95,7 +110,6 @@ def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], 
     if factory.rag is not None:
         docs = build_documents(settings.rag_num_docs, cfg.rag, settings.model, seed)
         phases["rag_ingestion"] = ingest_rag(cache, factory.rag, docs, entry_bytes, chunk, seed, stop, out)
-    return phases
 
 
 def start_tracing(settings: RunSettings, blockdev: BlockDeviceCounter | None, out) -> tuple[BlockTracer | None,

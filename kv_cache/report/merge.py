@@ -464,6 +464,6 @@ def merged_table(doc: dict[str, Any]) -> str:
                  f"{'e2e P95 ms':>10}  host / file")
     for r in doc["per_rank"]:
         lines.append(f"  {r['rank']:>4} {r['window_seconds'] or 0.0:>9.3f} {r['requests']:>8} "
-                     f"{r['storage_read_gibps']:>10.3f} {r['storage_write_gibps']:>11.3f} "
+                     f"{r['storage_read_gibps'] or 0.0:>10.3f} {r['storage_write_gibps'] or 0.0:>11.3f} "
                      f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r.get('host') or '-'}: {r['file']}")
     return "\n".join(lines) + "\n"

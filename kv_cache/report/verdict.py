@@ -6,6 +6,9 @@ Whatever the profile measures, a run FAILS when it cannot vouch for the storage:
 - no request completed;
 - its storage tier moved no bytes in the measured window ("storage tier never exercised"), e.g. because
   everything fitted in the RAM tier: a storage verdict that never touched storage is no verdict.
+
+A run stopped before its window ended (Ctrl-C, SIGTERM), or a merge that lacks ranks, is INCOMPLETE: never
+PASS, whatever the part measured says (`mark_incomplete`, `mark_missing_ranks`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 NEVER_EXERCISED = "storage tier never exercised"
+STORAGE_STOP_CRITERION = "Not Stopped By A Storage Error"
 
 
 def storage_bytes_moved(stats: dict[str, Any]) -> float:
@@ -30,7 +34,7 @@ def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float
     out += [
         {"name": f"Failed Requests <= {max_error_rate * 100:g}%", "target": max_error_rate, "actual": error_rate,
          "unit": "ratio", "passed": bool(error_rate <= max_error_rate)},
-        {"name": "Not Stopped By A Storage Error", "target": "none", "actual": fatal_error or "none", "unit": "",
+        {"name": STORAGE_STOP_CRITERION, "target": "none", "actual": fatal_error or "none", "unit": "",
          "passed": fatal_error is None},
     ]
     if storage_expected:
@@ -44,3 +48,71 @@ def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float
 def never_exercised_note() -> str:
     return (f"{NEVER_EXERCISED}: the storage tier read and wrote 0 bytes in the measured window (everything "
             "fitted in a faster tier?); lower --cpu-mem-gb, raise --num-users or --duration so it is used")
+
+
+INCOMPLETE = "INCOMPLETE"
+WINDOW_CRITERION = "Measured Window Completed"
+RANKS_CRITERION = "Every Rank Reported"
+
+
+def window_fraction(window_s: float, duration_s: float) -> float:
+    """The share of the asked-for window that was measured, 0..1 (1 when no duration was asked for)."""
+    if duration_s <= 0:
+        return 1.0
+    return max(0.0, min(1.0, window_s / duration_s))
+
+
+def verdict_keys(results: dict[str, Any]) -> dict[str, Any]:
+    """`verdict` (PASS / FAIL) and `window_fraction` of a run whose window ran to its end."""
+    return {"verdict": "PASS" if results.get("overall_passed") else "FAIL", "window_fraction": 1.0}
+
+
+def _fail_health(results: dict[str, Any], criterion: dict[str, Any]) -> None:
+    """Add a failed criterion to storage_health, whose status becomes INCOMPLETE (the console says so)."""
+    summary = results.get("summary")
+    health = summary.get("cache_stats", {}).get("storage_health") if isinstance(summary, dict) else None
+    if not isinstance(health, dict):
+        return
+    health.setdefault("criteria", []).append(criterion)
+    health["total_count"] = len(health["criteria"])
+    health["passed_count"] = sum(1 for c in health["criteria"] if c.get("passed"))
+    health["overall_status"] = INCOMPLETE
+
+
+def mark_storage_stop(results: dict[str, Any], error: str) -> None:
+    """A run a storage error stopped before its window: its "Not Stopped By A Storage Error" criterion
+    names the error and fails (the document of such a run has no window to judge otherwise)."""
+    summary = results.get("summary")
+    health = summary.get("cache_stats", {}).get("storage_health") if isinstance(summary, dict) else None
+    for criterion in (health or {}).get("criteria", []):
+        if criterion.get("name") == STORAGE_STOP_CRITERION:
+            criterion.update(actual=error, passed=False)
+    if health:
+        health["passed_count"] = sum(1 for c in health["criteria"] if c["passed"])
+
+
+def mark_incomplete(results: dict[str, Any], fraction: float, why: str) -> None:
+    """A run stopped before its window ended is INCOMPLETE, never PASS, whatever it measured: a fraction
+    of a window says nothing of the storage's steady state. Sets overall_passed False, `verdict`,
+    `window_fraction`, and a failed "Measured Window Completed" criterion."""
+    results["overall_passed"] = False
+    results["verdict"] = INCOMPLETE
+    results["window_fraction"] = fraction
+    _fail_health(results, {"name": WINDOW_CRITERION, "target": "100%", "actual": f"{fraction * 100:.0f}% ({why})",
+                           "unit": "", "passed": False})
+
+
+def mark_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: int) -> dict[str, Any]:
+    """A merged document that lacks ranks (killed, out of memory, crashed) names them and is INCOMPLETE:
+    `missing_ranks`, `ranks_expected`, overall_passed False, `verdict` INCOMPLETE. Returns `merged`."""
+    merged["missing_ranks"] = sorted(missing)
+    merged["ranks_expected"] = world_size
+    merged["overall_passed"] = False
+    merged["verdict"] = INCOMPLETE
+    note = (f"INCOMPLETE: {len(missing)} of {world_size} ranks lost (rank(s) "
+            f"{', '.join(str(r) for r in sorted(missing))}): their results never came; the others' are merged")
+    merged.setdefault("notes", []).append(note)
+    _fail_health(merged, {"name": RANKS_CRITERION, "target": f"{world_size} ranks",
+                          "actual": f"{world_size - len(missing)} ranks (lost: {merged['missing_ranks']})",
+                          "unit": "", "passed": False})
+    return merged

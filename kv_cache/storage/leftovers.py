@@ -5,18 +5,36 @@ run shares the device and the free space.
 Only what a run directory of this tool holds is removed: its entry files (``*.npy``) and its marker; a
 foreign file keeps the directory (and is not touched). An empty temporary cache dir (``kv_cache_*``
 under the temp dir) left by such a run goes too.
+
+A run directory whose marker is gone but whose entry files are not (left by versions that removed the
+marker first, when their clean-up was cut short) is removed too, but only when all of this holds: its
+name is exactly a run directory's (`kv-cache-run-<date>-<time>-<pid>-<4 hex>`), the pid in it runs on no
+process of this host, it holds nothing but regular ``*.npy`` files (at least one), and none of them, nor
+the directory, changed for ORPHAN_AGE_S. Anything else in it keeps it whole.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kv_cache.storage.rundir import MARKER, TEMP_PREFIX, run_dirs
+from kv_cache.storage.rundir import (
+    ENTRY_SUFFIX,
+    MARKER,
+    RUN_DIR_NAME,
+    RUN_PREFIX,
+    TEMP_PREFIX,
+    pid_alive,
+    run_dirs,
+)
 
-ENTRY_SUFFIX = ".npy"
+__all__ = ["ENTRY_SUFFIX", "ORPHAN_AGE_S", "Sweep", "markerless_run_dirs", "sweep"]
+
+ORPHAN_AGE_S = 600.0  # a marker-less run directory untouched this long is a dead run's, not one starting
 
 
 @dataclass
@@ -44,7 +62,7 @@ def _remove_run_dir(path: Path) -> tuple[int, str | None]:
         names = os.listdir(path)
     except OSError as e:
         return 0, e.strerror or str(e)
-    for name in names:
+    for name in sorted(names, key=lambda n: n == MARKER):  # the marker last (see rundir.py)
         if not name.endswith(ENTRY_SUFFIX) and name != MARKER:
             continue
         p = path / name
@@ -77,6 +95,7 @@ def sweep(cache_dir: str | os.PathLike[str] | None) -> Sweep:
             parents = []
     for parent in parents:
         stale, live = run_dirs(parent)
+        stale += markerless_run_dirs(parent)
         result.live += live
         for path in stale:
             freed, why = _remove_run_dir(path)
@@ -90,3 +109,39 @@ def sweep(cache_dir: str | os.PathLike[str] | None) -> Sweep:
             except OSError:
                 pass
     return result
+
+
+def markerless_run_dirs(cache_dir: str | os.PathLike[str], now: float | None = None) -> list[Path]:
+    """Run directories under `cache_dir` that lost their marker but kept entry files, and are provably a
+    dead run's (see the module docstring); lists only."""
+    now = time.time() if now is None else now
+    found: list[Path] = []
+    try:
+        candidates = sorted(Path(cache_dir).glob(RUN_PREFIX + "*"))
+    except OSError:
+        return found
+    for p in candidates:
+        name = RUN_DIR_NAME.fullmatch(p.name)
+        if name is None or pid_alive(int(name.group(1))) or not _markerless_orphan(p, now):
+            continue
+        found.append(p)
+    return found
+
+
+def _markerless_orphan(path: Path, now: float) -> bool:
+    """A real directory, no marker, only old regular entry files (at least one)."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < ORPHAN_AGE_S:
+            return False
+        entries = list(os.scandir(path))
+        if not entries:
+            return False
+        for e in entries:
+            est = e.stat(follow_symlinks=False)
+            if (e.name == MARKER or not e.name.endswith(ENTRY_SUFFIX) or not stat.S_ISREG(est.st_mode)
+                    or now - est.st_mtime < ORPHAN_AGE_S):
+                return False
+    except OSError:
+        return False
+    return True

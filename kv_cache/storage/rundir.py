@@ -4,6 +4,11 @@
 tool, version, pid, host, start time) and the entry files.  Cleanup removes the marker and rmdirs the
 run directory (and the temporary cache dir if we made one) - never anything it did not create, so a
 user's file in either directory survives.  Nothing pre-existing is purged.
+
+The marker is the last thing removed: while an entry file is left in the run directory (an unlink that
+failed, a clean-up cut short), the marker stays with it, so the next run's sweep (leftovers.py) knows the
+directory is a dead run's and removes it. A directory without its marker never holds entry files that
+nothing will sweep.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import socket
 import tempfile
@@ -21,6 +27,9 @@ from kv_cache.errors import StorageSetupError
 
 MARKER = ".kv-cache-run"
 RUN_PREFIX = "kv-cache-run-"
+ENTRY_SUFFIX = ".npy"  # the entry files of a run directory (storage/files.py file_name)
+# A run directory's name, `kv-cache-run-<YYYYmmdd-HHMMSS>-<pid>-<4 hex>` (_make_run_dir); group 1: the pid
+RUN_DIR_NAME = re.compile(r"kv-cache-run-\d{8}-\d{6}-(\d+)-[0-9a-f]{4}")
 TEMP_PREFIX = "kv_cache_"  # the temporary cache dir of a run without a cache dir
 TOOL = "kv-cache"
 
@@ -115,11 +124,15 @@ class RunDir:
     def remove(self) -> bool:
         """Remove the marker and rmdir the run dir (and a temp cache dir we made).
 
-        Entry files must already be gone (their owner deletes them).  Returns True if the run dir is
-        gone; a foreign file left in it keeps it (and it is not touched).  Idempotent, never raises.
+        Entry files must already be gone (their owner deletes them): while one is left, the marker and
+        the directory stay (the next run's sweep removes them) and this returns False.  Returns True if
+        the run dir is gone; a foreign file left in it keeps it (and it is not touched).  Idempotent,
+        never raises.
         """
         gone = True
         path = getattr(self, "path", None)
+        if path is not None and not self._removed and holds_entries(path):
+            return False  # the marker goes last: it stays with the entry files it vouches for
         if path is not None and not self._removed:
             try:
                 os.unlink(path / MARKER)
@@ -146,6 +159,15 @@ class RunDir:
         return f"RunDir({str(getattr(self, 'path', self.cache_dir))!r})"
 
 
+def holds_entries(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether an entry file (``*.npy``) is in the run directory (False when it cannot be listed)."""
+    try:
+        with os.scandir(run_dir) as it:
+            return any(e.name.endswith(ENTRY_SUFFIX) for e in it)
+    except OSError:
+        return False
+
+
 def read_marker(run_dir: str | os.PathLike[str]) -> dict | None:
     """The marker JSON of a run directory, or None if it has none / it is unreadable."""
     try:
@@ -156,7 +178,8 @@ def read_marker(run_dir: str | os.PathLike[str]) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this host (one we may not signal counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -176,7 +199,7 @@ def owner_alive(info: dict) -> bool:
         return False
     if info.get("boot_id") and boot_id() and info["boot_id"] != boot_id():
         return False
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     started = info.get("proc_start")
     return started is None or process_start(pid) in (None, started)
