@@ -24,7 +24,7 @@ from kv_cache.config.run import (
     WorkloadSettings,
 )
 from kv_cache.config.schema import BenchConfig, ValidationLimits
-from kv_cache.config.validation import advisories, check_cache_dir, unimplemented_features, validate_args
+from kv_cache.config.validation import advisories, check_cache_dir, conflicting_features, validate_args
 from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
 from kv_cache.models import MODEL_CONFIGS
 from kv_cache.workload.traces import TraceError
@@ -575,9 +575,9 @@ def test_latency_tracing_is_accepted():
     assert parse_settings([]).latency_tracing is False
 
 
-def test_unimplemented_companions_still_range_validated():
+def test_companion_flags_are_range_validated_and_do_not_conflict():
     assert (
-        unimplemented_features(
+        conflicting_features(
             ns(rag_num_docs=5, trace_speedup=2.0, replay_cycles=3, autoscaler_mode="capacity")
         )
         == []

@@ -24,7 +24,7 @@ from kv_cache.config.run import (
     WorkloadSettings,
 )
 from kv_cache.config.schema import BenchConfig, load_config
-from kv_cache.config.validation import unimplemented_features, validate_args
+from kv_cache.config.validation import conflicting_features, validate_args
 from kv_cache.errors import UsageError
 from kv_cache.report.outputs import check_output_path
 from kv_cache.storage.gds import import_kvikio
@@ -51,7 +51,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")
     config = load_config(args.config)
     errors = validate_args(args, config.validation_limits)
-    errors += unimplemented_features(args)
+    errors += conflicting_features(args)
     model = config.model_configs.get(args.model)
     if model is None:
         errors.append(f"unknown model '{args.model}' (available: {', '.join(sorted(config.model_configs))})")

@@ -21,7 +21,7 @@ __all__ = [
     "TOP_LEVEL_ONLY_DIRS",
     "advisories",
     "check_cache_dir",
-    "unimplemented_features",
+    "conflicting_features",
     "validate_args",
 ]
 
@@ -48,10 +48,6 @@ TOP_LEVEL_ONLY_DIRS = ("/", "/root", "/var", "/home", "/opt", "/srv", "/mnt", "/
 # Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects); the
 # --io-* flags default to None, meaning "as the config's storage section says".
 _DEFAULTS: dict[str, Any] = {**defaults(), "io_chunk_mb": None, "io_workers": None}
-
-# Flags whose feature this version does not have yet: (attribute, flag).
-_UNIMPLEMENTED: tuple[tuple[str, str], ...] = ()
-
 
 def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str]:
     """All problems with the flag values, in the MLPerf tool's order and wording (empty list = valid)."""
@@ -155,12 +151,9 @@ def _check_placement(get: Callable[[str], Any], errors: list[str]) -> None:
         errors.append(f"--io-workers cannot be negative, got {io_workers}")
 
 
-def unimplemented_features(args: Any) -> list[str]:
-    """One message per flag given whose feature this version does not implement yet."""
+def conflicting_features(args: Any) -> list[str]:
+    """One message per pair of flags given that cannot run together."""
     errors = []
-    for name, flag in _UNIMPLEMENTED:
-        if getattr(args, name, None) not in (None, False):
-            errors.append(f"{flag} is not implemented in this version yet (run without it)")
     request_rate = getattr(args, "request_rate", 0.0)
     if getattr(args, "enable_autoscaling", False) and isinstance(request_rate, (int, float)) and request_rate > 0:
         errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
