@@ -466,7 +466,7 @@ SECTIONS: tuple[Section, ...] = (
 )
 EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
 EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessment, storage_never_exercised,
-                                          trace_rows, measurement, phases)
+                                          catalogue_section.report_lines, trace_rows, measurement, phases)
 
 
 def report_lines(results: Results) -> list[str]:
