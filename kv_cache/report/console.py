@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from kv_cache.metrics.recorder import GIB
-from kv_cache.report import blocklatency
+from kv_cache.report import blocklatency, catalogue_section
 from kv_cache.report.measurement import RAM_BACKED, filesystem_kind
 
 LINE = "=" * 80
@@ -460,12 +460,13 @@ def notes(results: Results) -> list[str]:
 # A run that completed requests gets every section; one that completed none says so and shows how it ran.
 SECTIONS: tuple[Section, ...] = (
     header, run_facts, storage_assessment, storage_never_exercised, overall_performance, latencies, request_traffic,
-    tier_sections, tier_distribution, storage_latency_breakdown, cache_types, prefix_caching, multi_turn, qos,
+    tier_sections, tier_distribution, storage_latency_breakdown, catalogue_section.report_lines, cache_types,
+    prefix_caching, multi_turn, qos,
     autoscaling, rag, validation, trace_rows, measurement, blocklatency.report_lines, phases, notes,
 )
 EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
 EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessment, storage_never_exercised,
-                                          trace_rows, measurement, phases)
+                                          catalogue_section.report_lines, trace_rows, measurement, phases)
 
 
 def report_lines(results: Results) -> list[str]:

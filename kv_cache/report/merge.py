@@ -37,6 +37,7 @@ import numpy as np
 
 from kv_cache import __version__
 from kv_cache.errors import DocumentError
+from kv_cache.metrics import catalogue
 from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
 from kv_cache.metrics.histograms import summary as histogram_summary
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
@@ -245,6 +246,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "_trace_paths": (d.get("trace_replay") or {}).get("paths"),
         "_storage_location": _storage_of(doc.measurement or {}),
         "_series": (d.get("time_series") or {}).get("rows") or [],
+        "_metrics": s.get("metrics"),  # the catalogue's values: its SUM and MAX entries merge from them
     }
 
 
@@ -354,6 +356,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         fatal = f"rank(s) {', '.join(map(str, missing))} missing: the merge holds only the other ranks"
     summary = build_summary(metrics, usage, qos or _default_qos(), profile, criteria, failed / max(1, issued),
                             fatal_error=fatal, storage_expected=True)
+    summary["metrics"] = catalogue.merged_values(summary["metrics"], (r["_metrics"] for r in rows))
     summary["per_turn"] = per_turn_stats(metrics)
     if block_tokens > 0:
         summary["block_stats"] = block_stats(metrics, block_tokens)

@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from kv_cache.metrics import names
+from kv_cache.metrics import catalogue, names
+from kv_cache.metrics.catalogue import MIN_RATE_WINDOW_S as MIN_RATE_WINDOW_S  # where tests and readers look
+from kv_cache.metrics.catalogue import per_second
 from kv_cache.metrics.histograms import merge as merge_histograms
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
@@ -20,13 +22,6 @@ from kv_cache.workload.qos import QOS_LEVELS
 
 TIERS = ("gpu", "cpu", "storage")
 OPS = ("read", "write")
-# A window shorter than this gives no rate (null): a count over a few milliseconds is no throughput.
-MIN_RATE_WINDOW_S = 1.0
-
-
-def per_second(amount: float, window_s: float) -> float | None:
-    """`amount` / `window_s`, or None when the window was shorter than MIN_RATE_WINDOW_S."""
-    return amount / window_s if window_s >= MIN_RATE_WINDOW_S else None
 
 
 def _latency_block(samples_ns) -> dict[str, float]:
@@ -247,6 +242,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
             "cache_misses": mt_misses,
             "hit_rate": mt_hits / max(mt_hits + mt_misses, 1),
         },
+        "metrics": catalogue.values(metrics),  # the metric catalogue's entries (kv_cache/metrics/catalogue)
     }
 
 

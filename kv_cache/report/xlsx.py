@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kv_cache.report import blocklatency
+from kv_cache.report import blocklatency, catalogue_section
 
 log = logging.getLogger("kv_cache.report")
 
@@ -145,7 +145,8 @@ def export(results: dict[str, Any], path: str) -> str:
             ws.append(list(timeline[0]))
             for point in timeline:
                 ws.append([_cell(v) for v in point.values()])
-        for name, rows in blocklatency.sheets(results).items():  # --enable-latency-tracing
+        sheets = {**catalogue_section.sheets(results), **blocklatency.sheets(results)}  # catalogue; --enable-latency-tracing
+        for name, rows in sheets.items():
             ws = wb.create_sheet(name)
             for r in rows:
                 ws.append([_cell(v) for v in r])
