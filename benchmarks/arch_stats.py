@@ -4,7 +4,7 @@ modules over 500 lines and functions over 80 lines.
     python3 benchmarks/arch_stats.py [ROOT]        # ROOT defaults to the repository's kv_cache/
 
 Reads the source as text (ast), runs nothing of the package. Imports are counted at sub-package level
-(`kv_cache.report.console` -> `report`; a top-level module such as `kv_cache/app.py` is its own node),
+(`kv_cache.render.console` -> `report`; a top-level module such as `kv_cache/benchmarks/standard/run.py` is its own node),
 relative imports resolved against the importing module.
 """
 

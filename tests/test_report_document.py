@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kv_cache.driver.scheduler import DriverOutcome
+from kv_cache.benchmarks.standard.scheduler import DriverOutcome
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report.document import (
+from kv_cache.results.run_document import (
     SCHEMA_VERSION,
     RunRecord,
     build_results,
@@ -164,7 +164,7 @@ def test_interrupted_before_the_window_has_the_same_shape(quick_settings):
 
 
 def test_interrupted_report_prints_its_verdict_without_setup_noise(quick_settings):
-    from kv_cache.report.console import report_lines
+    from kv_cache.render.console import report_lines
 
     lines = report_lines(interrupted_results({}, quick_settings()))
     assert "### STORAGE PERFORMANCE ASSESSMENT: FAIL [X] ###" in lines

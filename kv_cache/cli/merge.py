@@ -15,8 +15,8 @@ import os
 import sys
 
 from kv_cache.errors import UsageError
-from kv_cache.report.merge import MergeError, find_rank_files, merge_documents
-from kv_cache.report.run_outputs import write_merged_document
+from kv_cache.results.merge import MergeError, find_rank_files, merge_documents
+from kv_cache.benchmarks.standard.outputs import write_merged_document
 from kv_cache.results.documents import MergedDocument
 
 __all__ = ["add_merge_flags", "default_output", "merge_command"]

@@ -16,11 +16,11 @@ from kv_cache.storage.base import (
     key_id,
     padded,
 )
-from kv_cache.storage.blockdev import BlockDeviceCounter, DiskStats, MountInfo, fs_type, mount_info
+from kv_cache.host.blockdev import BlockDeviceCounter, DiskStats, MountInfo, fs_type, mount_info
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import MEMORY_FS, FileStore, file_name, npy_header
 from kv_cache.storage.memory import MemoryStore
-from kv_cache.storage.rundir import MARKER, RUN_PREFIX, RunDir, read_marker, stale_run_dirs
+from kv_cache.host.rundir import MARKER, RUN_PREFIX, RunDir, read_marker, stale_run_dirs
 
 __all__ = [
     "BLOCK",
