@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
+from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.settings.sections import EvictionConfig
-from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore

@@ -11,6 +11,7 @@ import pytest
 from kv_cache import cli
 from kv_cache.cli import build_parser, main, parse_settings
 from kv_cache.cli.sessions import SessionsFlags
+from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
 from kv_cache.settings.pacing import PaceError
 from kv_cache.settings.run import (
     DEFAULT_MODEL,
@@ -25,7 +26,6 @@ from kv_cache.settings.run import (
 )
 from kv_cache.settings.schema import BenchConfig, ValidationLimits
 from kv_cache.settings.validation import advisories, check_cache_dir, unimplemented_features, validate_args
-from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
 from kv_cache.specs.models import MODEL_CONFIGS
 from kv_cache.workload.traces import TraceError
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.settings.schema import BenchConfig, ModelConfig, config_from_mapping, load_config
 from kv_cache.errors import ConfigError, UsageError
+from kv_cache.settings.schema import BenchConfig, ModelConfig, config_from_mapping, load_config
 
 ROOT_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
 

@@ -133,8 +133,8 @@ def test_a_late_ctrl_c_keeps_the_windows_results(quick_settings, sink, tmp_path,
 @pytest.mark.slow  # a real run (wall clock)
 def test_a_run_interrupted_in_its_window_is_incomplete_never_pass(quick_settings, sink, tmp_path, monkeypatch):
     from kv_cache.benchmarks.standard.run import run_benchmark
-    from kv_cache.cli.exits import exit_status
     from kv_cache.benchmarks.standard.scheduler import Driver
+    from kv_cache.cli.exits import exit_status
 
     _signal_self_in(monkeypatch, Driver, "_close_bucket")  # one second into the window
     outcome = run_benchmark(quick_settings("--duration", "6"), sink)

@@ -66,8 +66,8 @@ def test_a_registered_shape_is_offered_and_built(monkeypatch):
 
 
 def test_a_sessions_rung_holds_its_count_through_the_constant_entry(tmp_path):
-    from kv_cache.cli import parse_sessions_settings
     from kv_cache.benchmarks.sessions.ladder import RungRun
+    from kv_cache.cli import parse_sessions_settings
     from kv_cache.workload.session_supply import script_supply
 
     s = parse_sessions_settings(["--window", "2", "--subwindows", "4", "--output", str(tmp_path / "s.json")])

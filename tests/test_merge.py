@@ -21,9 +21,9 @@ from kv_cache.results.merge import (
     merge_documents,
     merged_table,
 )
-from kv_cache.results.summary import build_summary, harness_keys, request_lists
 from kv_cache.results.samples import latency_samples
 from kv_cache.results.series import latency_histograms, time_series
+from kv_cache.results.summary import build_summary, harness_keys, request_lists
 from kv_cache.storage.base import IOResult
 from kv_cache.workload.qos import QOS_LEVELS
 

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.benchmarks.standard.processes import GroupBroken, ProcessGroup, rank_settings, with_missing_ranks
+from kv_cache.benchmarks.standard.processes import (
+    GroupBroken,
+    ProcessGroup,
+    rank_settings,
+    with_missing_ranks,
+)
 from kv_cache.cli import exit_code_for, main
 from kv_cache.errors import ExitCode, InternalError
 from kv_cache.host.rundir import RUN_DIR_NAME
@@ -165,7 +170,7 @@ def test_a_programming_error_in_a_process_is_an_internal_error_not_bad_input(tmp
     (inject / "sitecustomize.py").write_text(
         "import os\n"
         "if os.environ.get('KV_CACHE_TEST_BUG_RANK'):\n"
-        "    from kv_cache.driver import scheduler\n"
+        "    from kv_cache.benchmarks.standard import scheduler\n"
         "    real = scheduler.Driver.run\n"
         "    def run(self):\n"
         "        if self.group is not None and self.group.rank == int(os.environ['KV_CACHE_TEST_BUG_RANK']):\n"

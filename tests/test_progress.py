@@ -5,9 +5,9 @@ import threading
 from types import SimpleNamespace
 
 from kv_cache.benchmarks.sessions.run import rung_eta
+from kv_cache.benchmarks.standard.scheduler import Driver, DriverOptions
 from kv_cache.cli import build_parser
 from kv_cache.core.observe import Tick
-from kv_cache.benchmarks.standard.scheduler import Driver, DriverOptions
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.progress import LiveProgress, PlainProgress, make_progress, progress_line
 

@@ -10,11 +10,11 @@ import pytest
 from kv_cache.benchmarks.standard.processes import rank_settings
 from kv_cache.cli import build_parser, main
 from kv_cache.cli.resolve import resolve_run
+from kv_cache.errors import UsageError
+from kv_cache.host.memlimit import MemoryLimit, process_memory_limit, share_of_host
+from kv_cache.results.parameters import run_parameters
 from kv_cache.settings.fields import COPY, OFFSET, SPLIT
 from kv_cache.settings.ranks import rank_share, rules, split_values, totals
-from kv_cache.errors import UsageError
-from kv_cache.results.parameters import run_parameters
-from kv_cache.host.memlimit import MemoryLimit, process_memory_limit, share_of_host
 
 SPLIT_SETTINGS = {"num_users", "request_rate", "storage_capacity_gb", "gpu_mem_gb", "cpu_mem_gb", "max_requests",
                   "precondition_size_gb", "rag_num_docs"}

@@ -24,7 +24,7 @@ TOP_KEYS = {
     "multi_turn_cache_misses", "seed", "summary", "overall_passed", "total_requests", "avg_latency_ms",
     "p99_latency_ms", "throughput_req_per_sec", "storage_throughput_mbps", "cache_hit_rate", "measurement",
     "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
-    "run_id", "world_size", "recorder", "summary_inputs",  # what a merge of ranks needs (report/merge.py)
+    "run_id", "world_size", "recorder", "summary_inputs",  # what a merge of ranks needs (results/merge.py)
 }
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
                 "storage_throughput_mbps", "cache_hit_rate"}

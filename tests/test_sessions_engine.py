@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from kv_cache.cli import parse_sessions_settings
-from kv_cache.settings.sections import EvictionConfig
 from kv_cache.benchmarks.sessions.ladder import RungRun, replica_of
+from kv_cache.cli import parse_sessions_settings
 from kv_cache.serving.engine.replica import LOAD_PRIORITY, STORE_PRIORITY, IOPool, Replica, TurnRequest
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.workload.session_supply import script_supply
 
 

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from kv_cache.settings.schema import InferenceModelConfig, load_config
 from kv_cache.serving.engine import roofline as g
+from kv_cache.settings.schema import InferenceModelConfig, load_config
 from kv_cache.specs.models import MODEL_CONFIGS
 
 EFF = InferenceModelConfig()  # prefill_mfu 0.5, decode_hbm_efficiency 0.8, reserved 0.1, 2 bytes/param

@@ -10,7 +10,13 @@ from kv_cache.benchmarks.sessions.ladder_summary import (
     slo_capacity,
     summarize,
 )
-from kv_cache.benchmarks.sessions.rung_results import RungRecord, io_rates, rung_flags, throughput_ci, ttft_breakdown
+from kv_cache.benchmarks.sessions.rung_results import (
+    RungRecord,
+    io_rates,
+    rung_flags,
+    throughput_ci,
+    ttft_breakdown,
+)
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
 

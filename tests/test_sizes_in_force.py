@@ -8,13 +8,13 @@ import pytest
 
 from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli.exits import exit_status
-from kv_cache.settings.run import StorageSettings, TierSettings
-from kv_cache.render.banner import size_lines
-from kv_cache.serving import tiers as tiers_mod
-from kv_cache.serving.tiers import RESERVE_BYTES, TierSet, open_tiers
 from kv_cache.host.blockdev import fs_type
 from kv_cache.host.capacity import auto_capacity
 from kv_cache.host.memlimit import MemoryLimit
+from kv_cache.render.banner import size_lines
+from kv_cache.serving import tiers as tiers_mod
+from kv_cache.serving.tiers import RESERVE_BYTES, TierSet, open_tiers
+from kv_cache.settings.run import StorageSettings, TierSettings
 
 GIB = 1 << 30
 MIB = 1 << 20

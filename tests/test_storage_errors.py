@@ -8,12 +8,12 @@ from unittest import mock
 import pytest
 
 from kv_cache.benchmarks.standard.run import execute
-from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.cli.exits import exit_status
-from kv_cache.settings.sections import EvictionConfig
 from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.faults import StorageFault, describe
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore

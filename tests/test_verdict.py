@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
-from kv_cache.serving.cache import MultiTierCache, Tier
-from kv_cache.settings.schema import BenchConfig
-from kv_cache.settings.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.console import report_lines
 from kv_cache.results.summary import build_summary, harness_keys
 from kv_cache.results.verdict import NEVER_EXERCISED, run_criteria
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.schema import BenchConfig
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.base import IOResult
 
 MIB = 1 << 20

@@ -8,10 +8,10 @@ import os
 import pytest
 
 from kv_cache.benchmarks.standard.run import execute
-from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.cli.exits import exit_status
-from kv_cache.settings.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.base import DataCorruption
 from kv_cache.storage.files import HEADER_BYTES, FileStore
 
@@ -29,7 +29,7 @@ def test_a_corrupted_block_is_counted_and_logged_with_key_and_offset(tmp_path, b
     with open(fs.path_of("k"), "r+b") as f:  # block 3 of the payload gets another entry's bytes
         f.seek(HEADER_BYTES + 3 * 4096)
         f.write(os.urandom(4096))
-    with caplog.at_level(logging.ERROR, logger="kv_cache.serving.cache"), pytest.raises(DataCorruption):
+    with caplog.at_level(logging.ERROR, logger="kv_cache.cache"), pytest.raises(DataCorruption):
         cache.read("k", bufs)
     assert metrics.verify_mismatches == 1
     assert "'k' block 3 (byte 12288)" in caplog.text

@@ -31,10 +31,10 @@ from kv_cache.cli.report_cmd import (
 )
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
-from kv_cache.settings.run import RunSettings
-from kv_cache.settings.validation import advisories
 from kv_cache.core.group import abort_peers
 from kv_cache.errors import ExitCode, KvCacheError, UsageError
+from kv_cache.settings.run import RunSettings
+from kv_cache.settings.validation import advisories
 
 __all__ = ["COMMANDS", "EXIT_CODES", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
            "parse_settings", "parse_sessions_settings", "run_resolved"]

@@ -3,8 +3,8 @@ storage named.
 
 Refuses (exit 2) when the workloads differ, naming the settings (merged documents: from their ranks'
 parameters; unknown counts as different); --allow-different-workloads compares anyway with a warning on
-stderr. --plots DIR overlays the runs (report/compare_plots.py); --json [PATH] writes the comparison as JSON
-(report/compare.py `to_json`) to PATH, or to stdout instead of the table when no PATH (or `-`) is given.
+stderr. --plots DIR overlays the runs (render/compare_plots.py); --json [PATH] writes the comparison as JSON
+(render/compare.py `to_json`) to PATH, or to stdout instead of the table when no PATH (or `-`) is given.
 All of it is checked before anything is written: bad input is one line and exit 2.
 """
 

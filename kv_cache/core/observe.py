@@ -1,7 +1,7 @@
 """How the driver tells the outside world what is happening, without knowing who listens.
 
 At every 1-second tick the driver closes a time-series bucket and hands a `Tick` to each observer (a live
-progress display, for instance). Observers live above the driver (report/progress.py); the driver only
+progress display, for instance). Observers live above the driver (render/progress.py); the driver only
 knows this protocol, so the layering holds. An observer must be quick: it runs on the scheduler thread.
 """
 

@@ -17,8 +17,8 @@ Merged documents (`kv-cache-merged/1`) compare like standard runs. Their workloa
 seeds, compares as the list of its per-rank values); a merged document without them (merged by an older
 kv-cache) has an unknown workload, which is refused like a different one.
 
-Each side's storage (report/storage_info.py) is named in the table's legend, in `--json` (`to_json`) and in
-the overlaid plots (report/compare_plots.py).
+Each side's storage (results/storage_info.py) is named in the table's legend, in `--json` (`to_json`) and in
+the overlaid plots (render/compare_plots.py).
 """
 
 from __future__ import annotations

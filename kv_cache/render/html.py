@@ -4,7 +4,7 @@ as data URIs) and the run's parameters.
 The headline of a standard or merged run is the storage's: read and write GiB/s, the storage read and write
 device P95 and the end-to-end P95 (requests and tokens follow on a line of their own). A sessions run's is
 the peak per-GPU throughput of each offload configuration. The storage (cache directory, mount point,
-filesystem, block device, I/O mode, tier configuration; report/storage_info.py) is named in the page's title,
+filesystem, block device, I/O mode, tier configuration; results/storage_info.py) is named in the page's title,
 in its first table and under every figure.
 """
 

@@ -8,7 +8,7 @@ Drawn from the document alone, so a saved result plots exactly as the run that w
 A plot with nothing to show is not drawn. matplotlib is the `plots` extra; without it, PlotsUnavailable.
 
 Every figure names the storage it measured at its top (filesystem, block device, cache directory, I/O mode,
-tier configuration: report/storage_info.py), and carries the same text in the PNG's Title and Description
+tier configuration: results/storage_info.py), and carries the same text in the PNG's Title and Description
 fields, so that two plot folders from two storages can be told apart once opened.
 """
 

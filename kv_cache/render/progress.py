@@ -1,4 +1,4 @@
-"""Live progress of a run, fed by the driver's 1-second ticks (driver/observe.py).
+"""Live progress of a run, fed by the driver's 1-second ticks (core/observe.py).
 
 On a terminal: a rich live panel (elapsed and remaining time, requests, read/write GiB/s per tier in the
 last second, p95 per tier and direction, cache occupancy). Elsewhere (a pipe, a log file): one plain line

@@ -1,6 +1,6 @@
 """The `block_latency` block of the results (--enable-latency-tracing) and its report section.
 
-bpftrace's histograms (storage/blocktrace.py) are power-of-two buckets, so a percentile is known as the
+bpftrace's histograms (host/blocktrace.py) are power-of-two buckets, so a percentile is known as the
 bucket holding it ("p95 in [8, 16) ms"), not as a number: that is the block layer's resolution. Next to
 them the report puts the tool's own figures, each saying what it times:
 - D2C (one block request, device issue to completion) vs the tool's per-syscall "device" time is not the

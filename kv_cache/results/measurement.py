@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import percentile
-from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
 
 TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
          "host = the rest of the operation (block stamping, bookkeeping); total = both "

@@ -3,7 +3,7 @@
 A merge is the single-run summary run on merged data: each rank's document carries its recorder
 (`recorder`: counters, per-tier operation and byte counts, errors; `latency_samples`: the per-operation
 lists; the per-request lists; `latency_histograms`: the HdrHistograms; `time_series`), the merge adds
-them up into one RunMetrics, and the summary code of a single run (report/results.py build_summary) makes
+them up into one RunMetrics, and the summary code of a single run (results/summary.py build_summary) makes
 `summary` from it, with the inputs the ranks were run with (`summary_inputs`). There is no second
 implementation of any figure:
 - totals are the recorders' sums; rates are merged totals over the merged window;
@@ -42,10 +42,10 @@ from kv_cache.metrics.histograms import summary as histogram_summary
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
-from kv_cache.results.parameters import merged_settings_split
-from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
-from kv_cache.results.series import SERIES_NOTE
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument, load
+from kv_cache.results.parameters import merged_settings_split
+from kv_cache.results.series import SERIES_NOTE
+from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
 
 __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
            "merge_documents", "merged_table"]
@@ -421,7 +421,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
 
 
 def rank_facts(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What readers of a merged document need from its ranks (report/compare.py): each rank's
+    """What readers of a merged document need from its ranks (render/compare.py): each rank's
     `run_parameters` and replayed trace files (`rank_parameters`, `rank_trace_paths`: the workload check of
     `kv-cache compare`) and the storage it measured (`rank_storage`: its measurement.storage_location, or
     what older rank documents said of it), in rank order (`rows` are sorted by rank)."""

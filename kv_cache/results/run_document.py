@@ -17,12 +17,12 @@ from kv_cache import __version__
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.results import measurement as meas
+from kv_cache.results.documents import SCHEMA_VERSION, SESSIONS_SCHEMA_VERSION
 from kv_cache.results.parameters import run_mode, run_parameters
-from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
 from kv_cache.results.samples import latency_samples, window_wallclock
 from kv_cache.results.series import latency_histograms, time_series
+from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
 from kv_cache.results.verdict import never_exercised_note, storage_bytes_moved
-from kv_cache.results.documents import SCHEMA_VERSION, SESSIONS_SCHEMA_VERSION
 from kv_cache.workload.validation import compare
 
 __all__ = ["SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "RunRecord", "build_results", "interrupted_results",
@@ -92,7 +92,7 @@ class RunRecord:
     trace: TraceReplay | None = None
     gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
     barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
-    run_id: str | None = None  # shared by every rank of this run (driver/group.py shared_run_id)
+    run_id: str | None = None  # shared by every rank of this run (core/group.py shared_run_id)
     tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
 
 
@@ -152,8 +152,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     results.update(harness_keys(summary))
     results["measurement"] = measurement(record)
     results["measurement"]["window_wallclock"] = window_wallclock(metrics, record.barrier_aligned)
-    results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (report/merge.py)
-    results["recorder"] = metrics.state()  # a merge adds the ranks' recorders up (report/merge.py)
+    results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (results/merge.py)
+    results["recorder"] = metrics.state()  # a merge adds the ranks' recorders up (results/merge.py)
     results["summary_inputs"] = summary_inputs(settings)
     results["run_parameters"] = run_parameters(settings, record.started, record.tier_sizes)
     if outcome.plans:
@@ -262,7 +262,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
 
 
 def _storage_location(fs: StorageTierStore | None) -> dict[str, Any]:
-    """measurement.storage_location (report/measurement.py): the storage the run measured, for readers."""
+    """measurement.storage_location (results/measurement.py): the storage the run measured, for readers."""
     if fs is None:
         return meas.storage_location(None, "trace (no I/O)")
     return meas.storage_location(getattr(fs, "cache_dir", fs.run_dir), fs.io_mode, getattr(fs, "io_mode_reason", None))

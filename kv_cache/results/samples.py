@@ -4,7 +4,7 @@
   completion order), so a merge takes its percentiles from the union of the ranks' samples rather than
   averaging percentiles. Bounded: a list longer than SAMPLE_CAP keeps every k-th sample (k the smallest
   stride that fits) and says so (`stride` > 1); a merge then takes that list's percentiles from the ranks'
-  merged HdrHistograms (report/merge.py), never from the strided subsample.
+  merged HdrHistograms (results/merge.py), never from the strided subsample.
 - `window_wallclock`: the measured window in Unix seconds, so a merge can take the union of the ranks'
   windows (perf_counter_ns is per process; the offset to the wall clock is taken once, here).
 """

@@ -121,7 +121,7 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
     """PASS/FAIL criteria. Latency profile: the MLPerf tool's criteria, thresholds from config.
     Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
     data. Every profile then adds the run's own criteria
-    (report/verdict.py): failed requests at most allowed, no stop by a storage error, and, when
+    (results/verdict.py): failed requests at most allowed, no stop by a storage error, and, when
     `storage_expected`, a storage tier that moved bytes."""
     if criteria_cfg is None:
         from kv_cache.settings.schema import PerformanceCriteria

@@ -22,16 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from kv_cache.settings.sections import EvictionConfig
 from kv_cache.errors import StorageError
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.base import DataCorruption, IOAborted, IOResult, Store, StoreFull
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.faults import StorageFault, describe, is_transient
 from kv_cache.storage.tiername import TierName
 
-log = logging.getLogger("kv_cache.serving.cache")
+log = logging.getLogger("kv_cache.cache")
 
 _T = TypeVar("_T")
 

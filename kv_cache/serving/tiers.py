@@ -14,18 +14,18 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kv_cache.serving.cache import Tier
 from kv_cache.errors import StorageSetupError
+from kv_cache.host.capacity import AUTO_FRACTION, auto_capacity
+from kv_cache.host.leftovers import sweep
+from kv_cache.host.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.metrics.recorder import GIB
+from kv_cache.serving.cache import Tier
 from kv_cache.storage import backends
 from kv_cache.storage.backends import Backend, BackendRequest
-from kv_cache.host.capacity import AUTO_FRACTION, auto_capacity
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.gpu_device import gpu_tier_mode
 from kv_cache.storage.gpu_real import DeviceStore
 from kv_cache.storage.gpu_sim import SimulatedGPUStore
-from kv_cache.host.leftovers import sweep
-from kv_cache.host.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tiername import TierName
 from kv_cache.storage.tracelog import IOTraceWriter

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
+from kv_cache.errors import ConfigError
 from kv_cache.settings.fields import FrozenMap, _Check
 from kv_cache.settings.sections import (
     _DEFAULT_QOS_PROFILES,
@@ -17,7 +18,6 @@ from kv_cache.settings.sections import (
     BenchConfig,
     _builtin_gpus,
 )
-from kv_cache.errors import ConfigError
 from kv_cache.specs.models import ATTENTION_TYPES, DTYPE_BYTES, MODEL_CONFIGS, NEW_MODEL_DEFAULTS, ModelConfig
 
 __all__ = ["config_from_mapping", "load_config"]

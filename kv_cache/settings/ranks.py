@@ -13,9 +13,9 @@ import dataclasses
 from dataclasses import fields
 from typing import Any
 
+from kv_cache.errors import UsageError
 from kv_cache.settings.fields import OFFSET, SPLIT, FrozenMap, split_rule
 from kv_cache.settings.run import SECTIONS, RunSettings
-from kv_cache.errors import UsageError
 
 __all__ = ["rank_share", "rules", "share_errors", "split_value", "split_values", "totals"]
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kv_cache.settings.pacing import PACE_MODES, Pace, parse_pace
 from kv_cache.hashing import stable_id
+from kv_cache.settings.pacing import PACE_MODES, Pace, parse_pace
 from kv_cache.workload.grouping import SessionRows, complete_ids, group_sessions
 
 if TYPE_CHECKING:  # pragma: no cover

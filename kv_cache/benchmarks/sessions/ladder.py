@@ -16,15 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kv_cache.settings.run import StorageSettings, TierSettings
-from kv_cache.settings.sections import EvictionConfig
-from kv_cache.core import shapes
-from kv_cache.core.autoscale import IntervalSample, LoadShape
-from kv_cache.core.closed_loop import ClosedLoop
-from kv_cache.core.error_policy import ErrorPolicy
-from kv_cache.core.events import EventLoop, Stop
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
-from kv_cache.core.pool import Stream, WorkerPool
 from kv_cache.benchmarks.sessions.rung_results import (
     RungRecord,
     io_rates,
@@ -36,12 +28,20 @@ from kv_cache.benchmarks.sessions.rung_results import (
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
 from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
-from kv_cache.serving.engine import roofline as gpumod
-from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
+from kv_cache.core import shapes
+from kv_cache.core.autoscale import IntervalSample, LoadShape
+from kv_cache.core.closed_loop import ClosedLoop
+from kv_cache.core.error_policy import ErrorPolicy
+from kv_cache.core.events import EventLoop, Stop
+from kv_cache.core.pool import Stream, WorkerPool
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import mean_ci, percentile
 from kv_cache.serving.build import open_cache
+from kv_cache.serving.engine import roofline as gpumod
+from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.serving.tiers import TierSet
+from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
 
@@ -66,7 +66,7 @@ class LadderSettings:
     shared_prefix_tokens: int
     dram_bytes: int
     cache_dir: str | None
-    storage_capacity_bytes: float  # 0 = auto: 90 % of the free space less one block (storage.capacity)
+    storage_capacity_bytes: float  # 0 = auto: 90 % of the free space less one block (host.capacity)
     chunk_bytes: int
     fsync: bool
     io_mode: str

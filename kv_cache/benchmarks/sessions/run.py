@@ -19,15 +19,15 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from kv_cache import __version__
-from kv_cache.settings.schema import SessionsConfig
 from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
 from kv_cache.metrics.recorder import GIB
-from kv_cache.results import measurement as meas
-from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.results.outputs import write_results
 from kv_cache.render.sessions import print_table
+from kv_cache.results import measurement as meas
+from kv_cache.results.outputs import write_results
+from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
+from kv_cache.settings.schema import SessionsConfig
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
 from kv_cache.workload.traces import TraceError, open_trace
@@ -177,7 +177,7 @@ def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs 
 
 
 def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str, Any]:
-    """parameters.storage_location (report/measurement.py): where the storage offload tier's files go (a
+    """parameters.storage_location (results/measurement.py): where the storage offload tier's files go (a
     temp dir without --cache-dir) and the I/O mode asked for; without a storage configuration, none."""
     if "dram+storage" not in tiers:
         return meas.storage_location(None, None)

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 from kv_cache.metrics.stats import (
     CI,
     batch_means_ci,
@@ -24,6 +23,7 @@ from kv_cache.metrics.stats import (
     percentile_ci,
     subwindow_rates,
 )
+from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "RungRecord", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
            "ttft_percentiles"]

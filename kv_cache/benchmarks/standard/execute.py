@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kv_cache.serving.cache import STAT_NAMES, CacheRead, CapacityError, EntryTooLarge, MultiTierCache
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import STAT_NAMES, CacheRead, CapacityError, EntryTooLarge, MultiTierCache
 from kv_cache.storage.base import DataCorruption, IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.faults import FATAL_ERRNOS as _FATAL

@@ -7,13 +7,13 @@ import logging
 import os
 from typing import Any
 
-from kv_cache.settings.run import RunSettings
 from kv_cache.core.group import RankGroup
 from kv_cache.render import xlsx
 from kv_cache.render.console import print_report
 from kv_cache.results.merge import merge_documents, merged_table
 from kv_cache.results.outputs import write_results
 from kv_cache.results.write import Written, write_document
+from kv_cache.settings.run import RunSettings
 
 __all__ = ["write_merged", "write_merged_document", "write_outputs"]
 

@@ -1,6 +1,6 @@
 """Work done before the measured window: preconditioning, decode-only pre-population, RAG ingestion.
 
-All of it runs on the driver's worker pool (driver/pool.py) and goes through the cache (so entries land
+All of it runs on the driver's worker pool (core/pool.py) and goes through the cache (so entries land
 where the waterfall puts them); none of it is counted in the results' statistics (the metrics are reset
 when the window opens); each phase reports its own volume and duration.
 """
@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from kv_cache.serving.cache import MultiTierCache
 from kv_cache.core.pool import Stream, WorkerPool
 from kv_cache.metrics.recorder import GIB
+from kv_cache.serving.cache import MultiTierCache
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.rag import RagCorpus, RagDocument
 
-log = logging.getLogger("kv_cache.benchmarks.standard.phases")
+log = logging.getLogger("kv_cache.driver.phases")
 
 
 def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: Callable[[int], int], threads: int,

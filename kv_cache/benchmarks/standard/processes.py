@@ -21,14 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kv_cache.benchmarks.standard.outputs import write_merged_document
 from kv_cache.benchmarks.standard.run import run_benchmark
-from kv_cache.settings.ranks import rank_share
-from kv_cache.settings.run import RunSettings
 from kv_cache.core.group import GroupBroken
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
 from kv_cache.results.merge import merge_documents
-from kv_cache.benchmarks.standard.outputs import write_merged_document
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
+from kv_cache.settings.ranks import rank_share
+from kv_cache.settings.run import RunSettings
 
 __all__ = ["GroupBroken", "ProcessGroup", "rank_settings", "run_processes", "with_missing_ranks"]
 
@@ -79,7 +79,7 @@ DOC, OUTCOME, ERROR = "doc", "outcome", "error"  # what a rank puts on the resul
 def rank_settings(settings: RunSettings, rank: int, n: int) -> RunSettings:
     """The settings of process `rank` of `n`: its share of every SPLIT setting (users, request rate, the
     tiers' sizes, max-requests, precondition volume, RAG documents), seed + rank, the host's memory divided
-    between the `n` processes on it (config/ranks.py), and its own paths."""
+    between the `n` processes on it (settings/ranks.py), and its own paths."""
     stem, dot, ext = settings.output.rpartition(".")
     output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{settings.output}_rank{rank}"
     cache_dir = os.path.join(settings.cache_dir, f"rank{rank}") if settings.cache_dir else None

@@ -19,23 +19,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kv_cache.settings.run import RunSettings
-from kv_cache.core import shapes
-from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
+from kv_cache.benchmarks.standard.outputs import write_merged, write_outputs
 from kv_cache.benchmarks.standard.scheduler import Driver, DriverOutcome
 from kv_cache.benchmarks.standard.setup import driver_options, io_worker_count, run_phases, start_tracing
+from kv_cache.core import shapes
+from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.errors import RunOutcome, StorageError
+from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
-from kv_cache.results.blocklatency import block_latency
-from kv_cache.results.run_document import RunRecord, build_results, interrupted_results
-from kv_cache.results.parameters import run_mode
 from kv_cache.render.progress import make_progress
-from kv_cache.benchmarks.standard.outputs import write_merged, write_outputs
+from kv_cache.results.blocklatency import block_latency
+from kv_cache.results.parameters import run_mode
+from kv_cache.results.run_document import RunRecord, build_results, interrupted_results
 from kv_cache.results.verdict import mark_incomplete, mark_storage_stop, verdict_keys, window_fraction
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
-from kv_cache.host.blockdev import BlockDeviceCounter
+from kv_cache.settings.run import RunSettings
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource

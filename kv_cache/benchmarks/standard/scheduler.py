@@ -1,6 +1,6 @@
 """Runs the load: users or arrivals -> request plans -> a bounded pool of I/O workers -> the cache.
 
-Decides only WHEN things happen. The calling thread owns an event loop (driver/events.py) of user
+Decides only WHEN things happen. The calling thread owns an event loop (core/events.py) of user
 wake-ups, open-loop arrivals, trace rows, request completions and monitor ticks, each kind handled by
 one small handler; a fixed pool of worker threads executes the cache operations (pwritev/preadv release
 the GIL, so threads give real I/O parallelism). Simulated token generation is modelled time that does not
@@ -12,7 +12,7 @@ Two ways to offer load:
 - open loop (`request_rate > 0`): Poisson arrivals at the given rate, each from a user drawn from the
   seeded arrival generator; an arrival that finds `admission_limit` requests already queued is rejected
   and counted (never silently dropped).
-A load shape (driver/autoscale.py) may change the number of active users at every monitor tick.
+A load shape (core/autoscale.py) may change the number of active users at every monitor tick.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from kv_cache.serving.cache import MultiTierCache
+from kv_cache.benchmarks.standard.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
 from kv_cache.core.autoscale import IntervalSample, LoadShape
 from kv_cache.core.closed_loop import ClosedLoop
 from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.core.events import EventLoop, Stop
-from kv_cache.benchmarks.standard.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
 from kv_cache.core.group import GroupBroken, RankGroup
 from kv_cache.core.observe import RunObserver, Tick
 from kv_cache.core.pool import Stream, WorkerPool
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.serving.cache import MultiTierCache
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.request import RequestPlan

@@ -12,14 +12,14 @@ import os
 import threading
 from typing import Any, TextIO
 
-from kv_cache.serving.cache import MultiTierCache, Tier
-from kv_cache.settings.run import RunSettings
 from kv_cache.benchmarks.standard.phases import fill, ingest_rag, precondition_items, prepopulation_items
 from kv_cache.benchmarks.standard.scheduler import DriverOptions
 from kv_cache.errors import StorageError
-from kv_cache.metrics.recorder import GIB
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.blocktrace import BlockTracer, device_gib
+from kv_cache.metrics.recorder import GIB
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.run import RunSettings
 from kv_cache.workload.rag import build_documents
 
 DEFAULT_MAX_WORKERS = 32  # I/O workers when --io-workers is 0: one per user up to this many

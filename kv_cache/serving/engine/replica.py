@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
-from kv_cache.serving.cache import CapacityError, MultiTierCache
 from kv_cache.metrics import names
+from kv_cache.serving.cache import CapacityError, MultiTierCache
 from kv_cache.storage.base import DataCorruption, IOAborted
 from kv_cache.storage.buffers import WorkerBuffers
 
