@@ -24,7 +24,7 @@ def _node(parts: tuple[str, ...], is_pkg_file: bool) -> str:
     if not parts:
         return "(root)"
     head = parts[0].removesuffix(".py")
-    if head == "benchmarks" and len(parts) > 2:
+    if head == "benchmarks" and len(parts) >= 2:
         return f"benchmarks.{parts[1].removesuffix('.py')}"
     return head
 
