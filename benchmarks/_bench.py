@@ -52,7 +52,7 @@ def kv_cache_cmd() -> list[str]:
 
 
 def model_bytes_per_token(name: str) -> int:
-    from kv_cache.models import MODEL_CONFIGS  # noqa: PLC0415
+    from kv_cache.specs.models import MODEL_CONFIGS  # noqa: PLC0415
 
     return MODEL_CONFIGS[name].bytes_per_token
 
@@ -134,7 +134,7 @@ def throttle_problem() -> str | None:
 
 def whole_disk_devnum(path: str | os.PathLike[str]) -> tuple[str, str] | None:
     """("major:minor", name) of the whole disk holding ``path`` (blk-throttle wants the disk)."""
-    from kv_cache.storage.blockdev import BlockDeviceCounter  # noqa: PLC0415
+    from kv_cache.host.blockdev import BlockDeviceCounter  # noqa: PLC0415
 
     bd = BlockDeviceCounter.for_path(path)
     if bd is None:

@@ -4,7 +4,8 @@ modules over 500 lines and functions over 80 lines.
     python3 benchmarks/arch_stats.py [ROOT]        # ROOT defaults to the repository's kv_cache/
 
 Reads the source as text (ast), runs nothing of the package. Imports are counted at sub-package level
-(`kv_cache.report.console` -> `report`; a top-level module such as `kv_cache/app.py` is its own node),
+(`kv_cache.render.console` -> `render`, `kv_cache.benchmarks.standard.run` -> `benchmarks.standard`; a
+top-level module such as `kv_cache/launcher.py` is its own node),
 relative imports resolved against the importing module.
 """
 
@@ -17,12 +18,13 @@ from pathlib import Path
 
 
 def _node(parts: tuple[str, ...], is_pkg_file: bool) -> str:
-    """The graph node of a module path relative to the root package: first component, or `app` for app.py.
+    """The graph node of a module path relative to the root package: first component, or `launcher` for
+    launcher.py.
     Nested benchmark plugins (benchmarks/standard) are one level deeper, so they stay apart."""
     if not parts:
         return "(root)"
     head = parts[0].removesuffix(".py")
-    if head == "benchmarks" and len(parts) > 2:
+    if head == "benchmarks" and len(parts) >= 2:
         return f"benchmarks.{parts[1].removesuffix('.py')}"
     return head
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kv_cache.metrics.histograms import from_values, summary  # noqa: E402
-from kv_cache.report.samples import SAMPLE_CAP  # noqa: E402
+from kv_cache.results.samples import SAMPLE_CAP  # noqa: E402
 
 TEMPLATE = ROOT / "tests" / "fixtures" / "results" / "ranks" / "x_rank0.json"
 
@@ -113,7 +113,7 @@ def synthesise(folder: Path, args: argparse.Namespace) -> int:
 
 def merge_only(folder: str) -> None:
     """In a fresh process: merge every rank file of `folder` as `kv-cache merge` does; print the figures."""
-    from kv_cache.report.merge import find_rank_files, merge_documents  # noqa: PLC0415
+    from kv_cache.results.merge import find_rank_files, merge_documents  # noqa: PLC0415
     from kv_cache.results.write import write_document  # noqa: PLC0415
 
     t0 = time.perf_counter()

@@ -100,7 +100,7 @@ class Bench:
             raise SystemExit("--read-context must be < 10000 (longer contexts are never read back)")
         self.results: dict = {}
         self.seq = 0
-        from kv_cache.storage.blockdev import BlockDeviceCounter  # noqa: PLC0415
+        from kv_cache.host.blockdev import BlockDeviceCounter  # noqa: PLC0415
 
         bd = BlockDeviceCounter.for_path(self.target)
         self.disk = bd.name if bd is not None else None

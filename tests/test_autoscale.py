@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kv_cache.driver.autoscale import Autoscaler, IntervalSample
+from kv_cache.core.autoscale import Autoscaler, IntervalSample
 
 SCALER = SimpleNamespace(interval_seconds=0.5, min_users=1, max_users=64, scale_up_factor=1.5,
                          scale_down_factor=0.5, consecutive_samples_required=2)

@@ -132,8 +132,8 @@ def tripwire(monkeypatch):
     """Anything that would start measuring fails the test at once."""
     def tripped(*a, **k):
         raise AssertionError("a run started: the input was not refused")
-    monkeypatch.setattr("kv_cache.app._measure", tripped)
-    monkeypatch.setattr("kv_cache.app_sessions.run_ladder", tripped)
+    monkeypatch.setattr("kv_cache.benchmarks.standard.run._measure", tripped)
+    monkeypatch.setattr("kv_cache.benchmarks.sessions.run.run_ladder", tripped)
 
 
 def test_the_matrix_is_big_enough():

@@ -2,9 +2,9 @@
 
 import shutil
 
-from kv_cache.report import blocklatency
-from kv_cache.storage import blocktrace
-from kv_cache.storage.bpftrace_hist import parse_output
+from kv_cache.host import blocktrace
+from kv_cache.host.bpftrace_hist import parse_output
+from kv_cache.results import blocklatency
 
 TRACE = """Attaching 16 probes...
 @d2c_us[RS]:

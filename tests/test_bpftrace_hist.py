@@ -1,6 +1,6 @@
 """The bpftrace output parser on captured output with every bucket form (hist, lhist, keyed, values)."""
 
-from kv_cache.storage.bpftrace_hist import (
+from kv_cache.host.bpftrace_hist import (
     bucket_text,
     number,
     parse_bucket,

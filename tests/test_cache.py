@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from kv_cache.cache import MultiTierCache, Tier
-from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
@@ -226,7 +226,7 @@ def test_concurrent_mixed_load_keeps_accounting_exact():
 
 
 def test_one_tier_name_type_maps_the_mlperf_and_statistics_names():
-    from kv_cache.cache import STAT_NAMES
+    from kv_cache.serving.cache import STAT_NAMES
     from kv_cache.storage.tiername import TierName
 
     assert STAT_NAMES == {"gpu": "gpu", "cpu": "cpu", "nvme": "storage"}

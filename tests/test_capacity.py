@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from kv_cache import cache as cache_mod
-from kv_cache.cache import CapacityError, EntryTooLarge, MultiTierCache, Tier
-from kv_cache.config.sections import EvictionConfig
+from kv_cache.host.capacity import auto_capacity
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report.measurement import storage_fill
+from kv_cache.results.measurement import storage_fill
+from kv_cache.serving import cache as cache_mod
+from kv_cache.serving.cache import CapacityError, EntryTooLarge, MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.base import IOAborted
-from kv_cache.storage.capacity import auto_capacity
 from kv_cache.storage.memory import MemoryStore
 
 KIB = 1024

@@ -11,8 +11,9 @@ import pytest
 from kv_cache import cli
 from kv_cache.cli import build_parser, main, parse_settings
 from kv_cache.cli.sessions import SessionsFlags
-from kv_cache.config.pacing import PaceError
-from kv_cache.config.run import (
+from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
+from kv_cache.settings.pacing import PaceError
+from kv_cache.settings.run import (
     DEFAULT_MODEL,
     SECTIONS,
     DriverSettings,
@@ -23,10 +24,9 @@ from kv_cache.config.run import (
     TierSettings,
     WorkloadSettings,
 )
-from kv_cache.config.schema import BenchConfig, ValidationLimits
-from kv_cache.config.validation import advisories, check_cache_dir, conflicting_features, validate_args
-from kv_cache.errors import ConfigError, ExitCode, StorageError, StorageSetupError, UsageError
-from kv_cache.models import MODEL_CONFIGS
+from kv_cache.settings.schema import BenchConfig, ValidationLimits
+from kv_cache.settings.validation import advisories, check_cache_dir, conflicting_features, validate_args
+from kv_cache.specs.models import MODEL_CONFIGS
 from kv_cache.workload.traces import TraceError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -653,7 +653,7 @@ def test_main_version(capsys):
 
 @pytest.fixture
 def fake_runner(monkeypatch):
-    module = types.ModuleType("kv_cache.app")
+    module = types.ModuleType("kv_cache.benchmarks.standard.run")
     calls = []
 
     def run_benchmark(settings):
@@ -662,7 +662,7 @@ def fake_runner(monkeypatch):
 
     module.run_benchmark = run_benchmark
     module.calls = calls
-    monkeypatch.setitem(sys.modules, "kv_cache.app", module)
+    monkeypatch.setitem(sys.modules, "kv_cache.benchmarks.standard.run", module)
     monkeypatch.setattr(cli, "configure_logging", lambda level: None)
     return module
 

@@ -12,7 +12,7 @@ from kv_cache.cli import main
 from kv_cache.cli.compare_cmd import compare_command
 from kv_cache.errors import UsageError
 from kv_cache.metrics.stats import mean_ci, ratio_ci
-from kv_cache.report.compare import (
+from kv_cache.render.compare import (
     CompareError,
     compare_rows,
     format_table,
@@ -239,7 +239,7 @@ def test_plots_overlay_the_runs_one_png_per_figure_with_their_storage(tmp_path, 
 
 def test_plots_of_merged_documents_use_their_percentiles(tmp_path):
     pytest.importorskip("matplotlib")
-    from kv_cache.report.compare_plots import draw_compare_plots
+    from kv_cache.render.compare_plots import draw_compare_plots
 
     pngs = draw_compare_plots(["m.json", "a.json"], [_load(MERGED), _load(EXT4)], tmp_path)
     # the throughput figures come from the single run only (the merged document has no time series)

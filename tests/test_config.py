@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.config.schema import BenchConfig, ModelConfig, config_from_mapping, load_config
 from kv_cache.errors import ConfigError, UsageError
+from kv_cache.settings.schema import BenchConfig, ModelConfig, config_from_mapping, load_config
 
 ROOT_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
 
@@ -506,7 +506,7 @@ def test_gpus_merge_field_by_field_and_accept_new_gpus(tmp_path):
     )
     assert c.gpus["h100"].hbm_gb == 94.0 and c.gpus["h100"].hbm_bandwidth_gbs == 3350
     assert c.gpus["mi300x"].peak_dense_tflops == 1307.0 and c.gpus["mi300x"].name == "AMD MI300X"
-    from kv_cache.models import GPU_SPECS
+    from kv_cache.specs.models import GPU_SPECS
 
     assert set(c.gpus) == {*GPU_SPECS, "mi300x"}
     bare = load_config(
@@ -591,7 +591,7 @@ def test_run_settings_tree_with_flat_shortcuts():
 
 
 def test_sub_config_field_names_are_unique():
-    from kv_cache.config.run import SECTIONS, RunSettings
+    from kv_cache.settings.run import SECTIONS, RunSettings
 
     names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
     top = {f.name for f in dataclasses.fields(RunSettings)}
@@ -599,7 +599,7 @@ def test_sub_config_field_names_are_unique():
 
 
 def test_io_modes_are_defined_once():
-    from kv_cache.config import run, sections
+    from kv_cache.settings import run, sections
     from kv_cache.storage import files
 
     assert run.IO_MODES is files.IO_MODES

@@ -130,9 +130,9 @@ def test_gds_flag_needs_the_real_gpu_tier(monkeypatch):
 
 
 def test_tiers_open_a_gds_store_only_behind_a_real_gpu_tier(tmp_path, monkeypatch):
-    from kv_cache.config.run import StorageSettings, TierSettings
     from kv_cache.errors import StorageSetupError
     from kv_cache.serving import tiers
+    from kv_cache.settings.run import StorageSettings, TierSettings
     from kv_cache.storage.gpu_real import DeviceStore
 
     settings = TierSettings(gpu_mem_gb=0.001, cpu_mem_gb=0.0, cache_dir=str(tmp_path), gds=True)

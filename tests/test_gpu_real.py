@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from kv_cache.cache import MultiTierCache, Tier
-from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage import gpu_device
 from kv_cache.storage.base import StoreFull
 from kv_cache.storage.buffers import WorkerBuffers

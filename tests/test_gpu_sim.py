@@ -4,14 +4,14 @@ import math
 
 import pytest
 
-from kv_cache.cache import MultiTierCache, Tier
-from kv_cache.config.run import StorageSettings, TierSettings
-from kv_cache.config.sections import EvictionConfig
 from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.models import GPU_SPECS
-from kv_cache.report.console import gpu_tier_lines
+from kv_cache.render.console import gpu_tier_lines
 from kv_cache.serving import tiers as tiers_mod
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.settings.sections import EvictionConfig
+from kv_cache.specs.models import GPU_SPECS
 from kv_cache.storage import gpu_device
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel

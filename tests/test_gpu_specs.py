@@ -5,8 +5,8 @@ import pytest
 
 from kv_cache import specs
 from kv_cache.cli import build_parser
-from kv_cache.config.schema import load_config
-from kv_cache.models import GPU_SPECS
+from kv_cache.settings.schema import load_config
+from kv_cache.specs.models import GPU_SPECS
 
 
 def _help(parser, flag):

@@ -3,8 +3,8 @@ reported as censored (lower bounds), apart from the percentiles."""
 
 import pytest
 
-from kv_cache.app import execute
-from kv_cache.driver.events import EventLoop
+from kv_cache.benchmarks.standard.run import execute
+from kv_cache.core.events import EventLoop
 
 
 def test_remove_takes_only_the_events_of_that_kind():

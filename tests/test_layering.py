@@ -48,21 +48,29 @@ def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
     return []
 
 
+def _node(parts: list[str]) -> str:
+    """The graph node of a module: kv_cache.<child>, or kv_cache.benchmarks.<name> for a benchmark plugin."""
+    if len(parts) >= 3 and parts[1] == "benchmarks":
+        return ".".join(parts[:3])
+    return ".".join(parts[:2])
+
+
 def subpackage_graph() -> dict[str, set[str]]:
-    """kv_cache.<child> -> the other kv_cache.<child>s it imports (anywhere in it, function bodies too)."""
+    """kv_cache.<child> (each benchmark its own) -> the other such nodes it imports (anywhere in it, function
+    bodies too)."""
     graph: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         module = _module_name(path)
         parts = module.split(".")
         if len(parts) < 2:
             continue  # the root package itself: it holds the version only
-        src = ".".join(parts[:2])
+        src = _node(parts)
         deps = graph.setdefault(src, set())
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             for name in _imported(node, module, path.name == "__init__.py"):
                 target = name.split(".")
-                if len(target) >= 2 and target[0] == "kv_cache" and ".".join(target[:2]) != src:
-                    dep = ".".join(target[:2])
+                if len(target) >= 2 and target[0] == "kv_cache" and _node(target) != src:
+                    dep = _node(target)
                     if (PACKAGE / target[1]).is_dir() or (PACKAGE / f"{target[1]}.py").is_file():
                         deps.add(dep)
     return graph
@@ -111,7 +119,14 @@ def test_cycle_finder_sees_a_cycle():
 def test_no_import_cycles_between_subpackages():
     graph = subpackage_graph()
     assert {"kv_cache.cli", "kv_cache.storage", "kv_cache.workload"} <= graph.keys()
-    assert "kv_cache.storage" in graph["kv_cache.cache"]  # the scan sees real imports
+    assert "kv_cache.storage" in graph["kv_cache.serving"]  # the scan sees real imports
+    assert "kv_cache.core" in graph["kv_cache.benchmarks.sessions"]  # each benchmark is its own node
     found = cycles(graph)
     detail = {c: sorted(graph[c] & set(comp)) for comp in found for c in comp}
     assert found == [], detail
+
+
+def test_the_two_benchmarks_do_not_import_each_other():
+    graph = subpackage_graph()
+    assert "kv_cache.benchmarks.sessions" not in graph["kv_cache.benchmarks.standard"]
+    assert "kv_cache.benchmarks.standard" not in graph["kv_cache.benchmarks.sessions"]

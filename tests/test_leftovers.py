@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from kv_cache.app import Interrupts
-from kv_cache.storage.leftovers import ORPHAN_AGE_S, markerless_run_dirs, sweep
-from kv_cache.storage.rundir import MARKER, RunDir, boot_id, process_start, stale_run_dirs
+from kv_cache.benchmarks.standard.run import Interrupts
+from kv_cache.host.leftovers import ORPHAN_AGE_S, markerless_run_dirs, sweep
+from kv_cache.host.rundir import MARKER, RunDir, boot_id, process_start, stale_run_dirs
 
 
 def _fake_run_dir(parent, name, pid, proc_start=None, files=("a.npy", "b.npy")):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.app import execute
+from kv_cache.benchmarks.standard.run import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,8 +113,8 @@ def _signal_self_in(monkeypatch, owner, name: str, sig: int = signal.SIGINT, tim
 def test_a_late_ctrl_c_keeps_the_windows_results(quick_settings, sink, tmp_path, monkeypatch, where):
     """A Ctrl-C (twice) after the window closed: during the drain, while the results are built, while the
     run's files are removed. The window's results are written whole, the files are gone."""
-    from kv_cache import app
-    from kv_cache.driver.pool import WorkerPool
+    from kv_cache.benchmarks.standard import run as app
+    from kv_cache.core.pool import WorkerPool
     from kv_cache.serving.tiers import TierSet
 
     owner, name = {"drain": (WorkerPool, "drain"), "results": (app, "build_results"),
@@ -132,9 +132,9 @@ def test_a_late_ctrl_c_keeps_the_windows_results(quick_settings, sink, tmp_path,
 
 @pytest.mark.slow  # a real run (wall clock)
 def test_a_run_interrupted_in_its_window_is_incomplete_never_pass(quick_settings, sink, tmp_path, monkeypatch):
-    from kv_cache.app import run_benchmark
+    from kv_cache.benchmarks.standard.run import run_benchmark
+    from kv_cache.benchmarks.standard.scheduler import Driver
     from kv_cache.cli.exits import exit_status
-    from kv_cache.driver.scheduler import Driver
 
     _signal_self_in(monkeypatch, Driver, "_close_bucket")  # one second into the window
     outcome = run_benchmark(quick_settings("--duration", "6"), sink)

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from kv_cache.cli import build_parser, parse_settings
-from kv_cache.driver import shapes
-from kv_cache.driver.autoscale import Autoscaler, ConstantShape, IntervalSample
+from kv_cache.core import shapes
+from kv_cache.core.autoscale import Autoscaler, ConstantShape, IntervalSample
 
 SCALER = SimpleNamespace(interval_seconds=5.0, min_users=1, max_users=100, scale_up_factor=1.2,
                          scale_down_factor=0.8, consecutive_samples_required=2)
@@ -66,8 +66,8 @@ def test_a_registered_shape_is_offered_and_built(monkeypatch):
 
 
 def test_a_sessions_rung_holds_its_count_through_the_constant_entry(tmp_path):
+    from kv_cache.benchmarks.sessions.ladder import RungRun
     from kv_cache.cli import parse_sessions_settings
-    from kv_cache.driver.ladder import RungRun
     from kv_cache.workload.session_supply import script_supply
 
     s = parse_sessions_settings(["--window", "2", "--subwindows", "4", "--output", str(tmp_path / "s.json")])

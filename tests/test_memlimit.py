@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kv_cache.errors import StorageSetupError
+from kv_cache.host.memlimit import MemoryLimit, cgroup_headroom
 from kv_cache.serving.tiers import RESERVE_BYTES, ram_tier_bytes
-from kv_cache.storage.memlimit import MemoryLimit, cgroup_headroom
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

@@ -13,7 +13,7 @@ from kv_cache.cli import main
 from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
-from kv_cache.report.merge import (
+from kv_cache.results.merge import (
     EXACT,
     FROM_HISTOGRAMS,
     MergeError,
@@ -21,9 +21,9 @@ from kv_cache.report.merge import (
     merge_documents,
     merged_table,
 )
-from kv_cache.report.results import build_summary, harness_keys, request_lists
-from kv_cache.report.samples import latency_samples
-from kv_cache.report.series import latency_histograms, time_series
+from kv_cache.results.samples import latency_samples
+from kv_cache.results.series import latency_histograms, time_series
+from kv_cache.results.summary import build_summary, harness_keys, request_lists
 from kv_cache.storage.base import IOResult
 from kv_cache.workload.qos import QOS_LEVELS
 
@@ -66,7 +66,7 @@ def _doc(m, rank, world, start, end, run_id=RUN, aligned=True, cap=200_000):
 
 
 def _qos():
-    from kv_cache.config.sections import BenchConfig
+    from kv_cache.settings.sections import BenchConfig
 
     return dict(BenchConfig().qos_profiles)
 

@@ -9,12 +9,12 @@ import pytest
 from kv_cache.cli import main
 from kv_cache.metrics import catalogue
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report import catalogue_section, xlsx
-from kv_cache.report.console import print_report, report_lines
-from kv_cache.report.merge import merge_documents
-from kv_cache.report.results import build_summary, harness_keys, request_lists
-from kv_cache.report.samples import latency_samples
-from kv_cache.report.series import latency_histograms, time_series
+from kv_cache.render import catalogue_section, xlsx
+from kv_cache.render.console import print_report, report_lines
+from kv_cache.results.merge import merge_documents
+from kv_cache.results.samples import latency_samples
+from kv_cache.results.series import latency_histograms, time_series
+from kv_cache.results.summary import build_summary, harness_keys, request_lists
 from kv_cache.storage.base import IOResult
 
 MIB = 1 << 20
@@ -101,7 +101,7 @@ def test_sum_and_max_entries_merge_from_the_ranks_values():
 
 
 def _qos():
-    from kv_cache.config.sections import BenchConfig
+    from kv_cache.settings.sections import BenchConfig
 
     return dict(BenchConfig().qos_profiles)
 

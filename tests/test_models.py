@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from kv_cache.models import MODEL_CONFIGS, ModelConfig
+from kv_cache.specs.models import MODEL_CONFIGS, ModelConfig
 
 EXPECTED_BYTES_PER_TOKEN = {
     "tiny-1b": 24576,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.app import execute
+from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli import parse_settings
 from kv_cache.cli.exits import exit_status
 from kv_cache.errors import UsageError

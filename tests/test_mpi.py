@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.driver.group import filesystem_id, shared_filesystem_count
-from kv_cache.storage.rundir import RUN_DIR_NAME
+from kv_cache.core.group import filesystem_id, shared_filesystem_count
+from kv_cache.host.rundir import RUN_DIR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"

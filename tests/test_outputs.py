@@ -9,9 +9,9 @@ import os
 import pytest
 
 from kv_cache.cli import main
-from kv_cache.report import outputs
-from kv_cache.report.outputs import OutputPathError, check_output_path, write_results
+from kv_cache.results import outputs
 from kv_cache.results import write as write_mod
+from kv_cache.results.outputs import OutputPathError, check_output_path, write_results
 
 
 def test_a_missing_directory_is_created(tmp_path):
@@ -82,8 +82,8 @@ def test_cli_refuses_before_running(argv, words, capsys):
 def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings, tmp_path, monkeypatch, caplog):
     import io
 
-    from kv_cache.report.document import interrupted_results
-    from kv_cache.report.run_outputs import write_outputs
+    from kv_cache.benchmarks.standard.outputs import write_outputs
+    from kv_cache.results.run_document import interrupted_results
 
     settings = quick_settings("--output", str(tmp_path / "r.json"))
     real = write_mod.write_json_atomic

@@ -11,8 +11,8 @@ from kv_cache.cli import main
 from kv_cache.cli.report_cmd import load_results, report_command
 from kv_cache.errors import UsageError
 from kv_cache.metrics import histograms as H
-from kv_cache.report.html import write_html
-from kv_cache.report.plots import draw_plots
+from kv_cache.render.html import write_html
+from kv_cache.render.plots import draw_plots
 
 pytest.importorskip("matplotlib")
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
@@ -152,7 +152,7 @@ def test_page_headline_is_storage_bandwidth_and_latency_and_names_the_storage(tm
 
 def test_older_documents_without_storage_location_still_name_their_storage():
     doc = json.loads((FIXTURES / "full.json").read_text())
-    from kv_cache.report.storage_info import storage_label
+    from kv_cache.results.storage_info import storage_label
 
     assert "storage_location" not in doc["measurement"]
     assert storage_label(doc).startswith("ext4 (block device vda) at /data/cache/")

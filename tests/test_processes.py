@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.app_processes import GroupBroken, ProcessGroup, rank_settings, with_missing_ranks
+from kv_cache.benchmarks.standard.processes import (
+    GroupBroken,
+    ProcessGroup,
+    rank_settings,
+    with_missing_ranks,
+)
 from kv_cache.cli import exit_code_for, main
 from kv_cache.errors import ExitCode, InternalError
-from kv_cache.storage.rundir import RUN_DIR_NAME
+from kv_cache.host.rundir import RUN_DIR_NAME
 
 MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
          "    kv_heads: 1\n    dtype: float16\n")
@@ -165,7 +170,7 @@ def test_a_programming_error_in_a_process_is_an_internal_error_not_bad_input(tmp
     (inject / "sitecustomize.py").write_text(
         "import os\n"
         "if os.environ.get('KV_CACHE_TEST_BUG_RANK'):\n"
-        "    from kv_cache.driver import scheduler\n"
+        "    from kv_cache.benchmarks.standard import scheduler\n"
         "    real = scheduler.Driver.run\n"
         "    def run(self):\n"
         "        if self.group is not None and self.group.rank == int(os.environ['KV_CACHE_TEST_BUG_RANK']):\n"
@@ -182,7 +187,7 @@ def test_a_programming_error_in_a_process_is_an_internal_error_not_bad_input(tmp
 
 
 def test_a_bug_in_a_process_is_sent_to_the_parent_as_an_internal_error(monkeypatch):
-    from kv_cache import app_processes
+    from kv_cache.benchmarks.standard import processes as app_processes
 
     def buggy(settings, out, group):
         raise ZeroDivisionError("division by zero")

@@ -7,14 +7,14 @@ from datetime import datetime
 
 import pytest
 
-from kv_cache.app_processes import rank_settings
+from kv_cache.benchmarks.standard.processes import rank_settings
 from kv_cache.cli import build_parser, main
 from kv_cache.cli.resolve import resolve_run
-from kv_cache.config.fields import COPY, OFFSET, SPLIT
-from kv_cache.config.ranks import rank_share, rules, split_values, totals
 from kv_cache.errors import UsageError
-from kv_cache.report.parameters import run_parameters
-from kv_cache.storage.memlimit import MemoryLimit, process_memory_limit, share_of_host
+from kv_cache.host.memlimit import MemoryLimit, process_memory_limit, share_of_host
+from kv_cache.results.parameters import run_parameters
+from kv_cache.settings.fields import COPY, OFFSET, SPLIT
+from kv_cache.settings.ranks import rank_share, rules, split_values, totals
 
 SPLIT_SETTINGS = {"num_users", "request_rate", "storage_capacity_gb", "gpu_mem_gb", "cpu_mem_gb", "max_requests",
                   "precondition_size_gb", "rag_num_docs"}
@@ -149,8 +149,8 @@ def test_the_host_memory_is_divided_between_its_ranks(monkeypatch):
     assert share_of_host(limit, 1) is limit
     half = share_of_host(limit, 4)
     assert half.available == 10 * GIB // 4 and half.source == "MemAvailable / 4 ranks on this host"
-    monkeypatch.setattr("kv_cache.storage.memlimit.mem_available", lambda: 8 * GIB)
-    monkeypatch.setattr("kv_cache.storage.memlimit.cgroup_headroom", lambda: None)
+    monkeypatch.setattr("kv_cache.host.memlimit.mem_available", lambda: 8 * GIB)
+    monkeypatch.setattr("kv_cache.host.memlimit.cgroup_headroom", lambda: None)
     assert process_memory_limit(2).available == 4 * GIB
     assert process_memory_limit().available == 8 * GIB
 
@@ -191,7 +191,7 @@ def test_the_mlperf_wrapper_runs_each_rank_with_its_own_values(tmp_path, monkeyp
 
 
 def test_the_banner_names_the_ranks_share(quick_settings):
-    from kv_cache.report.banner import rank_line  # noqa: PLC0415
+    from kv_cache.render.banner import rank_line  # noqa: PLC0415
 
     settings = quick_settings("--num-users", "10", "--request-rate", "2", "--processes", "2")
     line = rank_line(rank_settings(settings, 1, 2))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.app import execute
+from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli import main, parse_settings
 from kv_cache.errors import UsageError
 

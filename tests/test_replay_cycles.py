@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kv_cache.config.schema import BenchConfig
+from kv_cache.settings.schema import BenchConfig
 from kv_cache.workload.replay import TracePlanner
 from kv_cache.workload.traces import TraceRequest
 
@@ -37,8 +37,8 @@ def test_block_keys_differ_per_cycle():
 
 
 def test_trace_mode_allocates_no_io_buffers(quick_settings, tmp_path):
-    from kv_cache.driver.pool import Stream, WorkerPool
-    from kv_cache.driver.setup import driver_options, io_chunk_bytes
+    from kv_cache.benchmarks.standard.setup import driver_options, io_chunk_bytes
+    from kv_cache.core.pool import Stream, WorkerPool
 
     trace = quick_settings("--io-trace-log", str(tmp_path / "t.csv"))
     assert io_chunk_bytes(trace) == 0 and driver_options(trace, 4, False).chunk_bytes == 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.report import console
-from kv_cache.report.console import print_report
+from kv_cache.render import console
+from kv_cache.render.console import print_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kv_cache.driver.scheduler import DriverOutcome
+from kv_cache.benchmarks.standard.scheduler import DriverOutcome
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report.document import (
+from kv_cache.results.run_document import (
     SCHEMA_VERSION,
     RunRecord,
     build_results,
@@ -24,7 +24,7 @@ TOP_KEYS = {
     "multi_turn_cache_misses", "seed", "summary", "overall_passed", "total_requests", "avg_latency_ms",
     "p99_latency_ms", "throughput_req_per_sec", "storage_throughput_mbps", "cache_hit_rate", "measurement",
     "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
-    "run_id", "world_size", "recorder", "summary_inputs",  # what a merge of ranks needs (report/merge.py)
+    "run_id", "world_size", "recorder", "summary_inputs",  # what a merge of ranks needs (results/merge.py)
 }
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
                 "storage_throughput_mbps", "cache_hit_rate"}
@@ -164,7 +164,7 @@ def test_interrupted_before_the_window_has_the_same_shape(quick_settings):
 
 
 def test_interrupted_report_prints_its_verdict_without_setup_noise(quick_settings):
-    from kv_cache.report.console import report_lines
+    from kv_cache.render.console import report_lines
 
     lines = report_lines(interrupted_results({}, quick_settings()))
     assert "### STORAGE PERFORMANCE ASSESSMENT: FAIL [X] ###" in lines

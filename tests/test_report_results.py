@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from kv_cache.config.schema import BenchConfig
 from kv_cache.metrics.recorder import GIB, RunMetrics
-from kv_cache.report.results import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
+from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
+from kv_cache.settings.schema import BenchConfig
 from kv_cache.storage.base import IOResult
 
 MIB = 1 << 20

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from kv_cache.benchmarks.standard.outputs import write_merged
 from kv_cache.cli import main
 from kv_cache.errors import DocumentError, UsageError
-from kv_cache.report.merge import merge_documents
-from kv_cache.report.run_outputs import write_merged
 from kv_cache.results.documents import VERSIONS, MergedDocument, RunDocument, SessionsDocument, load
+from kv_cache.results.merge import merge_documents
 from kv_cache.results.write import write_document
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"

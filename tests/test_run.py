@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from kv_cache.app import execute
+from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli.exits import exit_status
-from kv_cache.report.document import SCHEMA_VERSION
+from kv_cache.results.run_document import SCHEMA_VERSION
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 
 # Reference keys (spec 12.1, 9.3, 7.9) that must be present with these names.

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from kv_cache.driver.autoscale import ConstantShape
-from kv_cache.driver.closed_loop import ClosedLoop
-from kv_cache.driver.events import EventLoop, Stop
-from kv_cache.driver.execute import ABANDONED, FAILED, Timing
-from kv_cache.driver.pool import Stream, WorkerPool, buffer_id
-from kv_cache.driver.scheduler import Driver, DriverOptions
-from kv_cache.driver.session_slots import Slot
+from kv_cache.benchmarks.sessions.session_slots import Slot
+from kv_cache.benchmarks.standard.execute import ABANDONED, FAILED, Timing
+from kv_cache.benchmarks.standard.scheduler import Driver, DriverOptions
+from kv_cache.core.autoscale import ConstantShape
+from kv_cache.core.closed_loop import ClosedLoop
+from kv_cache.core.events import EventLoop, Stop
+from kv_cache.core.pool import Stream, WorkerPool, buffer_id
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.request import Phase, RequestPlan, decode_reads
@@ -373,7 +373,7 @@ def test_slot_replays_sessions_and_pauses_between_turns():
              SimpleNamespace(new_tokens=5, output_tokens=4, pause_before_s=0.25, kind="human")]
     scripts = iter([SimpleNamespace(session_id=f"s{i}", turns=turns, shared_prefix_tokens=4,
                                     contexts=lambda: [(4, 14), (8, 23)]) for i in range(2)])
-    import kv_cache.driver.session_slots as mod
+    import kv_cache.benchmarks.sessions.session_slots as mod
 
     slot = Slot(0, block_tokens=4, next_script=lambda: next(scripts))
     original = mod.classify_turn
@@ -393,9 +393,9 @@ def test_slot_replays_sessions_and_pauses_between_turns():
 
 # -- the plan executor counts what each hit means -------------------------------------------------
 def test_executor_counts_hit_kinds_for_the_workload():
-    from kv_cache.cache import MultiTierCache, Tier
-    from kv_cache.config.sections import EvictionConfig
-    from kv_cache.driver.execute import PlanExecutor
+    from kv_cache.benchmarks.standard.execute import PlanExecutor
+    from kv_cache.serving.cache import MultiTierCache, Tier
+    from kv_cache.settings.sections import EvictionConfig
     from kv_cache.storage.buffers import WorkerBuffers
     from kv_cache.storage.memory import MemoryStore
 

@@ -1,4 +1,4 @@
-"""The modelled replica (kv_cache.engine.replica) and the rung's model settings: HBM eviction order, TP
+"""The modelled replica (kv_cache.serving.engine.replica) and the rung's model settings: HBM eviction order, TP
 bytes, DRAM fraction, replica assignment, the absolute-deadline clock, load policy and I/O priorities."""
 
 import dataclasses
@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from kv_cache.benchmarks.sessions.ladder import RungRun, replica_of
 from kv_cache.cli import parse_sessions_settings
-from kv_cache.config.sections import EvictionConfig
-from kv_cache.driver.ladder import RungRun, replica_of
-from kv_cache.engine.replica import LOAD_PRIORITY, STORE_PRIORITY, IOPool, Replica, TurnRequest
+from kv_cache.serving.engine.replica import LOAD_PRIORITY, STORE_PRIORITY, IOPool, Replica, TurnRequest
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.workload.session_supply import script_supply
 
 
@@ -198,7 +198,7 @@ def test_full_settings_dataclass_keeps_the_default_policy(settings):
 
 def test_article_grid_models_resolve_with_their_sourced_shapes(settings):
     from kv_cache.errors import UsageError
-    from kv_cache.models import MODEL_CONFIGS
+    from kv_cache.specs.models import MODEL_CONFIGS
 
     assert "llama3.1-405b" not in MODEL_CONFIGS  # the standard run keeps the reference's nine models
     ls = parse_sessions_settings(["--model", "llama3.1-405b", "--gpu", "h200", "--num-gpus", "8",
@@ -216,7 +216,7 @@ def test_article_grid_models_resolve_with_their_sourced_shapes(settings):
 
 
 def make_slots(n, settings_obj, block_tokens):
-    from kv_cache.driver.session_slots import Slot
+    from kv_cache.benchmarks.sessions.session_slots import Slot
     from kv_cache.workload.sessions import apply_pace
 
     ls = settings_obj.ladder_settings
@@ -225,7 +225,7 @@ def make_slots(n, settings_obj, block_tokens):
 
 
 def test_steady_start_fills_hbm_by_lru_and_prestores_the_rest(settings):
-    from kv_cache.driver.steady_state import prepare_steady_start
+    from kv_cache.benchmarks.sessions.steady_state import prepare_steady_start
 
     s = settings("--pace", "fixed:2")
     slots = make_slots(12, s, 512)
@@ -262,7 +262,7 @@ def test_steady_start_fills_hbm_by_lru_and_prestores_the_rest(settings):
 
 
 def test_warmup_detector_waits_for_steady_occupancy():
-    from kv_cache.driver.steady_state import WarmupDetector
+    from kv_cache.benchmarks.sessions.steady_state import WarmupDetector
 
     d = WarmupDetector(ticks=3)
     ramp = [(0.1, 0.5, 1), (0.2, 0.7, 3), (0.3, 0.9, 5), (0.4, 0.99, 8), (0.5, 1.0, 8), (0.6, 1.0, 9)]

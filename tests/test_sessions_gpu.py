@@ -1,12 +1,12 @@
-"""GPU specs and the roofline cost model (kv_cache.engine.roofline): hand-computed examples."""
+"""GPU specs and the roofline cost model (kv_cache.serving.engine.roofline): hand-computed examples."""
 
 import dataclasses
 
 import pytest
 
-from kv_cache.config.schema import InferenceModelConfig, load_config
-from kv_cache.engine import roofline as g
-from kv_cache.models import MODEL_CONFIGS
+from kv_cache.serving.engine import roofline as g
+from kv_cache.settings.schema import InferenceModelConfig, load_config
+from kv_cache.specs.models import MODEL_CONFIGS
 
 EFF = InferenceModelConfig()  # prefill_mfu 0.5, decode_hbm_efficiency 0.8, reserved 0.1, 2 bytes/param
 H100 = g.GPU_SPECS["h100"]

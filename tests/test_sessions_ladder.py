@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from kv_cache.benchmarks.sessions.ladder import RungRun
 from kv_cache.cli import main
 from kv_cache.cli import parse_sessions_settings as resolve
-from kv_cache.driver.ladder import RungRun
 from kv_cache.workload.session_supply import script_supply
 
 SMALL = ("sessions:\n  first_turn_tokens_mean: 3000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kv_cache.config.schema import SessionsConfig, load_config
+from kv_cache.settings.schema import SessionsConfig, load_config
 from kv_cache.workload.sessions import (
     Pace,
     SessionScript,

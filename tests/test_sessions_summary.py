@@ -1,17 +1,23 @@
 """Sessions results from hand-made records: TTFT breakdown, offload I/O rates, cell flags, SLO capacity,
-censoring, replications merged (kv_cache.driver.rung_results, kv_cache.driver.ladder_summary)."""
+censoring, replications merged (kv_cache.benchmarks.sessions.rung_results, kv_cache.benchmarks.sessions.ladder_summary)."""
 
 import pytest
 
-from kv_cache.driver.ladder_summary import (
+from kv_cache.benchmarks.sessions.ladder_summary import (
     CENSORED,
     merge_replications,
     rung_warnings,
     slo_capacity,
     summarize,
 )
-from kv_cache.driver.rung_results import RungRecord, io_rates, rung_flags, throughput_ci, ttft_breakdown
-from kv_cache.engine.replica import IOCounters, TurnRequest
+from kv_cache.benchmarks.sessions.rung_results import (
+    RungRecord,
+    io_rates,
+    rung_flags,
+    throughput_ci,
+    ttft_breakdown,
+)
+from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
 
 def req(cls="return", issue=0.0, admitted=0.1, load=0.2, ttft=0.5, loads=2, block_bytes=10**9):
@@ -116,7 +122,7 @@ def test_replications_merge_into_a_t_interval_and_give_capacity_cis():
 
 
 def test_auto_ladder_doubles_until_throughput_has_peaked():
-    from kv_cache.driver.ladder_summary import auto_next_rung
+    from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung
 
     assert auto_next_rung([], 2) == 2
     assert auto_next_rung([(2, 10.0)], 2) == 4
@@ -137,7 +143,7 @@ def test_ladder_auto_flag_parses():
 
 
 def test_work_equivalence_compares_context_and_output_tokens_too():
-    from kv_cache.driver.ladder_summary import flag_work_equivalence
+    from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence
 
     def work(new, ctx, out):
         ci = lambda m: {"estimate": m, "low": m * 0.99, "high": m * 1.01, "n": 50, "method": "t",  # noqa: E731
@@ -156,7 +162,7 @@ def test_table_marks_clamped_intervals_flags_and_prints_the_breakdown():
     import io
 
     from kv_cache.metrics.stats import CLAMP_MARK
-    from kv_cache.report.sessions import print_table
+    from kv_cache.render.sessions import print_table
 
     r = rung("dram", 4, 100.0, 0.5)
     r["throughput_tokens_per_s_per_gpu"].update(low=0.0, high=300.0, method=f"t; {CLAMP_MARK}")

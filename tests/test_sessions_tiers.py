@@ -8,10 +8,10 @@ import pytest
 from test_leftovers import _dead_pid, _fake_run_dir
 from test_sessions_ladder import SMALL
 
+from kv_cache.benchmarks.sessions.ladder import RungRun
 from kv_cache.cli import main
 from kv_cache.cli import parse_sessions_settings as resolve
-from kv_cache.driver.error_policy import ErrorPolicy
-from kv_cache.driver.ladder import RungRun
+from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.errors import ExitCode
 from kv_cache.storage import backends
 from kv_cache.storage.files import FileStore
@@ -75,8 +75,8 @@ def test_a_rung_without_offload_tiers_has_no_cache(argv):
 
 
 def test_the_dram_tier_is_clamped_to_the_memory_budget(argv, monkeypatch):
+    from kv_cache.host.memlimit import MemoryLimit
     from kv_cache.serving import tiers as tiers_mod
-    from kv_cache.storage.memlimit import MemoryLimit
 
     monkeypatch.setattr(tiers_mod, "process_memory_limit", lambda host_ranks=1: MemoryLimit(400 << 20, "test budget"))
     rung = _rung(argv("--cpu-mem-gb", "1"), tiers="dram")

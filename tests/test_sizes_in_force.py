@@ -6,15 +6,15 @@ import tempfile
 
 import pytest
 
-from kv_cache.app import execute
+from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli.exits import exit_status
-from kv_cache.config.run import StorageSettings, TierSettings
-from kv_cache.report.banner import size_lines
+from kv_cache.host.blockdev import fs_type
+from kv_cache.host.capacity import auto_capacity
+from kv_cache.host.memlimit import MemoryLimit
+from kv_cache.render.banner import size_lines
 from kv_cache.serving import tiers as tiers_mod
 from kv_cache.serving.tiers import RESERVE_BYTES, TierSet, open_tiers
-from kv_cache.storage.blockdev import fs_type
-from kv_cache.storage.capacity import auto_capacity
-from kv_cache.storage.memlimit import MemoryLimit
+from kv_cache.settings.run import StorageSettings, TierSettings
 
 GIB = 1 << 30
 MIB = 1 << 20

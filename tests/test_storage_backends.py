@@ -7,10 +7,10 @@ import pytest
 from test_gds import FakeDevice as GDSDevice
 from test_gds import fake_kvikio
 
-from kv_cache.config.run import StorageSettings, TierSettings
 from kv_cache.errors import StorageSetupError
-from kv_cache.models import GPU_SPECS
 from kv_cache.serving import tiers as tiers_mod
+from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.specs.models import GPU_SPECS
 from kv_cache.storage import backends, gds, gpu_device
 from kv_cache.storage.backends import BackendRequest
 from kv_cache.storage.files import FileStore

@@ -3,8 +3,9 @@ import os
 
 import pytest
 
-from kv_cache.storage import BlockDeviceCounter, FileStore, RunDir, mount_info
-from kv_cache.storage.rundir import MARKER, read_marker, stale_run_dirs
+from kv_cache.host import BlockDeviceCounter, RunDir, mount_info
+from kv_cache.host.rundir import MARKER, read_marker, stale_run_dirs
+from kv_cache.storage import FileStore
 
 CHUNK = 16 * 4096
 

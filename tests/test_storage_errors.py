@@ -7,13 +7,13 @@ from unittest import mock
 
 import pytest
 
-from kv_cache.app import execute
-from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli.exits import exit_status
-from kv_cache.config.sections import EvictionConfig
-from kv_cache.driver.error_policy import ErrorPolicy
+from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.errors import ExitCode
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.faults import StorageFault, describe
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.memory import MemoryStore
@@ -187,7 +187,7 @@ def test_a_failed_demotion_is_a_storage_error_the_policy_sees(bufs):
 
 
 def test_a_demotion_that_finds_no_ram_is_a_fault_for_the_policy(bufs, monkeypatch):
-    from kv_cache import cache as cache_mod
+    from kv_cache.serving import cache as cache_mod
     from kv_cache.storage.base import StoreFull
 
     faults = []

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kv_cache.errors import UsageError
+from kv_cache.host import MARKER
 from kv_cache.storage import (
     BLOCK,
-    MARKER,
     DataCorruption,
     FileStore,
     IOAborted,

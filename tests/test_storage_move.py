@@ -3,9 +3,9 @@ import os
 import numpy as np
 import pytest
 
+from kv_cache.host import MARKER
 from kv_cache.storage import (
     BLOCK,
-    MARKER,
     FileStore,
     IOAborted,
     MemoryStore,

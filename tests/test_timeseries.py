@@ -7,7 +7,7 @@ import numpy as np
 from kv_cache.metrics import histograms as H
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.metrics.timeseries import Bucket, bucket_row
-from kv_cache.report.series import latency_histograms, time_series
+from kv_cache.results.series import latency_histograms, time_series
 from kv_cache.storage.base import IOResult
 
 MS = 1_000_000

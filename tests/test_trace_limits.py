@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report.console import SECTIONS, report_lines, trace_rows
-from kv_cache.report.results import MIN_RATE_WINDOW_S, build_summary, harness_keys
+from kv_cache.render.console import SECTIONS, report_lines, trace_rows
+from kv_cache.results.summary import MIN_RATE_WINDOW_S, build_summary, harness_keys
 from kv_cache.workload.traces import open_trace
 from kv_cache.workload.traces import tokenizer as tok_mod
 
@@ -82,7 +82,7 @@ def _short_window(seconds: float) -> RunMetrics:
 
 
 def test_rates_are_null_under_a_second():
-    from kv_cache.config.schema import BenchConfig
+    from kv_cache.settings.schema import BenchConfig
 
     cfg = BenchConfig()
     short = build_summary(_short_window(0.004), {}, cfg.qos_profiles, "throughput", cfg.performance_criteria)

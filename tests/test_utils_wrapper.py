@@ -359,7 +359,7 @@ def _two_results(directory: Path) -> None:
 
 
 def _check_rows(header: list, rows: list, directory: Path) -> None:
-    from kv_cache.report.xlsx import metric_columns
+    from kv_cache.render.xlsx import metric_columns
 
     assert header[:4] == ["Filename", "Storage Throughput (tok/s)", "Storage Requests/sec", "Total I/O Time (s)"]
     assert set(header[4:]) == set(metric_columns({})) - {"Storage Throughput (tok/s)"}

@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
-from kv_cache.cache import MultiTierCache, Tier
-from kv_cache.config.schema import BenchConfig
-from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.report.console import report_lines
-from kv_cache.report.results import build_summary, harness_keys
-from kv_cache.report.verdict import NEVER_EXERCISED, run_criteria
+from kv_cache.render.console import report_lines
+from kv_cache.results.summary import build_summary, harness_keys
+from kv_cache.results.verdict import NEVER_EXERCISED, run_criteria
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.schema import BenchConfig
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.base import IOResult
 
 MIB = 1 << 20
@@ -105,7 +105,7 @@ def test_a_failed_read_is_a_miss_never_a_hit():
 
 
 def test_an_incomplete_run_is_never_pass():
-    from kv_cache.report.verdict import mark_incomplete, verdict_keys, window_fraction
+    from kv_cache.results.verdict import mark_incomplete, verdict_keys, window_fraction
 
     health = {"overall_status": "PASS", "criteria": [{"name": "x", "passed": True}], "passed_count": 1,
               "total_count": 1}

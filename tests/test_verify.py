@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from kv_cache.app import execute
-from kv_cache.cache import MultiTierCache, Tier
+from kv_cache.benchmarks.standard.run import execute
 from kv_cache.cli.exits import exit_status
-from kv_cache.config.sections import EvictionConfig
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.base import DataCorruption
 from kv_cache.storage.files import HEADER_BYTES, FileStore
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kv_cache.storage.bpftrace_hist import parse_output, quantile_bucket, total  # noqa: E402
+from kv_cache.host.bpftrace_hist import parse_output, quantile_bucket, total  # noqa: E402
 
 
 def load_maps(path: str) -> dict:

@@ -8,7 +8,7 @@ One row per ``*.json`` in DIR that has a ``summary`` (others are reported and sk
 file name. Columns: ``Filename``, ``Storage Throughput (tok/s)`` = root ``total_tokens_generated /
 total_storage_io_latency``, ``Storage Requests/sec`` = ``requests_completed /
 total_storage_io_latency``, ``Total I/O Time (s)``, then the metric columns of ``--xlsx-output``
-(``kv_cache.report.xlsx.metric_columns``) with the per-tier KV byte columns ordered GPU W, GPU R,
+(``kv_cache.render.xlsx.metric_columns``) with the per-tier KV byte columns ordered GPU W, GPU R,
 CPU W, CPU R, Storage W, Storage R. Written as .xlsx with openpyxl when it is installed and the
 output ends in .xlsx, otherwise as CSV (``.xlsx`` replaced by ``.csv``).
 """
@@ -24,10 +24,10 @@ import sys
 from typing import Any
 
 try:
-    from kv_cache.report.xlsx import metric_columns
+    from kv_cache.render.xlsx import metric_columns
 except ImportError:  # run from a source checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from kv_cache.report.xlsx import metric_columns
+    from kv_cache.render.xlsx import metric_columns
 
 TIER_BYTES_ORDER = [
     f"Tier {tier} KV Bytes {word} (GiB)" for tier in ("GPU", "CPU", "Storage") for word in ("Written", "Read")

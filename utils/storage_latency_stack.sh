@@ -25,7 +25,7 @@ script=$(mktemp /tmp/storage-latency-stack.XXXXXX.bt)
 trap 'rm -f "$script"' EXIT
 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python3 - "$device" > "$script" <<'PY'
 import sys
-from kv_cache.storage.blocktrace import device_gib, script_for
+from kv_cache.host.blocktrace import device_gib, script_for
 print(script_for(device_gib(sys.argv[1] or None)))
 PY
 echo "tracing pid $pid for ${seconds}s (Ctrl-C to stop early)..." >&2

@@ -31,10 +31,10 @@ from kv_cache.cli.report_cmd import (
 )
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
-from kv_cache.config.run import RunSettings
-from kv_cache.config.validation import advisories
-from kv_cache.driver.group import abort_peers
+from kv_cache.core.group import abort_peers
 from kv_cache.errors import ExitCode, KvCacheError, UsageError
+from kv_cache.settings.run import RunSettings
+from kv_cache.settings.validation import advisories
 
 __all__ = ["COMMANDS", "EXIT_CODES", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
            "parse_settings", "parse_sessions_settings", "run_resolved"]
@@ -119,10 +119,10 @@ def run_resolved(settings: RunSettings) -> int:
     for message in advisories(settings):
         logger.warning(message)
     if settings.processes > 1:
-        from kv_cache.app_processes import run_processes  # noqa: PLC0415
+        from kv_cache.benchmarks.standard.processes import run_processes  # noqa: PLC0415
 
         return int(exit_status(run_processes(settings, sys.stdout, setup_logging=configure_logging)))
-    from kv_cache.app import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
+    from kv_cache.benchmarks.standard.run import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return int(exit_status(run_benchmark(settings)))
 
@@ -130,7 +130,7 @@ def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_sessions(args, argv)
     check_plots_dir(args.plots)
     logging.basicConfig(level=getattr(logging, settings.log_level), format=LOG_FORMAT)
-    from kv_cache.app_sessions import run_sessions  # noqa: PLC0415
+    from kv_cache.benchmarks.sessions.run import run_sessions  # noqa: PLC0415
 
     code = int(exit_status(run_sessions(settings)))
     plots_after_run(settings.output, args.plots)

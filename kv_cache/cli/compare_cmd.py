@@ -3,8 +3,8 @@ storage named.
 
 Refuses (exit 2) when the workloads differ, naming the settings (merged documents: from their ranks'
 parameters; unknown counts as different); --allow-different-workloads compares anyway with a warning on
-stderr. --plots DIR overlays the runs (report/compare_plots.py); --json [PATH] writes the comparison as JSON
-(report/compare.py `to_json`) to PATH, or to stdout instead of the table when no PATH (or `-`) is given.
+stderr. --plots DIR overlays the runs (render/compare_plots.py); --json [PATH] writes the comparison as JSON
+(render/compare.py `to_json`) to PATH, or to stdout instead of the table when no PATH (or `-`) is given.
 All of it is checked before anything is written: bad input is one line and exit 2.
 """
 
@@ -17,8 +17,8 @@ from typing import TextIO
 
 from kv_cache.cli.report_cmd import check_plots_dir, load_results
 from kv_cache.errors import UsageError
-from kv_cache.report.compare import CompareError, compare_rows, format_table, to_json, workload_differences
-from kv_cache.report.storage_info import storage_label
+from kv_cache.render.compare import CompareError, compare_rows, format_table, to_json, workload_differences
+from kv_cache.results.storage_info import storage_label
 
 STDOUT = "-"
 
@@ -40,7 +40,7 @@ def add_compare_flags(p: argparse.ArgumentParser) -> None:
 def _check_json_path(path: str | None) -> None:
     if path in (None, STDOUT):
         return
-    from kv_cache.report.outputs import OutputPathError, check_output_path  # noqa: PLC0415
+    from kv_cache.results.outputs import OutputPathError, check_output_path  # noqa: PLC0415
 
     try:
         check_output_path(path, example="compare.json")
@@ -91,8 +91,8 @@ def _write_json(path: str, doc: dict, out: TextIO) -> None:
 
 
 def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str, out: TextIO) -> None:
-    from kv_cache.report.compare_plots import draw_compare_plots, write_compare_html  # noqa: PLC0415  (matplotlib)
-    from kv_cache.report.plots import PlotsUnavailable  # noqa: PLC0415
+    from kv_cache.render.compare_plots import draw_compare_plots, write_compare_html  # noqa: PLC0415  (matplotlib)
+    from kv_cache.render.plots import PlotsUnavailable  # noqa: PLC0415
 
     try:
         pngs = draw_compare_plots(names, docs, plots_dir)

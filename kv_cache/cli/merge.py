@@ -2,7 +2,7 @@
 
 Reads the mlpstorage harness's layout (`DIR/rank_<N>/kvcache_results_*.json`), kv-cache's own per-rank files
 (`X_rank<r>.json`) or the files given; refuses ranks of different runs, a rank twice or a missing one
-(report/merge.py check_one_run); writes the merged document under the one write policy (an existing file is
+(results/merge.py check_one_run); writes the merged document under the one write policy (an existing file is
 kept as PATH.1) and prints its table, or with --json one JSON object for scripts.
 """
 
@@ -14,10 +14,10 @@ import json
 import os
 import sys
 
+from kv_cache.benchmarks.standard.outputs import write_merged_document
 from kv_cache.errors import UsageError
-from kv_cache.report.merge import MergeError, find_rank_files, merge_documents
-from kv_cache.report.run_outputs import write_merged_document
 from kv_cache.results.documents import MergedDocument
+from kv_cache.results.merge import MergeError, find_rank_files, merge_documents
 
 __all__ = ["add_merge_flags", "default_output", "merge_command"]
 

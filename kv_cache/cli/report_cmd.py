@@ -3,7 +3,7 @@
 Reprints the report of a saved results file of any kind, read by its schema version (results/documents.py):
 a run, the console report; a merge of ranks, the same report of the merged figures and the per-rank table;
 sessions, the table. And,
-with --plots, draws the PNGs and one HTML page (kv_cache/report/plots.py, html.py) into DIR.
+with --plots, draws the PNGs and one HTML page (kv_cache/render/plots.py, html.py) into DIR.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def load_results(path: str) -> dict[str, Any]:
 
 
 def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
-    from kv_cache.report.html import write_html  # noqa: PLC0415  (matplotlib is heavy and optional)
-    from kv_cache.report.plots import PlotsUnavailable, draw_plots  # noqa: PLC0415
+    from kv_cache.render.html import write_html  # noqa: PLC0415  (matplotlib is heavy and optional)
+    from kv_cache.render.plots import PlotsUnavailable, draw_plots  # noqa: PLC0415
 
     try:
         pngs = draw_plots(results, plots_dir)
@@ -80,18 +80,18 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
     doc = load(args.result)
     results = doc.to_json()
     if isinstance(doc, SessionsDocument):
-        from kv_cache.report.sessions import print_table  # noqa: PLC0415
+        from kv_cache.render.sessions import print_table  # noqa: PLC0415
 
         if results.get("summary"):
             print_table(results, out)
         else:
             out.write(f"{args.result}: an interrupted sessions run with {len(doc.rungs)} rung(s)\n")
     else:
-        from kv_cache.report.console import print_report  # noqa: PLC0415
+        from kv_cache.render.console import print_report  # noqa: PLC0415
 
         print_report(results, out)
         if isinstance(doc, MergedDocument):
-            from kv_cache.report.merge import merged_table  # noqa: PLC0415
+            from kv_cache.results.merge import merged_table  # noqa: PLC0415
 
             out.write("\n" + merged_table(results))
     if args.plots:

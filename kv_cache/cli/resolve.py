@@ -12,10 +12,12 @@ import os
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from kv_cache.config.fields import field_default, flag_of
-from kv_cache.config.pacing import parse_think_time
-from kv_cache.config.ranks import rank_share, share_errors
-from kv_cache.config.run import (
+from kv_cache.errors import UsageError
+from kv_cache.results.outputs import check_output_path
+from kv_cache.settings.fields import field_default, flag_of
+from kv_cache.settings.pacing import parse_think_time
+from kv_cache.settings.ranks import rank_share, share_errors
+from kv_cache.settings.run import (
     DriverSettings,
     OutputSettings,
     RunSettings,
@@ -23,10 +25,8 @@ from kv_cache.config.run import (
     TierSettings,
     WorkloadSettings,
 )
-from kv_cache.config.schema import BenchConfig, load_config
-from kv_cache.config.validation import conflicting_features, validate_args
-from kv_cache.errors import UsageError
-from kv_cache.report.outputs import check_output_path
+from kv_cache.settings.schema import BenchConfig, load_config
+from kv_cache.settings.validation import conflicting_features, validate_args
 from kv_cache.storage.gds import import_kvikio
 from kv_cache.storage.gpu_device import cuda_status
 from kv_cache.storage.tracelog import check_trace_path
@@ -45,7 +45,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
 
     rank_paths=False: the caller (mlperf_wrapper.py) already gave this rank its own output and cache dir.
     Under mpirun the flags are the whole run's totals, and this rank takes its share of them
-    (config/ranks.py), unless flags_per_rank: the caller (mlperf_wrapper.py, whose Rules define the flags
+    (settings/ranks.py), unless flags_per_rank: the caller (mlperf_wrapper.py, whose Rules define the flags
     per client) gave each rank its own values, seed included."""
     if args.prefill_only and args.decode_only:
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")

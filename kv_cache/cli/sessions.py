@@ -11,19 +11,19 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
-from kv_cache.app_sessions import SessionsSettings
-from kv_cache.config.fields import Flag, setting
-from kv_cache.config.pacing import PaceError, parse_pace
-from kv_cache.config.run import IO_MODES, LOG_LEVELS
-from kv_cache.config.schema import load_config
-from kv_cache.config.validation import check_cache_dir
-from kv_cache.driver.ladder import TIER_CONFIGS, LadderSettings
-from kv_cache.engine import roofline as gpumod
-from kv_cache.engine.replica import LOAD_POLICIES
+from kv_cache.benchmarks.sessions.ladder import TIER_CONFIGS, LadderSettings
+from kv_cache.benchmarks.sessions.run import SessionsSettings
 from kv_cache.errors import UsageError
 from kv_cache.metrics.recorder import GIB
-from kv_cache.models import SESSION_MODELS
-from kv_cache.report.outputs import check_output_path
+from kv_cache.results.outputs import check_output_path
+from kv_cache.serving.engine import roofline as gpumod
+from kv_cache.serving.engine.replica import LOAD_POLICIES
+from kv_cache.settings.fields import Flag, setting
+from kv_cache.settings.pacing import PaceError, parse_pace
+from kv_cache.settings.run import IO_MODES, LOG_LEVELS
+from kv_cache.settings.schema import load_config
+from kv_cache.settings.validation import check_cache_dir
+from kv_cache.specs.models import SESSION_MODELS
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 

@@ -18,7 +18,7 @@ OFFLOADS_CPU = "offloads_cpu"
 OFFLOADS_STORAGE = "offloads_storage"
 STORAGE_TOKENS_PROCESSED = "storage_tokens_processed"
 
-# Request driver (driver/scheduler.py): what each request found in the cache, and admission.
+# Request driver (benchmarks/standard/scheduler.py): what each request found in the cache, and admission.
 BLOCK_STORES = "block_stores"
 BLOCK_HITS = "block_hits"
 BLOCK_BYTES_REUSED = "block_bytes_reused"

@@ -9,13 +9,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kv_cache.cache import MultiTierCache
+from kv_cache.serving.cache import MultiTierCache
 from kv_cache.serving.tiers import TierSet, open_tiers
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
-    from kv_cache.config.run import StorageSettings, TierSettings
-    from kv_cache.config.sections import EvictionConfig
     from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.settings.run import StorageSettings, TierSettings
+    from kv_cache.settings.sections import EvictionConfig
     from kv_cache.storage.faults import StorageFault
 
 __all__ = ["open_cache"]

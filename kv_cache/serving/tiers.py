@@ -14,24 +14,24 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kv_cache.cache import Tier
 from kv_cache.errors import StorageSetupError
+from kv_cache.host.capacity import AUTO_FRACTION, auto_capacity
+from kv_cache.host.leftovers import sweep
+from kv_cache.host.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.metrics.recorder import GIB
+from kv_cache.serving.cache import Tier
 from kv_cache.storage import backends
 from kv_cache.storage.backends import Backend, BackendRequest
-from kv_cache.storage.capacity import AUTO_FRACTION, auto_capacity
 from kv_cache.storage.files import FileStore
 from kv_cache.storage.gpu_device import gpu_tier_mode
 from kv_cache.storage.gpu_real import DeviceStore
 from kv_cache.storage.gpu_sim import SimulatedGPUStore
-from kv_cache.storage.leftovers import sweep
-from kv_cache.storage.memlimit import MemoryLimit, process_memory_limit
 from kv_cache.storage.memory import MemoryStore
 from kv_cache.storage.tiername import TierName
 from kv_cache.storage.tracelog import IOTraceWriter
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
-    from kv_cache.config.run import RunSettings, StorageSettings, TierSettings
+    from kv_cache.settings.run import RunSettings, StorageSettings, TierSettings
 
 __all__ = ["TierSet", "available_memory_bytes", "build_tiers", "build_trace_tiers", "gpu_tier_mode", "open_gpu_store",
            "open_tiers"]

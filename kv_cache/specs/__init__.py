@@ -1,5 +1,5 @@
 """Hardware specs shipped as data: ``gpus.yaml`` is the one table of GPU datasheet figures. A config
-file's ``gpus:`` section overlays it (config/loader.py); the flags' help lists its keys."""
+file's ``gpus:`` section overlays it (settings/loader.py); the flags' help lists its keys."""
 
 from __future__ import annotations
 

@@ -16,36 +16,24 @@ from kv_cache.storage.base import (
     key_id,
     padded,
 )
-from kv_cache.storage.blockdev import BlockDeviceCounter, DiskStats, MountInfo, fs_type, mount_info
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.files import MEMORY_FS, FileStore, file_name, npy_header
 from kv_cache.storage.memory import MemoryStore
-from kv_cache.storage.rundir import MARKER, RUN_PREFIX, RunDir, read_marker, stale_run_dirs
 
 __all__ = [
     "BLOCK",
-    "MARKER",
     "MEMORY_FS",
-    "RUN_PREFIX",
-    "BlockDeviceCounter",
     "DataCorruption",
-    "DiskStats",
     "FileStore",
     "IOAborted",
     "IOResult",
     "MemoryStore",
-    "MountInfo",
-    "RunDir",
     "Store",
     "StoreBase",
     "StoreFull",
     "WorkerBuffers",
     "file_name",
-    "fs_type",
     "key_id",
-    "mount_info",
     "npy_header",
     "padded",
-    "read_marker",
-    "stale_run_dirs",
 ]

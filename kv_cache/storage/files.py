@@ -35,11 +35,11 @@ import weakref
 from pathlib import Path
 from time import perf_counter_ns
 
-from kv_cache.config.sections import IO_MODES
 from kv_cache.errors import StorageSetupError
+from kv_cache.host.blockdev import mount_info
+from kv_cache.host.rundir import RunDir
+from kv_cache.settings.sections import IO_MODES
 from kv_cache.storage.base import BLOCK, DataCorruption, StoreBase, key_id, padded
-from kv_cache.storage.blockdev import mount_info
-from kv_cache.storage.rundir import RunDir
 
 HEADER_BYTES = BLOCK
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kv_cache.config.pacing import ThinkTime
+from kv_cache.settings.pacing import ThinkTime
 from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.conversation import ConversationManager
 from kv_cache.workload.prefix import build_system_prefixes
@@ -24,7 +24,7 @@ from kv_cache.workload.traces import formats as trace_formats
 from kv_cache.workload.users import SyntheticUser, generate_profiles
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kv_cache.config.run import RunSettings
+    from kv_cache.settings.run import RunSettings
 
 __all__ = ["PREPOPULATION_PER_USER", "TraceWorkload", "UserFactory", "build_trace_workload", "open_trace_sources",
            "poisson_retimed"]

@@ -7,7 +7,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from kv_cache.models import ModelConfig
+from kv_cache.specs.models import ModelConfig
 
 RETRIEVAL_DISTRIBUTIONS = ("zipfian", "uniform", "random")
 

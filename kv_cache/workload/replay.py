@@ -20,7 +20,7 @@ import os
 import random
 from collections.abc import Iterator
 
-from kv_cache.config.pacing import ThinkTime
+from kv_cache.settings.pacing import ThinkTime
 from kv_cache.workload.grouping import group_sessions
 from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.request import Phase, RequestPlan, phase_for_context

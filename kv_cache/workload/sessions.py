@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kv_cache.config.pacing import PACE_MODES, Pace, parse_pace
 from kv_cache.hashing import stable_id
+from kv_cache.settings.pacing import PACE_MODES, Pace, parse_pace
 from kv_cache.workload.grouping import SessionRows, complete_ids, group_sessions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kv_cache.config.schema import SessionsConfig
+    from kv_cache.settings.schema import SessionsConfig
     from kv_cache.workload.traces import TraceRequest, TraceSource
 
 __all__ = [

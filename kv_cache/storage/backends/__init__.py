@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from kv_cache.storage.tiername import TierName
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
-    from kv_cache.config.run import StorageSettings, TierSettings
+    from kv_cache.settings.run import StorageSettings, TierSettings
     from kv_cache.storage.base import Store
 
 __all__ = ["Backend", "BackendRequest", "Capabilities", "Option", "all_backends", "choose", "get", "names",

@@ -1,0 +1,489 @@
+"""Sessions held: closed-loop session replay against modelled replicas, one rung at a time.
+
+A rung = (tier configuration, number of concurrent sessions): the engines, offload tiers and storage
+files are built fresh, N session slots run closed loop (a session's next turn is issued only after its
+previous answer completed and its pause elapsed; when a session ends the next one starts), and after a
+warm-up the window is measured. Every configuration at a given rung replays the same sessions (same seed),
+so their work is comparable; a work-equivalence control flags any that completed different work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
+from kv_cache.benchmarks.sessions.rung_results import (
+    RungRecord,
+    io_rates,
+    per_gpu_rates,
+    rung_flags,
+    throughput_ci,
+    ttft_breakdown,
+    ttft_percentiles,
+)
+from kv_cache.benchmarks.sessions.session_slots import Slot
+from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
+from kv_cache.core import shapes
+from kv_cache.core.autoscale import IntervalSample, LoadShape
+from kv_cache.core.closed_loop import ClosedLoop
+from kv_cache.core.error_policy import ErrorPolicy
+from kv_cache.core.events import EventLoop, Stop
+from kv_cache.core.pool import Stream, WorkerPool
+from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.metrics.stats import mean_ci, percentile
+from kv_cache.serving.build import open_cache
+from kv_cache.serving.engine import roofline as gpumod
+from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
+from kv_cache.serving.tiers import TierSet
+from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.settings.sections import EvictionConfig
+from kv_cache.storage.tiername import TierName
+from kv_cache.workload.sessions import SessionScript, apply_pace
+
+log = logging.getLogger("kv_cache.sessions")
+
+__all__ = ["TIER_CONFIGS", "LadderSettings", "RungRun", "flag_work_equivalence", "replica_of", "summarize"]
+
+TIER_CONFIGS = ("none", "dram", "dram+storage")
+TURN_CLASSES = ("start", "return", "agentic")
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    model: Any
+    model_name: str
+    gpu: Any  # gpumod.GPUSpec
+    gpu_name: str
+    efficiency: Any  # config inference_model section
+    num_gpus: int
+    tensor_parallel: int
+    block_tokens: int
+    shared_prefix_tokens: int
+    dram_bytes: int
+    cache_dir: str | None
+    storage_capacity_bytes: float  # 0 = auto: 90 % of the free space less one block (host.capacity)
+    chunk_bytes: int
+    fsync: bool
+    io_mode: str
+    io_workers: int
+    window_s: float
+    warmup_s: float
+    subwindows: int
+    prefill_chunk_tokens: int
+    human_threshold_s: float
+    pace: Any  # scripts.Pace
+    seed: int
+    eviction: EvictionConfig
+    load_policy: str = "always"  # always | cost (see Replica)
+    steady_state: bool = False  # start as a long run would have left the engine and tiers (steady_state.py)
+    io_retries: int = 3  # retries of a transient storage error (EIO, ENOTCONN, EAGAIN), per operation
+    max_storage_errors: int = 10  # storage errors left after retries a rung tolerates; one more stops the ladder
+    verify: bool = False  # every offload-tier read checks the per-block stamps
+    strict_memory: bool = False  # a DRAM tier that does not fit the memory budget is refused, not clamped
+
+    @property
+    def replicas(self) -> int:
+        return max(1, self.num_gpus // self.tensor_parallel)
+
+    @property
+    def block_bytes(self) -> int:
+        """A whole block's KV: a replica offloads all of it (each TP rank its shard, together the block)."""
+        return self.block_tokens * self.model.bytes_per_token
+
+    @property
+    def block_bytes_per_gpu(self) -> int:
+        """Each GPU's (TP rank's) share of a block."""
+        return self.block_bytes // self.tensor_parallel
+
+    @property
+    def dram_usable_fraction(self) -> float:
+        """The DRAM tier's usable share, the same whether it is the last tier or spills to storage."""
+        return self.eviction.target_usage_ratio
+
+    def tier_settings(self, tiers: str) -> TierSettings:
+        """The offload tiers of configuration `tiers` as the tier builder takes them (no GPU store: HBM is
+        the modelled replicas' own)."""
+        dram = self.dram_bytes if tiers in ("dram", "dram+storage") else 0
+        return TierSettings(gpu_mem_gb=0.0, gpu_tier="off", num_gpus=self.num_gpus,
+                            tensor_parallel=self.tensor_parallel, cpu_mem_gb=dram / GIB, cache_dir=self.cache_dir,
+                            storage_capacity_gb=self.storage_capacity_bytes / GIB, strict_memory=self.strict_memory)
+
+    def storage_settings(self) -> StorageSettings:
+        return StorageSettings(chunk_bytes=self.chunk_bytes, fsync=self.fsync, io_mode=self.io_mode,
+                               io_workers=self.io_workers, io_retries=self.io_retries,
+                               max_storage_errors=self.max_storage_errors, verify=self.verify)
+
+    def hbm_capacity_blocks(self) -> int:
+        cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
+        return int(cap // (self.block_tokens * self.model.bytes_per_token))
+
+
+def replica_of(session_id: str, seed: int, replicas: int) -> int:
+    """Stable, seeded session -> replica assignment (the same in every process, unlike hash())."""
+    digest = hashlib.blake2b(f"{seed}:{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % replicas
+
+
+class RungRun:
+    """One rung: build, run closed loop for warm-up + window, measure, tear down."""
+
+    def __init__(
+        self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]],
+        shape: LoadShape | None = None,
+    ) -> None:
+        self.ls = ls
+        self.tiers = tiers
+        self.sessions = sessions
+        # A rung holds its session count; another shape may move it at monitor ticks (slots join or leave
+        # when their current turn ends).
+        self.shape = shape or shapes.build(
+            "constant", shapes.ShapeRequest(sessions, interval_s=max(ls.window_s / ls.subwindows, 0.1)))
+        self.scripts = scripts()
+        self.stop = threading.Event()
+        self.metrics = RunMetrics()
+        self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor,
+                               "warmup_check": self._on_warmup_check})
+        self.window_start_ns: int | None = None
+        self.steady = None
+        self.warmup = WarmupDetector()
+        self.lock = threading.Lock()
+        self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
+        self.first_reqs: list[tuple[float, TurnRequest]] = []  # (t, turn) at its first token
+        self.io_open = self.io_close = None  # offload-I/O counter snapshots at the window's start and end
+        self.backlog: list[tuple[float, int, int]] = []  # (t, load ops, store ops) queued at monitor ticks
+        self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
+        self.completed: list[tuple[float, TurnRequest]] = []
+        self.offered: list[tuple[float, int]] = []  # (t, new tokens)
+        self.violations = 0
+        self.sessions_started = 0
+        self.storage_error: str | None = None  # why the error policy stopped the rung (None: it did not)
+
+    # -- engine callbacks (engine threads) ---------------------------------------------------
+    def _first_token(self, req: TurnRequest, now: int) -> None:
+        with self.lock:
+            self.first_tokens.append(((now - self.t0) / 1e9, req.turn_class, req.ttft_ns / 1e9))
+            self.first_reqs.append(((now - self.t0) / 1e9, req))
+
+    def _iteration(self, now: int, prefill: int, decode: int, replica: int) -> None:
+        with self.lock:
+            self.iterations.append(((now - self.t0) / 1e9, prefill, decode))
+
+    def _done(self, req: TurnRequest, now: int) -> None:
+        self.loop.complete((now, req))
+
+    # -- build / tear down ---------------------------------------------------------------------
+    def _build(self) -> None:
+        """The offload tiers, cache and I/O pool through the standard run's builder (the same backends,
+        memory budget, leftovers sweep, retries, --verify), with the standard run's error policy: a storage
+        error past the threshold, or a fatal one, ends the rung (and the ladder) as a storage error."""
+        ls = self.ls
+        self.stores = TierSet([])
+        # as the last tier the cache would fill DRAM to 100 %, above storage to target_usage_ratio:
+        # the same usable fraction in both configurations
+        self.policy = ErrorPolicy(ls.max_storage_errors, self.loop.raise_alarm)
+        self.cache = open_cache(
+            ls.tier_settings(self.tiers), ls.storage_settings(), ls.eviction, self.metrics, ls.model.bytes_per_token,
+            self.stop, self.stores, workers=ls.io_workers, largest_entry=ls.block_bytes,
+            other_bytes=2 * ls.chunk_bytes * ls.io_workers, storage_tier=self.tiers == "dram+storage",
+            last_ram_fraction=ls.dram_usable_fraction, on_fault=self.policy)
+        self.file_store, self.memory_store = self.stores.file_store, self.stores.memory_store
+        self.io = None
+        if self.cache is not None:
+            pool = WorkerPool(Stream.ENGINE_IO, ls.io_workers, ls.chunk_bytes, ls.seed, name="kv-sess-io")
+            self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
+
+        def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
+            return gpumod.iteration_seconds(
+                ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel
+            )
+
+        def prefill_seconds(new: int, cached: int) -> float:
+            return gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, new, cached, tp=ls.tensor_parallel)
+
+        cap = ls.hbm_capacity_blocks()
+        self.replicas = [
+            Replica(
+                i,
+                cap,
+                ls.block_tokens,
+                iteration_seconds,
+                self.io,
+                self._first_token,
+                self._done,
+                self._iteration,
+                ls.prefill_chunk_tokens,
+                self.stop,
+                load_policy=ls.load_policy if self.io is not None else "always",
+                prefill_seconds=prefill_seconds,
+            )
+            for i in range(ls.replicas)
+        ]
+
+    def _teardown(self) -> None:
+        """Safe on a partly built rung (an interrupt may arrive while it is being built)."""
+        self.stop.set()
+        for r in getattr(self, "replicas", []):
+            r.close()
+        if getattr(self, "io", None) is not None:
+            self.io.close()
+        if getattr(self, "stores", None) is not None:
+            self.stores.close()
+
+    # -- the closed loop ----------------------------------------------------------------------
+    def _next_script(self) -> SessionScript:
+        self.sessions_started += 1
+        return apply_pace(next(self.scripts), self.ls.pace, self.ls.seed)
+
+    def _issue(self, slot: Slot, now: int) -> None:
+        if slot.outstanding:  # the closed-loop invariant; counted, never expected
+            self.violations += 1
+            return
+        req = slot.next_request()
+        req.issue_ns = now
+        with self.lock:
+            self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
+        self.replicas[replica_of(req.session_id, self.ls.seed, len(self.replicas))].submit(req)
+
+    def _make_slot(self, index: int) -> Slot:
+        return Slot(index, self.ls.block_tokens, self.ls.human_threshold_s, self._next_script)
+
+    def _issue_slot(self, slot: Slot, when: int) -> None:
+        self._issue(slot, self._now)  # turns are stamped when the loop gets to them, as they reach the engine
+
+    def _on_turn_done(self, end_ns: int, req: TurnRequest) -> None:
+        slot = self.closed.users[req.slot]
+        slot.outstanding = False
+        self.completed.append(((end_ns - self.t0) / 1e9, req))
+        self.closed.after(slot.user_id, end_ns)  # its pause, or the next session at once
+
+    def _on_open_window(self, when: int, _: object) -> None:
+        """Open the measured window (once: at the fixed warm-up's end, or when steady occupancy is detected)."""
+        if self.window_start_ns is not None:
+            return
+        self.window_start_ns = when
+        self.window_end = when + int(self.ls.window_s * 1e9)
+        self.metrics.open_window(when)
+        if self.io is not None:
+            self.io_open = self.io.snapshot()
+
+    def _on_warmup_check(self, when: int, interval_ns: int) -> None:
+        """Steady-state runs: sample occupancy; open the window once it is steady."""
+        if self.window_start_ns is not None:
+            return
+        in_engine = sum(len(r.waiting) + len(r.prefill) + len(r.decoding) for r in self.replicas)
+        occupancy = sum(r.occupancy() for r in self.replicas) / len(self.replicas)
+        if self.warmup.add((when - self.t0) / 1e9, occupancy, in_engine):
+            self._on_open_window(when, None)
+        else:
+            self.loop.push(when + interval_ns, "warmup_check", interval_ns)
+
+    def _drain_io(self) -> None:
+        """Wait until every queued block move is done (the steady-state start's pre-stored blocks)."""
+        while any(c.backlog_ops for c in self.io.snapshot().values()):
+            self.stop.wait(0.005)
+
+    def _on_monitor(self, when: int, last: tuple[int, int]) -> Stop | None:
+        """Sample the interval (turns and tokens completed) and apply the load shape's decision."""
+        done = self.completed[last[1]:]
+        dt = max(1e-9, (when - last[0]) / 1e9)
+        queued = sum(len(r.waiting) for r in self.replicas)
+        if self.io is not None:
+            snap = self.io.snapshot()
+            self.backlog.append(((when - self.t0) / 1e9, snap["load"].backlog_ops, snap["store"].backlog_ops))
+        sample = IntervalSample(
+            t_s=(when - self.t0) / 1e9, users=self.closed.active,
+            tokens_per_sec=sum(r.input_tokens + r.output_tokens for _, r in done) / dt,
+            requests_per_sec=len(done) / dt, storage_read_gbps=0.0, storage_write_gbps=0.0,
+            read_p95_ms=None, write_p95_ms=None, queued_requests=queued)
+        target = self.shape.tick(sample)
+        if target is None:
+            return Stop("load shape ended")
+        self.closed.set_active(target, when)
+        self.loop.push(when + int(self.shape.interval_s * 1e9), "monitor", (when, len(self.completed)))
+        return None
+
+    def _step(self, window_end: int) -> bool:
+        """One pass of the scheduler; False once the window is over (or the load shape ended it)."""
+        loop = self.loop
+        self._now = now = loop.clock()
+        if now >= window_end:
+            return False
+        if loop.alarm is not None:  # the error policy stopped the rung
+            self.storage_error = loop.alarm
+            return False
+        for end_ns, req in loop.take_completions():
+            self._on_turn_done(end_ns, req)
+        if loop.run_due(now, window_end) is not None:
+            return False
+        loop.wait_next(window_end)
+        return True
+
+    def _prepare(self, ls: LadderSettings) -> None:
+        """Slots, the steady-state start (which stores blocks before the clock starts) and the first events."""
+        self.closed = ClosedLoop(self.loop, [self._make_slot(i) for i in range(self.sessions)], self._issue_slot,
+                                 make_user=self._make_slot)
+        if ls.steady_state:
+            self.steady = prepare_steady_start(
+                self.closed.users, self.replicas, lambda sid: replica_of(sid, ls.seed, len(self.replicas)),
+                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None)
+        self.t0 = self._now = self.loop.clock()
+        window_start = self.t0 + int(ls.warmup_s * 1e9)  # steady state: the latest the window opens
+        self.window_end = window_start + int(ls.window_s * 1e9)
+        self.loop.push(window_start, "open_window")
+        if ls.steady_state:
+            interval = int(max(0.05, min(1.0, ls.window_s / 20)) * 1e9)
+            self.loop.push(self.t0 + interval, "warmup_check", interval)
+        self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
+
+    def run(self) -> dict[str, Any]:
+        ls = self.ls
+        measuring = False
+        try:  # one try from the first file to the last: an interrupt anywhere in between still tears down
+            self._build()
+            self._prepare(ls)
+            measuring = True
+            self.closed.start(self.t0)
+            while self._step(self.window_end):
+                pass
+        finally:
+            if measuring:
+                self.metrics.close_window(self.window_end)
+                if getattr(self, "io", None) is not None:
+                    self.io_close = self.io.snapshot()
+            self._teardown()
+        w0 = ((self.window_start_ns or self.t0 + int(ls.warmup_s * 1e9)) - self.t0) / 1e9
+        result = self._results(w0, w0 + ls.window_s)
+        result["warmup_end_s"] = w0
+        if self.steady is not None:
+            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": w0 < ls.warmup_s,
+                                      "warmup_rule": f"HBM occupancy within {self.warmup.hbm_tolerance:.0%} and "
+                                                     f"turns in the engine within max(1, "
+                                                     f"{self.warmup.turns_tolerance:.0%}) over "
+                                                     f"{self.warmup.ticks} checks; cap --warmup {ls.warmup_s:g} s"}
+            if w0 >= ls.warmup_s:
+                result["flags"].append("steady occupancy not detected: the window opened at the --warmup cap")
+        return result
+
+    # -- results ------------------------------------------------------------------------------
+    def _engine_clock(self) -> dict[str, Any]:
+        """How late the replicas woke up against their modelled (absolute) deadlines: the drift that remained."""
+        late = [x / 1e6 for r in self.replicas for x in r.late_ns]
+        modelled = sum(r.modelled_ns for r in self.replicas) / 1e9
+        return {
+            "method": "absolute deadlines: iteration i ends at t_start + sum of modelled iteration times; "
+                      "lateness = wake-up time - deadline, not accumulated",
+            "iterations": len(late),
+            "modelled_busy_s": modelled,
+            "late_ms_mean": sum(late) / len(late) if late else None,
+            "late_ms_p99": percentile(late, 99) if late else None,
+            "late_ms_max": max(late) if late else None,
+        }
+
+    def _results(self, w0: float, w1: float) -> dict[str, Any]:
+        ls = self.ls
+        k = ls.subwindows
+        gpus = ls.replicas * ls.tensor_parallel
+        window = (w0, w1)
+        it = [(t, p, d) for t, p, d in self.iterations if w0 <= t < w1]
+        done = [(t, r) for t, r in self.completed if w0 <= t < w1]
+        offered = [(t, n) for t, n in self.offered if w0 <= t < w1]
+        rec = RungRecord(window, k, gpus, ls.block_bytes, self.first_reqs, self.io_open, self.io_close, self.backlog)
+
+        def per_gpu_rate(samples: list[tuple[float, float]]) -> list[float]:
+            return per_gpu_rates(samples, window, k, gpus)
+
+        # Served tokens (as vLLM counts throughput): prompt (whole context, cached or not) and generated tokens
+        # of the turns completed in the window. Recomputing a context adds GPU work, not served tokens.
+        self.throughput_samples = per_gpu_rate([(t, r.input_tokens + r.output_tokens) for t, r in done])
+        total = throughput_ci(self.throughput_samples)
+        prefill = throughput_ci(per_gpu_rate([(t, r.input_tokens) for t, r in done]))
+        decode = throughput_ci(per_gpu_rate([(t, r.output_tokens) for t, r in done]))
+        computed = throughput_ci(per_gpu_rate([(t, p) for t, p, _ in it]))
+        turns_rate = throughput_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
+        # percentiles of the pooled TTFTs of the window, bootstrap interval (seeded per rung)
+        ttft = ttft_percentiles(rec, ls.seed + self.sessions)
+        hit_tok = sum(r.hbm_hit_blocks * ls.block_tokens for _, r in done)
+        load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
+        recompute_tok = sum(r.recomputed_tokens for _, r in done)
+        source_total = max(1, hit_tok + load_tok + recompute_tok)
+        storage, cpu = TierName.STORAGE.value, TierName.CPU.value
+        st_r, st_w = self.metrics.tier_op(storage, "read"), self.metrics.tier_op(storage, "write")
+        cpu_r, cpu_w = self.metrics.tier_op(cpu, "read"), self.metrics.tier_op(cpu, "write")
+        new_done = [r.new_tokens for _, r in done]
+        new_offered = [n for _, n in offered]
+        result = {
+            "tiers": self.tiers,
+            "sessions": self.sessions,
+            "gpus": gpus,
+            "window_s": w1 - w0,
+            "subwindows": k,
+            "seed": ls.seed,
+            "load_policy": ls.load_policy,
+            "throughput_tokens_per_s_per_gpu": total.to_dict(),
+            "prefill_tokens_per_s_per_gpu": prefill.to_dict(),
+            "decode_tokens_per_s_per_gpu": decode.to_dict(),
+            "gpu_prefill_computed_tokens_per_s_per_gpu": computed.to_dict(),
+            "completed_turns": len(done),
+            "completed_turns_per_s_per_gpu": turns_rate.to_dict(),
+            "ttft": ttft,
+            "ttft_breakdown": ttft_breakdown(rec),
+            "kv_sources": {
+                "hbm_hit_share": hit_tok / source_total,
+                "loaded_share": load_tok / source_total,
+                "recomputed_share": recompute_tok / source_total,
+                "load_skipped_blocks": sum(r.skipped_load_blocks for _, r in done),
+            },
+            "offload_io": {
+                "storage_read_gib": st_r.window_bytes / GIB,
+                "storage_write_gib": st_w.window_bytes / GIB,
+                "dram_read_gib": cpu_r.window_bytes / GIB,
+                "dram_write_gib": cpu_w.window_bytes / GIB,
+                "storage_read_ops": st_r.ops,
+                "storage_write_ops": st_w.ops,
+                "errors": int(sum(self.metrics.errors.values())),
+                "block_bytes": ls.block_bytes,
+                "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+                "storage_read_gib_per_gpu": st_r.window_bytes / GIB / ls.tensor_parallel,
+                "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
+            },
+            "offload_io_rates": io_rates(rec),
+            "storage_errors": self.metrics.storage_error_table(),
+            "storage_error": self.storage_error,
+            "verify": {"enabled": ls.verify, "mismatches": self.metrics.verify_mismatches},
+            "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
+            "work": self._work(done, offered, new_done, new_offered),
+            "sessions_started": self.sessions_started,
+            "closed_loop_violations": self.violations,
+            "oversized_turns": sum(1 for _, r in done if r.oversized),
+            "hbm_evictions": sum(r.evictions for r in self.replicas),
+            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
+            "hbm_max_occupied_blocks": max(r.max_occupied for r in self.replicas),
+            "engine_clock": self._engine_clock(),
+        }
+        filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
+        result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
+        return result
+
+    @staticmethod
+    def _work(done, offered, new_done, new_offered) -> dict[str, Any]:
+        """What the completed turns were: the work-equivalence control's inputs."""
+        ctx = [r.input_tokens for _, r in done]
+        out = [r.output_tokens for _, r in done]
+        return {
+            "turns_offered": len(offered),
+            "turns_completed": len(done),
+            "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
+            "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
+            "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
+            "mean_output_tokens_completed": (sum(out) / len(done)) if done else 0.0,
+            "context_tokens_per_turn_ci": mean_ci(ctx).to_dict() if ctx else None,
+            "output_tokens_per_turn_ci": mean_ci(out).to_dict() if out else None,
+            "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
+            "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
+            "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,
+        }

@@ -1,0 +1,242 @@
+"""`kv-cache sessions`, end to end: settings -> session supply -> ladder of rungs -> results -> outputs.
+
+Climbs a concurrency ladder for each offload configuration (none, DRAM, DRAM + storage under
+--cache-dir), replaying human-paced multi-turn sessions closed loop against modelled GPUs, with real I/O
+to the offload tiers, and reports per-GPU throughput, completed turns and TTFT by turn class with 95 %
+confidence intervals, the effective capacity of each configuration and the ratios between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TextIO
+
+from kv_cache import __version__
+from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
+from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
+from kv_cache.errors import RunOutcome
+from kv_cache.metrics.recorder import GIB
+from kv_cache.render.sessions import print_table
+from kv_cache.results import measurement as meas
+from kv_cache.results.outputs import write_results
+from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
+from kv_cache.settings.schema import SessionsConfig
+from kv_cache.workload.session_supply import script_supply
+from kv_cache.workload.sessions import SessionScript, sessions_from_trace
+from kv_cache.workload.traces import TraceError, open_trace
+
+
+@dataclass(frozen=True)
+class SessionsSettings:
+    """One `kv-cache sessions` run, resolved (synthetic sessions' block size until a trace is loaded)."""
+
+    ladder_settings: LadderSettings
+    ladder: tuple[int, ...]
+    tiers: tuple[str, ...]
+    sessions: SessionsConfig
+    trace: str | None
+    trace_format: str
+    max_sessions: int
+    pace_text: str
+    output: str
+    log_level: str
+    argv: tuple[str, ...]
+    replications: int = 1
+    slo_ttft_p90_s: float | None = None
+    ladder_auto_start: int = 0  # > 0: `--ladder auto`, climbing from this many sessions until throughput peaked
+
+
+__all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
+
+METHOD = (
+    "Closed loop: each of N session slots issues its next turn only after the previous answer completed and "
+    "its pause elapsed; a finished session is replaced by the next one. Compute is modelled (roofline per "
+    "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
+    "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: batch means "
+    "over equal sub-windows of the measured window, Student t interval, widened for lag-1 autocorrelation and "
+    "clamped at 0 (or, with --replications K, t-interval across K seeded replications); TTFT percentiles: "
+    "pooled per-turn samples of the window, bootstrap interval; ratios: CI of the ratio of mean throughputs. "
+    "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
+    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO."
+)
+
+
+def load_trace_sessions(s: SessionsSettings) -> tuple[LadderSettings, list[SessionScript] | None]:
+    """The trace's sessions (None without --trace) and the ladder settings on the trace's block size."""
+    ls = s.ladder_settings
+    if not s.trace:
+        return ls, None
+    scripts = sessions_from_trace(open_trace(s.trace, s.trace_format), max_sessions=s.max_sessions)
+    if not scripts:
+        raise TraceError(s.trace, "no sessions found")
+    return dataclasses.replace(ls, block_tokens=scripts[0].block_tokens, shared_prefix_tokens=0), scripts
+
+
+class LadderStopped(Exception):
+    """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
+
+
+REPLICATION_SEED_STRIDE = 7919  # replication k runs with seed + k x this (k = 0: the given seed)
+
+
+class RungProgress:
+    """'rung i of n' with an ETA for the console (n unknown on an auto ladder: 'rung i' and elapsed time)."""
+
+    def __init__(self, ls: LadderSettings, total: int | None) -> None:
+        self.ls, self.total, self.done, self.started = ls, total, 0, time.monotonic()
+
+    def label(self) -> str:
+        elapsed = time.monotonic() - self.started
+        if self.total is None:
+            return f"[rung {self.done + 1}, {int(elapsed) // 60}m{int(elapsed) % 60:02d}s so far]"
+        return f"[rung {self.done + 1} of {self.total}, {rung_eta(self.done, self.total, elapsed, self.ls)}]"
+
+
+def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
+              raw: dict[tuple[str, int], list[float]], progress: RungProgress,
+              rungs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (config, sessions) cell: `replications` seeded runs merged, appended to `rungs` before its last
+    line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`."""
+    reps = []
+    line = ""
+    for k in range(replications):
+        out.write(line + f"  {progress.label()} running {tier:<13} {n:>5} sessions"
+                  + (f" (replication {k + 1})" if replications > 1 else "") + " ...")
+        out.flush()
+        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
+        rung = RungRun(lsk, tier, n, supply(lsk.seed))
+        result = rung.run()
+        if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
+            rungs.append(result)
+            out.write(" stopped by a storage error\n")
+            raise LadderStopped(result["storage_error"])
+        result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
+        reps.append(result)
+        progress.done += 1
+        if k == 0:
+            raw[(tier, n)] = rung.throughput_samples
+        t = result["throughput_tokens_per_s_per_gpu"]
+        line = f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n"
+    cell = merge_replications(reps)
+    if replications > 1:
+        raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
+    rungs.append(cell)
+    out.write(line)
+    out.flush()
+    return cell
+
+
+def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
+               rungs: list[dict[str, Any]] | None = None, replications: int = 1,
+               slo_ttft_p90_s: float | None = None, auto_start: int = 0) -> dict[str, Any]:
+    """Run every (tier config, rung), `replications` times each with its own seed; `rungs` (if given)
+    receives each finished cell as it completes. `supply(seed)` -> the session supply of that seed.
+    `auto_start` > 0: ignore `ladder`, climb from that many sessions (doubling) until throughput peaked."""
+    rungs = [] if rungs is None else rungs
+    raw: dict[tuple[str, int], list[float]] = {}
+    cap_blocks = ls.hbm_capacity_blocks()
+    out.write(
+        f"kv-cache {__version__} sessions: {ls.model_name} on {ls.num_gpus} x {ls.gpu_name} "
+        f"(HBM for KV: {cap_blocks} blocks of {ls.block_tokens} tokens = "
+        f"{cap_blocks * ls.block_tokens:,} tokens per replica), "
+        f"rungs {f'auto from {auto_start}' if auto_start else ladder}, tiers {tiers}, "
+        f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
+    )
+    progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
+    for tier in tiers:
+        if not auto_start:
+            for n in ladder:
+                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
+            continue
+        history: list[tuple[int, float]] = []
+        while (n := auto_next_rung(history, auto_start)) is not None:
+            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
+            history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
+    flag_work_equivalence(rungs)
+    summary = summarize(rungs, raw, slo_ttft_p90_s)
+    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary)}
+
+
+def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str:
+    """Time left for the whole ladder: the finished rungs' mean time per rung, or before the first one
+    the nominal warm-up + window, times the rungs left (this one included)."""
+    per_rung = elapsed_s / done if done else ls.warmup_s + ls.window_s
+    left = per_rung * (total - done)
+    return f"ETA {int(left) // 60}m{int(left) % 60:02d}s" + ("" if done else " (nominal)")
+
+
+def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs are still written
+    raise KeyboardInterrupt
+
+
+def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str, Any]:
+    """parameters.storage_location (results/measurement.py): where the storage offload tier's files go (a
+    temp dir without --cache-dir) and the I/O mode asked for; without a storage configuration, none."""
+    if "dram+storage" not in tiers:
+        return meas.storage_location(None, None)
+    return meas.storage_location(ls.cache_dir or tempfile.gettempdir(), ls.io_mode,
+                                 "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")
+
+
+def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
+    """Load the sessions, climb the ladder, write the JSON, print the table; returns how the ladder ended
+    (interrupted or not; the CLI makes it the exit status)."""
+    out = out or sys.stdout
+    ls, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
+    ladder, tiers = list(s.ladder), list(s.tiers)
+    started = datetime.now()
+    done_rungs: list[dict[str, Any]] = []
+    interrupted, storage_error = False, None
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(trace_scripts, s.sessions, seed), out,
+                          done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
+    except KeyboardInterrupt:  # keep what was measured: the rungs that completed
+        sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
+        body, interrupted = ({"rungs": done_rungs, "summary": None, "interrupted": True,
+                              "warnings": rung_warnings(done_rungs, None)}, True)
+    except LadderStopped as exc:  # keep what was measured, say why it stopped, exit 3
+        sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {exc}\n")
+        body, interrupted = ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
+                              "warnings": rung_warnings(done_rungs, None)}, False)
+        storage_error = str(exc)
+    results = results_document({
+        "tool": f"kv-cache {__version__}",
+        "mode": "sessions",
+        "timestamp": started.isoformat(timespec="seconds"),
+        "command": " ".join(["kv-cache", "sessions", *s.argv]),
+        "parameters": {
+            "model": ls.model_name, "gpu": ls.gpu_name, "hbm_gb": ls.gpu.hbm_gb, "num_gpus": ls.num_gpus,
+            "tensor_parallel": ls.tensor_parallel, "block_tokens": ls.block_tokens,
+            "ladder": ladder if not s.ladder_auto_start else sorted({r["sessions"] for r in done_rungs}),
+            "ladder_auto_start": s.ladder_auto_start or None,
+            "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
+            "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
+            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.io_workers,
+            "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
+            "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+            "dram_usable_fraction": ls.dram_usable_fraction,
+            "replica_assignment": "blake2b(seed:session_id) mod replicas",
+            "storage_location": sessions_storage_location(ls, tiers),
+        },
+        "method": METHOD,
+        **body,
+    }, SESSIONS_SCHEMA_VERSION)
+    written = write_results(s.output, results)
+    if not interrupted and storage_error is None:
+        print_table(results, out)
+    if written.kept_as:
+        out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
+    if written.error:
+        sys.stderr.write(f"kv-cache sessions: could not write the results to {written.error}; "
+                         f"they are in {written.path}\n")
+    out.write(f"\nResults written to {written.path}\n")
+    return RunOutcome(interrupted=interrupted, storage_error=storage_error)

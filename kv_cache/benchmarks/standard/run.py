@@ -1,0 +1,221 @@
+"""One benchmark run, end to end: settings -> workload -> tiers and cache -> driver -> results -> outputs.
+
+The composition root: builds every part from one RunSettings, runs them, and owns the run's lifecycle:
+whatever happens (Ctrl-C, SIGTERM, disk full), it writes what was measured and removes the files it
+created, and only those. Errors it cannot run with are raised for the CLI to report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import resource
+import signal
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kv_cache.benchmarks.standard.outputs import write_merged, write_outputs
+from kv_cache.benchmarks.standard.scheduler import Driver, DriverOutcome
+from kv_cache.benchmarks.standard.setup import driver_options, io_worker_count, run_phases, start_tracing
+from kv_cache.core import shapes
+from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
+from kv_cache.errors import RunOutcome, StorageError
+from kv_cache.host.blockdev import BlockDeviceCounter
+from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.render.banner import print_banner
+from kv_cache.render.progress import make_progress
+from kv_cache.results.blocklatency import block_latency
+from kv_cache.results.parameters import run_mode
+from kv_cache.results.run_document import RunRecord, build_results, interrupted_results
+from kv_cache.results.verdict import mark_incomplete, mark_storage_stop, verdict_keys, window_fraction
+from kv_cache.serving.build import open_cache
+from kv_cache.serving.tiers import TierSet, largest_entry
+from kv_cache.settings.run import RunSettings
+from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
+from kv_cache.workload.rag import RagCorpus
+from kv_cache.workload.traces import TraceSource
+
+__all__ = ["Interrupts", "UserFactory", "build_trace_workload", "execute", "run_benchmark"]
+
+log = logging.getLogger("kv_cache")
+
+class Interrupts:
+    """SIGINT / SIGTERM handler of a run.
+
+    Until the measured window closes, the first signal stops the run (KeyboardInterrupt: the window ends
+    there, the run is INCOMPLETE); later ones only say that clean-up is under way, so a second Ctrl-C never
+    skips writing the results or removing files. Once the window has closed (`close_window`, called by the
+    driver), no signal raises: the drain, tracing stop, results, writing and clean-up run to their end, so
+    the window's results cannot be lost to a late Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.window_closed = False
+
+    def close_window(self) -> None:
+        self.window_closed = True
+
+    def __call__(self, signum, frame):
+        self.seen += 1
+        if self.window_closed:
+            sys.stderr.write("kv-cache: the measured window is over; finishing the results and clean-up first\n")
+            return
+        if self.seen == 1:
+            raise KeyboardInterrupt
+        sys.stderr.write("kv-cache: stopping; writing the results and removing the run's files first\n")
+
+
+def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = None) -> RunOutcome:
+    """Run, write the JSON (and XLSX), print the report. Returns how the run ended (the CLI makes it the
+    exit status); an error it could not run with, or a storage error before the window, is raised.
+
+    `group`: the ranks of this run (None: the MPI ranks when mpirun started several, else this one alone)."""
+    out = out or sys.stdout
+    previous = {}
+    handler = Interrupts()
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return execute(settings, out, group=group, interrupts=handler)[1]
+    finally:
+        if not handler.seen:  # once stopping, a late signal must not kill the exit either: keep ours
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+@dataclass
+class _Run:
+    """What a run has built and measured so far (kept when it is interrupted part-way)."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    metrics: RunMetrics = field(default_factory=RunMetrics)
+    stores: TierSet = field(default_factory=lambda: TierSet([]))
+    outcome: DriverOutcome | None = None
+    phases: dict[str, Any] = field(default_factory=dict)
+    started: datetime = field(default_factory=datetime.now)
+    rusage0: Any = field(default_factory=lambda: resource.getrusage(resource.RUSAGE_SELF))
+    group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
+    run_id: str | None = None  # one id for all the ranks of this run (shared_run_id)
+    interrupts: Interrupts | None = None  # told when the window closes (signals no longer stop the run)
+
+
+def execute(settings: RunSettings, out, record_plans: bool = False, group: RankGroup | None = None,
+            interrupts: Interrupts | None = None) -> tuple[dict[str, Any], RunOutcome]:
+    """Build, run, write and print; returns (results, how the run ended).
+
+    Trace files are opened first, once: a bad one raises TraceError before any I/O is done. With several
+    ranks, rank 0 also writes the merged document of all ranks (settings.merged_output). A storage error
+    before the window (preconditioning, ingestion) writes the results of the phases done, removes the
+    run's files, then raises StorageError (under mpirun the CLI ends the other ranks with it).
+    """
+    sources = open_trace_sources(settings) if settings.trace_paths else None
+    if sources:  # "auto" becomes the detected format, as shown in the banner and the results
+        settings = dataclasses.replace(
+            settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
+    run = _Run(group=group if group is not None else open_group(settings.mpi_world_size), interrupts=interrupts)
+    interrupted = False
+    storage_error: StorageError | None = None
+    try:
+        results = _measure(settings, run, sources, out, record_plans)
+        interrupted = run.outcome.stop_reason == "interrupted"
+    except KeyboardInterrupt:  # before the window closed (after it, Interrupts never raises)
+        interrupted = True
+        run.stop.set()
+        run.metrics.close_window()
+        results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
+    except (OSError, StorageError) as exc:  # a storage error before the window (preconditioning, ...)
+        run.stop.set()
+        run.metrics.close_window()
+        results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
+        results["stop_reason"] = f"storage error before the measured phase: {exc}"
+        storage_error = exc if isinstance(exc, StorageError) else StorageError(
+            f"run stopped by a storage error before the measured window: {exc}")
+        mark_storage_stop(results, str(storage_error))
+    finally:
+        run.stop.set()
+        run.stores.close()
+    if run.outcome is not None and run.outcome.peers_lost:
+        results.setdefault("measurement", {}).setdefault("notes", []).append(
+            "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
+            "but the ranks' windows were not closed together")
+    if interrupted or storage_error is not None:
+        window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
+        mark_incomplete(results, window_fraction(window, float(settings.duration)),
+                        "interrupted" if interrupted else "storage error before the window")
+    else:
+        results.update(verdict_keys(results))
+    write_outputs(settings, results, out)
+    if storage_error is not None:
+        raise storage_error
+    if interrupted:
+        out.write(f"Run INCOMPLETE: interrupted after {results['window_fraction'] * 100:.0f} % of the "
+                  f"{settings.duration} s window; the verdict is not PASS\n")
+        out.flush()
+    if run.group is not None and (not interrupted or not run.group.gather_waits):  # (an interrupted MPI
+        write_merged(settings, run.group, results, out)  # rank may be alone at the gather: never wait there)
+    fatal = run.outcome.fatal_error if run.outcome is not None else None
+    if fatal:
+        log.error("run stopped by a storage error: %s", fatal)
+    return results, RunOutcome(interrupted=interrupted, storage_error=fatal, passed=bool(results.get("overall_passed")),
+                               fail_exit_code=settings.fail_exit_code)
+
+
+def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,
+             record_plans: bool) -> dict[str, Any]:
+    """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
+    cfg = settings.config
+    workers = io_worker_count(settings)
+    buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
+    sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
+    run.run_id = shared_run_id(run.group)
+    cache = open_cache(settings.tiers, settings.storage, cfg.eviction, run.metrics, settings.model.bytes_per_token,
+                       run.stop, run.stores, io_trace_log=settings.io_trace_log, workers=workers,
+                       largest_entry=largest_entry(settings), other_bytes=buffers, sharers=sharers)
+    stores, tiers = run.stores, run.stores.tiers
+    rag = RagCorpus(cfg.rag) if settings.enable_rag else None
+    factory = UserFactory(settings, rag)
+    trace = build_trace_workload(settings, sources) if sources else None
+    users = factory.build(0, settings.num_users) if trace is None else (trace.sessions or [])
+    autoscaler = (shapes.build(settings.autoscaler_mode, shapes.ShapeRequest(
+                      settings.num_users, target_saturation=settings.target_saturation, scaler_cfg=cfg.autoscaler,
+                      saturation_cfg=cfg.saturation_detection))
+                  if settings.enable_autoscaling else None)
+    contexts = [u.profile.context_length for u in users] if trace is None else []
+    print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)
+    blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
+    before = blockdev.snapshot() if blockdev else None
+    run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
+    tracer, why = start_tracing(settings, blockdev, out)
+    out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
+    out.flush()
+    run.metrics.reset()  # nothing done before the window counts
+    driver = Driver(users, cache, run.metrics, driver_options(settings, workers, record_plans), run.stop,
+                    shape=autoscaler, make_user=factory,
+                    arrivals=trace.arrivals if trace is not None else None,
+                    trace_speedup=trace.speedup if trace is not None else 1.0,
+                    replay_cycles=settings.replay_cycles, group=run.group, observers=_progress(settings),
+                    on_window_close=run.interrupts.close_window if run.interrupts is not None else None)
+    try:
+        outcome = run.outcome = driver.run()
+    finally:
+        traced = tracer.stop() if tracer is not None else None
+    after = blockdev.snapshot() if blockdev else None
+    results = build_results(RunRecord(
+        settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
+        stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
+        disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
+        tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
+        run_id=run.run_id, tier_sizes=stores.sizes))
+    if settings.latency_tracing:
+        results["block_latency"] = block_latency(traced, why, os.getpid())
+    return results
+
+
+def _progress(settings: RunSettings) -> list:
+    progress = make_progress(settings.log_level, float(settings.duration))
+    return [progress] if progress is not None else []

@@ -1,0 +1,92 @@
+"""Load shapes, found by a registry: each module of this package registers one or more :class:`Shape`
+entries (a name, what it does, whether it is offered as an ``--autoscaler-mode``, the config it reads and
+how it is built). The CLI's ``--autoscaler-mode`` choices, the standard run's autoscaler and a sessions
+rung's constant count are all looked up here, so adding a shape is adding one module (and its test).
+
+A shape is what autoscale.LoadShape says: ``interval_s`` and ``tick(sample) -> users | None``; one
+offered as an autoscaler mode also keeps ``history`` (one dict per tick) and ``summary()`` for the
+results. Entries are loaded on the first lookup, by importing every module of this package once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kv_cache.core.autoscale import LoadShape
+
+__all__ = ["Shape", "ShapeRequest", "all_shapes", "autoscaler_modes", "build", "get", "register"]
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """What a shape is built with: the users (or session slots) it starts from, the seconds between its
+    ticks (None: the shape's own, from its config), the run's saturation target and the config's
+    `autoscaler` and `saturation_detection` sections (None where the caller has none)."""
+
+    users: int
+    interval_s: float | None = None
+    target_saturation: float = 0.8
+    scaler_cfg: Any = None
+    saturation_cfg: Any = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One registry entry. `autoscaling`: offered as an --autoscaler-mode of the standard run (with
+    history and summary() in its results); `options`: the settings and config keys it reads."""
+
+    name: str
+    summary: str
+    build: Callable[[ShapeRequest], LoadShape]
+    autoscaling: bool = False
+    options: tuple[str, ...] = ()
+
+
+_ENTRIES: dict[str, Shape] = {}
+_LOADED = False
+_LOCK = threading.RLock()
+
+
+def register(shape: Shape) -> Shape:
+    known = _ENTRIES.get(shape.name)
+    if known is not None and known is not shape:
+        raise ValueError(f"load shape {shape.name!r} registered twice")
+    _ENTRIES[shape.name] = shape
+    return shape
+
+
+def _load() -> None:
+    global _LOADED
+    with _LOCK:
+        if _LOADED:
+            return
+        _LOADED = True
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def all_shapes() -> list[Shape]:
+    _load()
+    return list(_ENTRIES.values())
+
+
+def get(name: str) -> Shape:
+    _load()
+    try:
+        return _ENTRIES[name]
+    except KeyError:
+        raise KeyError(f"no load shape {name!r} (known: {', '.join(_ENTRIES)})") from None
+
+
+def autoscaler_modes() -> tuple[str, ...]:
+    """The shapes offered as --autoscaler-mode, in registration order."""
+    return tuple(s.name for s in all_shapes() if s.autoscaling)
+
+
+def build(name: str, request: ShapeRequest) -> LoadShape:
+    return get(name).build(request)

@@ -1,0 +1,102 @@
+"""The lines printed before a standard run starts: what is about to be measured, on what."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from kv_cache import __version__
+from kv_cache.metrics.stats import mean
+from kv_cache.results.parameters import generation_ms_per_token
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.settings.run import RunSettings
+
+LINE = "=" * 80
+
+
+def _storage_where(settings: RunSettings, file_store: Any) -> str:
+    if file_store is None:
+        return f"trace only -> {settings.io_trace_log}"
+    return f"{file_store.run_dir} ({file_store.fs_type}, {file_store.io_mode} I/O)"
+
+
+# TierSet.sizes keys -> how the banner names them
+_SIZE_LABELS = {"gpu_mem_gb": "GPU tier (per GPU)", "cpu_mem_gb": "CPU tier", "storage_capacity_gb": "Storage tier"}
+
+
+def size_lines(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per tier size in force that differs from the one asked for: clamped to a memory budget,
+    or an automatic storage capacity bounded by it (e.g. `CPU tier: 20.38 GiB (asked 1000.00, clamped:
+    ...)`)."""
+    lines = []
+    for key, label in _SIZE_LABELS.items():
+        size = sizes.get(key)
+        if size and size.get("clamped"):
+            asked = "auto" if key == "storage_capacity_gb" and not size["asked"] else f"{size['asked']:.2f}"
+            lines.append(f"{label}: {size['effective']:.2f} GiB (asked {asked}, clamped: {size['clamped']})")
+    return lines
+
+
+def _gib(settings: RunSettings, sizes: Mapping[str, Mapping[str, Any]], key: str) -> str:
+    size = sizes.get(key)
+    asked = getattr(settings, key) * (settings.num_gpus if key == "gpu_mem_gb" else 1)
+    if not size or not size.get("clamped"):
+        return f"{asked:g} GiB"
+    scale = settings.num_gpus if key == "gpu_mem_gb" else 1
+    return f"{size['effective'] * scale:.2f} GiB (asked {asked:g}, clamped)"
+
+
+def banner_lines(settings: RunSettings, context_lengths: Sequence[int], workers: int, file_store: Any,
+                 sizes: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """`context_lengths`: the synthetic users' context sizes (empty for a trace, whose sizes vary per row).
+    `file_store`: the storage tier's store (run_dir, fs_type, io_mode), None in trace mode. `sizes`: the
+    tier sizes in force (TierSet.sizes); a clamped one is shown beside the one asked for."""
+    sizes = sizes or {}
+    m = settings.model
+    lines = [LINE, f"Integrated Multi-User KV Cache Benchmark - MLPerf Edition (kv-cache {__version__})",
+             f"Model: {m.name} ({m.bytes_per_token:,} bytes/token)",
+             f"GPU Memory: {_gib(settings, sizes, 'gpu_mem_gb')} | CPU Memory: {_gib(settings, sizes, 'cpu_mem_gb')}"
+             f" | Storage: {_storage_where(settings, file_store)}",
+             *size_lines(sizes),
+             f"Users: {settings.num_users} | Duration: {settings.duration:g} s | Seed: {settings.effective_seed}"
+             f" | Generation: {settings.generation_mode} ({generation_ms_per_token(settings):.1f} ms/token)"
+             f" | I/O workers: {workers}"]
+    feats = [f"multi-turn {'on' if settings.multi_turn else 'off'}",
+             f"prefix caching {'on' if settings.prefix_caching else 'off'}"]
+    if settings.max_concurrent_allocs:
+        feats.append(f"max concurrent requests {settings.max_concurrent_allocs}")
+    if settings.max_requests:
+        feats.append(f"stop after {settings.max_requests} requests")
+    lines.append("Features: " + ", ".join(feats))
+    if settings.mpi_world_size > 1:
+        lines.append(rank_line(settings))
+    if settings.trace_paths:
+        layout = f"{settings.kv_block_tokens}-token blocks" if settings.kv_block_tokens else "entry per request"
+        lines.append(f"Trace: {', '.join(settings.trace_paths)} ({settings.trace_format}), speed-up "
+                     f"{settings.trace_speedup:g}{' (no pacing)' if settings.trace_speedup == 0 else ''}, "
+                     f"KV layout: {layout}")
+    ctx = list(context_lengths)
+    if ctx:
+        bpt = m.bytes_per_token / settings.tensor_parallel
+        lines.append(f"User context lengths: min {min(ctx)}, max {max(ctx)}, mean {mean(ctx):.0f} tokens "
+                     f"(max entry {max(ctx) * bpt / 2**20:.1f} MiB)")
+    lines.append(LINE)
+    return lines
+
+
+def rank_line(settings: RunSettings) -> str:
+    """Which share of the run this rank is: `Rank 1 of 2: its share of the totals given (users 50 of 100,
+    ...)`, or that every rank was given its own values."""
+    head = f"Rank {settings.mpi_rank} of {settings.mpi_world_size}: "
+    if settings.flags_per_rank or not settings.rank_totals:
+        return head + "the flags are this rank's own values (per rank)"
+    shares = [f"{name} {getattr(settings, name):g} of {total:g}" for name, total in settings.rank_totals.items()
+              if name != "seed" and total]
+    return head + "its share of the totals given (" + ", ".join(shares) + ")"
+
+
+def print_banner(settings: RunSettings, context_lengths: Sequence[int], workers: int, file_store: Any,
+                 out: TextIO, sizes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    out.write("".join(line + "\n" for line in banner_lines(settings, context_lengths, workers, file_store, sizes)))
+    out.flush()

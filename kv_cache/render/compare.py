@@ -1,0 +1,282 @@
+"""`kv-cache compare A.json B.json ...`: key metrics side by side, ratios to the first file, 95 % CIs.
+
+First the workloads must match (same model, users, duration, flags that change what is asked for): a
+comparison of different workloads compares workloads, not storage. `workload_differences` says what
+differs; the CLI refuses, or warns when told to go on.
+
+Where a result has windows, intervals come from them (kv_cache/metrics/stats.py):
+- standard runs: the 1-second `time_series` is cut into k equal sub-windows (batch means, k = 10 or fewer
+  for short runs); a rate's CI is the Student t interval of the k sub-window rates, and a ratio's CI the
+  delta-method interval of `ratio_ci` on the two sets of sub-window rates;
+- sessions runs: each rung's per-sub-window throughput samples (the same batch means its own CI uses).
+Percentiles, hit rates and whole-run averages are shown without an interval. The footer that explains the
+brackets is printed only when at least one interval was computed (a merged document has no time series).
+
+Merged documents (`kv-cache-merged/1`) compare like standard runs. Their workload is read from
+`rank_parameters` (each rank's run parameters; a setting that differs between ranks, such as the offset
+seeds, compares as the list of its per-rank values); a merged document without them (merged by an older
+kv-cache) has an unknown workload, which is refused like a different one.
+
+Each side's storage (results/storage_info.py) is named in the table's legend, in `--json` (`to_json`) and in
+the overlaid plots (render/compare_plots.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates
+from kv_cache.results.storage_info import kind_of, storage_facts, storage_label
+
+GIB = float(1 << 30)
+MAX_SUBWINDOWS = 10
+COMPARE_SCHEMA_VERSION = "kv-cache-compare/1"
+INTERVALS_NOTE = ("Brackets: 95 % confidence intervals from sub-windows of each run's measured window (batch means,"
+                  " Student t; ratios: delta method on the log ratio). No brackets: a single figure per run.")
+NO_INTERVALS_NOTE = ("No confidence intervals: no result here has the per-second time series (or rung sub-window"
+                     " samples) they are computed from; each figure is a single value per run.")
+UNKNOWN_WORKLOAD = "unknown (a merged document without its ranks' parameters: merge the rank files again)"
+
+# Settings that change the workload (what is asked for), per kind of result; everything else (cache dir,
+# tier sizes, I/O engine) is what a comparison is for.
+STANDARD_WORKLOAD = ("model", "num_users", "duration", "generation_mode", "multi_turn", "prefix_caching", "seed",
+                     "request_rate", "max_requests", "autoscaling", "autoscaler_mode", "rag_enabled",
+                     "rag_num_docs", "prefill_only", "decode_only", "mpi_world_size")
+SESSIONS_WORKLOAD = ("model", "gpu", "num_gpus", "tensor_parallel", "block_tokens", "ladder", "window_s",
+                     "warmup_s", "subwindows", "pace", "seed", "trace")
+
+# (label, where in the document, time-series column giving its per-second rate or None, scale)
+STANDARD_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float], ...] = (
+    ("requests/s", ("summary", "requests_per_second"), "requests", 1.0),
+    ("tokens/s", ("summary", "avg_throughput_tokens_per_sec"), None, 1.0),
+    ("storage read GiB/s", ("summary", "cache_stats", "tier_storage_read_bandwidth_gbps"),
+     "storage_read_bytes", 1 / GIB),
+    ("storage write GiB/s", ("summary", "cache_stats", "tier_storage_write_bandwidth_gbps"),
+     "storage_write_bytes", 1 / GIB),
+    ("storage read p95 ms", ("summary", "cache_stats", "storage_read_p95_ms"), None, 1.0),
+    ("storage write p95 ms", ("summary", "cache_stats", "storage_write_p95_ms"), None, 1.0),
+    ("storage read device p95 ms", ("summary", "cache_stats", "storage_read_device_p95_ms"), None, 1.0),
+    ("storage write device p95 ms", ("summary", "cache_stats", "storage_write_device_p95_ms"), None, 1.0),
+    ("end-to-end p50 ms", ("summary", "end_to_end_latency_ms", "p50"), None, 1.0),
+    ("end-to-end p95 ms", ("summary", "end_to_end_latency_ms", "p95"), None, 1.0),
+    ("cache hit rate", ("summary", "cache_stats", "cache_hit_rate"), None, 1.0),
+)
+
+
+class CompareError(ValueError):
+    """The results cannot be compared (different kinds, or nothing measured)."""
+
+
+def kind(doc: dict[str, Any]) -> str:
+    return "sessions" if "rungs" in doc else "standard"
+
+
+def workload_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The settings that make the workload; None when the document does not say (older merged documents)."""
+    if kind(doc) == "sessions":
+        params = doc.get("parameters") or {}
+        return {k: params.get(k) for k in SESSIONS_WORKLOAD}
+    if kind_of(doc) == "merged":
+        return merged_workload(doc)
+    params = doc.get("run_parameters") or {}
+    out = {k: params.get(k) for k in STANDARD_WORKLOAD}
+    out["trace"] = (doc.get("trace_replay") or {}).get("paths")
+    return out
+
+
+def merged_workload(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """A merged document's workload from its ranks' parameters: a setting's value when every rank had the
+    same, else the list of the per-rank values (rank order)."""
+    ranks = doc.get("rank_parameters")
+    if not ranks:
+        return None
+
+    def one(values: list[Any]) -> Any:
+        return values[0] if all(v == values[0] for v in values) else values
+
+    out = {k: one([r.get(k) for r in ranks]) for k in STANDARD_WORKLOAD}
+    out["trace"] = one(list(doc.get("rank_trace_paths") or [None] * len(ranks)))
+    return out
+
+
+def workload_differences(docs: list[dict[str, Any]]) -> list[str]:
+    """'setting: A=..., B=...' for every workload setting that is not the same in all documents; a document
+    whose workload is unknown is a difference of its own ('workload: A=unknown ...')."""
+    kinds = {kind(d) for d in docs}
+    if len(kinds) > 1:
+        raise CompareError("cannot compare a sessions result with a standard run's result")
+    loads = [workload_of(d) for d in docs]
+    unknown = [i for i, w in enumerate(loads) if w is None]
+    if unknown:
+        return ["workload: " + ", ".join(f"{_letter(i)}={UNKNOWN_WORKLOAD}" for i in unknown)]
+    known = [w for w in loads if w is not None]
+    return [f"{key}: " + ", ".join(f"{_letter(i)}={_shown(w[key], d)}" for i, (w, d) in enumerate(zip(known, docs,
+                                                                                                       strict=True)))
+            for key in known[0] if any(w[key] != known[0][key] for w in known[1:])]
+
+
+def _shown(value: Any, doc: dict[str, Any]) -> str:
+    """A workload value as the message shows it; a merged document's value is each rank's."""
+    if kind_of(doc) == "merged" and not isinstance(value, list):
+        return f"{value!r} (each of {len(doc.get('rank_parameters') or [])} ranks)"
+    return repr(value)
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"#{i + 1}"
+
+
+def _get(doc: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    node: Any = doc
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return float(node) if isinstance(node, (int, float)) else None
+
+
+def window_rates(doc: dict[str, Any], column: str, scale: float = 1.0) -> list[float]:
+    """Per-second rates of `column` in each sub-window of the time series (batch means); [] without one."""
+    rows = (doc.get("time_series") or {}).get("rows") or []
+    k = min(MAX_SUBWINDOWS, len(rows) // 2)
+    if k < 2:
+        return []
+    end = rows[-1]["t_s"]
+    if end <= 0:
+        return []
+    # a bucket's t_s is its end: place it at its middle, so it falls in the sub-window it belongs to
+    return subwindow_rates([(r["t_s"] - r.get("seconds", 1.0) / 2, r.get(column, 0) * scale) for r in rows],
+                           (0.0, end), k)
+
+
+@dataclass
+class Cell:
+    value: float | None
+    ci: CI | None = None
+
+    def has_interval(self) -> bool:
+        """A figure with an interval worth showing (two or more sub-windows that did not all agree)."""
+        return (self.value is not None and self.ci is not None and self.ci.n >= 2
+                and self.ci.low != self.ci.high)
+
+    def text(self) -> str:
+        if self.value is None or (isinstance(self.value, float) and math.isnan(self.value)):
+            return "-"
+        out = number(self.value)
+        if self.has_interval():
+            assert self.ci is not None
+            out += f" [{number(self.ci.low)}, {number(self.ci.high)}]"
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        finite = self.value is not None and not (isinstance(self.value, float) and math.isnan(self.value))
+        return {"value": self.value if finite else None,
+                "ci95": [self.ci.low, self.ci.high] if self.has_interval() and self.ci is not None else None}
+
+
+def number(v: float) -> str:
+    """Three significant digits, without exponents for the magnitudes a benchmark shows."""
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if v == 0 or abs(v) >= 0.001:
+        return f"{v:.3g}"
+    return f"{v:.2e}"
+
+
+@dataclass
+class Row:
+    label: str
+    cells: list[Cell]  # one per document
+    ratios: list[Cell]  # one per document after the first: document / first
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return b / a if a not in (None, 0) and b is not None else None
+
+
+def standard_rows(docs: list[dict[str, Any]]) -> list[Row]:
+    rows = []
+    for label, path, column, scale in STANDARD_METRICS:
+        samples = [window_rates(d, column, scale) if column else [] for d in docs]
+        cells = [Cell(_get(d, path), mean_ci(s) if len(s) >= 2 else None) for d, s in zip(docs, samples, strict=True)]
+        ratios = []
+        for d_s, cell in zip(samples[1:], cells[1:], strict=True):
+            if len(d_s) >= 2 and len(samples[0]) >= 2:
+                ci = ratio_ci(d_s, samples[0])
+                ratios.append(Cell(_ratio(cells[0].value, cell.value), ci))
+            else:
+                ratios.append(Cell(_ratio(cells[0].value, cell.value)))
+        rows.append(Row(label, cells, ratios))
+    return rows
+
+
+def _rungs(doc: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["tiers"], r["sessions"]): r for r in doc.get("rungs") or []}
+
+
+def sessions_rows(docs: list[dict[str, Any]]) -> list[Row]:
+    """Per-GPU throughput per (configuration, sessions) rung present in every document."""
+    by_doc = [_rungs(d) for d in docs]
+    keys = [k for k in by_doc[0] if all(k in b for b in by_doc[1:])]
+    rows = []
+    for cfg, n in keys:
+        rungs = [b[(cfg, n)] for b in by_doc]
+        cells = [Cell(r["throughput_tokens_per_s_per_gpu"]["estimate"],
+                      CI(**r["throughput_tokens_per_s_per_gpu"]) if r["throughput_tokens_per_s_per_gpu"].get("low")
+                      is not None else None) for r in rungs]
+        base = rungs[0].get("throughput_subwindow_tokens_per_s_per_gpu") or []
+        ratios = []
+        for r, cell in zip(rungs[1:], cells[1:], strict=True):
+            mine = r.get("throughput_subwindow_tokens_per_s_per_gpu") or []
+            ci = ratio_ci(mine, base) if len(mine) >= 2 and len(base) >= 2 else None
+            ratios.append(Cell(_ratio(cells[0].value, cell.value), ci))
+        rows.append(Row(f"{cfg} @ {n} sessions tok/s/GPU", cells, ratios))
+    return rows
+
+
+def compare_rows(docs: list[dict[str, Any]]) -> list[Row]:
+    if len(docs) < 2:
+        raise CompareError("compare needs at least two results files")
+    return sessions_rows(docs) if kind(docs[0]) == "sessions" else standard_rows(docs)
+
+
+def has_intervals(rows: list[Row]) -> bool:
+    return any(c.has_interval() for r in rows for c in (*r.cells, *r.ratios))
+
+
+def format_table(names: list[str], rows: list[Row], storages: list[str] | None = None) -> list[str]:
+    """The side-by-side table: one column per file, then one ratio column per file after the first; with
+    `storages`, each file's storage under its name. The intervals' footer only when there are intervals."""
+    head = ["metric", *(f"{_letter(i)}" for i in range(len(names))),
+            *(f"{_letter(i)}/A" for i in range(1, len(names)))]
+    body = [[r.label, *(c.text() for c in r.cells), *(c.text() for c in r.ratios)] for r in rows]
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
+    lines = []
+    for i, name in enumerate(names):
+        lines.append(f"  {_letter(i)} = {name}")
+        if storages is not None:
+            lines.append(f"      storage: {storages[i]}")
+    lines.append("")
+    for line in [head, *body]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    lines += ["", INTERVALS_NOTE if has_intervals(rows) else NO_INTERVALS_NOTE]
+    return lines
+
+
+def to_json(names: list[str], docs: list[dict[str, Any]], rows: list[Row], differences: list[str]) -> dict[str, Any]:
+    """The comparison for scripts: each side (file, kind, schema, storage), the workload differences, and per
+    metric each side's value and 95 % interval, and each ratio to A with its interval (None: not computed)."""
+    return {
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        "baseline": _letter(0),
+        "runs": [{"label": _letter(i), "path": name, "kind": kind_of(doc), "schema_version": doc.get("schema_version"),
+                  "storage": storage_facts(doc), "storage_label": storage_label(doc)}
+                 for i, (name, doc) in enumerate(zip(names, docs, strict=True))],
+        "workload_differences": differences,
+        "intervals": INTERVALS_NOTE if has_intervals(rows) else None,
+        "metrics": [{"metric": r.label, "values": [c.to_json() for c in r.cells],
+                     "ratios_to_baseline": [{"label": f"{_letter(i + 1)}/{_letter(0)}", **c.to_json()}
+                                            for i, c in enumerate(r.ratios)]} for r in rows],
+    }

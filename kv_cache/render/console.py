@@ -1,0 +1,483 @@
+"""The printed report, in the MLPerf tool's section order, plus what was timed and how.
+
+Each section is a function of the results document that returns its lines (empty when the section does
+not apply), so a section can be checked on its own and the text never depends on anything the document
+does not hold: a report reprinted from a saved JSON file reads exactly as the one printed by the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+from kv_cache.metrics.recorder import GIB
+from kv_cache.render import catalogue_section
+from kv_cache.results import blocklatency
+from kv_cache.results.measurement import RAM_BACKED, filesystem_kind
+
+LINE = "=" * 80
+TIERS = ("gpu", "cpu", "storage")
+OPS = ("read", "write")
+LATENCY_NAMES = {"mean": "Mean", "p50": "P50", "p95": "P95", "p99": "P99", "p999": "P99.9", "p9999": "P99.99"}
+
+Results = dict[str, Any]
+Section = Callable[[Results], list[str]]
+
+
+def _summary(results: Results) -> dict[str, Any]:
+    return results.get("summary") or {}
+
+
+def _cache_stats(results: Results) -> dict[str, Any]:
+    return _summary(results)["cache_stats"]
+
+
+def _params(results: Results) -> dict[str, Any]:
+    return results.get("run_parameters", {})
+
+
+def _tier_name(tier: str) -> str:
+    return "Storage" if tier == "storage" else tier.upper()
+
+
+def _rate(v: float | None, spec: str = ".2f") -> str:
+    """A rate, or why there is none (the results hold null when the window was shorter than a second)."""
+    return "n/a (window < 1 s)" if v is None else format(v, spec)
+
+
+def _mark(passed: bool) -> str:
+    return "[OK]" if passed else "[X]"
+
+
+def latency_lines(block: dict[str, float], keys: Iterable[str] = ("mean", "p50", "p95", "p99")) -> list[str]:
+    return [f"  {LATENCY_NAMES[k]}: {block.get(k, 0.0):.2f} ms" for k in keys]
+
+
+def header(results: Results) -> list[str]:
+    params = _params(results)
+    return ["", LINE, "BENCHMARK RESULTS - MLPerf KV Cache Storage Benchmark",
+            f"Generation Mode: {params.get('generation_mode')} ({params.get('generation_ms_per_token', 0):.1f}ms/token)",
+            LINE]
+
+
+def no_requests(results: Results) -> list[str]:
+    return ["WARNING: No requests completed during benchmark!"]
+
+
+def run_facts(results: Results) -> list[str]:
+    meas, params = results.get("measurement", {}), _params(results)
+    lines = ["Latencies are per KV entry (whole entry, streamed in "
+             f"{meas.get('chunk_bytes', 0) / 2**20:.0f} MiB chunks).",
+             f"Model: {params.get('model')}  ({params.get('bytes_per_token', 0):,} bytes/token)"]
+    sizes = meas.get("entry_size_mib", {})
+    if sizes.get("count"):
+        lines.append(f"Entries cached at end: {sizes['count']}  size MiB: min {sizes['min']:.1f}  mean {sizes['mean']:.1f}"
+                     f"  p95 {sizes['p95']:.1f}  max {sizes['max']:.1f}")
+    return lines
+
+
+def _criterion(c: dict[str, Any]) -> str:
+    mark = _mark(c["passed"])
+    if c["unit"] == "ratio":
+        return f"  {mark} {c['name']}: {float(c['actual']) * 100:.1f}% (target: {float(c['target']) * 100:.0f}%)"
+    if isinstance(c["actual"], str):
+        return f"  {mark} {c['name']}: {c['actual']}{c['unit']} (target: {c['target']}{c['unit']})"
+    return f"  {mark} {c['name']}: {c['actual']:.2f}{c['unit']} (target: {c['target']}{c['unit']})"
+
+
+def storage_assessment(results: Results) -> list[str]:
+    health = _cache_stats(results)["storage_health"]
+    return ["", f"### STORAGE PERFORMANCE ASSESSMENT: {health['overall_status']} "
+                f"{_mark(health['overall_status'] == 'PASS')} ###",
+            f"  Criteria Passed: {health['passed_count']}/{health['total_count']}",
+            *(_criterion(c) for c in health["criteria"])]
+
+
+def storage_never_exercised(results: Results) -> list[str]:
+    """Loud: a storage verdict whose storage tier moved no bytes is no verdict (the run FAILs)."""
+    if _summary(results).get("storage_tier_exercised", True):
+        return []
+    return ["", "!" * 80, "!!! STORAGE TIER NEVER EXERCISED: 0 bytes read or written to storage in the window."
+            " The verdict is FAIL.", "!!! Everything fitted in a faster tier or nothing ran: lower --cpu-mem-gb,"
+            " raise --num-users or --duration.", "!" * 80]
+
+
+def overall_performance(results: Results) -> list[str]:
+    s = _summary(results)
+    return ["", "### OVERALL PERFORMANCE ###",
+            f"  Requests Completed: {s['total_requests']}",
+            f"  Total Tokens Generated: {s['total_tokens']}",
+            f"  Measured window: {s['elapsed_time']:.2f} s",
+            f"  Avg Throughput (wall-clock): {_rate(s['avg_throughput_tokens_per_sec'])} tok/s",
+            f"  Storage Throughput (tokens / summed storage time): {s['storage_throughput_tokens_per_sec']:.2f} tok/s",
+            f"  Requests/sec: {_rate(s['requests_per_second'])}"]
+
+
+def latencies(results: Results) -> list[str]:
+    s, params = _summary(results), _params(results)
+    lines = ["", "### END-TO-END LATENCY (Queue Wait + Storage I/O + Generation) ###",
+             *latency_lines(s["end_to_end_latency_ms"]),
+             "", "### PER-REQUEST STORAGE LATENCY (All I/O ops for one request, incl. evictions it caused) ###",
+             *latency_lines(s["storage_io_latency_ms"])]
+    if params.get("generation_mode") != "none":
+        lines += ["", f"### TOKEN GENERATION LATENCY (Simulated @ {params.get('generation_ms_per_token', 0):.1f}"
+                      " ms/token) ###",
+                  *latency_lines(s["generation_latency_ms"], keys=("mean", "p50", "p95"))]
+    return lines
+
+
+def read_write_ratio(cs: dict[str, Any]) -> str:
+    """The ratio as a reader expects it: a run that wrote nothing is read-only, not a huge number."""
+    if cs["total_write_bytes"] == 0 and cs["total_read_bytes"] > 0:
+        return "∞ (read-only)"
+    if cs["read_write_ratio"] < 1e-9:
+        return "0 (write-only)"
+    return f"{cs['read_write_ratio']:.2f}"
+
+
+def request_traffic(results: Results) -> list[str]:
+    """What the requests asked the cache for, whichever tier answered: cache hits and entry writes, not I/Os."""
+    cs = _cache_stats(results)
+    return ["", "### REQUEST TRAFFIC (KV entries requests read and wrote, any tier: RAM bytes included) ###",
+            f"  Cache Hit Rate: {cs['cache_hit_rate'] * 100:.1f}% (entry lookups that found the entry in any tier;"
+            " every decode re-read is a lookup)",
+            f"  Total Read: {cs['total_read_gb']:.2f} GiB (all tiers)",
+            f"  Total Write: {cs['total_write_gb']:.2f} GiB (all tiers)",
+            f"  Read/Write Ratio: {read_write_ratio(cs)}",
+            f"  Read Operations: {cs['read_iops']} cache hits ({_rate(cs['read_ops_per_sec'])}/s over the measured window)",
+            f"  Write Operations: {cs['write_iops']} entry writes ({_rate(cs['write_ops_per_sec'])}/s over the measured"
+            " window)",
+            "  (demotions between tiers are not requests: they are in the tier sections below)"]
+
+
+def _gpu_mark(results: Results) -> str:
+    tier = results.get("measurement", {}).get("gpu_tier")
+    return " [SIMULATED GPU tier: host RAM, modelled copy times]" if isinstance(tier, dict) and \
+        tier.get("mode") == "simulated" else ""
+
+
+def gpu_tier_lines(tier: Any) -> list[str]:
+    """The GPU tier's own account: simulated (modelled vs host memcpy) or real (CUDA events vs wall clock)."""
+    if not isinstance(tier, dict):
+        return []
+    if tier.get("mode") == "simulated":
+        lines = [f"  GPU tier: SIMULATED {tier['gpu']} ({tier['host_link']}, {tier['host_link_gbs_per_direction']:g}"
+                 f" GB/s per direction; data in host RAM)"]
+        for d in ("h2d", "d2h"):
+            x = tier[d]
+            lines.append(f"    {d.upper()}: {x['operations']} ops, {x['bytes'] / GIB:.3f} GiB, modelled "
+                         f"{x['modelled_seconds']:.3f} s; host memcpy standing in {x['host_memcpy_seconds']:.3f} s "
+                         f"({x['host_memcpy_gbs']:.1f} GB/s, not in latencies)")
+        return lines
+    lines = [f"  GPU tier: real, {tier.get('backend')} on {', '.join(tier.get('devices', []))}"]
+    for d in ("h2d", "d2h"):
+        x = tier[d]
+        lines.append(f"    {d.upper()}: {x['copies']} copies, {x['bytes'] / GIB:.3f} GiB, CUDA events "
+                     f"{x['device_gbs']:.1f} GB/s, wall clock {x['copy_wall_gbs']:.1f} GB/s")
+    return lines
+
+
+TIER_TITLES = {
+    "gpu": "### GPU TIER (device memory copies: GPU bytes, not storage I/O) ###",
+    "cpu": "### CPU TIER (RAM: memcpy of RAM bytes, not storage I/O) ###",
+    "storage": "### STORAGE PERFORMANCE (storage tier only: file I/O operations on the cache directory) ###",
+}
+
+
+def _tier_op_line(cs: dict[str, Any], window: float, tier: str, op: str) -> str | None:
+    word = "written" if op == "write" else "read"
+    gib = cs.get(f"tier_{tier}_kv_bytes_{word}_gb", 0.0)
+    rate = cs.get(f"tier_{tier}_{op}_ops_per_sec", 0.0)
+    if gib <= 0 and not rate:
+        return None
+    ops = cs.get(f"tier_{tier}_{op}_ops", round((rate or 0.0) * window))
+    unit = "I/O operations" if tier == "storage" else "copies"
+    demo = cs.get(f"tier_{tier}_demotion_{op}_gb", 0.0)
+    line = (f"  {op.capitalize()}: {gib:.2f} GiB in {ops} {unit} ({_rate(rate)}/s),"
+            f" {_rate(cs.get(f'tier_{tier}_{op}_bandwidth_gbps', 0.0), '.3f')} GiB/s")
+    if demo > 0:
+        line += f", of which demotion {demo:.2f} GiB"
+    if f"{tier}_{op}_p95_ms" in cs:
+        line += (f"; latency P50 {cs[f'{tier}_{op}_p50_ms']:.2f}, P95 {cs[f'{tier}_{op}_p95_ms']:.2f},"
+                 f" P99 {cs[f'{tier}_{op}_p99_ms']:.2f} ms")
+    return line
+
+
+def tier_sections(results: Results) -> list[str]:
+    """One section per tier that moved bytes: its own bytes, operations, bandwidth and latency (host + device).
+
+    An operation is one whole KV entry (streamed in chunks); storage bytes and RAM bytes never mix."""
+    cs, window = _cache_stats(results), _summary(results).get("elapsed_time", 0.0)
+    lines = []
+    for tier in TIERS:
+        body = [line for op in OPS if (line := _tier_op_line(cs, window, tier, op)) is not None]
+        if body or tier == "storage":
+            lines += ["", TIER_TITLES[tier], *(body or ["  No storage-tier I/O in the measured window"])]
+    if _gpu_mark(results) and any(line == TIER_TITLES["gpu"] for line in lines):
+        lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
+    return lines
+
+
+def tier_distribution(results: Results) -> list[str]:
+    cs = _cache_stats(results)
+    return ["", "### CACHE TIER DISTRIBUTION (entries held at the end of the run) ###",
+            f"  GPU Entries: {cs['gpu_entries']} ({cs['gpu_memory_used_gb']:.2f} GiB){_gpu_mark(results)}",
+            f"  CPU Entries: {cs['cpu_entries']} ({cs['cpu_memory_used_gb']:.2f} GiB)",
+            f"  Storage Entries: {cs['storage_entries']} ({cs['storage_memory_used_gb']:.2f} GiB)"]
+
+
+def storage_latency_breakdown(results: Results) -> list[str]:
+    cs = _cache_stats(results)
+    lines = ["", "### STORAGE TIER LATENCY BREAKDOWN (Device = syscalls, Host = everything else) ###"]
+    for op in OPS:
+        if f"storage_{op}_p95_ms" in cs:
+            lines.append(f"  {op.capitalize()}: device P95 {cs[f'storage_{op}_device_p95_ms']:.2f} ms,"
+                         f" host P95 {cs[f'storage_{op}_host_p95_ms']:.2f} ms,"
+                         f" total P95 {cs[f'storage_{op}_p95_ms']:.2f} ms")
+    return lines
+
+
+def cache_types(results: Results) -> list[str]:
+    cs = _cache_stats(results)
+    return ["", "### CACHE TYPE BREAKDOWNS (which kind of entry each cache hit was) ###",
+            f"  System Prompt Hits: {cs['system_prompt_hits']}",
+            f"  User Cache Hits: {cs['user_cache_hits']}",
+            f"  Multi-turn Hits: {cs['multi_turn_hits']}"]
+
+
+def prefix_caching(results: Results) -> list[str]:
+    pc = _summary(results)["prefix_cache_stats"]
+    if pc.get("prefix_hits", 0) <= 0:
+        return []
+    return ["", "### PREFIX CACHING ###",
+            f"  Prefix Hits: {pc['prefix_hits']}",
+            f"  Prefix Misses (written): {pc['prefix_misses']}",
+            f"  System Prompt Reuse: {pc['system_prompt_reuse']}",
+            f"  Bytes Saved: {pc['bytes_saved'] / GIB:.3f} GiB"]
+
+
+def multi_turn(results: Results) -> list[str]:
+    mt = _summary(results)["multi_turn_stats"]
+    if mt["cache_hits"] <= 0:
+        return []
+    return ["", "### MULTI-TURN CONVERSATIONS ###",
+            f"  History Hits: {mt['cache_hits']}  Misses: {mt['cache_misses']}  Hit Rate: {mt['hit_rate'] * 100:.1f}%"]
+
+
+def qos(results: Results) -> list[str]:
+    """Only the latency profile judges per-class latency; the throughput profile would mislead with it."""
+    if _params(results).get("performance_profile") != "latency":
+        return []
+    lines = ["", "### QOS LATENCY METRICS (Informational - includes simulated generation) ###"]
+    for level, q in _summary(results)["qos_metrics"].items():
+        if q.get("no_data"):
+            continue
+        sla = q["sla"]
+        lines.append(f"  {level.capitalize()}: {q['total_requests']} requests, P95 {q['latency_ms']['p95']:.2f} ms,"
+                     f" P99 {q['latency_ms']['p99']:.2f} ms, SLA {_mark(sla['met'])}"
+                     f" ({sla['compliance'] * 100:.1f}% within {sla['target_p95_ms']:.0f} ms)")
+    return lines
+
+
+def _autoscale_sample(h: dict[str, Any]) -> str:
+    rp = h.get("read_p95_ms")
+    return (f"  t={h['t_s']:7.1f}s users {h['users']:5d} -> {h['users_after']:5d}  {h['action']:<10}"
+            f" {h['tokens_per_sec']:10.1f} tok/s  storage {h['storage_read_gbps'] + h['storage_write_gbps']:.3f} GiB/s"
+            f"  read p95 {rp if rp is None else round(rp, 1)} ms  saturation {h['saturation_level']:.2f}")
+
+
+def autoscaling(results: Results) -> list[str]:
+    s = _summary(results)
+    auto = s.get("autoscaling_summary")
+    if not auto:
+        return []
+    lines = ["", f"### AUTOSCALING ({auto['mode']} mode) ###",
+             f"  Users: {auto['initial_users']} -> {auto['final_users']} over {auto['samples']} samples,"
+             f" {auto['total_scale_events']} scale events",
+             *(_autoscale_sample(h) for h in s.get("autoscaling_stats", []))]
+    if auto["mode"] == "capacity":
+        lines.append(f"  Peak: {auto['peak_throughput_tokens_per_sec']:.1f} tok/s at {auto['peak_user_count']} users"
+                     f" ({'found' if auto.get('peak_found') else 'not reached within the duration'})")
+    else:
+        lines.append(f"  Most users within target saturation {auto['target_saturation']:.2f}:"
+                     f" {auto.get('max_users_within_target')}")
+    return lines
+
+
+def rag(results: Results) -> list[str]:
+    stats = _summary(results).get("rag_stats")
+    if not stats:
+        return []
+    return ["", "### RAG ###",
+            f"  Documents retrievable: {stats['documents_retrievable']}; chunk reads that hit: {stats['chunk_hits']},"
+            f" missed (recomputed and stored): {stats['chunk_misses']}"]
+
+
+def validation(results: Results) -> list[str]:
+    val = results.get("validation")
+    if not val:
+        return []
+    hr, rw = val["comparison"]["cache_hit_rate"], val["comparison"]["read_write_ratio"]
+    return ["", "### VALIDATION ###",
+            f"  {_mark(val['passed'])} cache hit rate: benchmark {hr['benchmark'] * 100:.1f}% vs trace"
+            f" {hr['trace'] * 100:.1f}% (error {hr['error_pct']:.1f}%, limit 5%)",
+            f"  read/write ratio: benchmark {rw['benchmark']:.2f} vs trace {rw['trace']:.2f} (informational)"]
+
+
+def trace_rows(results: Results) -> list[str]:
+    """Each replayed trace file: rows used, rows skipped and why (malformed, absurd, beyond the window)."""
+    replay = results.get("trace_replay")
+    if not replay or not replay.get("stats"):
+        return []
+    lines = ["", "### TRACE ROWS ###"]
+    for st in replay.get("stats", []):
+        skipped = st.get("skipped_malformed", 0) + st.get("skipped_other", 0)
+        line = f"  {st.get('path')} ({st.get('format')}): {st.get('rows', 0)} rows replayed, {skipped} skipped"
+        reasons = st.get("skipped_reasons") or {}
+        if reasons:
+            line += " (" + ", ".join(f"{k}: {v}" for k, v in reasons.items()) + ")"
+        lines.append(line)
+    return lines
+
+
+def _io_line(meas: dict[str, Any]) -> str:
+    kind = filesystem_kind(meas.get("filesystem"))
+    if kind == RAM_BACKED:
+        how = f"files in RAM on {meas.get('filesystem')}: no device below, no page cache to bypass"
+    elif meas.get("io_mode") == "direct":
+        how = "O_DIRECT"
+    else:
+        how = "page cache bypassed by fadvise(DONTNEED)"
+    return (f"  I/O: {meas.get('io_mode')} ({how}), {meas.get('chunk_bytes', 0) / 2**20:.0f} MiB chunks,"
+            f" fdatasync per entry: {meas.get('fsync')}, {meas.get('io_workers')} I/O workers")
+
+
+GAP_GIB = 1 / 1024  # a device/tool difference under 1 MiB needs no explanation
+
+
+def _block_device_line(bd: dict[str, Any]) -> list[str]:
+    if not bd.get("name"):
+        return []
+    gap_r = (bd["bytes_read"] - bd["tool_bytes_read"]) / GIB
+    gap_w = (bd["bytes_written"] - bd["tool_bytes_written"]) / GIB
+    lines = [f"  Block device {bd['name']} saw: {bd['bytes_read'] / GIB:.3f} GiB read, "
+             f"{bd['bytes_written'] / GIB:.3f} GiB written during the run "
+             f"(benchmark storage tier: {bd['tool_bytes_read'] / GIB:.3f} GiB read,"
+             f" {bd['tool_bytes_written'] / GIB:.3f} GiB written)",
+             f"  Device minus tool: {gap_r:+.3f} GiB read, {gap_w:+.3f} GiB written (the device's counters cover"
+             f" the whole run phase and every process using {bd['name']})"]
+    if max(gap_r, gap_w) > GAP_GIB:
+        lines.append("    more on the device = other processes' I/O, filesystem metadata and journal, readahead")
+    if min(gap_r, gap_w) < -GAP_GIB:
+        lines.append("    less on the device = bytes the page cache absorbed or had not written back yet")
+    return lines
+
+
+def measurement(results: Results) -> list[str]:
+    meas = results.get("measurement", {})
+    if not meas:
+        return []
+    if "io_mode" not in meas:  # stopped before the storage tier was set up: only why, and what it noted
+        lines = ["", "### MEASUREMENT ###", f"  Stop reason: {meas.get('stop_reason')}"]
+        lines += [f"  Note: {note}" for note in meas.get("notes", [])]
+        if meas.get("errors"):
+            lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")
+        return lines
+    depth = meas.get("achieved_queue_depth", {})
+    lines = ["", "### MEASUREMENT (what was timed and how) ###",
+             f"  Storage tier: {meas.get('run_dir')} on {meas.get('filesystem')} "
+             f"({filesystem_kind(meas.get('filesystem')) or 'unknown kind'} filesystem;"
+             f" block device: {meas.get('block_device', {}).get('name') or 'n/a'})",
+             _io_line(meas),
+             f"  Timed: {meas.get('timed')}",
+             *_block_device_line(meas.get("block_device") or {}),
+             f"  Achieved storage queue depth (device-busy time / window): read {depth.get('read', 0):.2f},"
+             f" write {depth.get('write', 0):.2f}",
+             f"  CPU: {meas.get('process_cpu_seconds', 0):.1f} s process CPU time,"
+             f" {meas.get('cpu_seconds_per_gib', 0):.2f} CPU-s per GiB moved",
+             f"  Mode: {meas.get('run_mode')}",
+             f"  Stop reason: {meas.get('stop_reason')}; window {meas.get('window_seconds', 0):.2f} s"]
+    if meas.get("offered_request_rate"):
+        lines.append(f"  Open loop: {meas['requests_issued']} arrivals admitted, {meas.get('requests_rejected', 0)}"
+                     " rejected (admission queue full)")
+    late = meas.get("after_window", {})
+    if late.get("requests") or late.get("aborted_ops"):
+        lines.append(f"  Not counted (finished after the window or aborted at stop): {late.get('requests', 0)}"
+                     f" requests, {late.get('aborted_ops', 0)} aborted I/O operations")
+    lines += gpu_tier_lines(meas.get("gpu_tier"))
+    gds = meas.get("storage_gds")
+    if isinstance(gds, dict):
+        lines.append(f"  GPUDirect Storage: {gds['library']}, compat mode {gds['compat_mode']}: {gds['reads']} storage "
+                     f"reads, {gds['bytes'] / GIB:.3f} GiB into GPU memory ({gds['pread_seconds']:.3f} s in pread)")
+    lines += [f"  Note: {note}" for note in meas.get("notes", [])]
+    if meas.get("errors"):
+        lines.append(f"  ERRORS: {meas['errors']} (first: {meas.get('first_error')})")
+    lines += storage_error_lines(meas)
+    return lines
+
+
+def storage_error_lines(meas: dict) -> list[str]:
+    """Storage errors per tier and operation, and --verify's mismatches (nothing when there were none)."""
+    lines = []
+    for tier, ops in sorted((meas.get("storage_errors") or {}).items()):
+        for op, cell in sorted(ops.items()):
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_error"].items())) or "none left"
+            lines.append(f"  Storage errors, {tier} {op}: {cell['failed']} failed ({kinds}),"
+                         f" {cell['retried']} retried")
+    if meas.get("requests_in_flight_at_stop"):
+        cens = meas.get("censored_latency_ms") or {}
+        lines.append(f"  In flight at the stop: {meas['requests_in_flight_at_stop']} requests (latency censored: "
+                     f"> {cens.get('p50', 0):.1f} ms median, > {cens.get('max', 0):.1f} ms max; not in the percentiles)")
+    fill = meas.get("storage_fill") or {}
+    if fill.get("reached_capacity"):
+        lines.append(f"  Storage tier reached its capacity: {fill['evictions']} entries evicted")
+    elif fill.get("warning"):
+        lines.append(f"  WARNING: {fill['warning']}")
+    verify = meas.get("verify") or {}
+    if verify.get("enabled"):
+        lines.append(f"  --verify: {verify.get('mismatches', 0)} reads did not carry the stamps written")
+    return lines
+
+
+def phases(results: Results) -> list[str]:
+    lines = []
+    for name, ph in (results.get("phases") or {}).items():
+        if "skipped" in ph:
+            lines.append(f"  Before the window, {name}: skipped ({ph['skipped']})")
+        else:
+            lines.append(f"  Before the window, {name}: {ph.get('entries', ph.get('chunks', 0))} entries,"
+                         f" {ph['gib']:.2f} GiB in {ph['seconds']:.1f} s (not counted above)")
+    return lines
+
+
+def notes(results: Results) -> list[str]:
+    if _params(results).get("generation_mode") == "none":
+        note = "  - Pure storage I/O benchmark (no generation simulation)"
+    else:
+        note = "  - End-to-end latency includes simulated GPU inference (modelled time; it holds no I/O worker)"
+    return ["", "NOTES:", note, LINE]
+
+
+# A run that completed requests gets every section; one that completed none says so and shows how it ran.
+SECTIONS: tuple[Section, ...] = (
+    header, run_facts, storage_assessment, storage_never_exercised, overall_performance, latencies, request_traffic,
+    tier_sections, tier_distribution, storage_latency_breakdown, catalogue_section.report_lines, cache_types,
+    prefix_caching, multi_turn, qos,
+    autoscaling, rag, validation, trace_rows, measurement, blocklatency.report_lines, phases, notes,
+)
+EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
+EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessment, storage_never_exercised,
+                                          catalogue_section.report_lines, trace_rows, measurement, phases)
+
+
+def report_lines(results: Results) -> list[str]:
+    summary = results.get("summary")
+    if summary and not summary.get("total_requests"):  # a summary of an empty window: its verdict, not its zeros
+        sections = EMPTY_RUN_VERDICT
+    else:
+        sections = SECTIONS if summary else EMPTY_RUN_SECTIONS
+    return [line for section in sections for line in section(results)]
+
+
+def print_report(results: Results, out: TextIO) -> None:
+    out.write("".join(line + "\n" for line in report_lines(results)))

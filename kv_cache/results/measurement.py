@@ -1,0 +1,182 @@
+"""The `measurement` block of the results document: what was timed, how, and what it cost the host."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
+from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.metrics.stats import percentile
+
+TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
+         "host = the rest of the operation (block stamping, bookkeeping); total = both "
+         "(time.perf_counter_ns). RAM tier: device = the memcpy. GPU tier: see gpu_tier.timed (simulated: "
+         "device = modelled copy time; real: CUDA events).")
+DISK_NOTE = ("deltas of /proc/diskstats over the whole run phase (includes other processes' I/O and "
+             "filesystem metadata); tool bytes include work finished after the window")
+
+
+def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] | None,
+                 after: tuple[int, int] | None) -> dict[str, Any]:
+    """What the block device under the storage tier saw, next to what this tool says it moved there.
+
+    The tool's bytes include I/O finished or aborted after the window, since the device counters cannot
+    tell those apart either."""
+    if name is None or before is None or after is None:
+        return {"name": None}
+    late = metrics.late
+    st_read, st_write = metrics.tier_op("storage", "read"), metrics.tier_op("storage", "write")
+    return {
+        "name": name,
+        "bytes_read": after[0] - before[0],
+        "bytes_written": after[1] - before[1],
+        "tool_bytes_read": st_read.device_bytes + late.get("storage_read_device_bytes", 0)
+        + late.get("storage_read_aborted_device_bytes", 0),
+        "tool_bytes_written": st_write.device_bytes + late.get("storage_write_device_bytes", 0)
+        + late.get("storage_write_aborted_device_bytes", 0),
+        "note": DISK_NOTE,
+    }
+
+
+def entry_size_mib(entry_sizes: Sequence[int]) -> dict[str, Any]:
+    sizes = np.asarray(entry_sizes, dtype=np.float64) / 2**20
+    out: dict[str, Any] = {"count": int(sizes.size)}
+    if sizes.size:
+        out.update(min=float(sizes.min()), mean=float(sizes.mean()), p95=percentile(sizes, 95),
+                   max=float(sizes.max()))
+    return out
+
+
+def after_window(metrics: RunMetrics) -> dict[str, int]:
+    late = metrics.late
+    return {
+        "requests": int(late.get("requests", 0)),
+        "aborted_ops": int(sum(v for k, v in late.items() if k.endswith("_aborted_ops"))),
+        **{k: int(v) for k, v in late.items()},
+    }
+
+
+def queue_depth(metrics: RunMetrics) -> dict[str, float]:
+    """Achieved storage queue depth: device-busy time over the window's length."""
+    window = metrics.window_seconds
+    return {op: metrics.tier_op("storage", op).busy_ns / 1e9 / window if window > 0 else 0.0
+            for op in ("read", "write")}
+
+
+def host_cost(metrics: RunMetrics, rusage0: Any) -> dict[str, float]:
+    """Process CPU time since `rusage0` (a resource.getrusage result) and peak RSS, now."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (ru.ru_utime - rusage0.ru_utime) + (ru.ru_stime - rusage0.ru_stime)
+    moved = sum(s.bytes for s in metrics.io.values())
+    return {
+        "process_cpu_seconds": cpu_s,
+        "cpu_seconds_per_gib": cpu_s / (moved / GIB) if moved else 0.0,
+        "peak_rss_mib": ru.ru_maxrss / 1024,
+    }
+
+
+def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
+    limit = usage["nvme"]["limit_bytes"]
+    return None if math.isinf(limit) else limit
+
+
+def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: bool) -> dict[str, Any]:
+    """Storage errors per tier and operation (failed for good, and retried), the policy, --verify's count."""
+    table = metrics.storage_error_table()
+    return {
+        "storage_errors": table,
+        "storage_errors_total": sum(c["failed"] for ops in table.values() for c in ops.values()),
+        "storage_retries_total": sum(c["retried"] for ops in table.values() for c in ops.values()),
+        "storage_error_policy": {
+            "transient_errors_retried": ["EIO", "ENOTCONN", "EAGAIN"], "retries": retries,
+            "fatal_errors": ["ENOSPC", "EROFS", "EDQUOT", "EACCES", "EPERM"],
+            "max_storage_errors": max_errors,
+        },
+        "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches},
+    }
+
+
+def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Whether the storage tier reached its capacity and started evicting (over the whole run, phases
+    before the window included), and a warning when it did not: then no steady state was measured."""
+    tier = usage["nvme"]
+    limit, peak, evictions = tier["limit_bytes"], tier.get("peak_bytes", 0), int(tier.get("evictions", 0))
+    out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
+                           "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}
+    if evictions == 0:
+        cap = "no capacity limit" if math.isinf(limit) else f"peak {peak / GIB:.2f} of {limit / GIB:.2f} GiB"
+        out["warning"] = (f"the storage tier never reached its capacity ({cap}) and evicted nothing: this run "
+                          "measured a filling cache, not a steady state; give a smaller --storage-capacity-gb "
+                          "or a longer --duration")
+    return out
+
+
+CENSORED_NOTE = ("requests started on a worker or in modelled generation when the run stopped: each latency is "
+                 "only known to exceed stop - submission (the value given), so they are kept out of the latency "
+                 "percentiles; requests still queued are counted in requests_abandoned_at_stop")
+
+
+def in_flight_at_stop(outcome: Any) -> dict[str, Any]:
+    """The requests in flight at the stop and their censored latencies (lower bounds, ms)."""
+    censored = list(getattr(outcome, "censored_ns", []) or [])
+    lat: dict[str, Any] = {"count": len(censored), "note": CENSORED_NOTE}
+    if censored:
+        ms = np.asarray(censored, dtype=np.float64) / 1e6
+        lat.update(min=float(ms.min()), p50=percentile(ms, 50), max=float(ms.max()))
+    return {
+        "requests_in_flight_at_stop": int(getattr(outcome, "requests_in_flight_at_stop", 0)),
+        "requests_finished_after_stop": int(getattr(outcome, "requests_finished_after_stop", 0)),
+        "censored_latency_ms": lat,
+    }
+
+
+RAM_BACKED, NETWORK, BLOCK = "RAM-backed", "network", "block device"
+RAM_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
+                       "9p", "virtiofs", "fuse.sshfs", "afs", "ocfs2", "weka", "fuse.juicefs")
+
+
+def filesystem_kind(fs: str | None) -> str | None:
+    """RAM-backed, network or block device, from the filesystem type (None when unknown or trace mode)."""
+    if not fs:
+        return None
+    if fs in RAM_FILESYSTEMS:
+        return RAM_BACKED
+    if fs in NETWORK_FILESYSTEMS or fs.startswith(("nfs", "fuse.")):
+        return NETWORK
+    return BLOCK
+
+
+def storage_location(cache_dir: str | os.PathLike[str] | None, io_mode: str | None,
+                     io_mode_reason: str | None = None) -> dict[str, Any]:
+    """Which storage the storage tier's files were on, so that two results can be told apart by reading them:
+    the cache directory (absolute), the mount point holding it, its filesystem type and kind, the mount's
+    source, the block device under it (None for tmpfs, overlay, network filesystems...) and the I/O mode
+    (direct = O_DIRECT, buffered = page cache; a requested mode for a sessions run, whose rungs each probe
+    it) with the reason it is in force. `cache_dir` None: no storage tier files (trace mode)."""
+    if cache_dir is None:
+        return {"cache_dir": None, "mount_point": None, "filesystem": None, "filesystem_kind": None,
+                "mount_source": None, "block_device": None, "io_mode": io_mode, "io_mode_reason": io_mode_reason}
+    path = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+    probe = next((p for p in (path, *_parents(path)) if os.path.exists(p)), path)  # not created yet: its parent
+    mi = mount_info(probe)
+    device = BlockDeviceCounter.for_path(probe)
+    fs = mi.fs_type if mi is not None else None
+    return {"cache_dir": path, "mount_point": mi.mount_point if mi is not None else None, "filesystem": fs,
+            "filesystem_kind": filesystem_kind(fs), "mount_source": mi.source if mi is not None else None,
+            "block_device": device.name if device is not None else None, "io_mode": io_mode,
+            "io_mode_reason": io_mode_reason}
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while (up := os.path.dirname(path)) != path:
+        out.append(up)
+        path = up
+    return out

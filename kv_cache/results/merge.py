@@ -1,0 +1,472 @@
+"""One merged results document from the per-rank documents of one run (mpirun, --processes, the harness).
+
+A merge is the single-run summary run on merged data: each rank's document carries its recorder
+(`recorder`: counters, per-tier operation and byte counts, errors; `latency_samples`: the per-operation
+lists; the per-request lists; `latency_histograms`: the HdrHistograms; `time_series`), the merge adds
+them up into one RunMetrics, and the summary code of a single run (results/summary.py build_summary) makes
+`summary` from it, with the inputs the ranks were run with (`summary_inputs`). There is no second
+implementation of any figure:
+- totals are the recorders' sums; rates are merged totals over the merged window;
+- percentiles: exact, of the union of the ranks' samples, while every rank kept every sample of a list
+  (and the union is under `exact_cap` samples); else from the merged HdrHistograms (3 significant digits:
+  a value within 0.1 % of itself). `latency_ms.<list>.method` says which, `percentile_precision` what
+  that means. Never from unweighted subsamples;
+- the window runs from the earliest rank start to the latest rank end. How far apart the ranks' starts
+  and ends were is measured (`window.start_spread_s`, `end_spread_s`, `overlap_seconds`): the window is
+  called "common (barrier-aligned)" only when barriers opened and closed it and the spreads are within
+  COMMON_TOLERANCE of it;
+- `max_of_rank_p95_ms`: the maximum of the ranks' P95 that the Rules (and the mlpstorage harness) take,
+  and `sum_of_ranks`, the harness's sum of the ranks' rates, beside the merged figures; `per_rank` rows.
+
+Before anything is added up, the ranks are checked to be one run's, complete: one `run_id`, one world
+size, no rank twice and none missing (MergeError names the files; `allow_missing` lets a run that lost a
+rank merge what it has, naming the missing ranks, and its verdict is then FAIL).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from kv_cache import __version__
+from kv_cache.errors import DocumentError
+from kv_cache.metrics import catalogue
+from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
+from kv_cache.metrics.histograms import summary as histogram_summary
+from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
+from kv_cache.metrics.stats import percentiles
+from kv_cache.metrics.timeseries import merge_rows
+from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument, load
+from kv_cache.results.parameters import merged_settings_split
+from kv_cache.results.series import SERIES_NOTE
+from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
+
+__all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
+           "merge_documents", "merged_table"]
+
+_RANK_DIR = re.compile(r"rank_?(\d+)")
+# Per-request lists of the MLPerf tool's layout (seconds): recorder name, merged latency block name.
+_REQUEST_LISTS = {"end_to_end_latencies": ("e2e", "end_to_end"), "storage_latencies": ("storage", "storage_io"),
+                  "generation_latencies": ("generation", "generation"), "prefill_latencies": ("prefill", None),
+                  "decode_latencies": ("decode", None)}
+_SUM_KEYS = ("tier_storage_read_bandwidth_gbps", "tier_storage_write_bandwidth_gbps")
+_PARTS = ("total", "device", "host")
+_ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed", "stop_reason")  # not in per_rank
+_OP_LISTS = [(t, o) for t in ("storage", "cpu") for o in ("read", "write")]
+EXACT_CAP = 50_000_000  # samples per merged list kept for exact percentiles (8 bytes each: 400 MB)
+COMMON_TOLERANCE = 0.01  # starts and ends this close (fraction of the window, or 0.5 s) make a common window
+PRECISION = (f"HdrHistogram, {SIGNIFICANT_DIGITS} significant digits: a percentile is within "
+             f"{100 * 10.0 ** -SIGNIFICANT_DIGITS:g} % of the value of the exact union")
+EXACT = "exact (the union of every rank's samples)"
+FROM_HISTOGRAMS = "merged HdrHistograms"
+
+
+class MergeError(DocumentError):
+    """Nothing to merge, a file that is not a rank's results document, or ranks that are not one run's."""
+
+
+def find_rank_files(paths: Sequence[str]) -> list[str]:
+    """The per-rank documents named by `paths`: files as given; a directory is searched for the harness
+    layout (`rank_<N>/kvcache_results_*.json`, the newest per rank) and for `*_rank<r>.json` files."""
+    found: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            ranks = sorted(glob.glob(os.path.join(path, "rank_*")), key=_rank_key)
+            for rank_dir in ranks:
+                files = sorted(glob.glob(os.path.join(rank_dir, "kvcache_results_*.json")))
+                if files:
+                    found.append(files[-1])
+            found += sorted(glob.glob(os.path.join(path, "*_rank[0-9]*.json")), key=_rank_key)
+        elif os.path.isfile(path):
+            found.append(path)
+        else:
+            raise MergeError(f"{path}: no such file or directory")
+    if not found:
+        raise MergeError(f"no per-rank results in {', '.join(paths)} (rank_<N>/kvcache_results_*.json or "
+                         "*_rank<r>.json)")
+    return found
+
+
+def _rank_key(path: str) -> tuple[int, str]:
+    m = _RANK_DIR.findall(os.path.basename(path.rstrip("/")))
+    return (int(m[-1]) if m else 1 << 30, path)
+
+
+def _rank_doc(source: str | dict[str, Any]) -> RunDocument:
+    try:
+        doc = load(source)
+    except DocumentError as exc:
+        raise MergeError(str(exc)) from None
+    name = doc.source or (doc.data.get("_source") if isinstance(source, dict) else None) or "a document"
+    if not isinstance(doc, RunDocument):
+        raise MergeError(f"{name}: a {doc.kind} document ({doc.schema_version}), not a rank's run results")
+    if doc.source is None:
+        doc.source = name
+    return doc
+
+
+def load_documents(files: Sequence[str]) -> list[RunDocument]:
+    """The rank documents of `files` (MergeError, one line, for one that is not)."""
+    return [_rank_doc(path) for path in files]
+
+
+def _rank_of(doc: RunDocument, index: int) -> int:
+    if doc.rank is not None:
+        return doc.rank
+    m = _RANK_DIR.findall(str(doc.source or ""))
+    return int(m[-1]) if m else index
+
+
+def check_one_run(docs: Sequence[RunDocument], allow_missing: bool = False) -> list[int]:
+    """Refuse (MergeError) ranks that are not one run's, or one run's with a rank twice or missing; returns
+    the missing ranks (empty unless `allow_missing`)."""
+    if not docs:
+        raise MergeError("no per-rank results to merge")
+    ids: dict[str | None, list[RunDocument]] = {}
+    for d in docs:
+        ids.setdefault(d.run_id, []).append(d)
+    if len(ids) > 1:
+        runs = "; ".join(f"run {rid or '(no run id)'}: {', '.join(str(d.source) for d in ds)}"
+                         for rid, ds in ids.items())
+        raise MergeError(f"the files are of {len(ids)} different runs ({runs}); merge one run's rank files at a time")
+    legacy = None in ids
+    ranks: dict[int, list[RunDocument]] = {}
+    for i, d in enumerate(docs):
+        ranks.setdefault(_rank_of(d, i), []).append(d)
+    twice = {r: ds for r, ds in ranks.items() if len(ds) > 1}
+    if twice:
+        why = ("files without a run id (written before kv-cache recorded one) from several runs, which cannot be "
+               "told apart; " if legacy else "")
+        raise MergeError(f"{why}rank " + "; rank ".join(f"{r} twice: {', '.join(str(d.source) for d in ds)}"
+                                                           for r, ds in sorted(twice.items())))
+    sizes = {d.world_size for d in docs}
+    if len(sizes) > 1:
+        raise MergeError(f"the ranks disagree on the run's world size ({', '.join(map(str, sorted(sizes)))})")
+    size = max(sizes.pop(), max(ranks) + 1)
+    missing = sorted(set(range(size)) - set(ranks))
+    if missing and not allow_missing:
+        raise MergeError(f"rank(s) {', '.join(map(str, missing))} of {size} missing (run "
+                         f"{docs[0].run_id or 'without a run id'}); give every rank's file")
+    not_mergeable = [str(d.source) for d in docs if not d.mergeable]
+    if not_mergeable:
+        raise MergeError(f"{', '.join(not_mergeable)}: no `recorder` block (written by a kv-cache older than the "
+                         "merge of recorders): re-run with this kv-cache to merge")
+    return missing
+
+
+@dataclass
+class _Lists:
+    """Per (tier, op): whether the union of the ranks' samples is still exact."""
+
+    exact: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+
+def _absorb(metrics: RunMetrics, lists: _Lists, doc: dict[str, Any], exact_cap: int) -> None:
+    """Add one rank's recorder, samples and histograms to `metrics`."""
+    metrics.absorb_state(doc["recorder"])
+    for key, (name, _) in _REQUEST_LISTS.items():
+        metrics.absorb_request_samples(name, np.rint(np.asarray(doc.get(key) or [], dtype=float) * 1e9))
+    for key, block in (doc.get("latency_histograms") or {}).items():
+        a, b, kind = key.split("_")
+        metrics.absorb_histogram((a, b, kind), block["hdr"])
+    samples = doc.get("latency_samples") or {}
+    io = doc["recorder"].get("io", {})
+    for tier, op in {tuple(k.split("/")) for k in io} | set(lists.exact):
+        ops = io.get(f"{tier}/{op}", {}).get("ops", 0)
+        parts = [samples.get(f"{tier}_{op}_{p}_ns") for p in _PARTS]
+        kept_all = all(p is not None and p["stride"] == 1 and p["count"] == ops for p in parts) or ops == 0
+        held = len(metrics.tier_op(tier, op).total_ns)
+        exact = lists.exact.get((tier, op), True) and kept_all and held + ops <= exact_cap
+        if exact and ops:
+            for part, block in zip(_PARTS, parts, strict=True):
+                metrics.absorb_samples(tier, op, part, block["values"])
+        elif not exact and lists.exact.get((tier, op), True):
+            s = metrics.io[(tier, op)]
+            del s.total_ns[:], s.device_ns[:], s.host_ns[:]  # from here on the histograms
+            metrics.subsampled.add((tier, op))
+        lists.exact[(tier, op)] = exact
+
+
+def _window(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    rank_seconds = [r["window_seconds"] for r in rows]
+    clocks = [r["_window"] for r in rows]
+    if not all(c.get("start_unix") is not None and c.get("end_unix") is not None for c in clocks):
+        return {"kind": "longest rank window (documents without wall-clock window times)",
+                "seconds": max(rank_seconds), "start_unix": None, "end_unix": None, "rank_seconds": rank_seconds}
+    starts, ends = [c["start_unix"] for c in clocks], [c["end_unix"] for c in clocks]
+    start, end = min(starts), max(ends)
+    seconds = max(0.0, end - start)
+    spread_start, spread_end = max(starts) - min(starts), max(ends) - min(ends)
+    overlap = max(0.0, min(ends) - max(starts))
+    tolerance = max(0.5, COMMON_TOLERANCE * seconds)
+    if all(c.get("barrier_aligned") for c in clocks) and max(spread_start, spread_end) <= tolerance:
+        kind = "common (barrier-aligned)"
+    elif overlap > 0:
+        kind = "union of the ranks' windows"
+    else:
+        kind = "union of the ranks' windows, which do not overlap (not one common window)"
+    return {"kind": kind, "seconds": seconds, "start_unix": start, "end_unix": end, "rank_seconds": rank_seconds,
+            "start_spread_s": spread_start, "end_spread_s": spread_end, "overlap_seconds": overlap,
+            "common_tolerance_s": tolerance}
+
+
+def _cs(doc: dict[str, Any]) -> dict[str, Any]:
+    return (doc.get("summary") or {}).get("cache_stats") or {}
+
+
+def _row(doc: RunDocument, index: int) -> dict[str, Any]:
+    d = doc.data
+    s, cs = d.get("summary") or {}, _cs(d)
+    return {
+        "rank": _rank_of(doc, index), "host": doc.parameters.get("host"), "file": doc.source, "seed": d.get("seed"),
+        "window_seconds": doc.window["seconds"], "requests": d.get("requests_completed", 0),
+        "storage_read_gib": cs.get("tier_storage_kv_bytes_read_gb", 0.0),
+        "storage_write_gib": cs.get("tier_storage_kv_bytes_written_gb", 0.0),
+        "storage_read_gibps": cs.get("tier_storage_read_bandwidth_gbps") or 0.0,
+        "storage_write_gibps": cs.get("tier_storage_write_bandwidth_gbps") or 0.0,
+        "e2e_p95_ms": (s.get("end_to_end_latency_ms") or {}).get("p95"),
+        "storage_io_p95_ms": (s.get("storage_io_latency_ms") or {}).get("p95"),
+        "storage_read_device_p95_ms": cs.get("storage_read_device_p95_ms"),
+        "overall_passed": bool(d.get("overall_passed")), "storage": doc.storage,
+        "requests_issued": int(doc.measurement.get("requests_issued") or 0),
+        "requests_failed": int(doc.measurement.get("requests_failed") or 0),
+        "stop_reason": d.get("stop_reason"),
+        "sums": {**{k: float(cs.get(k) or 0.0) for k in _SUM_KEYS},
+                 **{k: float(s.get(k) or 0.0) for k in ("avg_throughput_tokens_per_sec",
+                                                         "storage_throughput_tokens_per_sec")}},
+        "rag_stats": s.get("rag_stats"), "usage": _usage(cs), "_window": doc.window, "_run_id": doc.run_id,
+        "_params": doc.parameters,
+        "_trace_paths": (d.get("trace_replay") or {}).get("paths"),
+        "_storage_location": _storage_of(doc.measurement or {}),
+        "_series": (d.get("time_series") or {}).get("rows") or [],
+        "_metrics": s.get("metrics"),  # the catalogue's values: its SUM and MAX entries merge from them
+    }
+
+
+def _usage(cs: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """A rank's cache at its end, as the summary code takes it (tier -> entries, used bytes)."""
+    return {tier: {"entries": cs.get(f"{word}_entries", 0), "used_bytes": cs.get(f"{word}_memory_used_gb", 0.0) * GIB}
+            for tier, word in (("gpu", "gpu"), ("cpu", "cpu"), ("nvme", "storage"))}
+
+
+def _inputs(first: dict[str, Any]) -> tuple[str, Any, dict[str, Any], int]:
+    """The performance profile, criteria and QoS profiles the ranks were run with (their summary_inputs)."""
+    inputs = first.get("summary_inputs") or {}
+    criteria = SimpleNamespace(**inputs["performance_criteria"]) if "performance_criteria" in inputs else None
+    qos = {level: SimpleNamespace(**p) for level, p in (inputs.get("qos_profiles") or {}).items()}
+    return inputs.get("performance_profile", "latency"), criteria, qos, int(inputs.get("kv_block_tokens") or 0)
+
+
+def _op_block(metrics: RunMetrics, tier: str, op: str, part: str) -> dict[str, Any]:
+    s = metrics.tier_op(tier, op)
+    if (tier, op) in metrics.subsampled:
+        h = metrics.histograms.get((tier, op, part))
+        if h is None or h.get_total_count() == 0:
+            return {"count": 0}
+        ps = h.get_percentile_to_value_dict(list(PERCENTILES.values()))
+        return {"count": int(h.get_total_count()), "mean": h.get_mean_value() / 1e6,
+                **{k: ps[q] / 1e6 for k, q in PERCENTILES.items()}, "max": h.get_max_value() / 1e6,
+                "samples": int(h.get_total_count()), "method": FROM_HISTOGRAMS, "precision": PRECISION}
+    values = np.frombuffer(getattr(s, f"{part}_ns"), dtype=np.int64)
+    if not len(values):
+        return {"count": 0}
+    return {"count": len(values), "mean": float(values.mean()) / 1e6, **metrics.op_percentiles_ms(tier, op, part),
+            "max": float(values.max()) / 1e6, "samples": len(values), "method": EXACT}
+
+
+def _block(values_ms: np.ndarray) -> dict[str, Any]:
+    if not len(values_ms):
+        return {"count": 0}
+    ps = percentiles(values_ms, list(PERCENTILES.values()))
+    return {"count": int(len(values_ms)), "mean": float(values_ms.mean()),
+            **dict(zip(PERCENTILES, ps, strict=True)), "max": float(values_ms.max())}
+
+
+def _latencies(metrics: RunMetrics) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    r = metrics.requests
+    for name, block in (("e2e", "end_to_end"), ("storage", "storage_io"), ("generation", "generation")):
+        b = _block(np.frombuffer(getattr(r, f"{name}_ns"), dtype=np.int64) / 1e6)
+        out[block] = {**b, "method": EXACT} if b["count"] else b
+    for tier, op in _OP_LISTS:
+        for part in ("total", "device"):
+            block = _op_block(metrics, tier, op, part)
+            if block["count"]:
+                out[f"{tier}_{op}_{part}"] = block
+    return out
+
+
+def _max_of(values: Iterable[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_missing: bool = False,
+                    exact_cap: int = EXACT_CAP) -> dict[str, Any]:
+    """The merged results document of one run's rank documents (dicts, paths or RunDocuments; see the
+    module docstring). Documents in memory are checked to be one run's before anything is added up; paths
+    are read one at a time, added up and let go (so a merge of hundreds of ranks holds the merged recorder,
+    not every rank's document), and checked once all are read, before anything is written."""
+    items = list(docs)
+    if not items:
+        raise MergeError("no per-rank results to merge")
+    in_memory = not any(isinstance(d, (str, os.PathLike)) for d in items)
+    heads = [_rank_doc(d) for d in items] if in_memory else []
+    missing = check_one_run(heads, allow_missing) if in_memory else []
+    metrics, lists, rows, seen = RunMetrics(), _Lists(), [], []
+    inputs = None
+    for i, item in enumerate(items):
+        doc = heads[i] if in_memory else _rank_doc(item)
+        if doc.mergeable:
+            _absorb(metrics, lists, doc.data, exact_cap)
+        rows.append(_row(doc, i))
+        inputs = inputs or _inputs(doc.data)
+        seen.append(RunDocument({k: doc.data.get(k) for k in ("run_id", "world_size", "run_parameters",
+                                                              "recorder")}, doc.source))
+        del doc  # the rank's lists go now
+    if not in_memory:
+        missing = check_one_run(seen, allow_missing)
+    return _merged(metrics, rows, inputs, missing)
+
+
+def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: list[int]) -> dict[str, Any]:
+    rows.sort(key=lambda r: r["rank"])
+    window = _window(rows)
+    w = window["seconds"]
+    metrics.open_window(0)
+    metrics.close_window(int(round(w * 1e9)))
+    metrics.freeze()
+    profile, criteria, qos, block_tokens = inputs or ("latency", None, {}, 0)
+    usage: dict[str, dict[str, float]] = {}
+    for r in rows:
+        for tier, u in r["usage"].items():
+            cell = usage.setdefault(tier, {"entries": 0, "used_bytes": 0.0})
+            cell["entries"] += u["entries"]
+            cell["used_bytes"] += u["used_bytes"]
+    issued, failed = sum(r["requests_issued"] for r in rows), sum(r["requests_failed"] for r in rows)
+    fatal = next((r["stop_reason"] for r in rows if str(r["stop_reason"] or "").startswith("storage error")), None)
+    if missing:
+        fatal = f"rank(s) {', '.join(map(str, missing))} missing: the merge holds only the other ranks"
+    summary = build_summary(metrics, usage, qos or _default_qos(), profile, criteria, failed / max(1, issued),
+                            fatal_error=fatal, storage_expected=True)
+    summary["metrics"] = catalogue.merged_values(summary["metrics"], (r["_metrics"] for r in rows))
+    summary["per_turn"] = per_turn_stats(metrics)
+    if block_tokens > 0:
+        summary["block_stats"] = block_stats(metrics, block_tokens)
+    rags = [r["rag_stats"] for r in rows if r["rag_stats"]]
+    if rags:
+        summary["rag_stats"] = {k: sum(x.get(k, 0) for x in rags) for k in rags[0]}
+    lat = _latencies(metrics)
+    for name, block in (("end_to_end_latency_ms", "end_to_end"), ("storage_io_latency_ms", "storage_io"),
+                        ("generation_latency_ms", "generation")):
+        summary[name].update(count=lat[block]["count"], max=lat[block].get("max", 0.0))
+    cs = summary["cache_stats"]
+    read_gibps = cs["tier_storage_read_bandwidth_gbps"] or 0.0
+    write_gibps = cs["tier_storage_write_bandwidth_gbps"] or 0.0
+    r = metrics.requests
+    read_b, write_b = metrics.tier_op("storage", "read").window_bytes, metrics.tier_op("storage", "write").window_bytes
+    harness = harness_keys(summary)
+    harness["overall_passed"] = harness["overall_passed"] and all(x["overall_passed"] for x in rows)
+    per_rank = [{k: v for k, v in x.items() if not k.startswith("_") and k not in _ROW_ONLY} for x in rows]
+    methods = {k: v.get("method") for k, v in lat.items() if v.get("count")}
+    return {
+        "schema_version": MERGED_SCHEMA_VERSION,
+        "run_id": rows[0]["_run_id"],
+        "world_size": len(rows) + len(missing),
+        "missing_ranks": missing,
+        "merged_from": [x["file"] for x in rows],
+        "stop_reason": "; ".join(sorted({str(x["stop_reason"]) for x in rows})),
+        # The first rank's parameters (the run's flags, the header of the report); per rank: `per_rank`.
+        "run_parameters": {**rows[0]["_params"], "merged_ranks": len(rows)},
+        "ranks": len(rows),
+        "settings_split": merged_settings_split([{"run_parameters": x["_params"]} for x in rows]),
+        "window": window,
+        "totals": {
+            "requests_completed": r.completed, "tokens_generated": r.tokens_generated,
+            "storage_io_seconds": summary["total_storage_io_time"],
+            "storage_read_bytes": read_b, "storage_write_bytes": write_b,
+            "cache_hits": cs["cache_hits"], "cache_misses": cs["cache_misses"],
+            "requests_failed": failed, "requests_issued": issued, "errors": int(sum(metrics.errors.values())),
+        },
+        "bandwidth_gibps": {"storage_read": read_gibps, "storage_write": write_gibps,
+                            "storage_total": read_gibps + write_gibps},
+        "latency_ms": lat,
+        "percentile_method": methods,
+        "percentile_precision": {EXACT: "exact", FROM_HISTOGRAMS: PRECISION},
+        "max_of_rank_p95_ms": {
+            "storage_io_latency": _max_of(x["storage_io_p95_ms"] for x in rows),
+            "storage_read_device": _max_of(x["storage_read_device_p95_ms"] for x in rows),
+            "end_to_end_latency": _max_of(x["e2e_p95_ms"] for x in rows),
+        },
+        "sum_of_ranks": {k: sum(x["sums"][k] for x in rows) for k in rows[0]["sums"]},
+        "per_rank": per_rank,
+        "measurement": {"tool": f"kv-cache {__version__}", "window_seconds": w, "run_mode": "merge of ranks",
+                        "counters": metrics.snapshot_counters(), "errors": int(sum(metrics.errors.values())),
+                        "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
+                        "storage": {str(x["rank"]): x["storage"] for x in rows},
+                        "stop_reason": "; ".join(sorted({str(x["stop_reason"]) for x in rows})),
+                        "notes": [f"merge of {len(rows)} rank(s); window: {window['kind']}"]},
+        "time_series": {"bucket_seconds": 1.0, "note": SERIES_NOTE + "; merged: the ranks' rows summed, "
+                        "percentiles the highest rank's", "rows": merge_rows([x["_series"] for x in rows])},
+        "latency_histograms": {f"{a}_{b}_{k}": histogram_summary(h) for (a, b, k), h in sorted(metrics.histograms.items())},
+        "summary": summary,
+        # The seven top-level keys the mlpstorage harness reads, from the merged figures; passed = every rank too.
+        **harness,
+        **rank_facts(rows),
+    }
+
+
+def rank_facts(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What readers of a merged document need from its ranks (render/compare.py): each rank's
+    `run_parameters` and replayed trace files (`rank_parameters`, `rank_trace_paths`: the workload check of
+    `kv-cache compare`) and the storage it measured (`rank_storage`: its measurement.storage_location, or
+    what older rank documents said of it), in rank order (`rows` are sorted by rank)."""
+    return {"rank_parameters": [r["_params"] or {} for r in rows],
+            "rank_trace_paths": [r["_trace_paths"] for r in rows],
+            "rank_storage": [r["_storage_location"] for r in rows]}
+
+
+def _storage_of(m: dict[str, Any]) -> dict[str, Any]:
+    if m.get("storage_location"):
+        return m["storage_location"]
+    return {"cache_dir": m.get("run_dir"), "filesystem": m.get("filesystem"), "filesystem_kind": m.get("filesystem_kind"),
+            "block_device": (m.get("block_device") or {}).get("name"), "io_mode": m.get("io_mode")}
+
+
+def _default_qos() -> dict[str, Any]:
+    from kv_cache.settings.sections import BenchConfig  # noqa: PLC0415  (documents without summary_inputs)
+
+    return dict(BenchConfig().qos_profiles)
+
+
+def merged_table(doc: dict[str, Any]) -> str:
+    """The merged figures and the per-rank table, as text for the console."""
+    w, bw, lat = doc["window"], doc["bandwidth_gibps"], doc["latency_ms"]
+    spread = (f" (starts {w['start_spread_s']:.3f} s apart, ends {w['end_spread_s']:.3f} s)"
+              if w.get("start_spread_s") is not None else "")
+    lines = [f"Merged {doc['ranks']} rank(s): window {w['seconds']:.3f} s, {w['kind']}{spread}",
+             f"  storage read {bw['storage_read']:.3f} GiB/s, write {bw['storage_write']:.3f} GiB/s "
+             f"(sum of the ranks' rates: read {doc['sum_of_ranks']['tier_storage_read_bandwidth_gbps']:.3f}, "
+             f"write {doc['sum_of_ranks']['tier_storage_write_bandwidth_gbps']:.3f})",
+             f"  requests {doc['totals']['requests_completed']}, end-to-end P95 "
+             f"{lat['end_to_end'].get('p95', 0.0):.2f} ms (merged), max of rank P95 "
+             f"{doc['max_of_rank_p95_ms']['end_to_end_latency'] or 0.0:.2f} ms"]
+    methods = sorted({m for m in (doc.get("percentile_method") or {}).values() if m})
+    if FROM_HISTOGRAMS in methods:
+        lines.append(f"  percentiles of some lists from the {FROM_HISTOGRAMS} ({PRECISION})")
+    if doc.get("missing_ranks"):
+        lines.append(f"  MISSING rank(s): {', '.join(map(str, doc['missing_ranks']))}")
+    lines.append(f"  {'rank':>4} {'window s':>9} {'requests':>8} {'read GiB/s':>10} {'write GiB/s':>11} "
+                 f"{'e2e P95 ms':>10}  host / file")
+    for r in doc["per_rank"]:
+        lines.append(f"  {r['rank']:>4} {r['window_seconds'] or 0.0:>9.3f} {r['requests']:>8} "
+                     f"{r['storage_read_gibps'] or 0.0:>10.3f} {r['storage_write_gibps'] or 0.0:>11.3f} "
+                     f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r.get('host') or '-'}: {r['file']}")
+    return "\n".join(lines) + "\n"

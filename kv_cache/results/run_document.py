@@ -1,0 +1,288 @@
+"""The results document of a standard run: the MLPerf tool's JSON layout, our additions, a schema version.
+
+The composition root fills a RunRecord (how the run was set up, what it measured) and build_results turns
+it into the document; nothing here runs or times anything. results_document stamps any mode's document
+with the schema version, so readers can tell layouts apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kv_cache import __version__
+from kv_cache.metrics import names
+from kv_cache.metrics.recorder import GIB, RunMetrics
+from kv_cache.results import measurement as meas
+from kv_cache.results.documents import SCHEMA_VERSION, SESSIONS_SCHEMA_VERSION
+from kv_cache.results.parameters import run_mode, run_parameters
+from kv_cache.results.samples import latency_samples, window_wallclock
+from kv_cache.results.series import latency_histograms, time_series
+from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
+from kv_cache.results.verdict import never_exercised_note, storage_bytes_moved
+from kv_cache.workload.validation import compare
+
+__all__ = ["SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "RunRecord", "build_results", "interrupted_results",
+           "rank_keys", "results_document", "summary_inputs"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.settings.run import RunSettings
+
+
+
+class Outcome(Protocol):
+    """What the driver reports about the measured window."""
+
+    stop_reason: str
+    requests_issued: int
+    requests_abandoned: int
+    requests_failed: int
+    requests_rejected: int
+    final_active_users: int
+    timeline: list[dict]
+    plans: dict
+
+
+class StorageTierStore(Protocol):
+    run_dir: Any
+    fs_type: str
+    io_mode: str
+
+
+class TraceReplay(Protocol):
+    """A replayed trace: its sources (format, block size, statistics) and sessions when closed-loop."""
+
+    sources: list
+    sessions: list | None
+
+    @property
+    def format(self) -> str: ...
+
+
+@dataclass
+class RunRecord:
+    """One standard run, as the results document needs it.
+
+    Setup: settings, file_store (None in trace mode), memory_store (None without a CPU tier), workers,
+    started, notes, trace, rag. Measured: metrics, outcome, usage and entry_sizes (the cache at the end),
+    rusage0 (process usage at start), the block device's counters before and after the run phase,
+    phases, autoscaler, tracer."""
+
+    settings: RunSettings
+    metrics: RunMetrics
+    outcome: Outcome
+    usage: dict[str, dict[str, float]]
+    entry_sizes: Sequence[int]
+    workers: int
+    started: datetime
+    rusage0: Any
+    notes: list[str] = field(default_factory=list)
+    file_store: StorageTierStore | None = None
+    memory_store: object | None = None
+    blockdev: Any = None  # has .name
+    disk_before: tuple[int, int] | None = None
+    disk_after: tuple[int, int] | None = None
+    phases: dict[str, Any] = field(default_factory=dict)
+    autoscaler: Any = None  # has .history and .summary()
+    rag: Any = None  # has .live (the retrievable documents)
+    tracer: Any = None  # has .path and .rows
+    trace: TraceReplay | None = None
+    gpu_store: Any = None  # has .stats() (the GPU tier: simulated or real); None without one
+    barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
+    run_id: str | None = None  # shared by every rank of this run (core/group.py shared_run_id)
+    tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
+
+
+def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
+    """`body` with the schema version as its first key (a reader checks it before trusting any key)."""
+    return {"schema_version": schema, **body}
+
+
+INTERRUPTED_EARLY = "interrupted before the measured phase"
+
+
+def summary_inputs(settings: RunSettings) -> dict[str, Any]:
+    """What the summary code takes besides the recorder (profile, PASS/FAIL thresholds, QoS targets), so a
+    merge of ranks runs the same summary with the same inputs."""
+    cfg = settings.config
+    return {"performance_profile": settings.performance_profile, "kv_block_tokens": settings.kv_block_tokens,
+            "performance_criteria": dataclasses.asdict(cfg.performance_criteria),
+            "qos_profiles": {level: dataclasses.asdict(p) for level, p in cfg.qos_profiles.items()}}
+
+
+def rank_keys(settings: RunSettings, run_id: str | None) -> dict[str, Any]:
+    """The run's id and world size: which run a rank's document belongs to, and how many ranks it had."""
+    return {"run_id": run_id, "world_size": int(settings.mpi_world_size or 1)}
+
+
+def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = None,
+                        metrics: RunMetrics | None = None, started: datetime | None = None,
+                        run_id: str | None = None) -> dict[str, Any]:
+    """The document of a run stopped before its measured window opened: the phases it got through, and the
+    same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`)."""
+    if settings is None:
+        return results_document({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "phases": phases})
+    metrics = metrics if metrics is not None else RunMetrics()
+    summary = build_summary(RunMetrics(), {}, settings.config.qos_profiles, settings.performance_profile,
+                            settings.config.performance_criteria, 0.0, None, True)
+    results = results_document(request_lists(RunMetrics()))
+    results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
+                    **rank_keys(settings, run_id), "summary": summary, **harness_keys(summary)})
+    results["measurement"] = {"tool": f"kv-cache {__version__}", "run_mode": run_mode(settings),
+                              "stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
+                              "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
+                              "notes": [INTERRUPTED_EARLY]}
+    results["run_parameters"] = run_parameters(settings, started or datetime.now())
+    results["throughput_timeline"] = []
+    results["phases"] = phases
+    return results
+
+
+def build_results(record: RunRecord) -> dict[str, Any]:
+    settings, metrics, outcome = record.settings, record.metrics, record.outcome
+    summary = run_summary(record)
+    results = results_document(request_lists(metrics))
+    results["seed"] = settings.seed
+    results.update(rank_keys(settings, record.run_id))
+    results["stop_reason"] = outcome.stop_reason
+    results["summary"] = summary
+    results.update(harness_keys(summary))
+    results["measurement"] = measurement(record)
+    results["measurement"]["window_wallclock"] = window_wallclock(metrics, record.barrier_aligned)
+    results["latency_samples"] = latency_samples(metrics)  # for an exact merge of ranks (results/merge.py)
+    results["recorder"] = metrics.state()  # a merge adds the ranks' recorders up (results/merge.py)
+    results["summary_inputs"] = summary_inputs(settings)
+    results["run_parameters"] = run_parameters(settings, record.started, record.tier_sizes)
+    if outcome.plans:
+        results["_plans"] = outcome.plans  # only when asked for (tests of reproducibility)
+    results["throughput_timeline"] = outcome.timeline
+    results["time_series"] = time_series(metrics)
+    results["latency_histograms"] = latency_histograms(metrics)
+    if record.trace is not None:
+        results["trace_replay"] = trace_replay(settings, record.trace)
+    if record.phases:
+        results["phases"] = record.phases
+    if settings.validation_trace_stats is not None and metrics.requests.completed > 0:
+        cs = summary["cache_stats"]
+        results["validation"] = compare(settings.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
+    if record.tracer is not None:
+        results["measurement"]["io_trace"] = {"path": record.tracer.path, "rows": record.tracer.rows}
+    return results
+
+
+def run_summary(record: RunRecord) -> dict[str, Any]:
+    """The `summary` (MLPerf JSON layout) plus the mode-specific parts; present even when no request
+    completed (its verdict is then FAIL). A storage tier that moved no bytes is said loudly, in the notes too."""
+    settings, metrics, outcome = record.settings, record.metrics, record.outcome
+    error_rate = outcome.requests_failed / max(1, outcome.requests_issued)
+    summary = build_summary(metrics, record.usage, settings.config.qos_profiles, settings.performance_profile,
+                            settings.config.performance_criteria, error_rate,
+                            fatal_error=getattr(outcome, "fatal_error", None), storage_expected=True)
+    exercised = storage_bytes_moved(summary["cache_stats"]) > 0
+    summary["storage_tier_exercised"] = exercised
+    if not exercised and never_exercised_note() not in record.notes:
+        record.notes.append(never_exercised_note())
+    summary["per_turn"] = per_turn_stats(metrics)
+    if settings.kv_block_tokens > 0:
+        summary["block_stats"] = block_stats(metrics, settings.kv_block_tokens)
+    if record.autoscaler is not None:
+        summary["autoscaling_stats"] = record.autoscaler.history
+        summary["autoscaling_summary"] = record.autoscaler.summary()
+    if record.rag is not None:
+        c = metrics.snapshot_counters()
+        summary["rag_stats"] = {
+            "documents_retrievable": len(record.rag.live),
+            "chunk_hits": int(c.get(names.RAG_CHUNK_HITS, 0)),
+            "chunk_misses": int(c.get(names.RAG_CHUNK_MISSES, 0)),
+        }
+    return summary
+
+
+def _storage_setup(record: RunRecord) -> dict[str, Any]:
+    fs, settings = record.file_store, record.settings
+    return {
+        "io_mode": fs.io_mode if fs is not None else "trace (no I/O)",
+        "direct_io": fs is not None and fs.io_mode == "direct",
+        "chunk_bytes": settings.storage.chunk_bytes,
+        "fsync": settings.storage.fsync,
+        "io_workers": record.workers,
+        "run_dir": str(fs.run_dir) if fs is not None else None,
+        "filesystem": fs.fs_type if fs is not None else None,
+        "filesystem_kind": meas.filesystem_kind(fs.fs_type) if fs is not None else None,
+        "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
+        "cpu_tier_bytes": (getattr(record.memory_store, "capacity_bytes", int(settings.cpu_mem_gb * GIB))
+                           if record.memory_store is not None else 0),  # as clamped to the memory there is
+        "gpu_tier": record.gpu_store.stats() if record.gpu_store is not None else "absent",
+        "storage_gds": fs.gds_info() if hasattr(fs, "gds_info") else "off",
+    }
+
+
+def _window(record: RunRecord) -> dict[str, Any]:
+    outcome = record.outcome
+    return {
+        "window_seconds": record.metrics.window_seconds,
+        "stop_reason": outcome.stop_reason,
+        "requests_issued": outcome.requests_issued,
+        "requests_abandoned_at_stop": outcome.requests_abandoned,
+        "requests_failed": outcome.requests_failed,
+        "requests_rejected": outcome.requests_rejected,
+        "offered_request_rate": record.settings.request_rate or None,
+        "final_active_users": outcome.final_active_users,
+        **meas.in_flight_at_stop(outcome),
+    }
+
+
+def measurement(record: RunRecord) -> dict[str, Any]:
+    metrics = record.metrics
+    name = record.blockdev.name if record.blockdev is not None else None
+    return {
+        "tool": f"kv-cache {__version__}",
+        "timed": meas.TIMED,
+        "run_mode": run_mode(record.settings),
+        **_storage_setup(record),
+        **_window(record),
+        "counters": dict(metrics.snapshot_counters()),
+        "after_window": meas.after_window(metrics),
+        "achieved_queue_depth": meas.queue_depth(metrics),
+        **meas.host_cost(metrics, record.rusage0),
+        "block_device": meas.block_device(metrics, name, record.disk_before, record.disk_after),
+        "entry_size_mib": meas.entry_size_mib(record.entry_sizes),
+        "errors": int(sum(metrics.errors.values())),
+        "errors_by_kind": dict(metrics.errors),
+        "first_error": metrics.first_error,
+        **meas.storage_errors(metrics, record.settings.storage.io_retries,
+                              record.settings.storage.max_storage_errors, record.settings.storage.verify),
+        "storage_fill": meas.storage_fill(record.usage),
+        "notes": record.notes,
+        "storage_location": _storage_location(record.file_store),
+    }
+
+
+def _storage_location(fs: StorageTierStore | None) -> dict[str, Any]:
+    """measurement.storage_location (results/measurement.py): the storage the run measured, for readers."""
+    if fs is None:
+        return meas.storage_location(None, "trace (no I/O)")
+    return meas.storage_location(getattr(fs, "cache_dir", fs.run_dir), fs.io_mode, getattr(fs, "io_mode_reason", None))
+
+
+def trace_replay(settings: RunSettings, trace: TraceReplay) -> dict[str, Any]:
+    if settings.request_rate > 0:
+        replay = "open loop, Poisson"
+    elif trace.sessions is not None:
+        replay = "closed-loop sessions"
+    else:
+        replay = "open loop, recorded timestamps"
+    return {
+        "format": trace.format,
+        "paths": list(settings.trace_paths),
+        "replay": replay,
+        "trace_speedup": settings.trace_speedup,
+        "think_time": settings.think_time.kind if settings.think_time else "trace",
+        "sessions": len(trace.sessions) if trace.sessions is not None else None,
+        "kv_block_tokens": settings.kv_block_tokens,
+        "trace_block_tokens": trace.sources[0].block_tokens,
+        "stats": [src.stats.to_dict() for src in trace.sources],
+    }
