@@ -173,13 +173,14 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         out.write(f"Run INCOMPLETE: interrupted after {results['window_fraction'] * 100:.0f} % of the "
                   f"{settings.duration} s window; the verdict is not PASS\n")
         out.flush()
+    lost: list[int] = []
     if run.group is not None and (not interrupted or not run.group.gather_waits):  # (an interrupted MPI
-        write_merged(settings, run.group, results, out)  # rank may be alone at the gather: never wait there)
+        lost = write_merged(settings, run.group, results, out)  # rank may be alone at the gather: never wait)
     fatal = run.outcome.fatal_error if run.outcome is not None else None
     if fatal:
         log.error("run stopped by a storage error: %s", fatal)
     return results, RunOutcome(interrupted=interrupted, storage_error=fatal, passed=bool(results.get("overall_passed")),
-                               fail_exit_code=settings.fail_exit_code)
+                               missing_ranks=tuple(lost), fail_exit_code=settings.fail_exit_code)
 
 
 def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,

@@ -184,3 +184,54 @@ def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_
     rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
     assert rank0["stop_reason"] == "interrupted" and rank0["verdict"] == "INCOMPLETE"
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))
+    assert not (tmp_path / "X.json").exists()  # plain mpirun ended rank 0 before any merge
+    # the documented path without --with-ft ulfm: merge what is there afterwards, naming the lost rank
+    merge = subprocess.run([sys.executable, str(ROOT / "kv-cache.py"), "merge", "--allow-missing-ranks",
+                            "--output", str(tmp_path / "X.json"), str(tmp_path / "X_rank0.json")],
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert merge.returncode == 0, merge.stderr
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["overall_passed"] is False
+
+
+def _kill_rank1_in_its_window(tmp_path, proc):
+    """SIGKILL rank 1 once its window is open (its first entry file is there); wait for mpirun."""
+    try:
+        deadline = time.monotonic() + 60
+        entry = None
+        while entry is None and time.monotonic() < deadline and proc.poll() is None:
+            entry = next((tmp_path / "cache").glob("rank1/kv-cache-run-*/*.npy"), None)
+            time.sleep(0.05)
+        assert entry is not None, "rank 1 never opened its window"
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGKILL)
+        return proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_mpirun_with_ft_leaves_a_merged_document_naming_it(tmp_path):
+    """`mpirun --with-ft ulfm`: the launcher lets rank 0 live when rank 1 is SIGKILLed in its window. Rank 0
+    finishes its window, its closing barrier breaks, it writes its file and the merged document naming rank
+    1 (verdict INCOMPLETE), removes its files and exits 4 (ranks lost), which mpirun passes on."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "--with-ft", "ulfm", "-n", "2", "-x", "PYTHONPATH",
+           sys.executable, str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "6",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    stdout, stderr = _kill_rank1_in_its_window(tmp_path, proc)
+    assert proc.returncode == 4, (stdout + stderr)[-3000:]
+    assert not (tmp_path / "X_rank1.json").exists()
+    rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
+    assert rank0["stop_reason"] == "duration" and rank0["window_fraction"] == 1.0  # its window was whole
+    assert any("closing barrier" in n for n in rank0["measurement"]["notes"])
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["ranks_expected"] == 2
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
+    assert [r["rank"] for r in merged["lost_ranks"]] == [1]
+    assert [r["rank"] for r in merged["per_rank"]] == [0]
+    assert merged["totals"]["requests_completed"] == rank0["requests_completed"]
+    assert "Merged results of 1 of 2 ranks written to" in stdout
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 removed its run's files
