@@ -1,6 +1,7 @@
 """Real `mpirun -n 2` and `-n 4` runs (the `mpi` extra: mpi4py and Open MPI from pip): one common window,
 one merged document at X.json, the rank files beside it, and no file or directory shared by two ranks."""
 
+import io
 import json
 import os
 import shutil
@@ -9,10 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from test_merge import _ranks
 
-from kv_cache.driver.group import filesystem_id, shared_filesystem_count
+from kv_cache.driver.group import GroupBroken, filesystem_id, shared_filesystem_count
+from kv_cache.errors import RanksLost
+from kv_cache.report.run_outputs import write_merged
 from kv_cache.storage.rundir import RUN_DIR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,3 +240,49 @@ def test_a_rank_killed_under_mpirun_with_ft_leaves_a_merged_document_naming_it(t
     assert merged["totals"]["requests_completed"] == rank0["requests_completed"]
     assert "Merged results of 1 of 2 ranks written to" in stdout
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 removed its run's files
+
+
+class _Survivors:
+    """A RankGroup of `size` MPI ranks where `lost` ones are gone: `survivors` gives the live ones."""
+
+    gather_waits = True
+
+    def __init__(self, size, lost, docs, rank=0, broken=False):
+        self.rank, self.size, self.lost, self.docs, self.broken = rank, size, lost, docs, broken
+
+    def survivors(self):
+        live = _Survivors(self.size - len(self.lost), [], self.docs, self.rank, self.broken)
+        return live, list(self.lost)
+
+    def gather(self, obj):
+        if self.broken:
+            raise GroupBroken("MPI gather failed: another rank was lost")
+        return self.docs if self.rank == 0 else None
+
+
+def _settings(tmp_path):
+    """What write_merged reads of the settings: the rank's own output and where the merged one goes."""
+    return SimpleNamespace(output=str(tmp_path / "X_rank0.json"), merged_output=str(tmp_path / "X.json"))
+
+
+def test_the_lowest_live_rank_merges_the_others_and_names_the_lost_ones(tmp_path):
+    docs, _ = _ranks()
+    out = io.StringIO()
+    lost = write_merged(_settings(tmp_path), _Survivors(3, [1], [docs[0], docs[2]]), docs[0], out)
+    assert lost == [1]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["ranks_expected"] == 3
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
+    assert merged["lost_ranks"] == [{"rank": 1, "ended": "lost (an MPI process failure: killed, out of memory "
+                                                         "or crashed)"}]
+    assert "Merged results of 2 of 3 ranks written to" in out.getvalue()
+    # the other live ranks learn the same lost ranks and write nothing
+    assert write_merged(_settings(tmp_path), _Survivors(3, [1], docs, rank=1), docs[2], io.StringIO()) == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X.json"]
+
+
+def test_a_rank_lost_during_the_gather_is_ranks_lost_with_the_way_out(tmp_path):
+    docs, _ = _ranks()
+    with pytest.raises(RanksLost, match="kv-cache merge --allow-missing-ranks"):
+        write_merged(_settings(tmp_path), _Survivors(3, [], docs, broken=True), docs[0], io.StringIO())
+    assert not (tmp_path / "X.json").exists()
