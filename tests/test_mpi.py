@@ -199,8 +199,9 @@ def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_
     assert merged["missing_ranks"] == [1] and merged["overall_passed"] is False
 
 
-def _kill_rank1_in_its_window(tmp_path, proc):
-    """SIGKILL rank 1 once its window is open (its first entry file is there); wait for mpirun."""
+def _kill_rank1_at_its_first_file(tmp_path, proc):
+    """SIGKILL rank 1 once its first entry file is there (its window is open; with --precondition, while
+    it preconditions); wait for mpirun."""
     try:
         deadline = time.monotonic() + 60
         entry = None
@@ -226,7 +227,7 @@ def test_a_rank_killed_under_mpirun_with_ft_leaves_a_merged_document_naming_it(t
            "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    stdout, stderr = _kill_rank1_in_its_window(tmp_path, proc)
+    stdout, stderr = _kill_rank1_at_its_first_file(tmp_path, proc)
     assert proc.returncode == 4, (stdout + stderr)[-3000:]
     assert not (tmp_path / "X_rank1.json").exists()
     rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
@@ -286,3 +287,23 @@ def test_a_rank_lost_during_the_gather_is_ranks_lost_with_the_way_out(tmp_path):
     with pytest.raises(RanksLost, match="kv-cache merge --allow-missing-ranks"):
         write_merged(_settings(tmp_path), _Survivors(3, [], docs, broken=True), docs[0], io.StringIO())
     assert not (tmp_path / "X.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_before_the_window_under_mpirun_with_ft_stops_the_others_with_exit_4(tmp_path):
+    """`mpirun --with-ft ulfm`, rank 1 SIGKILLed while preconditioning: rank 0's window barrier breaks; it
+    removes its files and exits 4 (ranks lost) without MPI_Abort, so mpirun exits 4 too. Nothing was
+    measured: no results file, as under --processes."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "--with-ft", "ulfm", "-n", "2", "-x", "PYTHONPATH",
+           sys.executable, str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "30",
+           "--precondition", "--precondition-size-gb", "2",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    stdout, stderr = _kill_rank1_at_its_first_file(tmp_path, proc)  # 1 GiB each: seconds
+    assert proc.returncode == 4, (stdout + stderr)[-3000:]
+    assert "kv-cache: error: MPI barrier failed: another rank was lost" in stdout + stderr
+    assert not list(tmp_path.glob("X*.json"))
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))

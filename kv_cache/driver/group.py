@@ -12,7 +12,7 @@ import os
 import uuid
 from typing import Any, Protocol
 
-from kv_cache.errors import KvCacheError, RanksLost
+from kv_cache.errors import ExitCode, KvCacheError, RanksLost
 
 __all__ = ["GroupBroken", "RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count",
            "shared_run_id"]
@@ -128,8 +128,12 @@ def open_group(world_size: int) -> RankGroup | None:
 
 def abort_peers(code: int) -> None:
     """A rank that fails ends the whole MPI job (exit status `code`): the other ranks would otherwise wait
-    for it at a barrier, and MPI_Finalize waits for them, forever. Nothing happens outside MPI."""
-    if _ACTIVE:
+    for it at a barrier, and MPI_Finalize waits for them, forever. Nothing happens outside MPI.
+
+    Not for ranks lost (exit 4): only a launcher that let the others live (`mpirun --with-ft ulfm`) gets
+    there, where every live rank sees the same broken collective and ends by itself; MPI_Abort there
+    would make `mpirun` exit 0 instead of the ranks' 4."""
+    if _ACTIVE and code != ExitCode.RANKS_LOST:
         _ACTIVE[0].abort(code)
 
 
