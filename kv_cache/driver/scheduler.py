@@ -327,7 +327,9 @@ class Driver:
             dropped = self.pool.drain()
             with self._lock:
                 self.abandoned += dropped
-            if not self.pool.close(cut=self.drain_cut):
+            if self.drain_cut is None:
+                self.pool.close()
+            elif not self.pool.close(cut=self.drain_cut):  # a second signal cut the drain short
                 self._abandon_running()
             if self.group is not None and stop is not None and stop.reason != "interrupted":
                 self._closing_barrier()
