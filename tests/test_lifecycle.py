@@ -183,3 +183,48 @@ def test_a_storage_error_while_preconditioning_stops_the_run_with_exit_3(quick_s
     assert not crit["Not Stopped By A Storage Error"]["passed"]
     assert "No space left" in crit["Not Stopped By A Storage Error"]["actual"]
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_a_second_ctrl_c_cuts_a_hung_drain_short_and_keeps_the_results(quick_settings, sink, tmp_path,
+                                                                      monkeypatch):
+    """The first write of the window hangs (a store that stops answering) and is still on its worker when
+    the window closes; two Ctrl-Cs during the drain: the stuck request is abandoned, the results are
+    written with it counted, and the run's files are removed."""
+    from kv_cache.benchmarks.standard import run as app
+    from kv_cache.core.pool import WorkerPool
+    from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.storage import files
+    from kv_cache.storage.base import IOAborted
+
+    opened, hung, release = threading.Event(), threading.Event(), threading.Event()
+    real_open, real_write = RunMetrics.open_window, files.FileStore.write
+
+    def open_window(self, *args, **kwargs):
+        opened.set()
+        return real_open(self, *args, **kwargs)
+
+    def hanging_write(self, key, nbytes, bufs, stop=None):
+        if opened.is_set() and not hung.is_set():
+            hung.set()
+            release.wait(120)  # never set before the run ends: this request is in flight at the drain
+            raise IOAborted(f"write of {key!r} released after the run", 0)
+        return real_write(self, key, nbytes, bufs, stop)
+
+    monkeypatch.setattr(RunMetrics, "open_window", open_window)
+    monkeypatch.setattr(files.FileStore, "write", hanging_write)
+    sent = _signal_self_in(monkeypatch, WorkerPool, "drain", times=2)  # the driver's drain, window closed
+    try:
+        outcome = app.run_benchmark(quick_settings("--duration", "1", "--io-workers", "2"), sink)
+    finally:
+        release.set()
+    assert sent["n"] == 2 and hung.is_set()
+    assert not outcome.interrupted  # the window ran to its end: the cut drain does not make it INCOMPLETE
+    results = json.loads((tmp_path / "r.json").read_text())
+    meas = results["measurement"]
+    assert results["stop_reason"] == "duration" and results["window_fraction"] == 1.0
+    assert meas["requests_abandoned_at_drain_cut"] >= 1
+    assert meas["requests_abandoned_at_stop"] >= meas["requests_abandoned_at_drain_cut"]
+    assert any("cut short by a second signal" in n for n in meas["notes"])
+    assert results["verdict"] in ("PASS", "FAIL")
+    assert not (tmp_path / "cache").exists()  # entry files, marker, run dir: gone, the stuck worker notwithstanding

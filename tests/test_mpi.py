@@ -1,6 +1,7 @@
 """Real `mpirun -n 2` and `-n 4` runs (the `mpi` extra: mpi4py and Open MPI from pip): one common window,
 one merged document at X.json, the rank files beside it, and no file or directory shared by two ranks."""
 
+import io
 import json
 import os
 import shutil
@@ -9,10 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from test_merge import _ranks
 
-from kv_cache.core.group import filesystem_id, shared_filesystem_count
+from kv_cache.benchmarks.standard.outputs import write_merged
+from kv_cache.core.group import GroupBroken, filesystem_id, shared_filesystem_count
+from kv_cache.errors import RanksLost
 from kv_cache.host.rundir import RUN_DIR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,4 +188,122 @@ def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_
     assert proc.returncode != 0
     rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
     assert rank0["stop_reason"] == "interrupted" and rank0["verdict"] == "INCOMPLETE"
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))
+    assert not (tmp_path / "X.json").exists()  # plain mpirun ended rank 0 before any merge
+    # the documented path without --with-ft ulfm: merge what is there afterwards, naming the lost rank
+    merge = subprocess.run([sys.executable, str(ROOT / "kv-cache.py"), "merge", "--allow-missing-ranks",
+                            "--output", str(tmp_path / "X.json"), str(tmp_path / "X_rank0.json")],
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert merge.returncode == 0, merge.stderr
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["overall_passed"] is False
+
+
+def _kill_rank1_at_its_first_file(tmp_path, proc):
+    """SIGKILL rank 1 once its first entry file is there (its window is open; with --precondition, while
+    it preconditions); wait for mpirun."""
+    try:
+        deadline = time.monotonic() + 60
+        entry = None
+        while entry is None and time.monotonic() < deadline and proc.poll() is None:
+            entry = next((tmp_path / "cache").glob("rank1/kv-cache-run-*/*.npy"), None)
+            time.sleep(0.05)
+        assert entry is not None, "rank 1 never opened its window"
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGKILL)
+        return proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_mpirun_with_ft_leaves_a_merged_document_naming_it(tmp_path):
+    """`mpirun --with-ft ulfm`: the launcher lets rank 0 live when rank 1 is SIGKILLed in its window. Rank 0
+    finishes its window, its closing barrier breaks, it writes its file and the merged document naming rank
+    1 (verdict INCOMPLETE), removes its files and exits 4 (ranks lost), which mpirun passes on."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "--with-ft", "ulfm", "-n", "2", "-x", "PYTHONPATH",
+           sys.executable, str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "6",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    stdout, stderr = _kill_rank1_at_its_first_file(tmp_path, proc)
+    assert proc.returncode == 4, (stdout + stderr)[-3000:]
+    assert not (tmp_path / "X_rank1.json").exists()
+    rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
+    assert rank0["stop_reason"] == "duration" and rank0["window_fraction"] == 1.0  # its window was whole
+    assert any("closing barrier" in n for n in rank0["measurement"]["notes"])
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["ranks_expected"] == 2
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
+    assert [r["rank"] for r in merged["lost_ranks"]] == [1]
+    assert [r["rank"] for r in merged["per_rank"]] == [0]
+    assert merged["totals"]["requests_completed"] == rank0["requests_completed"]
+    assert "Merged results of 1 of 2 ranks written to" in stdout
+    assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 removed its run's files
+
+
+class _Survivors:
+    """A RankGroup of `size` MPI ranks where `lost` ones are gone: `survivors` gives the live ones."""
+
+    gather_waits = True
+
+    def __init__(self, size, lost, docs, rank=0, broken=False):
+        self.rank, self.size, self.lost, self.docs, self.broken = rank, size, lost, docs, broken
+
+    def survivors(self):
+        live = _Survivors(self.size - len(self.lost), [], self.docs, self.rank, self.broken)
+        return live, list(self.lost)
+
+    def gather(self, obj):
+        if self.broken:
+            raise GroupBroken("MPI gather failed: another rank was lost")
+        return self.docs if self.rank == 0 else None
+
+
+def _settings(tmp_path):
+    """What write_merged reads of the settings: the rank's own output and where the merged one goes."""
+    return SimpleNamespace(output=str(tmp_path / "X_rank0.json"), merged_output=str(tmp_path / "X.json"))
+
+
+def test_the_lowest_live_rank_merges_the_others_and_names_the_lost_ones(tmp_path):
+    docs, _ = _ranks()
+    out = io.StringIO()
+    lost = write_merged(_settings(tmp_path), _Survivors(3, [1], [docs[0], docs[2]]), docs[0], out)
+    assert lost == [1]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [1] and merged["ranks_expected"] == 3
+    assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False
+    assert merged["lost_ranks"] == [{"rank": 1, "ended": "lost (an MPI process failure: killed, out of memory "
+                                                         "or crashed)"}]
+    assert "Merged results of 2 of 3 ranks written to" in out.getvalue()
+    # the other live ranks learn the same lost ranks and write nothing
+    assert write_merged(_settings(tmp_path), _Survivors(3, [1], docs, rank=1), docs[2], io.StringIO()) == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X.json"]
+
+
+def test_a_rank_lost_during_the_gather_is_ranks_lost_with_the_way_out(tmp_path):
+    docs, _ = _ranks()
+    with pytest.raises(RanksLost, match="kv-cache merge --allow-missing-ranks"):
+        write_merged(_settings(tmp_path), _Survivors(3, [], docs, broken=True), docs[0], io.StringIO())
+    assert not (tmp_path / "X.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_before_the_window_under_mpirun_with_ft_stops_the_others_with_exit_4(tmp_path):
+    """`mpirun --with-ft ulfm`, rank 1 SIGKILLed while preconditioning: rank 0's window barrier breaks; it
+    removes its files and exits 4 (ranks lost) without MPI_Abort, so mpirun exits 4 too. Nothing was
+    measured: no results file, as under --processes."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "--with-ft", "ulfm", "-n", "2", "-x", "PYTHONPATH",
+           sys.executable, str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "30",
+           "--precondition", "--precondition-size-gb", "2",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    stdout, stderr = _kill_rank1_at_its_first_file(tmp_path, proc)  # 1 GiB each: seconds
+    assert proc.returncode == 4, (stdout + stderr)[-3000:]
+    assert "kv-cache: error: MPI barrier failed: another rank was lost" in stdout + stderr
+    assert not list(tmp_path.glob("X*.json"))
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))

@@ -12,7 +12,7 @@ import os
 import uuid
 from typing import Any, Protocol
 
-from kv_cache.errors import KvCacheError
+from kv_cache.errors import ExitCode, KvCacheError, RanksLost
 
 __all__ = ["GroupBroken", "RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count",
            "shared_run_id"]
@@ -22,8 +22,9 @@ _ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group ma
 
 log = logging.getLogger("kv_cache")
 
-class GroupBroken(KvCacheError):
-    """A collective of the group can never complete: another rank failed or was lost (a broken barrier)."""
+class GroupBroken(RanksLost):
+    """A collective of the group can never complete: another rank failed or was lost (a broken barrier).
+    Uncaught (a rank lost before the window, under `mpirun --with-ft ulfm`), it ends the run with exit 4."""
 
 
 class RankGroup(Protocol):
@@ -44,22 +45,51 @@ class RankGroup(Protocol):
 
 
 class MpiGroup:
-    """A RankGroup on mpi4py's COMM_WORLD."""
+    """A RankGroup on an mpi4py communicator (COMM_WORLD, or the survivors of it: `survivors`).
+
+    mpi4py's communicators return MPI errors as exceptions (MPI.ERRORS_RETURN): a collective that a lost
+    rank can never complete (seen under `mpirun --with-ft ulfm`, where the launcher lets the others live)
+    raises GroupBroken. `world_ranks`: the COMM_WORLD rank of each member, in this group's rank order."""
 
     gather_waits = True
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, world_ranks: list[int] | None = None) -> None:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.world_ranks = world_ranks if world_ranks is not None else list(range(self.size))
+
+    def _call(self, what: str, op: Any, *args: Any, **kwargs: Any) -> Any:
+        from mpi4py import MPI  # noqa: PLC0415  (already imported: this group was made on it)
+
+        try:
+            return op(*args, **kwargs)
+        except MPI.Exception as exc:
+            raise GroupBroken(f"MPI {what} failed: another rank was lost ({exc})") from None
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self._call("barrier", self.comm.Barrier)
 
     def allgather(self, obj: Any) -> list[Any]:
-        return self.comm.allgather(obj)
+        return self._call("allgather", self.comm.allgather, obj)
 
     def gather(self, obj: Any) -> list[Any] | None:
-        return self.comm.gather(obj, root=0)
+        return self._call("gather", self.comm.gather, obj, root=0)
+
+    def survivors(self) -> tuple[MpiGroup, list[int]]:
+        """The ranks still alive, as a group of their own (a collective every live rank calls: MPI's
+        fault-tolerant MPIX_Comm_shrink), and the COMM_WORLD ranks lost. Its rank 0 is the lowest live
+        rank. Where the MPI has no fault tolerance (Shrink unsupported), this group and none lost: there
+        a lost rank has ended the whole job anyway."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        try:
+            shrunk = self.comm.Shrink()
+        except (AttributeError, NotImplementedError, MPI.Exception) as exc:
+            log.debug("MPI cannot shrink the communicator (%s): assuming every rank is alive", exc)
+            return self, []
+        alive = self._call("allgather", shrunk.allgather, self.world_ranks[self.rank])
+        lost = sorted(set(self.world_ranks) - set(alive))
+        return MpiGroup(shrunk, alive), lost
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
@@ -98,8 +128,12 @@ def open_group(world_size: int) -> RankGroup | None:
 
 def abort_peers(code: int) -> None:
     """A rank that fails ends the whole MPI job (exit status `code`): the other ranks would otherwise wait
-    for it at a barrier, and MPI_Finalize waits for them, forever. Nothing happens outside MPI."""
-    if _ACTIVE:
+    for it at a barrier, and MPI_Finalize waits for them, forever. Nothing happens outside MPI.
+
+    Not for ranks lost (exit 4): only a launcher that let the others live (`mpirun --with-ft ulfm`) gets
+    there, where every live rank sees the same broken collective and ends by itself; MPI_Abort there
+    would make `mpirun` exit 0 instead of the ranks' 4."""
+    if _ACTIVE and code != ExitCode.RANKS_LOST:
         _ACTIVE[0].abort(code)
 
 

@@ -75,14 +75,20 @@ class WorkerPool:
         except queue.Empty:
             return dropped
 
-    def close(self, wait: bool = True) -> None:
-        """Let queued jobs run, then stop every worker; `wait` joins them."""
+    def close(self, wait: bool = True, cut: threading.Event | None = None) -> bool:
+        """Let queued jobs run, then stop every worker; `wait` joins them, unless `cut` is set first (a
+        worker stuck in an I/O call is then left behind: the workers are daemons). Returns True when every
+        worker was joined (False: not waited for, or cut short)."""
         for _ in self._threads:
             self._jobs.put((1 << 30, next(self._seq), None))
+        joined = wait
         if wait:
             for t in self._threads:
-                t.join()
+                while t.is_alive() and not (cut is not None and cut.is_set()):
+                    t.join(None if cut is None else 0.05)
+                joined = joined and not t.is_alive()
         self._threads = []
+        return joined
 
     def run_on_each(self, job: Job) -> None:
         """Run `job` once on every worker, wait for all of them; the first exception is re-raised."""

@@ -7,11 +7,13 @@ import logging
 import os
 from typing import Any
 
-from kv_cache.core.group import RankGroup
+from kv_cache.core.group import GroupBroken, RankGroup
+from kv_cache.errors import RanksLost
 from kv_cache.render import xlsx
 from kv_cache.render.console import print_report
 from kv_cache.results.merge import merge_documents, merged_table
 from kv_cache.results.outputs import write_results
+from kv_cache.results.verdict import mark_missing_ranks
 from kv_cache.results.write import Written, write_document
 from kv_cache.settings.run import RunSettings
 
@@ -38,14 +40,41 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     out.flush()
 
 
-def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any], out) -> None:
-    """Every rank's document goes to rank 0, which writes the merged one beside the rank files."""
-    docs = group.gather({**results, "_source": settings.output})
+def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any], out) -> list[int]:
+    """Every rank's document goes to rank 0, which writes the merged one beside the rank files. Returns
+    the ranks lost (on every live rank).
+
+    Under MPI the live ranks first agree who they are (`survivors`, fault tolerant): when a rank was lost
+    (killed, out of memory, crashed; the launcher let the others live: `mpirun --with-ft ulfm`), the lowest
+    live rank merges the others' documents into one that names the missing ranks (`missing_ranks`,
+    `lost_ranks`, verdict INCOMPLETE). A rank lost during this gather too raises RanksLost: each rank's own
+    file is written by then, and `kv-cache merge --allow-missing-ranks` merges them afterwards."""
+    world = group.size
+    lost: list[int] = []
+    survivors = getattr(group, "survivors", None)
+    try:
+        if survivors is not None:
+            group, lost = survivors()
+        docs = group.gather({**results, "_source": settings.output})
+    except GroupBroken as exc:
+        raise RanksLost(f"a rank was lost while the ranks' results were gathered ({exc}); each live rank's "
+                        "file is written: merge them with `kv-cache merge --allow-missing-ranks`") from None
+    if lost:
+        log.error("rank(s) %s of %d lost before the results were gathered; the others' are merged",
+                  ", ".join(map(str, lost)), world)
     if docs is None:
-        return
+        return lost
     path = settings.merged_output or os.path.join(os.path.dirname(settings.output) or ".", "kvcache_merged.json")
-    merged = merge_documents(docs)
-    write_merged_document(path, merged, out, f"Merged results of {group.size} ranks")
+    merged = merge_documents(docs, allow_missing=bool(lost))
+    if lost:
+        merged = mark_missing_ranks(merged, lost, world)
+        merged["lost_ranks"] = [{"rank": r, "ended": "lost (an MPI process failure: killed, out of memory or "
+                                                      "crashed)"} for r in lost]
+        what = f"Merged results of {world - len(lost)} of {world} ranks"
+    else:
+        what = f"Merged results of {world} ranks"
+    write_merged_document(path, merged, out, what)
+    return lost
 
 
 def write_merged_document(path: str, merged: dict[str, Any], out, what: str = "Merged results") -> Written:

@@ -51,11 +51,15 @@ class Interrupts:
     there, the run is INCOMPLETE); later ones only say that clean-up is under way, so a second Ctrl-C never
     skips writing the results or removing files. Once the window has closed (`close_window`, called by the
     driver), no signal raises: the drain, tracing stop, results, writing and clean-up run to their end, so
-    the window's results cannot be lost to a late Ctrl-C."""
+    the window's results cannot be lost to a late Ctrl-C. The one thing a later signal does (any signal
+    after the window that is not the run's first) is set `drain_cut`: the driver stops waiting for the
+    requests still on a worker (an I/O call that hangs), abandons them, and the run goes on to its results
+    and clean-up."""
 
     def __init__(self) -> None:
         self.seen = 0
         self.window_closed = False
+        self.drain_cut = threading.Event()
 
     def close_window(self) -> None:
         self.window_closed = True
@@ -63,7 +67,13 @@ class Interrupts:
     def __call__(self, signum, frame):
         self.seen += 1
         if self.window_closed:
-            sys.stderr.write("kv-cache: the measured window is over; finishing the results and clean-up first\n")
+            if self.seen == 1:
+                sys.stderr.write("kv-cache: the measured window is over; finishing the results and clean-up "
+                                 "first (a second Ctrl-C abandons the requests still in flight)\n")
+            elif not self.drain_cut.is_set():
+                self.drain_cut.set()
+                sys.stderr.write("kv-cache: abandoning the requests still in flight; writing the results and "
+                                 "removing the run's files\n")
             return
         if self.seen == 1:
             raise KeyboardInterrupt
@@ -143,6 +153,13 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         results.setdefault("measurement", {}).setdefault("notes", []).append(
             "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
             "but the ranks' windows were not closed together")
+    if run.outcome is not None and run.outcome.drain_cut:
+        measurement = results.setdefault("measurement", {})
+        measurement["requests_abandoned_at_drain_cut"] = run.outcome.requests_abandoned_at_cut
+        measurement.setdefault("notes", []).append(
+            f"the drain after the window was cut short by a second signal: "
+            f"{run.outcome.requests_abandoned_at_cut} request(s) still in flight were abandoned (counted in "
+            "requests_abandoned; their latencies censored at the stop)")
     if interrupted or storage_error is not None:
         window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
         mark_incomplete(results, window_fraction(window, float(settings.duration)),
@@ -156,13 +173,14 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         out.write(f"Run INCOMPLETE: interrupted after {results['window_fraction'] * 100:.0f} % of the "
                   f"{settings.duration} s window; the verdict is not PASS\n")
         out.flush()
+    lost: list[int] = []
     if run.group is not None and (not interrupted or not run.group.gather_waits):  # (an interrupted MPI
-        write_merged(settings, run.group, results, out)  # rank may be alone at the gather: never wait there)
+        lost = write_merged(settings, run.group, results, out)  # rank may be alone at the gather: never wait)
     fatal = run.outcome.fatal_error if run.outcome is not None else None
     if fatal:
         log.error("run stopped by a storage error: %s", fatal)
     return results, RunOutcome(interrupted=interrupted, storage_error=fatal, passed=bool(results.get("overall_passed")),
-                               fail_exit_code=settings.fail_exit_code)
+                               missing_ranks=tuple(lost), fail_exit_code=settings.fail_exit_code)
 
 
 def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,
@@ -199,7 +217,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
                     replay_cycles=settings.replay_cycles, group=run.group, observers=_progress(settings),
-                    on_window_close=run.interrupts.close_window if run.interrupts is not None else None)
+                    on_window_close=run.interrupts.close_window if run.interrupts is not None else None,
+                    drain_cut=run.interrupts.drain_cut if run.interrupts is not None else None)
     try:
         outcome = run.outcome = driver.run()
     finally:

@@ -84,6 +84,10 @@ class DriverOutcome:
     requests_finished_after_stop: int = 0
     censored_ns: list[int] = field(default_factory=list)
     peers_lost: bool = False  # the window's closing barrier broke: another rank ended without closing it
+    # a second signal after the window cut the drain short: the requests still on a worker then (stuck in
+    # an I/O call) were abandoned, counted in requests_abandoned and censored at the stop like the others
+    drain_cut: bool = False
+    requests_abandoned_at_cut: int = 0
 
 
 class Driver:
@@ -93,15 +97,21 @@ class Driver:
                  arrivals: Iterable[tuple[float, RequestPlan]] | None = None, trace_speedup: float = 1.0,
                  replay_cycles: int = 0, clock: Callable[[], int] = time.perf_counter_ns,
                  group: RankGroup | None = None, observers: Sequence[RunObserver] = (),
-                 on_window_close: Callable[[], None] | None = None) -> None:
+                 on_window_close: Callable[[], None] | None = None,
+                 drain_cut: threading.Event | None = None) -> None:
         """`users`: closed-loop users (synthetic or trace sessions). `arrivals`: a timestamped trace
         replayed open-loop at t / trace_speedup (0 = back-pressured, as fast as the workers go).
         `group`: the other ranks of this run; every rank opens and closes its window between shared barriers.
         `on_window_close`: called the moment the window closes, before the drain (the run's signal handler
-        stops raising KeyboardInterrupt then, so nothing after it can lose the window's results)."""
+        stops raising KeyboardInterrupt then, so nothing after it can lose the window's results).
+        `drain_cut`: set (by a second signal) to stop waiting for the workers' requests in flight after the
+        window: they are abandoned and the run goes on to its results."""
         self.cache, self.metrics, self.opt, self.stop, self.shape = cache, metrics, options, stop, shape
         self.group = group
         self.on_window_close = on_window_close
+        self.drain_cut = drain_cut
+        self._running: dict[int, RequestPlan] = {}  # plans on a worker now (id(plan) -> plan), under _lock
+        self._cut_plans: list[RequestPlan] = []  # those abandoned when the drain was cut short
         self.peers_lost = False  # the closing barrier broke: another rank never closed its window
         self.observers = list(observers)
         self._speedup = trace_speedup
@@ -140,8 +150,12 @@ class Driver:
             with self._lock:
                 self.abandoned += 1
             return
+        with self._lock:
+            self._running[id(plan)] = plan
         outcome = self.executor.execute(plan, bufs)
-        self.loop.complete((self.loop.clock(), plan, outcome))
+        with self._lock:  # a plan the cut drain abandoned has been counted already: its result is dropped
+            if self._running.pop(id(plan), None) is not None:
+                self.loop.complete((self.loop.clock(), plan, outcome))
 
     def _submit(self, plan: RequestPlan, when: int) -> None:
         plan.submit_ns = when
@@ -313,7 +327,10 @@ class Driver:
             dropped = self.pool.drain()
             with self._lock:
                 self.abandoned += dropped
-            self.pool.close()
+            if self.drain_cut is None:
+                self.pool.close()
+            elif not self.pool.close(cut=self.drain_cut):  # a second signal cut the drain short
+                self._abandon_running()
             if self.group is not None and stop is not None and stop.reason != "interrupted":
                 self._closing_barrier()
             settled = self._settle(end)
@@ -324,6 +341,7 @@ class Driver:
             fatal_error=self.loop.alarm, final_active_users=self.users.active,
             requests_in_flight_at_stop=len(settled[1]), requests_finished_after_stop=settled[0],
             censored_ns=settled[1], peers_lost=self.peers_lost,
+            drain_cut=bool(self._cut_plans), requests_abandoned_at_cut=len(self._cut_plans),
         )
 
     def _window_closing(self) -> None:
@@ -335,6 +353,14 @@ class Driver:
             self.on_window_close()
         except KeyboardInterrupt:
             self.on_window_close()
+
+    def _abandon_running(self) -> None:
+        """The drain was cut short: the plans still on a worker are abandoned (their late results dropped)."""
+        with self._lock:
+            self._cut_plans = list(self._running.values())
+            self._running.clear()
+            self.abandoned += len(self._cut_plans)
+        log.warning("the drain was cut short: %d request(s) still in flight abandoned", len(self._cut_plans))
 
     def _closing_barrier(self) -> None:
         """No rank cleans up (or starts other I/O) while another still measures. A rank that died in the
@@ -363,6 +389,7 @@ class Driver:
         for plan, _, _ in self.loop.remove("complete"):  # storage done, modelled generation still going
             censored.append(max(0, stop_ns - plan.submit_ns))
             finished += 1
+        censored.extend(max(0, stop_ns - plan.submit_ns) for plan in self._cut_plans)  # abandoned at the cut
         self.in_flight = 0
         return finished, censored
 
