@@ -228,3 +228,22 @@ def test_a_second_ctrl_c_cuts_a_hung_drain_short_and_keeps_the_results(quick_set
     assert any("cut short by a second signal" in n for n in meas["notes"])
     assert results["verdict"] in ("PASS", "FAIL")
     assert not (tmp_path / "cache").exists()  # entry files, marker, run dir: gone, the stuck worker notwithstanding
+
+
+def test_the_results_are_on_disk_before_the_runs_files_are_removed(quick_settings, sink, monkeypatch):
+    """Removing a run's entry files takes time; a launcher may end the process meanwhile (mpirun after
+    another rank died). So the results JSON is written first, and only then are the stores closed."""
+    from kv_cache.serving.tiers import TierSet
+
+    settings = quick_settings("--duration", "1")
+    seen: list[bool] = []
+    real_close = TierSet.close
+
+    def close(self):
+        seen.append(Path(settings.output).is_file())
+        return real_close(self)
+
+    monkeypatch.setattr(TierSet, "close", close)
+    results, _ = execute(settings, sink)
+    assert seen and seen[0] is True
+    assert json.loads(Path(settings.output).read_text())["total_requests"] == results["total_requests"]

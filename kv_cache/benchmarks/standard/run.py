@@ -130,43 +130,47 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
     run = _Run(group=group if group is not None else open_group(settings.mpi_world_size), interrupts=interrupts)
     interrupted = False
     storage_error: StorageError | None = None
+    # The results are written before the run's files are removed: removing gigabytes takes time, and a
+    # launcher that ends this process meanwhile (mpirun after another rank died) must find them on disk.
     try:
-        results = _measure(settings, run, sources, out, record_plans)
-        interrupted = run.outcome.stop_reason == "interrupted"
-    except KeyboardInterrupt:  # before the window closed (after it, Interrupts never raises)
-        interrupted = True
-        run.stop.set()
-        run.metrics.close_window()
-        results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
-    except (OSError, StorageError) as exc:  # a storage error before the window (preconditioning, ...)
-        run.stop.set()
-        run.metrics.close_window()
-        results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
-        results["stop_reason"] = f"storage error before the measured phase: {exc}"
-        storage_error = exc if isinstance(exc, StorageError) else StorageError(
-            f"run stopped by a storage error before the measured window: {exc}")
-        mark_storage_stop(results, str(storage_error))
+        try:
+            results = _measure(settings, run, sources, out, record_plans)
+            interrupted = run.outcome.stop_reason == "interrupted"
+        except KeyboardInterrupt:  # before the window closed (after it, Interrupts never raises)
+            interrupted = True
+            run.stop.set()
+            run.metrics.close_window()
+            results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
+        except (OSError, StorageError) as exc:  # a storage error before the window (preconditioning, ...)
+            run.stop.set()
+            run.metrics.close_window()
+            results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
+            results["stop_reason"] = f"storage error before the measured phase: {exc}"
+            storage_error = exc if isinstance(exc, StorageError) else StorageError(
+                f"run stopped by a storage error before the measured window: {exc}")
+            mark_storage_stop(results, str(storage_error))
+        finally:
+            run.stop.set()
+        if run.outcome is not None and run.outcome.peers_lost:
+            results.setdefault("measurement", {}).setdefault("notes", []).append(
+                "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
+                "but the ranks' windows were not closed together")
+        if run.outcome is not None and run.outcome.drain_cut:
+            measurement = results.setdefault("measurement", {})
+            measurement["requests_abandoned_at_drain_cut"] = run.outcome.requests_abandoned_at_cut
+            measurement.setdefault("notes", []).append(
+                f"the drain after the window was cut short by a second signal: "
+                f"{run.outcome.requests_abandoned_at_cut} request(s) still in flight were abandoned (counted in "
+                "requests_abandoned; their latencies censored at the stop)")
+        if interrupted or storage_error is not None:
+            window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
+            mark_incomplete(results, window_fraction(window, float(settings.duration)),
+                            "interrupted" if interrupted else "storage error before the window")
+        else:
+            results.update(verdict_keys(results))
+        write_outputs(settings, results, out)
     finally:
-        run.stop.set()
         run.stores.close()
-    if run.outcome is not None and run.outcome.peers_lost:
-        results.setdefault("measurement", {}).setdefault("notes", []).append(
-            "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
-            "but the ranks' windows were not closed together")
-    if run.outcome is not None and run.outcome.drain_cut:
-        measurement = results.setdefault("measurement", {})
-        measurement["requests_abandoned_at_drain_cut"] = run.outcome.requests_abandoned_at_cut
-        measurement.setdefault("notes", []).append(
-            f"the drain after the window was cut short by a second signal: "
-            f"{run.outcome.requests_abandoned_at_cut} request(s) still in flight were abandoned (counted in "
-            "requests_abandoned; their latencies censored at the stop)")
-    if interrupted or storage_error is not None:
-        window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
-        mark_incomplete(results, window_fraction(window, float(settings.duration)),
-                        "interrupted" if interrupted else "storage error before the window")
-    else:
-        results.update(verdict_keys(results))
-    write_outputs(settings, results, out)
     if storage_error is not None:
         raise storage_error
     if interrupted:
