@@ -25,7 +25,7 @@ from kv_cache.errors import DocumentError
 
 try:  # 3-4x faster to parse than the standard library: a merge of hundreds of ranks is mostly parsing
     from orjson import loads as _loads
-except ImportError:  # pragma: no cover  (the `fast-json` extra is optional)
+except ImportError:  # pragma: no cover  (orjson is a dependency; the standard library still reads them)
     _loads = json.loads
 
 __all__ = ["MERGED_SCHEMA_VERSION", "SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "VERSIONS", "MergedDocument",
