@@ -5,8 +5,10 @@ part: `storage` (the I/O engine), `tiers` (capacities and where the storage tier
 (who issues what), `driver` (how the run is paced and stopped) and `outputs` (where results go). Every
 default is written here once; the command-line parser takes its defaults from these classes.
 
-The flat names of the MLPerf-compatible flags (`settings.num_users`, `settings.cpu_mem_gb`...) stay
-readable on RunSettings: each sub-config field is also a read-only property of the whole.
+Readers reach a setting through its section (`settings.workload.num_users`, `settings.tiers.cpu_mem_gb`);
+only the run's identity (`model_name`, `seed`, `config_path`) sits on RunSettings itself. The flat names
+of the MLPerf-compatible flags remain the keys of `defaults()` and of `rank_totals`
+(config/ranks.py `setting_value` reads a setting by its flat name).
 """
 
 from __future__ import annotations
@@ -230,7 +232,7 @@ class SourceFlags:
         help="Pause between a session's turns: trace (recorded), fixed:S or uniform:A:B seconds."))
 
 
-# Sub-config attribute of RunSettings -> its class; their field names are also RunSettings properties.
+# Sub-config attribute of RunSettings -> its class (a flat setting name is a field name of one of them).
 SECTIONS: dict[str, type] = {
     "storage": StorageSettings,
     "tiers": TierSettings,
@@ -268,18 +270,6 @@ class RunSettings:
     def effective_seed(self) -> int:
         """The seed every generator derives from (0 when --seed is absent, as in the MLPerf tool)."""
         return 0 if self.seed is None else self.seed
-
-
-def _flat(section: str, name: str) -> property:
-    return property(lambda self: getattr(getattr(self, section), name),
-                    doc=f"Shortcut for `{section}.{name}`.")
-
-
-for _section, _cls in SECTIONS.items():
-    if _section == "storage":  # `settings.storage` is the sub-config itself; its fields stay qualified
-        continue
-    for _f in fields(_cls):
-        setattr(RunSettings, _f.name, _flat(_section, _f.name))
 
 
 def defaults() -> dict[str, Any]:
