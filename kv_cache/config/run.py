@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.models import GPUSpec, ModelConfig
 
 __all__ = [
+    "DEFAULT_GPU",
     "DEFAULT_MODEL",
     "GENERATION_MODES",
     "GPU_TIERS",
@@ -48,6 +49,7 @@ PERFORMANCE_PROFILES = ("latency", "throughput")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GPU_TIERS = ("auto", "real", "simulated", "off")
 DEFAULT_MODEL = "llama3.1-8b"
+DEFAULT_GPU = "h100"  # the GPU spec of the simulated GPU tier (run) and of the modelled GPUs (sessions)
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 _ENGINE = "storage engine (override the config 'storage' section)"  # --help group of the --io-* flags
 _TRACE = "trace replay and KV layout"  # --help group of the trace flags
@@ -96,7 +98,7 @@ class TierSettings:
         "--gpu-tier", type=str, choices=GPU_TIERS,
         help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
              "copy times), off; auto = real where CUDA is present, else simulated."))
-    gpu_type: str = setting("h100", flag=Flag(
+    gpu_type: str = setting(DEFAULT_GPU, flag=Flag(
         "--gpu-type", type=str, registry="gpu_specs",
         help="GPU spec whose host link and HBM bandwidth model the simulated GPU tier."))  # the config's gpus key whose figures model a simulated tier
     gds: bool = setting(False, flag=Flag(
@@ -111,7 +113,7 @@ class TierSettings:
     cache_dir: str | None = setting(None, flag=Flag(
         "--cache-dir", type=str,
         help="Directory of the storage tier (default: a fresh temp dir)."))  # None = a fresh temporary directory
-    gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu("h100"))  # gpu_type's, from the config
+    gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu(DEFAULT_GPU))  # gpu_type's, from the config
     storage_capacity_gb: float = setting(0.0, split=SPLIT, flag=Flag(
         "--storage-capacity-gb", type=float,
         help="Storage tier capacity, GiB (0 = auto)."))  # 0 = 90 % of the free space less the largest entry
