@@ -159,7 +159,7 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
         io_mode=args.io_mode if args.io_mode is not None else storage.io_mode,
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
         io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors,
-        verify=bool(getattr(args, "verify", False)),
+        verify=bool(getattr(args, "verify", StorageSettings.verify)),
     )
 
 

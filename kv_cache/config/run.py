@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kv_cache.config.fields import OFFSET, SPLIT, Flag, setting
 from kv_cache.config.pacing import ThinkTime
-from kv_cache.config.sections import IO_MODES, StorageConfig
+from kv_cache.config.sections import IO_MODES, GenerationTiming, StorageConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.config.schema import BenchConfig
@@ -33,6 +33,7 @@ __all__ = [
     "IO_MODES",
     "LOG_LEVELS",
     "PERFORMANCE_PROFILES",
+    "RUN_FLAG_TREE",
     "SECTIONS",
     "DriverSettings",
     "OutputSettings",
@@ -44,7 +45,7 @@ __all__ = [
     "defaults",
 ]
 
-GENERATION_MODES = ("none", "fast", "realistic")
+GENERATION_MODES = tuple(f.name for f in fields(GenerationTiming))  # each mode is a key of config generation_timing
 PERFORMANCE_PROFILES = ("latency", "throughput")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GPU_TIERS = ("auto", "real", "simulated", "off")
@@ -272,6 +273,11 @@ class RunSettings:
     def effective_seed(self) -> int:
         """The seed every generator derives from (0 when --seed is absent, as in the MLPerf tool)."""
         return 0 if self.seed is None else self.seed
+
+
+# The settings classes whose flagged fields make the `run` command, in --help order (cli/flags.py).
+RUN_FLAG_TREE: tuple[type, ...] = (RunSettings, WorkloadSettings, DriverSettings, TierSettings, OutputSettings,
+                                   SourceFlags, StorageSettings)
 
 
 def defaults() -> dict[str, Any]:
