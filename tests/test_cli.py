@@ -416,16 +416,16 @@ def test_default_settings():
     assert isinstance(s, RunSettings)
     assert s.config == BenchConfig()
     assert s.model == MODEL_CONFIGS["llama3.1-8b"] and s.model_name == "llama3.1-8b"
-    assert (s.num_users, s.duration, s.gpu_mem_gb, s.cpu_mem_gb) == (100, 60.0, 16.0, 32.0)
-    assert isinstance(s.duration, float) and isinstance(s.gpu_mem_gb, float)
-    assert (s.num_gpus, s.tensor_parallel, s.cache_dir, s.seed) == (1, 1, None, None)
-    assert (s.generation_mode, s.performance_profile, s.multi_turn, s.prefix_caching) == (
+    assert (s.workload.num_users, s.driver.duration, s.tiers.gpu_mem_gb, s.tiers.cpu_mem_gb) == (100, 60.0, 16.0, 32.0)
+    assert isinstance(s.driver.duration, float) and isinstance(s.tiers.gpu_mem_gb, float)
+    assert (s.tiers.num_gpus, s.tiers.tensor_parallel, s.tiers.cache_dir, s.seed) == (1, 1, None, None)
+    assert (s.driver.generation_mode, s.outputs.performance_profile, s.workload.multi_turn, s.workload.prefix_caching) == (
         "realistic",
         "latency",
         True,
         True,
     )
-    assert (s.max_concurrent_allocs, s.max_requests, s.storage_capacity_gb, s.log_level) == (
+    assert (s.driver.max_concurrent_allocs, s.driver.max_requests, s.tiers.storage_capacity_gb, s.outputs.log_level) == (
         0,
         0,
         0.0,
@@ -479,7 +479,7 @@ def test_flags_reach_settings(tmp_path):
     ]
     s = parse_settings(argv)
     assert s.model_name == "tiny-1b" and s.model.bytes_per_token == 24576
-    assert (s.num_users, s.duration, s.gpu_mem_gb, s.cpu_mem_gb, s.num_gpus, s.tensor_parallel) == (
+    assert (s.workload.num_users, s.driver.duration, s.tiers.gpu_mem_gb, s.tiers.cpu_mem_gb, s.tiers.num_gpus, s.tiers.tensor_parallel) == (
         7,
         30.0,
         0.0,
@@ -487,27 +487,27 @@ def test_flags_reach_settings(tmp_path):
         2,
         2,
     )
-    assert s.cache_dir == str(tmp_path / "kv")
-    assert (s.generation_mode, s.performance_profile, s.multi_turn, s.prefix_caching) == (
+    assert s.tiers.cache_dir == str(tmp_path / "kv")
+    assert (s.driver.generation_mode, s.outputs.performance_profile, s.workload.multi_turn, s.workload.prefix_caching) == (
         "none",
         "throughput",
         False,
         False,
     )
-    assert (s.output, s.seed, s.effective_seed, s.max_concurrent_allocs, s.max_requests) == (
+    assert (s.outputs.output, s.seed, s.effective_seed, s.driver.max_concurrent_allocs, s.driver.max_requests) == (
         "out.json",
         42,
         42,
         3,
         9,
     )
-    assert (s.storage_capacity_gb, s.log_level) == (1.5, "DEBUG")
+    assert (s.tiers.storage_capacity_gb, s.outputs.log_level) == (1.5, "DEBUG")
     assert s.argv == tuple(argv)
 
 
 def test_relative_cache_dir_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert parse_settings(["--cache-dir", "kv"]).cache_dir == str(tmp_path / "kv")
+    assert parse_settings(["--cache-dir", "kv"]).tiers.cache_dir == str(tmp_path / "kv")
 
 
 def test_config_storage_section_and_cli_overrides(tmp_path):
@@ -541,7 +541,7 @@ def test_config_validation_limits_take_effect(tmp_path):
     cfg.write_text("validation_limits:\n  max_users: 10\n  max_gpu_memory_gb: 80\n")
     m = usage_error(["--config", str(cfg), "--num-users", "11", "--gpu-mem-gb", "81"])
     assert m == "--num-users exceeds limit (10), got 11; --gpu-mem-gb exceeds limit (80GiB), got 81.0"
-    assert parse_settings(["--config", str(cfg), "--num-users", "10"]).num_users == 10
+    assert parse_settings(["--config", str(cfg), "--num-users", "10"]).workload.num_users == 10
 
 
 def test_shipped_limits_apply_without_config():
@@ -571,8 +571,8 @@ def test_prefill_and_decode_only_are_exclusive():
 
 
 def test_latency_tracing_is_accepted():
-    assert parse_settings(["--enable-latency-tracing"]).latency_tracing is True
-    assert parse_settings([]).latency_tracing is False
+    assert parse_settings(["--enable-latency-tracing"]).outputs.latency_tracing is True
+    assert parse_settings([]).outputs.latency_tracing is False
 
 
 def test_companion_flags_are_range_validated_and_do_not_conflict():
@@ -670,12 +670,12 @@ def fake_runner(monkeypatch):
 def test_main_hands_settings_to_the_runner(fake_runner):
     assert main(["--model", "tiny-1b", "--num-users", "3"]) == 0
     (settings,) = fake_runner.calls
-    assert settings.model_name == "tiny-1b" and settings.num_users == 3
+    assert settings.model_name == "tiny-1b" and settings.workload.num_users == 3
 
 
 def test_fail_exit_code_flag_reaches_the_settings():
-    assert parse_settings(["--fail-exit-code"]).fail_exit_code is True
-    assert parse_settings([]).fail_exit_code is False
+    assert parse_settings(["--fail-exit-code"]).outputs.fail_exit_code is True
+    assert parse_settings([]).outputs.fail_exit_code is False
 
 
 def test_main_passes_the_runner_exit_status(fake_runner):
@@ -726,7 +726,7 @@ def test_run_is_the_default_command(fake_runner):
     assert main(["run", "--model", "tiny-1b", "--num-users", "3"]) == 0
     assert main(["--model", "tiny-1b", "--num-users", "3"]) == 0
     first, second = fake_runner.calls
-    assert (first.model_name, first.num_users) == (second.model_name, second.num_users) == ("tiny-1b", 3)
+    assert (first.model_name, first.workload.num_users) == (second.model_name, second.workload.num_users) == ("tiny-1b", 3)
     assert first.argv == second.argv == ("--model", "tiny-1b", "--num-users", "3")
 
 

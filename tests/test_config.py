@@ -579,15 +579,15 @@ def test_run_settings_tree_with_flat_shortcuts():
 
     s = parse_settings(["--num-users", "7", "--cpu-mem-gb", "4", "--duration", "30", "--output", "o.json",
                         "--io-workers", "3"])
-    assert s.workload.num_users == s.num_users == 7
-    assert s.tiers.cpu_mem_gb == s.cpu_mem_gb == 4.0
-    assert s.driver.duration == s.duration == 30.0
-    assert s.outputs.output == s.output == "o.json"
+    assert s.workload.num_users == s.workload.num_users == 7
+    assert s.tiers.cpu_mem_gb == s.tiers.cpu_mem_gb == 4.0
+    assert s.driver.duration == s.driver.duration == 30.0
+    assert s.outputs.output == s.outputs.output == "o.json"
     assert s.storage.io_workers == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.workload.num_users = 1
     with pytest.raises(AttributeError):
-        s.num_users = 1
+        s.workload.num_users = 1
 
 
 def test_sub_config_field_names_are_unique():

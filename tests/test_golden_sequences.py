@@ -53,8 +53,8 @@ def _ops(plan) -> list:
 def record(name: str, config: Path) -> dict:
     if name in SYNTHETIC:
         settings = _settings(config, SYNTHETIC[name])
-        rag = RagCorpus(settings.config.rag) if settings.enable_rag else None
-        users = UserFactory(settings, rag).build(0, settings.num_users)
+        rag = RagCorpus(settings.config.rag) if settings.workload.enable_rag else None
+        users = UserFactory(settings, rag).build(0, settings.workload.num_users)
         return {u.user_id: [[round(u.think_time(), 9), *_ops(u.next_request())] for _ in range(12)] for u in users}
     workload = build_trace_workload(_settings(config, TRACES[name]))
     if workload.sessions is None:

@@ -240,10 +240,10 @@ def test_the_results_are_on_disk_before_the_runs_files_are_removed(quick_setting
     real_close = TierSet.close
 
     def close(self):
-        seen.append(Path(settings.output).is_file())
+        seen.append(Path(settings.outputs.output).is_file())
         return real_close(self)
 
     monkeypatch.setattr(TierSet, "close", close)
     results, _ = execute(settings, sink)
     assert seen and seen[0] is True
-    assert json.loads(Path(settings.output).read_text())["total_requests"] == results["total_requests"]
+    assert json.loads(Path(settings.outputs.output).read_text())["total_requests"] == results["total_requests"]

@@ -60,7 +60,7 @@ def test_a_registered_shape_is_offered_and_built(monkeypatch):
     monkeypatch.setitem(shapes._ENTRIES, entry.name, entry)
     assert "step-test" in _mode_action().choices
     settings = parse_settings(["--enable-autoscaling", "--autoscaler-mode", "step-test", "--num-users", "2"])
-    shape = shapes.build(settings.autoscaler_mode, shapes.ShapeRequest(settings.num_users))
+    shape = shapes.build(settings.driver.autoscaler_mode, shapes.ShapeRequest(settings.workload.num_users))
     sample = IntervalSample(0.0, 2, 0.0, 0.0, 0.0, 0.0, None, None, 0)
     assert [shape.tick(sample) for _ in range(3)] == [3, 4, None]
 

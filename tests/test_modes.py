@@ -258,7 +258,7 @@ def test_mpi_ranks_get_their_own_cache_dir_and_output(tmp_path, monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     s = parse_settings(["--cache-dir", str(tmp_path), "--output", str(tmp_path / "res.json")])
-    assert s.cache_dir == str(tmp_path / "rank1") and s.output == str(tmp_path / "res_rank1.json")
+    assert s.tiers.cache_dir == str(tmp_path / "rank1") and s.outputs.output == str(tmp_path / "res_rank1.json")
     assert s.mpi_rank == 1 and s.mpi_world_size == 2
 
 
@@ -266,7 +266,7 @@ def test_single_mpi_rank_keeps_names(tmp_path, monkeypatch):
     monkeypatch.setenv("PMI_RANK", "0")
     monkeypatch.setenv("PMI_SIZE", "1")
     s = parse_settings(["--cache-dir", str(tmp_path), "--output", str(tmp_path / "res.json")])
-    assert s.cache_dir == str(tmp_path) and s.output == str(tmp_path / "res.json")
+    assert s.tiers.cache_dir == str(tmp_path) and s.outputs.output == str(tmp_path / "res.json")
 
 
 @pytest.mark.slow  # a real run (wall clock)

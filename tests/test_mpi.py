@@ -263,7 +263,7 @@ class _Survivors:
 
 def _settings(tmp_path):
     """What write_merged reads of the settings: the rank's own output and where the merged one goes."""
-    return SimpleNamespace(output=str(tmp_path / "X_rank0.json"), merged_output=str(tmp_path / "X.json"))
+    return SimpleNamespace(outputs=SimpleNamespace(output=str(tmp_path / "X_rank0.json")), merged_output=str(tmp_path / "X.json"))
 
 
 def test_the_lowest_live_rank_merges_the_others_and_names_the_lost_ones(tmp_path):

@@ -89,7 +89,7 @@ def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings
     real = write_mod.write_json_atomic
 
     def fail_first(path, data):
-        if str(path) == settings.output:
+        if str(path) == settings.outputs.output:
             raise OSError(errno.EROFS, "Read-only file system")
         return real(path, data)
     monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)

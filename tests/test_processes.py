@@ -29,12 +29,12 @@ MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidd
 def test_each_process_gets_a_share_and_its_own_paths(quick_settings, tmp_path):
     settings = quick_settings("--num-users", "10", "--cpu-mem-gb", "0.3", "--processes", "3")
     ranks = [rank_settings(settings, r, 3) for r in range(3)]
-    assert [s.num_users for s in ranks] == [4, 3, 3]
+    assert [s.workload.num_users for s in ranks] == [4, 3, 3]
     assert [s.seed for s in ranks] == [42, 43, 44]
-    assert all(s.cpu_mem_gb == pytest.approx(0.1) for s in ranks)
-    assert [s.output for s in ranks] == [str(tmp_path / f"r_rank{r}.json") for r in range(3)]
-    assert [s.cache_dir for s in ranks] == [str(tmp_path / "cache" / f"rank{r}") for r in range(3)]
-    assert all(s.processes == 1 and s.mpi_world_size == 3 for s in ranks)
+    assert all(s.tiers.cpu_mem_gb == pytest.approx(0.1) for s in ranks)
+    assert [s.outputs.output for s in ranks] == [str(tmp_path / f"r_rank{r}.json") for r in range(3)]
+    assert [s.tiers.cache_dir for s in ranks] == [str(tmp_path / "cache" / f"rank{r}") for r in range(3)]
+    assert all(s.driver.processes == 1 and s.mpi_world_size == 3 for s in ranks)
     assert [s.mpi_rank for s in ranks] == [0, 1, 2]
 
 

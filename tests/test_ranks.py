@@ -14,7 +14,7 @@ from kv_cache.errors import UsageError
 from kv_cache.host.memlimit import MemoryLimit, process_memory_limit, share_of_host
 from kv_cache.results.parameters import run_parameters
 from kv_cache.settings.fields import COPY, OFFSET, SPLIT
-from kv_cache.settings.ranks import rank_share, rules, split_values, totals
+from kv_cache.settings.ranks import rank_share, rules, setting_value, split_values, totals
 
 SPLIT_SETTINGS = {"num_users", "request_rate", "storage_capacity_gb", "gpu_mem_gb", "cpu_mem_gb", "max_requests",
                   "precondition_size_gb", "rag_num_docs"}
@@ -50,23 +50,23 @@ def test_float_shares_sum_to_the_total(total, n):
 def test_processes_divide_every_total_and_offset_the_seed(quick_settings, tmp_path):
     settings = quick_settings(*TOTALS, "--processes", "3")
     ranks = [rank_settings(settings, r, 3) for r in range(3)]
-    assert [s.num_users for s in ranks] == [4, 3, 3]
-    assert [s.max_requests for s in ranks] == [3, 2, 2]
-    assert [s.rag_num_docs for s in ranks] == [4, 4, 3]
+    assert [s.workload.num_users for s in ranks] == [4, 3, 3]
+    assert [s.driver.max_requests for s in ranks] == [3, 2, 2]
+    assert [s.workload.rag_num_docs for s in ranks] == [4, 4, 3]
     for name, total in (("request_rate", 2.0), ("storage_capacity_gb", 3.0), ("cpu_mem_gb", 0.3),
                         ("precondition_size_gb", 5.0)):
-        assert sum(getattr(s, name) for s in ranks) == pytest.approx(total), name
-        assert getattr(ranks[0], name) == pytest.approx(total / 3), name
+        assert sum(setting_value(s, name) for s in ranks) == pytest.approx(total), name
+        assert setting_value(ranks[0], name) == pytest.approx(total / 3), name
     assert [s.seed for s in ranks] == [42, 43, 44]
-    assert all(s.duration == settings.duration and s.cache_dir.endswith(f"rank{r}") for r, s in enumerate(ranks))
-    assert all(s.host_ranks == 3 and s.processes == 1 and s.mpi_world_size == 3 for s in ranks)
+    assert all(s.driver.duration == settings.driver.duration and s.tiers.cache_dir.endswith(f"rank{r}") for r, s in enumerate(ranks))
+    assert all(s.tiers.host_ranks == 3 and s.driver.processes == 1 and s.mpi_world_size == 3 for s in ranks)
     assert all(dict(s.rank_totals) == totals(settings) for s in ranks)
     assert ranks[1].rank_totals["num_users"] == 10 and ranks[1].rank_totals["request_rate"] == 2.0
 
 
 def test_two_processes_offer_the_rate_of_the_flag(quick_settings):
     settings = quick_settings("--request-rate", "2", "--processes", "2")
-    assert [rank_settings(settings, r, 2).request_rate for r in range(2)] == [1.0, 1.0]
+    assert [rank_settings(settings, r, 2).driver.request_rate for r in range(2)] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("extra,words", [
@@ -99,10 +99,10 @@ def test_plain_mpirun_ranks_take_their_share_of_the_totals(monkeypatch, tmp_path
     _mpi_env(monkeypatch, 1, 2, local=2)
     argv = _argv(tmp_path, *TOTALS)
     s = resolve_run(build_parser().parse_args(argv), argv)
-    assert (s.num_users, s.request_rate, s.max_requests, s.rag_num_docs) == (5, 1.0, 3, 5)
-    assert s.storage_capacity_gb == pytest.approx(1.5) and s.cpu_mem_gb == pytest.approx(0.15)
-    assert s.seed == 43 and s.mpi_rank == 1 and s.mpi_world_size == 2 and s.host_ranks == 2
-    assert s.output == str(tmp_path / "r_rank1.json") and s.cache_dir == str(tmp_path / "c" / "rank1")
+    assert (s.workload.num_users, s.driver.request_rate, s.driver.max_requests, s.workload.rag_num_docs) == (5, 1.0, 3, 5)
+    assert s.tiers.storage_capacity_gb == pytest.approx(1.5) and s.tiers.cpu_mem_gb == pytest.approx(0.15)
+    assert s.seed == 43 and s.mpi_rank == 1 and s.mpi_world_size == 2 and s.tiers.host_ranks == 2
+    assert s.outputs.output == str(tmp_path / "r_rank1.json") and s.tiers.cache_dir == str(tmp_path / "c" / "rank1")
     assert s.rank_totals["num_users"] == 10 and not s.flags_per_rank
 
 
@@ -110,8 +110,8 @@ def test_the_wrapper_keeps_each_ranks_own_values(monkeypatch, tmp_path):
     _mpi_env(monkeypatch, 1, 2, local=2)
     argv = _argv(tmp_path, *TOTALS)
     s = resolve_run(build_parser().parse_args(argv), argv, rank_paths=False, flags_per_rank=True)
-    assert (s.num_users, s.request_rate, s.max_requests, s.seed) == (10, 2.0, 7, 42)  # the Rules: per client
-    assert s.flags_per_rank and s.rank_totals is None and s.host_ranks == 2  # the host's memory is still shared
+    assert (s.workload.num_users, s.driver.request_rate, s.driver.max_requests, s.seed) == (10, 2.0, 7, 42)  # the Rules: per client
+    assert s.flags_per_rank and s.rank_totals is None and s.tiers.host_ranks == 2  # the host's memory is still shared
     split = run_parameters(s, datetime(2026, 1, 1))["settings_split"]
     assert split["flags_given_as"] == "per_rank" and split["totals"]["num_users"] == 20
     assert split["rank_share"]["num_users"] == 10
@@ -141,7 +141,7 @@ def test_rank_share_is_the_one_rule_set(quick_settings):
     settings = quick_settings(*TOTALS)
     shares = [rank_share(settings, r, 4, host_ranks=4) for r in range(4)]
     for name in SPLIT_SETTINGS:
-        assert sum(getattr(s, name) for s in shares) == pytest.approx(getattr(settings, name)), name
+        assert sum(setting_value(s, name) for s in shares) == pytest.approx(setting_value(settings, name)), name
 
 
 def test_the_host_memory_is_divided_between_its_ranks(monkeypatch):
@@ -186,8 +186,8 @@ def test_the_mlperf_wrapper_runs_each_rank_with_its_own_values(tmp_path, monkeyp
     monkeypatch.setattr("kv_cache.cli.run_resolved", lambda s: seen.append(s) or 0)
     assert wrapper.run_kv_cache(plan) == 0
     (s,) = seen
-    assert (s.num_users, s.request_rate, s.seed) == (100, 4.0, 41)  # per client, as the Rules say
-    assert s.flags_per_rank and s.host_ranks == 2 and s.mpi_rank == 1
+    assert (s.workload.num_users, s.driver.request_rate, s.seed) == (100, 4.0, 41)  # per client, as the Rules say
+    assert s.flags_per_rank and s.tiers.host_ranks == 2 and s.mpi_rank == 1
 
 
 def test_the_banner_names_the_ranks_share(quick_settings):

@@ -110,7 +110,7 @@ def test_mpi_rank0_keeps_an_earlier_merged_document(tmp_path):
     ranks = [json.loads(p.read_text()) for p in sorted((FIXTURES / "ranks").glob("*.json"))]
     target = tmp_path / "kvcache_merged.json"
     target.write_text('{"older": 1}')
-    settings = SimpleNamespace(output=str(tmp_path / "r_rank0.json"), merged_output=str(target))
+    settings = SimpleNamespace(outputs=SimpleNamespace(output=str(tmp_path / "r_rank0.json")), merged_output=str(target))
     out = io.StringIO()
     write_merged(settings, _Rank0(ranks), ranks[0], out)
     assert json.loads((tmp_path / "kvcache_merged.json.1").read_text()) == {"older": 1}
@@ -131,7 +131,7 @@ def test_a_failed_merged_write_goes_to_a_named_fallback(tmp_path, monkeypatch):
     monkeypatch.setattr(write_mod, "write_json_atomic", fail)
     monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path))
     out = io.StringIO()
-    settings = SimpleNamespace(output=str(tmp_path / "r_rank0.json"), merged_output=str(target))
+    settings = SimpleNamespace(outputs=SimpleNamespace(output=str(tmp_path / "r_rank0.json")), merged_output=str(target))
     write_merged(settings, _Rank0(ranks), ranks[0], out)
     fallback = out.getvalue().rsplit("written to ", 1)[1].strip()
     assert fallback.startswith(str(tmp_path / "kv-cache-fallback-")) and load(fallback).kind == "merged"

@@ -69,7 +69,7 @@ def test_result_json_has_reference_structure(quick_settings, sink, tmp_path):
     assert m["fsync"] is True and m["chunk_bytes"] == 1 << 20
     # honest rates: bytes in the window divided by the window's real length, which a run stopped by its
     # duration takes from its deadline (start + --duration), not from when the workers noticed
-    assert m["stop_reason"] == "duration" and abs(m["window_seconds"] - settings.duration) < 1e-6
+    assert m["stop_reason"] == "duration" and abs(m["window_seconds"] - settings.driver.duration) < 1e-6
     assert abs(s["requests_per_second"] - s["total_requests"] / m["window_seconds"]) < 1e-9
     expected = cs["tier_storage_kv_bytes_read_gb"] / m["window_seconds"]
     assert abs(cs["tier_storage_read_bandwidth_gbps"] - expected) < 1e-9

@@ -107,18 +107,18 @@ def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_run(args, argv)
     check_plots_dir(args.plots)
     code = run_resolved(settings)
-    plots_after_run(settings.output, args.plots)
+    plots_after_run(settings.outputs.output, args.plots)
     return code
 
 
 def run_resolved(settings: RunSettings) -> int:
     """Run the benchmark with resolved settings (logging set up, advisories logged); the exit status."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.outputs.log_level)
     if settings.config_path:
         logger.info("Loaded configuration from %s", settings.config_path)
     for message in advisories(settings):
         logger.warning(message)
-    if settings.processes > 1:
+    if settings.driver.processes > 1:
         from kv_cache.benchmarks.standard.processes import run_processes  # noqa: PLC0415
 
         return int(exit_status(run_processes(settings, sys.stdout, setup_logging=configure_logging)))

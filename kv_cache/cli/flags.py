@@ -6,37 +6,24 @@ its name, type, choices, help and default; this module only flattens the tree in
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from dataclasses import fields
 from datetime import datetime
 
 from kv_cache import __version__
 from kv_cache.cli.sessions import SessionsFlags, timestamped
 from kv_cache.core import shapes
-from kv_cache.settings.fields import Flag, field_default, flag_of
-from kv_cache.settings.run import SECTIONS, RunSettings, SourceFlags
+from kv_cache.settings.fields import flag_defaults, flags_of
+from kv_cache.settings.run import RUN_FLAG_TREE
 from kv_cache.specs import gpu_specs
 from kv_cache.workload.traces import formats as trace_formats
 
 __all__ = ["add_run_flags", "add_sessions_flags", "flags_of", "run_flag_defaults", "sessions_flag_defaults"]
 
-# The settings classes whose flagged fields make the `run` command, in --help order.
-RUN_TREE: tuple[type, ...] = (RunSettings, SECTIONS["workload"], SECTIONS["driver"], SECTIONS["tiers"],
-                              SECTIONS["outputs"], SourceFlags, SECTIONS["storage"])
+RUN_TREE = RUN_FLAG_TREE  # the settings classes whose flagged fields make the `run` command, in --help order
 _TIMESTAMPED = "output"  # the `--output` default gets the start time in its name
 
 
-def flags_of(classes: tuple[type, ...]) -> Iterator[tuple[Flag, object]]:
-    """(flag, its setting's default) of every flagged field of `classes`, in declaration order."""
-    for cls in classes:
-        for f in fields(cls):
-            flag = flag_of(f)
-            if flag is not None:
-                yield flag, field_default(f)
-
-
 def _defaults(classes: tuple[type, ...], now: datetime | None) -> dict[str, object]:
-    out = {flag.dest: flag.default_for(default) for flag, default in flags_of(classes)}
+    out = flag_defaults(classes)
     out[_TIMESTAMPED] = timestamped(str(out[_TIMESTAMPED]), now or datetime.now())
     return out
 

@@ -92,8 +92,8 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
 def _rank_of_world(settings: RunSettings, rank: int, world: int, flags_per_rank: bool) -> RunSettings:
     """This MPI rank's settings: its share of the totals given, or the flags as given (per-rank values);
     either way the host's memory budget is divided between the ranks on this host."""
-    if settings.processes > 1:  # the totals of --processes are divided when the processes start: check now
-        errors = share_errors(settings, settings.processes)
+    if settings.driver.processes > 1:  # the totals of --processes are divided when the processes start: check now
+        errors = share_errors(settings, settings.driver.processes)
         if errors:
             raise UsageError("; ".join(errors))
     if world <= 1:
@@ -159,7 +159,7 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
         io_mode=args.io_mode if args.io_mode is not None else storage.io_mode,
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
         io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors,
-        verify=bool(getattr(args, "verify", False)),
+        verify=bool(getattr(args, "verify", StorageSettings.verify)),
     )
 
 

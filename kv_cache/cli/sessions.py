@@ -20,7 +20,7 @@ from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import LOAD_POLICIES
 from kv_cache.settings.fields import Flag, setting
 from kv_cache.settings.pacing import PaceError, parse_pace
-from kv_cache.settings.run import IO_MODES, LOG_LEVELS
+from kv_cache.settings.run import DEFAULT_GPU, DEFAULT_MODEL, IO_MODES, LOG_LEVELS, StorageSettings
 from kv_cache.settings.schema import load_config
 from kv_cache.settings.validation import check_cache_dir
 from kv_cache.specs.models import SESSION_MODELS
@@ -35,8 +35,8 @@ class SessionsFlags:
 
     config: str | None = setting(None, flag=Flag(
         "--config", help="YAML config (sections sessions, gpus, inference_model, model_configs)."))
-    model: str = setting("llama3.1-8b", flag=Flag("--model", help="Model key."))
-    gpu: str = setting("h100", flag=Flag(
+    model: str = setting(DEFAULT_MODEL, flag=Flag("--model", help="Model key."))
+    gpu: str = setting(DEFAULT_GPU, flag=Flag(
         "--gpu", registry="gpu_specs", help="GPU spec."))
     gpu_mem_gb: float = setting(0.0, flag=Flag(
         "--gpu-mem-gb", type=float, help="HBM per GPU in GiB (0 = the GPU spec's)."))  # 0 = the GPU spec's HBM
@@ -190,14 +190,15 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         block_tokens=sess.block_tokens, shared_prefix_tokens=sess.shared_prefix_tokens,
         dram_bytes=int(args.cpu_mem_gb * GIB), cache_dir=args.cache_dir,
         storage_capacity_bytes=args.storage_capacity_gb * GIB,
-        chunk_bytes=(args.io_chunk_mb or storage.chunk_size_mb) << 20,
-        fsync=False if args.no_fsync else storage.fsync,
-        io_mode=args.io_mode or storage.io_mode, io_workers=args.io_workers,
+        storage=StorageSettings(
+            chunk_bytes=(args.io_chunk_mb or storage.chunk_size_mb) << 20,
+            fsync=False if args.no_fsync else storage.fsync,
+            io_mode=args.io_mode or storage.io_mode, io_workers=args.io_workers,
+            io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify),
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
-        io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kv_cache import __version__
 from kv_cache.metrics.stats import mean
 from kv_cache.results.parameters import generation_ms_per_token
+from kv_cache.settings.ranks import setting_value
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.settings.run import RunSettings
@@ -17,7 +18,7 @@ LINE = "=" * 80
 
 def _storage_where(settings: RunSettings, file_store: Any) -> str:
     if file_store is None:
-        return f"trace only -> {settings.io_trace_log}"
+        return f"trace only -> {settings.outputs.io_trace_log}"
     return f"{file_store.run_dir} ({file_store.fs_type}, {file_store.io_mode} I/O)"
 
 
@@ -40,10 +41,10 @@ def size_lines(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 def _gib(settings: RunSettings, sizes: Mapping[str, Mapping[str, Any]], key: str) -> str:
     size = sizes.get(key)
-    asked = getattr(settings, key) * (settings.num_gpus if key == "gpu_mem_gb" else 1)
+    asked = getattr(settings.tiers, key) * (settings.tiers.num_gpus if key == "gpu_mem_gb" else 1)
     if not size or not size.get("clamped"):
         return f"{asked:g} GiB"
-    scale = settings.num_gpus if key == "gpu_mem_gb" else 1
+    scale = settings.tiers.num_gpus if key == "gpu_mem_gb" else 1
     return f"{size['effective'] * scale:.2f} GiB (asked {asked:g}, clamped)"
 
 
@@ -59,26 +60,26 @@ def banner_lines(settings: RunSettings, context_lengths: Sequence[int], workers:
              f"GPU Memory: {_gib(settings, sizes, 'gpu_mem_gb')} | CPU Memory: {_gib(settings, sizes, 'cpu_mem_gb')}"
              f" | Storage: {_storage_where(settings, file_store)}",
              *size_lines(sizes),
-             f"Users: {settings.num_users} | Duration: {settings.duration:g} s | Seed: {settings.effective_seed}"
-             f" | Generation: {settings.generation_mode} ({generation_ms_per_token(settings):.1f} ms/token)"
+             f"Users: {settings.workload.num_users} | Duration: {settings.driver.duration:g} s | Seed: {settings.effective_seed}"
+             f" | Generation: {settings.driver.generation_mode} ({generation_ms_per_token(settings):.1f} ms/token)"
              f" | I/O workers: {workers}"]
-    feats = [f"multi-turn {'on' if settings.multi_turn else 'off'}",
-             f"prefix caching {'on' if settings.prefix_caching else 'off'}"]
-    if settings.max_concurrent_allocs:
-        feats.append(f"max concurrent requests {settings.max_concurrent_allocs}")
-    if settings.max_requests:
-        feats.append(f"stop after {settings.max_requests} requests")
+    feats = [f"multi-turn {'on' if settings.workload.multi_turn else 'off'}",
+             f"prefix caching {'on' if settings.workload.prefix_caching else 'off'}"]
+    if settings.driver.max_concurrent_allocs:
+        feats.append(f"max concurrent requests {settings.driver.max_concurrent_allocs}")
+    if settings.driver.max_requests:
+        feats.append(f"stop after {settings.driver.max_requests} requests")
     lines.append("Features: " + ", ".join(feats))
     if settings.mpi_world_size > 1:
         lines.append(rank_line(settings))
-    if settings.trace_paths:
-        layout = f"{settings.kv_block_tokens}-token blocks" if settings.kv_block_tokens else "entry per request"
-        lines.append(f"Trace: {', '.join(settings.trace_paths)} ({settings.trace_format}), speed-up "
-                     f"{settings.trace_speedup:g}{' (no pacing)' if settings.trace_speedup == 0 else ''}, "
+    if settings.workload.trace_paths:
+        layout = f"{settings.workload.kv_block_tokens}-token blocks" if settings.workload.kv_block_tokens else "entry per request"
+        lines.append(f"Trace: {', '.join(settings.workload.trace_paths)} ({settings.workload.trace_format}), speed-up "
+                     f"{settings.workload.trace_speedup:g}{' (no pacing)' if settings.workload.trace_speedup == 0 else ''}, "
                      f"KV layout: {layout}")
     ctx = list(context_lengths)
     if ctx:
-        bpt = m.bytes_per_token / settings.tensor_parallel
+        bpt = m.bytes_per_token / settings.tiers.tensor_parallel
         lines.append(f"User context lengths: min {min(ctx)}, max {max(ctx)}, mean {mean(ctx):.0f} tokens "
                      f"(max entry {max(ctx) * bpt / 2**20:.1f} MiB)")
     lines.append(LINE)
@@ -91,7 +92,7 @@ def rank_line(settings: RunSettings) -> str:
     head = f"Rank {settings.mpi_rank} of {settings.mpi_world_size}: "
     if settings.flags_per_rank or not settings.rank_totals:
         return head + "the flags are this rank's own values (per rank)"
-    shares = [f"{name} {getattr(settings, name):g} of {total:g}" for name, total in settings.rank_totals.items()
+    shares = [f"{name} {setting_value(settings, name):g} of {total:g}" for name, total in settings.rank_totals.items()
               if name != "seed" and total]
     return head + "its share of the totals given (" + ", ".join(shares) + ")"
 

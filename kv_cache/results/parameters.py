@@ -17,25 +17,25 @@ if TYPE_CHECKING:  # pragma: no cover
 def run_mode(settings: RunSettings) -> str:
     """One line naming what kind of run this is (shown before the window and kept in the results)."""
     parts = []
-    if settings.prefill_only:
+    if settings.driver.prefill_only:
         parts.append("PREFILL-ONLY (writes; no decode reads)")
-    elif settings.decode_only:
+    elif settings.driver.decode_only:
         parts.append("DECODE-ONLY (reads of pre-populated entries)")
     else:
         parts.append("standard (prefill+decode)")
-    if settings.request_rate > 0:
-        parts.append(f"open loop, Poisson arrivals at {settings.request_rate:g} req/s")
+    if settings.driver.request_rate > 0:
+        parts.append(f"open loop, Poisson arrivals at {settings.driver.request_rate:g} req/s")
     else:
         parts.append("closed loop")
-    if settings.enable_autoscaling:
-        parts.append(f"autoscaling ({settings.autoscaler_mode})")
-    if settings.io_trace_log:
+    if settings.driver.enable_autoscaling:
+        parts.append(f"autoscaling ({settings.driver.autoscaler_mode})")
+    if settings.outputs.io_trace_log:
         parts.append("TRACE MODE (no real I/O)")
     return ", ".join(parts)
 
 
 def generation_ms_per_token(settings: RunSettings) -> float:
-    return getattr(settings.config.generation_timing, settings.generation_mode) * 1000
+    return getattr(settings.config.generation_timing, settings.driver.generation_mode) * 1000
 
 
 def settings_split(settings: RunSettings) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def settings_split(settings: RunSettings) -> dict[str, Any]:
         whole = {k: (v * ranks if isinstance(v, (int, float)) and k != "seed" else v) for k, v in share.items()}
     else:
         given_as, whole = "single", dict(share)
-    return {"flags_given_as": given_as, "ranks": ranks, "host_ranks": settings.host_ranks,
+    return {"flags_given_as": given_as, "ranks": ranks, "host_ranks": settings.tiers.host_ranks,
             "totals": whole, "rank_share": share}
 
 
@@ -76,35 +76,35 @@ def run_parameters(settings: RunSettings, started: datetime,
         "config_path": settings.config_path,
         "model": settings.model_name,
         "bytes_per_token": settings.model.bytes_per_token,
-        "num_users": settings.num_users,
-        "duration": settings.duration,
-        "gpu_mem_gb": settings.gpu_mem_gb,
-        "num_gpus": settings.num_gpus,
-        "tensor_parallel": settings.tensor_parallel,
-        "cpu_mem_gb": settings.cpu_mem_gb,
-        "cache_dir": settings.cache_dir,
-        "generation_mode": settings.generation_mode,
+        "num_users": settings.workload.num_users,
+        "duration": settings.driver.duration,
+        "gpu_mem_gb": settings.tiers.gpu_mem_gb,
+        "num_gpus": settings.tiers.num_gpus,
+        "tensor_parallel": settings.tiers.tensor_parallel,
+        "cpu_mem_gb": settings.tiers.cpu_mem_gb,
+        "cache_dir": settings.tiers.cache_dir,
+        "generation_mode": settings.driver.generation_mode,
         "generation_ms_per_token": generation_ms_per_token(settings),
-        "performance_profile": settings.performance_profile,
-        "multi_turn": settings.multi_turn,
-        "prefix_caching": settings.prefix_caching,
+        "performance_profile": settings.outputs.performance_profile,
+        "multi_turn": settings.workload.multi_turn,
+        "prefix_caching": settings.workload.prefix_caching,
         "seed": settings.seed,
-        "max_concurrent_allocs": settings.max_concurrent_allocs,
-        "max_requests": settings.max_requests,
-        "storage_capacity_gb": settings.storage_capacity_gb,
-        "request_rate": settings.request_rate,
-        "autoscaling": settings.enable_autoscaling,
-        "autoscaler_mode": settings.autoscaler_mode if settings.enable_autoscaling else None,
-        "target_saturation": settings.target_saturation if settings.enable_autoscaling else None,
-        "rag_enabled": settings.enable_rag,
-        "rag_num_docs": settings.rag_num_docs if settings.enable_rag else None,
-        "precondition": settings.precondition,
-        "precondition_size_gb": settings.precondition_size_gb,
-        "precondition_threads": settings.precondition_threads or os.cpu_count(),
-        "prefill_only": settings.prefill_only,
-        "decode_only": settings.decode_only,
-        "io_trace_log": settings.io_trace_log,
-        "validation_trace": settings.validation_trace,
+        "max_concurrent_allocs": settings.driver.max_concurrent_allocs,
+        "max_requests": settings.driver.max_requests,
+        "storage_capacity_gb": settings.tiers.storage_capacity_gb,
+        "request_rate": settings.driver.request_rate,
+        "autoscaling": settings.driver.enable_autoscaling,
+        "autoscaler_mode": settings.driver.autoscaler_mode if settings.driver.enable_autoscaling else None,
+        "target_saturation": settings.driver.target_saturation if settings.driver.enable_autoscaling else None,
+        "rag_enabled": settings.workload.enable_rag,
+        "rag_num_docs": settings.workload.rag_num_docs if settings.workload.enable_rag else None,
+        "precondition": settings.driver.precondition,
+        "precondition_size_gb": settings.driver.precondition_size_gb,
+        "precondition_threads": settings.driver.precondition_threads or os.cpu_count(),
+        "prefill_only": settings.driver.prefill_only,
+        "decode_only": settings.driver.decode_only,
+        "io_trace_log": settings.outputs.io_trace_log,
+        "validation_trace": settings.workload.validation_trace,
         "mpi_rank": settings.mpi_rank,
         "mpi_world_size": settings.mpi_world_size,
         "pid": os.getpid(),

@@ -108,7 +108,7 @@ def summary_inputs(settings: RunSettings) -> dict[str, Any]:
     """What the summary code takes besides the recorder (profile, PASS/FAIL thresholds, QoS targets), so a
     merge of ranks runs the same summary with the same inputs."""
     cfg = settings.config
-    return {"performance_profile": settings.performance_profile, "kv_block_tokens": settings.kv_block_tokens,
+    return {"performance_profile": settings.outputs.performance_profile, "kv_block_tokens": settings.workload.kv_block_tokens,
             "performance_criteria": dataclasses.asdict(cfg.performance_criteria),
             "qos_profiles": {level: dataclasses.asdict(p) for level, p in cfg.qos_profiles.items()}}
 
@@ -126,7 +126,7 @@ def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = N
     if settings is None:
         return results_document({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "phases": phases})
     metrics = metrics if metrics is not None else RunMetrics()
-    summary = build_summary(RunMetrics(), {}, settings.config.qos_profiles, settings.performance_profile,
+    summary = build_summary(RunMetrics(), {}, settings.config.qos_profiles, settings.outputs.performance_profile,
                             settings.config.performance_criteria, 0.0, None, True)
     results = results_document(request_lists(RunMetrics()))
     results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
@@ -165,9 +165,9 @@ def build_results(record: RunRecord) -> dict[str, Any]:
         results["trace_replay"] = trace_replay(settings, record.trace)
     if record.phases:
         results["phases"] = record.phases
-    if settings.validation_trace_stats is not None and metrics.requests.completed > 0:
+    if settings.workload.validation_trace_stats is not None and metrics.requests.completed > 0:
         cs = summary["cache_stats"]
-        results["validation"] = compare(settings.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
+        results["validation"] = compare(settings.workload.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
     if record.tracer is not None:
         results["measurement"]["io_trace"] = {"path": record.tracer.path, "rows": record.tracer.rows}
     return results
@@ -178,7 +178,7 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
     completed (its verdict is then FAIL). A storage tier that moved no bytes is said loudly, in the notes too."""
     settings, metrics, outcome = record.settings, record.metrics, record.outcome
     error_rate = outcome.requests_failed / max(1, outcome.requests_issued)
-    summary = build_summary(metrics, record.usage, settings.config.qos_profiles, settings.performance_profile,
+    summary = build_summary(metrics, record.usage, settings.config.qos_profiles, settings.outputs.performance_profile,
                             settings.config.performance_criteria, error_rate,
                             fatal_error=getattr(outcome, "fatal_error", None), storage_expected=True)
     exercised = storage_bytes_moved(summary["cache_stats"]) > 0
@@ -186,8 +186,8 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
     if not exercised and never_exercised_note() not in record.notes:
         record.notes.append(never_exercised_note())
     summary["per_turn"] = per_turn_stats(metrics)
-    if settings.kv_block_tokens > 0:
-        summary["block_stats"] = block_stats(metrics, settings.kv_block_tokens)
+    if settings.workload.kv_block_tokens > 0:
+        summary["block_stats"] = block_stats(metrics, settings.workload.kv_block_tokens)
     if record.autoscaler is not None:
         summary["autoscaling_stats"] = record.autoscaler.history
         summary["autoscaling_summary"] = record.autoscaler.summary()
@@ -213,7 +213,7 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
         "filesystem": fs.fs_type if fs is not None else None,
         "filesystem_kind": meas.filesystem_kind(fs.fs_type) if fs is not None else None,
         "storage_capacity_bytes": meas.storage_capacity_bytes(record.usage),
-        "cpu_tier_bytes": (getattr(record.memory_store, "capacity_bytes", int(settings.cpu_mem_gb * GIB))
+        "cpu_tier_bytes": (getattr(record.memory_store, "capacity_bytes", int(settings.tiers.cpu_mem_gb * GIB))
                            if record.memory_store is not None else 0),  # as clamped to the memory there is
         "gpu_tier": record.gpu_store.stats() if record.gpu_store is not None else "absent",
         "storage_gds": fs.gds_info() if hasattr(fs, "gds_info") else "off",
@@ -229,7 +229,7 @@ def _window(record: RunRecord) -> dict[str, Any]:
         "requests_abandoned_at_stop": outcome.requests_abandoned,
         "requests_failed": outcome.requests_failed,
         "requests_rejected": outcome.requests_rejected,
-        "offered_request_rate": record.settings.request_rate or None,
+        "offered_request_rate": record.settings.driver.request_rate or None,
         "final_active_users": outcome.final_active_users,
         **meas.in_flight_at_stop(outcome),
     }
@@ -269,7 +269,7 @@ def _storage_location(fs: StorageTierStore | None) -> dict[str, Any]:
 
 
 def trace_replay(settings: RunSettings, trace: TraceReplay) -> dict[str, Any]:
-    if settings.request_rate > 0:
+    if settings.driver.request_rate > 0:
         replay = "open loop, Poisson"
     elif trace.sessions is not None:
         replay = "closed-loop sessions"
@@ -277,12 +277,12 @@ def trace_replay(settings: RunSettings, trace: TraceReplay) -> dict[str, Any]:
         replay = "open loop, recorded timestamps"
     return {
         "format": trace.format,
-        "paths": list(settings.trace_paths),
+        "paths": list(settings.workload.trace_paths),
         "replay": replay,
-        "trace_speedup": settings.trace_speedup,
-        "think_time": settings.think_time.kind if settings.think_time else "trace",
+        "trace_speedup": settings.workload.trace_speedup,
+        "think_time": settings.workload.think_time.kind if settings.workload.think_time else "trace",
         "sessions": len(trace.sessions) if trace.sessions is not None else None,
-        "kv_block_tokens": settings.kv_block_tokens,
+        "kv_block_tokens": settings.workload.kv_block_tokens,
         "trace_block_tokens": trace.sources[0].block_tokens,
         "stats": [src.stats.to_dict() for src in trace.sources],
     }

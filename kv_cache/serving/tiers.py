@@ -162,7 +162,7 @@ def largest_entry(settings: RunSettings) -> int:
     """Bytes of the largest entry the synthetic users may write (the longest context of any template),
     at least one I/O chunk: the headroom the auto storage capacity keeps."""
     longest = max((t.context_range[1] for t in settings.config.user_templates.values()), default=0)
-    per_token = settings.model.bytes_per_token // max(1, settings.tensor_parallel)
+    per_token = settings.model.bytes_per_token // max(1, settings.tiers.tensor_parallel)
     return max(settings.storage.chunk_bytes, longest * per_token)
 
 

@@ -3,11 +3,14 @@ dataclass field metadata (so each key's type, range and default are written once
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
-__all__ = ["COPY", "OFFSET", "SPLIT", "Flag", "FrozenMap", "field_default", "flag_of", "setting", "split_rule"]
+__all__ = [
+    "COPY", "OFFSET", "SPLIT", "Flag", "FrozenMap", "field_default", "flag_defaults", "flag_of", "flags_of", "setting",
+    "split_rule",
+]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -155,6 +158,21 @@ def flag_of(f: Any) -> Flag | None:
 def field_default(f: Any) -> Any:
     """A dataclass field's default value (its factory's product for a default_factory field)."""
     return f.default_factory() if f.default is MISSING else f.default
+
+
+def flags_of(classes: Iterable[type]) -> Iterator[tuple[Flag, Any]]:
+    """(flag, its setting's default) of every flagged field of the dataclasses `classes`, in declaration
+    order: the one walk that both the parser (cli/flags.py) and the partial-namespace defaults use."""
+    for cls in classes:
+        for f in fields(cls):
+            flag = flag_of(f)
+            if flag is not None:
+                yield flag, field_default(f)
+
+
+def flag_defaults(classes: Iterable[type]) -> dict[str, Any]:
+    """Every flag's default by its argparse dest (`--disable-X`: `not` the setting's), from the fields."""
+    return {flag.dest: flag.default_for(default) for flag, default in flags_of(classes)}
 
 
 def split_rule(f: Any) -> str:

@@ -17,7 +17,7 @@ from kv_cache.errors import UsageError
 from kv_cache.settings.fields import OFFSET, SPLIT, FrozenMap, split_rule
 from kv_cache.settings.run import SECTIONS, RunSettings
 
-__all__ = ["rank_share", "rules", "share_errors", "split_value", "split_values", "totals"]
+__all__ = ["rank_share", "rules", "setting_value", "share_errors", "split_value", "split_values", "totals"]
 
 _FLAGS = {"num_users": "--num-users", "max_requests": "--max-requests", "rag_num_docs": "--rag-num-docs"}
 
@@ -55,6 +55,12 @@ def _read(settings: RunSettings, section: str | None, name: str) -> Any:
     return getattr(settings, name) if section is None else getattr(getattr(settings, section), name)
 
 
+def setting_value(settings: RunSettings, name: str) -> Any:
+    """The value of the setting of flat name `name` (`num_users`, `seed`...), read through its section."""
+    section, _ = rules()[name]
+    return _read(settings, section, name)
+
+
 def totals(settings: RunSettings) -> dict[str, Any]:
     """The SPLIT and OFFSET settings of `settings`, by flat name (what a share is taken of)."""
     out = {}
@@ -67,9 +73,9 @@ def totals(settings: RunSettings) -> dict[str, Any]:
 def share_errors(settings: RunSettings, n: int) -> list[str]:
     """Totals too small to give each of `n` ranks a share (a zero share would mean something else)."""
     errors = []
-    per = {"num_users": settings.num_users, "max_requests": settings.max_requests}
-    if settings.enable_rag:
-        per["rag_num_docs"] = settings.rag_num_docs
+    per = {"num_users": settings.workload.num_users, "max_requests": settings.driver.max_requests}
+    if settings.workload.enable_rag:
+        per["rag_num_docs"] = settings.workload.rag_num_docs
     for name, total in per.items():
         if (name != "num_users" and total == 0) or total >= n:
             continue

@@ -5,8 +5,10 @@ part: `storage` (the I/O engine), `tiers` (capacities and where the storage tier
 (who issues what), `driver` (how the run is paced and stopped) and `outputs` (where results go). Every
 default is written here once; the command-line parser takes its defaults from these classes.
 
-The flat names of the MLPerf-compatible flags (`settings.num_users`, `settings.cpu_mem_gb`...) stay
-readable on RunSettings: each sub-config field is also a read-only property of the whole.
+Readers reach a setting through its section (`settings.workload.num_users`, `settings.tiers.cpu_mem_gb`);
+only the run's identity (`model_name`, `seed`, `config_path`) sits on RunSettings itself. The flat names
+of the MLPerf-compatible flags remain the keys of `defaults()` and of `rank_totals`
+(config/ranks.py `setting_value` reads a setting by its flat name).
 """
 
 from __future__ import annotations
@@ -17,19 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 from kv_cache.settings.fields import OFFSET, SPLIT, Flag, setting
 from kv_cache.settings.pacing import ThinkTime
-from kv_cache.settings.sections import IO_MODES, StorageConfig
+from kv_cache.settings.sections import IO_MODES, GenerationTiming, StorageConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.settings.schema import BenchConfig
     from kv_cache.specs.models import GPUSpec, ModelConfig
 
 __all__ = [
+    "DEFAULT_GPU",
     "DEFAULT_MODEL",
     "GENERATION_MODES",
     "GPU_TIERS",
     "IO_MODES",
     "LOG_LEVELS",
     "PERFORMANCE_PROFILES",
+    "RUN_FLAG_TREE",
     "SECTIONS",
     "DriverSettings",
     "OutputSettings",
@@ -41,11 +45,12 @@ __all__ = [
     "defaults",
 ]
 
-GENERATION_MODES = ("none", "fast", "realistic")
+GENERATION_MODES = tuple(f.name for f in fields(GenerationTiming))  # each mode is a key of config generation_timing
 PERFORMANCE_PROFILES = ("latency", "throughput")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GPU_TIERS = ("auto", "real", "simulated", "off")
 DEFAULT_MODEL = "llama3.1-8b"
+DEFAULT_GPU = "h100"  # the GPU spec of the simulated GPU tier (run) and of the modelled GPUs (sessions)
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 _ENGINE = "storage engine (override the config 'storage' section)"  # --help group of the --io-* flags
 _TRACE = "trace replay and KV layout"  # --help group of the trace flags
@@ -94,7 +99,7 @@ class TierSettings:
         "--gpu-tier", type=str, choices=GPU_TIERS,
         help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
              "copy times), off; auto = real where CUDA is present, else simulated."))
-    gpu_type: str = setting("h100", flag=Flag(
+    gpu_type: str = setting(DEFAULT_GPU, flag=Flag(
         "--gpu-type", type=str, registry="gpu_specs",
         help="GPU spec whose host link and HBM bandwidth model the simulated GPU tier."))  # the config's gpus key whose figures model a simulated tier
     gds: bool = setting(False, flag=Flag(
@@ -109,7 +114,7 @@ class TierSettings:
     cache_dir: str | None = setting(None, flag=Flag(
         "--cache-dir", type=str,
         help="Directory of the storage tier (default: a fresh temp dir)."))  # None = a fresh temporary directory
-    gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu("h100"))  # gpu_type's, from the config
+    gpu_spec: GPUSpec | None = field(default_factory=lambda: _builtin_gpu(DEFAULT_GPU))  # gpu_type's, from the config
     storage_capacity_gb: float = setting(0.0, split=SPLIT, flag=Flag(
         "--storage-capacity-gb", type=float,
         help="Storage tier capacity, GiB (0 = auto)."))  # 0 = 90 % of the free space less the largest entry
@@ -230,7 +235,7 @@ class SourceFlags:
         help="Pause between a session's turns: trace (recorded), fixed:S or uniform:A:B seconds."))
 
 
-# Sub-config attribute of RunSettings -> its class; their field names are also RunSettings properties.
+# Sub-config attribute of RunSettings -> its class (a flat setting name is a field name of one of them).
 SECTIONS: dict[str, type] = {
     "storage": StorageSettings,
     "tiers": TierSettings,
@@ -270,16 +275,9 @@ class RunSettings:
         return 0 if self.seed is None else self.seed
 
 
-def _flat(section: str, name: str) -> property:
-    return property(lambda self: getattr(getattr(self, section), name),
-                    doc=f"Shortcut for `{section}.{name}`.")
-
-
-for _section, _cls in SECTIONS.items():
-    if _section == "storage":  # `settings.storage` is the sub-config itself; its fields stay qualified
-        continue
-    for _f in fields(_cls):
-        setattr(RunSettings, _f.name, _flat(_section, _f.name))
+# The settings classes whose flagged fields make the `run` command, in --help order (cli/flags.py).
+RUN_FLAG_TREE: tuple[type, ...] = (RunSettings, WorkloadSettings, DriverSettings, TierSettings, OutputSettings,
+                                   SourceFlags, StorageSettings)
 
 
 def defaults() -> dict[str, Any]:

@@ -12,7 +12,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from kv_cache.settings.run import defaults
+from kv_cache.settings.fields import flag_defaults
+from kv_cache.settings.run import RUN_FLAG_TREE, defaults
 from kv_cache.settings.schema import ValidationLimits
 
 __all__ = [
@@ -45,9 +46,10 @@ SYSTEM_TREE_EXCEPTIONS = ("/dev/shm",)
 # Refused themselves (a benchmark must not scatter files into them) but fine to have a subdirectory of.
 TOP_LEVEL_ONLY_DIRS = ("/", "/root", "/var", "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/run")
 
-# Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects); the
-# --io-* flags default to None, meaning "as the config's storage section says".
-_DEFAULTS: dict[str, Any] = {**defaults(), "io_chunk_mb": None, "io_workers": None}
+# Parser defaults, used when a namespace lacks an attribute (callers may pass partial objects): the
+# settings' defaults and the flags' own, both read from the settings tree (the --io-* flags default to
+# None, meaning "as the config's storage section says").
+_DEFAULTS: dict[str, Any] = {**defaults(), **flag_defaults(RUN_FLAG_TREE)}
 
 def validate_args(args: Any, limits: ValidationLimits | None = None) -> list[str]:
     """All problems with the flag values, in the MLPerf tool's order and wording (empty list = valid)."""
@@ -154,8 +156,8 @@ def _check_placement(get: Callable[[str], Any], errors: list[str]) -> None:
 def conflicting_features(args: Any) -> list[str]:
     """One message per pair of flags given that cannot run together."""
     errors = []
-    request_rate = getattr(args, "request_rate", 0.0)
-    if getattr(args, "enable_autoscaling", False) and isinstance(request_rate, (int, float)) and request_rate > 0:
+    request_rate = getattr(args, "request_rate", _DEFAULTS["request_rate"])
+    if getattr(args, "enable_autoscaling", _DEFAULTS["enable_autoscaling"]) and isinstance(request_rate, (int, float)) and request_rate > 0:
         errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
     return errors
 

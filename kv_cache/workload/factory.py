@@ -41,12 +41,12 @@ class UserFactory:
         self.seed = settings.effective_seed
         self.conversations = (ConversationManager(cfg.conversation.max_conversations,
                                                   cfg.conversation.max_turns_per_conv)
-                              if settings.multi_turn else None)
+                              if settings.workload.multi_turn else None)
         self.prefixes = (build_system_prefixes(cfg.prefix_cache.min_prefix_length,
                                                cfg.prefix_cache.max_prefix_entries)
-                         if settings.prefix_caching else ())
+                         if settings.workload.prefix_caching else ())
         self.rag = rag
-        self.decode_only_entries = settings.num_users * PREPOPULATION_PER_USER if settings.decode_only else 0
+        self.decode_only_entries = settings.workload.num_users * PREPOPULATION_PER_USER if settings.driver.decode_only else 0
 
     def __call__(self, index: int) -> SyntheticUser:
         return self.build(index, 1)[0]
@@ -58,7 +58,7 @@ class UserFactory:
                           self.prefixes, cfg.prefix_cache.system_prompt_hit_probability,
                           decode_only_entries=self.decode_only_entries, rag=self.rag,
                           rag_probability=cfg.rag.request_probability,
-                          kv_block_tokens=self.settings.kv_block_tokens)
+                          kv_block_tokens=self.settings.workload.kv_block_tokens)
             for p in generate_profiles(count, cfg, self.seed, first_index=first)
         ]
 
@@ -79,10 +79,10 @@ class TraceWorkload:
 
 def open_trace_sources(settings: RunSettings) -> list[TraceSource]:
     """Open and check every trace file of the run (raises TraceError); the run opens them only here."""
-    paths, fmt = list(settings.trace_paths), settings.trace_format
+    paths, fmt = list(settings.workload.trace_paths), settings.workload.trace_format
     if fmt == "auto":  # detected first: the conversation limit applies to ShareGPT only
         fmt = detect_format(paths[0])
-    max_conv = settings.max_conversations if fmt == "sharegpt" else 0
+    max_conv = settings.workload.max_conversations if fmt == "sharegpt" else 0
     cfg = settings.config
     return open_sources(paths, fmt, 0, max_conv, max_context_tokens=cfg.validation_limits.max_trace_context_tokens,
                         chars_per_token=cfg.sharegpt.chars_per_token_estimate,
@@ -94,19 +94,19 @@ def build_trace_workload(settings: RunSettings, sources: list[TraceSource] | Non
     """The trace workload over `sources` (opened now when not given)."""
     cfg = settings.config
     sources = open_trace_sources(settings) if sources is None else sources
-    planner = TracePlanner(settings.kv_block_tokens, settings.multi_turn, cfg.qos_distribution, cfg.qos_profiles,
+    planner = TracePlanner(settings.workload.kv_block_tokens, settings.workload.multi_turn, cfg.qos_distribution, cfg.qos_profiles,
                            settings.effective_seed)
-    think = settings.think_time or ThinkTime()
-    if settings.request_rate > 0:  # every source can be driven open-loop at a Poisson rate
-        rows = OpenLoopTrace(sources, planner, settings.replay_cycles, settings.max_requests)
-        return TraceWorkload(sources, arrivals=poisson_retimed(rows, settings.request_rate, settings.effective_seed))
+    think = settings.workload.think_time or ThinkTime()
+    if settings.driver.request_rate > 0:  # every source can be driven open-loop at a Poisson rate
+        rows = OpenLoopTrace(sources, planner, settings.workload.replay_cycles, settings.driver.max_requests)
+        return TraceWorkload(sources, arrivals=poisson_retimed(rows, settings.driver.request_rate, settings.effective_seed))
     if trace_formats.get(sources[0].format).sessions:  # rows form sessions: one user per session
-        sessions = load_sessions(sources, planner, think, settings.trace_speedup, settings.effective_seed,
-                                 settings.max_requests)
-        return TraceWorkload(sources, sessions=sessions, speedup=settings.trace_speedup)
-    return TraceWorkload(sources, arrivals=OpenLoopTrace(sources, planner, settings.replay_cycles,
-                                                         settings.max_requests),
-                         speedup=settings.trace_speedup)
+        sessions = load_sessions(sources, planner, think, settings.workload.trace_speedup, settings.effective_seed,
+                                 settings.driver.max_requests)
+        return TraceWorkload(sources, sessions=sessions, speedup=settings.workload.trace_speedup)
+    return TraceWorkload(sources, arrivals=OpenLoopTrace(sources, planner, settings.workload.replay_cycles,
+                                                         settings.driver.max_requests),
+                         speedup=settings.workload.trace_speedup)
 
 
 def poisson_retimed(rows: Iterable[tuple[Any, Any]], rate: float, seed: int) -> Iterator[tuple[float, Any]]:

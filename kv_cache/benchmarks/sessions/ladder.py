@@ -55,6 +55,11 @@ TURN_CLASSES = ("start", "return", "agentic")
 
 @dataclass(frozen=True)
 class LadderSettings:
+    """The ladder section of the `kv-cache sessions` settings tree (SessionsSettings.ladder_settings): what
+    every rung is built and run with. cli/sessions.py resolves each field from the flags (SessionsFlags,
+    where their defaults are written) and config.yaml, so no field has a default here; `storage` is the
+    I/O engine's section of the run's tree (settings/run.py StorageSettings)."""
+
     model: Any
     model_name: str
     gpu: Any  # gpumod.GPUSpec
@@ -67,10 +72,7 @@ class LadderSettings:
     dram_bytes: int
     cache_dir: str | None
     storage_capacity_bytes: float  # 0 = auto: 90 % of the free space less one block (host.capacity)
-    chunk_bytes: int
-    fsync: bool
-    io_mode: str
-    io_workers: int
+    storage: StorageSettings  # how the offload tiers move bytes; max_storage_errors: what a rung tolerates
     window_s: float
     warmup_s: float
     subwindows: int
@@ -79,12 +81,8 @@ class LadderSettings:
     pace: Any  # scripts.Pace
     seed: int
     eviction: EvictionConfig
-    load_policy: str = "always"  # always | cost (see Replica)
-    steady_state: bool = False  # start as a long run would have left the engine and tiers (steady_state.py)
-    io_retries: int = 3  # retries of a transient storage error (EIO, ENOTCONN, EAGAIN), per operation
-    max_storage_errors: int = 10  # storage errors left after retries a rung tolerates; one more stops the ladder
-    verify: bool = False  # every offload-tier read checks the per-block stamps
-    strict_memory: bool = False  # a DRAM tier that does not fit the memory budget is refused, not clamped
+    load_policy: str  # always | cost (see Replica)
+    steady_state: bool  # start as a long run would have left the engine and tiers (steady_state.py)
 
     @property
     def replicas(self) -> int:
@@ -111,12 +109,7 @@ class LadderSettings:
         dram = self.dram_bytes if tiers in ("dram", "dram+storage") else 0
         return TierSettings(gpu_mem_gb=0.0, gpu_tier="off", num_gpus=self.num_gpus,
                             tensor_parallel=self.tensor_parallel, cpu_mem_gb=dram / GIB, cache_dir=self.cache_dir,
-                            storage_capacity_gb=self.storage_capacity_bytes / GIB, strict_memory=self.strict_memory)
-
-    def storage_settings(self) -> StorageSettings:
-        return StorageSettings(chunk_bytes=self.chunk_bytes, fsync=self.fsync, io_mode=self.io_mode,
-                               io_workers=self.io_workers, io_retries=self.io_retries,
-                               max_storage_errors=self.max_storage_errors, verify=self.verify)
+                            storage_capacity_gb=self.storage_capacity_bytes / GIB)
 
     def hbm_capacity_blocks(self) -> int:
         cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
@@ -185,16 +178,16 @@ class RungRun:
         self.stores = TierSet([])
         # as the last tier the cache would fill DRAM to 100 %, above storage to target_usage_ratio:
         # the same usable fraction in both configurations
-        self.policy = ErrorPolicy(ls.max_storage_errors, self.loop.raise_alarm)
+        self.policy = ErrorPolicy(ls.storage.max_storage_errors, self.loop.raise_alarm)
         self.cache = open_cache(
-            ls.tier_settings(self.tiers), ls.storage_settings(), ls.eviction, self.metrics, ls.model.bytes_per_token,
-            self.stop, self.stores, workers=ls.io_workers, largest_entry=ls.block_bytes,
-            other_bytes=2 * ls.chunk_bytes * ls.io_workers, storage_tier=self.tiers == "dram+storage",
+            ls.tier_settings(self.tiers), ls.storage, ls.eviction, self.metrics, ls.model.bytes_per_token,
+            self.stop, self.stores, workers=ls.storage.io_workers, largest_entry=ls.block_bytes,
+            other_bytes=2 * ls.storage.chunk_bytes * ls.storage.io_workers, storage_tier=self.tiers == "dram+storage",
             last_ram_fraction=ls.dram_usable_fraction, on_fault=self.policy)
         self.file_store, self.memory_store = self.stores.file_store, self.stores.memory_store
         self.io = None
         if self.cache is not None:
-            pool = WorkerPool(Stream.ENGINE_IO, ls.io_workers, ls.chunk_bytes, ls.seed, name="kv-sess-io")
+            pool = WorkerPool(Stream.ENGINE_IO, ls.storage.io_workers, ls.storage.chunk_bytes, ls.seed, name="kv-sess-io")
             self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
 
         def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
@@ -454,7 +447,7 @@ class RungRun:
             "offload_io_rates": io_rates(rec),
             "storage_errors": self.metrics.storage_error_table(),
             "storage_error": self.storage_error,
-            "verify": {"enabled": ls.verify, "mismatches": self.metrics.verify_mismatches},
+            "verify": {"enabled": ls.storage.verify, "mismatches": self.metrics.verify_mismatches},
             "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
             "work": self._work(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,

@@ -35,7 +35,10 @@ from kv_cache.workload.traces import TraceError, open_trace
 
 @dataclass(frozen=True)
 class SessionsSettings:
-    """One `kv-cache sessions` run, resolved (synthetic sessions' block size until a trace is loaded)."""
+    """One `kv-cache sessions` run, resolved (synthetic sessions' block size until a trace is loaded): the
+    ladder's own settings, and `ladder_settings`, what every rung is built with. cli/sessions.py fills in
+    every field from the flags (SessionsFlags holds their defaults) and config.yaml; no field repeats one
+    of LadderSettings, and none has a default of its own."""
 
     ladder_settings: LadderSettings
     ladder: tuple[int, ...]
@@ -48,9 +51,9 @@ class SessionsSettings:
     output: str
     log_level: str
     argv: tuple[str, ...]
-    replications: int = 1
-    slo_ttft_p90_s: float | None = None
-    ladder_auto_start: int = 0  # > 0: `--ladder auto`, climbing from this many sessions until throughput peaked
+    replications: int
+    slo_ttft_p90_s: float | None
+    ladder_auto_start: int  # > 0: `--ladder auto`, climbing from this many sessions until throughput peaked
 
 
 __all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
@@ -181,7 +184,7 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
     temp dir without --cache-dir) and the I/O mode asked for; without a storage configuration, none."""
     if "dram+storage" not in tiers:
         return meas.storage_location(None, None)
-    return meas.storage_location(ls.cache_dir or tempfile.gettempdir(), ls.io_mode,
+    return meas.storage_location(ls.cache_dir or tempfile.gettempdir(), ls.storage.io_mode,
                                  "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")
 
 
@@ -220,7 +223,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
             "ladder_auto_start": s.ladder_auto_start or None,
             "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
             "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
-            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.io_workers,
+            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.storage.io_workers,
             "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
             "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
             "dram_usable_fraction": ls.dram_usable_fraction,

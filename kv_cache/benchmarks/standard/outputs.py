@@ -26,17 +26,17 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     """The JSON (always, even when interrupted), the console report, the optional spreadsheet. An older file
     at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
     printed and the results go to a fallback path that the message names."""
-    written = write_results(settings.output, results)
+    written = write_results(settings.outputs.output, results)
     print_report(results, out)
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)
     out.write(f"\nResults written to {written.path}\n")
-    if settings.xlsx_output and "summary" in results:
+    if settings.outputs.xlsx_output and "summary" in results:
         try:
-            out.write(f"Spreadsheet written to {xlsx.export(results, settings.xlsx_output)}\n")
+            out.write(f"Spreadsheet written to {xlsx.export(results, settings.outputs.xlsx_output)}\n")
         except OSError as exc:
             log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
-                      settings.xlsx_output, exc.strerror or exc, written.path)
+                      settings.outputs.xlsx_output, exc.strerror or exc, written.path)
     out.flush()
 
 
@@ -55,7 +55,7 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
     try:
         if survivors is not None:
             group, lost = survivors()
-        docs = group.gather({**results, "_source": settings.output})
+        docs = group.gather({**results, "_source": settings.outputs.output})
     except GroupBroken as exc:
         raise RanksLost(f"a rank was lost while the ranks' results were gathered ({exc}); each live rank's "
                         "file is written: merge them with `kv-cache merge --allow-missing-ranks`") from None
@@ -64,7 +64,7 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
                   ", ".join(map(str, lost)), world)
     if docs is None:
         return lost
-    path = settings.merged_output or os.path.join(os.path.dirname(settings.output) or ".", "kvcache_merged.json")
+    path = settings.merged_output or os.path.join(os.path.dirname(settings.outputs.output) or ".", "kvcache_merged.json")
     merged = merge_documents(docs, allow_missing=bool(lost))
     if lost:
         merged = mark_missing_ranks(merged, lost, world)

@@ -20,7 +20,7 @@ from kv_cache.serving.cache import MultiTierCache
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.rag import RagCorpus, RagDocument
 
-log = logging.getLogger("kv_cache.driver.phases")
+log = logging.getLogger("kv_cache.benchmarks.standard.phases")
 
 
 def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: Callable[[int], int], threads: int,

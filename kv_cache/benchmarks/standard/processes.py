@@ -80,9 +80,9 @@ def rank_settings(settings: RunSettings, rank: int, n: int) -> RunSettings:
     """The settings of process `rank` of `n`: its share of every SPLIT setting (users, request rate, the
     tiers' sizes, max-requests, precondition volume, RAG documents), seed + rank, the host's memory divided
     between the `n` processes on it (settings/ranks.py), and its own paths."""
-    stem, dot, ext = settings.output.rpartition(".")
-    output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{settings.output}_rank{rank}"
-    cache_dir = os.path.join(settings.cache_dir, f"rank{rank}") if settings.cache_dir else None
+    stem, dot, ext = settings.outputs.output.rpartition(".")
+    output = f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{settings.outputs.output}_rank{rank}"
+    cache_dir = os.path.join(settings.tiers.cache_dir, f"rank{rank}") if settings.tiers.cache_dir else None
     share = rank_share(settings, rank, n, host_ranks=n)
     return dataclasses.replace(
         share, merged_output=None,
@@ -97,7 +97,7 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
     the parent's to report); anything else is a bug: its traceback is logged here and the parent reports an
     internal error (never a usage error)."""
     if setup_logging is not None:  # a spawned process starts with no logging set up
-        setup_logging(settings.log_level)
+        setup_logging(settings.outputs.log_level)
     try:
         group.report(OUTCOME, run_benchmark(settings, io.StringIO(), group=group))  # the report stays in the JSON
         code = 0
@@ -124,15 +124,15 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     the others finish (their window is theirs) and the merge of the others names it: RunOutcome with
     `missing_ranks`. A known error of a process (bad cache dir, storage error before the window) is
     raised here after the others have stopped; a programming error is raised as InternalError."""
-    n = settings.processes
+    n = settings.driver.processes
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     barrier, shared, results = ctx.Barrier(n), manager.dict(), ctx.Queue()
     procs = [ctx.Process(target=_child, name=f"kv-cache-rank{r}",
                          args=(rank_settings(settings, r, n), ProcessGroup(r, n, barrier, shared, results),
                                setup_logging)) for r in range(n)]
-    out.write(f"Running {n} processes ({settings.num_users} users split between them); results per process "
-              f"beside {settings.output}\n")
+    out.write(f"Running {n} processes ({settings.workload.num_users} users split between them); results per process "
+              f"beside {settings.outputs.output}\n")
     out.flush()
     ended = _Ended()
     previous = None
@@ -200,7 +200,7 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutc
     lost = {r: p.exitcode for r, p in enumerate(procs) if r not in ended.outcomes and r not in ended.errors}
     missing = [r for r in range(n) if r not in ended.docs]
     if ended.docs:
-        merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).output}
+        merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).outputs.output}
                                   for r in sorted(ended.docs)], allow_missing=bool(missing))
         merged = with_missing_ranks(merged, missing, n, lost)
         if any(d.get("verdict") == INCOMPLETE for d in ended.docs.values()):
@@ -208,7 +208,7 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutc
         else:
             merged.setdefault("verdict", "PASS" if merged.get("overall_passed") else "FAIL")
         what = f"{len(ended.docs)} of {n} processes" if missing else f"{n} processes"
-        write_merged_document(settings.output, merged, out, f"Merged results of {what}")
+        write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}")
     for r, code in lost.items():
         out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
     out.flush()
@@ -224,7 +224,7 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutc
         storage_error=next((o.storage_error for o in outcomes if o.storage_error), None),
         passed=bool(ended.docs) and not missing and all(o.passed for o in outcomes),
         missing_ranks=tuple(missing) if lost else (),
-        fail_exit_code=settings.fail_exit_code)
+        fail_exit_code=settings.outputs.fail_exit_code)
 
 
 def with_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: int,

@@ -123,7 +123,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
     before the window (preconditioning, ingestion) writes the results of the phases done, removes the
     run's files, then raises StorageError (under mpirun the CLI ends the other ranks with it).
     """
-    sources = open_trace_sources(settings) if settings.trace_paths else None
+    sources = open_trace_sources(settings) if settings.workload.trace_paths else None
     if sources:  # "auto" becomes the detected format, as shown in the banner and the results
         settings = dataclasses.replace(
             settings, workload=dataclasses.replace(settings.workload, trace_format=sources[0].format))
@@ -164,7 +164,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
                 "requests_abandoned; their latencies censored at the stop)")
         if interrupted or storage_error is not None:
             window = run.outcome.window_s if run.outcome is not None and interrupted else 0.0
-            mark_incomplete(results, window_fraction(window, float(settings.duration)),
+            mark_incomplete(results, window_fraction(window, float(settings.driver.duration)),
                             "interrupted" if interrupted else "storage error before the window")
         else:
             results.update(verdict_keys(results))
@@ -175,7 +175,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         raise storage_error
     if interrupted:
         out.write(f"Run INCOMPLETE: interrupted after {results['window_fraction'] * 100:.0f} % of the "
-                  f"{settings.duration} s window; the verdict is not PASS\n")
+                  f"{settings.driver.duration} s window; the verdict is not PASS\n")
         out.flush()
     lost: list[int] = []
     if run.group is not None and (not interrupted or not run.group.gather_waits):  # (an interrupted MPI
@@ -184,7 +184,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
     if fatal:
         log.error("run stopped by a storage error: %s", fatal)
     return results, RunOutcome(interrupted=interrupted, storage_error=fatal, passed=bool(results.get("overall_passed")),
-                               missing_ranks=tuple(lost), fail_exit_code=settings.fail_exit_code)
+                               missing_ranks=tuple(lost), fail_exit_code=settings.outputs.fail_exit_code)
 
 
 def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,
@@ -196,17 +196,17 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     run.run_id = shared_run_id(run.group)
     cache = open_cache(settings.tiers, settings.storage, cfg.eviction, run.metrics, settings.model.bytes_per_token,
-                       run.stop, run.stores, io_trace_log=settings.io_trace_log, workers=workers,
+                       run.stop, run.stores, io_trace_log=settings.outputs.io_trace_log, workers=workers,
                        largest_entry=largest_entry(settings), other_bytes=buffers, sharers=sharers)
     stores, tiers = run.stores, run.stores.tiers
-    rag = RagCorpus(cfg.rag) if settings.enable_rag else None
+    rag = RagCorpus(cfg.rag) if settings.workload.enable_rag else None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None
-    users = factory.build(0, settings.num_users) if trace is None else (trace.sessions or [])
-    autoscaler = (shapes.build(settings.autoscaler_mode, shapes.ShapeRequest(
-                      settings.num_users, target_saturation=settings.target_saturation, scaler_cfg=cfg.autoscaler,
+    users = factory.build(0, settings.workload.num_users) if trace is None else (trace.sessions or [])
+    autoscaler = (shapes.build(settings.driver.autoscaler_mode, shapes.ShapeRequest(
+                      settings.workload.num_users, target_saturation=settings.driver.target_saturation, scaler_cfg=cfg.autoscaler,
                       saturation_cfg=cfg.saturation_detection))
-                  if settings.enable_autoscaling else None)
+                  if settings.driver.enable_autoscaling else None)
     contexts = [u.profile.context_length for u in users] if trace is None else []
     print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
@@ -220,7 +220,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.replay_cycles, group=run.group, observers=_progress(settings),
+                    replay_cycles=settings.workload.replay_cycles, group=run.group, observers=_progress(settings),
                     on_window_close=run.interrupts.close_window if run.interrupts is not None else None,
                     drain_cut=run.interrupts.drain_cut if run.interrupts is not None else None)
     try:
@@ -234,11 +234,11 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
         run_id=run.run_id, tier_sizes=stores.sizes))
-    if settings.latency_tracing:
+    if settings.outputs.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results
 
 
 def _progress(settings: RunSettings) -> list:
-    progress = make_progress(settings.log_level, float(settings.duration))
+    progress = make_progress(settings.outputs.log_level, float(settings.driver.duration))
     return [progress] if progress is not None else []

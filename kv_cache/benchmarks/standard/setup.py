@@ -28,34 +28,34 @@ DEFAULT_MAX_WORKERS = 32  # I/O workers when --io-workers is 0: one per user up 
 log = logging.getLogger("kv_cache")
 
 def io_worker_count(settings: RunSettings) -> int:
-    workers = settings.storage.io_workers or min(settings.num_users, DEFAULT_MAX_WORKERS)
-    if settings.max_concurrent_allocs > 0:
-        workers = min(workers, settings.max_concurrent_allocs)
+    workers = settings.storage.io_workers or min(settings.workload.num_users, DEFAULT_MAX_WORKERS)
+    if settings.driver.max_concurrent_allocs > 0:
+        workers = min(workers, settings.driver.max_concurrent_allocs)
     return max(1, workers)
 
 
 def io_chunk_bytes(settings: RunSettings) -> int:
     """The workers' buffer size; 0 in trace mode (--io-trace-log), which moves no data: no buffers."""
-    return 0 if settings.io_trace_log else settings.storage.chunk_bytes
+    return 0 if settings.outputs.io_trace_log else settings.storage.chunk_bytes
 
 
 def driver_options(settings: RunSettings, workers: int, record_plans: bool) -> DriverOptions:
     cfg = settings.config
     return DriverOptions(
-        duration_s=float(settings.duration),
-        max_requests=settings.max_requests,
+        duration_s=float(settings.driver.duration),
+        max_requests=settings.driver.max_requests,
         workers=workers,
         chunk_bytes=io_chunk_bytes(settings),
         seed=settings.effective_seed,
         bytes_per_token=settings.model.bytes_per_token,
-        tensor_parallel=settings.tensor_parallel,
+        tensor_parallel=settings.tiers.tensor_parallel,
         decode_batch_size=cfg.decode.batch_size,
-        seconds_per_token=getattr(cfg.generation_timing, settings.generation_mode),
+        seconds_per_token=getattr(cfg.generation_timing, settings.driver.generation_mode),
         record_plans=record_plans,
-        request_rate=settings.request_rate,
+        request_rate=settings.driver.request_rate,
         admission_limit=cfg.driver.admission_queue_limit,
-        prefill_only=settings.prefill_only,
-        decode_only=settings.decode_only,
+        prefill_only=settings.driver.prefill_only,
+        decode_only=settings.driver.decode_only,
         timeline_interval_s=cfg.driver.timeline_interval_seconds,
         max_storage_errors=settings.storage.max_storage_errors,
     )
@@ -80,16 +80,16 @@ def run_phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], 
 def _phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], factory: Any, stop: threading.Event,
             out: TextIO, phases: dict[str, Any]) -> None:
     cfg = settings.config
-    tp = settings.tensor_parallel
+    tp = settings.tiers.tensor_parallel
     bpt = settings.model.bytes_per_token
 
     def entry_bytes(tokens: int) -> int:
         return max(1, tokens * bpt // tp)
 
     chunk, seed = io_chunk_bytes(settings), settings.effective_seed
-    if settings.precondition:
-        if settings.precondition_size_gb > 0:
-            target = int(settings.precondition_size_gb * GIB)
+    if settings.driver.precondition:
+        if settings.driver.precondition_size_gb > 0:
+            target = int(settings.driver.precondition_size_gb * GIB)
         elif not math.isinf(tiers[-1].limit):
             target = int(2 * tiers[-1].limit)
         else:
@@ -98,24 +98,24 @@ def _phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], fac
             out.write("WARNING: preconditioning skipped: no --precondition-size-gb and no finite storage capacity\n")
             phases["preconditioning"] = {"skipped": "no size and no finite storage capacity"}
         else:
-            threads = settings.precondition_threads or os.cpu_count() or 4
+            threads = settings.driver.precondition_threads or os.cpu_count() or 4
             out.write(f"Preconditioning: writing {target / GIB:.2f} GiB sequentially with {threads} threads...\n")
             phases["preconditioning"] = fill(cache, precondition_items(), entry_bytes, threads, chunk, seed, stop,
                                              "preconditioning", out, target_bytes=target)
-    if settings.decode_only:
+    if settings.driver.decode_only:
         count = factory.decode_only_entries
         out.write(f"Decode-only: pre-populating {count} entries of 2048 tokens (not counted)...\n")
         phases["prepopulation"] = fill(cache, prepopulation_items(count), entry_bytes, os.cpu_count() or 4, chunk,
                                        seed, stop, "prepopulation", out)
     if factory.rag is not None:
-        docs = build_documents(settings.rag_num_docs, cfg.rag, settings.model, seed)
+        docs = build_documents(settings.workload.rag_num_docs, cfg.rag, settings.model, seed)
         phases["rag_ingestion"] = ingest_rag(cache, factory.rag, docs, entry_bytes, chunk, seed, stop, out)
 
 
 def start_tracing(settings: RunSettings, blockdev: BlockDeviceCounter | None, out) -> tuple[BlockTracer | None,
                                                                                              str | None]:
     """bpftrace around the window when asked for; without it (or root) the run goes on and says why."""
-    if not settings.latency_tracing:
+    if not settings.outputs.latency_tracing:
         return None, None
     tracer, why = BlockTracer.start(os.getpid(), device_gib(blockdev.name if blockdev else None))
     if tracer is None:
