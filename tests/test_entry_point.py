@@ -111,6 +111,28 @@ def test_sessions_whose_stdout_is_closed_write_every_rung(tmp_path):
     assert not cache.exists() or not any(cache.iterdir())
 
 
+def test_processes_whose_stdout_is_closed_write_the_ranks_and_the_merge(tmp_path):
+    cache, output = tmp_path / "cache", tmp_path / "pp.json"
+    done = _with_closed_reader([*RUN, "--processes", "2", "--cache-dir", str(cache), "--output", str(output)])
+    assert done.returncode == CLOSED_PIPE, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    merged = json.loads(output.read_text())
+    assert merged["total_requests"] > 0 and merged["verdict"] != "INCOMPLETE"
+    assert all(json.loads((tmp_path / f"pp_rank{r}.json").read_text())["total_requests"] > 0 for r in (0, 1))
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_compare_json_and_report_plots_write_their_files_when_stdout_is_closed(tmp_path):
+    done = _with_closed_reader(["compare", str(RENDER / "ext4_direct.json"), str(RENDER / "shm_buffered.json"),
+                                "--json", str(tmp_path / "c.json"), "--plots", str(tmp_path / "cp")])
+    assert done.returncode == CLOSED_PIPE, done.stderr
+    assert json.loads((tmp_path / "c.json").read_text())
+    assert (tmp_path / "cp" / "index.html").stat().st_size > 0
+    done = _with_closed_reader(["report", str(RENDER / "ext4_direct.json"), "--plots", str(tmp_path / "rp")])
+    assert done.returncode == CLOSED_PIPE, done.stderr
+    assert (tmp_path / "rp" / "index.html").stat().st_size > 0
+
+
 class _GonePipe(io.StringIO):
     """A stream whose reader has gone: every write and flush raises EPIPE; counts the attempts."""
 
