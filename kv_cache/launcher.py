@@ -3,9 +3,11 @@
 Only the standard library here, so that a checkout run without its dependencies installed gets one line
 naming the package and the command that installs it, instead of a ModuleNotFoundError traceback.
 
-A closed stdout (`kv-cache report X.json | head`) ends the process quietly with status 141 (128 + SIGPIPE,
-what a shell shows for any tool its pipe reader stopped): no BrokenPipeError traceback, and no second one
-from the interpreter's final flush.
+A closed stdout (`kv-cache ... | head`) never stops a command: the CLI's tolerant stdout (cli/stdout.py)
+drops the output once the reader has gone, the command runs to its end and writes its files, and the CLI
+ends it with 141 (128 + SIGPIPE, what a shell shows for any tool its pipe reader stopped; cli/exits.py).
+Here only the fallback for output that went around those streams: a BrokenPipeError ends the process
+quietly with the same 141, no traceback, and no second one from the interpreter's final flush.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def missing_dependency_message(exc: ModuleNotFoundError, prog: str = "kv-cache")
             "dependencies)")
 
 
-# Exit status when stdout's reader went away (128 + SIGPIPE, as for a process the signal ended).
+# Exit status when stdout's reader went away (128 + SIGPIPE, as for a process the signal ended); the same
+# value as kv_cache.cli.stdout.CLOSED_PIPE, written here too because this module imports only the stdlib.
 CLOSED_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))
 
 

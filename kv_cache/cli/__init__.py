@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from kv_cache import __version__
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
-from kv_cache.cli.exits import EXIT_CODES, exit_code_for, exit_status
+from kv_cache.cli.exits import EXIT_CODES, after_output, exit_code_for, exit_status
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
 from kv_cache.cli.merge import add_merge_flags, merge_command
 from kv_cache.cli.report_cmd import (
@@ -31,13 +31,14 @@ from kv_cache.cli.report_cmd import (
 )
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
+from kv_cache.cli.stdout import StdStreams, install, tolerant_stdio
 from kv_cache.core.group import abort_peers
 from kv_cache.errors import ExitCode, KvCacheError, UsageError
 from kv_cache.settings.run import RunSettings
 from kv_cache.settings.validation import advisories
 
 __all__ = ["COMMANDS", "EXIT_CODES", "build_parser", "configure_logging", "exit_code_for", "explain", "main",
-           "parse_settings", "parse_sessions_settings", "run_resolved"]
+           "parse_settings", "parse_sessions_settings", "run_resolved", "setup_rank"]
 
 PROG = "kv-cache"
 LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
@@ -121,7 +122,7 @@ def run_resolved(settings: RunSettings) -> int:
     if settings.driver.processes > 1:
         from kv_cache.benchmarks.standard.processes import run_processes  # noqa: PLC0415
 
-        return int(exit_status(run_processes(settings, sys.stdout, setup_logging=configure_logging)))
+        return int(exit_status(run_processes(settings, sys.stdout, setup_logging=setup_rank)))
     from kv_cache.benchmarks.standard.run import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return int(exit_status(run_benchmark(settings)))
@@ -274,6 +275,13 @@ def _with_flag_names(resolve, args: argparse.Namespace, argv: list[str]):
         raise
 
 
+def setup_rank(level: str) -> None:
+    """First thing in a process of --processes (spawned: nothing of the parent's set-up is there): stdout
+    and stderr tolerant of a gone reader, for the process's life, then the logging."""
+    install()
+    configure_logging(level)
+
+
 def configure_logging(level: str) -> None:
     """The MLPerf tool's log format, on stderr; the level applies to the `kv_cache` loggers."""
     numeric = getattr(logging, level)
@@ -282,13 +290,21 @@ def configure_logging(level: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `kv-cache`, `mlperf-kv-cache` and kv-cache.py; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of `kv-cache`, `mlperf-kv-cache` and kv-cache.py; returns the exit status.
+
+    stdout and stderr are tolerant of a gone reader meanwhile (cli/stdout.py): `kv-cache ... | head` runs
+    to its end, writes every file, and a command that would end 0 ends 141 (exits.after_output)."""
+    with tolerant_stdio() as stdio:
+        return _main(list(sys.argv[1:] if argv is None else argv), stdio)
+
+
+def _main(argv: list[str], stdio: StdStreams) -> int:
     prog = PROG
     try:
         command, args, rest = parse_command(argv)
         prog = COMMANDS[command].prog
-        return int(COMMANDS[command].handler(args, rest))
+        code = COMMANDS[command].handler(args, rest)
+        return after_output(code, stdio.stdout_closed)
     except SystemExit as exc:  # argparse: --help / --version (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except (KeyboardInterrupt, KvCacheError) as exc:
@@ -300,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             abort_peers(int(code))  # under mpirun: end the other ranks too, none waits for this one
         return int(code)
-    except BrokenPipeError:  # stdout's reader went away: not a bug; the launcher ends quietly (141)
+    except BrokenPipeError:  # output that went around the tolerant streams: the launcher ends quietly (141)
         raise
     except Exception as exc:  # a bug, not bad input: the traceback, and a status of its own (never 2)
         logger.exception("internal error")

@@ -1,8 +1,10 @@
 """The exit status of `kv-cache`, decided here and nowhere else: from the error that ended the process, or
-from the outcome of a run that wrote its results (kv_cache.errors.RunOutcome)."""
+from the outcome of a run that wrote its results (kv_cache.errors.RunOutcome), and then whether stdout's
+reader went away (`after_output`)."""
 
 from __future__ import annotations
 
+from kv_cache.cli.stdout import CLOSED_PIPE
 from kv_cache.errors import (
     ExitCode,
     InternalError,
@@ -13,7 +15,7 @@ from kv_cache.errors import (
     UsageError,
 )
 
-__all__ = ["EXIT_CODES", "exit_code_for", "exit_status"]
+__all__ = ["CLOSED_PIPE", "EXIT_CODES", "after_output", "exit_code_for", "exit_status"]
 
 # Which exit status each kind of error ends the process with; the first matching row wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
@@ -50,3 +52,11 @@ def exit_status(ended: RunOutcome | int) -> ExitCode | int:
     if ended.fail_exit_code and ended.passed is False:
         return ExitCode.FAIL
     return ExitCode.OK
+
+
+def after_output(code: ExitCode | int, stdout_closed: bool) -> int:
+    """The status a command ends with once its output is done: CLOSED_PIPE (141) when it ended 0 but its
+    stdout's reader went away (`kv-cache ... | head`), so that a pipeline (`set -o pipefail`) sees that not
+    everything was read, as it would for any tool the pipe stopped; the results say the run completed. A
+    status that is not 0 (FAIL, storage error, ranks lost, interrupted, ...) stands: it says more."""
+    return CLOSED_PIPE if stdout_closed and int(code) == ExitCode.OK else int(code)

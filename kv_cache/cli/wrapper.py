@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
          now: datetime | None = None) -> int:
     """Entry point of mlperf_wrapper.py; returns the exit status (kv-cache's, or 2 for a usage error)."""
     from kv_cache.cli import exit_code_for, explain  # noqa: PLC0415
+    from kv_cache.cli.exits import after_output  # noqa: PLC0415
+    from kv_cache.cli.stdout import tolerant_stdio  # noqa: PLC0415
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
                                            plan.world_size, plan.seed, plan.output, plan.cache_dir)
         if plan.start_delay_s > 0:
             sleep(plan.start_delay_s)
-        code = int(runner(plan))
+        with tolerant_stdio() as stdio:  # a gone stdout reader stops nothing; 141 instead of 0 (cli/exits.py)
+            code = after_output(runner(plan), stdio.stdout_closed)
         if plan.end_delay_s > 0:
             sleep(plan.end_delay_s)
         return code
