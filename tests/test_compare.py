@@ -146,8 +146,8 @@ def test_merged_documents_compare_their_ranks_workload():
     assert workload_differences([merged, other]) == ["num_users: A=1 (each of 2 ranks), B=3 (each of 2 ranks)"]
     other["rank_parameters"][1]["duration"] = 9.0
     assert "duration: A=4.0 (each of 2 ranks), B=[4.0, 9.0]" in workload_differences([merged, other])
-    # a merged document and a single run: the rank layout is part of the workload
-    assert any(d.startswith("mpi_world_size: A=2 (each of 2 ranks), B=1")
+    # a merged document without the run's totals holds the ranks' shares: never the same as a single run's
+    assert any(d.startswith("split_as: A=\"each rank's share of 2 ranks") and d.endswith("B='totals of the whole run'")
                for d in workload_differences([merged, _load(EXT4)]))
 
 
