@@ -146,8 +146,8 @@ def test_merged_documents_compare_their_ranks_workload():
     assert workload_differences([merged, other]) == ["num_users: A=1 (each of 2 ranks), B=3 (each of 2 ranks)"]
     other["rank_parameters"][1]["duration"] = 9.0
     assert "duration: A=4.0 (each of 2 ranks), B=[4.0, 9.0]" in workload_differences([merged, other])
-    # a merged document and a single run: the rank layout is part of the workload
-    assert any(d.startswith("mpi_world_size: A=2 (each of 2 ranks), B=1")
+    # a merged document without the run's totals holds the ranks' shares: never the same as a single run's
+    assert any(d.startswith("split_as: A=\"each rank's share of 2 ranks") and d.endswith("B='totals of the whole run'")
                for d in workload_differences([merged, _load(EXT4)]))
 
 
@@ -256,3 +256,48 @@ def test_sessions_results_compare_and_overlay_their_ladders(tmp_path, capsys):
     assert "storage: ext4 (block device vda) at /tmp/render/cacheS, auto I/O; tiers: dram+storage" in out
     assert "dram+storage @ 1 sessions tok/s/GPU" in out and "Brackets" in out
     assert [p.name for p in sorted(tmp_path.glob("*.png"))] == ["ladder.png"]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT_RUN = ["--model", "tiny-1b", "--num-users", "4", "--duration", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0.1",
+             "--generation-mode", "none", "--seed", "3", "--request-rate", "4", "--io-chunk-mb", "16"]
+
+
+def _real_run(tmp_path: Path, name: str, *extra: str) -> Path:
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "kv-cache.py"), *SHORT_RUN, "--cache-dir", str(tmp_path / name),
+                           "--output", str(out), *extra], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # (1: a FAIL verdict of this small run)
+    return out
+
+
+@pytest.mark.slow
+def test_one_process_and_two_processes_of_the_same_flags_are_the_same_workload(tmp_path, capsys):
+    """Real short runs: the merged document of `--processes 2` carries the run's totals (users, request
+    rate, CPU memory, the base seed), so compare takes it as the workload of the one-process run, and
+    says how many processes ran each as a note, not a difference."""
+    one, two = _real_run(tmp_path, "p1"), _real_run(tmp_path, "p2", "--processes", "2")
+    merged = _load(two)
+    params = merged["run_parameters"]
+    assert (params["num_users"], params["request_rate"], params["cpu_mem_gb"], params["seed"]) == (4, 4.0, 0.1, 3)
+    assert params["mpi_world_size"] == 2
+    assert [s["num_users"] for s in merged["settings_split"]["rank_shares"]] == [2, 2]
+    assert merged["verdict"] in ("PASS", "FAIL") and merged["window_fraction"] == 1.0
+    assert merged["ranks_expected"] == 2 and merged["missing_ranks"] == [] and merged["lost_ranks"] == []
+    assert workload_differences([_load(one), merged]) == []
+    assert main(["compare", str(one), str(two)]) == 0
+    captured = capsys.readouterr()
+    assert "note: processes: A=1 process, B=2 processes" in captured.err
+    # the rank's own document is a share of the run: not the one-process workload
+    assert any(d.startswith("num_users") for d in workload_differences([_load(one), _load(tmp_path / "p2_rank0.json")]))
+    # the report of the merged document says how it measured
+    assert main(["report", str(two)]) == 0
+    report = capsys.readouterr().out
+    assert "streamed in 16 MiB chunks" in report and "streamed in 0 MiB" not in report
+    assert "Storage tier (rank 0): " in report and "Storage tier (rank 1): " in report
+    assert "  I/O: " in report

@@ -13,6 +13,7 @@ from kv_cache.cli import main
 from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
+from kv_cache.render.console import report_lines
 from kv_cache.results.merge import (
     EXACT,
     FROM_HISTOGRAMS,
@@ -24,6 +25,7 @@ from kv_cache.results.merge import (
 from kv_cache.results.samples import latency_samples
 from kv_cache.results.series import latency_histograms, time_series
 from kv_cache.results.summary import build_summary, harness_keys, request_lists
+from kv_cache.results.verdict import INCOMPLETE, RANKS_CRITERION, STORAGE_STOP_CRITERION, UNKNOWN_END
 from kv_cache.storage.base import IOResult
 from kv_cache.workload.qos import QOS_LEVELS
 
@@ -304,3 +306,142 @@ def test_latency_samples_are_bounded_and_say_their_stride():
 def test_nothing_to_merge_raises():
     with pytest.raises(MergeError):
         merge_documents([])
+
+
+# --- one shape for every writer of a merged document ---------------------------------------------------
+
+def _criteria(m):
+    return {c["name"]: c for c in m["summary"]["cache_stats"]["storage_health"]["criteria"]}
+
+
+def test_every_merged_document_carries_the_verdict_keys():
+    docs, _ = _ranks()
+    m = merge_documents(docs)
+    assert m["verdict"] in ("PASS", "FAIL") and m["verdict"] == ("PASS" if m["overall_passed"] else "FAIL")
+    assert m["window_fraction"] == 1.0 and m["ranks_expected"] == 3
+    assert m["missing_ranks"] == [] and m["lost_ranks"] == []
+
+
+def test_a_missing_rank_is_incomplete_and_its_own_criterion_not_a_storage_error():
+    docs, _ = _ranks()
+    m = merge_documents([docs[0], docs[2]], allow_missing=True)
+    assert m["verdict"] == INCOMPLETE and m["overall_passed"] is False
+    assert m["missing_ranks"] == [1] and m["ranks_expected"] == 3
+    assert m["lost_ranks"] == [{"rank": 1, "ended": UNKNOWN_END}]
+    criteria = _criteria(m)
+    assert criteria[STORAGE_STOP_CRITERION]["passed"] and criteria[STORAGE_STOP_CRITERION]["actual"] == "none"
+    assert criteria[RANKS_CRITERION]["passed"] is False and "lost: [1]" in criteria[RANKS_CRITERION]["actual"]
+    assert m["summary"]["cache_stats"]["storage_health"]["overall_status"] == INCOMPLETE
+    # the writer says how each missing rank ended where it knows it
+    told = merge_documents([docs[0], docs[2]], allow_missing=True, ended={1: "killed by SIGKILL"})
+    assert told["lost_ranks"] == [{"rank": 1, "ended": "killed by SIGKILL"}]
+
+
+def test_a_rank_cut_short_makes_the_merge_incomplete_with_the_lowest_fraction():
+    docs, _ = _ranks()
+    docs[1].update(verdict=INCOMPLETE, window_fraction=0.25, overall_passed=False)
+    docs[0].update(verdict="PASS", window_fraction=1.0)
+    m = merge_documents(docs)
+    assert m["verdict"] == INCOMPLETE and m["window_fraction"] == 0.25 and m["missing_ranks"] == []
+    assert _criteria(m)["Measured Window Completed"]["passed"] is False
+    assert [r["verdict"] for r in m["per_rank"]] == ["PASS", INCOMPLETE, None]
+
+
+def test_a_window_is_common_only_when_barriers_opened_and_closed_every_ranks_window():
+    docs, _ = _ranks()
+    docs[0]["measurement"]["notes"] = ["another rank ended before the window's closing barrier (lost): ..."]
+    w = merge_documents([docs[0], docs[2]], allow_missing=True)["window"]
+    assert not w["kind"].startswith("common")
+    assert "rank(s) 1 missing" in w["kind"] and "closing barrier broke on rank(s) 0" in w["kind"]
+    assert w["barriers"] == {"opened_and_closed_every_window": False, "closing_broke_on": [0],
+                             "not_barrier_aligned": []}
+    docs, _ = _ranks()
+    assert not merge_documents(docs[:2], allow_missing=True)["window"]["kind"].startswith("common")
+    assert merge_documents(docs)["window"]["barriers"]["opened_and_closed_every_window"] is True
+
+
+def _split(rank, world, totals):
+    shares = {k: v / world if isinstance(v, float) else v // world for k, v in totals.items()}
+    return {"flags_given_as": "totals", "ranks": world, "host_ranks": world, "totals": totals,
+            "rank_share": {**shares, "seed": totals["seed"] + rank}}
+
+
+def test_merged_run_parameters_are_the_runs_totals_with_the_shares_under_settings_split():
+    docs, _ = _ranks(sizes=SIZES[:2])
+    totals = {"num_users": 4, "request_rate": 2.0, "cpu_mem_gb": 1000.0, "gpu_mem_gb": 0.0,
+              "storage_capacity_gb": 0.0, "max_requests": 0, "precondition_size_gb": 0.0, "rag_num_docs": 10,
+              "seed": 42}
+    for r, d in enumerate(docs):
+        d["run_parameters"].update(num_users=2, request_rate=1.0, cpu_mem_gb=500.0, seed=42 + r, rag_num_docs=None,
+                                   cpu_mem_gb_effective=20.0, settings_split=_split(r, 2, totals))
+    m = merge_documents(docs)
+    p = m["run_parameters"]
+    assert (p["num_users"], p["request_rate"], p["cpu_mem_gb"], p["seed"]) == (4, 2.0, 1000.0, 42)
+    assert p["mpi_world_size"] == 2 and p["cpu_mem_gb_effective"] == 40.0
+    assert p["rag_num_docs"] is None  # (RAG off: no number to total)
+    assert m["settings_split"]["totals"] == totals
+    assert [s["num_users"] for s in m["settings_split"]["rank_shares"]] == [2, 2]
+
+
+def test_the_merged_measurement_carries_the_ranks_facts_and_the_report_prints_them():
+    docs, _ = _ranks(sizes=SIZES[:2])
+    for r, d in enumerate(docs):
+        d["measurement"].update(run_dir=f"/data/rank{r}/run", filesystem="xfs", filesystem_kind="block device",
+                                io_mode="direct", chunk_bytes=4 << 20, fsync=True, io_workers=8, timed="syscalls",
+                                block_device={"name": "nvme0n1", "bytes_read": 1, "tool_bytes_read": 1,
+                                              "bytes_written": 1, "tool_bytes_written": 1},
+                                process_cpu_seconds=1.5, achieved_queue_depth={"read": 2.0, "write": 1.0})
+    m = merge_documents(docs)
+    meas = m["measurement"]
+    assert meas["chunk_bytes"] == 4 << 20 and meas["io_mode"] == "direct" and meas["filesystem"] == "xfs"
+    assert meas["run_dir"] is None and [r["run_dir"] for r in meas["per_rank"]] == ["/data/rank0/run",
+                                                                                  "/data/rank1/run"]
+    assert meas["block_device"] == {"name": "nvme0n1"} and meas["process_cpu_seconds"] == 3.0
+    assert meas["achieved_queue_depth"] == {"read": 4.0, "write": 2.0}
+    text = "\n".join(report_lines(m))
+    assert "streamed in 4 MiB chunks" in text
+    assert "Storage tier (rank 0): /data/rank0/run on xfs (block device filesystem; block device: nvme0n1)" in text
+    assert "Storage tier (rank 1): /data/rank1/run on xfs" in text
+    assert "  I/O: direct (O_DIRECT), 4 MiB chunks, fdatasync per entry: True, 8 I/O workers" in text
+    docs[1]["measurement"]["io_mode"] = "buffered"
+    text = "\n".join(report_lines(merge_documents(docs)))
+    assert "  I/O (rank 0): direct (O_DIRECT)" in text and "  I/O (rank 1): buffered" in text
+
+
+def test_merge_allow_missing_ranks_says_incomplete(tmp_path, capsys):
+    docs, _ = _ranks()
+    _write_ranks(tmp_path, [docs[0], docs[2]])
+    assert main(["merge", str(tmp_path), "--allow-missing-ranks", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["verdict"] == INCOMPLETE and printed["missing_ranks"] == [1] and printed["ranks_expected"] == 3
+    assert printed["lost_ranks"] == [{"rank": 1, "ended": UNKNOWN_END}]
+    assert main(["merge", "--help"]) == 0
+    assert "verdict INCOMPLETE" in " ".join(capsys.readouterr().out.split())
+
+
+def test_merge_of_one_merged_document_shows_it_and_of_disjoint_merges_merges_their_ranks(tmp_path, capsys):
+    docs, _ = _ranks()
+    _write_ranks(tmp_path, docs)
+    rank = [str(tmp_path / f"x_rank{r}.json") for r in range(3)]
+    assert main(["merge", rank[0], rank[1], "--allow-missing-ranks", "--output", str(tmp_path / "a.json")]) == 0
+    assert main(["merge", rank[2], "--allow-missing-ranks", "--output", str(tmp_path / "b.json")]) == 0
+    capsys.readouterr()
+    # one merged document alone: shown as it is, nothing written
+    assert main(["merge", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Merged 2 rank(s)") and "MISSING rank(s): 2" in out
+    assert not (tmp_path / "kvcache_merged.json").exists()
+    assert main(["merge", str(tmp_path / "a.json"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["path"] == str(tmp_path / "a.json") and shown["verdict"] == INCOMPLETE
+    # merges of disjoint rank sets of one run: merged again from their rank files, complete
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["ranks"] == 3 and both["missing_ranks"] == [] and both["verdict"] != INCOMPLETE
+    whole = json.loads((tmp_path / "kvcache_merged.json").read_text())
+    assert whole["summary"] == merge_documents(docs)["summary"]
+    # merges that name the same rank files take each file once; a rank file that is gone is named
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "kvcache_merged.json")]) == 0
+    (tmp_path / "x_rank2.json").unlink()
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    assert "x_rank2.json is gone" in capsys.readouterr().err

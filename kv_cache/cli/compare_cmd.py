@@ -17,7 +17,14 @@ from typing import TextIO
 
 from kv_cache.cli.report_cmd import check_plots_dir, load_results
 from kv_cache.errors import UsageError
-from kv_cache.render.compare import CompareError, compare_rows, format_table, to_json, workload_differences
+from kv_cache.render.compare import (
+    CompareError,
+    compare_rows,
+    format_table,
+    layout_notes,
+    to_json,
+    workload_differences,
+)
 from kv_cache.results.storage_info import storage_label
 
 STDOUT = "-"
@@ -63,6 +70,8 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
                              "workloads, not storage. Pass --allow-different-workloads to compare anyway")
         for d in diffs:
             err.write(f"kv-cache compare: warning: workloads differ: {d}\n")
+        for note in layout_notes(docs):
+            err.write(f"kv-cache compare: note: {note}\n")
         rows = compare_rows(docs)
     except CompareError as exc:
         raise UsageError(str(exc)) from None

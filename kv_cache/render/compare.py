@@ -12,10 +12,15 @@ Where a result has windows, intervals come from them (kv_cache/metrics/stats.py)
 Percentiles, hit rates and whole-run averages are shown without an interval. The footer that explains the
 brackets is printed only when at least one interval was computed (a merged document has no time series).
 
-Merged documents (`kv-cache-merged/1`) compare like standard runs. Their workload is read from
-`rank_parameters` (each rank's run parameters; a setting that differs between ranks, such as the offset
-seeds, compares as the list of its per-rank values); a merged document without them (merged by an older
-kv-cache) has an unknown workload, which is refused like a different one.
+Merged documents (`kv-cache-merged/1`) compare like standard runs. Their `run_parameters` hold the run's
+totals (each setting that divides across ranks as given for the whole run, the base seed: results/merge.py
+run_totals), so a one-process run and a `--processes 2` (or `mpirun -n 2`) run of the same flags are the same
+workload: how many processes ran it is not a workload setting, and `layout_notes` says it beside the
+table. A merged document written before the totals were carried (no `settings_split.totals`) is read from
+`rank_parameters` (each rank's share; a setting that differs between ranks, such as the offset seeds,
+compares as the list of its per-rank values) and its `split_as` says so, so it never matches totals; one
+without either has an unknown workload, which is refused like a different one. A rank's own document
+(world size > 1) holds its share: `split_as` "shares of N ranks".
 
 Each side's storage (results/storage_info.py) is named in the table's legend, in `--json` (`to_json`) and in
 the overlaid plots (render/compare_plots.py).
@@ -43,7 +48,8 @@ UNKNOWN_WORKLOAD = "unknown (a merged document without its ranks' parameters: me
 # tier sizes, I/O engine) is what a comparison is for.
 STANDARD_WORKLOAD = ("model", "num_users", "duration", "generation_mode", "multi_turn", "prefix_caching", "seed",
                      "request_rate", "max_requests", "autoscaling", "autoscaler_mode", "rag_enabled",
-                     "rag_num_docs", "prefill_only", "decode_only", "mpi_world_size")
+                     "rag_num_docs", "prefill_only", "decode_only")
+TOTALS = "totals of the whole run"
 SESSIONS_WORKLOAD = ("model", "gpu", "num_gpus", "tensor_parallel", "block_tokens", "ladder", "window_s",
                      "warmup_s", "subwindows", "pace", "seed", "trace")
 
@@ -78,12 +84,43 @@ def workload_of(doc: dict[str, Any]) -> dict[str, Any] | None:
     if kind(doc) == "sessions":
         params = doc.get("parameters") or {}
         return {k: params.get(k) for k in SESSIONS_WORKLOAD}
-    if kind_of(doc) == "merged":
-        return merged_workload(doc)
     params = doc.get("run_parameters") or {}
+    if kind_of(doc) == "merged":
+        if (doc.get("settings_split") or {}).get("totals") is None:
+            return merged_workload(doc)
+        out = {k: params.get(k) for k in STANDARD_WORKLOAD}
+        traces = list(doc.get("rank_trace_paths") or [None])
+        out["trace"] = traces[0] if all(t == traces[0] for t in traces) else traces
+        out["split_as"] = TOTALS
+        return out
     out = {k: params.get(k) for k in STANDARD_WORKLOAD}
     out["trace"] = (doc.get("trace_replay") or {}).get("paths")
+    out["split_as"] = _split_as(int(params.get("mpi_world_size") or 1))
     return out
+
+
+def _split_as(ranks: int) -> str:
+    return TOTALS if ranks <= 1 else f"one rank's share of {ranks} ranks"
+
+
+def processes_of(doc: dict[str, Any]) -> int | None:
+    """How many processes (ranks) ran a standard or merged run; None for sessions results."""
+    if kind(doc) == "sessions":
+        return None
+    if kind_of(doc) == "merged":
+        return int(doc.get("ranks_expected") or doc.get("world_size") or doc.get("ranks") or 1)
+    return 1
+
+
+def layout_notes(docs: list[dict[str, Any]]) -> list[str]:
+    """'A: 1 process, B: 2 processes (...)' when the runs ran on different numbers of processes: not a
+    workload difference (the totals are what is asked for), but a reader should know."""
+    counts = [processes_of(d) for d in docs]
+    if any(c is None for c in counts) or len(set(counts)) < 2:
+        return []
+    return ["processes: " + ", ".join(f"{_letter(i)}={c} process{'es' if c != 1 else ''}"
+                                       for i, c in enumerate(counts))
+            + " (not a workload difference: each offered the totals given)"]
 
 
 def merged_workload(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -98,6 +135,7 @@ def merged_workload(doc: dict[str, Any]) -> dict[str, Any] | None:
 
     out = {k: one([r.get(k) for r in ranks]) for k in STANDARD_WORKLOAD}
     out["trace"] = one(list(doc.get("rank_trace_paths") or [None] * len(ranks)))
+    out["split_as"] = f"each rank's share of {len(ranks)} ranks (a merge without the run's totals)"
     return out
 
 
@@ -112,14 +150,17 @@ def workload_differences(docs: list[dict[str, Any]]) -> list[str]:
     if unknown:
         return ["workload: " + ", ".join(f"{_letter(i)}={UNKNOWN_WORKLOAD}" for i in unknown)]
     known = [w for w in loads if w is not None]
-    return [f"{key}: " + ", ".join(f"{_letter(i)}={_shown(w[key], d)}" for i, (w, d) in enumerate(zip(known, docs,
-                                                                                                       strict=True)))
-            for key in known[0] if any(w[key] != known[0][key] for w in known[1:])]
+    keys = list(dict.fromkeys(k for w in known for k in w))
+    return [f"{key}: " + ", ".join(f"{_letter(i)}={_shown(w.get(key), d, w)}"
+                                   for i, (w, d) in enumerate(zip(known, docs, strict=True)))
+            for key in keys if any(w.get(key) != known[0].get(key) for w in known[1:])]
 
 
-def _shown(value: Any, doc: dict[str, Any]) -> str:
-    """A workload value as the message shows it; a merged document's value is each rank's."""
-    if kind_of(doc) == "merged" and not isinstance(value, list):
+def _shown(value: Any, doc: dict[str, Any], workload: dict[str, Any] | None = None) -> str:
+    """A workload value as the message shows it; the value of a merged document read from its ranks'
+    parameters is each rank's."""
+    per_rank = kind_of(doc) == "merged" and (workload or {}).get("split_as") != TOTALS
+    if per_rank and not isinstance(value, list) and not str(value).startswith("each rank's share"):
         return f"{value!r} (each of {len(doc.get('rank_parameters') or [])} ranks)"
     return repr(value)
 
@@ -275,6 +316,7 @@ def to_json(names: list[str], docs: list[dict[str, Any]], rows: list[Row], diffe
                   "storage": storage_facts(doc), "storage_label": storage_label(doc)}
                  for i, (name, doc) in enumerate(zip(names, docs, strict=True))],
         "workload_differences": differences,
+        "layout_notes": layout_notes(docs),
         "intervals": INTERVALS_NOTE if has_intervals(rows) else None,
         "metrics": [{"metric": r.label, "values": [c.to_json() for c in r.cells],
                      "ratios_to_baseline": [{"label": f"{_letter(i + 1)}/{_letter(0)}", **c.to_json()}

@@ -67,7 +67,7 @@ def no_requests(results: Results) -> list[str]:
 def run_facts(results: Results) -> list[str]:
     meas, params = results.get("measurement", {}), _params(results)
     lines = ["Latencies are per KV entry (whole entry, streamed in "
-             f"{meas.get('chunk_bytes', 0) / 2**20:.0f} MiB chunks).",
+             f"{(meas.get('chunk_bytes') or 0) / 2**20:.0f} MiB chunks).",
              f"Model: {params.get('model')}  ({params.get('bytes_per_token', 0):,} bytes/token)"]
     sizes = meas.get("entry_size_mib", {})
     if sizes.get("count"):
@@ -348,7 +348,7 @@ def _io_line(meas: dict[str, Any]) -> str:
         how = "O_DIRECT"
     else:
         how = "page cache bypassed by fadvise(DONTNEED)"
-    return (f"  I/O: {meas.get('io_mode')} ({how}), {meas.get('chunk_bytes', 0) / 2**20:.0f} MiB chunks,"
+    return (f"  I/O: {meas.get('io_mode')} ({how}), {(meas.get('chunk_bytes') or 0) / 2**20:.0f} MiB chunks,"
             f" fdatasync per entry: {meas.get('fsync')}, {meas.get('io_workers')} I/O workers")
 
 
@@ -356,7 +356,7 @@ GAP_GIB = 1 / 1024  # a device/tool difference under 1 MiB needs no explanation
 
 
 def _block_device_line(bd: dict[str, Any]) -> list[str]:
-    if not bd.get("name"):
+    if not bd.get("name") or "bytes_read" not in bd:  # (a merge names the device: no one rank's counters)
         return []
     gap_r = (bd["bytes_read"] - bd["tool_bytes_read"]) / GIB
     gap_w = (bd["bytes_written"] - bd["tool_bytes_written"]) / GIB
@@ -373,6 +373,35 @@ def _block_device_line(bd: dict[str, Any]) -> list[str]:
     return lines
 
 
+# A merged document's measurement holds a fact once when every rank says the same, else None, with each
+# rank's under `per_rank` (results/merge.py measurement_facts): those lines are then printed per rank.
+STORAGE_FACTS = ("run_dir", "filesystem", "filesystem_kind", "block_device")
+IO_FACTS = ("io_mode", "chunk_bytes", "fsync", "io_workers")
+
+
+def _differing_ranks(meas: dict[str, Any], keys: Iterable[str]) -> list[dict[str, Any]]:
+    """The per-rank facts of a merged measurement where one of `keys` differs between ranks; [] otherwise."""
+    ranks = [r for r in meas.get("per_rank") or [] if isinstance(r, dict)]
+    return ranks if any(len({repr(r.get(k)) for r in ranks}) > 1 for k in keys) else []
+
+
+def _storage_line(meas: dict[str, Any], device: Any, label: str = "") -> str:
+    return (f"  Storage tier{label}: {meas.get('run_dir')} on {meas.get('filesystem')} "
+            f"({filesystem_kind(meas.get('filesystem')) or 'unknown kind'} filesystem;"
+            f" block device: {device or 'n/a'})")
+
+
+def storage_lines(meas: dict[str, Any]) -> list[str]:
+    """Where it measured, and how: one line each, or one per rank of a merge where the ranks differ."""
+    ranks = _differing_ranks(meas, STORAGE_FACTS)
+    lines = ([_storage_line(r, r.get("block_device"), f" (rank {r.get('rank')})") for r in ranks] if ranks else
+             [_storage_line(meas, (meas.get("block_device") or {}).get("name"))])
+    io_ranks = _differing_ranks(meas, IO_FACTS)
+    lines += ([_io_line(r).replace("  I/O:", f"  I/O (rank {r.get('rank')}):", 1) for r in io_ranks] if io_ranks
+              else [_io_line(meas)])
+    return lines
+
+
 def measurement(results: Results) -> list[str]:
     meas = results.get("measurement", {})
     if not meas:
@@ -385,10 +414,7 @@ def measurement(results: Results) -> list[str]:
         return lines
     depth = meas.get("achieved_queue_depth", {})
     lines = ["", "### MEASUREMENT (what was timed and how) ###",
-             f"  Storage tier: {meas.get('run_dir')} on {meas.get('filesystem')} "
-             f"({filesystem_kind(meas.get('filesystem')) or 'unknown kind'} filesystem;"
-             f" block device: {meas.get('block_device', {}).get('name') or 'n/a'})",
-             _io_line(meas),
+             *storage_lines(meas),
              f"  Timed: {meas.get('timed')}",
              *_block_device_line(meas.get("block_device") or {}),
              f"  Achieved storage queue depth (device-busy time / window): read {depth.get('read', 0):.2f},"

@@ -13,14 +13,22 @@ implementation of any figure:
   that means. Never from unweighted subsamples;
 - the window runs from the earliest rank start to the latest rank end. How far apart the ranks' starts
   and ends were is measured (`window.start_spread_s`, `end_spread_s`, `overlap_seconds`): the window is
-  called "common (barrier-aligned)" only when barriers opened and closed it and the spreads are within
-  COMMON_TOLERANCE of it;
+  called "common (barrier-aligned)" only when every rank of the run is there, barriers opened and closed
+  every rank's window (each rank's own record: `window_wallclock.barrier_aligned`, and no note of a broken
+  closing barrier) and the spreads are within COMMON_TOLERANCE of it;
 - `max_of_rank_p95_ms`: the maximum of the ranks' P95 that the Rules (and the mlpstorage harness) take,
   and `sum_of_ranks`, the harness's sum of the ranks' rates, beside the merged figures; `per_rank` rows.
 
 Before anything is added up, the ranks are checked to be one run's, complete: one `run_id`, one world
 size, no rank twice and none missing (MergeError names the files; `allow_missing` lets a run that lost a
-rank merge what it has, naming the missing ranks, and its verdict is then FAIL).
+rank merge what it has, naming the missing ranks, and its verdict is then INCOMPLETE).
+
+Every writer of a merged document (`--processes`, mpirun rank 0, `kv-cache merge`) gets the same shape from
+`merge_documents`: `verdict` (PASS / FAIL / INCOMPLETE), `window_fraction`, `missing_ranks`,
+`ranks_expected`, `lost_ranks` (results/verdict.py conclude_merge); `run_parameters` holding the run's
+totals (each SPLIT setting as given for the whole run, the base seed, mpi_world_size N; the per-rank shares
+under `settings_split`); a `measurement` with the ranks' common facts (chunk size, I/O mode, filesystem...)
+and `per_rank` facts where they differ.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument, load
 from kv_cache.results.parameters import merged_settings_split
 from kv_cache.results.series import SERIES_NOTE
 from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
+from kv_cache.results.verdict import INCOMPLETE, conclude_merge, window_fraction
 
 __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
            "merge_documents", "merged_table"]
@@ -58,7 +67,15 @@ _REQUEST_LISTS = {"end_to_end_latencies": ("e2e", "end_to_end"), "storage_latenc
                   "decode_latencies": ("decode", None)}
 _SUM_KEYS = ("tier_storage_read_bandwidth_gbps", "tier_storage_write_bandwidth_gbps")
 _PARTS = ("total", "device", "host")
-_ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed", "stop_reason")  # not in per_rank
+_ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed", "stop_reason",
+             "facts", "counts")  # not in per_rank
+# What each rank's measurement says of how it measured: the merged measurement holds a fact once when every
+# rank says the same, else None there and each rank's value under measurement.per_rank.
+FACTS = ("run_dir", "filesystem", "filesystem_kind", "io_mode", "chunk_bytes", "fsync", "io_workers", "timed",
+         "run_mode")
+# Per-rank measurement figures that add up across ranks.
+COUNTS = ("requests_issued", "requests_rejected", "requests_failed", "process_cpu_seconds", "offered_request_rate")
+CLOSING_BARRIER_BROKE = "closing barrier"  # in a rank's measurement note (benchmarks/standard/run.py)
 _OP_LISTS = [(t, o) for t in ("storage", "cpu") for o in ("read", "write")]
 EXACT_CAP = 50_000_000  # samples per merged list kept for exact percentiles (8 bytes each: 400 MB)
 COMMON_TOLERANCE = 0.01  # starts and ends this close (fraction of the window, or 0.5 s) make a common window
@@ -194,7 +211,9 @@ def _absorb(metrics: RunMetrics, lists: _Lists, doc: dict[str, Any], exact_cap: 
         lists.exact[(tier, op)] = exact
 
 
-def _window(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _window(rows: Sequence[dict[str, Any]], missing: Sequence[int] = ()) -> dict[str, Any]:
+    """The merged window, and whether it was one common window: only when every rank is there and each
+    rank's own record says barriers opened and closed its window."""
     rank_seconds = [r["window_seconds"] for r in rows]
     clocks = [r["_window"] for r in rows]
     if not all(c.get("start_unix") is not None and c.get("end_unix") is not None for c in clocks):
@@ -206,15 +225,26 @@ def _window(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     spread_start, spread_end = max(starts) - min(starts), max(ends) - min(ends)
     overlap = max(0.0, min(ends) - max(starts))
     tolerance = max(0.5, COMMON_TOLERANCE * seconds)
-    if all(c.get("barrier_aligned") for c in clocks) and max(spread_start, spread_end) <= tolerance:
+    broke = [r["rank"] for r in rows if r.get("_closing_broke")]
+    unaligned = [r["rank"] for r, c in zip(rows, clocks, strict=True) if not c.get("barrier_aligned")]
+    why = []
+    if missing:
+        why.append(f"rank(s) {', '.join(map(str, missing))} missing")
+    if broke:
+        why.append(f"the closing barrier broke on rank(s) {', '.join(map(str, broke))}")
+    if not why and not unaligned and max(spread_start, spread_end) <= tolerance:
         kind = "common (barrier-aligned)"
     elif overlap > 0:
         kind = "union of the ranks' windows"
     else:
         kind = "union of the ranks' windows, which do not overlap (not one common window)"
+    if why and overlap > 0:
+        kind += f" (not common: {'; '.join(why)})"
     return {"kind": kind, "seconds": seconds, "start_unix": start, "end_unix": end, "rank_seconds": rank_seconds,
             "start_spread_s": spread_start, "end_spread_s": spread_end, "overlap_seconds": overlap,
-            "common_tolerance_s": tolerance}
+            "common_tolerance_s": tolerance,
+            "barriers": {"opened_and_closed_every_window": not (broke or unaligned or missing),
+                         "closing_broke_on": broke, "not_barrier_aligned": unaligned}}
 
 
 def _cs(doc: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +277,12 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "_storage_location": _storage_of(doc.measurement or {}),
         "_series": (d.get("time_series") or {}).get("rows") or [],
         "_metrics": s.get("metrics"),  # the catalogue's values: its SUM and MAX entries merge from them
+        "verdict": d.get("verdict"), "window_fraction": d.get("window_fraction"),
+        "facts": {**{k: doc.measurement.get(k) for k in FACTS},
+                  "block_device": (doc.measurement.get("block_device") or {}).get("name")},
+        "counts": {k: doc.measurement.get(k) for k in COUNTS},
+        "_depth": doc.measurement.get("achieved_queue_depth") or {},
+        "_closing_broke": any(CLOSING_BARRIER_BROKE in str(n) for n in doc.measurement.get("notes") or []),
     }
 
 
@@ -309,11 +345,12 @@ def _max_of(values: Iterable[Any]) -> float | None:
 
 
 def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_missing: bool = False,
-                    exact_cap: int = EXACT_CAP) -> dict[str, Any]:
+                    exact_cap: int = EXACT_CAP, ended: dict[int, str] | None = None) -> dict[str, Any]:
     """The merged results document of one run's rank documents (dicts, paths or RunDocuments; see the
     module docstring). Documents in memory are checked to be one run's before anything is added up; paths
     are read one at a time, added up and let go (so a merge of hundreds of ranks holds the merged recorder,
-    not every rank's document), and checked once all are read, before anything is written."""
+    not every rank's document), and checked once all are read, before anything is written. `ended`: how
+    each missing rank ended, where the writer knows it (its `lost_ranks`)."""
     items = list(docs)
     if not items:
         raise MergeError("no per-rank results to merge")
@@ -333,12 +370,13 @@ def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_mi
         del doc  # the rank's lists go now
     if not in_memory:
         missing = check_one_run(seen, allow_missing)
-    return _merged(metrics, rows, inputs, missing)
+    return _merged(metrics, rows, inputs, missing, ended)
 
 
-def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: list[int]) -> dict[str, Any]:
+def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: list[int],
+            ended: dict[int, str] | None = None) -> dict[str, Any]:
     rows.sort(key=lambda r: r["rank"])
-    window = _window(rows)
+    window = _window(rows, missing)
     w = window["seconds"]
     metrics.open_window(0)
     metrics.close_window(int(round(w * 1e9)))
@@ -351,9 +389,8 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
             cell["entries"] += u["entries"]
             cell["used_bytes"] += u["used_bytes"]
     issued, failed = sum(r["requests_issued"] for r in rows), sum(r["requests_failed"] for r in rows)
+    # a missing rank is not a storage error: it is a criterion of its own (verdict.py conclude_merge)
     fatal = next((r["stop_reason"] for r in rows if str(r["stop_reason"] or "").startswith("storage error")), None)
-    if missing:
-        fatal = f"rank(s) {', '.join(map(str, missing))} missing: the merge holds only the other ranks"
     summary = build_summary(metrics, usage, qos or _default_qos(), profile, criteria, failed / max(1, issued),
                             fatal_error=fatal, storage_expected=True)
     summary["metrics"] = catalogue.merged_values(summary["metrics"], (r["_metrics"] for r in rows))
@@ -376,17 +413,19 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     harness["overall_passed"] = harness["overall_passed"] and all(x["overall_passed"] for x in rows)
     per_rank = [{k: v for k, v in x.items() if not k.startswith("_") and k not in _ROW_ONLY} for x in rows]
     methods = {k: v.get("method") for k, v in lat.items() if v.get("count")}
-    return {
+    split = merged_settings_split([{"run_parameters": x["_params"]} for x in rows])
+    world = len(rows) + len(missing)
+    merged = {
         "schema_version": MERGED_SCHEMA_VERSION,
         "run_id": rows[0]["_run_id"],
         "world_size": len(rows) + len(missing),
         "missing_ranks": missing,
         "merged_from": [x["file"] for x in rows],
         "stop_reason": "; ".join(sorted({str(x["stop_reason"]) for x in rows})),
-        # The first rank's parameters (the run's flags, the header of the report); per rank: `per_rank`.
-        "run_parameters": {**rows[0]["_params"], "merged_ranks": len(rows)},
+        # The run's parameters: the totals given (run_totals); per rank: `per_rank`, `settings_split`.
+        "run_parameters": run_totals(rows, split, world),
         "ranks": len(rows),
-        "settings_split": merged_settings_split([{"run_parameters": x["_params"]} for x in rows]),
+        "settings_split": split,
         "window": window,
         "totals": {
             "requests_completed": r.completed, "tokens_generated": r.tokens_generated,
@@ -408,6 +447,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         "sum_of_ranks": {k: sum(x["sums"][k] for x in rows) for k in rows[0]["sums"]},
         "per_rank": per_rank,
         "measurement": {"tool": f"kv-cache {__version__}", "window_seconds": w, "run_mode": "merge of ranks",
+                        **measurement_facts(rows, w, read_b + write_b),
                         "counters": metrics.snapshot_counters(), "errors": int(sum(metrics.errors.values())),
                         "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
                         "storage": {str(x["rank"]): x["storage"] for x in rows},
@@ -421,6 +461,54 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         **harness,
         **rank_facts(rows),
     }
+    fractions = [float(x["window_fraction"]) for x in rows if x.get("window_fraction") is not None]
+    duration = float(merged["run_parameters"].get("duration") or 0.0)
+    fraction = min(fractions) if fractions else window_fraction(w, duration)
+    incomplete = [x["rank"] for x in rows if x.get("verdict") == INCOMPLETE]
+    return conclude_merge(merged, missing, world, fraction, incomplete, ended)
+
+
+def run_totals(rows: Sequence[dict[str, Any]], split: dict[str, Any] | None, world: int) -> dict[str, Any]:
+    """The merged `run_parameters`: rank 0's (the flags every rank shares), with every SPLIT setting the
+    total given for the whole run (settings_split.totals, which each rank records: settings/ranks.py), the
+    base seed, `mpi_world_size` the run's N, the tier sizes in force (`*_effective`) summed over the ranks;
+    `mpi_rank` None (no one rank). Rank 0's parameters as they are when the ranks predate the record."""
+    params = {**rows[0]["_params"], "merged_ranks": len(rows)}
+    if split is None:
+        return params
+    for name, total in (split.get("totals") or {}).items():
+        if name in params and params[name] is not None:
+            params[name] = total
+    params.update(mpi_world_size=world, mpi_rank=None)
+    for key in ("gpu_mem_gb_effective", "cpu_mem_gb_effective", "storage_capacity_gb_effective"):
+        values = [(r["_params"] or {}).get(key) for r in rows]
+        if values and all(isinstance(v, (int, float)) for v in values):
+            params[key] = sum(values)
+    return params
+
+
+def measurement_facts(rows: Sequence[dict[str, Any]], window_s: float, moved_bytes: float) -> dict[str, Any]:
+    """How the ranks measured, for the merged `measurement` (the console's MEASUREMENT section): each of
+    FACTS once when every rank says the same (None when they differ), every rank's under `per_rank`; the
+    COUNTS and queue depths summed; the block device by name (its counters cover every process using it,
+    so no rank's are the run's)."""
+    facts: dict[str, Any] = {}
+    for key in (*FACTS, "block_device"):
+        values = [r["facts"].get(key) for r in rows]
+        if any(v is not None for v in values):  # (rank documents that never said it: not said here either)
+            facts[key] = values[0] if all(v == values[0] for v in values) else None
+    facts["run_mode"] = "merge of ranks" + (f": {facts['run_mode']}" if facts.get("run_mode") else "")
+    facts["block_device"] = {"name": facts["block_device"]} if facts.get("block_device") else {}
+    for key in COUNTS:
+        values = [r["counts"].get(key) for r in rows if r["counts"].get(key) is not None]
+        if values:
+            facts[key] = sum(values)
+    facts["achieved_queue_depth"] = {op: sum(float(r["_depth"].get(op) or 0.0) for r in rows)
+                                     for op in ("read", "write")}
+    if facts.get("process_cpu_seconds") is not None and moved_bytes > 0:
+        facts["cpu_seconds_per_gib"] = facts["process_cpu_seconds"] / (moved_bytes / GIB)
+    facts["per_rank"] = [{"rank": r["rank"], **r["facts"]} for r in rows]
+    return facts
 
 
 def rank_facts(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

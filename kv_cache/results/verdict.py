@@ -102,11 +102,18 @@ def mark_incomplete(results: dict[str, Any], fraction: float, why: str) -> None:
                            "unit": "", "passed": False})
 
 
-def mark_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: int) -> dict[str, Any]:
+UNKNOWN_END = "unknown (no results document of it was given to the merge)"
+
+
+def mark_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: int,
+                       ended: dict[int, str] | None = None) -> dict[str, Any]:
     """A merged document that lacks ranks (killed, out of memory, crashed) names them and is INCOMPLETE:
-    `missing_ranks`, `ranks_expected`, overall_passed False, `verdict` INCOMPLETE. Returns `merged`."""
+    `missing_ranks`, `ranks_expected`, `lost_ranks` (each with how it ended: `ended`, where the writer
+    knows it, else UNKNOWN_END), overall_passed False, `verdict` INCOMPLETE, and a failed "Every Rank
+    Reported" criterion of its own (a missing rank is not a storage error). Returns `merged`."""
     merged["missing_ranks"] = sorted(missing)
     merged["ranks_expected"] = world_size
+    merged["lost_ranks"] = [{"rank": r, "ended": (ended or {}).get(r, UNKNOWN_END)} for r in sorted(missing)]
     merged["overall_passed"] = False
     merged["verdict"] = INCOMPLETE
     note = (f"INCOMPLETE: {len(missing)} of {world_size} ranks lost (rank(s) "
@@ -115,4 +122,22 @@ def mark_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: i
     _fail_health(merged, {"name": RANKS_CRITERION, "target": f"{world_size} ranks",
                           "actual": f"{world_size - len(missing)} ranks (lost: {merged['missing_ranks']})",
                           "unit": "", "passed": False})
+    return merged
+
+
+def conclude_merge(merged: dict[str, Any], missing: list[int], world_size: int, fraction: float,
+                   incomplete_ranks: list[int], ended: dict[int, str] | None = None) -> dict[str, Any]:
+    """The verdict keys every merged document carries, whoever wrote it (`--processes`, mpirun rank 0,
+    `kv-cache merge`): `verdict` (PASS / FAIL / INCOMPLETE), `window_fraction`, `missing_ranks`,
+    `ranks_expected` (the world size) and `lost_ranks`. INCOMPLETE when a rank is missing
+    (`mark_missing_ranks`) or a rank's own verdict is INCOMPLETE (its window was cut short:
+    `mark_incomplete`, with `fraction`, the lowest of the ranks'); else PASS or FAIL from overall_passed."""
+    merged.update(missing_ranks=sorted(missing), ranks_expected=world_size, lost_ranks=[],
+                  window_fraction=fraction)
+    merged.update(verdict_keys(merged), window_fraction=fraction)
+    if incomplete_ranks:
+        mark_incomplete(merged, fraction, f"rank(s) {', '.join(map(str, sorted(incomplete_ranks)))} stopped "
+                                          "before the window's end")
+    if missing:
+        mark_missing_ranks(merged, missing, world_size, ended)
     return merged

@@ -13,13 +13,14 @@ from kv_cache.render import xlsx
 from kv_cache.render.console import print_report
 from kv_cache.results.merge import merge_documents, merged_table
 from kv_cache.results.outputs import write_results
-from kv_cache.results.verdict import mark_missing_ranks
 from kv_cache.results.write import Written, write_document
 from kv_cache.settings.run import RunSettings
 
 __all__ = ["write_merged", "write_merged_document", "write_outputs"]
 
 log = logging.getLogger("kv_cache")
+
+LOST_UNDER_MPI = "lost (an MPI process failure: killed, out of memory or crashed)"
 
 
 def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
@@ -65,11 +66,8 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
     if docs is None:
         return lost
     path = settings.merged_output or os.path.join(os.path.dirname(settings.outputs.output) or ".", "kvcache_merged.json")
-    merged = merge_documents(docs, allow_missing=bool(lost))
+    merged = merge_documents(docs, allow_missing=bool(lost), ended={r: LOST_UNDER_MPI for r in lost})
     if lost:
-        merged = mark_missing_ranks(merged, lost, world)
-        merged["lost_ranks"] = [{"rank": r, "ended": "lost (an MPI process failure: killed, out of memory or "
-                                                      "crashed)"} for r in lost]
         what = f"Merged results of {world - len(lost)} of {world} ranks"
     else:
         what = f"Merged results of {world} ranks"

@@ -26,7 +26,7 @@ from kv_cache.benchmarks.standard.run import run_benchmark
 from kv_cache.core.group import GroupBroken
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
 from kv_cache.results.merge import merge_documents
-from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
+from kv_cache.results.verdict import mark_missing_ranks
 from kv_cache.settings.ranks import rank_share
 from kv_cache.settings.run import RunSettings
 
@@ -200,13 +200,11 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutc
     lost = {r: p.exitcode for r, p in enumerate(procs) if r not in ended.outcomes and r not in ended.errors}
     missing = [r for r in range(n) if r not in ended.docs]
     if ended.docs:
+        # the merge gives the whole shape (verdict, window_fraction, missing and lost ranks); this process
+        # adds only how each missing rank ended
         merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).outputs.output}
-                                  for r in sorted(ended.docs)], allow_missing=bool(missing))
-        merged = with_missing_ranks(merged, missing, n, lost)
-        if any(d.get("verdict") == INCOMPLETE for d in ended.docs.values()):
-            merged.update(overall_passed=False, verdict=INCOMPLETE)  # a rank's window was cut short
-        else:
-            merged.setdefault("verdict", "PASS" if merged.get("overall_passed") else "FAIL")
+                                  for r in sorted(ended.docs)], allow_missing=bool(missing),
+                                 ended={r: _how(lost.get(r)) for r in missing})
         what = f"{len(ended.docs)} of {n} processes" if missing else f"{n} processes"
         write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}")
     for r, code in lost.items():
@@ -230,12 +228,11 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutc
 def with_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: int,
                        lost: dict[int, int | None]) -> dict[str, Any]:
     """The merged document of a partial set of ranks, naming the missing ones and how each ended
-    (`missing_ranks`, `lost_ranks`, verdict INCOMPLETE); unchanged when none is missing."""
+    (`missing_ranks`, `lost_ranks`, verdict INCOMPLETE: results/verdict.py mark_missing_ranks, which
+    merge_documents applies itself); unchanged when none is missing."""
     if not missing:
         return merged
-    merged = mark_missing_ranks(merged, missing, world_size)
-    merged["lost_ranks"] = [{"rank": r, "ended": _how(lost.get(r))} for r in missing]
-    return merged
+    return mark_missing_ranks(merged, missing, world_size, {r: _how(lost.get(r)) for r in missing})
 
 
 def _how(code: int | None) -> str:
