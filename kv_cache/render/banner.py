@@ -108,7 +108,8 @@ def ranks_lines(settings: RunSettings, shares: Mapping[int, RunSettings],
     (TierSet.sizes, as each process sent them; a clamped one says so), then the totals over the processes
     beside the totals asked for. `shares`: each rank's settings; `sizes`: those that sent theirs."""
     n = len(shares)
-    names = [name for name, total in (shares[0].rank_totals or {}).items() if name != "seed" and total]
+    names = [name for name, total in (shares[0].rank_totals or {}).items()
+             if name != "seed" and total and (name != "rag_num_docs" or settings.enable_rag)]
     lines = [f"Processes: {n} on this host, one common window; each one's share of the totals given and its "
              "tier sizes in force:"]
     for r in sorted(shares):
