@@ -328,6 +328,11 @@ def test_the_merged_verdict_line(quick_settings):
     settings = quick_settings("--duration", "20", "--processes", "2")
     assert verdict_line({"verdict": "PASS"}, settings, 2, False) == \
         "STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): PASS"
+    failed = {"verdict": "FAIL", "summary": {"cache_stats": {"storage_health": {"criteria": [
+        {"name": "Cache Hit Rate > 30%", "passed": True}, {"name": "Storage Tier Read Device P95 < 200ms",
+                                                          "passed": False}]}}}}
+    assert verdict_line(failed, settings, 2, False) == ("STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): "
+                                                        "FAIL (failed: Storage Tier Read Device P95 < 200ms)")
     assert verdict_line({"verdict": "INCOMPLETE", "window_fraction": 0.4}, settings, 2, True) == \
         "Run INCOMPLETE (merged, 2 processes): interrupted after 40 % of the 20.0 s window; the verdict is not PASS"
     assert verdict_line({"verdict": "INCOMPLETE", "window_fraction": 1.0, "missing_ranks": [1]}, settings, 2,
@@ -363,11 +368,14 @@ def test_the_parents_handler_passes_each_signal_on_and_never_raises(capsys):
         signals(signal.SIGINT, None)
         assert child.wait(timeout=30) == 7
         signals.ended(child.pid)
-        signals(signal.SIGINT, None)  # no rank left: it only says what is going on
+        signals(signal.SIGINT, None)  # (a rank that ended: nothing to pass on)
+        assert capsys.readouterr().err == ""
+        signals.collecting = False
+        signals(signal.SIGINT, None)  # every rank has ended: it only says what is going on
     finally:
         child.kill()
-    assert signals.seen == 2
-    assert "writing the merged results first" in capsys.readouterr().err
+    assert signals.seen == 3
+    assert capsys.readouterr().err == "kv-cache: the processes have ended; writing the merged results first\n"
 
 
 @pytest.mark.slow

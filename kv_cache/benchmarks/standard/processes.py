@@ -38,7 +38,7 @@ from kv_cache.core.group import GroupBroken
 from kv_cache.core.observe import RankTicks, RunObserver, Tick
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
 from kv_cache.render.banner import ranks_lines
-from kv_cache.render.progress import make_progress
+from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.run_document import INTERRUPTED_EARLY
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
@@ -139,6 +139,7 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
     internal error (never a usage error)."""
     if mp.parent_process() is not None:  # signals come from the parent, once each (a terminal's Ctrl-C
         os.setpgrp()  # reaches the parent only, which passes it on)
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group's log lines must not stop it
     if setup_logging is not None:  # a spawned process starts with no logging set up
         setup_logging(settings.log_level)
     group.console = io.StringIO()
@@ -178,16 +179,16 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     ctx = mp.get_context("spawn")
     manager = SyncManager(ctx=ctx)
     manager.start(_ignore_interrupts)  # a terminal's Ctrl-C must not end the ranks' shared dict
-    display = make_progress(settings.log_level, float(settings.duration))
+    progress = settings.log_level.upper() not in QUIET_LEVELS
     barrier, shared, results = ctx.Barrier(n), manager.dict(), ctx.Queue()
     procs = [ctx.Process(target=_child, name=f"kv-cache-rank{r}",
                          args=(rank_settings(settings, r, n),
-                               ProcessGroup(r, n, barrier, shared, results, progress=display is not None),
+                               ProcessGroup(r, n, barrier, shared, results, progress=progress),
                                setup_logging)) for r in range(n)]
     out.write(f"Running {n} processes ({settings.num_users} users split between them); results per process "
               f"beside {settings.output}\n")
     out.flush()
-    ended = _Ended(console=_Console(settings, n, out, RankTicks(n, display) if display is not None else None))
+    ended = _Ended(console=_Console(settings, n, out))
     signals = _ParentSignals()
     signals.install()
     try:
@@ -196,6 +197,7 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
                 p.start()
                 signals.ranks[p.pid] = p
             _collect(procs, results, barrier, ended, signals)
+            signals.collecting = False
         finally:
             manager.shutdown()
         return _conclude(settings, procs, ended, out, signals)
@@ -224,6 +226,7 @@ class _ParentSignals:
     def __init__(self) -> None:
         self.seen = 0
         self.ranks: dict[int, Any] = {}  # pid -> process, for the ranks not yet seen to have ended
+        self.collecting = True  # False once every rank has ended
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -240,7 +243,7 @@ class _ParentSignals:
 
     def __call__(self, signum, frame) -> None:
         self.seen += 1
-        if not self.ranks:
+        if not self.collecting:
             sys.stderr.write("kv-cache: the processes have ended; writing the merged results first\n")
             return
         for pid in list(self.ranks):
@@ -253,14 +256,16 @@ class _ParentSignals:
 @dataclass
 class _Console:
     """What the parent shows of the ranks: rank 0's banner with every rank's share and sizes in force
-    (once every rank has sent its own, or when the window's first tick comes), and the total progress."""
+    (once every rank has sent its own, or when the window's first tick comes), and the total progress
+    (its display opens at the first tick, as a one-process run's opens with its window)."""
 
     settings: RunSettings
     n: int
     out: Any
-    ticks: RankTicks | None
+    ticks: RankTicks | None = None
     banners: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     banner_shown: bool = False
+    _ended: set[int] = field(default_factory=set)  # ranks whose ticks are over
 
     def banner(self, rank: int, payload: tuple[str, dict[str, Any]]) -> None:
         self.banners[rank] = payload
@@ -282,10 +287,17 @@ class _Console:
 
     def tick(self, rank: int, tick: Tick) -> None:
         self.show_banner()
-        if self.ticks is not None:
-            self.ticks.add(rank, tick)
+        if self.ticks is None:
+            display = make_progress(self.settings.log_level, float(self.settings.duration))
+            if display is None:
+                return
+            self.ticks = RankTicks(self.n, display)
+            for r in self._ended:
+                self.ticks.end(r)
+        self.ticks.add(rank, tick)
 
     def end(self, rank: int) -> None:
+        self._ended.add(rank)
         if self.ticks is not None:
             self.ticks.end(rank)
 
@@ -329,11 +341,13 @@ def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _P
     while True:
         try:
             ended.take(results.get(timeout=0.5))
+            drained = False
         except queue.Empty:
-            pass
+            drained = True
         for r, p in enumerate(procs):
             if p.exitcode is not None and p.pid in signals.ranks:
                 signals.ended(p.pid)
+            if drained and p.exitcode is not None:  # (what it sent before it ended has been read)
                 ended.console.end(r)  # its ticks end with it, even when it could not say so
         if any(p.exitcode not in (None, 0) for p in procs):
             barrier.abort()
@@ -344,8 +358,9 @@ def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _P
             ended.take(results.get_nowait())
         except queue.Empty:
             break
-    for p in procs:
+    for r, p in enumerate(procs):
         p.join()
+        ended.console.end(r)
     ended.console.show_banner()  # (a run that ended before its first tick)
 
 
@@ -397,7 +412,10 @@ def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrup
     interrupted after 40 % of the 20 s window ...`, the missing ranks, or PASS / FAIL."""
     verdict = merged.get("verdict")
     if verdict != INCOMPLETE:
-        return f"STORAGE PERFORMANCE ASSESSMENT (merged, {n} processes): {verdict}"
+        health = ((merged.get("summary") or {}).get("cache_stats") or {}).get("storage_health") or {}
+        failed = [c["name"] for c in health.get("criteria", []) if not c.get("passed")]
+        why = f" (failed: {'; '.join(failed)})" if verdict != "PASS" and failed else ""
+        return f"STORAGE PERFORMANCE ASSESSMENT (merged, {n} processes): {verdict}{why}"
     why = []
     if interrupted:
         why.append(f"interrupted after {float(merged.get('window_fraction', 0.0)) * 100:.0f} % of the "
