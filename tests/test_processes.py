@@ -1,5 +1,6 @@
 """`--processes N`: the per-process settings, the group's collectives, and a real two-process run."""
 
+import io
 import json
 import os
 import queue
@@ -230,4 +231,187 @@ def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp
     merged = json.loads((tmp_path / "X.json").read_text())
     assert merged["verdict"] == "INCOMPLETE" and merged["overall_passed"] is False and merged["ranks"] == 2
     assert not merged.get("missing_ranks")  # every rank sent its document
+    assert 0 < merged["window_fraction"] < 1
+    assert (f"Run INCOMPLETE (merged, 2 processes): interrupted after {merged['window_fraction'] * 100:.0f} % of "
+            "the 60.0 s window; the verdict is not PASS") in stdout
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))
+
+
+# -- the parent's console: ticks totalled over the ranks, the banner, the verdict ----------------------------
+
+class Shown:
+    """A progress display that keeps what it was given."""
+
+    def __init__(self):
+        self.ticks, self.done_calls = [], 0
+
+    def tick(self, tick):
+        self.ticks.append(tick)
+
+    def done(self):
+        self.done_calls += 1
+
+
+def _tick(second, completed, read_bytes, p95=1.0):
+    from kv_cache.core.observe import Tick
+
+    row = {"t_s": float(second), "seconds": 1.0, "requests": 1, "storage_read_bytes": read_bytes,
+           "storage_read_gibps": read_bytes / 2**30, "storage_read_p95_ms": p95, "active_users": 2}
+    return Tick(float(second), 3.0, completed + 1, completed, row)
+
+
+def test_the_ranks_ticks_become_one_total_per_second():
+    """Second k is shown once both ranks sent it (whatever order they come in); requests and bytes add
+    up, GiB/s comes from the summed bytes, a p95 is the highest rank's; each rank's own figures ride along."""
+    from kv_cache.core.observe import RankTicks
+
+    shown = Shown()
+    ticks = RankTicks(2, shown)
+    ticks.add(1, _tick(1, 5, 2**30, p95=4.0))
+    assert shown.ticks == []  # rank 0's second 1 is still to come
+    ticks.add(1, _tick(2, 9, 2**30))
+    ticks.add(0, _tick(1, 3, 2**29, p95=2.0))
+    assert len(shown.ticks) == 1
+    first = shown.ticks[0]
+    assert (first.elapsed_s, first.completed, first.issued) == (1.0, 8, 10)
+    assert first.row["storage_read_gibps"] == pytest.approx(1.5) and first.row["storage_read_p95_ms"] == 4.0
+    assert first.row["requests"] == 2 and first.row["active_users"] == 4
+    assert [(r, t.completed) for r, t in first.ranks] == [(0, 3), (1, 5)]
+    ticks.end(0)  # rank 0's window is over: second 2 is no longer waited for, its counts stay in the totals
+    assert [t.completed for t in shown.ticks] == [8, 12] and shown.done_calls == 0
+    ticks.end(1)
+    assert shown.done_calls == 1
+    ticks.end(1)
+    assert shown.done_calls == 1
+
+
+def test_a_total_line_says_how_many_ranks_and_shows_each():
+    from kv_cache.core.observe import RankTicks
+    from kv_cache.render.progress import progress_line
+
+    shown = Shown()
+    ticks = RankTicks(2, shown)
+    ticks.add(0, _tick(1, 3, 2**29, p95=2.0))
+    ticks.add(1, _tick(1, 5, 2**30, p95=4.0))
+    line = progress_line(shown.ticks[0])
+    assert line.startswith("[0:01 elapsed, 0:02 left] 8 requests done by 2 ranks (2 in the last 1 s), 2 in progress")
+    assert "storage R 1.50 W 0.00 GiB/s (p95 of the slowest rank R 4.0 ms)" in line
+    assert line.endswith("per rank: rank 0 3 done (storage R 0.50 W 0.00 GiB/s), "
+                         "rank 1 5 done (storage R 1.00 W 0.00 GiB/s)")
+    assert "by 2 ranks" not in progress_line(_tick(1, 3, 2**29))  # one rank's own line is unchanged
+
+
+def test_the_banner_shows_each_share_and_the_sizes_in_force(quick_settings):
+    from kv_cache.render.banner import ranks_lines
+
+    settings = quick_settings("--num-users", "5", "--cpu-mem-gb", "3", "--processes", "2")
+    shares = {r: rank_settings(settings, r, 2) for r in range(2)}
+    sizes = {0: {"cpu_mem_gb": {"asked": 1.5, "effective": 1.5, "clamped": None},
+                 "storage_capacity_gb": {"asked": 0.0, "effective": 10.0, "clamped": None}},
+             1: {"cpu_mem_gb": {"asked": 1.5, "effective": 1.0, "clamped": "90% of ..."},
+                 "storage_capacity_gb": {"asked": 0.0, "effective": 10.0, "clamped": None}}}
+    lines = ranks_lines(settings, shares, sizes)
+    assert lines[0].startswith("Processes: 2 on this host, one common window")
+    assert lines[1:] == [
+        "  rank 0: cpu_mem_gb 1.5, num_users 3, seed 42 | CPU tier 1.50 GiB, Storage tier 10.00 GiB",
+        "  rank 1: cpu_mem_gb 1.5, num_users 2, seed 43 | CPU tier 1.00 GiB (clamped), Storage tier 10.00 GiB",
+        "  total: cpu_mem_gb 3, num_users 5 | CPU tier 2.50 GiB in force (asked 3.00), "
+        "Storage tier 20.00 GiB in force (asked auto)"]
+    partial = ranks_lines(settings, shares, {0: sizes[0]})
+    assert partial[2].endswith("| tier sizes not known (the process ended before it sent them)")
+    assert "CPU tier 1.50 GiB in force (asked 1.50, 1 of 2 processes)" in partial[3]
+
+
+def test_the_merged_verdict_line(quick_settings):
+    from kv_cache.benchmarks.standard.processes import verdict_line
+
+    settings = quick_settings("--duration", "20", "--processes", "2")
+    assert verdict_line({"verdict": "PASS"}, settings, 2, False) == \
+        "STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): PASS"
+    failed = {"verdict": "FAIL", "summary": {"cache_stats": {"storage_health": {"criteria": [
+        {"name": "Cache Hit Rate > 30%", "passed": True}, {"name": "Storage Tier Read Device P95 < 200ms",
+                                                          "passed": False}]}}}}
+    assert verdict_line(failed, settings, 2, False) == ("STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): "
+                                                        "FAIL (failed: Storage Tier Read Device P95 < 200ms)")
+    assert verdict_line({"verdict": "INCOMPLETE", "window_fraction": 0.4}, settings, 2, True) == \
+        "Run INCOMPLETE (merged, 2 processes): interrupted after 40 % of the 20.0 s window; the verdict is not PASS"
+    assert verdict_line({"verdict": "INCOMPLETE", "window_fraction": 1.0, "missing_ranks": [1]}, settings, 2,
+                        False) == "Run INCOMPLETE (merged, 2 processes): process(es) 1 of 2 missing; the verdict is not PASS"
+
+
+def test_a_rank_whose_window_completed_was_not_interrupted(quick_settings):
+    """A late signal may reach a rank after its run was written (its outcome then says interrupted): its
+    document's stop reason, not that, decides."""
+    from kv_cache.benchmarks.standard.processes import _Console, _Ended
+    from kv_cache.errors import RunOutcome
+
+    ended = _Ended(console=_Console(quick_settings(), 3, io.StringIO(), None))
+    ended.take((0, "doc", {"stop_reason": "duration"}))
+    ended.take((0, "outcome", RunOutcome(passed=True)))
+    ended.take((0, "outcome", RunOutcome(interrupted=True)))  # a second word: the first stands
+    ended.take((1, "doc", {"stop_reason": "interrupted"}))
+    ended.take((2, "outcome", RunOutcome(interrupted=True)))  # no document: its outcome decides
+    assert ended.outcomes[0].passed is True
+    assert [ended.interrupted(r) for r in range(3)] == [False, True, True]
+
+
+def test_the_parents_handler_passes_each_signal_on_and_never_raises(capsys):
+    from kv_cache.benchmarks.standard.processes import _ParentSignals
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              "signal.signal(signal.SIGINT, lambda *a: sys.exit(7))\nprint('ready', flush=True)\n"
+                              "time.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        signals = _ParentSignals()
+        signals.ranks[child.pid] = child
+        signals(signal.SIGINT, None)
+        assert child.wait(timeout=30) == 7
+        signals.ended(child.pid)
+        signals(signal.SIGINT, None)  # (a rank that ended: nothing to pass on)
+        assert capsys.readouterr().err == ""
+        signals.collecting = False
+        signals(signal.SIGINT, None)  # every rank has ended: it only says what is going on
+    finally:
+        child.kill()
+    assert signals.seen == 3
+    assert capsys.readouterr().err == "kv-cache: the processes have ended; writing the merged results first\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pauses", [(0.3,), (0.0, 0.3, 0.7)], ids=["one-sigint-0.3s-after", "three-sigints"])
+def test_a_signal_after_the_window_changes_nothing(tmp_path, pauses):
+    """SIGINT(s) to the parent once the last progress line of the window is out (the ranks are draining,
+    writing, or have written): exit 0 as without the signal, each rank's window whole, the merged document
+    written and its verdict printed. The console meanwhile: one banner with each rank's share and sizes in
+    force, and one progress line per second that totals both ranks (never a rank's own line)."""
+    cmd = _processes_cmd(tmp_path, duration="3")
+    cmd[cmd.index("micro")] = "tiny-1b"  # large entries: a drain that lasts
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        _wait_for(lambda: any(line.startswith("[0:03 elapsed") for line in err))
+        for pause in pauses:
+            time.sleep(pause)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        stdout = proc.stdout.read()
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, "".join(err)[-3000:]
+    ranks = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
+    assert [d["stop_reason"] for d in ranks] == ["duration", "duration"]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["ranks"] == 2 and merged["verdict"] in ("PASS", "FAIL") and merged["window_fraction"] == 1.0
+    assert f"STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): {merged['verdict']}" in stdout
+    assert "Rank 0 of 2: its share of the totals given (num_users 2 of 4" in stdout
+    assert "Processes: 2 on this host" in stdout and "  rank 1: num_users 2, seed 1 | Storage tier " in stdout
+    progress = [line for line in err if line.startswith("[")]
+    assert [line[:6] for line in progress] == ["[0:01 ", "[0:02 ", "[0:03 "]
+    assert all(" by 2 ranks " in line and "| per rank: rank 0 " in line for line in progress)
     assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))

@@ -101,3 +101,55 @@ def print_banner(settings: RunSettings, context_lengths: Sequence[int], workers:
                  out: TextIO, sizes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     out.write("".join(line + "\n" for line in banner_lines(settings, context_lengths, workers, file_store, sizes)))
     out.flush()
+
+
+def ranks_lines(settings: RunSettings, shares: Mapping[int, RunSettings],
+                sizes: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """Under `--processes`: each process's share of the totals given and its tier sizes in force
+    (TierSet.sizes, as each process sent them; a clamped one says so), then the totals over the processes
+    beside the totals asked for. `shares`: each rank's settings; `sizes`: those that sent theirs."""
+    n = len(shares)
+    names = [name for name, total in (shares[0].rank_totals or {}).items()
+             if name != "seed" and total and (name != "rag_num_docs" or settings.workload.enable_rag)]
+    lines = [f"Processes: {n} on this host, one common window; each one's share of the totals given and its "
+             "tier sizes in force:"]
+    for r in sorted(shares):
+        share = ", ".join(f"{name} {getattr(shares[r], name):g}" for name in names)
+        tiers = _rank_tiers(shares[r], sizes.get(r))
+        lines.append(f"  rank {r}: {share}, seed {shares[r].effective_seed} | {tiers}")
+    totals = ", ".join(f"{name} {total:g}" for name, total in (shares[0].rank_totals or {}).items()
+                       if name in names)
+    lines.append(f"  total: {totals} | {_total_tiers(settings, shares, sizes)}")
+    return lines
+
+
+def _tier_gib(share: RunSettings, key: str, size: Mapping[str, Any]) -> tuple[float, float]:
+    """(in force, asked) GiB of a rank's tier, a GPU tier over all its GPUs."""
+    scale = share.tiers.num_gpus if key == "gpu_mem_gb" else 1
+    return float(size["effective"]) * scale, float(size["asked"]) * scale
+
+
+def _rank_tiers(share: RunSettings, sizes: Mapping[str, Mapping[str, Any]] | None) -> str:
+    if sizes is None:
+        return "tier sizes not known (the process ended before it sent them)"
+    parts = []
+    for key, label in _SIZE_LABELS.items():
+        size = sizes.get(key)
+        if size:
+            effective, _ = _tier_gib(share, key, size)
+            parts.append(f"{label.replace(' (per GPU)', '')} {effective:.2f} GiB" + (" (clamped)" if size.get("clamped") else ""))
+    return ", ".join(parts) or "no tier sizes"
+
+
+def _total_tiers(settings: RunSettings, shares: Mapping[int, RunSettings],
+                 sizes: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> str:
+    parts = []
+    for key, label in _SIZE_LABELS.items():
+        got = [_tier_gib(shares[r], key, s[key]) for r, s in sorted(sizes.items()) if s.get(key)]
+        if not got:
+            continue
+        effective, asked = sum(g[0] for g in got), sum(g[1] for g in got)
+        asked_text = "auto" if key == "storage_capacity_gb" and not asked else f"{asked:.2f}"
+        partial = f", {len(got)} of {len(shares)} processes" if len(got) < len(shares) else ""
+        parts.append(f"{label.replace(' (per GPU)', '')} {effective:.2f} GiB in force (asked {asked_text}{partial})")
+    return ", ".join(parts) or "no tier sizes"

@@ -3,7 +3,9 @@
 On a terminal: a rich live panel (elapsed and remaining time, requests, read/write GiB/s per tier in the
 last second, p95 per tier and direction, cache occupancy). Elsewhere (a pipe, a log file): one plain line
 every `every_s` seconds. Nothing at all with --log-level WARNING or quieter. Always on stderr, so stdout
-keeps the report alone.
+keeps the report alone. Under `--processes` the parent shows the ranks' total (core/observe.py
+`RankTicks`): the line counts the requests of every rank, sums their GiB/s, and ends with each rank's own
+figures.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def tier_parts(row: dict) -> list[str]:
+def tier_parts(row: dict, p95_label: str = "p95") -> list[str]:
     """'storage R 1.20 W 0.40 GiB/s (p95 R 3.1 W 8.2 ms)' for each tier that moved bytes in the bucket."""
     parts = []
     for tier in TIER_ORDER:
@@ -32,7 +34,7 @@ def tier_parts(row: dict) -> list[str]:
             continue
         p95 = " ".join(f"{d} {row[f'{tier}_{op}_p95_ms']:.1f}" for d, op in (("R", "read"), ("W", "write"))
                        if f"{tier}_{op}_p95_ms" in row)
-        parts.append(f"{tier} R {r or 0:.2f} W {w or 0:.2f} GiB/s" + (f" (p95 {p95} ms)" if p95 else ""))
+        parts.append(f"{tier} R {r or 0:.2f} W {w or 0:.2f} GiB/s" + (f" ({p95_label} {p95} ms)" if p95 else ""))
     return parts
 
 
@@ -43,13 +45,27 @@ def occupancy(row: dict) -> str:
 
 
 def progress_line(tick: Tick) -> str:
-    """One plain progress line from a tick."""
+    """One plain progress line from a tick. A total over ranks says how many, marks its p95 as the
+    highest rank's (a bucket's percentile of the union is not known), and ends with each rank's figures."""
     remaining = max(0.0, tick.duration_s - tick.elapsed_s)
-    head = (f"[{_clock(tick.elapsed_s)} elapsed, {_clock(remaining)} left] {tick.completed} requests done"
+    over = f" by {len(tick.ranks)} ranks" if tick.ranks else ""
+    head = (f"[{_clock(tick.elapsed_s)} elapsed, {_clock(remaining)} left] {tick.completed} requests done{over}"
             f" ({tick.row.get('requests', 0)} in the last {tick.row.get('seconds', 0):.0f} s),"
             f" {tick.issued - tick.completed} in progress")
-    rest = [*tier_parts(tick.row), occupancy(tick.row), f"users {tick.row.get('active_users', 0)}"]
+    rest = [*tier_parts(tick.row, "p95 of the slowest rank" if tick.ranks else "p95"), occupancy(tick.row),
+            f"users {tick.row.get('active_users', 0)}"]
+    if tick.ranks:
+        rest.append("per rank: " + ", ".join(_rank_part(r, t) for r, t in tick.ranks))
     return " | ".join([head, *(p for p in rest if p)])
+
+
+def _rank_part(rank: int, tick: Tick) -> str:
+    """'rank 1 61 done (storage R 0.60 W 0.20 GiB/s)': a rank's requests done and its slowest tier's rates."""
+    tier = next((t for t in reversed(TIER_ORDER)
+                 if tick.row.get(f"{t}_read_gibps") is not None or tick.row.get(f"{t}_write_gibps") is not None), None)
+    rates = (f" ({tier} R {tick.row.get(f'{tier}_read_gibps') or 0:.2f} W {tick.row.get(f'{tier}_write_gibps') or 0:.2f}"
+             " GiB/s)" if tier else "")
+    return f"rank {rank} {tick.completed} done{rates}"
 
 
 class PlainProgress:

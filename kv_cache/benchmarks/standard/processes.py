@@ -5,6 +5,15 @@ request rate, tier sizes...: kv_cache/settings/ranks.py), seed + rank, its own
 cache directory `<cache>/rank<r>` and results `X_rank<r>.json`. The same barriers as under mpirun open and
 close one common window (multiprocessing.Barrier); each rank hands its document to this (parent) process,
 which writes the merged document at X.json. No MPI is needed.
+
+The console is the parent's: the ranks' reports stay in their documents, and what a user watches comes
+from here: rank 0's banner with every rank's share and sizes in force, one progress line per second
+totalled over the ranks (the ranks send their ticks on the results queue, off the I/O path), the merged
+table and its verdict. Signals are the parent's too: the ranks run in a process group of their own, so a
+terminal's Ctrl-C reaches the parent alone, which passes each signal on to every rank once (so a rank
+counts them as one process would); its own handler stays until the merged document is written, and
+whether the run was interrupted is the ranks' word (a rank whose window completed was not), so a signal
+after the window never changes the status nor loses the merged document.
 """
 
 from __future__ import annotations
@@ -16,21 +25,27 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from multiprocessing.managers import SyncManager
 from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged_document
 from kv_cache.benchmarks.standard.run import run_benchmark
 from kv_cache.core.group import GroupBroken
+from kv_cache.core.observe import RankTicks, RunObserver, Tick
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
+from kv_cache.render.banner import ranks_lines
+from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
-from kv_cache.results.verdict import mark_missing_ranks
+from kv_cache.results.run_document import INTERRUPTED_EARLY
+from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
 from kv_cache.settings.ranks import rank_share
 from kv_cache.settings.run import RunSettings
 
-__all__ = ["GroupBroken", "ProcessGroup", "rank_settings", "run_processes", "with_missing_ranks"]
+__all__ = ["GroupBroken", "ProcessGroup", "rank_settings", "run_processes", "verdict_line", "with_missing_ranks"]
 
 log = logging.getLogger("kv_cache")
 
@@ -43,10 +58,13 @@ class ProcessGroup:
 
     gather_waits = False  # a rank's document goes on the queue: an interrupted rank sends its own too
 
-    def __init__(self, rank: int, size: int, barrier: Any, shared: Any, results: Any) -> None:
+    def __init__(self, rank: int, size: int, barrier: Any, shared: Any, results: Any,
+                 progress: bool = False) -> None:
         self.rank, self.size = rank, size
         self._barrier, self._shared, self._results = barrier, shared, results
         self._rounds = 0
+        self.progress = progress  # the parent shows progress: send it this rank's ticks
+        self.console: io.StringIO | None = None  # this rank's console (its report stays in its document)
 
     def barrier(self) -> None:
         try:
@@ -72,8 +90,31 @@ class ProcessGroup:
     def abort(self) -> None:
         self._barrier.abort()
 
+    # RankConsole (core/observe.py): the parent shows the banner and the progress of every rank
+    def observer(self) -> RunObserver | None:
+        return _TickSender(self._results, self.rank) if self.progress else None
+
+    def announce(self, sizes: Mapping[str, Mapping[str, Any]]) -> None:
+        banner = self.console.getvalue() if self.console is not None else ""
+        self._results.put((self.rank, BANNER, (banner, {k: dict(v) for k, v in sizes.items()})))
+
+
+class _TickSender:
+    """A rank's progress observer: each tick goes to the parent on the results queue (a put hands it to
+    the queue's feeder thread; the scheduler thread does not wait), then one END when the window is over."""
+
+    def __init__(self, results: Any, rank: int) -> None:
+        self._results, self._rank = results, rank
+
+    def tick(self, tick: Tick) -> None:
+        self._results.put((self._rank, TICK, tick))
+
+    def done(self) -> None:
+        self._results.put((self._rank, TICKS_END, None))
+
 
 DOC, OUTCOME, ERROR = "doc", "outcome", "error"  # what a rank puts on the results queue
+BANNER, TICK, TICKS_END = "banner", "tick", "ticks-end"  # ... and for the parent's console
 
 
 def rank_settings(settings: RunSettings, rank: int, n: int) -> RunSettings:
@@ -96,10 +137,16 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
     """One rank: run, then tell the parent how it ended. A known error goes to the parent as it is (it is
     the parent's to report); anything else is a bug: its traceback is logged here and the parent reports an
     internal error (never a usage error)."""
+    if mp.parent_process() is not None:  # signals come from the parent, once each (a terminal's Ctrl-C
+        os.setpgrp()  # reaches the parent only, which passes it on)
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group's log lines must not stop it
     if setup_logging is not None:  # a spawned process starts with no logging set up
         setup_logging(settings.outputs.log_level)
+    group.console = io.StringIO()
     try:
-        group.report(OUTCOME, run_benchmark(settings, io.StringIO(), group=group))  # the report stays in the JSON
+        outcome = run_benchmark(settings, group.console, group=group)  # (its report stays in its document)
+        _ignore_signals()  # its run is over and written: a late signal has nothing left to stop
+        group.report(OUTCOME, outcome)
         code = 0
     except KeyboardInterrupt:  # interrupted before its run could write anything
         group.report(OUTCOME, RunOutcome(interrupted=True))
@@ -123,106 +170,262 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     A lost process (killed, out of memory, crashed: it ended without saying how) breaks the barrier, so
     the others finish (their window is theirs) and the merge of the others names it: RunOutcome with
     `missing_ranks`. A known error of a process (bad cache dir, storage error before the window) is
-    raised here after the others have stopped; a programming error is raised as InternalError."""
+    raised here after the others have stopped; a programming error is raised as InternalError.
+
+    SIGINT and SIGTERM are handled here from the start to the merged document's write (and after, once
+    one came): each is passed on to the ranks still running and never raises, so whatever arrives, the
+    ranks' documents are merged and written, and the status is what the ranks' outcomes say."""
     n = settings.driver.processes
     ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
+    manager = SyncManager(ctx=ctx)
+    manager.start(_ignore_interrupts)  # a terminal's Ctrl-C must not end the ranks' shared dict
+    progress = settings.outputs.log_level.upper() not in QUIET_LEVELS
     barrier, shared, results = ctx.Barrier(n), manager.dict(), ctx.Queue()
     procs = [ctx.Process(target=_child, name=f"kv-cache-rank{r}",
-                         args=(rank_settings(settings, r, n), ProcessGroup(r, n, barrier, shared, results),
+                         args=(rank_settings(settings, r, n),
+                               ProcessGroup(r, n, barrier, shared, results, progress=progress),
                                setup_logging)) for r in range(n)]
     out.write(f"Running {n} processes ({settings.workload.num_users} users split between them); results per process "
               f"beside {settings.outputs.output}\n")
     out.flush()
-    ended = _Ended()
-    previous = None
-    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the ranks like Ctrl-C
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    ended = _Ended(console=_Console(settings, n, out))
+    signals = _ParentSignals()
+    signals.install()
     try:
-        for p in procs:
-            p.start()
-        _collect(procs, results, barrier, ended)
+        try:
+            for p in procs:
+                p.start()
+                signals.ranks[p.pid] = p
+            _collect(procs, results, barrier, ended, signals)
+            signals.collecting = False
+        finally:
+            manager.shutdown()
+        return _conclude(settings, procs, ended, out, signals)
     finally:
-        manager.shutdown()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    return _conclude(settings, procs, ended, out)
+        signals.restore()
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _ignore_interrupts() -> None:
+    """The manager process ignores SIGINT: the parent decides when the run ends, and shuts it down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _ignore_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+class _ParentSignals:
+    """The parent's SIGINT / SIGTERM handler: passes each signal on to the ranks still running (each counts
+    it as a one-process run counts its own: the first ends a window still open, a later one after the
+    window cuts the drain short) and never raises. Once no rank runs, a signal only says that the merged
+    document is being written. The previous handlers come back at the end unless a signal came (then a
+    late one must not kill the exit either)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.ranks: dict[int, Any] = {}  # pid -> process, for the ranks not yet seen to have ended
+        self.collecting = True  # False once every rank has ended
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self) -> None:
+        if not self.seen:
+            for sig, old in self._previous.items():
+                signal.signal(sig, old)
+
+    def ended(self, pid: int | None) -> None:
+        self.ranks.pop(pid, None)
+
+    def __call__(self, signum, frame) -> None:
+        self.seen += 1
+        if not self.collecting:
+            sys.stderr.write("kv-cache: the processes have ended; writing the merged results first\n")
+            return
+        for pid in list(self.ranks):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # ended since the last look
+                self.ranks.pop(pid, None)
+
+
+@dataclass
+class _Console:
+    """What the parent shows of the ranks: rank 0's banner with every rank's share and sizes in force
+    (once every rank has sent its own, or when the window's first tick comes), and the total progress
+    (its display opens at the first tick, as a one-process run's opens with its window)."""
+
+    settings: RunSettings
+    n: int
+    out: Any
+    ticks: RankTicks | None = None
+    banners: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    banner_shown: bool = False
+    _ended: set[int] = field(default_factory=set)  # ranks whose ticks are over
+
+    def banner(self, rank: int, payload: tuple[str, dict[str, Any]]) -> None:
+        self.banners[rank] = payload
+        if len(self.banners) == self.n:
+            self.show_banner()
+
+    def show_banner(self) -> None:
+        if self.banner_shown or not self.banners:
+            return
+        self.banner_shown = True
+        first = min(self.banners)
+        text = self.banners[first][0].rstrip("\n").split("\n")
+        closing = text.pop() if len(text) > 1 else None  # the banner's closing rule comes after the ranks
+        shares = {r: rank_settings(self.settings, r, self.n) for r in range(self.n)}
+        lines = [*text, *ranks_lines(self.settings, shares, {r: b[1] for r, b in self.banners.items()}),
+                 *([closing] if closing else [])]
+        self.out.write("".join(line + "\n" for line in lines))
+        self.out.flush()
+
+    def tick(self, rank: int, tick: Tick) -> None:
+        self.show_banner()
+        if self.ticks is None:
+            display = make_progress(self.settings.outputs.log_level, float(self.settings.driver.duration))
+            if display is None:
+                return
+            self.ticks = RankTicks(self.n, display)
+            for r in self._ended:
+                self.ticks.end(r)
+        self.ticks.add(rank, tick)
+
+    def end(self, rank: int) -> None:
+        self._ended.add(rank)
+        if self.ticks is not None:
+            self.ticks.end(rank)
 
 
 @dataclass
 class _Ended:
-    """What the ranks sent: documents, outcomes, errors (by rank); and whether this process was interrupted."""
+    """What the ranks sent: documents, outcomes, errors (by rank); their banners and ticks go to `console`."""
 
+    console: _Console
     docs: dict[int, dict[str, Any]] = field(default_factory=dict)
     outcomes: dict[int, RunOutcome] = field(default_factory=dict)
     errors: dict[int, KvCacheError] = field(default_factory=dict)
-    interrupted: bool = False
 
     def take(self, item: tuple[int, str, Any]) -> None:
         rank, kind, payload = item
-        {DOC: self.docs, OUTCOME: self.outcomes, ERROR: self.errors}[kind][rank] = payload
+        if kind == TICK:
+            self.console.tick(rank, payload)
+        elif kind == TICKS_END:
+            self.console.end(rank)
+        elif kind == BANNER:
+            self.console.banner(rank, payload)
+        else:  # (the first word of a rank stands)
+            {DOC: self.docs, OUTCOME: self.outcomes, ERROR: self.errors}[kind].setdefault(rank, payload)
+
+    def interrupted(self, rank: int) -> bool:
+        """Whether a signal cut rank `rank`'s window short: its document says so (its stop reason); a rank
+        with no document, its outcome. A rank whose window ran to its end was not interrupted, whatever
+        signal came after."""
+        doc = self.docs.get(rank)
+        if doc is not None:
+            return doc.get("stop_reason") in ("interrupted", INTERRUPTED_EARLY)
+        outcome = self.outcomes.get(rank)
+        return outcome is not None and outcome.interrupted
 
 
-def _collect(procs: list, results: Any, barrier: Any, ended: _Ended) -> None:
-    """Every rank's messages from the queue (read before joining: a large item blocks its sender). A
-    process that ended with a non-zero status breaks the barrier, so no rank waits for it. Ctrl-C here
-    (the ranks got it too) keeps collecting: the ranks write what they measured."""
+def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _ParentSignals) -> None:
+    """Every rank's messages from the queue (read before joining: a large item blocks its sender), until
+    every process has ended. A process that ended with a non-zero status breaks the barrier, so no rank
+    waits for it. A signal meanwhile (passed on to the ranks by `signals`) changes nothing here: the ranks
+    write what they measured and send it."""
     while True:
         try:
             ended.take(results.get(timeout=0.5))
+            drained = False
         except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                barrier.abort()
-            if all(p.exitcode is not None for p in procs):
-                break
-        except KeyboardInterrupt:  # each rank gets it too (a terminal's Ctrl-C reaches them already: a
-            ended.interrupted = True  # second one only makes them say that they are writing)
-            for p in procs:
-                if p.pid is not None and p.exitcode is None:
-                    os.kill(p.pid, signal.SIGINT)
+            drained = True
+        for r, p in enumerate(procs):
+            if p.exitcode is not None and p.pid in signals.ranks:
+                signals.ended(p.pid)
+            if drained and p.exitcode is not None:  # (what it sent before it ended has been read)
+                ended.console.end(r)  # its ticks end with it, even when it could not say so
+        if any(p.exitcode not in (None, 0) for p in procs):
+            barrier.abort()
+        if all(p.exitcode is not None for p in procs):
+            break
     while True:  # what the last ones sent just before they ended
         try:
             ended.take(results.get_nowait())
         except queue.Empty:
             break
-    for p in procs:
+    for r, p in enumerate(procs):
         p.join()
+        ended.console.end(r)
+    ended.console.show_banner()  # (a run that ended before its first tick)
 
 
-def _conclude(settings: RunSettings, procs: list, ended: _Ended, out) -> RunOutcome:
-    """The merged document of the ranks that sent one (naming the missing ones), then the outcome; the
-    first rank's own error (not a broken barrier, which only follows another's failure) is raised."""
+def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _ParentSignals) -> RunOutcome:
+    """The merged document of the ranks that sent one (naming the missing ones), its verdict, then the
+    outcome; the first rank's own error (not a broken barrier, which only follows another's failure) is
+    raised. Interrupted means a rank's window was cut short (`_Ended.interrupted`), never that the parent
+    saw a signal: a signal after the windows closed changes nothing."""
     n = len(procs)
     lost = {r: p.exitcode for r, p in enumerate(procs) if r not in ended.outcomes and r not in ended.errors}
     missing = [r for r in range(n) if r not in ended.docs]
+    outcomes = list(ended.outcomes.values())
+    interrupted = any(ended.interrupted(r) for r in range(n))
+    merged: dict[str, Any] | None = None
     if ended.docs:
-        # the merge gives the whole shape (verdict, window_fraction, missing and lost ranks); this process
-        # adds only how each missing rank ended
         merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).outputs.output}
-                                  for r in sorted(ended.docs)], allow_missing=bool(missing),
-                                 ended={r: _how(lost.get(r)) for r in missing})
+                                  for r in sorted(ended.docs)], allow_missing=bool(missing))
+        merged = with_missing_ranks(merged, missing, n, lost)
+        fractions = [float(d.get("window_fraction", 1.0)) for d in ended.docs.values()]
+        merged.setdefault("window_fraction", min(fractions))  # the share of the window every rank measured
+        if any(d.get("verdict") == INCOMPLETE for d in ended.docs.values()):
+            merged.update(overall_passed=False, verdict=INCOMPLETE)  # a rank's window was cut short
+        else:
+            merged.setdefault("verdict", "PASS" if merged.get("overall_passed") else "FAIL")
         what = f"{len(ended.docs)} of {n} processes" if missing else f"{n} processes"
         write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}")
     for r, code in lost.items():
         out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
+    if merged is not None:
+        out.write(verdict_line(merged, settings, n, interrupted) + "\n")
     out.flush()
     causes = [e for _, e in sorted(ended.errors.items()) if not isinstance(e, GroupBroken)]
     if causes:
         raise causes[0]
-    if lost and not ended.docs:
+    if lost and not ended.docs and not signals.seen:
         raise RanksLost(f"process(es) {', '.join(f'{r} ({_how(c)})' for r, c in lost.items())} ended before "
                         "the window closed; no rank has results", tuple(lost))
-    outcomes = list(ended.outcomes.values())
     return RunOutcome(
-        interrupted=ended.interrupted or any(o.interrupted for o in outcomes),
+        interrupted=interrupted or bool(lost and not ended.docs and signals.seen),  # (a signal before any
+        # rank could start its run: it ended without a word)
         storage_error=next((o.storage_error for o in outcomes if o.storage_error), None),
-        passed=bool(ended.docs) and not missing and all(o.passed for o in outcomes),
+        passed=merged is not None and merged.get("verdict") == "PASS",  # (the verdict shown)
         missing_ranks=tuple(missing) if lost else (),
         fail_exit_code=settings.outputs.fail_exit_code)
+
+
+def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrupted: bool) -> str:
+    """The merged run's verdict for the console, as a one-process run ends its report: `Run INCOMPLETE:
+    interrupted after 40 % of the 20 s window ...`, the missing ranks, or PASS / FAIL."""
+    verdict = merged.get("verdict")
+    if verdict != INCOMPLETE:
+        health = ((merged.get("summary") or {}).get("cache_stats") or {}).get("storage_health") or {}
+        failed = [c["name"] for c in health.get("criteria", []) if not c.get("passed")]
+        why = f" (failed: {'; '.join(failed)})" if verdict != "PASS" and failed else ""
+        return f"STORAGE PERFORMANCE ASSESSMENT (merged, {n} processes): {verdict}{why}"
+    why = []
+    if interrupted:
+        why.append(f"interrupted after {float(merged.get('window_fraction', 0.0)) * 100:.0f} % of the "
+                   f"{settings.driver.duration} s window")
+    if merged.get("missing_ranks"):
+        why.append(f"process(es) {', '.join(map(str, merged['missing_ranks']))} of {n} missing")
+    if not why:
+        why.append(f"a process's window was cut short ({float(merged.get('window_fraction', 0.0)) * 100:.0f} % "
+                   f"of the {settings.driver.duration} s window measured by every process)")
+    return f"Run INCOMPLETE (merged, {n} processes): {'; '.join(why)}; the verdict is not PASS"
 
 
 def with_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: int,

@@ -24,6 +24,7 @@ from kv_cache.benchmarks.standard.scheduler import Driver, DriverOutcome
 from kv_cache.benchmarks.standard.setup import driver_options, io_worker_count, run_phases, start_tracing
 from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
+from kv_cache.core.observe import RankConsole
 from kv_cache.errors import RunOutcome, StorageError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.metrics.recorder import RunMetrics
@@ -209,6 +210,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                   if settings.driver.enable_autoscaling else None)
     contexts = [u.profile.context_length for u in users] if trace is None else []
     print_banner(settings, contexts, workers, stores.file_store, out, sizes=stores.sizes)
+    if isinstance(run.group, RankConsole):  # --processes: the parent prints the banner, every rank's sizes
+        run.group.announce(stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
@@ -220,7 +223,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.workload.replay_cycles, group=run.group, observers=_progress(settings),
+                    replay_cycles=settings.workload.replay_cycles, group=run.group, observers=_progress(settings, run.group),
                     on_window_close=run.interrupts.close_window if run.interrupts is not None else None,
                     drain_cut=run.interrupts.drain_cut if run.interrupts is not None else None)
     try:
@@ -239,6 +242,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     return results
 
 
-def _progress(settings: RunSettings) -> list:
-    progress = make_progress(settings.outputs.log_level, float(settings.driver.duration))
+def _progress(settings: RunSettings, group: RankGroup | None = None) -> list:
+    """The run's progress display; a rank of --processes sends its ticks to the parent's instead."""
+    progress = (group.observer() if isinstance(group, RankConsole)
+                else make_progress(settings.outputs.log_level, float(settings.driver.duration)))
     return [progress] if progress is not None else []
