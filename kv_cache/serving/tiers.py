@@ -178,6 +178,10 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     `last_ram_fraction` of its size."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
+        if tier_set.tracer.kept_as is not None:
+            message = f"an earlier trace log at {io_trace_log} was kept as {tier_set.tracer.kept_as}"
+            log.warning(message)
+            tier_set.notes.append(message)
         tier_set.tiers = build_trace_tiers(tiers)
         tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
         return
