@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+from kv_cache.core.autoscale import summarise
 from kv_cache.metrics.recorder import GIB
 from kv_cache.render import catalogue_section
 from kv_cache.results import blocklatency
@@ -280,25 +281,39 @@ def qos(results: Results) -> list[str]:
 
 
 def _autoscale_sample(h: dict[str, Any]) -> str:
+    """One autoscaling_stats entry: its contract fields (t_s, users, users_after, action), then the sample's
+    figures when the entry has them (every entry of the qos and capacity shapes does)."""
+    users = h.get("users")
+    after = h.get("users_after", users)
+    t_s = h.get("t_s")
+    line = (f"  t={t_s if t_s is None else format(t_s, '7.1f')}s users {users if users is None else format(users, '5d')}"
+            f" -> {after if after is None else format(after, '5d')}  {str(h.get('action', '')):<10}")
+    if any(k not in h for k in ("tokens_per_sec", "storage_read_gbps", "storage_write_gbps", "saturation_level")):
+        return line.rstrip()
     rp = h.get("read_p95_ms")
-    return (f"  t={h['t_s']:7.1f}s users {h['users']:5d} -> {h['users_after']:5d}  {h['action']:<10}"
-            f" {h['tokens_per_sec']:10.1f} tok/s  storage {h['storage_read_gbps'] + h['storage_write_gbps']:.3f} GiB/s"
+    return (f"{line} {h['tokens_per_sec']:10.1f} tok/s  storage {h['storage_read_gbps'] + h['storage_write_gbps']:.3f} GiB/s"
             f"  read p95 {rp if rp is None else round(rp, 1)} ms  saturation {h['saturation_level']:.2f}")
 
 
 def autoscaling(results: Results) -> list[str]:
+    """The autoscaling section, from the shape-summary contract alone (core/autoscale.py SUMMARY_KEYS: a
+    document of any shape, or one written before the contract, is completed by the same summarise); the
+    qos and capacity lines are printed when their shape's own keys are there."""
     s = _summary(results)
-    auto = s.get("autoscaling_summary")
-    if not auto:
+    if not s.get("autoscaling_summary"):
         return []
+    history = s.get("autoscaling_stats") or []
+    params = results.get("run_parameters") or {}
+    auto = summarise(s["autoscaling_summary"], history, params.get("autoscaler_mode") or "unknown",
+                     params.get("num_users"))
     lines = ["", f"### AUTOSCALING ({auto['mode']} mode) ###",
              f"  Users: {auto['initial_users']} -> {auto['final_users']} over {auto['samples']} samples,"
              f" {auto['total_scale_events']} scale events",
-             *(_autoscale_sample(h) for h in s.get("autoscaling_stats", []))]
-    if auto["mode"] == "capacity":
+             *(_autoscale_sample(h) for h in history)]
+    if "peak_user_count" in auto:
         lines.append(f"  Peak: {auto['peak_throughput_tokens_per_sec']:.1f} tok/s at {auto['peak_user_count']} users"
                      f" ({'found' if auto.get('peak_found') else 'not reached within the duration'})")
-    else:
+    elif "target_saturation" in auto:
         lines.append(f"  Most users within target saturation {auto['target_saturation']:.2f}:"
                      f" {auto.get('max_users_within_target')}")
     return lines
@@ -373,6 +388,14 @@ def _block_device_line(bd: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _backends_line(backends: dict[str, str] | None) -> list[str]:
+    """The storage backend behind each tier (measurement.tier_backends); documents written before it was
+    recorded have none, and their report is unchanged."""
+    if not backends:
+        return []
+    return ["  Tier backends: " + ", ".join(f"{tier} {name}" for tier, name in backends.items())]
+
+
 def measurement(results: Results) -> list[str]:
     meas = results.get("measurement", {})
     if not meas:
@@ -388,6 +411,7 @@ def measurement(results: Results) -> list[str]:
              f"  Storage tier: {meas.get('run_dir')} on {meas.get('filesystem')} "
              f"({filesystem_kind(meas.get('filesystem')) or 'unknown kind'} filesystem;"
              f" block device: {meas.get('block_device', {}).get('name') or 'n/a'})",
+             *_backends_line(meas.get("tier_backends")),
              _io_line(meas),
              f"  Timed: {meas.get('timed')}",
              *_block_device_line(meas.get("block_device") or {}),

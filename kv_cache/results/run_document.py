@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kv_cache import __version__
+from kv_cache.core.autoscale import summarise
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.results import measurement as meas
@@ -94,6 +95,7 @@ class RunRecord:
     barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
     run_id: str | None = None  # shared by every rank of this run (core/group.py shared_run_id)
     tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
+    tier_backends: dict[str, str] = field(default_factory=dict)  # TierSet.backend_names(): tier -> backend
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -190,7 +192,9 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
         summary["block_stats"] = block_stats(metrics, settings.kv_block_tokens)
     if record.autoscaler is not None:
         summary["autoscaling_stats"] = record.autoscaler.history
-        summary["autoscaling_summary"] = record.autoscaler.summary()
+        own = record.autoscaler.summary() if callable(getattr(record.autoscaler, "summary", None)) else None
+        summary["autoscaling_summary"] = summarise(own, summary["autoscaling_stats"], settings.autoscaler_mode,
+                                                   settings.num_users)
     if record.rag is not None:
         c = metrics.snapshot_counters()
         summary["rag_stats"] = {
@@ -258,6 +262,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         "storage_fill": meas.storage_fill(record.usage),
         "notes": record.notes,
         "storage_location": _storage_location(record.file_store),
+        **({"tier_backends": dict(record.tier_backends)} if record.tier_backends else {}),
     }
 
 

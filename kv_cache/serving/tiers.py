@@ -54,6 +54,11 @@ class TierSet:
     sizes: dict[str, dict[str, object]] = field(default_factory=dict)
     backends: dict[TierName, Backend] = field(default_factory=dict)  # the backend behind each tier opened
 
+    def backend_names(self) -> dict[str, str]:
+        """The results' measurement.tier_backends: each tier opened (gpu, cpu, storage) -> its backend's
+        registry name (memory, file, gds, gpu_real, gpu_sim, tracelog, or whatever was registered)."""
+        return {str(tier): self.backends[tier].name for tier in TierName if tier in self.backends}  # fastest first
+
     def close(self) -> None:
         """Close what was opened; a failure is logged, never raised (it must not hide the results)."""
         try:

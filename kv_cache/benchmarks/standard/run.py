@@ -229,7 +229,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
-        run_id=run.run_id, tier_sizes=stores.sizes))
+        run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names()))
     if settings.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results
