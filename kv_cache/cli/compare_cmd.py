@@ -17,7 +17,14 @@ from typing import TextIO
 
 from kv_cache.cli.report_cmd import check_plots_dir, load_results
 from kv_cache.errors import UsageError
-from kv_cache.render.compare import CompareError, compare_rows, format_table, to_json, workload_differences
+from kv_cache.render.compare import (
+    CompareError,
+    compare_rows,
+    format_table,
+    no_rows_reason,
+    to_json,
+    workload_differences,
+)
 from kv_cache.results.storage_info import storage_label
 
 STDOUT = "-"
@@ -67,6 +74,8 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
     except CompareError as exc:
         raise UsageError(str(exc)) from None
     table = format_table(names, rows, [storage_label(d) for d in docs])
+    if not rows:  # an empty table says why
+        table.append(no_rows_reason(docs))
     if json_path is not None:
         _write_json(json_path, to_json(names, docs, rows, diffs), out)
     if json_path != STDOUT:

@@ -82,12 +82,12 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
     doc = load(args.result)
     results = doc.to_json()
     if isinstance(doc, SessionsDocument):
-        from kv_cache.render.sessions import print_table  # noqa: PLC0415
+        from kv_cache.render.sessions import print_partial, print_table  # noqa: PLC0415
 
         if results.get("summary"):
             print_table(results, out)
-        else:
-            out.write(f"{args.result}: an interrupted sessions run with {len(doc.rungs)} rung(s)\n")
+        else:  # stopped early (interrupted, a storage error): why, and the rungs it completed
+            print_partial(results, out, args.result)
     else:
         from kv_cache.render.console import print_report  # noqa: PLC0415
 

@@ -122,21 +122,23 @@ def rank_keys(settings: RunSettings, run_id: str | None) -> dict[str, Any]:
 
 def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = None,
                         metrics: RunMetrics | None = None, started: datetime | None = None,
-                        run_id: str | None = None) -> dict[str, Any]:
+                        run_id: str | None = None, reason: str = INTERRUPTED_EARLY) -> dict[str, Any]:
     """The document of a run stopped before its measured window opened: the phases it got through, and the
-    same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`)."""
+    same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`).
+    `reason`: why it stopped (INTERRUPTED_EARLY, or e.g. "stopped before the measured phase: rank 1
+    failed"), in `stop_reason`, `measurement.stop_reason` and the notes."""
     if settings is None:
-        return results_document({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "phases": phases})
+        return results_document({"interrupted": True, "stop_reason": reason, "phases": phases})
     metrics = metrics if metrics is not None else RunMetrics()
     summary = build_summary(RunMetrics(), {}, settings.config.qos_profiles, settings.performance_profile,
                             settings.config.performance_criteria, 0.0, None, True)
     results = results_document(request_lists(RunMetrics()))
-    results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
+    results.update({"interrupted": True, "stop_reason": reason, "seed": settings.seed,
                     **rank_keys(settings, run_id), "summary": summary, **harness_keys(summary)})
     results["measurement"] = {"tool": f"kv-cache {__version__}", "run_mode": run_mode(settings),
-                              "stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
+                              "stop_reason": reason, "errors": int(sum(metrics.errors.values())),
                               "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
-                              "notes": [INTERRUPTED_EARLY]}
+                              "notes": [reason]}
     results["run_parameters"] = run_parameters(settings, started or datetime.now())
     results["throughput_timeline"] = []
     results["phases"] = phases
