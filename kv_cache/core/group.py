@@ -63,6 +63,7 @@ class MpiGroup:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.world_ranks = world_ranks if world_ranks is not None else list(range(self.size))
         self.failed_rank: int | None = None  # COMM_WORLD rank whose failure notice this rank read (barrier)
+        self._barriers = 0  # barriers entered: the first listens for failure notices (barrier)
 
     def _call(self, what: str, op: Any, *args: Any, **kwargs: Any) -> Any:
         from mpi4py import MPI  # noqa: PLC0415  (already imported: this group was made on it)
@@ -73,9 +74,15 @@ class MpiGroup:
             raise GroupBroken(f"MPI {what} failed: another rank was lost ({exc})") from None
 
     def barrier(self) -> None:
-        """A barrier that keeps listening: while it waits, a notice from a rank that failed (abort) is read
-        into `failed_rank`, so that when mpirun then ends this rank, its document names the rank that failed
-        (an MPI call after that rank is gone would itself be fatal, so nothing is read later)."""
+        """The first barrier (the one that opens the window, where the ranks wait for a rank still setting
+        up) keeps listening: while it waits, a notice from a rank that failed (abort) is read into
+        `failed_rank`, so that when mpirun then ends this rank, its document names the rank that failed (an
+        MPI call after that rank is gone would itself be fatal, so nothing is read later). Later barriers
+        (the window's close) block in MPI_Barrier, whose failure under ULFM is GroupBroken."""
+        self._barriers += 1
+        if self._barriers > 1:
+            self._call("barrier", self.comm.Barrier)
+            return
         request = self._call("barrier", self.comm.Ibarrier)
         while not self._call("barrier", request.Test):
             if self._read_failure_notice():
