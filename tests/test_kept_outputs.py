@@ -124,3 +124,20 @@ def test_compare_plots_keep_the_earlier_page(tmp_path):
     write_compare_html(["a.json", "b.json"], docs, ["other table"], [], tmp_path)
     assert (tmp_path / "index.html.1").read_text() == first_text
     assert "other table" in (tmp_path / "index.html").read_text()
+
+
+def test_a_kept_trace_log_is_named_in_the_run_notes(tmp_path):
+    from kv_cache.serving.tiers import TierSet, open_tiers
+    from kv_cache.settings.run import StorageSettings, TierSettings
+
+    path = tmp_path / "t.log"
+    path.write_text("earlier\n")
+    tier_set = TierSet(tiers=[])
+    try:
+        open_tiers(TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path / "cache")),
+                   StorageSettings(chunk_bytes=1 << 20), str(path), tier_set)
+        assert tier_set.notes == [f"an earlier trace log at {path} was kept as {path}.1"]
+        assert tier_set.backend_names() == {"storage": "tracelog"}
+    finally:
+        tier_set.close()
+    assert (tmp_path / "t.log.1").read_text() == "earlier\n"
