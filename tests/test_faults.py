@@ -137,15 +137,47 @@ def _tiny_tmpfs(tmp_path: Path, size: str = "4m") -> Path:
     return mnt
 
 
-def test_tiny_tmpfs_gives_enospc_with_path_and_free_space(tmp_path):
+def _fill(mnt: Path) -> int:
+    """Another process's file takes every free byte of `mnt` (as a neighbour filling the disk would)."""
+    written = 0
+    fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            written += os.write(fd, b"\0" * (1 << 20))
+    except OSError:  # ENOSPC: the filesystem is full
+        pass
+    finally:
+        os.close(fd)
+    return written
+
+
+def test_a_capacity_beyond_the_free_space_is_refused_with_the_numbers(tmp_path):
     mnt = _tiny_tmpfs(tmp_path)
     try:
         proc = _run(_cmd(tmp_path, mnt, "--storage-capacity-gb", "1"))
         left = _run_dirs(mnt)
     finally:
         _umount(mnt)
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    line = next(line for line in proc.stderr.splitlines() if "run stopped by a storage error" in line)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _last_line(proc)
+    assert line.startswith("kv-cache: error: --storage-capacity-gb 1 GiB is more than the 0.004 GiB (4.0 MiB) free")
+    assert str(mnt) in line and "give at most 0.003" in line and "Traceback" not in proc.stderr
+    assert left == [] and not (tmp_path / "r.json").exists()  # refused before anything ran
+    print(f"[fault] capacity beyond the free space: exit {proc.returncode}: {line}")
+
+
+def test_enospc_from_a_neighbour_gives_exit_3_with_path_and_free_space(tmp_path):
+    mnt = _tiny_tmpfs(tmp_path, "64m")
+    try:
+        proc = _start(_cmd(tmp_path, mnt, "--storage-capacity-gb", "0.05", duration=4))
+        _wait_for_run_dir(mnt, proc)
+        _fill(mnt)
+        _, err = proc.communicate(timeout=120)
+        left = _run_dirs(mnt)
+    finally:
+        _umount(mnt)
+    assert proc.returncode == 3, err[-3000:]
+    line = next(line for line in err.splitlines() if "run stopped by a storage error" in line)
     assert "ENOSPC" in line and str(mnt) in line and "MiB free on that filesystem" in line and "entry" in line
     assert _results(tmp_path)["measurement"]["stop_reason"] == "storage error"
     assert left == []
@@ -293,14 +325,18 @@ def test_memory_cgroup_clamps_the_ram_tier_instead_of_being_oom_killed(tmp_path)
 
 
 def test_enospc_while_preconditioning_is_exit_3_with_results(tmp_path):
-    mnt = _tiny_tmpfs(tmp_path)
+    mnt = _tiny_tmpfs(tmp_path, "512m")
     try:
-        proc = _run(_cmd(tmp_path, mnt, "--storage-capacity-gb", "1", "--precondition"))
+        # preconditioning 0.45 GiB takes far longer than filling the rest of the tmpfs
+        proc = _start(_cmd(tmp_path, mnt, "--storage-capacity-gb", "0.45", "--precondition"))
+        _wait_for_run_dir(mnt, proc)
+        _fill(mnt)
+        _, err = proc.communicate(timeout=120)
         left = _run_dirs(mnt)
     finally:
         _umount(mnt)
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and left == []
+    assert proc.returncode == 3, err[-3000:]
+    assert "Traceback" not in err and left == []
     assert "ENOSPC" in _results(tmp_path)["stop_reason"]
-    line = next(line for line in proc.stderr.splitlines() if "run stopped by a storage error" in line)
+    line = next(line for line in err.splitlines() if "run stopped by a storage error" in line)
     print(f"[fault] ENOSPC while preconditioning: exit {proc.returncode}: {line}")

@@ -6,7 +6,7 @@ import pytest
 
 from kv_cache.errors import StorageSetupError
 from kv_cache.metrics.recorder import RunMetrics
-from kv_cache.render.console import gpu_tier_lines
+from kv_cache.render.measurement_section import gpu_tier_lines
 from kv_cache.serving import tiers as tiers_mod
 from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.settings.run import StorageSettings, TierSettings

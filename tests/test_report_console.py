@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_cache.render import console
+from kv_cache.render import console, measurement_section
 from kv_cache.render.console import print_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
@@ -91,20 +91,20 @@ def test_common_phrase_hits_are_not_printed():
 @pytest.mark.parametrize("fs, kind", [("tmpfs", "RAM-backed"), ("nfs4", "network"), ("fuse.sshfs", "network"),
                                       ("ext4", "block device"), ("xfs", "block device"), (None, None)])
 def test_filesystem_kind(fs, kind):
-    assert console.filesystem_kind(fs) == kind
+    assert measurement_section.filesystem_kind(fs) == kind
 
 
 def test_tmpfs_is_not_reported_as_bypassing_the_page_cache():
     meas = {"filesystem": "tmpfs", "io_mode": "buffered", "chunk_bytes": 1 << 20}
-    line = console._io_line(meas)
+    line = measurement_section._io_line(meas)
     assert "fadvise" not in line and "files in RAM on tmpfs" in line
-    assert "fadvise" in console._io_line({**meas, "filesystem": "ext4"})
+    assert "fadvise" in measurement_section._io_line({**meas, "filesystem": "ext4"})
 
 
 def test_block_device_gap_is_explained():
     bd = {"name": "vda", "bytes_read": 3 << 30, "bytes_written": 1 << 30, "tool_bytes_read": 1 << 30,
           "tool_bytes_written": 2 << 30}
-    lines = console._block_device_line(bd)
+    lines = measurement_section._block_device_line(bd)
     assert "Device minus tool: +2.000 GiB read, -1.000 GiB written" in lines[1]
     assert any("other processes" in line for line in lines) and any("page cache" in line for line in lines)
 

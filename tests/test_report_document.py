@@ -100,7 +100,10 @@ def test_optional_parts(quick_settings):
         disk_after=(4096, 8192), phases={"prepopulation": {"entries": 1, "gib": 0.0, "seconds": 0.1}},
         autoscaler=autoscaler, rag=SimpleNamespace(live=[1, 2]), tracer=SimpleNamespace(path="t.csv", rows=7)))
     s = results["summary"]
-    assert s["autoscaling_stats"] == [{"t_s": 1.0}] and s["autoscaling_summary"] == {"mode": "qos"}
+    assert s["autoscaling_stats"] == [{"t_s": 1.0}]
+    # the shape's own summary, completed to the shape-summary contract (core/autoscale.py SUMMARY_KEYS)
+    assert s["autoscaling_summary"] == {"mode": "qos", "initial_users": 4, "final_users": 4, "samples": 1,
+                                        "total_scale_events": 0}
     assert s["rag_stats"] == {"documents_retrievable": 2, "chunk_hits": 3, "chunk_misses": 0}
     assert results["phases"]["prepopulation"]["entries"] == 1
     m = results["measurement"]

@@ -22,6 +22,7 @@ from kv_cache.render.compare import (
     compare_rows,
     format_table,
     layout_notes,
+    no_rows_reason,
     to_json,
     workload_differences,
 )
@@ -76,6 +77,8 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
     except CompareError as exc:
         raise UsageError(str(exc)) from None
     table = format_table(names, rows, [storage_label(d) for d in docs])
+    if not rows:  # an empty table says why
+        table.append(no_rows_reason(docs))
     if json_path is not None:
         _write_json(json_path, to_json(names, docs, rows, diffs), out)
     if json_path != STDOUT:
@@ -101,8 +104,9 @@ def _write_json(path: str, doc: dict, out: TextIO) -> None:
 
 def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str, out: TextIO) -> None:
     from kv_cache.render.compare_plots import draw_compare_plots, write_compare_html  # noqa: PLC0415  (matplotlib)
-    from kv_cache.render.plots import PlotsUnavailable  # noqa: PLC0415
+    from kv_cache.render.plots import PlotsUnavailable, folder_listing, kept_clause, kept_since  # noqa: PLC0415
 
+    before = folder_listing(plots_dir)
     try:
         pngs = draw_compare_plots(names, docs, plots_dir)
         page = write_compare_html(names, docs, table, pngs, plots_dir)
@@ -110,4 +114,5 @@ def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str,
         raise UsageError(f"--plots: {exc}") from None
     except OSError as exc:
         raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
-    out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}\n")
+    out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}"
+              f"{kept_clause(kept_since(plots_dir, before))}\n")

@@ -38,8 +38,9 @@ def load_results(path: str) -> dict[str, Any]:
 
 def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
     from kv_cache.render.html import write_html  # noqa: PLC0415  (matplotlib is heavy and optional)
-    from kv_cache.render.plots import PlotsUnavailable, draw_plots  # noqa: PLC0415
+    from kv_cache.render.plots import PlotsUnavailable, draw_plots, folder_listing, kept_clause, kept_since  # noqa: PLC0415
 
+    before = folder_listing(plots_dir)
     try:
         pngs = draw_plots(results, plots_dir)
     except PlotsUnavailable as exc:
@@ -47,7 +48,8 @@ def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
     except OSError as exc:
         raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
     page = write_html(results, pngs, plots_dir, title=f"kv-cache {results.get('mode', 'run')} results")
-    out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}\n")
+    out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}"
+              f"{kept_clause(kept_since(plots_dir, before))}\n")
 
 
 def check_plots_dir(plots_dir: str | None) -> None:
@@ -80,12 +82,12 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
     doc = load(args.result)
     results = doc.to_json()
     if isinstance(doc, SessionsDocument):
-        from kv_cache.render.sessions import print_table  # noqa: PLC0415
+        from kv_cache.render.sessions import print_partial, print_table  # noqa: PLC0415
 
         if results.get("summary"):
             print_table(results, out)
-        else:
-            out.write(f"{args.result}: an interrupted sessions run with {len(doc.rungs)} rung(s)\n")
+        else:  # stopped early (interrupted, a storage error): why, and the rungs it completed
+            print_partial(results, out, args.result)
     else:
         from kv_cache.render.console import print_report  # noqa: PLC0415
 

@@ -97,9 +97,31 @@ def env_rank(env: Mapping[str, str]) -> tuple[int, int]:
     return 0, 1
 
 
+def _check_unknown(rest: list[str], parser: argparse.ArgumentParser) -> None:
+    """Every flag the wrapper passes on must be a kv-cache flag: anything else (an abbreviation such as
+    `--opt`, a typo such as `--optoin`) is refused here, before "missing --option" could hide it, with a
+    "did you mean" among the wrapper's and kv-cache's flags. Flags are never abbreviated."""
+    from kv_cache.cli import build_parser as kv_parser  # noqa: PLC0415  (the package's own CLI)
+    from kv_cache.cli import did_you_mean  # noqa: PLC0415
+
+    kv_flags = set(kv_parser()._option_string_actions)
+    wrapper_flags = [f for f in parser._option_string_actions if f.startswith("--")]
+    for word in rest:
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name in kv_flags:
+            continue
+        prefix_of = [f for f in wrapper_flags if f.startswith(name)]
+        message = f"unrecognized arguments: {word}"
+        hint = (f" (did you mean {prefix_of[0]}?)" if len(prefix_of) == 1
+                else did_you_mean(message, [*wrapper_flags, *sorted(kv_flags)]))
+        raise UsageError(message + hint + ("; flags are never abbreviated" if prefix_of else ""))
+
+
 def plan_rank(argv: list[str], env: Mapping[str, str], now: datetime) -> RankPlan:
     """Wrapper flags + environment -> this rank's plan; UsageError (one line) for anything wrong."""
-    args, rest = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    _check_unknown(rest, parser)
     for flag in _OWNED:
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise UsageError(f"{flag} is set per rank by the wrapper; give its base instead")
@@ -139,11 +161,12 @@ def run_kv_cache(plan: RankPlan) -> int:
     from kv_cache.cli import run_resolved  # noqa: PLC0415
     from kv_cache.cli.resolve import resolve_run  # noqa: PLC0415
 
-    os.makedirs(os.path.dirname(plan.output), exist_ok=True)  # the cache dir is left to the run: it removes
-    # the levels it created when it ends, so a rank's rank_<N>/ is not left behind empty
     argv = list(plan.argv)
     args = kv_parser().parse_args(argv)
     settings = resolve_run(args, argv, rank_paths=False, flags_per_rank=True)  # the Rules: values per client
+    # validated first, created after: a refused flag leaves no rank_<N>/ behind. The cache dir is left to the
+    # run: it removes the levels it created when it ends, so a rank's rank_<N>/ is not left behind empty
+    os.makedirs(os.path.dirname(plan.output), exist_ok=True)
     stamp = os.path.basename(plan.output).removeprefix("kvcache_results_")
     merged = os.path.join(os.path.dirname(os.path.dirname(plan.output)), f"kvcache_merged_{stamp}")
     return run_resolved(dataclasses.replace(settings, merged_output=merged))  # rank 0 writes it under mpirun

@@ -28,12 +28,61 @@ class IntervalSample:
     queued_requests: int
 
 
+# The shape-summary contract: what every reader of a run's autoscaling results (the console, compare,
+# merge, scripts) may rely on, whatever shape ran. `summary.autoscaling_summary` always holds these keys:
+#   mode                the shape's registry name (its --autoscaler-mode)
+#   initial_users       users at the first tick
+#   final_users         users at the end
+#   samples             ticks recorded (len of autoscaling_stats)
+#   total_scale_events  ticks whose action was "scale_up" or "scale_down"
+# and any keys of the shape's own (qos: target_saturation, max_users_within_target; capacity:
+# peak_user_count, peak_throughput_tokens_per_sec, peak_found). Each entry of `summary.autoscaling_stats`
+# (a shape's `history`) holds t_s, users, users_after and action; the IntervalSample fields and
+# saturation_level are printed when an entry has them.
+SUMMARY_KEYS = ("mode", "initial_users", "final_users", "samples", "total_scale_events")
+SCALE_ACTIONS = ("scale_up", "scale_down")
+
+
+def history_entry(sample: IntervalSample, users_after: int | None, action: str | None = None) -> dict:
+    """One autoscaling_stats entry under the contract: the sample, what the shape decided (None: stop, the
+    users stay) and the action's name (by default scale_up / scale_down / hold / stop)."""
+    after = sample.users if users_after is None else users_after
+    if action is None:
+        action = ("stop" if users_after is None else "scale_up" if after > sample.users
+                  else "scale_down" if after < sample.users else "hold")
+    return {**asdict(sample), "action": action, "users_after": after}
+
+
+def summarise(summary: dict | None, history: list[dict], mode: str, initial_users: int | None = None) -> dict:
+    """`summary` (a shape's own, possibly partial, or None) completed to the contract above from the
+    shape's `history`: a shape's own values win; what it leaves out is derived."""
+    out = dict(summary or {})
+    first = history[0] if history else {}
+    last = history[-1] if history else {}
+    out.setdefault("mode", mode)
+    out.setdefault("initial_users", first.get("users", initial_users))
+    out.setdefault("final_users", last.get("users_after", last.get("users", out["initial_users"])))
+    out.setdefault("samples", len(history))
+    out.setdefault("total_scale_events", sum(1 for h in history if h.get("action") in SCALE_ACTIONS))
+    return out
+
+
 class LoadShape(Protocol):
+    """What the scheduler asks at every monitor tick. A shape offered as an --autoscaler-mode also keeps
+    `history` (one history_entry per tick) and `summary()`: the default below (inherited by a shape that
+    subclasses LoadShape; `summarise` applies it to one that does not) satisfies the shape-summary contract
+    from the history alone; a shape adds its own keys by overriding it."""
+
     interval_s: float  # seconds between ticks
 
     def tick(self, sample: IntervalSample) -> int | None:
         """The number of users to run from now on; None = stop the run."""
         ...
+
+    def summary(self) -> dict:
+        """The results' autoscaling_summary: the contract's keys, derived from `history`."""
+        history = getattr(self, "history", [])
+        return summarise(None, history, getattr(self, "mode", type(self).__name__))
 
 
 class ConstantShape:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any, Protocol
 
@@ -44,6 +45,10 @@ class RankGroup(Protocol):
         """Every rank's `obj` in rank order at rank 0; None at the other ranks."""
 
 
+FAILED_TAG = 0x6B76  # point-to-point tag of MpiGroup.abort's notice "rank R failed"
+ABORT_WAIT_S = 30.0  # how long a rank that read that notice waits for mpirun to end it
+
+
 class MpiGroup:
     """A RankGroup on an mpi4py communicator (COMM_WORLD, or the survivors of it: `survivors`).
 
@@ -57,6 +62,8 @@ class MpiGroup:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.world_ranks = world_ranks if world_ranks is not None else list(range(self.size))
+        self.failed_rank: int | None = None  # COMM_WORLD rank whose failure notice this rank read (barrier)
+        self._barriers = 0  # barriers entered: the first listens for failure notices (barrier)
 
     def _call(self, what: str, op: Any, *args: Any, **kwargs: Any) -> Any:
         from mpi4py import MPI  # noqa: PLC0415  (already imported: this group was made on it)
@@ -67,7 +74,35 @@ class MpiGroup:
             raise GroupBroken(f"MPI {what} failed: another rank was lost ({exc})") from None
 
     def barrier(self) -> None:
-        self._call("barrier", self.comm.Barrier)
+        """The first barrier (the one that opens the window, where the ranks wait for a rank still setting
+        up) keeps listening: while it waits, a notice from a rank that failed (abort) is read into
+        `failed_rank`, so that when mpirun then ends this rank, its document names the rank that failed (an
+        MPI call after that rank is gone would itself be fatal, so nothing is read later). Later barriers
+        (the window's close) block in MPI_Barrier, whose failure under ULFM is GroupBroken."""
+        self._barriers += 1
+        if self._barriers > 1:
+            self._call("barrier", self.comm.Barrier)
+            return
+        request = self._call("barrier", self.comm.Ibarrier)
+        while not self._call("barrier", request.Test):
+            if self._read_failure_notice():
+                # the failed rank is aborting the job: no more MPI calls (fatal once it is gone); wait for
+                # mpirun to end this rank (SIGTERM: the run's interrupt path writes its document)
+                deadline = time.monotonic() + ABORT_WAIT_S
+                while time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise GroupBroken(f"rank {self.failed_rank} failed and the job was not ended within "
+                                  f"{ABORT_WAIT_S:.0f} s")
+            time.sleep(0.001)
+
+    def _read_failure_notice(self) -> bool:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        status = MPI.Status()
+        if not self._call("barrier", self.comm.iprobe, source=MPI.ANY_SOURCE, tag=FAILED_TAG, status=status):
+            return False
+        self.failed_rank = int(self._call("barrier", self.comm.recv, source=status.Get_source(), tag=FAILED_TAG))
+        return True
 
     def allgather(self, obj: Any) -> list[Any]:
         return self._call("allgather", self.comm.allgather, obj)
@@ -92,6 +127,20 @@ class MpiGroup:
         return MpiGroup(shrunk, alive), lost
 
     def abort(self, code: int) -> None:
+        """End the whole job with `code`; first each other rank is sent a notice naming this rank (tag
+        FAILED_TAG, small enough to be sent eagerly), which a rank waiting at a barrier reads
+        (`failed_rank`), so that its document says which rank failed rather than only that it was ended."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        try:
+            me = self.world_ranks[self.rank]
+            requests = [self.comm.isend(me, dest=r, tag=FAILED_TAG) for r in range(self.size) if r != self.rank]
+            deadline = time.monotonic() + 0.5
+            while requests and not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # a rank waiting at a barrier polls every millisecond: let it read the notice
+        except Exception as exc:  # the notice is a courtesy: the abort must happen whatever it met
+            log.debug("could not tell the other ranks which rank failed: %s", exc)
         self.comm.Abort(code)
 
 

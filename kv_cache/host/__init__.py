@@ -7,6 +7,7 @@ memlimit.py       memory the host and its cgroup allow, checked before anything 
 capacity.py       how much of a filesystem's free space a storage tier takes when no capacity is given
 rundir.py         the run directory with its marker file, and the stale ones of earlier runs
 leftovers.py      run directories of earlier killed runs, removed at start and reported
+files.py          keep an existing output as PATH.1 and write atomically: every writer's file policy
 """
 
 from kv_cache.host.blockdev import BlockDeviceCounter, DiskStats, MountInfo, fs_type, mount_info

@@ -114,7 +114,7 @@ def ranks_lines(settings: RunSettings, shares: Mapping[int, RunSettings],
     lines = [f"Processes: {n} on this host, one common window; each one's share of the totals given and its "
              "tier sizes in force:"]
     for r in sorted(shares):
-        share = ", ".join(f"{name} {getattr(shares[r], name):g}" for name in names)
+        share = ", ".join(f"{name} {setting_value(shares[r], name):g}" for name in names)
         tiers = _rank_tiers(shares[r], sizes.get(r))
         lines.append(f"  rank {r}: {share}, seed {shares[r].effective_seed} | {tiers}")
     totals = ", ".join(f"{name} {total:g}" for name, total in (shares[0].rank_totals or {}).items()

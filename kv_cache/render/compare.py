@@ -277,6 +277,16 @@ def sessions_rows(docs: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def no_rows_reason(docs: list[dict[str, Any]]) -> str:
+    """Why the table has no row: for sessions results, no (configuration, sessions) rung is in every file,
+    each file's rungs named."""
+    if kind(docs[0]) != "sessions":
+        return "No common metric: none of the metrics is in every file."
+    sides = "; ".join(f"{_letter(i)} has {', '.join(f'{c} @ {n}' for c, n in _rungs(d)) or 'no rung'}"
+                      for i, d in enumerate(docs))
+    return f"No common rung: no (configuration, sessions) rung is in every file ({sides}), so nothing is compared."
+
+
 def compare_rows(docs: list[dict[str, Any]]) -> list[Row]:
     if len(docs) < 2:
         raise CompareError("compare needs at least two results files")

@@ -17,6 +17,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.render.html import figures_html
 from kv_cache.render.plots import latency_curve, pyplot, save_figure
 from kv_cache.results.storage_info import storage_facts, storage_label
@@ -153,5 +154,7 @@ def write_compare_html(names: list[str], docs: list[dict[str, Any]], table: list
     page = PAGE.format(title=html.escape(title), runs="".join(rows), table=html.escape("\n".join(table)),
                        figures=figures_html(pngs, legend_text(names, docs)))
     path = Path(out_dir) / "index.html"
-    path.write_text(page, encoding="utf-8")
+    keep_existing(path)  # an earlier page stays as index.html.1 (it embeds its own PNGs)
+    with atomic_target(path) as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
     return path

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.results.storage_info import kind_of, storage_facts, storage_label
 
 PAGE = """<!DOCTYPE html>
@@ -107,5 +108,7 @@ def write_html(results: dict[str, Any], pngs: list[Path], out_dir: str | Path, t
         facts=_rows((text, facts.get(key) if facts.get(key) is not None else "unknown") for key, text in FACT_LABELS),
         figures=figures_html(pngs, f"Storage: {label}"), params=_rows(_parameters(results).items()))
     path = Path(out_dir) / "index.html"
-    path.write_text(page, encoding="utf-8")
+    keep_existing(path)  # an earlier page stays as index.html.1 (it embeds its own PNGs)
+    with atomic_target(path) as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
     return path

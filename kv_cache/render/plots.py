@@ -10,13 +10,21 @@ A plot with nothing to show is not drawn. matplotlib is the `plots` extra; witho
 Every figure names the storage it measured at its top (filesystem, block device, cache directory, I/O mode,
 tier configuration: results/storage_info.py), and carries the same text in the PNG's Title and Description
 fields, so that two plot folders from two storages can be told apart once opened.
+
+Drawing into a folder that already holds plots keeps each earlier file (a PNG, index.html) as `NAME.1`
+(`.2`, ...) beside the new one, never overwriting it (host/files.py); each file is written to a temporary
+name and renamed, so a folder never holds half a PNG. Files are kept one by one rather than the folder moved
+aside: --plots may name a folder that holds other things, and an earlier index.html embeds its own PNGs, so
+a kept page stays whole. kept_since names what was kept, for the message that names the plots.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.metrics.histograms import cdf_points, decode
 from kv_cache.results.storage_info import storage_label, wrapped
 
@@ -54,7 +62,10 @@ def save_figure(fig, path: Path, text: str, title: str | None = None) -> Path:
     fig.tight_layout(rect=(0, 0, 1, 1 - (0.14 * (lines.count("\n") + 1) + 0.05) / fig.get_figheight()))
     axes = fig.get_axes()
     meta_title = title or (axes[0].get_title() if axes else path.stem)
-    fig.savefig(path, dpi=100, metadata={"Title": meta_title, "Description": text, "Software": "kv-cache"})
+    keep_existing(path)
+    with atomic_target(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100,
+                    metadata={"Title": meta_title, "Description": text, "Software": "kv-cache"})
     fig.clf()
     return path
 
@@ -179,6 +190,29 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
 
 
 PLOTS = (latency_cdf, throughput, occupancy, ladder)
+
+
+def folder_listing(out_dir: str | Path) -> set[str]:
+    """The names in `out_dir` now (none when it does not exist yet): kept_since's `before`."""
+    try:
+        return set(os.listdir(out_dir))
+    except OSError:
+        return set()
+
+
+def kept_since(out_dir: str | Path, before: set[str]) -> list[str]:
+    """`NAME -> NAME.N` for each earlier file that drawing into `out_dir` kept aside since `before`."""
+    kept = []
+    for name in sorted(folder_listing(out_dir) - before):
+        stem, dot, n = name.rpartition(".")
+        if dot and n.isdigit() and stem in before:
+            kept.append(f"{stem} -> {name}")
+    return kept
+
+
+def kept_clause(kept: list[str]) -> str:
+    """The end of the 'Plots written' line: which earlier files were kept, if any."""
+    return f"; earlier files kept: {', '.join(kept)}" if kept else ""
 
 
 def draw_plots(results: dict[str, Any], out_dir: str | Path) -> list[Path]:

@@ -6,7 +6,7 @@ from typing import Any, TextIO
 
 from kv_cache.metrics.stats import CLAMP_MARK
 
-__all__ = ["print_table"]
+__all__ = ["print_partial", "print_table", "stopped_reason"]
 
 
 def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -19,7 +19,35 @@ def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> s
     return f"{est:.{digits}f} [{lo * scale:.{digits}f}{mark}, {hi * scale:.{digits}f}]"
 
 
-def print_table(results: dict[str, Any], out: TextIO) -> None:
+def stopped_reason(results: dict[str, Any]) -> str:
+    """Why a sessions document has no summary: "stopped by a storage error (...)" or "interrupted"."""
+    reason = results.get("stop_reason") or ""
+    if reason.startswith("storage error"):
+        return f"stopped by a storage error ({reason.removeprefix('storage error').lstrip(': ')})"
+    return "interrupted" if results.get("interrupted") or not reason else f"stopped ({reason})"
+
+
+TABLE_KEYS = ("tiers", "sessions", "throughput_tokens_per_s_per_gpu", "completed_turns", "ttft", "work")
+
+
+def print_partial(results: dict[str, Any], out: TextIO, source: str) -> None:
+    """A sessions document without a summary (the ladder stopped early): why, then the table of the rungs it
+    completed (no capacity or ratios: those need the whole ladder)."""
+    rungs = results.get("rungs") or []
+    why = stopped_reason(results)
+    if why == "interrupted":  # the wording of before, for the case it described
+        out.write(f"{source}: an interrupted sessions run with {len(rungs)} rung(s)\n")
+    else:
+        out.write(f"{source}: a sessions run {why}, with {len(rungs)} completed rung(s)\n")
+    rows = [r for r in rungs if all(k in r for k in TABLE_KEYS)]
+    if rows:
+        _table_head(out)
+        _rung_rows(rows, out)
+        _breakdown_table(rows, out)
+        _io_table(rows, out)
+
+
+def _table_head(out: TextIO) -> None:
     line = "=" * 118
     out.write(
         f"\n{line}\nSESSIONS HELD - per-GPU throughput and TTFT by configuration and concurrency "
@@ -29,7 +57,10 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         f"{'config':<13} {'sessions':>8}  {'tokens/s per GPU':<28} {'turns':>6}  "
         f"{'TTFT p90 return (s)':<26} {'n':>4}  {'TTFT p90 start (s)':<22} {'work':<6}\n"
     )
-    for r in results["rungs"]:
+
+
+def _rung_rows(rungs: list[dict[str, Any]], out: TextIO) -> None:
+    for r in rungs:
         ret, start = r["ttft"]["return"], r["ttft"]["start"]
         out.write(
             f"{r['tiers']:<13} {r['sessions']:>8}  {_fmt_ci(r['throughput_tokens_per_s_per_gpu']):<28} "
@@ -37,6 +68,11 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
             f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work']['flagged'] else 'ok':<6}"
             f"{' !' * bool(r.get('flags'))}\n"
         )
+
+
+def print_table(results: dict[str, Any], out: TextIO) -> None:
+    _table_head(out)
+    _rung_rows(results["rungs"], out)
     _breakdown_table(results["rungs"], out)
     _io_table(results["rungs"], out)
     s = results["summary"]

@@ -1,6 +1,8 @@
 """Spreadsheet summary (`--xlsx-output`): the MLPerf tool's columns and sheets, for compatibility.
 
 Uses openpyxl directly; without it (or for a path not ending in .xlsx) a one-row CSV is written.
+Written under the one file policy (host/files.py): an existing file at the path is kept as `PATH.1`
+(`.2`, ...), and the sheet is saved to a temporary file beside it that replaces the target in one rename.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.render import catalogue_section
 from kv_cache.results import blocklatency
+from kv_cache.results.write import Written
 
 log = logging.getLogger("kv_cache.report")
 
@@ -102,6 +106,12 @@ def _cell(v: Any) -> Any:
 
 def export(results: dict[str, Any], path: str) -> str:
     """Write the summary spreadsheet; returns the path actually written (.xlsx or the .csv fallback)."""
+    return write_spreadsheet(results, path).path
+
+
+def write_spreadsheet(results: dict[str, Any], path: str) -> Written:
+    """Write the summary spreadsheet: where it went (.xlsx, or the .csv fallback) and the name an earlier
+    file at that path was kept under."""
     summary = results.get("summary") or {}
     params = run_parameter_columns(results)
     metrics = metric_columns(summary)
@@ -152,17 +162,20 @@ def export(results: dict[str, Any], path: str) -> str:
             for r in rows:
                 ws.append([_cell(v) for v in r])
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        wb.save(path)
-        return path
+        kept = keep_existing(path)
+        with atomic_target(path) as tmp:
+            wb.save(tmp)
+        return Written(path, kept)
     except Exception as exc:  # the JSON is the primary output; never lose the run over a spreadsheet
         log.warning("XLSX export failed (%s); writing CSV", exc)
         return _write_csv(row, _csv_path(path))
 
 
-def _write_csv(row: dict[str, Any], path: str) -> str:
+def _write_csv(row: dict[str, Any], path: str) -> Written:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
+    kept = keep_existing(path)
+    with atomic_target(path) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(list(row))
         w.writerow([_cell(v) for v in row.values()])
-    return path
+    return Written(path, kept)

@@ -33,9 +33,7 @@ and `per_rank` facts where they differ.
 
 from __future__ import annotations
 
-import glob
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -44,15 +42,22 @@ from typing import Any
 import numpy as np
 
 from kv_cache import __version__
-from kv_cache.errors import DocumentError
 from kv_cache.metrics import catalogue
 from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
 from kv_cache.metrics.histograms import summary as histogram_summary
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
-from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument, load
+from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument
 from kv_cache.results.parameters import merged_settings_split
+from kv_cache.results.rank_files import (
+    MergeError,
+    check_one_run,
+    find_rank_files,
+    load_documents,
+    rank_doc,
+    rank_of,
+)
 from kv_cache.results.series import SERIES_NOTE
 from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
 from kv_cache.results.verdict import INCOMPLETE, conclude_merge, window_fraction
@@ -60,7 +65,6 @@ from kv_cache.results.verdict import INCOMPLETE, conclude_merge, window_fraction
 __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
            "merge_documents", "merged_table"]
 
-_RANK_DIR = re.compile(r"rank_?(\d+)")
 # Per-request lists of the MLPerf tool's layout (seconds): recorder name, merged latency block name.
 _REQUEST_LISTS = {"end_to_end_latencies": ("e2e", "end_to_end"), "storage_latencies": ("storage", "storage_io"),
                   "generation_latencies": ("generation", "generation"), "prefill_latencies": ("prefill", None),
@@ -83,99 +87,6 @@ PRECISION = (f"HdrHistogram, {SIGNIFICANT_DIGITS} significant digits: a percenti
              f"{100 * 10.0 ** -SIGNIFICANT_DIGITS:g} % of the value of the exact union")
 EXACT = "exact (the union of every rank's samples)"
 FROM_HISTOGRAMS = "merged HdrHistograms"
-
-
-class MergeError(DocumentError):
-    """Nothing to merge, a file that is not a rank's results document, or ranks that are not one run's."""
-
-
-def find_rank_files(paths: Sequence[str]) -> list[str]:
-    """The per-rank documents named by `paths`: files as given; a directory is searched for the harness
-    layout (`rank_<N>/kvcache_results_*.json`, the newest per rank) and for `*_rank<r>.json` files."""
-    found: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
-            ranks = sorted(glob.glob(os.path.join(path, "rank_*")), key=_rank_key)
-            for rank_dir in ranks:
-                files = sorted(glob.glob(os.path.join(rank_dir, "kvcache_results_*.json")))
-                if files:
-                    found.append(files[-1])
-            found += sorted(glob.glob(os.path.join(path, "*_rank[0-9]*.json")), key=_rank_key)
-        elif os.path.isfile(path):
-            found.append(path)
-        else:
-            raise MergeError(f"{path}: no such file or directory")
-    if not found:
-        raise MergeError(f"no per-rank results in {', '.join(paths)} (rank_<N>/kvcache_results_*.json or "
-                         "*_rank<r>.json)")
-    return found
-
-
-def _rank_key(path: str) -> tuple[int, str]:
-    m = _RANK_DIR.findall(os.path.basename(path.rstrip("/")))
-    return (int(m[-1]) if m else 1 << 30, path)
-
-
-def _rank_doc(source: str | dict[str, Any]) -> RunDocument:
-    try:
-        doc = load(source)
-    except DocumentError as exc:
-        raise MergeError(str(exc)) from None
-    name = doc.source or (doc.data.get("_source") if isinstance(source, dict) else None) or "a document"
-    if not isinstance(doc, RunDocument):
-        raise MergeError(f"{name}: a {doc.kind} document ({doc.schema_version}), not a rank's run results")
-    if doc.source is None:
-        doc.source = name
-    return doc
-
-
-def load_documents(files: Sequence[str]) -> list[RunDocument]:
-    """The rank documents of `files` (MergeError, one line, for one that is not)."""
-    return [_rank_doc(path) for path in files]
-
-
-def _rank_of(doc: RunDocument, index: int) -> int:
-    if doc.rank is not None:
-        return doc.rank
-    m = _RANK_DIR.findall(str(doc.source or ""))
-    return int(m[-1]) if m else index
-
-
-def check_one_run(docs: Sequence[RunDocument], allow_missing: bool = False) -> list[int]:
-    """Refuse (MergeError) ranks that are not one run's, or one run's with a rank twice or missing; returns
-    the missing ranks (empty unless `allow_missing`)."""
-    if not docs:
-        raise MergeError("no per-rank results to merge")
-    ids: dict[str | None, list[RunDocument]] = {}
-    for d in docs:
-        ids.setdefault(d.run_id, []).append(d)
-    if len(ids) > 1:
-        runs = "; ".join(f"run {rid or '(no run id)'}: {', '.join(str(d.source) for d in ds)}"
-                         for rid, ds in ids.items())
-        raise MergeError(f"the files are of {len(ids)} different runs ({runs}); merge one run's rank files at a time")
-    legacy = None in ids
-    ranks: dict[int, list[RunDocument]] = {}
-    for i, d in enumerate(docs):
-        ranks.setdefault(_rank_of(d, i), []).append(d)
-    twice = {r: ds for r, ds in ranks.items() if len(ds) > 1}
-    if twice:
-        why = ("files without a run id (written before kv-cache recorded one) from several runs, which cannot be "
-               "told apart; " if legacy else "")
-        raise MergeError(f"{why}rank " + "; rank ".join(f"{r} twice: {', '.join(str(d.source) for d in ds)}"
-                                                           for r, ds in sorted(twice.items())))
-    sizes = {d.world_size for d in docs}
-    if len(sizes) > 1:
-        raise MergeError(f"the ranks disagree on the run's world size ({', '.join(map(str, sorted(sizes)))})")
-    size = max(sizes.pop(), max(ranks) + 1)
-    missing = sorted(set(range(size)) - set(ranks))
-    if missing and not allow_missing:
-        raise MergeError(f"rank(s) {', '.join(map(str, missing))} of {size} missing (run "
-                         f"{docs[0].run_id or 'without a run id'}); give every rank's file")
-    not_mergeable = [str(d.source) for d in docs if not d.mergeable]
-    if not_mergeable:
-        raise MergeError(f"{', '.join(not_mergeable)}: no `recorder` block (written by a kv-cache older than the "
-                         "merge of recorders): re-run with this kv-cache to merge")
-    return missing
 
 
 @dataclass
@@ -255,7 +166,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
     d = doc.data
     s, cs = d.get("summary") or {}, _cs(d)
     return {
-        "rank": _rank_of(doc, index), "host": doc.parameters.get("host"), "file": doc.source, "seed": d.get("seed"),
+        "rank": rank_of(doc, index), "host": doc.parameters.get("host"), "file": doc.source, "seed": d.get("seed"),
         "window_seconds": doc.window["seconds"], "requests": d.get("requests_completed", 0),
         "storage_read_gib": cs.get("tier_storage_kv_bytes_read_gb", 0.0),
         "storage_write_gib": cs.get("tier_storage_kv_bytes_written_gb", 0.0),
@@ -355,12 +266,12 @@ def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_mi
     if not items:
         raise MergeError("no per-rank results to merge")
     in_memory = not any(isinstance(d, (str, os.PathLike)) for d in items)
-    heads = [_rank_doc(d) for d in items] if in_memory else []
+    heads = [rank_doc(d) for d in items] if in_memory else []
     missing = check_one_run(heads, allow_missing) if in_memory else []
     metrics, lists, rows, seen = RunMetrics(), _Lists(), [], []
     inputs = None
     for i, item in enumerate(items):
-        doc = heads[i] if in_memory else _rank_doc(item)
+        doc = heads[i] if in_memory else rank_doc(item)
         if doc.mergeable:
             _absorb(metrics, lists, doc.data, exact_cap)
         rows.append(_row(doc, i))
@@ -373,14 +284,9 @@ def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_mi
     return _merged(metrics, rows, inputs, missing, ended)
 
 
-def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: list[int],
-            ended: dict[int, str] | None = None) -> dict[str, Any]:
-    rows.sort(key=lambda r: r["rank"])
-    window = _window(rows, missing)
-    w = window["seconds"]
-    metrics.open_window(0)
-    metrics.close_window(int(round(w * 1e9)))
-    metrics.freeze()
+def _summary(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, error_rate: float) -> dict[str, Any]:
+    """The single-run summary (results/summary.py) of the merged recorder, with the inputs the ranks were run
+    with; catalogue metrics with a merge rule of their own, per-turn, block and RAG figures beside it."""
     profile, criteria, qos, block_tokens = inputs or ("latency", None, {}, 0)
     usage: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -388,10 +294,9 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
             cell = usage.setdefault(tier, {"entries": 0, "used_bytes": 0.0})
             cell["entries"] += u["entries"]
             cell["used_bytes"] += u["used_bytes"]
-    issued, failed = sum(r["requests_issued"] for r in rows), sum(r["requests_failed"] for r in rows)
     # a missing rank is not a storage error: it is a criterion of its own (verdict.py conclude_merge)
     fatal = next((r["stop_reason"] for r in rows if str(r["stop_reason"] or "").startswith("storage error")), None)
-    summary = build_summary(metrics, usage, qos or _default_qos(), profile, criteria, failed / max(1, issued),
+    summary = build_summary(metrics, usage, qos or _default_qos(), profile, criteria, error_rate,
                             fatal_error=fatal, storage_expected=True)
     summary["metrics"] = catalogue.merged_values(summary["metrics"], (r["_metrics"] for r in rows))
     summary["per_turn"] = per_turn_stats(metrics)
@@ -400,6 +305,19 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     rags = [r["rag_stats"] for r in rows if r["rag_stats"]]
     if rags:
         summary["rag_stats"] = {k: sum(x.get(k, 0) for x in rags) for k in rags[0]}
+    return summary
+
+
+def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: list[int],
+            ended: dict[int, str] | None = None) -> dict[str, Any]:
+    rows.sort(key=lambda r: r["rank"])
+    window = _window(rows, missing)
+    w = window["seconds"]
+    metrics.open_window(0)
+    metrics.close_window(int(round(w * 1e9)))
+    metrics.freeze()
+    issued, failed = sum(r["requests_issued"] for r in rows), sum(r["requests_failed"] for r in rows)
+    summary = _summary(metrics, rows, inputs, failed / max(1, issued))
     lat = _latencies(metrics)
     for name, block in (("end_to_end_latency_ms", "end_to_end"), ("storage_io_latency_ms", "storage_io"),
                         ("generation_latency_ms", "generation")):

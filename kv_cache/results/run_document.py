@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kv_cache import __version__
+from kv_cache.core.autoscale import summarise
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.results import measurement as meas
@@ -94,6 +95,7 @@ class RunRecord:
     barrier_aligned: bool = False  # the window was opened and closed by barriers shared with other ranks
     run_id: str | None = None  # shared by every rank of this run (core/group.py shared_run_id)
     tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
+    tier_backends: dict[str, str] = field(default_factory=dict)  # TierSet.backend_names(): tier -> backend
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -120,21 +122,23 @@ def rank_keys(settings: RunSettings, run_id: str | None) -> dict[str, Any]:
 
 def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = None,
                         metrics: RunMetrics | None = None, started: datetime | None = None,
-                        run_id: str | None = None) -> dict[str, Any]:
+                        run_id: str | None = None, reason: str = INTERRUPTED_EARLY) -> dict[str, Any]:
     """The document of a run stopped before its measured window opened: the phases it got through, and the
-    same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`)."""
+    same shape as any other run (harness keys, a FAIL `summary` of an empty window, `stop_reason`).
+    `reason`: why it stopped (INTERRUPTED_EARLY, or e.g. "stopped before the measured phase: rank 1
+    failed"), in `stop_reason`, `measurement.stop_reason` and the notes."""
     if settings is None:
-        return results_document({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "phases": phases})
+        return results_document({"interrupted": True, "stop_reason": reason, "phases": phases})
     metrics = metrics if metrics is not None else RunMetrics()
     summary = build_summary(RunMetrics(), {}, settings.config.qos_profiles, settings.outputs.performance_profile,
                             settings.config.performance_criteria, 0.0, None, True)
     results = results_document(request_lists(RunMetrics()))
-    results.update({"interrupted": True, "stop_reason": INTERRUPTED_EARLY, "seed": settings.seed,
+    results.update({"interrupted": True, "stop_reason": reason, "seed": settings.seed,
                     **rank_keys(settings, run_id), "summary": summary, **harness_keys(summary)})
     results["measurement"] = {"tool": f"kv-cache {__version__}", "run_mode": run_mode(settings),
-                              "stop_reason": INTERRUPTED_EARLY, "errors": int(sum(metrics.errors.values())),
+                              "stop_reason": reason, "errors": int(sum(metrics.errors.values())),
                               "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
-                              "notes": [INTERRUPTED_EARLY]}
+                              "notes": [reason]}
     results["run_parameters"] = run_parameters(settings, started or datetime.now())
     results["throughput_timeline"] = []
     results["phases"] = phases
@@ -190,7 +194,9 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
         summary["block_stats"] = block_stats(metrics, settings.workload.kv_block_tokens)
     if record.autoscaler is not None:
         summary["autoscaling_stats"] = record.autoscaler.history
-        summary["autoscaling_summary"] = record.autoscaler.summary()
+        own = record.autoscaler.summary() if callable(getattr(record.autoscaler, "summary", None)) else None
+        summary["autoscaling_summary"] = summarise(own, summary["autoscaling_stats"], settings.driver.autoscaler_mode,
+                                                   settings.workload.num_users)
     if record.rag is not None:
         c = metrics.snapshot_counters()
         summary["rag_stats"] = {
@@ -258,6 +264,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         "storage_fill": meas.storage_fill(record.usage),
         "notes": record.notes,
         "storage_location": _storage_location(record.file_store),
+        **({"tier_backends": dict(record.tier_backends)} if record.tier_backends else {}),
     }
 
 

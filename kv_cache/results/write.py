@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from kv_cache.host.files import keep_existing
+
 __all__ = ["Written", "fallback_path", "keep_existing", "write_document", "write_json_atomic"]
 
 
@@ -65,20 +67,6 @@ class Written:
     path: str
     kept_as: str | None = None
     error: str | None = None
-
-
-def keep_existing(path: str) -> str | None:
-    """Rename an existing regular file at `path` to `path.1` (`.2`, ...): never overwrite a result silently.
-    Returns the new name, or None when there was nothing to keep."""
-    target = Path(path)
-    if not target.is_file():
-        return None
-    n = 1
-    while Path(f"{path}.{n}").exists():
-        n += 1
-    kept = f"{path}.{n}"
-    os.rename(target, kept)
-    return kept
 
 
 def fallback_path(path: str) -> str:

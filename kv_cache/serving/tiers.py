@@ -54,6 +54,11 @@ class TierSet:
     sizes: dict[str, dict[str, object]] = field(default_factory=dict)
     backends: dict[TierName, Backend] = field(default_factory=dict)  # the backend behind each tier opened
 
+    def backend_names(self) -> dict[str, str]:
+        """The results' measurement.tier_backends: each tier opened (gpu, cpu, storage) -> its backend's
+        registry name (memory, file, gds, gpu_real, gpu_sim, tracelog, or whatever was registered)."""
+        return {str(tier): self.backends[tier].name for tier in TierName if tier in self.backends}  # fastest first
+
     def close(self) -> None:
         """Close what was opened; a failure is logged, never raised (it must not hide the results)."""
         try:
@@ -178,6 +183,10 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     `last_ram_fraction` of its size."""
     if io_trace_log:
         tier_set.tracer = IOTraceWriter(io_trace_log)
+        if tier_set.tracer.kept_as is not None:
+            message = f"an earlier trace log at {io_trace_log} was kept as {tier_set.tracer.kept_as}"
+            log.warning(message)
+            tier_set.notes.append(message)
         tier_set.tiers = build_trace_tiers(tiers)
         tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
         return
@@ -196,6 +205,10 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
         if fs.fs_type in RAM_FILESYSTEMS:
             tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
+            # before the CPU tier is allocated (and touched): a tmpfs tier with no room is refused up front
+            check_ram_room(tiers, fs, limit, other_bytes, largest_entry)
+        if tiers.storage_capacity_gb > 0:
+            check_free_space(tiers, fs, sharers)
     _open_memory_store(tiers, storage, tier_set, workers, limit, other_bytes)
     # Ranks of this run on the filesystem, or live runs found there (which may be those ranks): the larger.
     runs = max(sharers, 1 + len(found.live)) if found is not None else sharers
@@ -219,11 +232,65 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             f"{largest_entry / GIB:.3f} GiB"
             + (f"; {fs.fs_type} is RAM: bounded by the memory budget left after the RAM tiers "
                f"({ram_room / GIB:.2f} GiB of {_clamp_reason(limit)})" if in_ram else ""))
-    else:
-        in_ram = False
+    else:  # an explicit capacity on tmpfs is host RAM too: the budget clamps it like the CPU tier
+        in_ram = ram_room is not None and storage_limit > ram_room
+        if in_ram:
+            message = (f"storage tier of {storage_limit / GIB:.2f} GiB on {fs.fs_type} (RAM) does not fit in the "
+                       f"memory budget left after the RAM tiers: {ram_room / GIB:.2f} GiB of {_clamp_reason(limit)}")
+            if tiers.strict_memory:
+                raise StorageSetupError(f"{message}; give at most {ram_room / GIB:.2f}").about("storage_capacity_gb")
+            message += f"; clamped to {ram_room / GIB:.2f} GiB"
+            log.warning(message)
+            tier_set.notes.append(message)
+            storage_limit = tier_set.tiers[-1].limit = ram_room
     tier_set.sizes["storage_capacity_gb"] = tier_size(
         tiers.storage_capacity_gb, storage_limit,
         f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)
+
+
+def _planned_cpu_bytes(tiers: TierSettings, limit: MemoryLimit, other_bytes: int) -> int:
+    """Bytes the CPU tier will take of host RAM (as ram_tier_bytes will clamp it), before it is opened."""
+    backend = backends.choose(TierName.CPU, tiers)
+    if backend is None or not backend.capabilities.host_ram:
+        return 0
+    return min(int(tiers.cpu_mem_gb * GIB), ram_budget_bytes(limit, other_bytes))
+
+
+def check_ram_room(tiers: TierSettings, fs: FileStore, limit: MemoryLimit, other_bytes: int,
+                   largest_entry: int) -> None:
+    """A storage tier on tmpfs is host RAM: refuse (StorageSetupError, exit 2, before anything runs) when
+    the memory budget leaves it no room for one entry once the RAM tiers are counted, rather than start a
+    run whose storage tier holds nothing."""
+    budget = ram_budget_bytes(limit, other_bytes)
+    cpu = _planned_cpu_bytes(tiers, limit, other_bytes)
+    room = max(0, budget - cpu)
+    if room > largest_entry:
+        return
+    raise StorageSetupError(
+        f"the storage tier directory {tiers.cache_dir} is on {fs.fs_type} (RAM), and the memory budget has no "
+        f"room left for it: the CPU tier takes {cpu / GIB:.2f} GiB of the {budget / GIB:.2f} GiB budget "
+        f"({_clamp_reason(limit)}), leaving {room / GIB:.2f} GiB, less than one entry "
+        f"({largest_entry / GIB:.3f} GiB); lower --cpu-mem-gb or put --cache-dir on a storage device"
+    ).about("cache_dir")
+
+
+def check_free_space(tiers: TierSettings, fs: FileStore, sharers: int = 1) -> None:
+    """An explicit --storage-capacity-gb is a hard limit the tier fills: refuse it (exit 2, before anything
+    runs) when it, times the ranks of this run on that filesystem, is more than the filesystem's free space
+    (measured after the leftovers sweep, in a run directory that holds nothing yet), as such a run can only
+    end in ENOSPC."""
+    asked = tiers.storage_capacity_gb * GIB
+    free = fs.free_bytes()
+    total = asked * max(1, sharers)
+    if total <= free:
+        return
+    ranks = f" x {sharers} ranks on that filesystem = {total / GIB:.3f} GiB" if sharers > 1 else ""
+    raise StorageSetupError(
+        f"{tiers.storage_capacity_gb:g} GiB{ranks} is more than the {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) "
+        f"free on the filesystem of {tiers.cache_dir} ({fs.fs_type}): the capacity is a hard limit the tier "
+        f"fills, so the run would stop on ENOSPC; give at most {math.floor(free / max(1, sharers) / GIB * 1000) / 1000:.3f}, or leave it out "
+        f"(automatic: {AUTO_FRACTION:.0%} of the free space)"
+    ).about("storage_capacity_gb")
 
 
 def _open_memory_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int,

@@ -3,7 +3,9 @@
 A NullStore stands in for every tier (sizes only, zero timings), so a trace of what the workload would
 ask of each tier can be produced on any machine and replayed elsewhere. CSV columns (MLPerf kv-cache
 tool compatible): Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase. A name ending in `.zst` is
-compressed.
+compressed. An existing file at the path is kept as `PATH.1` (`.2`, ...) before the log is opened
+(`kept_as`, named in the results' measurement.io_trace); the log is streamed to its path as the run goes,
+so that a killed run leaves every row written so far (a temporary file renamed at the end would lose them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from typing import Any
 
 from kv_cache.errors import StorageSetupError
+from kv_cache.host.files import keep_existing
 from kv_cache.storage.base import IOResult
 
 TIER_LABELS = {"gpu": "Tier-0", "cpu": "Tier-1", "nvme": "Tier-2"}
@@ -37,6 +40,7 @@ class IOTraceWriter:
         check_trace_path(path)
         self.path = path
         self._lock = threading.Lock()
+        self.kept_as = keep_existing(path)  # None for a new path or /dev/null
         self._raw = open(path, "wb")  # noqa: SIM115  (closed in close())
         self._zctx = None
         if path.endswith(".zst"):

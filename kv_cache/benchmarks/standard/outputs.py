@@ -34,7 +34,9 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     out.write(f"\nResults written to {written.path}\n")
     if settings.outputs.xlsx_output and "summary" in results:
         try:
-            out.write(f"Spreadsheet written to {xlsx.export(results, settings.outputs.xlsx_output)}\n")
+            sheet = xlsx.write_spreadsheet(results, settings.outputs.xlsx_output)
+            out.write(f"Spreadsheet written to {sheet.path}"
+                      + (f" (an earlier file was kept as {sheet.kept_as})" if sheet.kept_as else "") + "\n")
         except OSError as exc:
             log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
                       settings.outputs.xlsx_output, exc.strerror or exc, written.path)

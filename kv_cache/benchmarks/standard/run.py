@@ -32,7 +32,7 @@ from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
 from kv_cache.results.blocklatency import block_latency
 from kv_cache.results.parameters import run_mode
-from kv_cache.results.run_document import RunRecord, build_results, interrupted_results
+from kv_cache.results.run_document import INTERRUPTED_EARLY, RunRecord, build_results, interrupted_results
 from kv_cache.results.verdict import mark_incomplete, mark_storage_stop, verdict_keys, window_fraction
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
@@ -141,12 +141,15 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
             interrupted = True
             run.stop.set()
             run.metrics.close_window()
-            results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
+            failed = getattr(run.group, "failed_rank", None)  # ended by mpirun because that rank failed
+            results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id,
+                                          f"stopped before the measured phase: rank {failed} failed"
+                                          if failed is not None else INTERRUPTED_EARLY)
         except (OSError, StorageError) as exc:  # a storage error before the window (preconditioning, ...)
             run.stop.set()
             run.metrics.close_window()
-            results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id)
-            results["stop_reason"] = f"storage error before the measured phase: {exc}"
+            results = interrupted_results(run.phases, settings, run.metrics, run.started, run.run_id,
+                                          f"storage error before the measured phase: {exc}")
             storage_error = exc if isinstance(exc, StorageError) else StorageError(
                 f"run stopped by a storage error before the measured window: {exc}")
             mark_storage_stop(results, str(storage_error))
@@ -236,7 +239,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
-        run_id=run.run_id, tier_sizes=stores.sizes))
+        run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names()))
     if settings.outputs.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results

@@ -4,8 +4,10 @@ how it is built). The CLI's ``--autoscaler-mode`` choices, the standard run's au
 rung's constant count are all looked up here, so adding a shape is adding one module (and its test).
 
 A shape is what autoscale.LoadShape says: ``interval_s`` and ``tick(sample) -> users | None``; one
-offered as an autoscaler mode also keeps ``history`` (one dict per tick) and ``summary()`` for the
-results. Entries are loaded on the first lookup, by importing every module of this package once.
+offered as an autoscaler mode also keeps ``history`` (one autoscale.history_entry per tick) and may
+define ``summary()``. The results hold its summary completed to the shape-summary contract
+(autoscale.SUMMARY_KEYS, autoscale.summarise: mode, initial and final users, samples, scale events), and
+every reader relies on that contract alone, so a new shape needs no change to the console or the merge. Entries are loaded on the first lookup, by importing every module of this package once.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class ShapeRequest:
 
 @dataclass(frozen=True)
 class Shape:
-    """One registry entry. `autoscaling`: offered as an --autoscaler-mode of the standard run (with
-    history and summary() in its results); `options`: the settings and config keys it reads."""
+    """One registry entry. `autoscaling`: offered as an --autoscaler-mode of the standard run (with its
+    history and its summary, completed to the shape-summary contract, in the results); `options`: the
+    settings and config keys it reads."""
 
     name: str
     summary: str
