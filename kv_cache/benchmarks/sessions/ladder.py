@@ -400,13 +400,6 @@ class RungRun:
         turns_rate = throughput_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
         # percentiles of the pooled TTFTs of the window, bootstrap interval (seeded per rung)
         ttft = ttft_percentiles(rec, ls.seed + self.sessions)
-        hit_tok = sum(r.hbm_hit_blocks * ls.block_tokens for _, r in done)
-        load_tok = sum(len(r.load_keys) * ls.block_tokens for _, r in done)
-        recompute_tok = sum(r.recomputed_tokens for _, r in done)
-        source_total = max(1, hit_tok + load_tok + recompute_tok)
-        storage, cpu = TierName.STORAGE.value, TierName.CPU.value
-        st_r, st_w = self.metrics.tier_op(storage, "read"), self.metrics.tier_op(storage, "write")
-        cpu_r, cpu_w = self.metrics.tier_op(cpu, "read"), self.metrics.tier_op(cpu, "write")
         new_done = [r.new_tokens for _, r in done]
         new_offered = [n for _, n in offered]
         result = {
@@ -425,25 +418,8 @@ class RungRun:
             "completed_turns_per_s_per_gpu": turns_rate.to_dict(),
             "ttft": ttft,
             "ttft_breakdown": ttft_breakdown(rec),
-            "kv_sources": {
-                "hbm_hit_share": hit_tok / source_total,
-                "loaded_share": load_tok / source_total,
-                "recomputed_share": recompute_tok / source_total,
-                "load_skipped_blocks": sum(r.skipped_load_blocks for _, r in done),
-            },
-            "offload_io": {
-                "storage_read_gib": st_r.window_bytes / GIB,
-                "storage_write_gib": st_w.window_bytes / GIB,
-                "dram_read_gib": cpu_r.window_bytes / GIB,
-                "dram_write_gib": cpu_w.window_bytes / GIB,
-                "storage_read_ops": st_r.ops,
-                "storage_write_ops": st_w.ops,
-                "errors": int(sum(self.metrics.errors.values())),
-                "block_bytes": ls.block_bytes,
-                "block_bytes_per_gpu": ls.block_bytes_per_gpu,
-                "storage_read_gib_per_gpu": st_r.window_bytes / GIB / ls.tensor_parallel,
-                "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
-            },
+            "kv_sources": self._kv_sources(done),
+            "offload_io": self._offload_io(),
             "offload_io_rates": io_rates(rec),
             "storage_errors": self.metrics.storage_error_table(),
             "storage_error": self.storage_error,
@@ -461,6 +437,37 @@ class RungRun:
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
         return result
+
+    def _kv_sources(self, done: list) -> dict[str, Any]:
+        """Where the context of the window's completed turns came from: HBM hits, loads, recomputation."""
+        bt = self.ls.block_tokens
+        hit_tok = sum(r.hbm_hit_blocks * bt for _, r in done)
+        load_tok = sum(len(r.load_keys) * bt for _, r in done)
+        recompute_tok = sum(r.recomputed_tokens for _, r in done)
+        source_total = max(1, hit_tok + load_tok + recompute_tok)
+        return {"hbm_hit_share": hit_tok / source_total, "loaded_share": load_tok / source_total,
+                "recomputed_share": recompute_tok / source_total,
+                "load_skipped_blocks": sum(r.skipped_load_blocks for _, r in done)}
+
+    def _offload_io(self) -> dict[str, Any]:
+        """The offload tiers' bytes and operations in the window, in all and per GPU of a replica."""
+        ls = self.ls
+        storage, cpu = TierName.STORAGE.value, TierName.CPU.value
+        st_r, st_w = self.metrics.tier_op(storage, "read"), self.metrics.tier_op(storage, "write")
+        cpu_r, cpu_w = self.metrics.tier_op(cpu, "read"), self.metrics.tier_op(cpu, "write")
+        return {
+            "storage_read_gib": st_r.window_bytes / GIB,
+            "storage_write_gib": st_w.window_bytes / GIB,
+            "dram_read_gib": cpu_r.window_bytes / GIB,
+            "dram_write_gib": cpu_w.window_bytes / GIB,
+            "storage_read_ops": st_r.ops,
+            "storage_write_ops": st_w.ops,
+            "errors": int(sum(self.metrics.errors.values())),
+            "block_bytes": ls.block_bytes,
+            "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+            "storage_read_gib_per_gpu": st_r.window_bytes / GIB / ls.tensor_parallel,
+            "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
+        }
 
     @staticmethod
     def _work(done, offered, new_done, new_offered) -> dict[str, Any]:
