@@ -119,6 +119,28 @@ def _wait_for(find, timeout_s: float = 60.0):
 
 
 @pytest.mark.slow
+def test_a_ctrl_c_to_one_rank_in_its_window_never_leaves_the_others_waiting(tmp_path):
+    """SIGINT to rank 1 alone (not to the parent) once its window is open: rank 1 ends its window there and
+    writes its INCOMPLETE results; rank 0 must not wait for it at the closing barrier (it used to, forever),
+    and the parent writes the merged document and ends with the interrupted status."""
+    proc = subprocess.Popen(_processes_cmd(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        entry = _wait_for(lambda: next((tmp_path / "cache" / "rank1").glob("kv-cache-run-*/*.npy"), None)
+                          if (tmp_path / "cache" / "rank1").is_dir() else None)
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, stderr[-3000:]
+    assert json.loads((tmp_path / "X_rank1.json").read_text())["verdict"] == "INCOMPLETE"
+    assert json.loads((tmp_path / "X_rank0.json").read_text())["total_requests"] > 0
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["verdict"] == "INCOMPLETE" and merged["ranks"] == 2
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))
+
+
+@pytest.mark.slow
 def test_a_rank_killed_in_the_window_leaves_a_merged_document_naming_it(tmp_path):
     """SIGKILL of rank 1 once its window is open (it has written an entry file): rank 0 finishes its
     window, its closing barrier is broken rather than waited on, and the merge of rank 0 names rank 1."""

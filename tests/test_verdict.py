@@ -118,3 +118,15 @@ def test_an_incomplete_run_is_never_pass():
     assert health["criteria"][-1] == {"name": "Measured Window Completed", "target": "100%",
                                       "actual": "28% (interrupted)", "unit": "", "passed": False}
     assert window_fraction(30.0, 20.0) == 1.0 and window_fraction(1.0, 0.0) == 1.0
+
+
+def test_marking_missing_ranks_twice_lists_the_criterion_once():
+    """The --processes writer names how a lost rank ended after the merge has marked it: one criterion."""
+    from kv_cache.results.verdict import RANKS_CRITERION, mark_missing_ranks
+
+    merged = {"summary": {"cache_stats": {"storage_health": {"criteria": [], "overall_status": "PASS"}}}}
+    mark_missing_ranks(merged, [1], 2)
+    mark_missing_ranks(merged, [1], 2, {1: "killed by SIGKILL"})
+    criteria = merged["summary"]["cache_stats"]["storage_health"]["criteria"]
+    assert [c["name"] for c in criteria] == [RANKS_CRITERION] and len(merged["notes"]) == 1
+    assert merged["lost_ranks"] == [{"rank": 1, "ended": "killed by SIGKILL"}]

@@ -68,12 +68,14 @@ def verdict_keys(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fail_health(results: dict[str, Any], criterion: dict[str, Any]) -> None:
-    """Add a failed criterion to storage_health, whose status becomes INCOMPLETE (the console says so)."""
+    """Add a failed criterion to storage_health, whose status becomes INCOMPLETE (the console says so); one
+    of the same name already there is replaced, so marking a document twice lists it once."""
     summary = results.get("summary")
     health = summary.get("cache_stats", {}).get("storage_health") if isinstance(summary, dict) else None
     if not isinstance(health, dict):
         return
-    health.setdefault("criteria", []).append(criterion)
+    health["criteria"] = [c for c in health.get("criteria", []) if c.get("name") != criterion.get("name")]
+    health["criteria"].append(criterion)
     health["total_count"] = len(health["criteria"])
     health["passed_count"] = sum(1 for c in health["criteria"] if c.get("passed"))
     health["overall_status"] = INCOMPLETE
@@ -118,7 +120,8 @@ def mark_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: i
     merged["verdict"] = INCOMPLETE
     note = (f"INCOMPLETE: {len(missing)} of {world_size} ranks lost (rank(s) "
             f"{', '.join(str(r) for r in sorted(missing))}): their results never came; the others' are merged")
-    merged.setdefault("notes", []).append(note)
+    if note not in merged.setdefault("notes", []):
+        merged["notes"].append(note)
     _fail_health(merged, {"name": RANKS_CRITERION, "target": f"{world_size} ranks",
                           "actual": f"{world_size - len(missing)} ranks (lost: {merged['missing_ranks']})",
                           "unit": "", "passed": False})

@@ -335,8 +335,8 @@ class _Ended:
 
 def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _ParentSignals) -> None:
     """Every rank's messages from the queue (read before joining: a large item blocks its sender), until
-    every process has ended. A process that ended with a non-zero status breaks the barrier, so no rank
-    waits for it. A signal meanwhile (passed on to the ranks by `signals`) changes nothing here: the ranks
+    every process has ended. A process that ended with a non-zero status, or a rank interrupted in its
+    window, breaks the barrier, so no rank waits for it. A signal meanwhile (passed on to the ranks by `signals`) changes nothing here: the ranks
     write what they measured and send it."""
     while True:
         try:
@@ -349,7 +349,9 @@ def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _P
                 signals.ended(p.pid)
             if drained and p.exitcode is not None:  # (what it sent before it ended has been read)
                 ended.console.end(r)  # its ticks end with it, even when it could not say so
-        if any(p.exitcode not in (None, 0) for p in procs):
+        # A rank that failed, or was interrupted in its window (its own Ctrl-C), will not reach the next
+        # barrier: break it, so the others end their windows instead of waiting for it forever.
+        if any(p.exitcode not in (None, 0) for p in procs) or any(o.interrupted for o in ended.outcomes.values()):
             barrier.abort()
         if all(p.exitcode is not None for p in procs):
             break
