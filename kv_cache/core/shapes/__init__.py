@@ -12,14 +12,12 @@ every reader relies on that contract alone, so a new shape needs no change to th
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.core.autoscale import LoadShape
+from kv_cache.registry import Registry
 
 __all__ = ["Shape", "ShapeRequest", "all_shapes", "autoscaler_modes", "build", "get", "register"]
 
@@ -50,36 +48,18 @@ class Shape:
     options: tuple[str, ...] = ()
 
 
-_ENTRIES: dict[str, Shape] = {}
-_LOADED = False
-_LOCK = threading.RLock()
-
-
-def register(shape: Shape) -> Shape:
-    known = _ENTRIES.get(shape.name)
-    if known is not None and known is not shape:
-        raise ValueError(f"load shape {shape.name!r} registered twice")
-    _ENTRIES[shape.name] = shape
-    return shape
-
-
-def _load() -> None:
-    global _LOADED
-    with _LOCK:
-        if _LOADED:
-            return
-        _LOADED = True
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
+_REGISTRY: Registry = Registry("load shape", __name__, __path__, key=lambda e: e.name)
+_ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
+register = _REGISTRY.register
 
 
 def all_shapes() -> list[Shape]:
-    _load()
+    _REGISTRY.load()
     return list(_ENTRIES.values())
 
 
 def get(name: str) -> Shape:
-    _load()
+    _REGISTRY.load()
     try:
         return _ENTRIES[name]
     except KeyError:

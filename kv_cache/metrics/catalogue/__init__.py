@@ -20,14 +20,12 @@ Entries are loaded on the first lookup, by importing every module of this packag
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.registry import Registry
 
 __all__ = ["MAX", "MERGE_RULES", "MIN_RATE_WINDOW_S", "RECOMPUTE", "SUM", "Metric", "all_metrics", "get",
            "merged_values", "per_second", "register", "values"]
@@ -71,37 +69,19 @@ class Metric:
             raise ValueError(f"metric key {self.key!r}: use snake case, as every key of the results")
 
 
-_ENTRIES: dict[str, Metric] = {}
-_LOADED = False
-_LOCK = threading.RLock()
-
-
-def register(metric: Metric) -> Metric:
-    known = _ENTRIES.get(metric.key)
-    if known is not None and known is not metric:
-        raise ValueError(f"metric {metric.key!r} registered twice")
-    _ENTRIES[metric.key] = metric
-    return metric
-
-
-def _load() -> None:
-    global _LOADED
-    with _LOCK:
-        if _LOADED:
-            return
-        _LOADED = True
-        for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-            importlib.import_module(f"{__name__}.{module.name}")
+_REGISTRY: Registry = Registry("metric", __name__, __path__, key=lambda e: e.key)
+_ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
+register = _REGISTRY.register
 
 
 def all_metrics() -> list[Metric]:
     """Every entry, in the order of its module's name, then of registration within a module."""
-    _load()
+    _REGISTRY.load()
     return list(_ENTRIES.values())
 
 
 def get(key: str) -> Metric:
-    _load()
+    _REGISTRY.load()
     try:
         return _ENTRIES[key]
     except KeyError:

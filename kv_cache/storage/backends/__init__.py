@@ -10,13 +10,11 @@ import of this package, so importing a store class never drags in its siblings' 
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kv_cache.registry import Registry
 from kv_cache.storage.tiername import TierName
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
@@ -79,33 +77,14 @@ class Backend:
     check: Callable[[TierSettings], object] = lambda tiers: None  # raises StorageSetupError before any sizing
 
 
-_ENTRIES: dict[str, Backend] = {}
-_LOADED = False
-_LOCK = threading.Lock()
-
-
-def register(backend: Backend) -> Backend:
-    """Add an entry (called by each backend module at its import); a second entry of one name is refused."""
-    known = _ENTRIES.get(backend.name)
-    if known is not None and known is not backend:
-        raise ValueError(f"storage backend {backend.name!r} registered twice")
-    _ENTRIES[backend.name] = backend
-    return backend
-
-
-def _load() -> None:
-    global _LOADED
-    with _LOCK:
-        if _LOADED:
-            return
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
-        _LOADED = True
+_REGISTRY: Registry = Registry("storage backend", __name__, __path__, key=lambda e: e.name)
+_ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
+register = _REGISTRY.register
 
 
 def all_backends() -> list[Backend]:
     """Every entry, by name."""
-    _load()
+    _REGISTRY.load()
     return [_ENTRIES[n] for n in sorted(_ENTRIES)]
 
 
@@ -115,7 +94,7 @@ def names() -> list[str]:
 
 def get(name: str) -> Backend:
     """The entry called `name` (KeyError naming the known ones otherwise)."""
-    _load()
+    _REGISTRY.load()
     try:
         return _ENTRIES[name]
     except KeyError:

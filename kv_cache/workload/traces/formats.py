@@ -11,16 +11,15 @@ lookup, by importing every module of this package once.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pkgutil
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kv_cache.registry import Registry
 
 from .model import TraceError
 
@@ -92,34 +91,15 @@ class TraceFormat:
     options: tuple[str, ...] = field(default=())
 
 
-_ENTRIES: dict[str, TraceFormat] = {}
-_LOADED = False
-_LOCK = threading.RLock()
-
-
-def register(fmt: TraceFormat) -> TraceFormat:
-    """Add a format (each reader module calls it at import); a second format of one name is refused."""
-    known = _ENTRIES.get(fmt.name)
-    if known is not None and known is not fmt:
-        raise ValueError(f"trace format {fmt.name!r} registered twice")
-    _ENTRIES[fmt.name] = fmt
-    return fmt
-
-
-def _load() -> None:
-    global _LOADED
-    with _LOCK:
-        if _LOADED:
-            return
-        _LOADED = True
-        for module in pkgutil.iter_modules([os.path.dirname(__file__)]):
-            if not module.name.startswith("_") and module.name != "formats":
-                importlib.import_module(f"{__package__}.{module.name}")
+_REGISTRY: Registry = Registry("trace format", __package__, [os.path.dirname(__file__)], key=lambda e: e.name,
+                               skip=lambda name: name.startswith("_") or name == "formats")
+_ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
+register = _REGISTRY.register
 
 
 def all_formats() -> list[TraceFormat]:
     """Every format, in registration order of the package's modules (alphabetical)."""
-    _load()
+    _REGISTRY.load()
     return list(_ENTRIES.values())
 
 
@@ -128,7 +108,7 @@ def names() -> tuple[str, ...]:
 
 
 def get(name: str) -> TraceFormat:
-    _load()
+    _REGISTRY.load()
     fmt = _ENTRIES.get(name)
     if fmt is None:
         raise KeyError(name)
