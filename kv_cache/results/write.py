@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kv_cache.host.files import keep_existing
+from kv_cache.host.files import atomic_target, keep_existing
 
 __all__ = ["Written", "fallback_path", "keep_existing", "write_document", "write_json_atomic"]
 
@@ -37,26 +37,10 @@ def _default(obj: Any) -> Any:
 
 def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
     """`data` as indented JSON at `path`, atomically (the old content or the new, never a part)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=4, default=_default, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are an ordinary file
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
+    with atomic_target(path) as tmp, open(tmp, "w") as fh:  # (host/files.py: fsync, rename, clean-up)
+        json.dump(data, fh, indent=4, default=_default, allow_nan=False)
+        fh.write("\n")
+    return Path(path)
 
 
 @dataclass(frozen=True)
