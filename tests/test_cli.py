@@ -263,7 +263,7 @@ def test_gpu_limit_is_per_card():
 
 
 def test_tensor_parallel_power_of_two_is_a_warning_only():
-    args = ns(tensor_parallel=3, num_gpus=4)
+    args = ns(tensor_parallel=3, num_gpus=6)
     assert validate_args(args, ValidationLimits()) == []
     assert advisories(args) == [
         "--tensor-parallel 3 is not a power of 2; uncommon for real deployments but allowed"

@@ -1,13 +1,16 @@
 """GPUDirect Storage reads (kv_cache/storage/gds.py) through a fake kvikio and a fake device.
 
 The fake CuFile reads the file with os.pread into the numpy "device" buffer, so the test can check that
-the bytes that land in "GPU memory" are the entry's own, at the offsets a host read uses."""
+the bytes that land in "GPU memory" are the entry's own, at the offsets a host read uses. In kvikio's
+compatibility mode the store reads with its own descriptor into pinned memory and copies that to the
+device (kvikio's POSIX path would read through the page cache), so no CuFile is opened at all."""
 
 import os
 import types
 
 import numpy as np
 import pytest
+from gpu_fakes import FakeDevice
 
 from kv_cache.storage import gds as gds_mod
 from kv_cache.storage.buffers import WorkerBuffers
@@ -38,28 +41,9 @@ class FakeCuFile:
 
 
 def fake_kvikio(value="CompatMode.ON"):
+    FakeCuFile.opened = []
     return types.SimpleNamespace(CuFile=FakeCuFile, __version__="0.fake",
                                  defaults=types.SimpleNamespace(get=lambda name: value))
-
-
-class FakeDevice:
-    index, name = 0, "fake0"
-
-    def __init__(self):
-        self.allocs = 0
-        self.buffers = []
-
-    def alloc(self, nbytes):
-        self.allocs += 1
-        self.buffers.append(np.zeros(nbytes, np.uint8))
-        return self.buffers[-1]
-
-    def pinned(self, nbytes):  # (for a DeviceStore on this device)
-        a = np.zeros(nbytes, np.uint8)
-        return a, a
-
-    def events(self):
-        return None
 
 
 @pytest.fixture
@@ -69,9 +53,10 @@ def bufs():
     b.close()
 
 
-def test_reads_land_in_device_buffers_with_the_entrys_bytes(tmp_path, bufs):
+@pytest.mark.parametrize("mode", ["CompatMode.ON", "CompatMode.OFF"])
+def test_reads_land_in_device_buffers_with_the_entrys_bytes(tmp_path, bufs, mode):
     dev = FakeDevice()
-    store = GDSFileStore(str(tmp_path), CHUNK, fsync=False, io_mode="buffered", kvikio=fake_kvikio(),
+    store = GDSFileStore(str(tmp_path), CHUNK, fsync=False, io_mode="buffered", kvikio=fake_kvikio(mode),
                          device=dev, slots=1)
     plain = FileStore(str(tmp_path), CHUNK, fsync=False, io_mode="buffered")
     try:
@@ -83,11 +68,16 @@ def test_reads_land_in_device_buffers_with_the_entrys_bytes(tmp_path, bufs):
         assert res.nbytes == 100 * KIB and res.device_ns > 0
         # one slot: the device buffer now holds the LAST chunk the read brought in, the entry's own bytes
         last = chunks[-1]
-        assert bytes(dev.buffers[0][: len(last)]) == last
-        assert dev.allocs == 1  # allocated once, at setup
+        assert bytes(dev.arrays[0][: len(last)]) == last
+        assert dev.allocs == [CHUNK]  # allocated once, at setup
         info = store.gds_info()
         assert (info["enabled"], info["reads"], info["bytes"]) == (True, 1, 100 * KIB)
-        assert info["compat_mode"] == "CompatMode.ON" and info["library"] == "kvikio 0.fake"
+        assert info["compat_mode"] == mode and info["library"] == "kvikio 0.fake"
+        if mode == "CompatMode.ON":  # own descriptor -> pinned bounce -> H2D, page cache bypassed
+            assert FakeCuFile.opened == [] and "own descriptor" in info["read_path"]
+            assert [d for d, _ in dev.launches] == ["h2d", "h2d"] and res.device_ns >= 2 * 100 * KIB
+        else:
+            assert len(FakeCuFile.opened) == 1 and info["read_path"].startswith("cuFile")
     finally:
         store.close()
         plain.close()
@@ -107,6 +97,39 @@ def test_verified_reads_are_refused_and_handles_are_released(tmp_path, bufs):
         store.read("a", bufs)  # the failed lookup took no buffer
     finally:
         store.close()
+
+
+def test_a_cufile_handle_is_opened_once_per_file(tmp_path, bufs):
+    store = GDSFileStore(str(tmp_path), CHUNK, fsync=False, io_mode="buffered", kvikio=fake_kvikio("OFF"),
+                         device=FakeDevice(), slots=2)
+    try:
+        store.write("a", 8 * KIB, bufs)
+        for _ in range(3):
+            store.read("a", bufs)
+        assert len(FakeCuFile.opened) == 1  # opened at the first read, kept for the next ones
+        info = store.gds_info()
+        assert info["handles_open"] == 1 and info["handle_open_seconds"] > 0
+        first = store._handles["a"].cufile
+        store.write("a", 8 * KIB, bufs)  # replaced: the old file's handle is closed, the next read reopens
+        assert first.closed
+        store.read("a", bufs)
+        assert len(FakeCuFile.opened) == 2
+        second = store._handles["a"].cufile
+        store.delete("a")
+        assert second.closed and store.gds_info()["handles_open"] == 0
+    finally:
+        store.close()
+
+
+def test_compat_mode_auto_asks_kvikio():
+    from kv_cache.storage.gds import uses_compat_mode
+
+    def kv(value, preferred):
+        return types.SimpleNamespace(defaults=types.SimpleNamespace(
+            get=lambda name: value, is_compat_mode_preferred=lambda: preferred))
+
+    assert uses_compat_mode(kv("CompatMode.ON", False)) and not uses_compat_mode(kv("CompatMode.OFF", True))
+    assert uses_compat_mode(kv("CompatMode.AUTO", True)) and not uses_compat_mode(kv("CompatMode.AUTO", False))
 
 
 def test_compat_mode_from_older_kvikio():

@@ -1,14 +1,14 @@
-"""The real GPU tier's logic (arenas, staging pool, placement, timing, waterfall) through a fake device.
+"""The real GPU tier's logic (arenas, staging pool, placement, timing, waterfall) through fake devices.
 
-The fake implements the device interface of kv_cache/storage/gpu_device.py with numpy arrays: a copy
-moves the bytes and reports a made-up, deterministic "event" time (2 ns per byte H2D, 3 ns per byte D2H),
-so the tests can tell device time from wall-clock time.
+The fakes (tests/gpu_fakes.py) implement the device interface of kv_cache/storage/gpu_device.py with numpy
+arrays and stream timelines: a copy moves the bytes and costs a made-up, deterministic "event" time (2 ns
+per byte H2D, 3 ns per byte D2H), so the tests can tell device time from wall-clock time.
 """
 
 import math
 
-import numpy as np
 import pytest
+from gpu_fakes import FakeDevice
 
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.serving.cache import MultiTierCache, Tier
@@ -22,41 +22,6 @@ from kv_cache.storage.memory import MemoryStore
 KIB = 1024
 CHUNK = 64 * KIB
 SLAB = 16 * KIB
-
-
-class FakeDevice:
-    backend = "fake"
-
-    def __init__(self, index: int):
-        self.index = index
-        self.name = f"fake{index}"
-        self.allocs: list[int] = []
-        self.pinned_allocs = 0
-        self.copies: list[tuple[str, int]] = []
-
-    def alloc(self, nbytes):
-        self.allocs.append(nbytes)
-        return np.zeros(nbytes, np.uint8)
-
-    def pinned(self, nbytes):
-        self.pinned_allocs += 1
-        a = np.zeros(nbytes, np.uint8)
-        return a, a
-
-    def events(self):
-        return ("events", self.index)
-
-    def h2d(self, arena, offset, staging, staging_offset, n, events):
-        assert events == ("events", self.index)  # the slot's events of THIS device
-        arena[offset:offset + n] = staging[staging_offset:staging_offset + n]
-        self.copies.append(("h2d", n))
-        return 2 * n
-
-    def d2h(self, staging, staging_offset, arena, offset, n, events):
-        assert events == ("events", self.index)
-        staging[staging_offset:staging_offset + n] = arena[offset:offset + n]
-        self.copies.append(("d2h", n))
-        return 3 * n
 
 
 @pytest.fixture
@@ -94,8 +59,11 @@ def test_round_trip_reports_event_time_as_device_time(bufs):
     assert st["h2d"]["bytes"] == st["d2h"]["bytes"] == 100 * KIB
     assert st["h2d"]["device_seconds"] == 2 * 100 * KIB / 1e9
     assert st["d2h"]["copy_wall_seconds"] > 0  # the wall clock around the copies, next to the events
-    # copies never straddle a slab: each is at most one slab
-    assert all(n <= SLAB for _, n in devs[0].copies)
+    # whole chunks: the slabs of a fresh entry are adjacent, so each chunk is ONE copy and one wait
+    # (100 KiB = a 64 KiB chunk + a 36 KiB one, padded: 2 launches per direction)
+    assert [len(p) for _, p in devs[0].launches] == [1, 1, 1, 1]
+    assert [p[0][2] for _, p in devs[0].launches] == [64 * KIB, 36 * KIB, 64 * KIB, 36 * KIB]
+    assert devs[0].waits == 4
 
 
 def test_entries_go_round_robin_over_gpus(bufs):
@@ -105,12 +73,12 @@ def test_entries_go_round_robin_over_gpus(bufs):
     assert [store.placement(f"k{i}") for i in range(5)] == [[0, 0], [1, 1], [2, 2], [3, 3], [0, 0]]
 
 
-def test_tensor_parallel_shards_an_entry_over_its_group(bufs):
+def test_tensor_parallel_places_the_shard_whole_on_each_gpu_of_its_group(bufs):
     store, _ = make(ndev=4, tp=2)
-    store.write("a", 64 * KIB, bufs)  # 4 slabs: 2 on each GPU of group 0
-    store.write("b", 48 * KIB, bufs)  # 3 slabs: split 1 + 2 over group 1
-    assert store.placement("a") == [0, 0, 1, 1]
-    assert store.placement("b") == [2, 3, 3]
+    store.write("a", 64 * KIB, bufs)  # the driver's 1/T shard: 4 slabs on EACH GPU of group 0
+    store.write("b", 48 * KIB, bufs)  # 3 slabs on each GPU of group 1
+    assert store.placement("a") == [0] * 4 + [1] * 4
+    assert store.placement("b") == [2] * 3 + [3] * 3
     store.read("a", bufs, verify=True)
     store.read("b", bufs, verify=True)
 

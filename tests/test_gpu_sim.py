@@ -35,7 +35,9 @@ def model(link=64.0, hbm=3350.0, shards=1):
 def test_transfer_model_is_bytes_over_the_slower_link():
     assert model().ns(64_000) == 1000  # 64 GB/s = 64 bytes per ns
     assert model(link=64.0, hbm=32.0).ns(64_000) == 2000  # HBM slower than the link: HBM bounds it
-    assert model(shards=2).ns(64_000) == 500  # two GPUs move their halves at once
+    # the entry is already one GPU's 1/T shard (the driver's size): T GPUs moving theirs in parallel do
+    # not make it faster (tensor parallelism is counted once)
+    assert model(shards=2).ns(64_000) == model().ns(64_000) == 1000
     with pytest.raises(ValueError):
         model(link=0.0)
     with pytest.raises(ValueError):

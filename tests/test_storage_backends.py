@@ -84,7 +84,7 @@ def test_gds_opens_behind_a_real_gpu_store_only(tmp_path, monkeypatch):
 
 
 def test_the_real_gpu_backend_without_cuda_is_a_setup_error(monkeypatch):
-    monkeypatch.setattr(gpu_device, "open_devices", lambda n: (_ for _ in ()).throw(gpu_device.CudaUnavailable("none")))
+    monkeypatch.setattr(gpu_device, "open_devices", lambda n, first=0: (_ for _ in ()).throw(gpu_device.CudaUnavailable("none")))
     with pytest.raises(StorageSetupError, match="needs CUDA"):
         _open("gpu_real", TierName.GPU, TierSettings(gpu_mem_gb=0.001, gpu_tier="real"))
 

@@ -99,10 +99,14 @@ def _rank_of_world(settings: RunSettings, rank: int, world: int, flags_per_rank:
     if world <= 1:
         return settings
     local = mpi_local_size()
+    local_rank, source = mpi_local_rank()
     if flags_per_rank:
         return dataclasses.replace(settings, flags_per_rank=True,
-                                   tiers=dataclasses.replace(settings.tiers, host_ranks=local))
-    return rank_share(settings, rank, world, host_ranks=local)
+                                   tiers=dataclasses.replace(settings.tiers, host_ranks=local,
+                                                             local_rank=local_rank, local_rank_from=source))
+    share = rank_share(settings, rank, world, host_ranks=local)
+    return dataclasses.replace(share, tiers=dataclasses.replace(share.tiers, local_rank=local_rank,
+                                                                local_rank_from=source))
 
 
 def gpu_tier_errors(args: argparse.Namespace, config: BenchConfig) -> list[str]:
@@ -219,6 +223,17 @@ def mpi_local_size() -> int:
         except (KeyError, ValueError):
             continue
     return 1
+
+
+def mpi_local_rank() -> tuple[int, str]:
+    """(this rank's index among the ranks on this host, the variable it came from): Open MPI's
+    OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID; (0, "") when the launcher does not say."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+        try:
+            return max(0, int(os.environ[var])), var
+        except (KeyError, ValueError):
+            continue
+    return 0, ""
 
 
 def mpi_rank() -> tuple[int, int]:

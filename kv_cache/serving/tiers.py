@@ -33,8 +33,8 @@ from kv_cache.storage.tracelog import IOTraceWriter
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
     from kv_cache.settings.run import RunSettings, StorageSettings, TierSettings
 
-__all__ = ["TierSet", "available_memory_bytes", "build_tiers", "build_trace_tiers", "gpu_tier_mode", "open_gpu_store",
-           "open_tiers"]
+__all__ = ["TierSet", "available_memory_bytes", "build_tiers", "build_trace_tiers", "gpu_groups", "gpu_tier_limit",
+           "gpu_tier_mode", "open_gpu_store", "open_tiers"]
 
 log = logging.getLogger("kv_cache")
 
@@ -105,7 +105,8 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
     backend = backends.choose(TierName.GPU, tiers)
     if backend is None:
         return
-    total = int(tiers.gpu_mem_gb * GIB) * tiers.num_gpus
+    groups = gpu_groups(tiers)
+    total = int(tiers.gpu_mem_gb * GIB) * groups  # entry bytes: one 1/T shard per group (see gpu_real.py)
     prefault = False
     backend.check(tiers)
     if backend.capabilities.host_ram:
@@ -113,7 +114,7 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
             asked = total
             total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
                                    what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
-            tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / tiers.num_gpus,
+            tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / groups,
                                                      _clamp_reason(limit) if total < asked else None)
         if total <= 0:
             return
@@ -123,6 +124,30 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
                                   "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
                                   "is not in the reported times)")
     tier_set.gpu_store = _open(backend, TierName.GPU, tiers, storage, tier_set, workers, total, prefault)
+    clamped = getattr(tier_set.gpu_store, "clamped", None)
+    if clamped:  # a real tier clamped to the memory its GPUs have free
+        tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, tier_set.gpu_store.capacity_per_device, clamped)
+
+
+def gpu_groups(tiers: TierSettings) -> int:
+    """GPU groups (model replicas) of --tensor-parallel GPUs: each holds an entry's 1/T shard per GPU."""
+    return max(1, tiers.num_gpus // max(1, tiers.tensor_parallel))
+
+
+def gpu_tier_limit(store: SimulatedGPUStore | DeviceStore, largest_entry: int) -> float:
+    """The GPU tier's capacity as the cache accounts it. An entry must fit in one GPU (each GPU of its
+    group): one larger than a GPU's share is refused here, before anything runs. With several groups,
+    (groups - 1) x the largest entry's footprint is kept back, so that whenever the cache admits an entry
+    some group has room for it (fragmentation across GPUs cannot leave it waiting)."""
+    per_gpu = getattr(store, "capacity_per_device", store.capacity_bytes)
+    groups = getattr(store, "groups", 1)
+    need = store.footprint(largest_entry) if largest_entry > 0 else 0
+    if need > per_gpu:
+        raise StorageSetupError(
+            f"the largest entry ({need / GIB:.3f} GiB, 1/--tensor-parallel of the model's KV for the longest "
+            f"context) is larger than one GPU's share of the GPU tier ({per_gpu / GIB:.3f} GiB): it can never "
+            "be placed; raise --gpu-mem-gb, raise --tensor-parallel, or shorten the contexts").about("gpu_mem_gb")
+    return max(0, store.capacity_bytes - (groups - 1) * need)
 
 
 RAM_FILESYSTEMS = ("tmpfs", "ramfs")  # a storage tier there is host RAM
@@ -329,7 +354,7 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
                 last_ram_fraction: float = 1.0) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
-        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_store.capacity_bytes))  # a simulated one may be clamped
+        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_tier_limit(gpu_store, largest_entry)))
     if memory_store is not None:
         tiers.append(Tier(TierName.CPU.legacy, memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
     if not storage_tier:
@@ -349,7 +374,7 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
 def build_trace_tiers(settings: TierSettings) -> list[Tier]:
     """Trace mode: every tier a size-only store of the trace-log backend (the GPU tier can be modelled too)."""
     trace = backends.get("tracelog")
-    sizes = ((TierName.GPU, settings.gpu_mem_gb * settings.num_gpus * GIB), (TierName.CPU, settings.cpu_mem_gb * GIB))
+    sizes = ((TierName.GPU, settings.gpu_mem_gb * gpu_groups(settings) * GIB), (TierName.CPU, settings.cpu_mem_gb * GIB))
     tiers = [Tier(name.legacy, trace.open(BackendRequest(name, settings, None)), size)  # type: ignore[arg-type]
              for name, size in sizes if size > 0]
     limit = settings.storage_capacity_gb * GIB if settings.storage_capacity_gb > 0 else math.inf

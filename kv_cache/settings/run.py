@@ -119,6 +119,8 @@ class TierSettings:
         "--storage-capacity-gb", type=float,
         help="Storage tier capacity, GiB (0 = auto)."))  # 0 = 90 % of the free space less the largest entry
     host_ranks: int = 1  # ranks of this run on this host: the host's memory budget is divided between them
+    local_rank: int = 0  # this rank's index among the ranks on this host: it takes GPUs local_rank x num_gpus ...
+    local_rank_from: str = ""  # where local_rank came from (OMPI_COMM_WORLD_LOCAL_RANK, the --processes index)
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,9 @@ def _check_placement(get: Callable[[str], Any], errors: list[str]) -> None:
         errors.append(f"--tensor-parallel must be >= 1, got {tensor_parallel}")
     elif num_gpus >= 1 and tensor_parallel > num_gpus:
         errors.append(f"--tensor-parallel ({tensor_parallel}) cannot exceed --num-gpus ({num_gpus})")
+    elif num_gpus >= 1 and num_gpus % tensor_parallel:
+        errors.append(f"--num-gpus ({num_gpus}) must be a multiple of --tensor-parallel ({tensor_parallel}): "
+                      "the GPUs form groups of --tensor-parallel")
 
     cache_dir = get("cache_dir")
     if cache_dir is not None:
@@ -159,6 +162,8 @@ def conflicting_features(args: Any) -> list[str]:
     request_rate = getattr(args, "request_rate", _DEFAULTS["request_rate"])
     if getattr(args, "enable_autoscaling", _DEFAULTS["enable_autoscaling"]) and isinstance(request_rate, (int, float)) and request_rate > 0:
         errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
+    if getattr(args, "gds", False) and getattr(args, "verify", False):
+        errors.append("--gds reads land in GPU memory, where --verify cannot check their stamps; drop one of them")
     return errors
 
 

@@ -3,15 +3,20 @@
 torch and cupy are optional (the ``gpu`` extra) and imported only here, inside functions.  A device offers:
 
 * ``alloc(nbytes)``: one device arena (called once per device, at setup);
-* ``pinned(nbytes) -> (handle, numpy view)``: page-locked host staging memory (called once per staging
-  slot, at setup);
-* ``events()``: a (start, end) pair of timing events for this device (at setup, one per staging slot);
-* ``h2d(arena, offset, staging, staging_offset, n, events)`` / ``d2h(staging, staging_offset, arena,
-  offset, n, events)``: copy ``n`` bytes on the device's own host-to-device / device-to-host stream,
-  bracketed by the events, wait for that copy only, and return the device time the events measured, ns.
+* ``pinned(nbytes) -> (handle, numpy view)``: page-locked host staging memory (once per staging slot);
+* ``lane()``: one worker's own copy lane on this device: a host-to-device and a device-to-host stream,
+  each with its own (start, end) timing-event pair (at setup, one per staging slot), so the events of
+  one worker's copy never bracket another worker's;
+* ``h2d(arena, staging, pieces, lane)`` / ``d2h(staging, arena, pieces, lane)``: enqueue the copies
+  ``pieces`` = ``[(arena_offset, staging_offset, n), ...]`` (a whole chunk, contiguous slabs merged) on
+  the lane's stream between its two events, without waiting;
+* ``wait(lane, direction) -> ns``: wait for that lane's last copy in ``direction`` ("h2d" / "d2h") and
+  return the device time its events measured;
+* ``mem_info() -> (free, total)`` bytes of device memory (cudaMemGetInfo);
+* ``plain_copy_gbs(nbytes) -> (h2d, d2h)``: GB/s of a plain pinned copy of ``nbytes`` (at setup).
 
 Nothing here allocates per copy beyond the tensor views a slice needs.  Tests drive the real store through
-a fake device implementing the same methods (tests/test_gpu_real.py).
+fake devices implementing the same methods (tests/test_gpu_real.py, tests/gpu_fakes.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["CudaUnavailable", "CupyDevice", "Device", "TorchDevice", "cuda_status", "open_devices"]
+__all__ = ["CudaUnavailable", "CupyDevice", "Device", "Lane", "TorchDevice", "cuda_status", "open_devices"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -35,11 +40,17 @@ class Device(Protocol):
 
     def pinned(self, nbytes: int) -> tuple[Any, np.ndarray]: ...
 
-    def events(self) -> Any: ...
+    def lane(self) -> Any: ...
 
-    def h2d(self, arena: Any, offset: int, staging: Any, staging_offset: int, n: int, events: Any) -> int: ...
+    def h2d(self, arena: Any, staging: Any, pieces: list[tuple[int, int, int]], lane: Any) -> None: ...
 
-    def d2h(self, staging: Any, staging_offset: int, arena: Any, offset: int, n: int, events: Any) -> int: ...
+    def d2h(self, staging: Any, arena: Any, pieces: list[tuple[int, int, int]], lane: Any) -> None: ...
+
+    def wait(self, lane: Any, direction: str) -> int: ...
+
+    def mem_info(self) -> tuple[int, int]: ...
+
+    def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]: ...
 
 
 def _torch() -> Any | None:
@@ -84,20 +95,36 @@ def cuda_status(num_gpus: int = 1) -> tuple[bool, str]:
     return False, f"no CUDA device visible to {' or '.join(have)}"
 
 
-def open_devices(num_gpus: int) -> list[Device]:
-    """``num_gpus`` devices through torch, or cupy when torch has no CUDA; CudaUnavailable otherwise."""
-    ok, reason = cuda_status(num_gpus)
+def open_devices(num_gpus: int, first: int = 0) -> list[Device]:
+    """Devices ``first`` .. ``first + num_gpus - 1`` through torch, or cupy when torch has no CUDA
+    (``first``: this rank's local rank x num_gpus, so ranks on one host take distinct GPUs);
+    CudaUnavailable when there are fewer."""
+    ok, reason = cuda_status(first + num_gpus)
     if not ok:
+        if first:
+            reason = f"GPUs {first}..{first + num_gpus - 1} asked for (local rank x --num-gpus): {reason}"
         raise CudaUnavailable(reason)
-    if _count("torch") >= num_gpus:
+    if _count("torch") >= first + num_gpus:
         torch = _torch()
-        return [TorchDevice(torch, i) for i in range(num_gpus)]
+        return [TorchDevice(torch, i) for i in range(first, first + num_gpus)]
     cupy = _cupy()
-    return [CupyDevice(cupy, i) for i in range(num_gpus)]
+    return [CupyDevice(cupy, i) for i in range(first, first + num_gpus)]
+
+
+class Lane:
+    """One worker's copy lane on one device: a stream and a (start, end) event pair per direction."""
+
+    __slots__ = ("streams", "events")
+
+    def __init__(self, streams: dict[str, Any], events: dict[str, tuple[Any, Any]]):
+        self.streams, self.events = streams, events
+
+
+PLAIN_REPS = 20  # copies timed by plain_copy_gbs (after 3 untimed)
 
 
 class TorchDevice:
-    """One CUDA device through torch: uint8 arena tensor, pinned staging tensors, two streams."""
+    """One CUDA device through torch: uint8 arena tensor, pinned staging tensors, a stream pair per lane."""
 
     backend = "torch"
 
@@ -106,8 +133,6 @@ class TorchDevice:
         self.index = index
         self.device = torch.device("cuda", index)
         self.name = torch.cuda.get_device_name(index)
-        self._h2d = torch.cuda.Stream(device=self.device)
-        self._d2h = torch.cuda.Stream(device=self.device)
 
     def alloc(self, nbytes: int) -> Any:
         return self._t.empty(nbytes, dtype=self._t.uint8, device=self.device)
@@ -116,24 +141,49 @@ class TorchDevice:
         t = self._t.empty(nbytes, dtype=self._t.uint8, pin_memory=True)
         return t, t.numpy()
 
-    def events(self) -> Any:
-        with self._t.cuda.device(self.device):
-            return (self._t.cuda.Event(enable_timing=True), self._t.cuda.Event(enable_timing=True))
+    def lane(self) -> Lane:
+        cuda = self._t.cuda
+        with cuda.device(self.device):
+            streams = {d: cuda.Stream(device=self.device) for d in ("h2d", "d2h")}
+            events = {d: (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)) for d in ("h2d", "d2h")}
+        return Lane(streams, events)
 
-    def _copy(self, stream: Any, dst: Any, src: Any, events: Any) -> int:
-        start, end = events
+    def _launch(self, lane: Lane, direction: str, pairs: list[tuple[Any, Any]]) -> None:
+        stream = lane.streams[direction]
+        start, end = lane.events[direction]
         with self._t.cuda.device(self.device), self._t.cuda.stream(stream):
             start.record(stream)
-            dst.copy_(src, non_blocking=True)
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
             end.record(stream)
+
+    def h2d(self, arena: Any, staging: Any, pieces: list[tuple[int, int, int]], lane: Lane) -> None:
+        self._launch(lane, "h2d", [(arena[a:a + n], staging[s:s + n]) for a, s, n in pieces])
+
+    def d2h(self, staging: Any, arena: Any, pieces: list[tuple[int, int, int]], lane: Lane) -> None:
+        self._launch(lane, "d2h", [(staging[s:s + n], arena[a:a + n]) for a, s, n in pieces])
+
+    def wait(self, lane: Lane, direction: str) -> int:
+        start, end = lane.events[direction]
         end.synchronize()
         return int(start.elapsed_time(end) * 1e6)  # ms -> ns
 
-    def h2d(self, arena: Any, offset: int, staging: Any, staging_offset: int, n: int, events: Any) -> int:
-        return self._copy(self._h2d, arena[offset:offset + n], staging[staging_offset:staging_offset + n], events)
+    def mem_info(self) -> tuple[int, int]:
+        free, total = self._t.cuda.mem_get_info(self.index)
+        return int(free), int(total)
 
-    def d2h(self, staging: Any, staging_offset: int, arena: Any, offset: int, n: int, events: Any) -> int:
-        return self._copy(self._d2h, staging[staging_offset:staging_offset + n], arena[offset:offset + n], events)
+    def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]:
+        """GB/s of plain pinned <-> device copies of ``nbytes`` on a fresh stream (the reference)."""
+        host, _ = self.pinned(nbytes)
+        dev = self.alloc(nbytes)
+        lane = self.lane()
+        out = []
+        for direction, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+            for timed in (False, True):
+                self._launch(lane, direction, [(dst, src)] * (PLAIN_REPS if timed else 3))
+                ns = self.wait(lane, direction)
+            out.append(PLAIN_REPS * nbytes / ns if ns else 0.0)
+        return out[0], out[1]
 
 
 class CupyDevice:
@@ -148,9 +198,6 @@ class CupyDevice:
         name = props.get("name", b"cuda")
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self._keep: list[Any] = []  # pinned allocations backing the staging arrays
-        with cupy.cuda.Device(index):
-            self._h2d = cupy.cuda.Stream(non_blocking=True)
-            self._d2h = cupy.cuda.Stream(non_blocking=True)
 
     def alloc(self, nbytes: int) -> Any:
         with self._cp.cuda.Device(self.index):
@@ -162,27 +209,57 @@ class CupyDevice:
         arr = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
         return arr, arr
 
-    def events(self) -> Any:
-        with self._cp.cuda.Device(self.index):
-            return (self._cp.cuda.Event(), self._cp.cuda.Event())
+    def lane(self) -> Lane:
+        cuda = self._cp.cuda
+        with cuda.Device(self.index):
+            streams = {d: cuda.Stream(non_blocking=True) for d in ("h2d", "d2h")}
+            events = {d: (cuda.Event(), cuda.Event()) for d in ("h2d", "d2h")}
+        return Lane(streams, events)
 
-    def h2d(self, arena: Any, offset: int, staging: Any, staging_offset: int, n: int, events: Any) -> int:
-        start, end = events
+    def h2d(self, arena: Any, staging: Any, pieces: list[tuple[int, int, int]], lane: Lane) -> None:
+        stream, (start, end) = lane.streams["h2d"], lane.events["h2d"]
         with self._cp.cuda.Device(self.index):
-            start.record(self._h2d)
-            arena[offset:offset + n].set(staging[staging_offset:staging_offset + n], stream=self._h2d)
-            end.record(self._h2d)
-            end.synchronize()
-        return int(self._cp.cuda.get_elapsed_time(start, end) * 1e6)
+            start.record(stream)
+            for a, s, n in pieces:
+                arena[a:a + n].set(staging[s:s + n], stream=stream)
+            end.record(stream)
 
-    def d2h(self, staging: Any, staging_offset: int, arena: Any, offset: int, n: int, events: Any) -> int:
-        start, end = events
+    def d2h(self, staging: Any, arena: Any, pieces: list[tuple[int, int, int]], lane: Lane) -> None:
+        stream, (start, end) = lane.streams["d2h"], lane.events["d2h"]
         with self._cp.cuda.Device(self.index):
-            start.record(self._d2h)
-            arena[offset:offset + n].get(stream=self._d2h, out=staging[staging_offset:staging_offset + n])
-            end.record(self._d2h)
+            start.record(stream)
+            for a, s, n in pieces:
+                arena[a:a + n].get(stream=stream, out=staging[s:s + n])
+            end.record(stream)
+
+    def wait(self, lane: Lane, direction: str) -> int:
+        start, end = lane.events[direction]
+        with self._cp.cuda.Device(self.index):
             end.synchronize()
-        return int(self._cp.cuda.get_elapsed_time(start, end) * 1e6)
+            return int(self._cp.cuda.get_elapsed_time(start, end) * 1e6)
+
+    def mem_info(self) -> tuple[int, int]:
+        with self._cp.cuda.Device(self.index):
+            free, total = self._cp.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+    def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]:
+        """GB/s of plain pinned <-> device copies of ``nbytes`` on a fresh stream (the reference)."""
+        host, _ = self.pinned(nbytes)
+        dev = self.alloc(nbytes)
+        lane = self.lane()
+        out = []
+        for direction in ("h2d", "d2h"):
+            for timed in (False, True):
+                pieces = [(0, 0, nbytes)] * (PLAIN_REPS if timed else 3)
+                if direction == "h2d":
+                    self.h2d(dev, host, pieces, lane)
+                else:
+                    self.d2h(host, dev, pieces, lane)
+                ns = self.wait(lane, direction)
+            out.append(PLAIN_REPS * nbytes / ns if ns else 0.0)
+        self._keep.pop()
+        return out[0], out[1]
 
 
 def gpu_tier_mode(tiers: Any) -> str:

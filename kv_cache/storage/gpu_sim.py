@@ -3,14 +3,18 @@
 Where there is no CUDA device this stands in for GPU memory.  It is a :class:`MemoryStore` (one
 preallocated slab arena, no allocation per request) whose reported times are rewritten:
 
-* the **device time** of an operation is *modelled*: ``padded bytes / (shards x min(host link, HBM))``
+* the **device time** of an operation is *modelled*: ``padded bytes / min(host link, HBM)``
   nanoseconds (GB/s = bytes/ns), the time the GPU's host link (PCIe Gen4/Gen5 x16, NVLink-C2C: ``GPUSpec``
-  ``host_link_gbs``, per direction) needs to move them, an entry sharded over ``shards`` GPUs moving its
-  shards in parallel.  A write is host -> device (H2D), a read device -> host (D2H).  Not modelled: the
+  ``host_link_gbs``, per direction) needs to move them.  The entry is already one GPU's shard (1/T of the
+  model's KV, sized by the driver); the T GPUs of a group move their shards in parallel, each over its own
+  link, so T does not divide the time again (``shards`` is reported, not applied).  A write is host ->
+  device (H2D), a read device -> host (D2H).  Not modelled: the
   per-copy launch latency, contention of several workers for one link, and the copy engines' overlap;
 * the **host time** is measured: everything the operation did (stamping, bookkeeping) *except* the host
   memcpy that stands in for the DMA.  That memcpy is measured too, but reported on its own
-  (:meth:`SimulatedGPUStore.stats`, ``host_memcpy_seconds``), never counted in a latency;
+  (:meth:`SimulatedGPUStore.stats`, ``host_memcpy_seconds``), never counted in a latency: it is also added
+  to a per-thread counter (:func:`standin_ns`) that the drivers subtract from the wall-clock latencies
+  (end-to-end, QoS) of the request whose operations made it;
 * the total is host time + modelled device time.
 
 Every figure from this store is labelled "simulated" by the report.
@@ -25,18 +29,26 @@ from typing import Any
 from kv_cache.storage.base import IOResult
 from kv_cache.storage.memory import MemoryStore
 
-__all__ = ["SimulatedGPUStore", "TransferModel"]
+__all__ = ["SimulatedGPUStore", "TransferModel", "standin_ns"]
+
+_standin = threading.local()
+
+
+def standin_ns() -> int:
+    """Nanoseconds this thread has spent so far in simulated GPU tiers' stand-in memcpys (monotonic):
+    a driver takes the difference over a request and subtracts it from that request's wall-clock times."""
+    return getattr(_standin, "ns", 0)
 
 
 @dataclass(frozen=True)
 class TransferModel:
-    """Host<->HBM copy time of one GPU type: bytes / (shards x the slower of host link and HBM)."""
+    """Host<->HBM copy time of one GPU type: bytes / the slower of host link and HBM (one GPU's shard)."""
 
     gpu: str  # the GPU spec's key (h100, ...)
     host_link: str  # e.g. "PCIe Gen5 x16"
     host_link_gbs: float  # per direction, GB/s (10**9 bytes/s)
     hbm_bandwidth_gbs: float
-    shards: int = 1  # GPUs one entry is spread over (tensor parallel), copied in parallel
+    shards: int = 1  # GPUs of a group, each moving its own shard in parallel (reported; not a divisor)
 
     def __post_init__(self) -> None:
         if self.host_link_gbs <= 0 or self.hbm_bandwidth_gbs <= 0:
@@ -46,8 +58,8 @@ class TransferModel:
 
     @property
     def bytes_per_ns(self) -> float:
-        """Aggregate copy rate of one entry, bytes per nanosecond (= GB/s)."""
-        return self.shards * min(self.host_link_gbs, self.hbm_bandwidth_gbs)
+        """Copy rate of one entry (one GPU's shard over its own link), bytes per nanosecond (= GB/s)."""
+        return min(self.host_link_gbs, self.hbm_bandwidth_gbs)
 
     def ns(self, nbytes: int) -> int:
         """Modelled nanoseconds to move ``nbytes`` in one direction."""
@@ -63,6 +75,8 @@ class SimulatedGPUStore(MemoryStore):
                  prefault: bool = False, name: str = "gpu"):
         super().__init__(capacity_bytes, slab_bytes, prefault=prefault, name=name)
         self.model = model
+        self.groups = 1  # GPU groups (replicas) whose per-GPU capacity this arena holds (set by the backend)
+        self.capacity_per_device = capacity_bytes
         self._stats_lock = threading.Lock()
         # per direction: [operations, device bytes, modelled ns, measured host-memcpy ns]
         self._dir = {"h2d": [0, 0, 0, 0], "d2h": [0, 0, 0, 0]}
@@ -72,6 +86,7 @@ class SimulatedGPUStore(MemoryStore):
         modelled = self.model.ns(res.device_bytes)
         host = max(0, res.total_ns - memcpy_ns)
         acc = self._dir["h2d" if op == "write" else "d2h"]
+        _standin.ns = getattr(_standin, "ns", 0) + memcpy_ns
         with self._stats_lock:
             acc[0] += 1
             acc[1] += res.device_bytes
@@ -92,9 +107,13 @@ class SimulatedGPUStore(MemoryStore):
             "hbm_bandwidth_gbs": m.hbm_bandwidth_gbs,
             "shards_per_entry": m.shards,
             "capacity_bytes": self.capacity_bytes,
-            "timed": ("simulated: device time = modelled, padded bytes / (shards x min(host link, HBM "
-                      "bandwidth)); host time = measured, the operation minus the host memcpy that stands in "
-                      "for the DMA (that memcpy is reported as host_memcpy_seconds, not in latencies); counts cover "
+            "capacity_bytes_per_gpu": self.capacity_per_device,
+            "replicas": self.groups,
+            "entry_sizing": ("an entry is 1/tensor_parallel of the model's KV (the driver's size, one GPU's "
+                             "shard), held once per group: nbytes per GPU, shards_per_entry x nbytes per replica"),
+            "timed": ("simulated: device time = modelled, padded bytes / min(host link, HBM "
+                      "bandwidth) (the entry is one GPU's 1/T shard; a group's GPUs move theirs in parallel); host time = measured, the operation minus the host memcpy that stands in "
+                      "for the DMA (that memcpy is reported as host_memcpy_seconds and subtracted from the end-to-end and QoS latencies of the request that made it); counts cover "
                       "the whole run, setup phases included; "
                       "data held in host RAM"),
         }

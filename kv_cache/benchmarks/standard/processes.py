@@ -127,7 +127,8 @@ def rank_settings(settings: RunSettings, rank: int, n: int) -> RunSettings:
     share = rank_share(settings, rank, n, host_ranks=n)
     return dataclasses.replace(
         share, merged_output=None,
-        tiers=dataclasses.replace(share.tiers, cache_dir=cache_dir),
+        tiers=dataclasses.replace(share.tiers, cache_dir=cache_dir, local_rank=rank,
+                                  local_rank_from="the --processes index"),
         outputs=dataclasses.replace(share.outputs, output=output, xlsx_output=None),
         driver=dataclasses.replace(share.driver, processes=1),
     )

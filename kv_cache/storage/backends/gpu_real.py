@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kv_cache.errors import StorageSetupError
 from kv_cache.storage import gpu_device
 from kv_cache.storage.backends import Backend, BackendRequest, Capabilities, Option, register
@@ -9,18 +11,54 @@ from kv_cache.storage.gpu_real import DeviceStore
 from kv_cache.storage.tiername import TierName
 
 GIB = 1 << 30
+DEVICE_RESERVE_FRACTION = 0.05  # of each GPU's memory, left free for the library's own allocations
+
+
+def device_capacity(devices: list[Any], asked: int, strict: bool, notes: list[str]) -> tuple[int, str | None]:
+    """Bytes of arena per GPU: `asked` when every device has that much free (less the reserve), else
+    clamped to the least any of them has, with a note (refused, StorageSetupError, under --strict-memory
+    or when nothing is left). Returns (bytes, why clamped or None)."""
+    room = []
+    for d in devices:
+        try:
+            free, total = d.mem_info()
+        except Exception:  # a device library that cannot say: take the size as asked
+            continue
+        room.append((max(0, free - int(DEVICE_RESERVE_FRACTION * total)), free, d))
+    if not room or all(r >= asked for r, _, _ in room):
+        return asked, None
+    fits, free, worst = min(room, key=lambda x: x[0])
+    message = (f"GPU tier of {asked / GIB:.2f} GiB per GPU does not fit in GPU {worst.index} ({worst.name}): "
+               f"{free / GIB:.2f} GiB free, less a {DEVICE_RESERVE_FRACTION:.0%} reserve = {fits / GIB:.2f} GiB")
+    if strict or fits <= 0:
+        raise StorageSetupError(f"{message}; give --gpu-mem-gb at most {fits / GIB:.2f}").about("gpu_mem_gb")
+    why = f"{free / GIB:.2f} GiB free on GPU {worst.index}, less a {DEVICE_RESERVE_FRACTION:.0%} reserve"
+    notes.append(f"{message}; clamped to {fits / GIB:.2f} GiB per GPU")
+    return fits, why
 
 
 def _open(request: BackendRequest) -> DeviceStore:
     tiers = request.tiers
+    first = tiers.local_rank * tiers.num_gpus  # ranks on one host take distinct GPUs
     try:
-        devices = gpu_device.open_devices(tiers.num_gpus)
+        devices = gpu_device.open_devices(tiers.num_gpus, first)
     except gpu_device.CudaUnavailable as exc:
         raise StorageSetupError(f"the real GPU tier needs CUDA: {exc}").about("gpu_tier") from None
-    store = DeviceStore(devices, int(tiers.gpu_mem_gb * GIB), request.storage.chunk_bytes,
+    per_gpu, clamped = device_capacity(devices, int(tiers.gpu_mem_gb * GIB), tiers.strict_memory, request.notes)
+    store = DeviceStore(devices, per_gpu, request.storage.chunk_bytes,
                         tensor_parallel=tiers.tensor_parallel, staging_slots=request.workers)
-    request.notes.append(f"GPU tier: real, {tiers.num_gpus} x {tiers.gpu_mem_gb:g} GiB of HBM via "
-                         f"{getattr(devices[0], 'backend', 'device')} ({devices[0].name})")
+    store.clamped = clamped
+    if tiers.local_rank_from:
+        store.chosen_by = (f"local rank {tiers.local_rank} ({tiers.local_rank_from}) x --num-gpus "
+                           f"{tiers.num_gpus}: GPUs {first}..{first + tiers.num_gpus - 1}")
+    plain = store.measure_plain_copy()
+    which = ", ".join(str(d.index) for d in devices)
+    rank = (f"; local rank {tiers.local_rank} (from {tiers.local_rank_from})" if tiers.local_rank_from else "")
+    request.notes.append(
+        f"GPU tier: real, {tiers.num_gpus} x {per_gpu / GIB:g} GiB of HBM via {getattr(devices[0], 'backend', 'device')}"
+        f" ({devices[0].name}), GPUs {which}{rank}; {store.groups} group(s) of tensor-parallel {tiers.tensor_parallel}, "
+        f"each entry (1/{tiers.tensor_parallel} of the KV) on every GPU of its group; plain pinned copy of one "
+        f"chunk: H2D {plain['h2d']:.1f} GB/s, D2H {plain['d2h']:.1f} GB/s")
     return store
 
 
@@ -29,5 +67,6 @@ BACKEND = register(Backend(
     capabilities=Capabilities(verify=True), open=_open,
     selects=lambda tiers: gpu_device.gpu_tier_mode(tiers) == "real",
     options=(Option("gpu_mem_gb", "HBM per GPU"), Option("num_gpus", "devices"),
-             Option("tensor_parallel", "shards per entry"), Option("gpu_tier", "auto | real | simulated | off")),
+             Option("tensor_parallel", "GPUs per group (each holds the entry's 1/T shard)"),
+             Option("gpu_tier", "auto | real | simulated | off")),
 ))

@@ -25,8 +25,11 @@ def _open(request: BackendRequest) -> SimulatedGPUStore:
     tiers, total = request.tiers, request.capacity_bytes
     spec = tiers.gpu_spec
     store = SimulatedGPUStore(total, transfer_model(tiers), prefault=request.prefault)
+    store.groups = max(1, tiers.num_gpus // max(1, tiers.tensor_parallel))
+    store.capacity_per_device = total // store.groups
     request.notes.append(
-        f"GPU tier: SIMULATED, {total / GIB:.2f} GiB ({tiers.num_gpus} GPU(s)) held in host RAM; its copy times are "
+        f"GPU tier: SIMULATED, {total / GIB:.2f} GiB ({tiers.num_gpus} GPU(s) in {store.groups} group(s) of "
+        f"tensor-parallel {tiers.tensor_parallel}; one 1/T shard per entry held) in host RAM; its copy times are "
         f"modelled from the {spec.name} {spec.host_link} ({spec.host_link_gbs:g} GB/s per direction), not measured")
     return store
 
@@ -37,5 +40,5 @@ BACKEND = register(Backend(
     selects=lambda tiers: gpu_device.gpu_tier_mode(tiers) == "simulated", check=transfer_model,
     options=(Option("gpu_mem_gb", "HBM per GPU (all GPUs' worth is held in RAM)"), Option("num_gpus", "GPUs"),
              Option("gpu_type", "the GPU spec whose host link is modelled"),
-             Option("tensor_parallel", "shards per entry")),
+             Option("tensor_parallel", "GPUs per group (each holds the entry's 1/T shard)")),
 ))

@@ -1,0 +1,279 @@
+"""The GPU tier under tensor parallelism, several GPUs and several ranks, timed per copy (issue 19),
+through the fake devices of tests/gpu_fakes.py: bytes per GPU and per replica, placement on the GPU with
+room, the cache's accounted capacity, per-worker event timing under concurrent copies, start-up refusals,
+GPUs picked by local rank, and the simulated tier's stand-in memcpy kept out of the latencies."""
+
+import threading
+import types
+
+import pytest
+from gpu_fakes import GIB, FakeDevice
+
+from kv_cache.errors import StorageSetupError, UsageError
+from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving import cache as cache_mod
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.serving.tiers import gpu_tier_limit
+from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.settings.sections import EvictionConfig
+from kv_cache.storage import gpu_device
+from kv_cache.storage.backends import BackendRequest
+from kv_cache.storage.backends import gpu_real as gpu_real_backend
+from kv_cache.storage.base import StoreFull
+from kv_cache.storage.buffers import WorkerBuffers
+from kv_cache.storage.gpu_real import DeviceStore
+from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel, standin_ns
+from kv_cache.storage.memory import MemoryStore
+from kv_cache.storage.tiername import TierName
+
+KIB = 1024
+CHUNK = 64 * KIB
+SLAB = 16 * KIB
+
+
+@pytest.fixture
+def bufs():
+    b = WorkerBuffers(CHUNK, 23, 0)
+    yield b
+    b.close()
+
+
+def make(ndev=4, per_device=256 * KIB, tp=1, slots=2, **fake):
+    devs = [FakeDevice(i, **fake) for i in range(ndev)]
+    return DeviceStore(devs, per_device, CHUNK, tensor_parallel=tp, slab_bytes=SLAB, staging_slots=slots), devs
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_bytes_per_gpu_and_per_replica(tp, bufs):
+    store, _ = make(ndev=4, tp=tp)
+    store.write("a", 64 * KIB, bufs)
+    store.read("a", bufs, verify=True)  # every GPU's copy came back intact (the first one is the worker's)
+    st = store.stats()
+    assert st["replicas"] == 4 // tp and st["capacity_bytes_per_gpu"] == 256 * KIB
+    assert st["capacity_bytes"] == (4 // tp) * 256 * KIB  # entry bytes: one 1/T shard per GPU of a group
+    assert st["capacity_bytes_all_gpus"] == 4 * 256 * KIB
+    assert st["h2d"]["bytes"] == st["d2h"]["bytes"] == 64 * KIB  # per GPU
+    assert st["h2d"]["bytes_per_replica"] == tp * 64 * KIB
+    per_gpu = st["bytes_per_gpu"]
+    assert sorted(per_gpu.values(), reverse=True) == [128 * KIB] * tp + [0] * (4 - tp)  # written + read
+    # capacity in entries: 256 KiB / 64 KiB per GPU x groups (not T times more)
+    n = 1
+    while True:
+        try:
+            store.write(f"k{n}", 64 * KIB, bufs)
+        except StoreFull:
+            break
+        n += 1
+    assert n == 4 * (4 // tp)
+
+
+def test_placement_picks_the_gpu_with_room(bufs):
+    store, _ = make(ndev=2, per_device=128 * KIB)  # 8 slabs per GPU
+    store.write("a", 96 * KIB, bufs)  # GPU 0: 2 slabs left
+    store.write("b", 16 * KIB, bufs)  # GPU 1 (8 free)
+    store.write("c", 48 * KIB, bufs)  # GPU 1 again: it has 7 free, GPU 0 only 2
+    assert [store.placement(k)[0] for k in "abc"] == [0, 1, 1]
+    with pytest.raises(StoreFull, match="each GPU of a group"):
+        store.write("d", 160 * KIB, bufs)  # more than one GPU holds: refused, never split over two
+
+
+def _cache(gpu, limit):
+    policy = EvictionConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0)
+    cpu = MemoryStore(1 << 20, slab_bytes=SLAB, name="cpu")
+    nvme = MemoryStore(4 << 20, slab_bytes=SLAB, name="nvme")
+    metrics = RunMetrics()
+    metrics.open_window()
+    tiers = [Tier("gpu", gpu, limit), Tier("cpu", cpu, 1 << 20), Tier("nvme", nvme, float("inf"))]
+    return MultiTierCache(tiers, policy, metrics, bytes_per_token=KIB), (cpu, nvme)
+
+
+def _no_waiting(monkeypatch):
+    def refuse(_s):
+        raise AssertionError("the cache waited for GPU room")
+    monkeypatch.setattr(cache_mod.time, "sleep", refuse)
+
+
+def test_the_cache_never_waits_for_a_gpu_with_room(monkeypatch, bufs):
+    """Two GPUs of 128 KiB with entries up to 96 KiB: as one 256 KiB pool, the third entry is admitted
+    although no single GPU has room (StoreFull, then a wait of up to 60 s); the accounted limit keeps
+    (groups - 1) x the largest entry back, so the cache demotes instead."""
+    _no_waiting(monkeypatch)
+    sizes = [("a", 96), ("b", 96), ("c", 48)]
+    store, _ = make(ndev=2, per_device=128 * KIB)
+    pooled, lower = _cache(store, store.capacity_bytes)
+    with pytest.raises(AssertionError, match="waited"):
+        for key, kib in sizes:
+            pooled.allocate(key, 1, kib * KIB, bufs)
+    for s in lower:
+        s.close()
+    store, _ = make(ndev=2, per_device=128 * KIB)
+    limit = gpu_tier_limit(store, 96 * KIB)
+    assert limit == 256 * KIB - 96 * KIB
+    cache, lower = _cache(store, limit)
+    try:
+        for key, kib in sizes:
+            cache.allocate(key, 1, kib * KIB, bufs)
+        assert set(cache.tier("gpu").lru) == {"b", "c"} and set(cache.tier("cpu").lru) == {"a"}
+    finally:
+        for s in lower:
+            s.close()
+
+
+def test_an_entry_larger_than_one_gpus_share_is_refused_at_start():
+    store, _ = make(ndev=4, per_device=64 * KIB, tp=2)
+    assert gpu_tier_limit(store, 64 * KIB) == 2 * 64 * KIB - 64 * KIB
+    with pytest.raises(StorageSetupError, match="larger than one GPU's share"):
+        gpu_tier_limit(store, 64 * KIB + 1)
+    sim = SimulatedGPUStore(128 * KIB, TransferModel("h100", "PCIe", 64.0, 3350.0), slab_bytes=SLAB)
+    try:
+        sim.groups, sim.capacity_per_device = 2, 64 * KIB
+        with pytest.raises(StorageSetupError, match="larger than one GPU's share"):
+            gpu_tier_limit(sim, 80 * KIB)
+    finally:
+        sim.close()
+
+
+def _concurrent_writes(store, n_bytes=64 * KIB):
+    results, errors = {}, []
+
+    def run(key):
+        b = WorkerBuffers(CHUNK, 29, 0)
+        try:
+            results[key] = store.write(key, n_bytes, b).device_ns
+        except Exception as exc:  # pragma: no cover  (shown by the assertion)
+            errors.append(exc)
+        finally:
+            b.close()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in ("x", "y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    return results
+
+
+def test_a_copys_time_is_its_own_under_concurrent_copies():
+    """Two workers' copies interleave on the device (both start events recorded before either copy):
+    with a stream per worker each event pair measures its own 64 KiB (2 ns per byte); on one shared
+    stream (the old design) each would include the other's copy."""
+    barrier = threading.Barrier(2)
+    store, _ = make(ndev=1, slots=2, barrier=barrier)
+    assert _concurrent_writes(store) == {"x": 2 * 64 * KIB, "y": 2 * 64 * KIB}
+    shared, _ = make(ndev=1, slots=2, barrier=threading.Barrier(2), shared_streams=True)
+    assert _concurrent_writes(shared) == {"x": 2 * 128 * KIB, "y": 2 * 128 * KIB}
+
+
+def test_a_group_copies_in_parallel_and_reports_the_plain_pinned_copy(bufs):
+    store, devs = make(ndev=2, tp=2)
+    store.measure_plain_copy()
+    w = store.write("a", 64 * KIB, bufs)
+    assert w.device_ns == 2 * 64 * KIB  # the longest of the two GPUs' (parallel) copies, not their sum
+    assert [d.waits for d in devs] == [1, 1]  # one wait per GPU per chunk
+    st = store.stats()
+    assert st["h2d"]["plain_pinned_copy_gbs"] == 0.5 and st["d2h"]["plain_pinned_copy_gbs"] == pytest.approx(1 / 3)
+    assert st["h2d"]["device_gbs"] == 0.5  # the fake's cost: achieved = plain here
+
+
+def _fake_cuda(monkeypatch, count=4, **fake):
+    monkeypatch.setattr(gpu_device, "_count", lambda lib: count if lib == "torch" else 0)
+    monkeypatch.setattr(gpu_device, "_torch", lambda: object())
+    monkeypatch.setattr(gpu_device, "TorchDevice", lambda torch, i: FakeDevice(i, **fake))
+
+
+def _request(**tiers):
+    settings = TierSettings(**tiers)
+    return BackendRequest(TierName.GPU, settings, StorageSettings(chunk_bytes=CHUNK), workers=2)
+
+
+def test_ranks_on_one_host_take_their_gpus_by_local_rank(monkeypatch):
+    _fake_cuda(monkeypatch)
+    req = _request(gpu_mem_gb=0.001, num_gpus=2, local_rank=1, local_rank_from="OMPI_COMM_WORLD_LOCAL_RANK")
+    store = gpu_real_backend._open(req)
+    try:
+        assert [d.index for d in store.devices] == [2, 3]
+        assert "GPUs 2..3" in store.stats()["gpus_chosen_by"]
+        assert any("GPUs 2, 3; local rank 1 (from OMPI_COMM_WORLD_LOCAL_RANK)" in n for n in req.notes)
+    finally:
+        store.close()
+    with pytest.raises(StorageSetupError, match="GPUs 4..5"):  # a third rank of two GPUs on a 4-GPU host
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=2, local_rank=2, local_rank_from="x"))
+
+
+def test_local_rank_comes_from_the_launcher_or_the_processes_index(monkeypatch):
+    from kv_cache.benchmarks.standard.processes import rank_settings
+    from kv_cache.cli import parse_settings
+    from kv_cache.cli.resolve import mpi_local_rank
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    assert mpi_local_rank() == (3, "OMPI_COMM_WORLD_LOCAL_RANK")
+    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_RANK")
+    assert mpi_local_rank() == (0, "")
+    s = rank_settings(parse_settings(["--num-users", "4", "--gpu-mem-gb", "0"]), 1, 2)
+    assert (s.tiers.local_rank, s.tiers.local_rank_from) == (1, "the --processes index")
+
+
+def test_free_device_memory_clamps_or_refuses(monkeypatch):
+    _fake_cuda(monkeypatch, free=1 * GIB, total=2 * GIB)
+    req = _request(gpu_mem_gb=4.0, num_gpus=1)
+    per_gpu, why = gpu_real_backend.device_capacity([FakeDevice(0, free=1 * GIB, total=2 * GIB)], 4 * GIB,
+                                                    False, req.notes)
+    assert per_gpu == 1 * GIB - int(0.05 * 2 * GIB) and "free on GPU 0" in why
+    assert "clamped to" in req.notes[-1]
+    with pytest.raises(StorageSetupError, match="give --gpu-mem-gb at most"):
+        gpu_real_backend.device_capacity([FakeDevice(0, free=1 * GIB, total=2 * GIB)], 4 * GIB, True, [])
+    with pytest.raises(StorageSetupError, match="at most 0.00"):  # nothing free: refused even unstrict
+        gpu_real_backend.device_capacity([FakeDevice(0, free=0, total=2 * GIB)], GIB, False, [])
+    assert gpu_real_backend.device_capacity([FakeDevice(0)], GIB, True, []) == (GIB, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-gpus", "3", "--tensor-parallel", "2"], "must be a multiple of --tensor-parallel"),
+    (["--gds", "--verify"], "--verify cannot check"),
+])
+def test_startup_refusals(argv, message):
+    from kv_cache.cli import parse_settings
+
+    with pytest.raises(UsageError, match=message):
+        parse_settings(argv)
+
+
+def test_startup_refusals_exit_2(capsys):
+    from kv_cache.cli import main
+
+    assert main(["--num-gpus", "3", "--tensor-parallel", "2"]) == 2
+    assert "multiple of --tensor-parallel" in capsys.readouterr().err
+
+
+def test_the_simulated_stand_in_memcpy_is_counted_per_thread(bufs):
+    sim = SimulatedGPUStore(1 << 20, TransferModel("h100", "PCIe", 64.0, 3350.0), slab_bytes=SLAB)
+    try:
+        before = standin_ns()
+        w = sim.write("a", 64 * KIB, bufs)
+        mid = standin_ns()
+        assert mid > before  # the memcpy standing in for the DMA
+        assert w.total_ns == w.host_ns + w.device_ns and w.device_ns == 1024  # 64 KiB / 64 GB/s
+        other = []
+        t = threading.Thread(target=lambda: other.append(standin_ns()))
+        t.start()
+        t.join()
+        assert other == [0]  # another worker's counter is its own
+        assert sim.stats()["h2d"]["host_memcpy_seconds"] * 1e9 == mid - before
+    finally:
+        sim.close()
+
+
+def test_the_driver_takes_a_requests_stand_in_off_its_end_to_end_time(monkeypatch):
+    from kv_cache.benchmarks.standard import scheduler
+
+    ticks = iter([100, 100 + 7_000])  # standin_ns before and after the request: 7 us of stand-in memcpy
+    monkeypatch.setattr(scheduler, "standin_ns", lambda: next(ticks))
+    done = []
+    stub = types.SimpleNamespace(
+        stop=threading.Event(), _lock=threading.Lock(), _running={},
+        executor=types.SimpleNamespace(execute=lambda plan, bufs: "ok"),
+        loop=types.SimpleNamespace(clock=lambda: 50_000, complete=done.append))
+    plan = object()
+    scheduler.Driver._work(stub, plan, None)
+    assert done == [(50_000 - 7_000, plan, "ok")]
