@@ -55,7 +55,7 @@ def test_bytes_per_gpu_and_per_replica(tp, bufs):
     assert st["h2d"]["bytes"] == st["d2h"]["bytes"] == 64 * KIB  # per GPU
     assert st["h2d"]["bytes_per_replica"] == tp * 64 * KIB
     per_gpu = st["bytes_per_gpu"]
-    assert sorted(per_gpu.values(), reverse=True) == [128 * KIB] * tp + [0] * (4 - tp)  # written + read
+    assert sorted(per_gpu, reverse=True) == [128 * KIB] * tp + [0] * (4 - tp)  # written + read
     # capacity in entries: 256 KiB / 64 KiB per GPU x groups (not T times more)
     n = 1
     while True:

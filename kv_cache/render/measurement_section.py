@@ -29,10 +29,15 @@ def gpu_tier_lines(tier: Any) -> list[str]:
                          f"({x['host_memcpy_gbs']:.1f} GB/s, not in latencies)")
         return lines
     lines = [f"  GPU tier: real, {tier.get('backend')} on {', '.join(tier.get('devices', []))}"]
+    if "replicas" in tier:
+        lines.append(f"    tensor parallel {tier['tensor_parallel']}: {tier['replicas']} group(s), each entry on every "
+                     f"GPU of one; {tier.get('gpus_chosen_by', '')}")
     for d in ("h2d", "d2h"):
         x = tier[d]
-        lines.append(f"    {d.upper()}: {x['copies']} copies, {x['bytes'] / GIB:.3f} GiB, CUDA events "
-                     f"{x['device_gbs']:.1f} GB/s, wall clock {x['copy_wall_gbs']:.1f} GB/s")
+        plain = x.get("plain_pinned_copy_gbs")
+        lines.append(f"    {d.upper()}: {x['copies']} copies, {x['bytes'] / GIB:.3f} GiB per GPU, CUDA events "
+                     f"{x['device_gbs']:.1f} GB/s, wall clock {x['copy_wall_gbs']:.1f} GB/s"
+                     + (f" (plain pinned copy: {plain:.1f} GB/s)" if plain is not None else ""))
     return lines
 
 

@@ -92,9 +92,12 @@ class TierSettings:
     gpu_mem_gb: float = setting(16.0, split=SPLIT, flag=Flag(
         "--gpu-mem-gb", type=float, help="GPU tier budget per GPU, GiB (0 = no GPU tier)."))  # per GPU
     num_gpus: int = setting(1, flag=Flag(
-        "--num-gpus", type=int, help="GPUs; GPU tier capacity = num-gpus x gpu-mem-gb."))
+        "--num-gpus", type=int,
+        help="GPUs, a multiple of --tensor-parallel; the GPU tier holds num-gpus / tensor-parallel x gpu-mem-gb "
+             "of entries."))
     tensor_parallel: int = setting(1, flag=Flag(
-        "--tensor-parallel", type=int, help="Tensor-parallel degree; each rank stores 1/TP of an entry."))
+        "--tensor-parallel", type=int,
+        help="Tensor-parallel degree, GPUs per group: an entry is 1/TP of the KV, held on each GPU of one group."))
     gpu_tier: str = setting("auto", flag=Flag(
         "--gpu-tier", type=str, choices=GPU_TIERS,
         help="GPU tier when --gpu-mem-gb > 0: real (CUDA HBM via torch or cupy), simulated (host RAM, modelled "
@@ -109,8 +112,8 @@ class TierSettings:
     cpu_mem_gb: float = setting(32.0, split=SPLIT, flag=Flag("--cpu-mem-gb", type=float, help="CPU tier budget, GiB."))
     strict_memory: bool = setting(False, flag=Flag(
         "--strict-memory", action="store_true",
-        help="Refuse (exit 2) a --cpu-mem-gb that does not fit in the memory this process may use, "
-             "instead of clamping it with a warning."))  # a host-RAM tier that does not fit is refused
+        help="Refuse (exit 2) a --cpu-mem-gb (or --gpu-mem-gb) that does not fit in the memory this process "
+             "may use (or a GPU has free), instead of clamping it with a warning."))  # a host-RAM tier that does not fit is refused
     cache_dir: str | None = setting(None, flag=Flag(
         "--cache-dir", type=str,
         help="Directory of the storage tier (default: a fresh temp dir)."))  # None = a fresh temporary directory

@@ -226,7 +226,7 @@ class DeviceStore(SlabStore):
             "entry_sizing": ("an entry is 1/tensor_parallel of the model's KV (the driver's size, one GPU's "
                              "shard); it is placed whole on each GPU of one group: nbytes per GPU, "
                              "tensor_parallel x nbytes per replica"),
-            "bytes_per_gpu": {str(d.index): per_gpu[i] for i, d in enumerate(self.devices)},
+            "bytes_per_gpu": per_gpu,  # bytes moved to or from each GPU, in the order of "devices"
             "clamped": self.clamped,
             "staging_bytes": self.chunk_bytes,
             "timed": ("real: device time = CUDA events on the worker's own H2D / D2H stream around each whole "
