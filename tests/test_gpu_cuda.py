@@ -38,14 +38,24 @@ def test_round_trip_and_demotion_on_the_device(bufs):
         cpu.close()
 
 
-def test_sharding_over_two_gpus(bufs):
+def test_tensor_parallel_over_two_gpus(bufs):
     ok, why = gpu_device.cuda_status(2)
     if not ok:
         pytest.skip(why)
     store = DeviceStore(gpu_device.open_devices(2), 64 * MIB, 4 * MIB, tensor_parallel=2)
     try:
-        store.write("a", 8 * MIB, bufs)
-        assert store.placement("a") == [0] * 4 + [1] * 4
+        store.write("a", 8 * MIB, bufs)  # the driver's 1/T shard, held whole on each GPU of the group
+        assert store.placement("a") == [0] * 8 + [1] * 8
         store.read("a", bufs, verify=True)
+        st = store.stats()
+        assert st["bytes_per_gpu"] == [16 * MIB, 16 * MIB] and st["h2d"]["bytes_per_replica"] == 16 * MIB
     finally:
         store.close()
+
+
+def test_free_memory_and_a_plain_pinned_copy_are_measured(bufs):
+    dev = gpu_device.open_devices(1)[0]
+    free, total = dev.mem_info()
+    assert 0 < free <= total
+    h2d, d2h = dev.plain_copy_gbs(4 * MIB)
+    assert h2d > 0 and d2h > 0
