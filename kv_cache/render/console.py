@@ -15,9 +15,10 @@ from kv_cache.metrics.recorder import GIB
 from kv_cache.render import catalogue_section
 from kv_cache.render.measurement_section import measurement
 from kv_cache.results import blocklatency
+from kv_cache.storage.tiername import TierName
 
 LINE = "=" * 80
-TIERS = ("gpu", "cpu", "storage")
+TIERS = tuple(TierName)
 OPS = ("read", "write")
 LATENCY_NAMES = {"mean": "Mean", "p50": "P50", "p95": "P95", "p99": "P99", "p999": "P99.9", "p9999": "P99.99"}
 
@@ -38,7 +39,7 @@ def _params(results: Results) -> dict[str, Any]:
 
 
 def _tier_name(tier: str) -> str:
-    return "Storage" if tier == "storage" else tier.upper()
+    return "Storage" if tier == TierName.STORAGE else tier.upper()
 
 
 def _rate(v: float | None, spec: str = ".2f") -> str:
@@ -158,9 +159,9 @@ def _gpu_mark(results: Results) -> str:
 
 
 TIER_TITLES = {
-    "gpu": "### GPU TIER (device memory copies: GPU bytes, not storage I/O) ###",
-    "cpu": "### CPU TIER (RAM: memcpy of RAM bytes, not storage I/O) ###",
-    "storage": "### STORAGE PERFORMANCE (storage tier only: file I/O operations on the cache directory) ###",
+    TierName.GPU: "### GPU TIER (device memory copies: GPU bytes, not storage I/O) ###",
+    TierName.CPU: "### CPU TIER (RAM: memcpy of RAM bytes, not storage I/O) ###",
+    TierName.STORAGE: "### STORAGE PERFORMANCE (storage tier only: file I/O operations on the cache directory) ###",
 }
 
 
@@ -171,7 +172,7 @@ def _tier_op_line(cs: dict[str, Any], window: float, tier: str, op: str) -> str 
     if gib <= 0 and not rate:
         return None
     ops = cs.get(f"tier_{tier}_{op}_ops", round((rate or 0.0) * window))
-    unit = "I/O operations" if tier == "storage" else "copies"
+    unit = "I/O operations" if tier == TierName.STORAGE else "copies"
     demo = cs.get(f"tier_{tier}_demotion_{op}_gb", 0.0)
     line = (f"  {op.capitalize()}: {gib:.2f} GiB in {ops} {unit} ({_rate(rate)}/s),"
             f" {_rate(cs.get(f'tier_{tier}_{op}_bandwidth_gbps', 0.0), '.3f')} GiB/s")
@@ -191,9 +192,9 @@ def tier_sections(results: Results) -> list[str]:
     lines = []
     for tier in TIERS:
         body = [line for op in OPS if (line := _tier_op_line(cs, window, tier, op)) is not None]
-        if body or tier == "storage":
+        if body or tier == TierName.STORAGE:
             lines += ["", TIER_TITLES[tier], *(body or ["  No storage-tier I/O in the measured window"])]
-    if _gpu_mark(results) and any(line == TIER_TITLES["gpu"] for line in lines):
+    if _gpu_mark(results) and any(line == TIER_TITLES[TierName.GPU] for line in lines):
         lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
 

@@ -61,6 +61,7 @@ from kv_cache.results.rank_files import (
 from kv_cache.results.series import SERIES_NOTE
 from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
 from kv_cache.results.verdict import INCOMPLETE, conclude_merge, window_fraction
+from kv_cache.storage.tiername import TierName
 
 __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
            "merge_documents", "merged_table"]
@@ -80,7 +81,7 @@ FACTS = ("run_dir", "filesystem", "filesystem_kind", "io_mode", "chunk_bytes", "
 # Per-rank measurement figures that add up across ranks.
 COUNTS = ("requests_issued", "requests_rejected", "requests_failed", "process_cpu_seconds", "offered_request_rate")
 CLOSING_BARRIER_BROKE = "closing barrier"  # in a rank's measurement note (benchmarks/standard/run.py)
-_OP_LISTS = [(t, o) for t in ("storage", "cpu") for o in ("read", "write")]
+_OP_LISTS = [(t, o) for t in (TierName.STORAGE, TierName.CPU) for o in ("read", "write")]
 EXACT_CAP = 50_000_000  # samples per merged list kept for exact percentiles (8 bytes each: 400 MB)
 COMMON_TOLERANCE = 0.01  # starts and ends this close (fraction of the window, or 0.5 s) make a common window
 PRECISION = (f"HdrHistogram, {SIGNIFICANT_DIGITS} significant digits: a percentile is within "
@@ -200,7 +201,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
 def _usage(cs: dict[str, Any]) -> dict[str, dict[str, float]]:
     """A rank's cache at its end, as the summary code takes it (tier -> entries, used bytes)."""
     return {tier: {"entries": cs.get(f"{word}_entries", 0), "used_bytes": cs.get(f"{word}_memory_used_gb", 0.0) * GIB}
-            for tier, word in (("gpu", "gpu"), ("cpu", "cpu"), ("nvme", "storage"))}
+            for tier, word in ((t.legacy, t.value) for t in TierName)}
 
 
 def _inputs(first: dict[str, Any]) -> tuple[str, Any, dict[str, Any], int]:
@@ -326,7 +327,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     read_gibps = cs["tier_storage_read_bandwidth_gbps"] or 0.0
     write_gibps = cs["tier_storage_write_bandwidth_gbps"] or 0.0
     r = metrics.requests
-    read_b, write_b = metrics.tier_op("storage", "read").window_bytes, metrics.tier_op("storage", "write").window_bytes
+    read_b, write_b = metrics.tier_op(TierName.STORAGE, "read").window_bytes, metrics.tier_op(TierName.STORAGE, "write").window_bytes
     harness = harness_keys(summary)
     harness["overall_passed"] = harness["overall_passed"] and all(x["overall_passed"] for x in rows)
     per_rank = [{k: v for k, v in x.items() if not k.startswith("_") and k not in _ROW_ONLY} for x in rows]

@@ -18,9 +18,10 @@ from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
 from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.results.verdict import run_criteria
+from kv_cache.storage.tiername import TierName
 from kv_cache.workload.qos import QOS_LEVELS
 
-TIERS = ("gpu", "cpu", "storage")
+TIERS = tuple(TierName)
 OPS = ("read", "write")
 
 
@@ -45,16 +46,16 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
         "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
         "cache_hits": hits,
         "cache_misses": misses,
-        "gpu_entries": int(usage.get("gpu", {}).get("entries", 0)),
-        "cpu_entries": int(usage.get("cpu", {}).get("entries", 0)),
+        "gpu_entries": int(usage.get(TierName.GPU, {}).get("entries", 0)),
+        "cpu_entries": int(usage.get(TierName.CPU, {}).get("entries", 0)),
         "storage_entries": int(usage.get("nvme", {}).get("entries", 0)),
-        "gpu_memory_used_gb": usage.get("gpu", {}).get("used_bytes", 0) / GIB,
-        "cpu_memory_used_gb": usage.get("cpu", {}).get("used_bytes", 0) / GIB,
+        "gpu_memory_used_gb": usage.get(TierName.GPU, {}).get("used_bytes", 0) / GIB,
+        "cpu_memory_used_gb": usage.get(TierName.CPU, {}).get("used_bytes", 0) / GIB,
         "storage_memory_used_gb": usage.get("nvme", {}).get("used_bytes", 0) / GIB,
         "offloads_cpu": int(c.get(names.OFFLOADS_CPU, 0)),
         "offloads_storage": int(c.get(names.OFFLOADS_STORAGE, 0)),
         "evictions": int(c.get(names.EVICTIONS, 0)),
-        "storage_deletions": int(c.get(names.tier_deletions("storage"), 0)),
+        "storage_deletions": int(c.get(names.tier_deletions(TierName.STORAGE), 0)),
     }
     by_cause = metrics.io_by_cause
     stats["prefill_writes"] = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "write" and cause == "prefill")
@@ -105,7 +106,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
                 stats[f"{tier}_{op}_{k}_ms"] = v
     for op in OPS:
         for part in ("device", "host"):
-            for k, v in metrics.op_percentiles_ms("storage", op, part).items():
+            for k, v in metrics.op_percentiles_ms(TierName.STORAGE, op, part).items():
                 stats[f"storage_{op}_{part}_{k}_ms"] = v
     return stats
 
@@ -166,9 +167,9 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
 
 
 def cpu_combined_p95_ms(metrics: RunMetrics) -> float | None:
-    r, w = metrics.tier_op("cpu", "read"), metrics.tier_op("cpu", "write")
-    if {("cpu", "read"), ("cpu", "write")} & metrics.subsampled:  # a merge of subsampled ranks
-        hists = [h for op in OPS if (h := metrics.histograms.get(("cpu", op, "total"))) is not None]
+    r, w = metrics.tier_op(TierName.CPU, "read"), metrics.tier_op(TierName.CPU, "write")
+    if {(TierName.CPU, "read"), (TierName.CPU, "write")} & metrics.subsampled:  # a merge of subsampled ranks
+        hists = [h for op in OPS if (h := metrics.histograms.get((TierName.CPU, op, "total"))) is not None]
         return histogram_percentiles_ms(merge_histograms(hists), (95.0,)).get("p95") if hists else None
     if not len(r.total_ns) and not len(w.total_ns):
         return None
@@ -307,6 +308,6 @@ def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
         "stores": stores,
         "block_hit_rate": hits / total if total else 0.0,
         "hit_rate_by_tier": {t: int(c.get(names.block_hits_in(t), 0)) / total if total else 0.0
-                             for t in ("gpu", "cpu", "storage")},
+                             for t in TierName},
         "bytes_saved_by_reuse": int(c.get(names.BLOCK_BYTES_REUSED, 0)),
     }

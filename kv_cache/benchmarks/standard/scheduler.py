@@ -37,6 +37,7 @@ from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.serving.cache import MultiTierCache
 from kv_cache.storage.buffers import WorkerBuffers
+from kv_cache.storage.tiername import TierName
 from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.request import RequestPlan
 from kv_cache.workload.users import User
@@ -412,8 +413,8 @@ class Driver:
             requests_per_sec=(mark["requests"] - last["requests"]) / dt,
             storage_read_gbps=(mark["read_bytes"] - last["read_bytes"]) / GIB / dt,
             storage_write_gbps=(mark["write_bytes"] - last["write_bytes"]) / GIB / dt,
-            read_p95_ms=self.metrics.p95_ms_since("storage", "read", last["read_n"]),
-            write_p95_ms=self.metrics.p95_ms_since("storage", "write", last["write_n"]),
+            read_p95_ms=self.metrics.p95_ms_since(TierName.STORAGE, "read", last["read_n"]),
+            write_p95_ms=self.metrics.p95_ms_since(TierName.STORAGE, "write", last["write_n"]),
             queued_requests=self.pool.qsize(),
         )
         return sample, mark
