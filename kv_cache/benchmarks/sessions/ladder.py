@@ -427,6 +427,7 @@ class RungRun:
             "storage_error": self.storage_error,
             "verify": {"enabled": ls.storage.verify, "mismatches": self.metrics.verify_mismatches},
             "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
+            "tier_backends": self.stores.backend_names() if getattr(self, "stores", None) is not None else {},
             "work": self._work(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,
             "closed_loop_violations": self.violations,
