@@ -277,8 +277,10 @@ def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_mi
             _absorb(metrics, lists, doc.data, exact_cap)
         rows.append(_row(doc, i))
         inputs = inputs or _inputs(doc.data)
-        seen.append(RunDocument({k: doc.data.get(k) for k in ("run_id", "world_size", "run_parameters",
-                                                              "recorder")}, doc.source))
+        seen.append(RunDocument({**{k: doc.data.get(k) for k in ("run_id", "world_size", "run_parameters", "recorder")},
+                                 "measurement": {k: doc.measurement.get(k) for k in ("window_seconds",
+                                                                                    "window_wallclock")}},
+                                doc.source))
         del doc  # the rank's lists go now
     if not in_memory:
         missing = check_one_run(seen, allow_missing)
