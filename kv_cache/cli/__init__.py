@@ -75,18 +75,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 _UNRECOGNIZED = "unrecognized arguments: "
+MAX_PREFIX_GUESSES = 3  # a typed flag that starts more known flags than this gets no prefix guess
 
 
 def did_you_mean(message: str, known: Iterable[str]) -> str:
     """` (did you mean --window?)` for the first unknown flag of an argparse "unrecognized arguments"
-    message that is close to a known flag (difflib); "" otherwise."""
+    message that is the start of known flags (`--dur`: --duration; up to MAX_PREFIX_GUESSES of them named)
+    or close to one (difflib); "" otherwise. The flag itself is still refused: no abbreviations."""
     if not message.startswith(_UNRECOGNIZED):
         return ""
-    flags = [f for f in known if f.startswith("--")]
+    flags = sorted({f for f in known if f.startswith("--")})
     for word in message[len(_UNRECOGNIZED):].split():
         if not word.startswith("--"):
             continue
-        close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+        typed = word.split("=", 1)[0]
+        longer = [f for f in flags if f.startswith(typed) and f != typed] if len(typed) > 3 else []
+        if 0 < len(longer) <= MAX_PREFIX_GUESSES:
+            return f" (did you mean {longer[0]}?)" if len(longer) == 1 else \
+                f" (did you mean one of {', '.join(longer)}?)"
+        close = difflib.get_close_matches(typed, flags, n=1, cutoff=0.75)
         if close:
             return f" (did you mean {close[0]}?)"
     return ""
