@@ -13,11 +13,13 @@ import argparse
 import difflib
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
 from kv_cache import __version__
+from kv_cache.cli import settle
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.exits import EXIT_CODES, after_output, exit_code_for, exit_status
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
@@ -119,13 +121,19 @@ def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
     return code
 
 
-def run_resolved(settings: RunSettings) -> int:
-    """Run the benchmark with resolved settings (logging set up, advisories logged); the exit status."""
+def run_resolved(settings: RunSettings, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Run the benchmark with resolved settings (logging set up, advisories logged), between the settle
+    waits (--start-delay / --end-delay: cli/settle.py); the exit status."""
     configure_logging(settings.outputs.log_level)
     if settings.config_path:
         logger.info("Loaded configuration from %s", settings.config_path)
     for message in advisories(settings):
         logger.warning(message)
+    return settle.around(lambda: _run(settings), settings.driver.start_delay, settings.driver.end_delay,
+                         sleep=sleep)
+
+
+def _run(settings: RunSettings) -> int:
     if settings.driver.processes > 1:
         from kv_cache.benchmarks.standard.processes import run_processes  # noqa: PLC0415
 
@@ -133,6 +141,7 @@ def run_resolved(settings: RunSettings) -> int:
     from kv_cache.benchmarks.standard.run import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return int(exit_status(run_benchmark(settings)))
+
 
 def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_sessions(args, argv)
