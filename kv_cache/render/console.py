@@ -42,9 +42,10 @@ def _tier_name(tier: str) -> str:
     return "Storage" if tier == TierName.STORAGE else tier.upper()
 
 
-def _rate(v: float | None, spec: str = ".2f") -> str:
-    """A rate, or why there is none (the results hold null when the window was shorter than a second)."""
-    return "n/a (window < 1 s)" if v is None else format(v, spec)
+def _rate(v: float | None, spec: str = ".2f", undefined: bool = False) -> str:
+    """A rate, or why there is none: the window was shorter than a second (`undefined`: the results'
+    rates_undefined_reason is set and the rate is 0.0; documents written before it hold null)."""
+    return "n/a (window < 1 s)" if v is None or undefined else format(v, spec)
 
 
 def _mark(passed: bool) -> str:
@@ -106,13 +107,14 @@ def storage_never_exercised(results: Results) -> list[str]:
 
 def overall_performance(results: Results) -> list[str]:
     s = _summary(results)
+    u = bool(s.get("rates_undefined_reason"))
     return ["", "### OVERALL PERFORMANCE ###",
             f"  Requests Completed: {s['total_requests']}",
             f"  Total Tokens Generated: {s['total_tokens']}",
             f"  Measured window: {s['elapsed_time']:.2f} s",
-            f"  Avg Throughput (wall-clock): {_rate(s['avg_throughput_tokens_per_sec'])} tok/s",
+            f"  Avg Throughput (wall-clock): {_rate(s['avg_throughput_tokens_per_sec'], undefined=u)} tok/s",
             f"  Storage Throughput (tokens / summed storage time): {s['storage_throughput_tokens_per_sec']:.2f} tok/s",
-            f"  Requests/sec: {_rate(s['requests_per_second'])}"]
+            f"  Requests/sec: {_rate(s['requests_per_second'], undefined=u)}"]
 
 
 def latencies(results: Results) -> list[str]:
@@ -140,14 +142,15 @@ def read_write_ratio(cs: dict[str, Any]) -> str:
 def request_traffic(results: Results) -> list[str]:
     """What the requests asked the cache for, whichever tier answered: cache hits and entry writes, not I/Os."""
     cs = _cache_stats(results)
+    u = bool(cs.get("rates_undefined_reason"))
     return ["", "### REQUEST TRAFFIC (KV entries requests read and wrote, any tier: RAM bytes included) ###",
             f"  Cache Hit Rate: {cs['cache_hit_rate'] * 100:.1f}% (entry lookups that found the entry in any tier;"
             " every decode re-read is a lookup)",
             f"  Total Read: {cs['total_read_gb']:.2f} GiB (all tiers)",
             f"  Total Write: {cs['total_write_gb']:.2f} GiB (all tiers)",
             f"  Read/Write Ratio: {read_write_ratio(cs)}",
-            f"  Read Operations: {cs['read_iops']} cache hits ({_rate(cs['read_ops_per_sec'])}/s over the measured window)",
-            f"  Write Operations: {cs['write_iops']} entry writes ({_rate(cs['write_ops_per_sec'])}/s over the measured"
+            f"  Read Operations: {cs['read_iops']} cache hits ({_rate(cs['read_ops_per_sec'], undefined=u)}/s over the measured window)",
+            f"  Write Operations: {cs['write_iops']} entry writes ({_rate(cs['write_ops_per_sec'], undefined=u)}/s over the measured"
             " window)",
             "  (demotions between tiers are not requests: they are in the tier sections below)"]
 
@@ -173,9 +176,10 @@ def _tier_op_line(cs: dict[str, Any], window: float, tier: str, op: str) -> str 
         return None
     ops = cs.get(f"tier_{tier}_{op}_ops", round((rate or 0.0) * window))
     unit = "I/O operations" if tier == TierName.STORAGE else "copies"
+    u = bool(cs.get("rates_undefined_reason"))
     demo = cs.get(f"tier_{tier}_demotion_{op}_gb", 0.0)
-    line = (f"  {op.capitalize()}: {gib:.2f} GiB in {ops} {unit} ({_rate(rate)}/s),"
-            f" {_rate(cs.get(f'tier_{tier}_{op}_bandwidth_gbps', 0.0), '.3f')} GiB/s")
+    line = (f"  {op.capitalize()}: {gib:.2f} GiB in {ops} {unit} ({_rate(rate, undefined=u)}/s),"
+            f" {_rate(cs.get(f'tier_{tier}_{op}_bandwidth_gbps', 0.0), '.3f', u)} GiB/s")
     if demo > 0:
         line += f", of which demotion {demo:.2f} GiB"
     if f"{tier}_{op}_p95_ms" in cs:

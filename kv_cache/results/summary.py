@@ -12,7 +12,7 @@ import numpy as np
 
 from kv_cache.metrics import catalogue, names
 from kv_cache.metrics.catalogue import MIN_RATE_WINDOW_S as MIN_RATE_WINDOW_S  # where tests and readers look
-from kv_cache.metrics.catalogue import per_second
+from kv_cache.metrics.catalogue import per_second, rates_undefined_reason
 from kv_cache.metrics.histograms import merge as merge_histograms
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
@@ -99,6 +99,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     stats["read_ops_per_sec"] = per_second(read_ops, window_s)
     stats["write_ops_per_sec"] = per_second(write_ops, window_s)
     stats["storage_tokens_processed"] = int(c.get(names.STORAGE_TOKENS_PROCESSED, 0))
+    stats["rates_undefined_reason"] = rates_undefined_reason(window_s)  # None: every rate above is measured
 
     for tier in TIERS:
         for op in OPS:
@@ -224,6 +225,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
         # MLPerf-compatible formula: generated tokens / SUM of per-request storage seconds (not wall-clock).
         "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
         "requests_per_second": per_second(r.completed, window_s),
+        "rates_undefined_reason": rates_undefined_reason(window_s),  # why the rates are 0.0 (None: measured)
         "end_to_end_latency_ms": _latency_block(r.e2e_ns),
         "storage_io_latency_ms": _latency_block(r.storage_ns),
         "generation_latency_ms": _latency_block(r.generation_ns),
@@ -253,15 +255,15 @@ def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
     cs = summary["cache_stats"]
-    read, write = cs["tier_storage_read_bandwidth_gbps"], cs["tier_storage_write_bandwidth_gbps"]
-    storage_gibps = None if read is None or write is None else read + write  # None: window under a second
+    # (0.0 rates when the window was under a second, as documents written before this held null)
+    storage_gibps = (cs["tier_storage_read_bandwidth_gbps"] or 0.0) + (cs["tier_storage_write_bandwidth_gbps"] or 0.0)
     return {
         "overall_passed": cs["storage_health"]["overall_status"] == "PASS",
         "total_requests": summary["total_requests"],
         "avg_latency_ms": summary["end_to_end_latency_ms"]["mean"],
         "p99_latency_ms": summary["end_to_end_latency_ms"]["p99"],
-        "throughput_req_per_sec": summary["requests_per_second"],
-        "storage_throughput_mbps": storage_gibps * GIB / 1e6 if storage_gibps is not None else None,
+        "throughput_req_per_sec": summary["requests_per_second"] or 0.0,
+        "storage_throughput_mbps": storage_gibps * GIB / 1e6,
         "cache_hit_rate": cs["cache_hit_rate"],
     }
 
