@@ -60,7 +60,13 @@ from kv_cache.results.rank_files import (
 )
 from kv_cache.results.series import SERIES_NOTE
 from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
-from kv_cache.results.verdict import INCOMPLETE, conclude_merge, window_fraction
+from kv_cache.results.verdict import (
+    INCOMPLETE,
+    conclude_merge,
+    rank_status,
+    ranks_not_to_average,
+    window_fraction,
+)
 from kv_cache.storage.tiername import TierName
 
 __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
@@ -180,6 +186,10 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "requests_issued": int(doc.measurement.get("requests_issued") or 0),
         "requests_failed": int(doc.measurement.get("requests_failed") or 0),
         "stop_reason": d.get("stop_reason"),
+        # whether the rank counts: as its document says, or (documents written before it) from its verdict
+        **dict(zip(("rank_status", "rank_status_reason"),
+                   (d["rank_status"], d.get("rank_status_reason")) if d.get("rank_status") else rank_status(d),
+                   strict=True)),
         "sums": {**{k: float(cs.get(k) or 0.0) for k in _SUM_KEYS},
                  **{k: float(s.get(k) or 0.0) for k in ("avg_throughput_tokens_per_sec",
                                                          "storage_throughput_tokens_per_sec")}},
@@ -386,7 +396,9 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     duration = float(merged["run_parameters"].get("duration") or 0.0)
     fraction = min(fractions) if fractions else window_fraction(w, duration)
     incomplete = [x["rank"] for x in rows if x.get("verdict") == INCOMPLETE]
-    return conclude_merge(merged, missing, world, fraction, incomplete, ended)
+    conclude_merge(merged, missing, world, fraction, incomplete, ended)
+    merged["ranks_not_to_average"] = ranks_not_to_average(rows, merged["lost_ranks"])
+    return merged
 
 
 def run_totals(rows: Sequence[dict[str, Any]], split: dict[str, Any] | None, world: int) -> dict[str, Any]:
