@@ -53,9 +53,25 @@ def _silence_stdout() -> None:
         pass
 
 
-def _guarded_main(argv: list[str] | None) -> int:
+def wrapper_main(argv: list[str] | None = None) -> int:
+    """Entry point of mlperf_wrapper.py: the wrapper's CLI behind the same guard (the same one-line install
+    hint, under the wrapper's name, and exit 2 when a dependency is missing; 141 for a closed stdout)."""
     try:
-        from kv_cache.cli import main as cli_main  # noqa: PLC0415  (the guarded import)
+        return _guarded_main(argv, WRAPPER_PROG)
+    except BrokenPipeError:
+        _silence_stdout()
+        return CLOSED_PIPE
+
+
+WRAPPER_PROG = "mlperf_wrapper.py"
+
+
+def _guarded_main(argv: list[str] | None, prog: str = "kv-cache") -> int:
+    try:
+        if prog == WRAPPER_PROG:
+            from kv_cache.cli.wrapper import main as cli_main  # noqa: PLC0415  (the guarded import)
+        else:
+            from kv_cache.cli import main as cli_main  # noqa: PLC0415  (the guarded import)
 
         code = cli_main(argv)
         sys.stdout.flush()  # inside the guard: a closed pipe shows here, not in the interpreter's exit
@@ -63,5 +79,5 @@ def _guarded_main(argv: list[str] | None) -> int:
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] == "kv_cache":
             raise  # our own package broken: a bug, not a missing dependency
-        sys.stderr.write(missing_dependency_message(exc) + "\n")
+        sys.stderr.write(missing_dependency_message(exc, prog) + "\n")
         return 2

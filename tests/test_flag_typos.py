@@ -31,3 +31,24 @@ def test_a_flag_far_from_every_known_one_gets_no_guess():
     assert did_you_mean("unrecognized arguments: --zzzzzz", ["--window", "--warmup"]) == ""
     assert did_you_mean("argument --window: invalid float value: 'x'", ["--window"]) == ""
     assert did_you_mean("unrecognized arguments: 5 --windw", ["--window", "--warmup"]) == " (did you mean --window?)"
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["--dur", "5"], "(did you mean --duration?)"),
+    (["--proc", "2"], "(did you mean --processes?)"),
+    (["--num", "3"], "(did you mean one of --num-gpus, --num-users?)"),
+])
+def test_a_unique_prefix_is_refused_and_named(argv, hint, capsys, tmp_path, monkeypatch):
+    """Short prefixes are too far from their flag for difflib; the flag they start is named instead, and the
+    prefix itself is still refused (no abbreviations), before anything runs."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith(hint)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prefix_of_many_flags_gets_no_prefix_guess():
+    many = ["--io-mode", "--io-workers", "--io-chunk-mb", "--io-trace-log"]
+    assert did_you_mean("unrecognized arguments: --io-", many) == ""
+    assert did_you_mean("unrecognized arguments: --dur=5", ["--duration", "--dry"]) == " (did you mean --duration?)"

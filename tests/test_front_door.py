@@ -51,3 +51,27 @@ def test_our_own_broken_module_is_not_blamed_on_a_dependency(monkeypatch):
     monkeypatch.setattr(kv_cache.cli, "main", broken)
     with pytest.raises(ModuleNotFoundError):
         launcher.main([])
+
+
+def _without_numpy(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    """`script` run in a child whose import of numpy fails: a directory first on sys.path holds a numpy
+    that raises as a missing one does (a sys.path dir, not an import hook: what a broken venv looks like)."""
+    fake = tmp_path / "fake" / "numpy"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n')
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake"), "PYTHONNOUSERSITE": "1"}
+    return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=tmp_path)
+
+
+@pytest.mark.slow  # subprocesses
+@pytest.mark.parametrize("args", [["--help"], ["--rank-output-base", "o", "--rank-cache-base", "c", "--seed-base", "1"]])
+def test_the_mlperf_wrapper_without_numpy_gives_kv_cache_pys_one_line(tmp_path, args):
+    wrapper = _without_numpy(tmp_path, "mlperf_wrapper.py", *args)
+    plain = _without_numpy(tmp_path, "kv-cache.py", "--help")
+    assert wrapper.returncode == 2 and plain.returncode == 2, wrapper.stderr
+    assert wrapper.stderr.count("\n") == 1 and "Traceback" not in wrapper.stderr
+    assert wrapper.stderr.startswith("mlperf_wrapper.py: error: the Python package 'numpy' is not installed")
+    # the same hint, word for word, under each tool's name
+    assert wrapper.stderr.removeprefix("mlperf_wrapper.py") == plain.stderr.removeprefix("kv-cache")
+    assert not (tmp_path / "o").exists()  # nothing was created

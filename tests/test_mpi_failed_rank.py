@@ -21,7 +21,7 @@ def test_the_waiting_rank_names_the_rank_that_failed(tmp_path):
     mpirun, prlimit = shutil.which("mpirun"), shutil.which("prlimit")
     pytest.importorskip("mpi4py")
     if mpirun is None or prlimit is None:
-        pytest.skip("needs mpirun (the mpi extra) and prlimit (util-linux)")
+        pytest.skip("needs mpirun (system Open MPI or the mpi-bundled extra) and prlimit (util-linux)")
     cfg = tmp_path / "micro.yaml"
     cfg.write_text(MICRO)
     args = [str(ROOT / "kv-cache.py"), "--config", str(cfg), "--model", "micro", "--num-users", "4",

@@ -81,17 +81,25 @@ def _short_window(seconds: float) -> RunMetrics:
     return m
 
 
-def test_rates_are_null_under_a_second():
+def test_rates_are_zero_with_a_reason_under_a_second():
+    """A rate key is always a number (the harness's aggregator adds them): 0.0 when the window was too
+    short for a rate, and `rates_undefined_reason` beside it says why."""
     from kv_cache.settings.schema import BenchConfig
 
     cfg = BenchConfig()
-    short = build_summary(_short_window(0.004), {}, cfg.qos_profiles, "throughput", cfg.performance_criteria)
-    assert short["avg_throughput_tokens_per_sec"] is None and short["requests_per_second"] is None
-    assert short["cache_stats"]["tier_storage_read_bandwidth_gbps"] is None
-    assert harness_keys(short)["throughput_req_per_sec"] is None
-    assert harness_keys(short)["storage_throughput_mbps"] is None
+    short = build_summary(_short_window(0.4), {}, cfg.qos_profiles, "throughput", cfg.performance_criteria)
+    assert short["avg_throughput_tokens_per_sec"] == 0.0 and short["requests_per_second"] == 0.0
+    cs = short["cache_stats"]
+    rate_keys = [k for k in cs if k.endswith(("_bandwidth_gbps", "_ops_per_sec"))]
+    assert len(rate_keys) == 14 and all(cs[k] == 0.0 and isinstance(cs[k], float) for k in rate_keys)
+    reason = "window 0.4 s is under 1 s: its rates are undefined, written as 0.0"
+    assert short["rates_undefined_reason"] == cs["rates_undefined_reason"] == reason
+    assert harness_keys(short)["throughput_req_per_sec"] == 0.0
+    assert harness_keys(short)["storage_throughput_mbps"] == 0.0
+    assert all(isinstance(v, (int, float)) for k, v in harness_keys(short).items() if k != "overall_passed")
     assert short["cache_stats"]["storage_health"]["overall_status"] == "FAIL"
     text = "\n".join(report_lines({"summary": short}))
     assert "Requests/sec: n/a (window < 1 s)" in text
     long = build_summary(_short_window(MIN_RATE_WINDOW_S), {}, cfg.qos_profiles, "latency", cfg.performance_criteria)
-    assert long["requests_per_second"] == 1.0
+    assert long["requests_per_second"] == 1.0 and long["rates_undefined_reason"] is None
+    assert "n/a" not in "\n".join(report_lines({"summary": long}))

@@ -32,7 +32,7 @@ def _mpirun() -> str:
     except ImportError:
         found = None
     if not found:
-        pytest.skip("the mpi extra is not installed (pip install -e '.[mpi]')")
+        pytest.skip("no mpirun + mpi4py (system Open MPI + pip install -e '.[mpi]', or '.[mpi-bundled]')")
     return found
 
 

@@ -73,12 +73,15 @@ def test_bad_wrapper_flags_are_one_line_exit_2(argv, words, capsys):
     assert ran == []
 
 
-def test_delays_sleep_around_the_run(tmp_path):
-    events = []
+def test_delays_given_reach_kv_cache_after_the_wrappers_defaults(tmp_path):
+    """--start-delay / --end-delay are kv-cache flags (tests/test_settle_delays.py waits on them); the
+    wrapper's 90 s defaults come first, so the values given win."""
     argv = ["--rank-output-base", str(tmp_path), "--rank-cache-base", str(tmp_path), "--seed-base", "0",
             "--start-delay", "1.5", "--end-delay", "2"]
-    code = main(argv, env={}, runner=lambda plan: events.append("run") or 0, sleep=events.append)
-    assert code == 0 and events == [1.5, "run", 2.0]
+    plans = []
+    assert main(argv, env={}, runner=lambda plan: plans.append(plan) or 0) == 0
+    kv = list(plans[0].argv)
+    assert kv[:4] == ["--start-delay", "90", "--end-delay", "90"] and kv[4:8] == argv[6:]
 
 
 def test_ranks_never_share_a_path(tmp_path):
@@ -98,7 +101,7 @@ def test_wrapper_runs_kv_cache_under_a_rank(tmp_path):
     cmd = [sys.executable, str(ROOT / "mlperf_wrapper.py"), "--rank-output-base", str(tmp_path / "out"),
            "--rank-cache-base", str(tmp_path / "cache"), "--seed-base", "40", "--config", str(cfg),
            "--model", "micro", "--num-users", "3", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
-           "--generation-mode", "none", "--io-chunk-mb", "1"]
+           "--generation-mode", "none", "--io-chunk-mb", "1", "--start-delay", "0", "--end-delay", "0"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     files = list((tmp_path / "out" / "rank_1").glob("kvcache_results_*.json"))

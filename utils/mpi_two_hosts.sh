@@ -39,7 +39,7 @@ die() { echo "$PROG: $*" >&2; exit "${2:-4}"; }
 [[ $(id -u) -eq 0 ]] || die "needs root (ip netns)"
 MPIRUN=$(command -v mpirun || true)
 [[ -n $MPIRUN ]] || MPIRUN=$(PATH="$(dirname "$PYTHON")" command -v mpirun || true)
-[[ -n $MPIRUN ]] || die "mpirun not found (pip install -e '.[mpi]')"
+[[ -n $MPIRUN ]] || die "mpirun not found (apt install openmpi-bin, or pip install -e '.[mpi-bundled]')"
 "$PYTHON" -c 'import mpi4py' 2>/dev/null || die "mpi4py cannot be imported by $PYTHON"
 command -v unshare >/dev/null || die "unshare not found"
 

@@ -13,11 +13,13 @@ import argparse
 import difflib
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
 from kv_cache import __version__
+from kv_cache.cli import settle
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.exits import EXIT_CODES, after_output, exit_code_for, exit_status
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
@@ -75,18 +77,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 _UNRECOGNIZED = "unrecognized arguments: "
+MAX_PREFIX_GUESSES = 3  # a typed flag that starts more known flags than this gets no prefix guess
 
 
 def did_you_mean(message: str, known: Iterable[str]) -> str:
     """` (did you mean --window?)` for the first unknown flag of an argparse "unrecognized arguments"
-    message that is close to a known flag (difflib); "" otherwise."""
+    message that is the start of known flags (`--dur`: --duration; up to MAX_PREFIX_GUESSES of them named)
+    or close to one (difflib); "" otherwise. The flag itself is still refused: no abbreviations."""
     if not message.startswith(_UNRECOGNIZED):
         return ""
-    flags = [f for f in known if f.startswith("--")]
+    flags = sorted({f for f in known if f.startswith("--")})
     for word in message[len(_UNRECOGNIZED):].split():
         if not word.startswith("--"):
             continue
-        close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+        typed = word.split("=", 1)[0]
+        longer = [f for f in flags if f.startswith(typed) and f != typed] if len(typed) > 3 else []
+        if 0 < len(longer) <= MAX_PREFIX_GUESSES:
+            return f" (did you mean {longer[0]}?)" if len(longer) == 1 else \
+                f" (did you mean one of {', '.join(longer)}?)"
+        close = difflib.get_close_matches(typed, flags, n=1, cutoff=0.75)
         if close:
             return f" (did you mean {close[0]}?)"
     return ""
@@ -112,13 +121,19 @@ def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
     return code
 
 
-def run_resolved(settings: RunSettings) -> int:
-    """Run the benchmark with resolved settings (logging set up, advisories logged); the exit status."""
+def run_resolved(settings: RunSettings, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Run the benchmark with resolved settings (logging set up, advisories logged), between the settle
+    waits (--start-delay / --end-delay: cli/settle.py); the exit status."""
     configure_logging(settings.outputs.log_level)
     if settings.config_path:
         logger.info("Loaded configuration from %s", settings.config_path)
     for message in advisories(settings):
         logger.warning(message)
+    return settle.around(lambda: _run(settings), settings.driver.start_delay, settings.driver.end_delay,
+                         sleep=sleep)
+
+
+def _run(settings: RunSettings) -> int:
     if settings.driver.processes > 1:
         from kv_cache.benchmarks.standard.processes import run_processes  # noqa: PLC0415
 
@@ -126,6 +141,7 @@ def run_resolved(settings: RunSettings) -> int:
     from kv_cache.benchmarks.standard.run import run_benchmark  # noqa: PLC0415  (heavy; not needed for --help or errors)
 
     return int(exit_status(run_benchmark(settings)))
+
 
 def _sessions_command(args: argparse.Namespace, argv: list[str]) -> int:
     settings = resolve_sessions(args, argv)

@@ -8,7 +8,8 @@ Two interfaces are in use, both supported:
 
 Either way the rank comes from the launcher's environment (OMPI_COMM_WORLD_RANK or PMI_RANK, no mpi4py
 needed), the seed is base + rank, the results go to `<base>/rank_<N>/kvcache_results_<YYYYmmdd_HHMMSS>.json`
-and the cache under `<cache>/rank_<N>/`. `--start-delay` / `--end-delay` sleep before / after the run.
+and the cache under `<cache>/rank_<N>/`. `--start-delay` / `--end-delay` (kv-cache flags, settings/run.py)
+wait before / after the run: the MLPerf tool's 90 s (the Rules' settle time) by default here, 0 a flag away.
 
 The kv-cache flags are each rank's own values, as the Rules define them (`--num-users` is per client): the
 wrapper resolves them with `flags_per_rank`, so nothing is divided between the ranks (a plain `mpirun
@@ -22,12 +23,12 @@ import dataclasses
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from kv_cache.errors import ExitCode, KvCacheError, UsageError
+from kv_cache.settings.run import MLPERF_SETTLE_S
 
 __all__ = ["OPTIONS", "RankPlan", "main", "plan_rank"]
 
@@ -45,6 +46,9 @@ OPTIONS: dict[int, tuple[str, ...]] = {
 _EVERY_OPTION = ("--gpu-mem-gb", "0", "--generation-mode", "none")
 # Flags the wrapper sets itself for each rank; given among the kv-cache flags they would be ambiguous.
 _OWNED = ("--output", "--cache-dir", "--seed")
+# The wrapper's own defaults of kv-cache flags, before the flags given (which override them): the MLPerf
+# tool's settle time before and after each run.
+WRAPPER_DEFAULTS = ("--start-delay", f"{MLPERF_SETTLE_S:g}", "--end-delay", f"{MLPERF_SETTLE_S:g}")
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,6 @@ class RankPlan:
     output: str
     cache_dir: str
     argv: tuple[str, ...]
-    start_delay_s: float = 0.0
-    end_delay_s: float = 0.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,8 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-output-dir", help="earlier: results go to DIR/rank_<N>/")
     p.add_argument("--cache-dir", help="earlier: the cache goes under DIR/rank_<N>/")
     p.add_argument("--config", help="config.yaml for kv-cache")
-    p.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait before the run")
-    p.add_argument("--end-delay", type=float, default=0.0, help="seconds to wait after the run")
     return p
 
 
@@ -143,16 +143,15 @@ def plan_rank(argv: list[str], env: Mapping[str, str], now: datetime) -> RankPla
         base_out, base_cache, seed_base, flags = args.rank_output_base, args.rank_cache_base, args.seed_base, ()
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
-    if args.start_delay < 0 or args.end_delay < 0:
-        raise UsageError("--start-delay and --end-delay cannot be negative")
     rank, world = env_rank(env)
     out_dir = os.path.join(os.path.abspath(base_out), f"rank_{rank}")
     output = os.path.join(out_dir, f"kvcache_results_{now:%Y%m%d_%H%M%S}.json")
     cache_dir = os.path.join(os.path.abspath(base_cache), f"rank_{rank}")
     seed = seed_base + rank
     config = ("--config", args.config) if args.config else ()
-    kv_argv = (*flags, *config, *rest, "--seed", str(seed), "--output", output, "--cache-dir", cache_dir)
-    return RankPlan(rank, world, seed, output, cache_dir, kv_argv, args.start_delay, args.end_delay)
+    kv_argv = (*WRAPPER_DEFAULTS, *flags, *config, *rest, "--seed", str(seed), "--output", output,
+               "--cache-dir", cache_dir)  # (the flags given come after WRAPPER_DEFAULTS: they win)
+    return RankPlan(rank, world, seed, output, cache_dir, kv_argv)
 
 
 def run_kv_cache(plan: RankPlan) -> int:
@@ -173,8 +172,7 @@ def run_kv_cache(plan: RankPlan) -> int:
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
-         runner: Callable[[RankPlan], int] = run_kv_cache, sleep: Callable[[float], None] = time.sleep,
-         now: datetime | None = None) -> int:
+         runner: Callable[[RankPlan], int] = run_kv_cache, now: datetime | None = None) -> int:
     """Entry point of mlperf_wrapper.py; returns the exit status (kv-cache's, or 2 for a usage error)."""
     from kv_cache.cli import exit_code_for, explain  # noqa: PLC0415
     from kv_cache.cli.exits import after_output  # noqa: PLC0415
@@ -185,12 +183,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
         plan = plan_rank(argv, os.environ if env is None else env, now or datetime.now())
         logging.getLogger("kv_cache").info("rank %d/%d: seed %d, output %s, cache %s", plan.rank,
                                            plan.world_size, plan.seed, plan.output, plan.cache_dir)
-        if plan.start_delay_s > 0:
-            sleep(plan.start_delay_s)
         with tolerant_stdio() as stdio:  # a gone stdout reader stops nothing; 141 instead of 0 (cli/exits.py)
             code = after_output(runner(plan), stdio.stdout_closed)
-        if plan.end_delay_s > 0:
-            sleep(plan.end_delay_s)
         return code
     except SystemExit as exc:  # kv-cache's argparse: --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)

@@ -171,7 +171,8 @@ def open_group(world_size: int) -> RankGroup | None:
         return mpi_group(world_size)
     except MpiUnavailable as exc:
         log.warning("%s: each rank measures its own window and no merged result is written "
-                    "(pip install 'kv-cache[mpi]'; or `kv-cache merge` the rank files afterwards)", exc)
+                    "(pip install 'kv-cache[mpi]' with the system's Open MPI, or 'kv-cache[mpi-bundled]'; or `kv-cache "
+                    "merge` the rank files afterwards)", exc)
         return None
 
 

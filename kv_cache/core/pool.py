@@ -33,6 +33,27 @@ def buffer_id(stream: Stream, index: int) -> int:
     return int(stream) + index
 
 
+DEFAULT_MAX_WORKERS = 32  # I/O workers when --io-workers is 0: one per unit of demand (user) up to this many
+POOL_NAMES = {Stream.REQUESTS: "kv-io", Stream.FILL: "kv-fill", Stream.RAG_INGEST: "kv-rag",
+              Stream.ENGINE_IO: "kv-sess-io"}  # thread-name prefix of each pool kind
+
+
+def worker_count(io_workers: int, demand: int, limit: int = 0) -> int:
+    """The I/O worker count every benchmark uses: `io_workers` (--io-workers) when set, else 0 = auto, one
+    per unit of `demand` (users, sessions) up to DEFAULT_MAX_WORKERS; at most `limit` when it is > 0."""
+    workers = io_workers or min(demand, DEFAULT_MAX_WORKERS)
+    if limit > 0:
+        workers = min(workers, limit)
+    return max(1, workers)
+
+
+def open_pool(stream: Stream, workers: int, chunk_bytes: int, seed: int) -> WorkerPool:
+    """The one builder of an I/O worker pool (not started), for the standard run's phases and request
+    workers and for every sessions rung alike: `workers` from :func:`worker_count`, `chunk_bytes` per
+    buffer (0: no buffers, a run that moves no data), buffers filled from (`seed`, `stream`)."""
+    return WorkerPool(stream, workers, chunk_bytes, seed, name=POOL_NAMES[stream])
+
+
 class WorkerPool:
     """`workers` threads with their buffers allocated (and filled) before `start()` returns.
 

@@ -21,6 +21,7 @@ from kv_cache.metrics.histograms import decode, new_histogram, record
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.metrics.timeseries import TimeSeries
+from kv_cache.storage.tiername import TierName
 
 if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not import it
     from kv_cache.storage.base import IOResult
@@ -265,7 +266,7 @@ class RunMetrics:
         """Cumulative positions to diff against a later mark."""
         with self._lock:
             r = self.requests
-            rd, wr = self.io.get(("storage", "read")), self.io.get(("storage", "write"))
+            rd, wr = self.io.get((TierName.STORAGE, "read")), self.io.get((TierName.STORAGE, "write"))
             return {
                 "t_ns": time.perf_counter_ns(),
                 "requests": r.completed,

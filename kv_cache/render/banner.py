@@ -70,6 +70,8 @@ def banner_lines(settings: RunSettings, context_lengths: Sequence[int], workers:
     if settings.driver.max_requests:
         feats.append(f"stop after {settings.driver.max_requests} requests")
     lines.append("Features: " + ", ".join(feats))
+    if settings.driver.start_delay > 0 or settings.driver.end_delay > 0:
+        lines.append(delay_line(settings))
     if settings.mpi_world_size > 1:
         lines.append(rank_line(settings))
     if settings.workload.trace_paths:
@@ -95,6 +97,12 @@ def rank_line(settings: RunSettings) -> str:
     shares = [f"{name} {setting_value(settings, name):g} of {total:g}" for name, total in settings.rank_totals.items()
               if name != "seed" and total]
     return head + "its share of the totals given (" + ", ".join(shares) + ")"
+
+
+def delay_line(settings: RunSettings) -> str:
+    """The settle waits around the run (--start-delay / --end-delay), said in the banner when there are any."""
+    return (f"Settle time: waited {settings.driver.start_delay:g} s before the run (--start-delay), "
+            f"{settings.driver.end_delay:g} s after its results are written (--end-delay)")
 
 
 def print_banner(settings: RunSettings, context_lengths: Sequence[int], workers: int, file_store: Any,

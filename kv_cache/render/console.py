@@ -15,9 +15,10 @@ from kv_cache.metrics.recorder import GIB
 from kv_cache.render import catalogue_section
 from kv_cache.render.measurement_section import measurement
 from kv_cache.results import blocklatency
+from kv_cache.storage.tiername import TierName
 
 LINE = "=" * 80
-TIERS = ("gpu", "cpu", "storage")
+TIERS = tuple(TierName)
 OPS = ("read", "write")
 LATENCY_NAMES = {"mean": "Mean", "p50": "P50", "p95": "P95", "p99": "P99", "p999": "P99.9", "p9999": "P99.99"}
 
@@ -38,12 +39,13 @@ def _params(results: Results) -> dict[str, Any]:
 
 
 def _tier_name(tier: str) -> str:
-    return "Storage" if tier == "storage" else tier.upper()
+    return "Storage" if tier == TierName.STORAGE else tier.upper()
 
 
-def _rate(v: float | None, spec: str = ".2f") -> str:
-    """A rate, or why there is none (the results hold null when the window was shorter than a second)."""
-    return "n/a (window < 1 s)" if v is None else format(v, spec)
+def _rate(v: float | None, spec: str = ".2f", undefined: bool = False) -> str:
+    """A rate, or why there is none: the window was shorter than a second (`undefined`: the results'
+    rates_undefined_reason is set and the rate is 0.0; documents written before it hold null)."""
+    return "n/a (window < 1 s)" if v is None or undefined else format(v, spec)
 
 
 def _mark(passed: bool) -> str:
@@ -105,13 +107,14 @@ def storage_never_exercised(results: Results) -> list[str]:
 
 def overall_performance(results: Results) -> list[str]:
     s = _summary(results)
+    u = bool(s.get("rates_undefined_reason"))
     return ["", "### OVERALL PERFORMANCE ###",
             f"  Requests Completed: {s['total_requests']}",
             f"  Total Tokens Generated: {s['total_tokens']}",
             f"  Measured window: {s['elapsed_time']:.2f} s",
-            f"  Avg Throughput (wall-clock): {_rate(s['avg_throughput_tokens_per_sec'])} tok/s",
+            f"  Avg Throughput (wall-clock): {_rate(s['avg_throughput_tokens_per_sec'], undefined=u)} tok/s",
             f"  Storage Throughput (tokens / summed storage time): {s['storage_throughput_tokens_per_sec']:.2f} tok/s",
-            f"  Requests/sec: {_rate(s['requests_per_second'])}"]
+            f"  Requests/sec: {_rate(s['requests_per_second'], undefined=u)}"]
 
 
 def latencies(results: Results) -> list[str]:
@@ -139,14 +142,15 @@ def read_write_ratio(cs: dict[str, Any]) -> str:
 def request_traffic(results: Results) -> list[str]:
     """What the requests asked the cache for, whichever tier answered: cache hits and entry writes, not I/Os."""
     cs = _cache_stats(results)
+    u = bool(cs.get("rates_undefined_reason"))
     return ["", "### REQUEST TRAFFIC (KV entries requests read and wrote, any tier: RAM bytes included) ###",
             f"  Cache Hit Rate: {cs['cache_hit_rate'] * 100:.1f}% (entry lookups that found the entry in any tier;"
             " every decode re-read is a lookup)",
             f"  Total Read: {cs['total_read_gb']:.2f} GiB (all tiers)",
             f"  Total Write: {cs['total_write_gb']:.2f} GiB (all tiers)",
             f"  Read/Write Ratio: {read_write_ratio(cs)}",
-            f"  Read Operations: {cs['read_iops']} cache hits ({_rate(cs['read_ops_per_sec'])}/s over the measured window)",
-            f"  Write Operations: {cs['write_iops']} entry writes ({_rate(cs['write_ops_per_sec'])}/s over the measured"
+            f"  Read Operations: {cs['read_iops']} cache hits ({_rate(cs['read_ops_per_sec'], undefined=u)}/s over the measured window)",
+            f"  Write Operations: {cs['write_iops']} entry writes ({_rate(cs['write_ops_per_sec'], undefined=u)}/s over the measured"
             " window)",
             "  (demotions between tiers are not requests: they are in the tier sections below)"]
 
@@ -158,9 +162,9 @@ def _gpu_mark(results: Results) -> str:
 
 
 TIER_TITLES = {
-    "gpu": "### GPU TIER (device memory copies: GPU bytes, not storage I/O) ###",
-    "cpu": "### CPU TIER (RAM: memcpy of RAM bytes, not storage I/O) ###",
-    "storage": "### STORAGE PERFORMANCE (storage tier only: file I/O operations on the cache directory) ###",
+    TierName.GPU: "### GPU TIER (device memory copies: GPU bytes, not storage I/O) ###",
+    TierName.CPU: "### CPU TIER (RAM: memcpy of RAM bytes, not storage I/O) ###",
+    TierName.STORAGE: "### STORAGE PERFORMANCE (storage tier only: file I/O operations on the cache directory) ###",
 }
 
 
@@ -171,10 +175,11 @@ def _tier_op_line(cs: dict[str, Any], window: float, tier: str, op: str) -> str 
     if gib <= 0 and not rate:
         return None
     ops = cs.get(f"tier_{tier}_{op}_ops", round((rate or 0.0) * window))
-    unit = "I/O operations" if tier == "storage" else "copies"
+    unit = "I/O operations" if tier == TierName.STORAGE else "copies"
+    u = bool(cs.get("rates_undefined_reason"))
     demo = cs.get(f"tier_{tier}_demotion_{op}_gb", 0.0)
-    line = (f"  {op.capitalize()}: {gib:.2f} GiB in {ops} {unit} ({_rate(rate)}/s),"
-            f" {_rate(cs.get(f'tier_{tier}_{op}_bandwidth_gbps', 0.0), '.3f')} GiB/s")
+    line = (f"  {op.capitalize()}: {gib:.2f} GiB in {ops} {unit} ({_rate(rate, undefined=u)}/s),"
+            f" {_rate(cs.get(f'tier_{tier}_{op}_bandwidth_gbps', 0.0), '.3f', u)} GiB/s")
     if demo > 0:
         line += f", of which demotion {demo:.2f} GiB"
     if f"{tier}_{op}_p95_ms" in cs:
@@ -191,9 +196,9 @@ def tier_sections(results: Results) -> list[str]:
     lines = []
     for tier in TIERS:
         body = [line for op in OPS if (line := _tier_op_line(cs, window, tier, op)) is not None]
-        if body or tier == "storage":
+        if body or tier == TierName.STORAGE:
             lines += ["", TIER_TITLES[tier], *(body or ["  No storage-tier I/O in the measured window"])]
-    if _gpu_mark(results) and any(line == TIER_TITLES["gpu"] for line in lines):
+    if _gpu_mark(results) and any(line == TIER_TITLES[TierName.GPU] for line in lines):
         lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
 

@@ -27,9 +27,10 @@ from typing import Any
 from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.metrics.histograms import cdf_points, decode
 from kv_cache.results.storage_info import storage_label, wrapped
+from kv_cache.storage.tiername import TierName
 
 GIB = float(1 << 30)
-TIER_OPS = [(t, op) for t in ("gpu", "cpu", "storage") for op in ("read", "write")]
+TIER_OPS = [(t, op) for t in TierName for op in ("read", "write")]
 PERCENTILE_KEYS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999), ("p9999", 0.9999), ("max", 1.0))
 
 
@@ -144,7 +145,7 @@ def throughput(results: dict[str, Any], out: Path) -> Path | None:
 
 def occupancy(results: dict[str, Any], out: Path) -> Path | None:
     rows = _rows(results)
-    tiers = [t for t in ("gpu", "cpu", "storage") if any(f"occupancy_{t}_bytes" in r for r in rows)]
+    tiers = [t for t in TierName if any(f"occupancy_{t}_bytes" in r for r in rows)]
     if not rows or not tiers:
         return None
     plt = pyplot()

@@ -14,9 +14,10 @@ import sys
 from typing import TextIO
 
 from kv_cache.core.observe import RunObserver, Tick
+from kv_cache.storage.tiername import TierName
 
 GIB = float(1 << 30)
-TIER_ORDER = ("gpu", "cpu", "storage")
+TIER_ORDER = tuple(TierName)
 QUIET_LEVELS = ("WARNING", "ERROR", "CRITICAL")
 
 

@@ -16,6 +16,7 @@ from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.render import catalogue_section
 from kv_cache.results import blocklatency
 from kv_cache.results.write import Written
+from kv_cache.storage.tiername import TierName
 
 log = logging.getLogger("kv_cache.report")
 
@@ -82,9 +83,9 @@ def metric_columns(summary: dict[str, Any]) -> dict[str, Any]:
     cols["Total Read (GiB)"] = cs.get("total_read_gb")
     cols["Total Write (GiB)"] = cs.get("total_write_gb")
     for word, key in (("Written", "written"), ("Read", "read")):
-        for tier, name in (("gpu", "GPU"), ("cpu", "CPU"), ("storage", "Storage")):
+        for tier, name in ((t, "Storage" if t is TierName.STORAGE else t.value.upper()) for t in TierName):
             cols[f"Tier {name} KV Bytes {word} (GiB)"] = cs.get(f"tier_{tier}_kv_bytes_{key}_gb")
-    for tier, name in (("gpu", "GPU"), ("cpu", "CPU"), ("storage", "Storage")):
+    for tier, name in ((t, "Storage" if t is TierName.STORAGE else t.value.upper()) for t in TierName):
         for op in ("Read", "Write"):
             cols[f"Tier {name} {op} Bandwidth (GiB/s)"] = cs.get(f"tier_{tier}_{op.lower()}_bandwidth_gbps")
     cols["GPU Entries"] = cs.get("gpu_entries")

@@ -13,6 +13,7 @@ import numpy as np
 from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import percentile
+from kv_cache.storage.tiername import TierName
 
 TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
          "host = the rest of the operation (block stamping, bookkeeping); total = both "
@@ -31,7 +32,7 @@ def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] 
     if name is None or before is None or after is None:
         return {"name": None}
     late = metrics.late
-    st_read, st_write = metrics.tier_op("storage", "read"), metrics.tier_op("storage", "write")
+    st_read, st_write = metrics.tier_op(TierName.STORAGE, "read"), metrics.tier_op(TierName.STORAGE, "write")
     return {
         "name": name,
         "bytes_read": after[0] - before[0],
@@ -65,7 +66,7 @@ def after_window(metrics: RunMetrics) -> dict[str, int]:
 def queue_depth(metrics: RunMetrics) -> dict[str, float]:
     """Achieved storage queue depth: device-busy time over the window's length."""
     window = metrics.window_seconds
-    return {op: metrics.tier_op("storage", op).busy_ns / 1e9 / window if window > 0 else 0.0
+    return {op: metrics.tier_op(TierName.STORAGE, op).busy_ns / 1e9 / window if window > 0 else 0.0
             for op in ("read", "write")}
 
 

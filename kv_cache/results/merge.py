@@ -60,7 +60,14 @@ from kv_cache.results.rank_files import (
 )
 from kv_cache.results.series import SERIES_NOTE
 from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats
-from kv_cache.results.verdict import INCOMPLETE, conclude_merge, window_fraction
+from kv_cache.results.verdict import (
+    INCOMPLETE,
+    conclude_merge,
+    rank_status,
+    ranks_not_to_average,
+    window_fraction,
+)
+from kv_cache.storage.tiername import TierName
 
 __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files", "load_documents",
            "merge_documents", "merged_table"]
@@ -76,11 +83,11 @@ _ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed",
 # What each rank's measurement says of how it measured: the merged measurement holds a fact once when every
 # rank says the same, else None there and each rank's value under measurement.per_rank.
 FACTS = ("run_dir", "filesystem", "filesystem_kind", "io_mode", "chunk_bytes", "fsync", "io_workers", "timed",
-         "run_mode")
+         "run_mode", "tier_backends")
 # Per-rank measurement figures that add up across ranks.
 COUNTS = ("requests_issued", "requests_rejected", "requests_failed", "process_cpu_seconds", "offered_request_rate")
 CLOSING_BARRIER_BROKE = "closing barrier"  # in a rank's measurement note (benchmarks/standard/run.py)
-_OP_LISTS = [(t, o) for t in ("storage", "cpu") for o in ("read", "write")]
+_OP_LISTS = [(t, o) for t in (TierName.STORAGE, TierName.CPU) for o in ("read", "write")]
 EXACT_CAP = 50_000_000  # samples per merged list kept for exact percentiles (8 bytes each: 400 MB)
 COMMON_TOLERANCE = 0.01  # starts and ends this close (fraction of the window, or 0.5 s) make a common window
 PRECISION = (f"HdrHistogram, {SIGNIFICANT_DIGITS} significant digits: a percentile is within "
@@ -179,6 +186,10 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "requests_issued": int(doc.measurement.get("requests_issued") or 0),
         "requests_failed": int(doc.measurement.get("requests_failed") or 0),
         "stop_reason": d.get("stop_reason"),
+        # whether the rank counts: as its document says, or (documents written before it) from its verdict
+        **dict(zip(("rank_status", "rank_status_reason"),
+                   (d["rank_status"], d.get("rank_status_reason")) if d.get("rank_status") else rank_status(d),
+                   strict=True)),
         "sums": {**{k: float(cs.get(k) or 0.0) for k in _SUM_KEYS},
                  **{k: float(s.get(k) or 0.0) for k in ("avg_throughput_tokens_per_sec",
                                                          "storage_throughput_tokens_per_sec")}},
@@ -200,7 +211,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
 def _usage(cs: dict[str, Any]) -> dict[str, dict[str, float]]:
     """A rank's cache at its end, as the summary code takes it (tier -> entries, used bytes)."""
     return {tier: {"entries": cs.get(f"{word}_entries", 0), "used_bytes": cs.get(f"{word}_memory_used_gb", 0.0) * GIB}
-            for tier, word in (("gpu", "gpu"), ("cpu", "cpu"), ("nvme", "storage"))}
+            for tier, word in ((t.legacy, t.value) for t in TierName)}
 
 
 def _inputs(first: dict[str, Any]) -> tuple[str, Any, dict[str, Any], int]:
@@ -276,8 +287,10 @@ def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_mi
             _absorb(metrics, lists, doc.data, exact_cap)
         rows.append(_row(doc, i))
         inputs = inputs or _inputs(doc.data)
-        seen.append(RunDocument({k: doc.data.get(k) for k in ("run_id", "world_size", "run_parameters",
-                                                              "recorder")}, doc.source))
+        seen.append(RunDocument({**{k: doc.data.get(k) for k in ("run_id", "world_size", "run_parameters", "recorder")},
+                                 "measurement": {k: doc.measurement.get(k) for k in ("window_seconds",
+                                                                                    "window_wallclock")}},
+                                doc.source))
         del doc  # the rank's lists go now
     if not in_memory:
         missing = check_one_run(seen, allow_missing)
@@ -326,7 +339,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     read_gibps = cs["tier_storage_read_bandwidth_gbps"] or 0.0
     write_gibps = cs["tier_storage_write_bandwidth_gbps"] or 0.0
     r = metrics.requests
-    read_b, write_b = metrics.tier_op("storage", "read").window_bytes, metrics.tier_op("storage", "write").window_bytes
+    read_b, write_b = metrics.tier_op(TierName.STORAGE, "read").window_bytes, metrics.tier_op(TierName.STORAGE, "write").window_bytes
     harness = harness_keys(summary)
     harness["overall_passed"] = harness["overall_passed"] and all(x["overall_passed"] for x in rows)
     per_rank = [{k: v for k, v in x.items() if not k.startswith("_") and k not in _ROW_ONLY} for x in rows]
@@ -383,7 +396,9 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     duration = float(merged["run_parameters"].get("duration") or 0.0)
     fraction = min(fractions) if fractions else window_fraction(w, duration)
     incomplete = [x["rank"] for x in rows if x.get("verdict") == INCOMPLETE]
-    return conclude_merge(merged, missing, world, fraction, incomplete, ended)
+    conclude_merge(merged, missing, world, fraction, incomplete, ended)
+    merged["ranks_not_to_average"] = ranks_not_to_average(rows, merged["lost_ranks"])
+    return merged
 
 
 def run_totals(rows: Sequence[dict[str, Any]], split: dict[str, Any] | None, world: int) -> dict[str, Any]:

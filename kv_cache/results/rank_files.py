@@ -5,6 +5,7 @@ one line, naming the files)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from typing import Any
 from kv_cache.errors import DocumentError
 from kv_cache.results.documents import RunDocument, load
 
-__all__ = ["MergeError", "check_one_run", "find_rank_files", "load_documents", "rank_doc", "rank_of"]
+__all__ = ["MergeError", "check_one_run", "check_without_run_id", "find_rank_files", "load_documents", "rank_doc", "rank_of"]
 
 _RANK_DIR = re.compile(r"rank_?(\d+)")
 
@@ -74,6 +75,42 @@ def rank_of(doc: RunDocument, index: int) -> int:
     return int(m[-1]) if m else index
 
 
+# run_parameters every rank of one run shares (the seed is offset per rank, the shares may differ by one)
+_SHARED = ("command", "config_path", "model", "duration", "mpi_world_size")
+
+
+def _identity(doc: RunDocument) -> str:
+    """What the ranks of one run agree on, when they carry no run id: the shared parameters and the
+    totals the run was given (its settings_split, the seed left out), as one comparable string."""
+    p = doc.parameters
+    totals = dict((p.get("settings_split") or {}).get("totals") or {})
+    totals.pop("seed", None)
+    return json.dumps({**{k: p.get(k) for k in _SHARED}, "world_size": doc.world_size, "totals": totals},
+                      sort_keys=True, default=str)
+
+
+def check_without_run_id(docs: Sequence[RunDocument]) -> None:
+    """Rank files without a run id (written before kv-cache recorded one, or with it stripped) are one
+    run's only if they say so otherwise: the same command, model, duration, world size and totals given,
+    and measured windows that overlap in time. MergeError naming the files when they do not."""
+    groups: dict[str, list[str]] = {}
+    for d in docs:
+        groups.setdefault(_identity(d), []).append(str(d.source))
+    if len(groups) > 1:
+        sets = "; ".join(f"{', '.join(files)}" for files in groups.values())
+        raise MergeError(f"files without a run id that are not one run's (their command, model, duration, world "
+                         f"size or totals differ): {sets}; merge one run's rank files at a time")
+    spans = [(d.window.get("start_unix"), d.window.get("end_unix"), str(d.source)) for d in docs]
+    spans = [(float(a), float(b), f) for a, b, f in spans if a is not None and b is not None]
+    if len(spans) > 1:
+        late = max(spans, key=lambda x: x[0])
+        early = min(spans, key=lambda x: x[1])
+        if late[0] >= early[1]:
+            raise MergeError(f"files without a run id whose windows do not overlap, so not one run's: {early[2]} "
+                             f"ended (unix {early[1]:.0f}) before {late[2]} began (unix {late[0]:.0f}); merge one "
+                             "run's rank files at a time")
+
+
 def check_one_run(docs: Sequence[RunDocument], allow_missing: bool = False) -> list[int]:
     """Refuse (MergeError) ranks that are not one run's, or one run's with a rank twice or missing; returns
     the missing ranks (empty unless `allow_missing`)."""
@@ -87,6 +124,8 @@ def check_one_run(docs: Sequence[RunDocument], allow_missing: bool = False) -> l
                          for rid, ds in ids.items())
         raise MergeError(f"the files are of {len(ids)} different runs ({runs}); merge one run's rank files at a time")
     legacy = None in ids
+    if legacy and len(docs) > 1:
+        check_without_run_id(docs)
     ranks: dict[int, list[RunDocument]] = {}
     for i, d in enumerate(docs):
         ranks.setdefault(rank_of(d, i), []).append(d)

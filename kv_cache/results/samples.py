@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.storage.tiername import TierName
 
 __all__ = ["SAMPLE_CAP", "latency_samples", "window_wallclock"]
 
@@ -30,7 +31,7 @@ def _bounded(values, cap: int) -> tuple[list[int], int]:
 def latency_samples(metrics: RunMetrics, cap: int = SAMPLE_CAP) -> dict[str, Any]:
     """{"unit": "ns", "<tier>_<op>_<total|device>_ns": {"values": [...], "count": n, "stride": k}, ...}."""
     out: dict[str, Any] = {"unit": "ns", "cap": cap}
-    for tier in ("storage", "cpu"):
+    for tier in (TierName.STORAGE, TierName.CPU):
         for op in ("read", "write"):
             s = metrics.tier_op(tier, op)
             for part, arr in (("total", s.total_ns), ("device", s.device_ns), ("host", s.host_ns)):

@@ -12,15 +12,16 @@ import numpy as np
 
 from kv_cache.metrics import catalogue, names
 from kv_cache.metrics.catalogue import MIN_RATE_WINDOW_S as MIN_RATE_WINDOW_S  # where tests and readers look
-from kv_cache.metrics.catalogue import per_second
+from kv_cache.metrics.catalogue import per_second, rates_undefined_reason
 from kv_cache.metrics.histograms import merge as merge_histograms
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
 from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.results.verdict import run_criteria
+from kv_cache.storage.tiername import TierName
 from kv_cache.workload.qos import QOS_LEVELS
 
-TIERS = ("gpu", "cpu", "storage")
+TIERS = tuple(TierName)
 OPS = ("read", "write")
 
 
@@ -45,16 +46,16 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
         "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
         "cache_hits": hits,
         "cache_misses": misses,
-        "gpu_entries": int(usage.get("gpu", {}).get("entries", 0)),
-        "cpu_entries": int(usage.get("cpu", {}).get("entries", 0)),
+        "gpu_entries": int(usage.get(TierName.GPU, {}).get("entries", 0)),
+        "cpu_entries": int(usage.get(TierName.CPU, {}).get("entries", 0)),
         "storage_entries": int(usage.get("nvme", {}).get("entries", 0)),
-        "gpu_memory_used_gb": usage.get("gpu", {}).get("used_bytes", 0) / GIB,
-        "cpu_memory_used_gb": usage.get("cpu", {}).get("used_bytes", 0) / GIB,
+        "gpu_memory_used_gb": usage.get(TierName.GPU, {}).get("used_bytes", 0) / GIB,
+        "cpu_memory_used_gb": usage.get(TierName.CPU, {}).get("used_bytes", 0) / GIB,
         "storage_memory_used_gb": usage.get("nvme", {}).get("used_bytes", 0) / GIB,
         "offloads_cpu": int(c.get(names.OFFLOADS_CPU, 0)),
         "offloads_storage": int(c.get(names.OFFLOADS_STORAGE, 0)),
         "evictions": int(c.get(names.EVICTIONS, 0)),
-        "storage_deletions": int(c.get(names.tier_deletions("storage"), 0)),
+        "storage_deletions": int(c.get(names.tier_deletions(TierName.STORAGE), 0)),
     }
     by_cause = metrics.io_by_cause
     stats["prefill_writes"] = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "write" and cause == "prefill")
@@ -98,6 +99,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
     stats["read_ops_per_sec"] = per_second(read_ops, window_s)
     stats["write_ops_per_sec"] = per_second(write_ops, window_s)
     stats["storage_tokens_processed"] = int(c.get(names.STORAGE_TOKENS_PROCESSED, 0))
+    stats["rates_undefined_reason"] = rates_undefined_reason(window_s)  # None: every rate above is measured
 
     for tier in TIERS:
         for op in OPS:
@@ -105,7 +107,7 @@ def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_
                 stats[f"{tier}_{op}_{k}_ms"] = v
     for op in OPS:
         for part in ("device", "host"):
-            for k, v in metrics.op_percentiles_ms("storage", op, part).items():
+            for k, v in metrics.op_percentiles_ms(TierName.STORAGE, op, part).items():
                 stats[f"storage_{op}_{part}_{k}_ms"] = v
     return stats
 
@@ -166,9 +168,9 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
 
 
 def cpu_combined_p95_ms(metrics: RunMetrics) -> float | None:
-    r, w = metrics.tier_op("cpu", "read"), metrics.tier_op("cpu", "write")
-    if {("cpu", "read"), ("cpu", "write")} & metrics.subsampled:  # a merge of subsampled ranks
-        hists = [h for op in OPS if (h := metrics.histograms.get(("cpu", op, "total"))) is not None]
+    r, w = metrics.tier_op(TierName.CPU, "read"), metrics.tier_op(TierName.CPU, "write")
+    if {(TierName.CPU, "read"), (TierName.CPU, "write")} & metrics.subsampled:  # a merge of subsampled ranks
+        hists = [h for op in OPS if (h := metrics.histograms.get((TierName.CPU, op, "total"))) is not None]
         return histogram_percentiles_ms(merge_histograms(hists), (95.0,)).get("p95") if hists else None
     if not len(r.total_ns) and not len(w.total_ns):
         return None
@@ -223,6 +225,7 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
         # MLPerf-compatible formula: generated tokens / SUM of per-request storage seconds (not wall-clock).
         "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
         "requests_per_second": per_second(r.completed, window_s),
+        "rates_undefined_reason": rates_undefined_reason(window_s),  # why the rates are 0.0 (None: measured)
         "end_to_end_latency_ms": _latency_block(r.e2e_ns),
         "storage_io_latency_ms": _latency_block(r.storage_ns),
         "generation_latency_ms": _latency_block(r.generation_ns),
@@ -252,15 +255,15 @@ def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
     cs = summary["cache_stats"]
-    read, write = cs["tier_storage_read_bandwidth_gbps"], cs["tier_storage_write_bandwidth_gbps"]
-    storage_gibps = None if read is None or write is None else read + write  # None: window under a second
+    # (0.0 rates when the window was under a second, as documents written before this held null)
+    storage_gibps = (cs["tier_storage_read_bandwidth_gbps"] or 0.0) + (cs["tier_storage_write_bandwidth_gbps"] or 0.0)
     return {
         "overall_passed": cs["storage_health"]["overall_status"] == "PASS",
         "total_requests": summary["total_requests"],
         "avg_latency_ms": summary["end_to_end_latency_ms"]["mean"],
         "p99_latency_ms": summary["end_to_end_latency_ms"]["p99"],
-        "throughput_req_per_sec": summary["requests_per_second"],
-        "storage_throughput_mbps": storage_gibps * GIB / 1e6 if storage_gibps is not None else None,
+        "throughput_req_per_sec": summary["requests_per_second"] or 0.0,
+        "storage_throughput_mbps": storage_gibps * GIB / 1e6,
         "cache_hit_rate": cs["cache_hit_rate"],
     }
 
@@ -307,6 +310,6 @@ def block_stats(metrics: RunMetrics, kv_block_tokens: int) -> dict[str, Any]:
         "stores": stores,
         "block_hit_rate": hits / total if total else 0.0,
         "hit_rate_by_tier": {t: int(c.get(names.block_hits_in(t), 0)) / total if total else 0.0
-                             for t in ("gpu", "cpu", "storage")},
+                             for t in TierName},
         "bytes_saved_by_reuse": int(c.get(names.BLOCK_BYTES_REUSED, 0)),
     }

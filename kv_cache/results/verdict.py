@@ -125,6 +125,10 @@ def mark_missing_ranks(merged: dict[str, Any], missing: list[int], world_size: i
     _fail_health(merged, {"name": RANKS_CRITERION, "target": f"{world_size} ranks",
                           "actual": f"{world_size - len(missing)} ranks (lost: {merged['missing_ranks']})",
                           "unit": "", "passed": False})
+    if "ranks_not_to_average" in merged:  # the missing ranks there say how they ended, as lost_ranks now does
+        present = [x for x in merged["ranks_not_to_average"] if x.get("status") != MISSING]
+        merged["ranks_not_to_average"] = sorted(present + _missing_entries(merged["lost_ranks"]),
+                                                key=lambda x: x["rank"])
     return merged
 
 
@@ -144,3 +148,52 @@ def conclude_merge(merged: dict[str, Any], missing: list[int], world_size: int, 
     if missing:
         mark_missing_ranks(merged, missing, world_size, ended)
     return merged
+
+
+# Whether a rank's document counts (`rank_status`): a harness that averages ranks takes the complete ones.
+COMPLETE, INCOMPLETE_RANK, FAILED = "complete", "incomplete", "failed"
+MISSING = "missing"  # in a merged document's ranks_not_to_average: a rank whose document never came
+
+
+def _criteria(results: dict[str, Any]) -> list[dict[str, Any]]:
+    summary = results.get("summary")
+    health = summary.get("cache_stats", {}).get("storage_health") if isinstance(summary, dict) else None
+    return list((health or {}).get("criteria") or []) if isinstance(health, dict) else []
+
+
+def rank_status(results: dict[str, Any]) -> tuple[str, str]:
+    """(`rank_status`, `rank_status_reason`) of a run's document, whether it should be averaged with the
+    other ranks': "failed" when a storage error stopped it or its verdict is FAIL (the failed criteria
+    named), "incomplete" when its window was cut short (INCOMPLETE: the fraction measured and why),
+    "complete" when its window ran to its end and its verdict is PASS."""
+    failed = [c for c in _criteria(results) if not c.get("passed")]
+    for c in failed:
+        if c.get("name") == STORAGE_STOP_CRITERION:
+            return FAILED, f"stopped by a storage error: {c.get('actual')}"
+    if results.get("verdict") == INCOMPLETE:
+        cut = next((c for c in failed if c.get("name") == WINDOW_CRITERION), None)
+        fraction = float(results.get("window_fraction") or 0.0)
+        return INCOMPLETE_RANK, (f"measured window incomplete: {cut['actual']}" if cut else
+                                 f"measured window incomplete: {fraction * 100:.0f}% measured")
+    if not results.get("overall_passed"):
+        names = ", ".join(str(c.get("name")) for c in failed) or "verdict FAIL"
+        return FAILED, f"verdict FAIL: {names}"
+    return COMPLETE, "window measured to its end, verdict PASS"
+
+
+def mark_rank_status(results: dict[str, Any]) -> dict[str, Any]:
+    """Set `rank_status` and `rank_status_reason` on a run's document (after its verdict); returns it."""
+    results["rank_status"], results["rank_status_reason"] = rank_status(results)
+    return results
+
+
+def ranks_not_to_average(rows: list[dict[str, Any]], lost: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The merged document's `ranks_not_to_average`: each rank whose document is not complete (its
+    rank_status and reason) and each missing rank (status "missing", how it ended), in rank order."""
+    out = [{"rank": r["rank"], "status": r["rank_status"], "reason": r["rank_status_reason"]}
+           for r in rows if r["rank_status"] != COMPLETE]
+    return sorted(out + _missing_entries(lost), key=lambda x: x["rank"])
+
+
+def _missing_entries(lost: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"rank": x["rank"], "status": MISSING, "reason": f"no results document: {x['ended']}"} for x in lost]

@@ -158,6 +158,11 @@ class WorkloadSettings:
     validation_trace_stats: dict | None = None
 
 
+# The MLPerf tool's wait before and after each run (the Rules' settle time): mlperf_wrapper.py's default of
+# --start-delay and --end-delay; the plain tool waits 0.
+MLPERF_SETTLE_S = 90.0
+
+
 @dataclass(frozen=True)
 class DriverSettings:
     """How the run is paced, scaled and stopped, and its phases before the measured window."""
@@ -188,6 +193,14 @@ class DriverSettings:
         "--prefill-only", action="store_true", help="Disaggregated prefill node: writes only."))
     decode_only: bool = setting(False, flag=Flag(
         "--decode-only", action="store_true", help="Disaggregated decode node: reads only."))
+    start_delay: float = setting(0.0, flag=Flag(
+        "--start-delay", type=float,
+        help="Seconds to wait before the run, the Rules' settle time (0 = none; mlperf_wrapper.py: "
+             f"{MLPERF_SETTLE_S:g}). Ctrl-C during the wait ends cleanly, nothing run."))
+    end_delay: float = setting(0.0, flag=Flag(
+        "--end-delay", type=float,
+        help="Seconds to wait after the results are written (0 = none; mlperf_wrapper.py: "
+             f"{MLPERF_SETTLE_S:g}). Ctrl-C during the wait keeps the run's results and exit status."))
     processes: int = setting(1, flag=Flag(
         "--processes", type=int,
         help="Run N worker processes on this host, one common window, one merged result at --output "

@@ -92,6 +92,11 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
                 f"--duration exceeds {_duration_limit(limits.max_duration_seconds)}, got {duration}"
             )
 
+    for flag, name in (("--start-delay", "start_delay"), ("--end-delay", "end_delay")):
+        delay = get(name)
+        if delay is not None and finite(flag, delay) and delay < 0:
+            errors.append(f"{flag} cannot be negative, got {delay:g}")
+
     for flag, name, limit in (
         ("--gpu-mem-gb", "gpu_mem_gb", limits.max_gpu_memory_gb),
         ("--cpu-mem-gb", "cpu_mem_gb", limits.max_cpu_memory_gb),

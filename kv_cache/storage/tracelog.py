@@ -18,8 +18,9 @@ from typing import Any
 from kv_cache.errors import StorageSetupError
 from kv_cache.host.files import keep_existing
 from kv_cache.storage.base import IOResult
+from kv_cache.storage.tiername import TierName
 
-TIER_LABELS = {"gpu": "Tier-0", "cpu": "Tier-1", "nvme": "Tier-2"}
+TIER_LABELS = {t.legacy: f"Tier-{i}" for i, t in enumerate(TierName)}
 HEADER = "Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase\n"
 
 

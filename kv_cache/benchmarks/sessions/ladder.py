@@ -28,12 +28,13 @@ from kv_cache.benchmarks.sessions.rung_results import (
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
 from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
+from kv_cache.core import pool as pools
 from kv_cache.core import shapes
 from kv_cache.core.autoscale import IntervalSample, LoadShape
 from kv_cache.core.closed_loop import ClosedLoop
 from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.core.events import EventLoop, Stop
-from kv_cache.core.pool import Stream, WorkerPool
+from kv_cache.core.pool import Stream
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import mean_ci, percentile
 from kv_cache.serving.build import open_cache
@@ -179,15 +180,16 @@ class RungRun:
         # as the last tier the cache would fill DRAM to 100 %, above storage to target_usage_ratio:
         # the same usable fraction in both configurations
         self.policy = ErrorPolicy(ls.storage.max_storage_errors, self.loop.raise_alarm)
+        workers = pools.worker_count(ls.storage.io_workers, self.sessions)
         self.cache = open_cache(
             ls.tier_settings(self.tiers), ls.storage, ls.eviction, self.metrics, ls.model.bytes_per_token,
-            self.stop, self.stores, workers=ls.storage.io_workers, largest_entry=ls.block_bytes,
-            other_bytes=2 * ls.storage.chunk_bytes * ls.storage.io_workers, storage_tier=self.tiers == "dram+storage",
+            self.stop, self.stores, workers=workers, largest_entry=ls.block_bytes,
+            other_bytes=2 * ls.storage.chunk_bytes * workers, storage_tier=self.tiers == "dram+storage",
             last_ram_fraction=ls.dram_usable_fraction, on_fault=self.policy)
         self.file_store, self.memory_store = self.stores.file_store, self.stores.memory_store
         self.io = None
         if self.cache is not None:
-            pool = WorkerPool(Stream.ENGINE_IO, ls.storage.io_workers, ls.storage.chunk_bytes, ls.seed, name="kv-sess-io")
+            pool = pools.open_pool(Stream.ENGINE_IO, workers, ls.storage.chunk_bytes, ls.seed)
             self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
 
         def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
@@ -425,6 +427,7 @@ class RungRun:
             "storage_error": self.storage_error,
             "verify": {"enabled": ls.storage.verify, "mismatches": self.metrics.verify_mismatches},
             "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
+            "tier_backends": self.stores.backend_names() if getattr(self, "stores", None) is not None else {},
             "work": self._work(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,
             "closed_loop_violations": self.violations,

@@ -179,6 +179,16 @@ def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs 
     raise KeyboardInterrupt
 
 
+def tier_backends(rungs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The document's `tier_backends`: per tier configuration run (``dram``, ``dram+storage``), the
+    registered backend behind each offload tier, as its rungs recorded it (a run document's
+    measurement.tier_backends); {} for a configuration with no offload tier."""
+    out: dict[str, dict[str, str]] = {}
+    for rung in rungs:
+        out.setdefault(str(rung.get("tiers")), dict(rung.get("tier_backends") or {}))
+    return out
+
+
 def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str, Any]:
     """parameters.storage_location (results/measurement.py): where the storage offload tier's files go (a
     temp dir without --cache-dir) and the I/O mode asked for; without a storage configuration, none."""
@@ -232,6 +242,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
         },
         "method": METHOD,
         **body,
+        "tier_backends": tier_backends(done_rungs),
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
     if not interrupted and storage_error is None:

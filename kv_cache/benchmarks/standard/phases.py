@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from kv_cache.core.pool import Stream, WorkerPool
+from kv_cache.core import pool as pools
+from kv_cache.core.pool import Stream
 from kv_cache.metrics.recorder import GIB
 from kv_cache.serving.cache import MultiTierCache
 from kv_cache.storage.buffers import WorkerBuffers
@@ -62,7 +63,7 @@ def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: C
             state["failed"] = True  # the other writers stop too; the pool re-raises the first error
             raise
 
-    with WorkerPool(Stream.FILL, threads, chunk_bytes, seed, name="kv-fill") as pool:
+    with pools.open_pool(Stream.FILL, threads, chunk_bytes, seed) as pool:
         pool.run_on_each(writer)
     seconds = time.perf_counter() - t0
     return {"entries": state["entries"], "bytes": state["bytes"], "gib": state["bytes"] / GIB, "seconds": seconds,
@@ -97,7 +98,7 @@ def ingest_rag(cache: MultiTierCache, corpus: RagCorpus, docs: list[RagDocument]
                     cache.delete(key)
                 tally["evicted"] += 1
 
-    with WorkerPool(Stream.RAG_INGEST, 1, chunk_bytes, seed, name="kv-rag") as pool:
+    with pools.open_pool(Stream.RAG_INGEST, 1, chunk_bytes, seed) as pool:
         pool.run_on_each(ingest)
     written, chunks, evicted = tally["written"], tally["chunks"], tally["evicted"]
     seconds = time.perf_counter() - t0

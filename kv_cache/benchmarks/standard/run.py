@@ -33,7 +33,13 @@ from kv_cache.render.progress import make_progress
 from kv_cache.results.blocklatency import block_latency
 from kv_cache.results.parameters import run_mode
 from kv_cache.results.run_document import INTERRUPTED_EARLY, RunRecord, build_results, interrupted_results
-from kv_cache.results.verdict import mark_incomplete, mark_storage_stop, verdict_keys, window_fraction
+from kv_cache.results.verdict import (
+    mark_incomplete,
+    mark_rank_status,
+    mark_storage_stop,
+    verdict_keys,
+    window_fraction,
+)
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.settings.run import RunSettings
@@ -172,6 +178,7 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
                             "interrupted" if interrupted else "storage error before the window")
         else:
             results.update(verdict_keys(results))
+        mark_rank_status(results)  # whether this rank's document counts (complete / incomplete / failed)
         write_outputs(settings, results, out)
     finally:
         run.stores.close()

@@ -26,18 +26,20 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from kv_cache.benchmarks.standard.execute import ABANDONED, FAILED, Outcome, PlanExecutor, Timing
+from kv_cache.core import pool as pools
 from kv_cache.core.autoscale import IntervalSample, LoadShape
 from kv_cache.core.closed_loop import ClosedLoop
 from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.core.events import EventLoop, Stop
 from kv_cache.core.group import GroupBroken, RankGroup
 from kv_cache.core.observe import RunObserver, Tick
-from kv_cache.core.pool import Stream, WorkerPool
+from kv_cache.core.pool import Stream
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.serving.cache import MultiTierCache
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.storage.gpu_sim import standin_ns
+from kv_cache.storage.tiername import TierName
 from kv_cache.workload.arrivals import PoissonArrivals
 from kv_cache.workload.request import RequestPlan
 from kv_cache.workload.users import User
@@ -126,7 +128,7 @@ class Driver:
                                      options.prefill_only, options.decode_only, on_fatal=self.loop.raise_alarm)
         if getattr(cache, "on_fault", False) is None:  # the run's one storage-error policy stops this loop
             cache.on_fault = ErrorPolicy(options.max_storage_errors, self.loop.raise_alarm)
-        self.pool = WorkerPool(Stream.REQUESTS, options.workers, options.chunk_bytes, options.seed)
+        self.pool = pools.open_pool(Stream.REQUESTS, options.workers, options.chunk_bytes, options.seed)
         self._trace = iter(arrivals) if arrivals is not None else None
         self._backlog: tuple[float, RequestPlan] | None = None  # next trace row not yet issued
         self._trace_exhausted = False
@@ -416,8 +418,8 @@ class Driver:
             requests_per_sec=(mark["requests"] - last["requests"]) / dt,
             storage_read_gbps=(mark["read_bytes"] - last["read_bytes"]) / GIB / dt,
             storage_write_gbps=(mark["write_bytes"] - last["write_bytes"]) / GIB / dt,
-            read_p95_ms=self.metrics.p95_ms_since("storage", "read", last["read_n"]),
-            write_p95_ms=self.metrics.p95_ms_since("storage", "write", last["write_n"]),
+            read_p95_ms=self.metrics.p95_ms_since(TierName.STORAGE, "read", last["read_n"]),
+            write_p95_ms=self.metrics.p95_ms_since(TierName.STORAGE, "write", last["write_n"]),
             queued_requests=self.pool.qsize(),
         )
         return sample, mark

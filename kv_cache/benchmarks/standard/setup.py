@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from kv_cache.benchmarks.standard.phases import fill, ingest_rag, precondition_items, prepopulation_items
 from kv_cache.benchmarks.standard.scheduler import DriverOptions
+from kv_cache.core import pool as pools
 from kv_cache.errors import StorageError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.blocktrace import BlockTracer, device_gib
@@ -22,16 +23,11 @@ from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.settings.run import RunSettings
 from kv_cache.workload.rag import build_documents
 
-DEFAULT_MAX_WORKERS = 32  # I/O workers when --io-workers is 0: one per user up to this many
-
-
 log = logging.getLogger("kv_cache")
 
 def io_worker_count(settings: RunSettings) -> int:
-    workers = settings.storage.io_workers or min(settings.workload.num_users, DEFAULT_MAX_WORKERS)
-    if settings.driver.max_concurrent_allocs > 0:
-        workers = min(workers, settings.driver.max_concurrent_allocs)
-    return max(1, workers)
+    return pools.worker_count(settings.storage.io_workers, settings.workload.num_users,
+                              settings.driver.max_concurrent_allocs)
 
 
 def io_chunk_bytes(settings: RunSettings) -> int:

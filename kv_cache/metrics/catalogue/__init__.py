@@ -38,9 +38,17 @@ MERGE_RULES = (RECOMPUTE, SUM, MAX)
 MIN_RATE_WINDOW_S = 1.0
 
 
-def per_second(amount: float, window_s: float) -> float | None:
-    """`amount` / `window_s`, or None when the window was shorter than MIN_RATE_WINDOW_S."""
-    return amount / window_s if window_s >= MIN_RATE_WINDOW_S else None
+def per_second(amount: float, window_s: float) -> float:
+    """`amount` / `window_s`, or 0.0 when the window was shorter than MIN_RATE_WINDOW_S (undefined: the
+    results say why beside it, `rates_undefined_reason`; a rate key is always a number)."""
+    return amount / window_s if window_s >= MIN_RATE_WINDOW_S else 0.0
+
+
+def rates_undefined_reason(window_s: float) -> str | None:
+    """Why the window's rates are 0.0 rather than measured (None when they are measured)."""
+    if window_s >= MIN_RATE_WINDOW_S:
+        return None
+    return f"window {window_s:.3g} s is under {MIN_RATE_WINDOW_S:g} s: its rates are undefined, written as 0.0"
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from kv_cache.metrics.catalogue import Metric, register
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.storage.tiername import TierName
 
 
 def device_ratio(op: str):
     def compute(metrics: RunMetrics) -> float | None:
-        s = metrics.tier_op("storage", op)
+        s = metrics.tier_op(TierName.STORAGE, op)
         return s.device_bytes / s.bytes if s.bytes and s.device_bytes else None
 
     return compute

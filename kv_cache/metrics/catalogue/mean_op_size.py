@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from kv_cache.metrics.catalogue import Metric, register
 from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.storage.tiername import TierName
 
 MIB = float(1 << 20)
 
 
 def mean_op_mib(op: str):
     def compute(metrics: RunMetrics) -> float | None:
-        s = metrics.tier_op("storage", op)
+        s = metrics.tier_op(TierName.STORAGE, op)
         return s.bytes / s.ops / MIB if s.ops else None
 
     return compute
