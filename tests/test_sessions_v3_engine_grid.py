@@ -2,6 +2,8 @@
 agentic-code trace replayed with the article's pace transform, and the generator's lognormal pauses."""
 
 import json
+import re
+import subprocess
 import threading
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from kv_cache.benchmarks.sessions.run import pace_transform
-from kv_cache.cli import main
+from kv_cache.cli import build_parser, main
 from kv_cache.cli import parse_sessions_settings as resolve
 from kv_cache.errors import UsageError
 from kv_cache.serving.engine.replica import Replica, TurnRequest
@@ -174,3 +176,18 @@ def test_generator_pauses_are_aiperfs_lognormal_mixture():
         assert np.log(p).std() == pytest.approx(np.sqrt(2 * np.log(mean / median)), rel=0.1)  # lognormal sigma
     human = sum(t.pause_kind == "human" for t in turns) / len(turns)
     assert human == pytest.approx(0.3, abs=0.03)
+
+
+# -- the recipe ----------------------------------------------------------------------------------------
+RECIPE = Path(__file__).parent.parent / "benchmarks" / "sessions_article.sh"
+
+
+def test_recipe_asks_for_the_answer_with_three_replications_and_runs_dram():
+    assert subprocess.run(["bash", "-n", str(RECIPE)], check=False).returncode == 0
+    text = RECIPE.read_text()
+    assert "--slo-ttft-p90 2 --replications 3" in text and "--tiers none,dram,dram+storage" in text
+    assert "--tier-bandwidth" in text  # the tier shaped to the article's per-GPU share on a RAM-backed path
+    command = text[text.index("python3 -m kv_cache sessions"):]
+    known = {o for a in build_parser("sessions")._actions for o in a.option_strings}
+    # --tier-bandwidth comes with the tier shaping of the same issue (item 4), merged separately
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command)) - known <= {"--tier-bandwidth"}
