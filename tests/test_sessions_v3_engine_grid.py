@@ -14,6 +14,7 @@ from kv_cache.benchmarks.sessions.run import pace_transform
 from kv_cache.cli import build_parser, main
 from kv_cache.cli import parse_sessions_settings as resolve
 from kv_cache.errors import UsageError
+from kv_cache.results.documents import SESSIONS_SCHEMA_VERSION, SessionsDocument
 from kv_cache.serving.engine.replica import Replica, TurnRequest
 from kv_cache.settings.pacing import parse_pace
 from kv_cache.settings.sections import SessionsConfig
@@ -191,3 +192,10 @@ def test_recipe_asks_for_the_answer_with_three_replications_and_runs_dram():
     known = {o for a in build_parser("sessions")._actions for o in a.option_strings}
     # --tier-bandwidth comes with the tier shaping of the same issue (item 4), merged separately
     assert set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command)) - known <= {"--tier-bandwidth"}
+
+
+def test_sessions_document_exposes_its_grid_cells():
+    cells = [{"parameters": {"model": "a"}, "rungs": []}, {"parameters": {"model": "b"}, "rungs": []}]
+    doc = SessionsDocument({"schema_version": SESSIONS_SCHEMA_VERSION, "rungs": [], "grid": cells})
+    assert [c["parameters"]["model"] for c in doc.grid] == ["a", "b"]
+    assert SessionsDocument({"schema_version": SESSIONS_SCHEMA_VERSION, "rungs": []}).grid == []

@@ -154,6 +154,7 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         f"rungs {f'auto from {auto_start}' if auto_start else ladder}, tiers {tiers}, "
         f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
     )
+    out.write(engine_line(engine_calibration(ls)) + "\n")
     if ls.pace is not None and ls.pace.mode != "trace":
         out.write(f"Pace transform: {pace_transform(ls.pace, str(ls.pace), ls.seed)['description']}\n")
     if ls.dram_write_through:
@@ -242,6 +243,17 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "this_pair": this[0] if this else None,
         "entries": rows,
     }
+
+
+def engine_line(cal: dict[str, Any]) -> str:
+    """The roofline's constants and its error against the published table, in one console line."""
+    this = cal["this_pair"]
+    pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
+            if this else "")
+    return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}, decode_hbm_efficiency "
+            f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published (GPU, model) "
+            f"throughputs (specs/calibration.yaml): prefill within {cal['max_abs_prefill_error']:.0%}, decode "
+            f"within {cal['max_abs_decode_error']:.0%}{pair}")
 
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
