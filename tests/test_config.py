@@ -472,7 +472,7 @@ def test_sessions_sections_defaults():
     assert set(c.gpus) >= {"a100", "h100", "h200", "b200", "l40s"}  # the data file's (a new GPU adds to them)
     h200 = c.gpus["h200"]
     assert (h200.hbm_gb, h200.hbm_bandwidth_gbs, h200.peak_dense_tflops) == (141, 4800, 989)
-    assert (c.inference_model.prefill_mfu, c.inference_model.decode_hbm_efficiency) == (0.5, 0.8)
+    assert (c.inference_model.prefill_mfu, c.inference_model.decode_hbm_efficiency) == (0.65, 0.7)
     assert (c.inference_model.hbm_reserved_fraction, c.inference_model.weight_bytes_per_param) == (0.1, 2.0)
     assert c.sessions.block_tokens == 512 and c.sessions.max_context_tokens == 200000
     assert c.model_configs["gpt-oss-120b"].active_params_b == 5.1
@@ -528,7 +528,7 @@ def test_sessions_and_inference_model_override(tmp_path):
         )
     )
     assert c.inference_model.prefill_mfu == 0.4 and c.inference_model.weight_bytes_per_param == 1.0
-    assert c.inference_model.decode_hbm_efficiency == 0.8
+    assert c.inference_model.decode_hbm_efficiency == 0.7
     assert c.sessions.human_pause_probability == 0.5 and c.sessions.new_tokens_median == 6000.0
 
 

@@ -64,7 +64,8 @@ def test_config_defaults():
         4000,
         4000,
     )
-    assert (c.human_pause_probability, c.agentic_pause_mean_s, c.human_pause_mean_s) == (0.2, 5, 30)
+    assert (c.human_pause_probability, c.agentic_pause_mean_s, c.human_pause_mean_s) == (0.3, 5, 30)
+    assert (c.agentic_pause_median_s, c.human_pause_median_s) == (2, 15)  # AIPerf's manifest, lognormal
     assert (c.max_context_tokens, c.turns_mean, c.human_threshold_s) == (200000, 20, 15)
 
 
@@ -120,7 +121,8 @@ def test_generator_distributions_on_2000_sessions():
     assert abs(out.mean() - 1000) <= 100
     assert abs(human.mean() - 30) <= 3
     assert abs(agentic.mean() - 5) <= 0.5
-    assert abs(len(human) / (len(human) + len(agentic)) - 0.2) <= 0.02
+    assert abs(np.median(human) - 15) <= 1.5 and abs(np.median(agentic) - 2) <= 0.2  # lognormal (AIPerf)
+    assert abs(len(human) / (len(human) + len(agentic)) - 0.3) <= 0.02
 
 
 def test_context_never_exceeds_the_limit():

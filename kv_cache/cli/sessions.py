@@ -97,6 +97,14 @@ class SessionsFlags:
         "--steady-state", action="store_true",
         help="Start each rung as a long run would leave it (sessions mid-way, HBM full, evicted blocks in the "
              "tiers, staggered arrivals); the warm-up ends when occupancy is steady (--warmup = its cap)."))
+    dram_write_through: bool = setting(False, flag=Flag(
+        "--dram-write-through", action="store_true",
+        help="Inclusive offload, as vLLM's CPU offloading connector: every block a turn computes is written to "
+             "the offload tiers when the turn completes, not only when HBM evicts it (configurations with dram)."))
+    models: str | None = setting(None, flag=Flag(
+        "--models", help="Grid: comma-separated model keys (overrides --model); every (model, GPU) cell runs."))
+    gpus: str | None = setting(None, flag=Flag(
+        "--gpus", help="Grid: comma-separated GPU specs (overrides --gpu); one table and answer per cell."))
 
 
 def timestamped(name: str, when: datetime) -> str:
@@ -143,8 +151,9 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
     return errors
 
 
-def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSettings:
-    """Validate every flag (all problems in one message), then resolve model, GPU and I/O settings."""
+def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings:
+    """One (model, GPU): validate every flag (all problems in one message), then resolve model, GPU and
+    I/O settings."""
     cfg = load_config(args.config)
     errors = []
     model = cfg.model_configs.get(args.model) or SESSION_MODELS.get(args.model)
@@ -199,10 +208,39 @@ def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSetti
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
+        dram_write_through=args.dram_write_through,
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
         replications=args.replications, slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
+        grid=(),
     )
+
+
+def _names(text: str | None, flag: str) -> list[str]:
+    names = [x.strip() for x in (text or "").split(",") if x.strip()]
+    if text is not None and not names:
+        raise UsageError(f"{flag} needs comma-separated names, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def resolve_sessions(args: argparse.Namespace, argv: list[str]) -> SessionsSettings:
+    """Validate every flag (all problems in one message), then resolve model, GPU and I/O settings; with
+    --models / --gpus, every (model, GPU) cell is resolved (and checked) before anything runs, and the
+    settings carry them in `grid` (the first cell's are the settings' own)."""
+    if args.models is None and args.gpus is None:
+        return _resolve_cell(args, argv)
+    models = _names(args.models, "--models") or [args.model]
+    gpus = _names(args.gpus, "--gpus") or [args.gpu]
+    cells, errors = [], []
+    for m in models:
+        for g in gpus:
+            try:
+                cells.append(_resolve_cell(argparse.Namespace(**{**vars(args), "model": m, "gpu": g}), argv))
+            except UsageError as exc:
+                errors.append(f"{m} on {g}: {exc}" if len(models) * len(gpus) > 1 else str(exc))
+    if errors:
+        raise UsageError("; ".join(dict.fromkeys(errors)))
+    return dataclasses.replace(cells[0], grid=tuple(c.ladder_settings for c in cells))

@@ -145,6 +145,12 @@ class SessionsDocument(ResultsDocument):
         return list(self.data.get("rungs") or [])
 
     @property
+    def grid(self) -> list[dict[str, Any]]:
+        """`--models` / `--gpus`: one cell document per (model, GPU) (`parameters`, `rungs`, `summary`,
+        `warnings`); [] for a single cell, whose keys are the document's own (so are the first cell's)."""
+        return list(self.data.get("grid") or [])
+
+    @property
     def window(self) -> dict[str, Any]:
         window_s = (self.data.get("parameters") or {}).get("window_s")
         return {"seconds": float(window_s)} if window_s is not None else {}

@@ -58,6 +58,8 @@ _ORDERED_PAIRS = {
     "sessions": (
         ("new_tokens_median", "new_tokens_mean"),
         ("output_tokens_median", "output_tokens_mean"),
+        ("agentic_pause_median_s", "agentic_pause_mean_s"),
+        ("human_pause_median_s", "human_pause_mean_s"),
         ("shared_prefix_tokens", "first_turn_tokens_mean"),
         ("first_turn_tokens_mean", "max_context_tokens"),
     ),

@@ -137,8 +137,9 @@ def generate_session(cfg: SessionsConfig, seed: int | None, index: int) -> Sessi
     - turn 1: ``new = shared-prefix-free part of the first prompt``, lognormal with mean
       ``first_turn_tokens_mean - shared_prefix_tokens`` and the sigma of the later turns' distribution;
     - later turns: new tokens lognormal(``new_tokens_mean``, ``new_tokens_median``) (``lognormal_params``);
-      pause: human with probability ``human_pause_probability`` (exponential, mean ``human_pause_mean_s``)
-      else agentic (exponential, mean ``agentic_pause_mean_s``);
+      pause: human with probability ``human_pause_probability`` (lognormal, ``human_pause_mean_s`` /
+      ``human_pause_median_s``) else agentic (lognormal, ``agentic_pause_mean_s`` / ``agentic_pause_median_s``),
+      AIPerf agentic-code's two-component mixture;
     - every turn: output tokens lognormal(``output_tokens_mean``, ``output_tokens_median``);
     - token counts are rounded and at least 1; the session ends before the turn whose ``input + output``
       would exceed ``max_context_tokens`` (turn 1 is shortened to fit instead).
@@ -153,6 +154,8 @@ def generate_session(cfg: SessionsConfig, seed: int | None, index: int) -> Sessi
         )
     mu_new, sigma_new = lognormal_params(cfg.new_tokens_mean, cfg.new_tokens_median)
     mu_out, sigma_out = lognormal_params(cfg.output_tokens_mean, cfg.output_tokens_median)
+    pause_params = {True: lognormal_params(cfg.human_pause_mean_s, cfg.human_pause_median_s),
+                    False: lognormal_params(cfg.agentic_pause_mean_s, cfg.agentic_pause_median_s)}
     first_mean = max(1.0, cfg.first_turn_tokens_mean - shared)
     mu_first = math.log(first_mean) - sigma_new * sigma_new / 2.0
     rng = _session_rng(seed, _GENERATOR_TAG, index)
@@ -164,7 +167,7 @@ def generate_session(cfg: SessionsConfig, seed: int | None, index: int) -> Sessi
     context = shared + new + out
     for _ in range(wanted - 1):
         human = rng.random() < cfg.human_pause_probability
-        pause = float(rng.exponential(cfg.human_pause_mean_s if human else cfg.agentic_pause_mean_s))
+        pause = float(rng.lognormal(*pause_params[human]))
         new = max(1, round(rng.lognormal(mu_new, sigma_new)))
         out = max(1, round(rng.lognormal(mu_out, sigma_out)))
         if context + new + out > limit:

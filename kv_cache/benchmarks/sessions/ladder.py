@@ -84,6 +84,7 @@ class LadderSettings:
     eviction: EvictionConfig
     load_policy: str  # always | cost (see Replica)
     steady_state: bool  # start as a long run would have left the engine and tiers (steady_state.py)
+    dram_write_through: bool  # offload every computed block on completion (inclusive), not only on eviction
 
     @property
     def replicas(self) -> int:
@@ -215,6 +216,7 @@ class RungRun:
                 self.stop,
                 load_policy=ls.load_policy if self.io is not None else "always",
                 prefill_seconds=prefill_seconds,
+                write_through=ls.dram_write_through,
             )
             for i in range(ls.replicas)
         ]

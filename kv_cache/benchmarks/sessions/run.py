@@ -27,6 +27,7 @@ from kv_cache.render.sessions import print_table
 from kv_cache.results import measurement as meas
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
+from kv_cache.serving.engine.calibration import calibration_errors
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
@@ -54,6 +55,7 @@ class SessionsSettings:
     replications: int
     slo_ttft_p90_s: float | None
     ladder_auto_start: int  # > 0: `--ladder auto`, climbing from this many sessions until throughput peaked
+    grid: tuple[LadderSettings, ...]  # `--models` / `--gpus`: one ladder per (model, GPU) cell; () = one cell
 
 
 __all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
@@ -152,6 +154,12 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         f"rungs {f'auto from {auto_start}' if auto_start else ladder}, tiers {tiers}, "
         f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
     )
+    out.write(engine_line(engine_calibration(ls)) + "\n")
+    if ls.pace is not None and ls.pace.mode != "trace":
+        out.write(f"Pace transform: {pace_transform(ls.pace, str(ls.pace), ls.seed)['description']}\n")
+    if ls.dram_write_through:
+        out.write("DRAM offload: write-through (every computed block stored on completion, as vLLM's "
+                  "offloading connector)\n")
     progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
     for tier in tiers:
         if not auto_start:
@@ -198,55 +206,139 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
                                  "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")
 
 
-def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
-    """Load the sessions, climb the ladder, write the JSON, print the table; returns how the ladder ended
-    (interrupted or not; the CLI makes it the exit status)."""
-    out = out or sys.stdout
-    ls, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
+def _parameters(s: SessionsSettings, ls: LadderSettings, ladder: list[int], tiers: list[str],
+                done_rungs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The results document's `parameters` for one (model, GPU) cell."""
+    return {
+        "model": ls.model_name, "gpu": ls.gpu_name, "hbm_gb": ls.gpu.hbm_gb, "num_gpus": ls.num_gpus,
+        "tensor_parallel": ls.tensor_parallel, "block_tokens": ls.block_tokens,
+        "ladder": ladder if not s.ladder_auto_start else sorted({r["sessions"] for r in done_rungs}),
+        "ladder_auto_start": s.ladder_auto_start or None,
+        "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
+        "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
+        "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.storage.io_workers,
+        "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications,
+        "slo_ttft_p90_s": s.slo_ttft_p90_s,
+        "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
+        "dram_usable_fraction": ls.dram_usable_fraction,
+        "replica_assignment": "blake2b(seed:session_id) mod replicas",
+        "storage_location": sessions_storage_location(ls, tiers),
+        "pace_transform": pace_transform(ls.pace, s.pace_text, ls.seed),
+        "dram_write_through": ls.dram_write_through,
+        "engine_calibration": engine_calibration(ls),
+    }
+
+
+def pace_transform(pace, text: str, seed: int) -> dict[str, Any]:
+    """parameters.pace_transform: what `--pace` did to the inter-turn delays, in words and numbers."""
+    if pace is None or pace.mode == "trace":
+        return {"pace": text, "description": "inter-turn delays as the trace or generator gives them"}
+    if pace.mode == "fixed":
+        return {"pace": text, "mode": "fixed", "low_s": pace.low_s, "high_s": pace.low_s,
+                "description": f"every inter-turn delay replaced by {pace.low_s:g} s"}
+    return {"pace": text, "mode": pace.mode, "low_s": pace.low_s, "high_s": pace.high_s, "seed": seed,
+            "description": f"every inter-turn delay replaced by a uniform {pace.low_s:g}-{pace.high_s:g} s draw "
+                           f"(a {pace.mode} pause), seeded by (seed {seed}, session, turn); first turns untouched"}
+
+
+def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
+    """parameters.engine_calibration: the roofline's efficiencies and its error on every published entry
+    (kv_cache/specs/calibration.yaml), and on this run's (GPU, model) where the table has it."""
+    rows = calibration_errors(ls.efficiency)
+    this = [r for r in rows if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)]
+    return {
+        "prefill_mfu": ls.efficiency.prefill_mfu, "decode_hbm_efficiency": ls.efficiency.decode_hbm_efficiency,
+        "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in rows),
+        "max_abs_decode_error": max(abs(r["decode_error"]) for r in rows),
+        "this_pair": this[0] if this else None,
+        "entries": rows,
+    }
+
+
+def engine_line(cal: dict[str, Any]) -> str:
+    """The roofline's constants and its error against the published table, in one console line."""
+    this = cal["this_pair"]
+    pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
+            if this else "")
+    return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}, decode_hbm_efficiency "
+            f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published (GPU, model) "
+            f"throughputs (specs/calibration.yaml): prefill within {cal['max_abs_prefill_error']:.0%}, decode "
+            f"within {cal['max_abs_decode_error']:.0%}{pair}")
+
+
+def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
+           done_rungs: list[dict[str, Any]]) -> tuple[dict[str, Any], bool, str | None]:
+    """One cell's ladder: (body, interrupted, storage error)."""
     ladder, tiers = list(s.ladder), list(s.tiers)
-    started = datetime.now()
-    done_rungs: list[dict[str, Any]] = []
-    interrupted, storage_error = False, None
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
     try:
-        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(trace_scripts, s.sessions, seed), out,
+        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
-        body, interrupted = ({"rungs": done_rungs, "summary": None, "interrupted": True,
-                              "warnings": rung_warnings(done_rungs, None)}, True)
+        return ({"rungs": done_rungs, "summary": None, "interrupted": True,
+                 "warnings": rung_warnings(done_rungs, None)}, True, None)
     except LadderStopped as exc:  # keep what was measured, say why it stopped, exit 3
         sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {exc}\n")
-        body, interrupted = ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
-                              "warnings": rung_warnings(done_rungs, None)}, False)
-        storage_error = str(exc)
+        return ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
+                 "warnings": rung_warnings(done_rungs, None)}, False, str(exc))
+    return body, False, None
+
+
+def _cell_line(cell: dict[str, Any]) -> str:
+    """One grid cell in a line: its answer where one was asked for, else each configuration's capacity."""
+    p, summary = cell["parameters"], cell.get("summary") or {}
+    answer = cell.get("answer") or summary.get("answer")
+    if isinstance(answer, dict):
+        answer = answer.get("sentence") or answer.get("text")
+    if not answer:
+        caps = ", ".join(f"{k} {c['effective_capacity_sessions']}" for k, c in (summary.get("configs") or {}).items())
+        answer = f"effective capacity (sessions): {caps or '-'}"
+    return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
+
+
+def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
+    """Load the sessions, climb the ladder of every (model, GPU) cell, write the JSON, print one table per
+    cell; returns how the ladder ended (interrupted or not; the CLI makes it the exit status)."""
+    out = out or sys.stdout
+    ls0, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
+    tiers = list(s.tiers)
+    started = datetime.now()
+    interrupted, storage_error = False, None
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    cells: list[dict[str, Any]] = []
+    for cell_ls in s.grid or (s.ladder_settings,):
+        ls = dataclasses.replace(cell_ls, block_tokens=ls0.block_tokens,
+                                 shared_prefix_tokens=ls0.shared_prefix_tokens)
+        if s.grid:
+            out.write(f"\n=== grid cell {len(cells) + 1} of {len(s.grid)}: {ls.model_name} on "
+                      f"{ls.num_gpus} x {ls.gpu_name} ===\n")
+        done_rungs: list[dict[str, Any]] = []
+        body, interrupted, storage_error = _climb(s, ls, trace_scripts, out, done_rungs)
+        cells.append({"parameters": _parameters(s, ls, list(s.ladder), tiers, done_rungs), **body,
+                      "tier_backends": tier_backends(done_rungs)})
+        if interrupted or storage_error is not None:
+            break
+    first = cells[0]
     results = results_document({
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
         "timestamp": started.isoformat(timespec="seconds"),
         "command": " ".join(["kv-cache", "sessions", *s.argv]),
-        "parameters": {
-            "model": ls.model_name, "gpu": ls.gpu_name, "hbm_gb": ls.gpu.hbm_gb, "num_gpus": ls.num_gpus,
-            "tensor_parallel": ls.tensor_parallel, "block_tokens": ls.block_tokens,
-            "ladder": ladder if not s.ladder_auto_start else sorted({r["sessions"] for r in done_rungs}),
-            "ladder_auto_start": s.ladder_auto_start or None,
-            "tiers": tiers, "window_s": ls.window_s, "warmup_s": ls.warmup_s, "subwindows": ls.subwindows,
-            "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
-            "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.storage.io_workers,
-            "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications, "slo_ttft_p90_s": s.slo_ttft_p90_s,
-            "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
-            "dram_usable_fraction": ls.dram_usable_fraction,
-            "replica_assignment": "blake2b(seed:session_id) mod replicas",
-            "storage_location": sessions_storage_location(ls, tiers),
-        },
+        "parameters": first["parameters"],
         "method": METHOD,
-        **body,
-        "tier_backends": tier_backends(done_rungs),
+        **{k: v for k, v in first.items() if k != "parameters"},
+        **({"grid": cells} if s.grid else {}),
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
     if not interrupted and storage_error is None:
-        print_table(results, out)
+        for cell in cells if s.grid else [results]:
+            if s.grid:
+                p = cell["parameters"]
+                out.write(f"\n=== {p['model']} on {p['num_gpus']} x {p['gpu']} ===\n")
+            print_table({"method": METHOD, **cell}, out)
+        if s.grid:
+            out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(_cell_line(c) for c in cells) + "\n")
     if written.kept_as:
         out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
     if written.error:

@@ -120,14 +120,24 @@ class IOPool:
         self.counters = {"load": IOCounters(), "store": IOCounters()}
         self.read_bytes_by_tier: dict[str, int] = {}
         self.read_ns_by_tier: dict[str, int] = {}
+        self.queued_stores: set[str] = set()  # blocks whose store is submitted and not finished
 
     def load(self, key: str, done: Callable[[str, bool], None]) -> None:
         self._count_submit("load")
         self.executor.submit(partial(self._run, "load", key, done), LOAD_PRIORITY)
 
     def store(self, key: str) -> None:
+        with self.lock:
+            self.queued_stores.add(key)
         self._count_submit("store")
         self.executor.submit(partial(self._run, "store", key, None), STORE_PRIORITY)
+
+    def holds_or_queued(self, key: str) -> bool:
+        """The block is in an offload tier, or on its way there (a store queued or running)."""
+        with self.lock:
+            if key in self.queued_stores:
+                return True
+        return self.cache.contains(key)
 
     def _count_submit(self, kind: str) -> None:
         with self.lock:
@@ -170,6 +180,8 @@ class IOPool:
         spent = time.perf_counter_ns() - t0 - standin
         _last_standin.ns = standin
         with self.lock:
+            if kind == "store":
+                self.queued_stores.discard(key)
             c = self.counters[kind]
             c.completed_ops += 1
             c.busy_ns += spent
@@ -203,6 +215,9 @@ class Replica:
     wake-up is kept (`late_ns`) to report the drift that remained.
     `load_policy`: "always" loads every offload hit; "cost" recomputes a hit prefix instead when reading it
     at the tier's measured bandwidth would take longer than prefilling it (`prefill_seconds(new, cached)`).
+    `write_through`: every block a turn computes is stored to the offload tiers when the turn completes
+    (inclusive, as vLLM's CPU offloading connector does), not only when HBM evicts it; an eviction then
+    writes nothing (the block is already there, or its store is queued).
     """
 
     def __init__(
@@ -219,6 +234,7 @@ class Replica:
         stop: threading.Event,
         load_policy: str = "always",
         prefill_seconds: Callable[[int, int], float] | None = None,
+        write_through: bool = False,
     ) -> None:
         if capacity_blocks < 1:
             raise ValueError("HBM holds no KV block after the weights: use a bigger GPU or a smaller model")
@@ -243,6 +259,7 @@ class Replica:
             raise ValueError(f"load policy must be one of {LOAD_POLICIES} (cost needs prefill_seconds)")
         self.load_policy = load_policy
         self.prefill_seconds = prefill_seconds
+        self.write_through = write_through and io is not None
         self.max_occupied = 0  # most HBM blocks resident or reserved at once
         self.late_ns: list[int] = []  # per iteration: wake-up time - modelled deadline
         self.modelled_ns = 0  # sum of modelled iteration time
@@ -357,7 +374,9 @@ class Replica:
             if pins == 0 and key not in exclude:
                 del self.hbm[key]
                 self.evictions += 1
-                if self.io is not None and not self.io.cache.contains(key):
+                there = self.io is not None and (
+                    self.io.holds_or_queued(key) if self.write_through else self.io.cache.contains(key))
+                if self.io is not None and not there:
                     self.io.store(key)  # evicted blocks go down the tiers (real writes, asynchronous)
                     return True
                 return False
@@ -468,6 +487,8 @@ class Replica:
                 self.hbm[k] = 0
                 keep.append(k)
                 materialized += 1
+                if self.write_through and not self.io.holds_or_queued(k):
+                    self.io.store(k)  # inclusive offload: written down on compute, not on eviction
         for k in reversed(keep):  # tail first into the LRU order: the prefix is evicted last
             self.hbm.move_to_end(k)
         self.reserved -= req.reserved
