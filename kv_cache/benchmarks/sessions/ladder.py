@@ -25,9 +25,11 @@ from kv_cache.benchmarks.sessions.rung_results import (
     throughput_ci,
     ttft_breakdown,
     ttft_percentiles,
+    work_summary,
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
 from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
+from kv_cache.benchmarks.sessions.tier_checks import offload_tier, tier_flags
 from kv_cache.core import shapes
 from kv_cache.core.autoscale import IntervalSample, LoadShape
 from kv_cache.core.closed_loop import ClosedLoop
@@ -35,7 +37,7 @@ from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.core.events import EventLoop, Stop
 from kv_cache.core.pool import Stream, WorkerPool
 from kv_cache.metrics.recorder import GIB, RunMetrics
-from kv_cache.metrics.stats import mean_ci, percentile
+from kv_cache.metrics.stats import percentile
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
@@ -154,6 +156,7 @@ class RungRun:
         self.offered: list[tuple[float, int]] = []  # (t, new tokens)
         self.violations = 0
         self.sessions_started = 0
+        self.max_context_tokens = 0  # the largest context of the sessions this rung started (tier_checks)
         self.storage_error: str | None = None  # why the error policy stopped the rung (None: it did not)
 
     # -- engine callbacks (engine threads) ---------------------------------------------------
@@ -230,7 +233,9 @@ class RungRun:
     # -- the closed loop ----------------------------------------------------------------------
     def _next_script(self) -> SessionScript:
         self.sessions_started += 1
-        return apply_pace(next(self.scripts), self.ls.pace, self.ls.seed)
+        script = apply_pace(next(self.scripts), self.ls.pace, self.ls.seed)
+        self.max_context_tokens = max(self.max_context_tokens, script.max_context_tokens)
+        return script
 
     def _issue(self, slot: Slot, now: int) -> None:
         if slot.outstanding:  # the closed-loop invariant; counted, never expected
@@ -425,7 +430,7 @@ class RungRun:
             "storage_error": self.storage_error,
             "verify": {"enabled": ls.storage.verify, "mismatches": self.metrics.verify_mismatches},
             "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
-            "work": self._work(done, offered, new_done, new_offered),
+            "work": work_summary(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,
             "closed_loop_violations": self.violations,
             "oversized_turns": sum(1 for _, r in done if r.oversized),
@@ -436,6 +441,13 @@ class RungRun:
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
+        result["queued_store_recomputed_turns"] = sum(1 for _, r in done if r.queued_store_miss)
+        result["offload_tier"] = offload_tier(getattr(self, "stores", None), self.cache, self.metrics,
+                                              self.max_context_tokens, ls.model.bytes_per_token, self.io,
+                                              ls.storage.io_workers)
+        if self.tiers != "none":
+            result["flags"] += tier_flags(result["offload_tier"], ls.gpu.host_link_gbs, ls.tensor_parallel,
+                                          result["queued_store_recomputed_turns"], len(done))
         return result
 
     def _kv_sources(self, done: list) -> dict[str, Any]:
@@ -467,23 +479,4 @@ class RungRun:
             "block_bytes_per_gpu": ls.block_bytes_per_gpu,
             "storage_read_gib_per_gpu": st_r.window_bytes / GIB / ls.tensor_parallel,
             "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
-        }
-
-    @staticmethod
-    def _work(done, offered, new_done, new_offered) -> dict[str, Any]:
-        """What the completed turns were: the work-equivalence control's inputs."""
-        ctx = [r.input_tokens for _, r in done]
-        out = [r.output_tokens for _, r in done]
-        return {
-            "turns_offered": len(offered),
-            "turns_completed": len(done),
-            "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
-            "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
-            "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
-            "mean_output_tokens_completed": (sum(out) / len(done)) if done else 0.0,
-            "context_tokens_per_turn_ci": mean_ci(ctx).to_dict() if ctx else None,
-            "output_tokens_per_turn_ci": mean_ci(out).to_dict() if out else None,
-            "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
-            "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
-            "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,
         }

@@ -67,6 +67,7 @@ class TurnRequest:
     load_bytes: int = 0
     prefill_start_ns: int = 0  # when the turn joined the prefill queue (after its loads)
     skipped_load_blocks: int = 0  # offload hits recomputed instead (--load-policy cost)
+    queued_store_miss: bool = False  # its prefix stopped at a block evicted from HBM whose store was still queued
     oversized: bool = False
 
 
@@ -117,6 +118,7 @@ class IOPool:
         self.counters = {"load": IOCounters(), "store": IOCounters()}
         self.read_bytes_by_tier: dict[str, int] = {}
         self.read_ns_by_tier: dict[str, int] = {}
+        self.storing: set[str] = set()  # keys whose store is queued or running (not yet in a tier)
 
     def load(self, key: str, done: Callable[[str, bool], None]) -> None:
         self._count_submit("load")
@@ -124,6 +126,8 @@ class IOPool:
 
     def store(self, key: str) -> None:
         self._count_submit("store")
+        with self.lock:
+            self.storing.add(key)
         self.executor.submit(partial(self._run, "store", key, None), STORE_PRIORITY)
 
     def _count_submit(self, kind: str) -> None:
@@ -167,6 +171,8 @@ class IOPool:
             c = self.counters[kind]
             c.completed_ops += 1
             c.busy_ns += spent
+            if kind == "store":
+                self.storing.discard(key)
             if ok:
                 c.completed_bytes += self.block_bytes
             if tier is not None:
@@ -289,6 +295,8 @@ class Replica:
                 load_keys.append(key)
                 loads += 1
             else:
+                # a block evicted from HBM whose store has not reached a tier yet: recomputed (counted)
+                req.queued_store_miss = self.io is not None and key in self.io.storing
                 break
         req.hbm_hit_blocks = hits
         if load_keys and self.load_policy == "cost" and not self._worth_loading(hits, load_keys):
