@@ -28,7 +28,12 @@ from kv_cache.benchmarks.sessions.rung_results import (
     work_summary,
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
-from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
+from kv_cache.benchmarks.sessions.steady_state import (
+    StationarityDetector,
+    modelled_service,
+    prepare_steady_start,
+    window_cycles,
+)
 from kv_cache.benchmarks.sessions.tier_checks import offload_tier, tier_flags
 from kv_cache.core import shapes
 from kv_cache.core.autoscale import IntervalSample, LoadShape
@@ -145,7 +150,9 @@ class RungRun:
                                "warmup_check": self._on_warmup_check})
         self.window_start_ns: int | None = None
         self.steady = None
-        self.warmup = WarmupDetector()
+        self.warmup = StationarityDetector()
+        self.cap_s = ls.warmup_s  # the latest the window opens (steady state: at least one turn cycle)
+        self.tick_at = (0, 0)  # (completed turns, first tokens) seen by the last warm-up check
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
         self.first_reqs: list[tuple[float, TurnRequest]] = []  # (t, turn) at its first token
@@ -270,12 +277,16 @@ class RungRun:
             self.io_open = self.io.snapshot()
 
     def _on_warmup_check(self, when: int, interval_ns: int) -> None:
-        """Steady-state runs: sample occupancy; open the window once it is steady."""
+        """Steady-state runs: one tick of the stationarity test; open the window once it passes."""
         if self.window_start_ns is not None:
             return
-        in_engine = sum(len(r.waiting) + len(r.prefill) + len(r.decoding) for r in self.replicas)
-        occupancy = sum(r.occupancy() for r in self.replicas) / len(self.replicas)
-        if self.warmup.add((when - self.t0) / 1e9, occupancy, in_engine):
+        with self.lock:
+            ttfts = [x[2] for x in self.first_tokens[self.tick_at[1]:]]
+            self.tick_at = (len(self.completed), len(self.first_tokens))
+        done = self.completed[self._done_at:]
+        self._done_at = len(self.completed)
+        tokens = sum(r.input_tokens + r.output_tokens for _, r in done)
+        if self.warmup.add((when - self.t0) / 1e9, tokens, ttfts):
             self._on_open_window(when, None)
         else:
             self.loop.push(when + interval_ns, "warmup_check", interval_ns)
@@ -328,9 +339,13 @@ class RungRun:
         if ls.steady_state:
             self.steady = prepare_steady_start(
                 self.closed.users, self.replicas, lambda sid: replica_of(sid, ls.seed, len(self.replicas)),
-                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None)
+                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None,
+                draw=lambda: apply_pace(next(self.scripts), ls.pace, ls.seed), service=modelled_service(ls.gpu, ls.efficiency, ls.model, ls.tensor_parallel))
+            self.warmup.min_s = self.steady.turn_cycle_s
+            self.cap_s = max(ls.warmup_s, self.steady.turn_cycle_s)
+        self._done_at = 0
         self.t0 = self._now = self.loop.clock()
-        window_start = self.t0 + int(ls.warmup_s * 1e9)  # steady state: the latest the window opens
+        window_start = self.t0 + int(self.cap_s * 1e9)  # steady state: the latest the window opens
         self.window_end = window_start + int(ls.window_s * 1e9)
         self.loop.push(window_start, "open_window")
         if ls.steady_state:
@@ -354,17 +369,20 @@ class RungRun:
                 if getattr(self, "io", None) is not None:
                     self.io_close = self.io.snapshot()
             self._teardown()
-        w0 = ((self.window_start_ns or self.t0 + int(ls.warmup_s * 1e9)) - self.t0) / 1e9
+        w0 = ((self.window_start_ns or self.t0 + int(self.cap_s * 1e9)) - self.t0) / 1e9
         result = self._results(w0, w0 + ls.window_s)
         result["warmup_end_s"] = w0
+        result["turn_cycle_s"], cycle_flag = window_cycles(self.sessions, ls.window_s, result["completed_turns"])
+        if cycle_flag:
+            result["flags"].append(cycle_flag)
         if self.steady is not None:
-            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": w0 < ls.warmup_s,
-                                      "warmup_rule": f"HBM occupancy within {self.warmup.hbm_tolerance:.0%} and "
-                                                     f"turns in the engine within max(1, "
-                                                     f"{self.warmup.turns_tolerance:.0%}) over "
-                                                     f"{self.warmup.ticks} checks; cap --warmup {ls.warmup_s:g} s"}
-            if w0 >= ls.warmup_s:
-                result["flags"].append("steady occupancy not detected: the window opened at the --warmup cap")
+            detected = w0 < self.cap_s - 1e-9
+            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": detected,
+                                      "warmup_cap_s": self.cap_s, "warmup_rule": self.warmup.rule(self.cap_s),
+                                      "warmup_test": self.warmup.last or None}
+            if not detected:
+                result["flags"].append(f"no stationary warm-up detected: the window opened at the cap "
+                                       f"({self.cap_s:g} s)")
         return result
 
     # -- results ------------------------------------------------------------------------------

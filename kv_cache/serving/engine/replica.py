@@ -296,7 +296,7 @@ class Replica:
                 loads += 1
             else:
                 # a block evicted from HBM whose store has not reached a tier yet: recomputed (counted)
-                req.queued_store_miss = self.io is not None and key in self.io.storing
+                req.queued_store_miss = key in getattr(self.io, "storing", ())
                 break
         req.hbm_hit_blocks = hits
         if load_keys and self.load_policy == "cost" and not self._worth_loading(hits, load_keys):
