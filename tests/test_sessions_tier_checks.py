@@ -39,3 +39,18 @@ def test_never_filled_smaller_than_a_session_and_queued_stores():
     assert any(f.startswith("7 of 100 turns recomputed") for f in flags)
     unlimited = block(tiers=[tier("storage", None, 0.1, 2)], ctx_gib=24.4)
     assert not any("smaller than one session" in f for f in tier_flags(unlimited, 64.0, 1, 0, 10))
+
+
+def test_the_report_names_the_storage_and_its_latency_percentiles():
+    import io
+
+    from kv_cache.render.sessions import _storage_table
+
+    lat = {"load": {"ops": 3, "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0}, "store": {"ops": 0}}
+    b = block("tmpfs", shaped=4.0, tiers=[{**tier("storage", 10, 2, 1), "latency_ms": lat}])
+    b["storage"]["shaping"]["described"] = "4 GB/s (10^9 B/s) per direction"
+    out = io.StringIO()
+    _storage_table([{"tiers": "dram+storage", "sessions": 8, "offload_tier": b}], out)
+    text = out.getvalue()
+    assert "Storage tier: /x (tmpfs, RAM), direct I/O, shaped: 4 GB/s (10^9 B/s) per direction" in text
+    assert "storage load 1.00/2.00/3.00 store -" in text and "p50/p95/p99" in text
