@@ -52,5 +52,5 @@ def test_the_report_names_the_storage_and_its_latency_percentiles():
     out = io.StringIO()
     _storage_table([{"tiers": "dram+storage", "sessions": 8, "offload_tier": b}], out)
     text = out.getvalue()
-    assert "Storage tier: /x (tmpfs, RAM), direct I/O, shaped: 4 GB/s (10^9 B/s) per direction" in text
+    assert "Storage tier: tmpfs (RAM), direct I/O, shaped: 4 GB/s (10^9 B/s) per direction, at /x" in text
     assert "storage load 1.00/2.00/3.00 store -" in text and "p50/p95/p99" in text

@@ -167,17 +167,18 @@ def _storage_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
     rows = [r for r in rungs if (r.get("offload_tier") or {}).get("tiers")]
     if not rows:
         return
-    seen = set()
+    kinds: dict[str, list[str]] = {}  # what the tier was -> the paths it was at (a temp dir per rung without --cache-dir)
     for r in rows:
         st = r["offload_tier"].get("storage")
-        if not st:
-            continue
-        shaping = (st.get("shaping") or {}).get("described")
-        line = (f"{st['path']} ({st['filesystem']}{', RAM' if st.get('ram_backed') else ''}), {st['io_mode']} I/O"
-                + (f", shaped: {shaping}" if shaping else ""))
-        if line not in seen:
-            seen.add(line)
-            out.write(f"\nStorage tier: {line}\n")
+        if st:
+            shaping = (st.get("shaping") or {}).get("described")
+            kind = (f"{st['filesystem']}{' (RAM)' if st.get('ram_backed') else ''}, {st['io_mode']} I/O"
+                    + (f", shaped: {shaping}" if shaping else ", unshaped"))
+            kinds.setdefault(kind, []).append(st["path"])
+    out.write("\n")
+    for kind, paths in kinds.items():
+        more = f" (and {len(paths) - 1} more: one directory per rung)" if len(set(paths)) > 1 else ""
+        out.write(f"Storage tier: {kind}, at {paths[0]}{more}\n")
     out.write("Offload tier latency per block move, ms p50/p95/p99 (load = read from the tier, store = write into it):\n")
     for r in rows:
         parts = [f"{t['tier']} load {_lat(t['latency_ms']['load'])} store {_lat(t['latency_ms']['store'])} "

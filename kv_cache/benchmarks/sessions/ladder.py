@@ -19,6 +19,7 @@ from typing import Any
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
     RungRecord,
+    engine_clock,
     io_rates,
     per_gpu_rates,
     rung_flags,
@@ -29,6 +30,7 @@ from kv_cache.benchmarks.sessions.rung_results import (
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
 from kv_cache.benchmarks.sessions.steady_state import (
+    WARMUP_CAP_CYCLES,
     StationarityDetector,
     modelled_service,
     prepare_steady_start,
@@ -42,7 +44,6 @@ from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.core.events import EventLoop, Stop
 from kv_cache.core.pool import Stream, WorkerPool
 from kv_cache.metrics.recorder import GIB, RunMetrics
-from kv_cache.metrics.stats import percentile
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
@@ -342,14 +343,14 @@ class RungRun:
                 ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None,
                 draw=lambda: apply_pace(next(self.scripts), ls.pace, ls.seed), service=modelled_service(ls.gpu, ls.efficiency, ls.model, ls.tensor_parallel))
             self.warmup.min_s = self.steady.turn_cycle_s
-            self.cap_s = max(ls.warmup_s, self.steady.turn_cycle_s)
+            self.cap_s = max(ls.warmup_s, WARMUP_CAP_CYCLES * self.steady.turn_cycle_s)
         self._done_at = 0
         self.t0 = self._now = self.loop.clock()
         window_start = self.t0 + int(self.cap_s * 1e9)  # steady state: the latest the window opens
         self.window_end = window_start + int(ls.window_s * 1e9)
         self.loop.push(window_start, "open_window")
         if ls.steady_state:
-            interval = int(max(0.05, min(1.0, ls.window_s / 20)) * 1e9)
+            interval = int(max(0.05, min(1.0, ls.window_s / 20, self.cap_s / 20)) * 1e9)  # >= 8 ticks by the cap
             self.loop.push(self.t0 + interval, "warmup_check", interval)
         self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
 
@@ -386,20 +387,6 @@ class RungRun:
         return result
 
     # -- results ------------------------------------------------------------------------------
-    def _engine_clock(self) -> dict[str, Any]:
-        """How late the replicas woke up against their modelled (absolute) deadlines: the drift that remained."""
-        late = [x / 1e6 for r in self.replicas for x in r.late_ns]
-        modelled = sum(r.modelled_ns for r in self.replicas) / 1e9
-        return {
-            "method": "absolute deadlines: iteration i ends at t_start + sum of modelled iteration times; "
-                      "lateness = wake-up time - deadline, not accumulated",
-            "iterations": len(late),
-            "modelled_busy_s": modelled,
-            "late_ms_mean": sum(late) / len(late) if late else None,
-            "late_ms_p99": percentile(late, 99) if late else None,
-            "late_ms_max": max(late) if late else None,
-        }
-
     def _results(self, w0: float, w1: float) -> dict[str, Any]:
         ls = self.ls
         k = ls.subwindows
@@ -455,7 +442,7 @@ class RungRun:
             "hbm_evictions": sum(r.evictions for r in self.replicas),
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
             "hbm_max_occupied_blocks": max(r.max_occupied for r in self.replicas),
-            "engine_clock": self._engine_clock(),
+            "engine_clock": engine_clock(self.replicas),
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)

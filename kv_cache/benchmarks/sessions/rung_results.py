@@ -26,7 +26,7 @@ from kv_cache.metrics.stats import (
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "RungRecord", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
-           "ttft_percentiles", "work_summary"]
+           "ttft_percentiles", "work_summary", "engine_clock"]
 
 TURN_CLASSES = ("start", "return", "agentic")
 MIN_PERCENTILE_SAMPLES = 20
@@ -176,4 +176,19 @@ def work_summary(done: list, offered: list, new_done: list[int], new_offered: li
         "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
         "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
         "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,
+    }
+
+
+def engine_clock(replicas: Sequence[Any]) -> dict[str, Any]:
+    """How late the replicas woke up against their modelled (absolute) deadlines: the drift that remained."""
+    late = [x / 1e6 for r in replicas for x in r.late_ns]
+    modelled = sum(r.modelled_ns for r in replicas) / 1e9
+    return {
+        "method": "absolute deadlines: iteration i ends at t_start + sum of modelled iteration times; "
+                  "lateness = wake-up time - deadline, not accumulated",
+        "iterations": len(late),
+        "modelled_busy_s": modelled,
+        "late_ms_mean": sum(late) / len(late) if late else None,
+        "late_ms_p99": percentile(late, 99) if late else None,
+        "late_ms_max": max(late) if late else None,
     }

@@ -15,10 +15,10 @@ The start (`prepare_steady_start`), as a closed loop that has run for a long tim
 
 The warm-up (`StationarityDetector`) lasts at least one turn cycle (a slot's mean time from one turn to
 the next in the pool: the pool's duration over its turns) and until a trend test passes on the latest half
-of the warm-up so far, cut in `GROUPS` equal sub-windows: a Mann-Kendall test (S statistic, normal
+of the warm-up so far, cut in `GROUPS` equal sub-windows of monitor ticks: a Mann-Kendall test (S statistic, normal
 approximation, two-sided 5 %) finds no trend in the sub-windows' throughput (tokens of completed turns), nor
 in their mean TTFT when at least `MIN_TTFT_GROUPS` sub-windows saw a first token. It is capped at
-max(--warmup, one turn cycle); the results say which ended it.
+max(--warmup, `WARMUP_CAP_CYCLES` turn cycles); the results say which ended it.
 
 `window_cycles` says how many turn cycles the window held at a rung (measured: N slots x window / turns
 completed, by Little's law) and flags a window shorter than `MIN_WINDOW_CYCLES` of them.
@@ -36,7 +36,7 @@ import numpy as np
 
 from kv_cache.serving.engine import roofline as gpumod
 
-__all__ = ["StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
+__all__ = ["WARMUP_CAP_CYCLES", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
            "stationary_position", "window_cycles"]
 
 POOL_FACTOR = 8
@@ -45,6 +45,7 @@ GROUPS = 8
 MIN_TTFT_GROUPS = 6
 Z_CRIT = 1.96  # two-sided 5 %
 MIN_WINDOW_CYCLES = 3.0
+WARMUP_CAP_CYCLES = 2.0  # the warm-up's cap: max(--warmup, this many turn cycles), so the test has time to pass
 
 TurnSeconds = Callable[[Any, int], float]  # (script, turn index) -> modelled service seconds of that turn
 
@@ -205,7 +206,7 @@ class StationarityDetector:
     def rule(self, cap_s: float) -> str:
         return (f"at least one turn cycle ({self.min_s:.1f} s), then no Mann-Kendall trend (|z| < {Z_CRIT}) in "
                 f"the throughput and the mean TTFT of {self.groups} sub-windows of the latest half of the warm-up; "
-                f"cap {cap_s:g} s (max of --warmup and one turn cycle)")
+                f"cap {cap_s:g} s (max of --warmup and {WARMUP_CAP_CYCLES:g} turn cycles)")
 
 
 def window_cycles(sessions: int, window_s: float, completed_turns: int) -> tuple[float | None, str | None]:
