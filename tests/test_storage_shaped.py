@@ -62,3 +62,24 @@ def test_builder_shapes_only_the_storage_tier(tmp_path):
     assert stores.shaped["storage"] is stores.tiers[1].store
     assert "5 GB/s" in stores.notes[0]
     stores.close()
+
+
+def test_both_commands_take_the_shaping_flags():
+    from kv_cache.cli import parse_sessions_settings, parse_settings
+    from kv_cache.errors import UsageError
+
+    ls = parse_sessions_settings(["--tier-bandwidth", "6.5", "--tier-latency", "0.2"]).ladder_settings
+    assert (ls.storage.tier_bandwidth_gbps, ls.storage.tier_latency_ms) == (6.5, 0.2)
+    assert parse_sessions_settings([]).ladder_settings.storage.tier_bandwidth_gbps == 0.0  # unshaped by default
+    with pytest.raises(UsageError, match="--tier-bandwidth must be non-negative"):
+        parse_sessions_settings(["--tier-bandwidth", "-1"])
+    run = parse_settings(["--model", "llama3.1-8b", "--tier-bandwidth", "3", "--tier-latency", "1"])
+    assert (run.storage.tier_bandwidth_gbps, run.storage.tier_latency_ms) == (3.0, 1.0)
+
+
+def test_a_negative_shaping_is_refused_by_the_standard_run():
+    from kv_cache.cli import parse_settings
+    from kv_cache.errors import UsageError
+
+    with pytest.raises(UsageError, match="--tier-latency cannot be negative"):
+        parse_settings(["--model", "llama3.1-8b", "--tier-latency", "-2"])

@@ -206,6 +206,9 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
     for a in (ax, right):
         if log_x:
             a.set_xscale("log", base=2)
+            ticks = sorted({r["sessions"] for r in rungs})
+            a.set_xticks(ticks, [str(t) for t in ticks])  # the rungs themselves, not powers of 2
+            a.minorticks_off()
         a.set_xlabel("concurrent sessions" + (" (log2 scale)" if log_x else ""))
         a.grid(True, which="both", alpha=0.3)
         a.legend()
@@ -218,6 +221,15 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
 
 
 def _shaping_note(results: dict[str, Any]) -> str:
+    """The ladder's caption tail: the I/O mode the rungs' storage tier ran in (measured, where the parameters
+    hold the requested one) and its shaping."""
+    measured = next((st for r in results.get("rungs") or [] if (st := (r.get("offload_tier") or {}).get("storage"))),
+                    None)
+    return (f"; the rungs' storage tier: {measured['filesystem']}, {measured['io_mode']} I/O" if measured else "") + \
+        _shaped(results)
+
+
+def _shaped(results: dict[str, Any]) -> str:
     shaping = (results.get("parameters") or {}).get("tier_shaping") or {}
     parts = [f"{shaping['bandwidth_gbps']:g} GB/s (10^9 B/s)" if shaping.get("bandwidth_gbps") else "",
              f"+{shaping['latency_ms']:g} ms" if shaping.get("latency_ms") else ""]
