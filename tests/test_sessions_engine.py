@@ -381,3 +381,18 @@ def test_steady_state_rung_starts_full_and_detects_its_warmup(settings):
     assert st["hbm_occupancy_at_start"] == 1.0 and st["prestored_blocks"] > 0 and st["started_mid_session"] > 0
     assert 0 < result["warmup_end_s"] <= 2.0 and result["window_s"] == 1.0
     assert result["offload_io"]["storage_write_gib"] + result["offload_io"]["dram_write_gib"] < 1  # not counted
+
+
+@pytest.mark.slow  # runs a rung in real time
+def test_a_shaped_rung_names_its_storage_and_its_shaping(settings):
+    s = settings("--window", "1", "--warmup", "0.5", "--pace", "fixed:0.2", "--io-workers", "2", "--io-chunk-mb", "1",
+                 "--no-fsync", "--tier-bandwidth", "50", "--tier-latency", "0.5")
+    ls = s.ladder_settings
+    result = RungRun(ls, "dram+storage", 4, script_supply(None, s.sessions, ls.seed)).run()
+    block = result["offload_tier"]
+    assert block["storage"]["filesystem"] and block["storage"]["io_mode"] in ("direct", "buffered")
+    assert block["storage"]["shaping"]["bandwidth_gbps"] == 50.0 and block["storage"]["shaping"]["latency_ms"] == 0.5
+    assert [t["tier"] for t in block["tiers"]] == ["cpu", "storage"]
+    assert set(block["tiers"][1]["latency_ms"]) == {"load", "store"}
+    assert any("shaped" in n for n in result["tier_notes"]) and "queued_store_recomputed_turns" in result
+    assert result["turn_cycle_s"] is None or result["turn_cycle_s"] > 0
