@@ -116,6 +116,8 @@ def test_reference_defaults():
         "verify": False,
         "strict_memory": False,
         "processes": 1,
+        "tier_bandwidth": 0.0,  # ours: the storage tier unshaped
+        "tier_latency": 0.0,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's
