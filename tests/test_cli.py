@@ -118,6 +118,8 @@ def test_reference_defaults():
         "processes": 1,
         "start_delay": 0.0,  # ours: the settle time (mlperf_wrapper.py: 90)
         "end_delay": 0.0,
+        "tier_bandwidth": 0.0,  # ours: the storage tier unshaped
+        "tier_latency": 0.0,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's

@@ -51,6 +51,20 @@ def test_sessions_results_give_the_ladder(tmp_path):
     assert [p.name for p in pngs] == ["ladder.png"]
 
 
+def test_ladder_has_a_ttft_panel_a_log_axis_for_doubling_rungs_and_names_the_shaping(tmp_path):
+    from PIL import Image
+
+    from kv_cache.render.plots import _doubling
+
+    assert _doubling([8, 16, 32, 64]) and _doubling([2, 4, 8]) and not _doubling([4, 6, 8]) and not _doubling([8, 16])
+    doc = sessions_results()
+    doc.setdefault("parameters", {})["tier_shaping"] = {"bandwidth_gbps": 4.0, "latency_ms": None}
+    doc["parameters"]["slo_ttft_p90_s"] = 2.0
+    (png,) = draw_plots(doc, tmp_path)
+    meta = Image.open(png).text
+    assert "p90 TTFT" in meta["Title"] and "shaped to 4 GB/s (10^9 B/s)" in meta["Description"]
+
+
 def test_nothing_to_plot_draws_nothing_and_the_page_says_so(tmp_path):
     assert draw_plots({"summary": {}}, tmp_path) == []
     assert "No plots" in write_html({}, [], tmp_path).read_text()

@@ -163,6 +163,34 @@ def test_cost_policy_recomputes_when_loading_is_slower_than_prefill(bandwidth, l
     assert req.load_bytes == (4000 if loads else 0)
 
 
+def test_a_prefix_stopped_by_a_queued_store_is_counted():
+    io = FakeIO(1e12)
+    io.storing = {"evicted1"}  # evicted from HBM, its store not done: not in any tier yet
+    r = idle_replica(10, io=io)
+    req = turn(["off0", "evicted1", "off2"])
+    r._try_admit(req)
+    assert req.queued_store_miss and req.load_keys == ["off0"]  # the rest is recomputed
+    other = turn(["off0", "gone1"])
+    r._try_admit(other)
+    assert not other.queued_store_miss  # a plain miss is not counted
+
+
+def test_iopool_tracks_the_stores_in_flight():
+    from kv_cache.serving.engine.replica import IOPool
+
+    class Cache:
+        def allocate(self, *a, **k):
+            assert "k1" in pool.storing  # queued or running: in the set until it is done
+
+    class Inline:
+        def submit(self, job, priority=0):
+            job(None)
+
+    pool = IOPool(Cache(), Inline(), 1000, 1, threading.Event())
+    pool.store("k1")
+    assert pool.storing == set() and pool.snapshot()["store"].completed_ops == 1
+
+
 def test_load_policy_is_checked():
     with pytest.raises(ValueError):
         idle_replica(4, load_policy="sometimes")
@@ -261,13 +289,86 @@ def test_steady_start_fills_hbm_by_lru_and_prestores_the_rest(settings):
     assert same.start_turns == start.start_turns  # seeded
 
 
-def test_warmup_detector_waits_for_steady_occupancy():
-    from kv_cache.benchmarks.sessions.steady_state import WarmupDetector
+def test_warmup_waits_a_turn_cycle_and_for_no_trend():
+    from kv_cache.benchmarks.sessions.steady_state import StationarityDetector, mann_kendall_z
 
-    d = WarmupDetector(ticks=3)
-    ramp = [(0.1, 0.5, 1), (0.2, 0.7, 3), (0.3, 0.9, 5), (0.4, 0.99, 8), (0.5, 1.0, 8), (0.6, 1.0, 9)]
-    steady_at = [t for t, occ, n in ramp if d.add(t, occ, n)]
-    assert steady_at and steady_at[0] == 0.6
+    assert mann_kendall_z(range(8)) > 1.96 and mann_kendall_z([3, 1, 4, 1, 5, 9, 2, 6][::-1]) < 1.96
+    ramp = [(0.5 * k, 100.0 * min(k, 20), [0.1 * min(k, 20)]) for k in range(1, 81)]  # rises for 10 s, then flat
+    d = StationarityDetector(min_s=3.0)
+    steady_at = next(t for t, tok, ttft in ramp if d.add(t, tok, ttft))
+    assert steady_at > 10.0  # not during the ramp, although the cycle (3 s) was over
+    assert d.last["throughput_z"] is not None and "Mann-Kendall" in d.rule(30.0)
+    flat = StationarityDetector(min_s=6.0)
+    assert next(t for t, tok, ttft in [(0.5 * k, 100.0 + (k % 3), [0.2]) for k in range(1, 60)]
+                if flat.add(t, tok, ttft)) >= 6.0  # at least one turn cycle even when steady from the start
+
+
+def test_window_shorter_than_three_turn_cycles_is_flagged():
+    from kv_cache.benchmarks.sessions.steady_state import window_cycles
+
+    assert window_cycles(64, 60.0, 640) == (6.0, None)  # 10 cycles of 6 s
+    cycle, flag = window_cycles(64, 60.0, 64)  # one turn per slot: one 60 s cycle
+    assert cycle == 60.0 and "1.0 turn cycles" in flag
+    assert window_cycles(8, 5.0, 0)[0] is None
+
+
+def _long_run_state(scripts, service, rng, samples):
+    """A slot running `scripts` back to back, observed at uniform times: (context before the current turn,
+    turn index) at each observation. The ground truth the steady start must reproduce."""
+    from kv_cache.benchmarks.sessions.steady_state import session_seconds
+
+    ends, states, t = [], [], 0.0
+    for sc in scripts:
+        ctx = sc.contexts()
+        for i, (p, s) in enumerate(session_seconds(sc, service)):
+            t += p + s  # the pause before turn i, then its service: the slot holds the context before turn i
+            ends.append(t)
+            states.append((ctx[i][0] if i else 0, i))
+    import numpy as np
+
+    idx = np.searchsorted(np.array(ends), rng.uniform(0, t, samples), side="right")
+    return [states[int(k)] for k in idx]
+
+
+def test_steady_start_is_length_biased_as_a_long_run():
+    import numpy as np
+
+    from kv_cache.benchmarks.sessions.session_slots import Slot
+    from kv_cache.benchmarks.sessions.steady_state import prepare_steady_start
+    from kv_cache.settings.schema import load_config
+    from kv_cache.workload.sessions import generate_sessions
+
+    cfg = load_config(None).sessions
+
+    def service(script, i):  # a deterministic stand-in for the roofline: 1 s + 20 ms per output token
+        return 1.0 + 0.02 * script.turns[i].output_tokens
+
+    supply = generate_sessions(cfg, 42)
+    n = 400
+    slots = [Slot(i, cfg.block_tokens, 1.0, lambda: next(supply)) for i in range(n)]
+
+    class Sink:
+        def install(self, keys):
+            return 0
+
+        def occupancy(self):
+            return 1.0
+
+    start = prepare_steady_start(slots, [Sink()], lambda sid: 0, seed=7, stagger_cap_s=0.0, drain=None,
+                                 draw=lambda: next(supply), service=service)
+    long_run = [s for s, _ in zip(generate_sessions(cfg, 43), range(6000), strict=False)]
+    truth = _long_run_state(long_run, service, np.random.default_rng(1), 20000)
+    long_mean = float(np.mean([c for c, _ in truth]))
+    long_turn0 = float(np.mean([i == 0 for _, i in truth]))
+    got = start.to_dict()
+    assert got["mean_installed_context_tokens"] == pytest.approx(long_mean, rel=0.10)
+    assert got["fraction_at_turn_0"] == pytest.approx(long_turn0, abs=0.03)
+    # the naive start (a session as drawn, a turn uniform among its turns) is what this replaced: far off
+    naive = [s for s, _ in zip(generate_sessions(cfg, 44), range(2000), strict=False)]
+    rng = np.random.default_rng(2)
+    naive_ctx = [(lambda t: sc.contexts()[t][0] if t else 0)(int(rng.integers(0, len(sc.turns)))) for sc in naive]
+    assert abs(float(np.mean(naive_ctx)) - long_mean) > 0.15 * long_mean
+    assert all(slot.script is not None and slot.turn == t for slot, t in zip(slots, start.start_turns, strict=True))
 
 
 @pytest.mark.slow  # runs a rung in real time
@@ -280,3 +381,18 @@ def test_steady_state_rung_starts_full_and_detects_its_warmup(settings):
     assert st["hbm_occupancy_at_start"] == 1.0 and st["prestored_blocks"] > 0 and st["started_mid_session"] > 0
     assert 0 < result["warmup_end_s"] <= 2.0 and result["window_s"] == 1.0
     assert result["offload_io"]["storage_write_gib"] + result["offload_io"]["dram_write_gib"] < 1  # not counted
+
+
+@pytest.mark.slow  # runs a rung in real time
+def test_a_shaped_rung_names_its_storage_and_its_shaping(settings):
+    s = settings("--window", "1", "--warmup", "0.5", "--pace", "fixed:0.2", "--io-workers", "2", "--io-chunk-mb", "1",
+                 "--no-fsync", "--tier-bandwidth", "50", "--tier-latency", "0.5")
+    ls = s.ladder_settings
+    result = RungRun(ls, "dram+storage", 4, script_supply(None, s.sessions, ls.seed)).run()
+    block = result["offload_tier"]
+    assert block["storage"]["filesystem"] and block["storage"]["io_mode"] in ("direct", "buffered")
+    assert block["storage"]["shaping"]["bandwidth_gbps"] == 50.0 and block["storage"]["shaping"]["latency_ms"] == 0.5
+    assert [t["tier"] for t in block["tiers"]] == ["cpu", "storage"]
+    assert set(block["tiers"][1]["latency_ms"]) == {"load", "store"}
+    assert any("shaped" in n for n in result["tier_notes"]) and "queued_store_recomputed_turns" in result
+    assert result["turn_cycle_s"] is None or result["turn_cycle_s"] > 0

@@ -164,6 +164,8 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
         io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors,
         verify=bool(getattr(args, "verify", StorageSettings.verify)),
+        tier_bandwidth_gbps=float(getattr(args, "tier_bandwidth", None) or 0.0),
+        tier_latency_ms=float(getattr(args, "tier_latency", None) or 0.0),
     )
 
 

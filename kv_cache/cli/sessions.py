@@ -14,6 +14,7 @@ from datetime import datetime
 from kv_cache.benchmarks.sessions.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.benchmarks.sessions.run import SessionsSettings
 from kv_cache.errors import UsageError
+from kv_cache.host.capacity import AUTO_FRACTION
 from kv_cache.metrics.recorder import GIB
 from kv_cache.results.outputs import check_output_path
 from kv_cache.serving.engine import roofline as gpumod
@@ -58,7 +59,16 @@ class SessionsFlags:
     cache_dir: str | None = setting(None, flag=Flag(
         "--cache-dir", help="Directory of the storage offload tier (default: a temp dir)."))
     storage_capacity_gb: float = setting(0.0, flag=Flag(
-        "--storage-capacity-gb", type=float, help="Storage tier capacity (0 = 90%% of free space)."))
+        "--storage-capacity-gb", type=float,
+        help=f"Storage tier capacity, GiB (0 = automatic: {AUTO_FRACTION * 100:.0f}%% of the free space, less one block; "
+             "on tmpfs also within the memory budget)."))
+    tier_bandwidth: float = setting(0.0, flag=Flag(
+        "--tier-bandwidth", type=float, metavar="GB/s",
+        help="Shape the storage tier's real reads and writes to this many GB/s (10^9 bytes/s) per direction "
+             "(a token bucket each; the sleeps count as I/O time); 0 = as fast as the device."))
+    tier_latency: float = setting(0.0, flag=Flag(
+        "--tier-latency", type=float, metavar="ms",
+        help="Add this many ms to every storage-tier read and write (counted as I/O time)."))
     trace: str | None = setting(None, flag=Flag(
         "--trace", help="Sessions from a trace (agentic-coding dir, AIPerf, Bailian, Mooncake)."))
     trace_format: str = setting("auto", flag=Flag("--trace-format", help="Trace format (default: detected)."))
@@ -131,6 +141,8 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         ("--gpu-mem-gb", args.gpu_mem_gb, -1e-9),
         ("--cpu-mem-gb", args.cpu_mem_gb, -1e-9),
         ("--storage-capacity-gb", args.storage_capacity_gb, -1e-9),
+        ("--tier-bandwidth", args.tier_bandwidth, -1e-9),
+        ("--tier-latency", args.tier_latency, -1e-9),
     ):
         if not value > low:
             errors.append(f"{flag} must be {'positive' if low == 0 else 'non-negative'}, got {value}")
@@ -203,7 +215,8 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
             chunk_bytes=(args.io_chunk_mb or storage.chunk_size_mb) << 20,
             fsync=False if args.no_fsync else storage.fsync,
             io_mode=args.io_mode or storage.io_mode, io_workers=args.io_workers,
-            io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify),
+            io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify,
+            tier_bandwidth_gbps=args.tier_bandwidth, tier_latency_ms=args.tier_latency),
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,

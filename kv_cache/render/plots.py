@@ -4,7 +4,8 @@ Drawn from the document alone, so a saved result plots exactly as the run that w
 - latency_cdf.png: latency CDF per tier and operation (from the HdrHistograms in `latency_histograms`);
 - throughput.png: GiB/s per tier and direction, and p95 latency, over time (from `time_series`);
 - occupancy.png: bytes held per tier, queue depth and active users over time (from `time_series`);
-- ladder.png (sessions results): per-GPU throughput against concurrent sessions, per configuration, 95 % CIs.
+- ladder.png (sessions results): per-GPU throughput and p90 TTFT of returning turns against concurrent sessions,
+  per configuration, 95 % CIs (log2 x axis for doubling rungs; the SLO line when one was given).
 A plot with nothing to show is not drawn. matplotlib is the `plots` extra; without it, PlotsUnavailable.
 
 Every figure names the storage it measured at its top (filesystem, block device, cache directory, I/O mode,
@@ -168,26 +169,73 @@ def occupancy(results: dict[str, Any], out: Path) -> Path | None:
     return _save(fig, out / "occupancy.png", results)
 
 
+def _doubling(xs: list[int]) -> bool:
+    """Rungs that (mostly) double: a log axis spaces them evenly."""
+    xs = sorted(set(xs))
+    return len(xs) >= 3 and xs[0] > 0 and all(b / a >= 1.5 for a, b in zip(xs, xs[1:], strict=False))
+
+
+def _ci_bars(cis: list[dict[str, Any] | None]) -> tuple[list[float], list[list[float]]]:
+    ys, lo, hi = [], [], []
+    for c in cis:
+        est = c["estimate"] if c else float("nan")
+        ys.append(est)
+        lo.append(est - c["low"] if c and c.get("low") is not None else 0.0)
+        hi.append(c["high"] - est if c and c.get("high") is not None else 0.0)
+    return ys, [lo, hi]
+
+
 def ladder(results: dict[str, Any], out: Path) -> Path | None:
+    """Per-GPU throughput (left) and p90 TTFT of returning turns (right) against concurrent sessions, per
+    configuration, with 95 % CIs; a log2 x axis when the rungs double; the SLO, when one was given."""
     rungs = results.get("rungs") or []
     if not rungs:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 5))
     for cfg in dict.fromkeys(r["tiers"] for r in rungs):
         mine = sorted((r for r in rungs if r["tiers"] == cfg), key=lambda r: r["sessions"])
         xs = [r["sessions"] for r in mine]
-        cis = [r["throughput_tokens_per_s_per_gpu"] for r in mine]
-        ys = [c["estimate"] for c in cis]
-        lo = [c["estimate"] - (c.get("low") if c.get("low") is not None else c["estimate"]) for c in cis]
-        hi = [(c.get("high") if c.get("high") is not None else c["estimate"]) - c["estimate"] for c in cis]
-        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=cfg)
-    ax.set_xlabel("concurrent sessions")
+        ys, err = _ci_bars([r["throughput_tokens_per_s_per_gpu"] for r in mine])
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=cfg)
+        ts, terr = _ci_bars([((r.get("ttft") or {}).get("return") or {}).get("p90_s") for r in mine])
+        right.errorbar(xs, ts, yerr=terr, marker="o", capsize=4, label=cfg)
+    slo = (results.get("parameters") or {}).get("slo_ttft_p90_s")
+    if slo:
+        right.axhline(slo, color="k", linestyle="--", linewidth=1, label=f"SLO {slo:g} s")
+    log_x = _doubling([r["sessions"] for r in rungs])
+    for a in (ax, right):
+        if log_x:
+            a.set_xscale("log", base=2)
+            ticks = sorted({r["sessions"] for r in rungs})
+            a.set_xticks(ticks, [str(t) for t in ticks])  # the rungs themselves, not powers of 2
+            a.minorticks_off()
+        a.set_xlabel("concurrent sessions" + (" (log2 scale)" if log_x else ""))
+        a.grid(True, which="both", alpha=0.3)
+        a.legend()
     ax.set_ylabel("tokens/s per GPU (95 % CI)")
-    ax.set_title("Sessions ladder: per-GPU throughput by offload configuration")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return _save(fig, out / "ladder.png", results)
+    ax.set_title("Per-GPU throughput by offload configuration")
+    right.set_ylabel("p90 TTFT of returning turns, s (95 % CI)")
+    right.set_title("p90 TTFT of returning turns")
+    return save_figure(fig, out / "ladder.png", caption(results) + _shaping_note(results),
+                       title="Sessions ladder: per-GPU throughput and p90 TTFT by offload configuration")
+
+
+def _shaping_note(results: dict[str, Any]) -> str:
+    """The ladder's caption tail: the I/O mode the rungs' storage tier ran in (measured, where the parameters
+    hold the requested one) and its shaping."""
+    measured = next((st for r in results.get("rungs") or [] if (st := (r.get("offload_tier") or {}).get("storage"))),
+                    None)
+    return (f"; the rungs' storage tier: {measured['filesystem']}, {measured['io_mode']} I/O" if measured else "") + \
+        _shaped(results)
+
+
+def _shaped(results: dict[str, Any]) -> str:
+    shaping = (results.get("parameters") or {}).get("tier_shaping") or {}
+    parts = [f"{shaping['bandwidth_gbps']:g} GB/s (10^9 B/s)" if shaping.get("bandwidth_gbps") else "",
+             f"+{shaping['latency_ms']:g} ms" if shaping.get("latency_ms") else ""]
+    parts = [p for p in parts if p]
+    return f"; storage tier shaped to {', '.join(parts)} per direction" if parts else ""
 
 
 PLOTS = (latency_cdf, throughput, occupancy, ladder)

@@ -45,6 +45,7 @@ def print_partial(results: dict[str, Any], out: TextIO, source: str) -> None:
         _rung_rows(rows, out)
         _breakdown_table(rows, out)
         _io_table(rows, out)
+        _storage_table(rows, out)
 
 
 def _table_head(out: TextIO) -> None:
@@ -75,6 +76,7 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
     _rung_rows(results["rungs"], out)
     _breakdown_table(results["rungs"], out)
     _io_table(results["rungs"], out)
+    _storage_table(results["rungs"], out)
     s = results["summary"]
     slo = s.get("slo_ttft_p90_s")
     basis = f"largest sessions with p90 return TTFT <= {slo:g} s" if slo else "sessions at peak per-GPU throughput"
@@ -119,7 +121,8 @@ def _breakdown_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
     """Each returning turn's TTFT = queue wait (HBM admission) + offload load + prefill (incl. batching)."""
     if not any("ttft_breakdown" in r for r in rungs):
         return
-    out.write("\nTTFT of returning turns, broken down (mean s; p90 s in brackets), and what the loads moved:\n")
+    out.write("\nTTFT of returning turns, broken down (mean s; p90 s in brackets), and what the loads moved "
+              "(GB = 10^9 bytes):\n")
     out.write(f"{'config':<13} {'sessions':>8}  {'n':>5}  {'queue wait':<17} {'load':<17} {'prefill':<17} "
               f"{'loading':>7} {'GB/turn':>8} {'load GB/s':>9}\n")
     for r in rungs:
@@ -140,7 +143,8 @@ def _io_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
     rows = [r for r in rungs if r.get("offload_io_rates")]
     if not rows:
         return
-    out.write("\nOffload I/O per rung: offered / sustained GB/s (load, store), backlog (moves queued: end, max):\n")
+    out.write("\nOffload I/O per rung: offered / sustained GB/s (10^9 bytes/s; load, store), backlog (moves queued: "
+              "end, max):\n")
     for r in rows:
         io = r["offload_io_rates"]
         ld, st = io["load"], io["store"]
@@ -149,3 +153,35 @@ def _io_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
                   f"  store {st['offered_gbps']:.2f} / {st['sustained_gbps']:.2f}  backlog load "
                   f"{ld['backlog_ops_end']}/{ld['backlog_ops_max']} store {st['backlog_ops_end']}/{st['backlog_ops_max']}"
                   f"  engine late mean {_s(clock.get('late_ms_mean'), 2)} ms\n")
+
+
+def _lat(block: dict[str, Any] | None) -> str:
+    if not block or not block.get("ops"):
+        return "-"
+    return "/".join(_s(block.get(k), 2) for k in ("p50_ms", "p95_ms", "p99_ms"))
+
+
+def _storage_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
+    """Which storage the offload tiers were on (path, filesystem, I/O mode, shaping) and their load and store
+    latency percentiles per rung (ms per block move; GiB = 2^30 bytes)."""
+    rows = [r for r in rungs if (r.get("offload_tier") or {}).get("tiers")]
+    if not rows:
+        return
+    kinds: dict[str, list[str]] = {}  # what the tier was -> the paths it was at (a temp dir per rung without --cache-dir)
+    for r in rows:
+        st = r["offload_tier"].get("storage")
+        if st:
+            shaping = (st.get("shaping") or {}).get("described")
+            kind = (f"{st['filesystem']}{' (RAM)' if st.get('ram_backed') else ''}, {st['io_mode']} I/O"
+                    + (f", shaped: {shaping}" if shaping else ", unshaped"))
+            kinds.setdefault(kind, []).append(st["path"])
+    out.write("\n")
+    for kind, paths in kinds.items():
+        more = f" (and {len(paths) - 1} more: one directory per rung)" if len(set(paths)) > 1 else ""
+        out.write(f"Storage tier: {kind}, at {paths[0]}{more}\n")
+    out.write("Offload tier latency per block move, ms p50/p95/p99 (load = read from the tier, store = write into it):\n")
+    for r in rows:
+        parts = [f"{t['tier']} load {_lat(t['latency_ms']['load'])} store {_lat(t['latency_ms']['store'])} "
+                 f"(peak {t['peak_gib']:.2f} GiB{', ' + str(t['evictions']) + ' evictions' if t['evictions'] else ''})"
+                 for t in r["offload_tier"]["tiers"]]
+        out.write(f"  {r['tiers']:<13} {r['sessions']:>5}  {'; '.join(parts)}\n")

@@ -1,6 +1,8 @@
 """The one builder of the serving path: every benchmark (the standard run, each sessions rung) opens its
 tiers and its cache here, so both get the same storage backends, memory budget, leftovers sweep,
-automatic capacity, transient-error retries and --verify. The error policy is the caller's event loop's
+automatic capacity, transient-error retries, --verify and the storage tier's shaping (--tier-bandwidth,
+--tier-latency: storage/shaped.py wraps the storage tier's store; TierSet.file_store stays the bare
+FileStore, so its filesystem, path and I/O mode are still read there). The error policy is the caller's event loop's
 (it turns the policy's alarm into its stop): pass it as `on_fault`, or set ``cache.on_fault`` later."""
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from kv_cache.serving.cache import MultiTierCache
 from kv_cache.serving.tiers import TierSet, open_tiers
+from kv_cache.storage.shaped import ShapedStore, Shaping
+from kv_cache.storage.tiername import TierName
 
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
     from kv_cache.metrics.recorder import RunMetrics
@@ -18,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at
     from kv_cache.settings.sections import EvictionConfig
     from kv_cache.storage.faults import StorageFault
 
-__all__ = ["open_cache"]
+__all__ = ["open_cache", "shape_tiers"]
 
 
 def open_cache(tiers: TierSettings, storage: StorageSettings, eviction: EvictionConfig, metrics: RunMetrics,
@@ -33,5 +37,21 @@ def open_cache(tiers: TierSettings, storage: StorageSettings, eviction: Eviction
                storage_tier=storage_tier, last_ram_fraction=last_ram_fraction)
     if not stores.tiers:
         return None
+    if io_trace_log is None:  # trace mode logs operations instead of doing them: nothing to shape
+        shape_tiers(stores, Shaping(storage.tier_bandwidth_gbps, storage.tier_latency_ms))
     return MultiTierCache(stores.tiers, eviction, metrics, bytes_per_token, stop, tracer=stores.tracer,
                           retries=storage.io_retries, verify=storage.verify, on_fault=on_fault)
+
+
+def shape_tiers(stores: TierSet, shaping: Shaping) -> None:
+    """Wrap the storage tier's store (the offload tier that stands for the user's storage; the DRAM tier is
+    host memory and stays as it is) in a ShapedStore when `shaping` is active; noted in `stores.notes` and
+    kept in `stores.shaped` (tier name -> the wrapper, for its stats)."""
+    if not shaping.active:
+        return
+    for tier in stores.tiers:
+        if tier.kind is TierName.STORAGE and tier.store is not None and not isinstance(tier.store, ShapedStore):
+            tier.store = ShapedStore(tier.store, shaping)
+            stores.shaped[tier.stat_name] = tier.store
+            stores.notes.append(f"the storage tier's real I/O is shaped: {shaping.describe()} "
+                                "(token bucket per direction; the sleeps count as I/O time)")

@@ -53,6 +53,7 @@ class TierSet:
     # that a memory budget or the free space decided (cpu_mem_gb, gpu_mem_gb per GPU, storage_capacity_gb)
     sizes: dict[str, dict[str, object]] = field(default_factory=dict)
     backends: dict[TierName, Backend] = field(default_factory=dict)  # the backend behind each tier opened
+    shaped: dict[str, object] = field(default_factory=dict)  # tier -> its ShapedStore (--tier-bandwidth / -latency)
 
     def backend_names(self) -> dict[str, str]:
         """The results' measurement.tier_backends: each tier opened (gpu, cpu, storage) -> its backend's

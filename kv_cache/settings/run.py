@@ -77,6 +77,15 @@ class StorageSettings:
     verify: bool = setting(False, flag=Flag(
         "--verify", action="store_true", group=_ENGINE,
         help="Check every read's per-block stamps against what was written (mismatches counted)."))
+    # A tier as slow as the user's (storage/shaped.py): the storage tier's real reads and writes held to this
+    # rate per direction (a token bucket each; a total the ranks share) and this added latency per operation.
+    tier_bandwidth_gbps: float = setting(0.0, split=SPLIT, flag=Flag(
+        "--tier-bandwidth", type=float, metavar="GB/s", group=_ENGINE,
+        help="Shape the storage tier's real I/O to this many GB/s (10^9 bytes/s) per direction, a token "
+             "bucket each for reads and writes; 0 = unshaped. The sleeps count as I/O time."))
+    tier_latency_ms: float = setting(0.0, flag=Flag(
+        "--tier-latency", type=float, metavar="ms", group=_ENGINE,
+        help="Add this many ms to every storage-tier read and write operation (counted as I/O time)."))
 
 
 def _builtin_gpu(key: str) -> GPUSpec:

@@ -125,6 +125,8 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
         ("--precondition-threads", "precondition_threads"),
         ("--trace-speedup", "trace_speedup"),
         ("--replay-cycles", "replay_cycles"),
+        ("--tier-bandwidth", "tier_bandwidth"),
+        ("--tier-latency", "tier_latency"),
     ):
         value = get(name)
         if finite(flag, value) and value < 0:

@@ -19,15 +19,24 @@ from typing import Any
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
     RungRecord,
+    engine_clock,
     io_rates,
     per_gpu_rates,
     rung_flags,
     throughput_ci,
     ttft_breakdown,
     ttft_percentiles,
+    work_summary,
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
-from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
+from kv_cache.benchmarks.sessions.steady_state import (
+    WARMUP_CAP_CYCLES,
+    StationarityDetector,
+    modelled_service,
+    prepare_steady_start,
+    window_cycles,
+)
+from kv_cache.benchmarks.sessions.tier_checks import offload_tier, tier_flags
 from kv_cache.core import pool as pools
 from kv_cache.core import shapes
 from kv_cache.core.autoscale import IntervalSample, LoadShape
@@ -36,7 +45,6 @@ from kv_cache.core.error_policy import ErrorPolicy
 from kv_cache.core.events import EventLoop, Stop
 from kv_cache.core.pool import Stream
 from kv_cache.metrics.recorder import GIB, RunMetrics
-from kv_cache.metrics.stats import mean_ci, percentile
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
@@ -145,7 +153,9 @@ class RungRun:
                                "warmup_check": self._on_warmup_check})
         self.window_start_ns: int | None = None
         self.steady = None
-        self.warmup = WarmupDetector()
+        self.warmup = StationarityDetector()
+        self.cap_s = ls.warmup_s  # the latest the window opens (steady state: at least one turn cycle)
+        self.tick_at = (0, 0)  # (completed turns, first tokens) seen by the last warm-up check
         self.lock = threading.Lock()
         self.first_tokens: list[tuple[float, str, float]] = []  # (t, class, ttft s)
         self.first_reqs: list[tuple[float, TurnRequest]] = []  # (t, turn) at its first token
@@ -156,6 +166,7 @@ class RungRun:
         self.offered: list[tuple[float, int]] = []  # (t, new tokens)
         self.violations = 0
         self.sessions_started = 0
+        self.max_context_tokens = 0  # the largest context of the sessions this rung started (tier_checks)
         self.storage_error: str | None = None  # why the error policy stopped the rung (None: it did not)
 
     # -- engine callbacks (engine threads) ---------------------------------------------------
@@ -234,7 +245,9 @@ class RungRun:
     # -- the closed loop ----------------------------------------------------------------------
     def _next_script(self) -> SessionScript:
         self.sessions_started += 1
-        return apply_pace(next(self.scripts), self.ls.pace, self.ls.seed)
+        script = apply_pace(next(self.scripts), self.ls.pace, self.ls.seed)
+        self.max_context_tokens = max(self.max_context_tokens, script.max_context_tokens)
+        return script
 
     def _issue(self, slot: Slot, now: int) -> None:
         if slot.outstanding:  # the closed-loop invariant; counted, never expected
@@ -269,12 +282,16 @@ class RungRun:
             self.io_open = self.io.snapshot()
 
     def _on_warmup_check(self, when: int, interval_ns: int) -> None:
-        """Steady-state runs: sample occupancy; open the window once it is steady."""
+        """Steady-state runs: one tick of the stationarity test; open the window once it passes."""
         if self.window_start_ns is not None:
             return
-        in_engine = sum(len(r.waiting) + len(r.prefill) + len(r.decoding) for r in self.replicas)
-        occupancy = sum(r.occupancy() for r in self.replicas) / len(self.replicas)
-        if self.warmup.add((when - self.t0) / 1e9, occupancy, in_engine):
+        with self.lock:
+            ttfts = [x[2] for x in self.first_tokens[self.tick_at[1]:]]
+            self.tick_at = (len(self.completed), len(self.first_tokens))
+        done = self.completed[self._done_at:]
+        self._done_at = len(self.completed)
+        tokens = sum(r.input_tokens + r.output_tokens for _, r in done)
+        if self.warmup.add((when - self.t0) / 1e9, tokens, ttfts):
             self._on_open_window(when, None)
         else:
             self.loop.push(when + interval_ns, "warmup_check", interval_ns)
@@ -327,13 +344,17 @@ class RungRun:
         if ls.steady_state:
             self.steady = prepare_steady_start(
                 self.closed.users, self.replicas, lambda sid: replica_of(sid, ls.seed, len(self.replicas)),
-                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None)
+                ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None,
+                draw=lambda: apply_pace(next(self.scripts), ls.pace, ls.seed), service=modelled_service(ls.gpu, ls.efficiency, ls.model, ls.tensor_parallel))
+            self.warmup.min_s = self.steady.turn_cycle_s
+            self.cap_s = max(ls.warmup_s, WARMUP_CAP_CYCLES * self.steady.turn_cycle_s)
+        self._done_at = 0
         self.t0 = self._now = self.loop.clock()
-        window_start = self.t0 + int(ls.warmup_s * 1e9)  # steady state: the latest the window opens
+        window_start = self.t0 + int(self.cap_s * 1e9)  # steady state: the latest the window opens
         self.window_end = window_start + int(ls.window_s * 1e9)
         self.loop.push(window_start, "open_window")
         if ls.steady_state:
-            interval = int(max(0.05, min(1.0, ls.window_s / 20)) * 1e9)
+            interval = int(max(0.05, min(1.0, ls.window_s / 20, self.cap_s / 20)) * 1e9)  # >= 8 ticks by the cap
             self.loop.push(self.t0 + interval, "warmup_check", interval)
         self.loop.push(self.t0 + int(self.shape.interval_s * 1e9), "monitor", (self.t0, 0))
 
@@ -353,34 +374,23 @@ class RungRun:
                 if getattr(self, "io", None) is not None:
                     self.io_close = self.io.snapshot()
             self._teardown()
-        w0 = ((self.window_start_ns or self.t0 + int(ls.warmup_s * 1e9)) - self.t0) / 1e9
+        w0 = ((self.window_start_ns or self.t0 + int(self.cap_s * 1e9)) - self.t0) / 1e9
         result = self._results(w0, w0 + ls.window_s)
         result["warmup_end_s"] = w0
+        result["turn_cycle_s"], cycle_flag = window_cycles(self.sessions, ls.window_s, result["completed_turns"])
+        if cycle_flag:
+            result["flags"].append(cycle_flag)
         if self.steady is not None:
-            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": w0 < ls.warmup_s,
-                                      "warmup_rule": f"HBM occupancy within {self.warmup.hbm_tolerance:.0%} and "
-                                                     f"turns in the engine within max(1, "
-                                                     f"{self.warmup.turns_tolerance:.0%}) over "
-                                                     f"{self.warmup.ticks} checks; cap --warmup {ls.warmup_s:g} s"}
-            if w0 >= ls.warmup_s:
-                result["flags"].append("steady occupancy not detected: the window opened at the --warmup cap")
+            detected = w0 < self.cap_s - 1e-9
+            result["steady_state"] = {**self.steady.to_dict(), "warmup_detected": detected,
+                                      "warmup_cap_s": self.cap_s, "warmup_rule": self.warmup.rule(self.cap_s),
+                                      "warmup_test": self.warmup.last or None}
+            if not detected:
+                result["flags"].append(f"no stationary warm-up detected: the window opened at the cap "
+                                       f"({self.cap_s:g} s)")
         return result
 
     # -- results ------------------------------------------------------------------------------
-    def _engine_clock(self) -> dict[str, Any]:
-        """How late the replicas woke up against their modelled (absolute) deadlines: the drift that remained."""
-        late = [x / 1e6 for r in self.replicas for x in r.late_ns]
-        modelled = sum(r.modelled_ns for r in self.replicas) / 1e9
-        return {
-            "method": "absolute deadlines: iteration i ends at t_start + sum of modelled iteration times; "
-                      "lateness = wake-up time - deadline, not accumulated",
-            "iterations": len(late),
-            "modelled_busy_s": modelled,
-            "late_ms_mean": sum(late) / len(late) if late else None,
-            "late_ms_p99": percentile(late, 99) if late else None,
-            "late_ms_max": max(late) if late else None,
-        }
-
     def _results(self, w0: float, w1: float) -> dict[str, Any]:
         ls = self.ls
         k = ls.subwindows
@@ -430,17 +440,24 @@ class RungRun:
             "verify": {"enabled": ls.storage.verify, "mismatches": self.metrics.verify_mismatches},
             "tier_notes": list(self.stores.notes) if getattr(self, "stores", None) is not None else [],
             "tier_backends": self.stores.backend_names() if getattr(self, "stores", None) is not None else {},
-            "work": self._work(done, offered, new_done, new_offered),
+            "work": work_summary(done, offered, new_done, new_offered),
             "sessions_started": self.sessions_started,
             "closed_loop_violations": self.violations,
             "oversized_turns": sum(1 for _, r in done if r.oversized),
             "hbm_evictions": sum(r.evictions for r in self.replicas),
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
             "hbm_max_occupied_blocks": max(r.max_occupied for r in self.replicas),
-            "engine_clock": self._engine_clock(),
+            "engine_clock": engine_clock(self.replicas),
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
+        result["queued_store_recomputed_turns"] = sum(1 for _, r in done if r.queued_store_miss)
+        result["offload_tier"] = offload_tier(getattr(self, "stores", None), self.cache, self.metrics,
+                                              self.max_context_tokens, ls.model.bytes_per_token, self.io,
+                                              ls.storage.io_workers)
+        if self.tiers != "none":
+            result["flags"] += tier_flags(result["offload_tier"], ls.gpu.host_link_gbs, ls.tensor_parallel,
+                                          result["queued_store_recomputed_turns"], len(done))
         return result
 
     def _kv_sources(self, done: list) -> dict[str, Any]:
@@ -472,23 +489,4 @@ class RungRun:
             "block_bytes_per_gpu": ls.block_bytes_per_gpu,
             "storage_read_gib_per_gpu": st_r.window_bytes / GIB / ls.tensor_parallel,
             "storage_write_gib_per_gpu": st_w.window_bytes / GIB / ls.tensor_parallel,
-        }
-
-    @staticmethod
-    def _work(done, offered, new_done, new_offered) -> dict[str, Any]:
-        """What the completed turns were: the work-equivalence control's inputs."""
-        ctx = [r.input_tokens for _, r in done]
-        out = [r.output_tokens for _, r in done]
-        return {
-            "turns_offered": len(offered),
-            "turns_completed": len(done),
-            "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
-            "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
-            "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
-            "mean_output_tokens_completed": (sum(out) / len(done)) if done else 0.0,
-            "context_tokens_per_turn_ci": mean_ci(ctx).to_dict() if ctx else None,
-            "output_tokens_per_turn_ci": mean_ci(out).to_dict() if out else None,
-            "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
-            "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
-            "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,
         }

@@ -226,6 +226,9 @@ def _parameters(s: SessionsSettings, ls: LadderSettings, ladder: list[int], tier
         "pace_transform": pace_transform(ls.pace, s.pace_text, ls.seed),
         "dram_write_through": ls.dram_write_through,
         "engine_calibration": engine_calibration(ls),
+        "tier_shaping": {"bandwidth_gbps": ls.storage.tier_bandwidth_gbps or None,
+                         "latency_ms": ls.storage.tier_latency_ms or None, "unit": "GB/s = 10^9 bytes/s",
+                         "applies_to": "the storage tier's real reads and writes (token bucket per direction)"},
     }
 
 

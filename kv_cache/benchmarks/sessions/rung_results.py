@@ -26,7 +26,7 @@ from kv_cache.metrics.stats import (
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "RungRecord", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
-           "ttft_percentiles"]
+           "ttft_percentiles", "work_summary", "engine_clock"]
 
 TURN_CLASSES = ("start", "return", "agentic")
 MIN_PERCENTILE_SAMPLES = 20
@@ -158,3 +158,37 @@ def mean_of(values: list[float]) -> dict[str, Any]:
 
 def per_gpu_rates(samples: list[tuple[float, float]], window: tuple[float, float], k: int, gpus: int) -> list[float]:
     return [x / gpus for x in subwindow_rates(samples, window, k)]
+
+
+def work_summary(done: list, offered: list, new_done: list[int], new_offered: list[int]) -> dict[str, Any]:
+    """What the completed turns were: the work-equivalence control's inputs."""
+    ctx = [r.input_tokens for _, r in done]
+    out = [r.output_tokens for _, r in done]
+    return {
+        "turns_offered": len(offered),
+        "turns_completed": len(done),
+        "mean_new_tokens_offered": sum(new_offered) / len(new_offered) if new_offered else 0.0,
+        "mean_new_tokens_completed": sum(new_done) / len(new_done) if new_done else 0.0,
+        "new_tokens_per_turn_ci": mean_ci(new_done).to_dict() if new_done else None,
+        "mean_output_tokens_completed": (sum(out) / len(done)) if done else 0.0,
+        "context_tokens_per_turn_ci": mean_ci(ctx).to_dict() if ctx else None,
+        "output_tokens_per_turn_ci": mean_ci(out).to_dict() if out else None,
+        "context_tokens_p50_p90": [percentile(ctx, 50), percentile(ctx, 90)] if ctx else None,
+        "new_tokens_p50_p90": [percentile(new_done, 50), percentile(new_done, 90)] if new_done else None,
+        "output_tokens_p50_p90": [percentile(out, 50), percentile(out, 90)] if out else None,
+    }
+
+
+def engine_clock(replicas: Sequence[Any]) -> dict[str, Any]:
+    """How late the replicas woke up against their modelled (absolute) deadlines: the drift that remained."""
+    late = [x / 1e6 for r in replicas for x in r.late_ns]
+    modelled = sum(r.modelled_ns for r in replicas) / 1e9
+    return {
+        "method": "absolute deadlines: iteration i ends at t_start + sum of modelled iteration times; "
+                  "lateness = wake-up time - deadline, not accumulated",
+        "iterations": len(late),
+        "modelled_busy_s": modelled,
+        "late_ms_mean": sum(late) / len(late) if late else None,
+        "late_ms_p99": percentile(late, 99) if late else None,
+        "late_ms_max": max(late) if late else None,
+    }

@@ -60,7 +60,11 @@ class Slot:
         return list(self.keys)
 
     def _start_session(self) -> None:
-        self.script, self.turn = self.next_script(), 0
+        self.begin(self.next_script())
+
+    def begin(self, script: SessionScript) -> None:
+        """Make `script` the slot's current session, at its first turn (the steady-state start picks it)."""
+        self.script, self.turn = script, 0
         self.contexts = self.script.contexts()
         self.keys = [f"shared_{j}" for j in range(self.script.shared_prefix_tokens // self.block_tokens)]
 

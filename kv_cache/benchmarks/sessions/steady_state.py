@@ -1,19 +1,32 @@
-"""`--steady-state`: start a rung as a long run would have left it, and detect when its warm-up ended.
+"""`--steady-state`: start a rung as a long run would hold it, and detect when its warm-up ended.
 
-- Each slot's first session starts at a seeded random turn, with its earlier turns already processed (their
-  blocks keyed as if they had run); the slots' contexts are installed in HBM in a seeded order (the last one
-  is the most recently used), so HBM is filled by LRU; blocks that do not stay in HBM are stored in the
-  offload tiers before the clock starts (not counted: the measured window is not open), and lost for `none`.
-- Arrivals are staggered: a slot's first turn comes after uniform(0, its pause) seconds (a start turn:
-  uniform(0, the warm-up cap)), so the slots do not all return at once and later start turns spread over the
-  window.
-- The warm-up ends when occupancy is steady: HBM occupancy and the turns in the engine, sampled every
-  `interval_s`, varied less than the tolerances over the last `ticks` samples; never later than the cap
-  (`--warmup`), and the results say which.
+The start (`prepare_steady_start`), as a closed loop that has run for a long time holds its slots:
+- Sessions are length-biased: a long run is inside a session for as long as that session lasts, so a slot
+  is found in a session with probability proportional to its duration. The start draws a pool of
+  `POOL_FACTOR` x N sessions (at least `MIN_POOL`) from the rung's supply and picks N of them without
+  replacement, with probability proportional to their durations (`session_seconds`: the pauses plus each
+  turn's modelled service time, alone on the GPU).
+- Positions are uniform in time: a uniform point in the session's duration falls either in the pause
+  before turn i (the slot waits the rest of that pause, then issues turn i) or in turn i's service (the
+  turn is issued at once). The turns before i are processed: their blocks are keyed as if they had run.
+- The contexts are installed in HBM in the order a long run's LRU would hold them (the slot idle longest
+  first, the one in service last), so HBM is filled by LRU; blocks that do not stay in HBM are stored in the
+  offload tiers before the clock starts (not counted: the window is not open), and lost for `none`.
+
+The warm-up (`StationarityDetector`) lasts at least one turn cycle (a slot's mean time from one turn to
+the next in the pool: the pool's duration over its turns) and until a trend test passes on the latest half
+of the warm-up so far, cut in `GROUPS` equal sub-windows of monitor ticks: a Mann-Kendall test (S statistic, normal
+approximation, two-sided 5 %) finds no trend in the sub-windows' throughput (tokens of completed turns), nor
+in their mean TTFT when at least `MIN_TTFT_GROUPS` sub-windows saw a first token. It is capped at
+max(--warmup, `WARMUP_CAP_CYCLES` turn cycles); the results say which ended it.
+
+`window_cycles` says how many turn cycles the window held at a rung (measured: N slots x window / turns
+completed, by Little's law) and flags a window shorter than `MIN_WINDOW_CYCLES` of them.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +34,63 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SteadyStart", "WarmupDetector", "prepare_steady_start"]
+from kv_cache.serving.engine import roofline as gpumod
+
+__all__ = ["WARMUP_CAP_CYCLES", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
+           "stationary_position", "window_cycles"]
+
+POOL_FACTOR = 8
+MIN_POOL = 64
+GROUPS = 8
+MIN_TTFT_GROUPS = 6
+Z_CRIT = 1.96  # two-sided 5 %
+MIN_WINDOW_CYCLES = 3.0
+WARMUP_CAP_CYCLES = 2.0  # the warm-up's cap: max(--warmup, this many turn cycles), so the test has time to pass
+
+TurnSeconds = Callable[[Any, int], float]  # (script, turn index) -> modelled service seconds of that turn
+
+
+def no_service(script: Any, i: int) -> float:
+    return 0.0
+
+
+def modelled_service(gpu: Any, eff: Any, model: Any, tp: int) -> TurnSeconds:
+    """Turn i's modelled service alone on a replica: its prefill after the reused prefix, then its decode (one
+    step per output token at the turn's mid-decode context); the steady start's duration weights."""
+    memo: list[Any] = [None, None]  # the last script and its contexts (session_seconds walks one at a time)
+
+    def service(script: Any, i: int) -> float:
+        if memo[0] is not script:
+            memo[0], memo[1] = script, script.contexts()
+        reused, inp = memo[1][i]
+        out = script.turns[i].output_tokens
+        prefill = gpumod.prefill_seconds(gpu, eff, model, inp - reused, reused, tp=tp)
+        return prefill + out * gpumod.decode_step_seconds(gpu, eff, model, 1, inp + out / 2, tp=tp)
+
+    return service
+
+
+def session_seconds(script: Any, service: TurnSeconds = no_service) -> list[tuple[float, float]]:
+    """(pause before, service) seconds of each turn of `script` (the first turn has no pause)."""
+    return [(float(t.pause_before_s or 0.0), float(service(script, i))) for i, t in enumerate(script.turns)]
+
+
+def stationary_position(segments: list[tuple[float, float]], u: float) -> tuple[int, float, float]:
+    """Where a uniform point `u` in [0, 1) of a session's duration falls: (turn to issue next, seconds until it
+    is issued, seconds the slot has been idle). In the pause before turn i: (i, rest of the pause, pause so
+    far); in turn i's service: (i, 0, 0)."""
+    total = sum(p + s for p, s in segments)
+    if total <= 0:
+        return 0, 0.0, 0.0
+    x = u * total
+    for i, (p, s) in enumerate(segments):
+        if x < p:
+            return i, p - x, x
+        x -= p
+        if x < s:
+            return i, 0.0, 0.0
+        x -= s
+    return len(segments) - 1, 0.0, 0.0
 
 
 @dataclass
@@ -29,9 +98,12 @@ class SteadyStart:
     """What the steady-state start did (reported per rung)."""
 
     start_turns: list[int] = field(default_factory=list)
+    installed_tokens: list[int] = field(default_factory=list)  # context each slot held at the start
     hbm_occupancy: float = 0.0
     prestored_blocks: int = 0
     prestore_s: float = 0.0
+    pool_sessions: int = 0
+    turn_cycle_s: float = 0.0  # the pool's duration / its turns
 
     def to_dict(self) -> dict[str, Any]:
         n = len(self.start_turns)
@@ -42,26 +114,51 @@ class SteadyStart:
             "hbm_occupancy_at_start": self.hbm_occupancy,
             "prestored_blocks": self.prestored_blocks,
             "prestore_s": self.prestore_s,
+            "sampling": "length-biased sessions (weight = duration), positions uniform in time",
+            "pool_sessions": self.pool_sessions,
+            "mean_installed_context_tokens": sum(self.installed_tokens) / n if n else None,
+            "fraction_at_turn_0": sum(1 for t in self.start_turns if t == 0) / n if n else None,
+            "turn_cycle_s": self.turn_cycle_s,
         }
 
 
+def _pick(slots: Sequence[Any], draw: Callable[[], Any], service: TurnSeconds,
+          rng: np.random.Generator) -> tuple[list[Any], list[list[tuple[float, float]]], float, int]:
+    """N sessions out of a pool, length-biased; with their segments, the turn cycle and the pool size."""
+    n = len(slots)
+    pool = [draw() for _ in range(max(POOL_FACTOR * n, MIN_POOL))]
+    segments = [session_seconds(s, service) for s in pool]
+    durations = np.array([sum(p + s for p, s in seg) for seg in segments], dtype=float)
+    turns = sum(len(s.turns) for s in pool)
+    cycle = float(durations.sum() / turns) if turns else 0.0
+    weights = durations if durations.sum() > 0 else np.ones(len(pool))
+    chosen = rng.choice(len(pool), size=n, replace=False, p=weights / weights.sum())
+    return [pool[int(i)] for i in chosen], [segments[int(i)] for i in chosen], cycle, len(pool)
+
+
 def prepare_steady_start(slots: Sequence[Any], replicas: Sequence[Any], replica_of: Callable[[str], int],
-                         seed: int, stagger_cap_s: float, drain: Callable[[], None] | None) -> SteadyStart:
-    """Fast-forward every slot to a seeded random turn, install the contexts in HBM in a seeded LRU order,
-    store the overflow in the tiers and wait for those writes (`drain`) before the rung's clock starts."""
+                         seed: int, stagger_cap_s: float, drain: Callable[[], None] | None,
+                         draw: Callable[[], Any] | None = None, service: TurnSeconds = no_service) -> SteadyStart:
+    """Give every slot a length-biased session at a position uniform in time (module docstring), install the
+    contexts in HBM in LRU order, store the overflow in the tiers and wait for those writes (`drain`) before
+    the rung's clock starts. `draw`: one session of the rung's supply (default: the first slot's);
+    `service`: a turn's modelled service seconds; `stagger_cap_s` is kept for the callers (unused: the
+    positions stagger the arrivals)."""
     rng = np.random.default_rng([seed, len(slots), 0x57EAD1])
-    out = SteadyStart(start_turns=[0] * len(slots))
+    out = SteadyStart(start_turns=[0] * len(slots), installed_tokens=[0] * len(slots))
     t0 = time.perf_counter()
-    for i in rng.permutation(len(slots)):
-        slot = slots[int(i)]
-        slot._start_session()
-        turns = slot.script.turns
-        start = int(rng.integers(0, len(turns)))
+    scripts, segments, out.turn_cycle_s, out.pool_sessions = _pick(slots, draw or slots[0].next_script, service, rng)
+    idle = []
+    for i, slot in enumerate(slots):
+        slot.begin(scripts[i])
+        start, wake, idle_s = stationary_position(segments[i], float(rng.random()))
         keys = slot.fast_forward(start)
-        out.start_turns[int(i)] = start
-        out.prestored_blocks += replicas[replica_of(slot.script.session_id)].install(keys)
-        pause = turns[start].pause_before_s if start else None
-        slot.first_wake = float(rng.uniform(0.0, pause if pause else max(stagger_cap_s, 0.0)))
+        out.start_turns[i] = start
+        out.installed_tokens[i] = slot.contexts[start][0] if start else 0
+        slot.first_wake = wake
+        idle.append((idle_s, i, keys))
+    for _, i, keys in sorted(idle, key=lambda x: (-x[0], x[1])):  # idle longest first: the LRU end
+        out.prestored_blocks += replicas[replica_of(slots[i].script.session_id)].install(keys)
     if drain is not None:
         drain()
     out.prestore_s = time.perf_counter() - t0
@@ -69,23 +166,58 @@ def prepare_steady_start(slots: Sequence[Any], replicas: Sequence[Any], replica_
     return out
 
 
+def mann_kendall_z(values: Sequence[float]) -> float:
+    """The Mann-Kendall trend statistic of `values` in time order, as a z score (normal approximation with
+    continuity correction, no tie correction); 0 for fewer than 3 values."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < 3:
+        return 0.0
+    s = float(np.sign(x[None, :] - x[:, None])[np.triu_indices(n, 1)].sum())
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    return 0.0 if s == 0 else (s - math.copysign(1.0, s)) / math.sqrt(var)
+
+
 @dataclass
-class WarmupDetector:
-    """Steady when the last `ticks` samples of HBM occupancy span less than `hbm_tolerance` and those of the
-    turns in the engine less than max(1, `turns_tolerance` x their mean)."""
+class StationarityDetector:
+    """The warm-up's end (module docstring): `add` one monitor tick's completed tokens and first-token TTFTs;
+    True once the warm-up is at least `min_s` long and the latest half of it shows no trend."""
 
-    ticks: int = 4
-    hbm_tolerance: float = 0.05
-    turns_tolerance: float = 0.25
-    samples: list[tuple[float, float, int]] = field(default_factory=list)  # (t s, occupancy, turns in engine)
+    min_s: float = 0.0
+    groups: int = GROUPS
+    ticks: list[tuple[float, float, list[float]]] = field(default_factory=list)  # (t s, tokens, TTFTs s)
+    last: dict[str, Any] = field(default_factory=dict)  # the last test's z scores
 
-    def add(self, t_s: float, occupancy: float, in_engine: int) -> bool:
-        self.samples.append((t_s, occupancy, in_engine))
-        if len(self.samples) < self.ticks:
+    def add(self, t_s: float, tokens: float, ttfts: Sequence[float]) -> bool:
+        self.ticks.append((t_s, float(tokens), list(ttfts)))
+        if t_s < self.min_s:
             return False
-        last = self.samples[-self.ticks:]
-        occ = [s[1] for s in last]
-        turns = [s[2] for s in last]
-        mean_turns = sum(turns) / len(turns)
-        return (max(occ) - min(occ) < self.hbm_tolerance
-                and max(turns) - min(turns) <= max(1.0, self.turns_tolerance * mean_turns))
+        recent = [x for x in self.ticks if x[0] > t_s / 2]
+        if len(recent) < self.groups:
+            return False
+        parts = np.array_split(np.arange(len(recent)), self.groups)
+        tput = [sum(recent[j][1] for j in p) for p in parts]
+        ttft = [float(np.mean(v)) for p in parts if (v := [y for j in p for y in recent[j][2]])]
+        z_t = mann_kendall_z(tput)
+        z_f = mann_kendall_z(ttft) if len(ttft) >= MIN_TTFT_GROUPS else None
+        self.last = {"throughput_z": z_t, "ttft_z": z_f, "groups": self.groups, "at_s": t_s}
+        return abs(z_t) < Z_CRIT and (z_f is None or abs(z_f) < Z_CRIT)
+
+    def rule(self, cap_s: float) -> str:
+        return (f"at least one turn cycle ({self.min_s:.1f} s), then no Mann-Kendall trend (|z| < {Z_CRIT}) in "
+                f"the throughput and the mean TTFT of {self.groups} sub-windows of the latest half of the warm-up; "
+                f"cap {cap_s:g} s (max of --warmup and {WARMUP_CAP_CYCLES:g} turn cycles)")
+
+
+def window_cycles(sessions: int, window_s: float, completed_turns: int) -> tuple[float | None, str | None]:
+    """(turn cycle seconds measured in the window, or None without a completed turn; a flag when the window
+    held fewer than MIN_WINDOW_CYCLES of them)."""
+    if completed_turns <= 0:
+        return None, (f"no turn completed in the {window_s:g} s window: it is shorter than one turn cycle at "
+                      f"{sessions} sessions; use a longer --window")
+    cycle = sessions * window_s / completed_turns
+    if window_s < MIN_WINDOW_CYCLES * cycle:
+        return cycle, (f"the window ({window_s:g} s) holds {window_s / cycle:.1f} turn cycles "
+                       f"(cycle {cycle:.1f} s = sessions x window / turns) < {MIN_WINDOW_CYCLES:g}: "
+                       "each slot returned too few times for a steady figure; use a longer --window")
+    return cycle, None

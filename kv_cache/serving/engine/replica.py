@@ -70,6 +70,7 @@ class TurnRequest:
     load_bytes: int = 0
     prefill_start_ns: int = 0  # when the turn joined the prefill queue (after its loads)
     skipped_load_blocks: int = 0  # offload hits recomputed instead (--load-policy cost)
+    queued_store_miss: bool = False  # its prefix stopped at a block evicted from HBM whose store was still queued
     oversized: bool = False
 
 
@@ -120,7 +121,7 @@ class IOPool:
         self.counters = {"load": IOCounters(), "store": IOCounters()}
         self.read_bytes_by_tier: dict[str, int] = {}
         self.read_ns_by_tier: dict[str, int] = {}
-        self.queued_stores: set[str] = set()  # blocks whose store is submitted and not finished
+        self.storing: set[str] = set()  # keys whose store is queued or running (not yet in a tier)
 
     def load(self, key: str, done: Callable[[str, bool], None]) -> None:
         self._count_submit("load")
@@ -128,14 +129,14 @@ class IOPool:
 
     def store(self, key: str) -> None:
         with self.lock:
-            self.queued_stores.add(key)
+            self.storing.add(key)
         self._count_submit("store")
         self.executor.submit(partial(self._run, "store", key, None), STORE_PRIORITY)
 
     def holds_or_queued(self, key: str) -> bool:
         """The block is in an offload tier, or on its way there (a store queued or running)."""
         with self.lock:
-            if key in self.queued_stores:
+            if key in self.storing:
                 return True
         return self.cache.contains(key)
 
@@ -180,11 +181,11 @@ class IOPool:
         spent = time.perf_counter_ns() - t0 - standin
         _last_standin.ns = standin
         with self.lock:
-            if kind == "store":
-                self.queued_stores.discard(key)
             c = self.counters[kind]
             c.completed_ops += 1
             c.busy_ns += spent
+            if kind == "store":
+                self.storing.discard(key)
             if ok:
                 c.completed_bytes += self.block_bytes
             if tier is not None:
@@ -312,6 +313,8 @@ class Replica:
                 load_keys.append(key)
                 loads += 1
             else:
+                # a block evicted from HBM whose store has not reached a tier yet: recomputed (counted)
+                req.queued_store_miss = key in getattr(self.io, "storing", ())
                 break
         req.hbm_hit_blocks = hits
         if load_keys and self.load_policy == "cost" and not self._worth_loading(hits, load_keys):
