@@ -5,7 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from kv_cache.metrics.block_bootstrap import block_bootstrap_ci, block_length, correlation_time, paired_ratio_ci
+from kv_cache.metrics.block_bootstrap import (
+    block_bootstrap_ci,
+    block_length,
+    correlation_time,
+    paired_ratio_ci,
+)
 from kv_cache.metrics.stats import percentile_ci
 
 Z90 = 1.2815515655446004  # standard normal 0.9 quantile

@@ -18,7 +18,9 @@ from typing import Any
 
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
+    FailureInputs,
     RungRecord,
+    failure_flags,
     io_rates,
     per_gpu_rates,
     rung_flags,
@@ -152,6 +154,7 @@ class RungRun:
         self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
         self.completed: list[tuple[float, TurnRequest]] = []
         self.offered: list[tuple[float, int]] = []  # (t, new tokens)
+        self.issued_inputs: list[int] = []  # every issued turn's whole context (tokens), warm-up included
         self.violations = 0
         self.sessions_started = 0
         self.storage_error: str | None = None  # why the error policy stopped the rung (None: it did not)
@@ -240,6 +243,7 @@ class RungRun:
         req.issue_ns = now
         with self.lock:
             self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
+            self.issued_inputs.append(req.input_tokens)
         self.replicas[replica_of(req.session_id, self.ls.seed, len(self.replicas))].submit(req)
 
     def _make_slot(self, index: int) -> Slot:
@@ -436,7 +440,28 @@ class RungRun:
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
+        result["flags"] += failure_flags(result, self.tiers, self._failure_inputs())
         return result
+
+    def _failure_inputs(self) -> FailureInputs:
+        """What the failure-mode flags need: modelled whole-context prefill of the issued turns, the largest
+        session context of the rung's slots, the tiers' effective sizes."""
+        ls = self.ls
+        users = getattr(getattr(self, "closed", None), "users", None) or {}
+        slots = users.values() if isinstance(users, dict) else users
+        largest = 0
+        for slot in slots:
+            if slot.script is not None and slot.script.turns:
+                largest = max(largest, slot.script.contexts()[-1][1] + slot.script.turns[-1].output_tokens)
+        sizes = getattr(getattr(self, "stores", None), "sizes", {}) or {}
+        return FailureInputs(
+            issued_prefill_s=[gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, n, 0, tp=ls.tensor_parallel)
+                              for n in self.issued_inputs],
+            issued_context_tokens=list(self.issued_inputs), largest_session_tokens=largest,
+            bytes_per_token=ls.model.bytes_per_token,
+            tier_sizes_gib={k: float(v["effective"]) for k, v in sizes.items()
+                            if k in ("cpu_mem_gb", "storage_capacity_gb")},
+            window_s=ls.window_s, replicas=ls.replicas, usable_fraction=ls.dram_usable_fraction)
 
     def _kv_sources(self, done: list) -> dict[str, Any]:
         """Where the context of the window's completed turns came from: HBM hits, loads, recomputation."""

@@ -44,9 +44,63 @@ def _p90_return(r: dict[str, Any]) -> float | None:
     return p["estimate"] if p else None
 
 
+def _merge_ttft(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per turn class and percentile: the mean of the K replications' pooled percentiles with the t-interval
+    across them; n = the turns of all K."""
+    out: dict[str, Any] = {}
+    for cls, first in reps[0]["ttft"].items():
+        out[cls] = {"n": sum(r["ttft"].get(cls, {}).get("n", 0) for r in reps)}
+        for key in first:
+            if key == "n":
+                continue
+            values = [r["ttft"][cls][key]["estimate"] for r in reps
+                      if (r["ttft"].get(cls) or {}).get(key) and r["ttft"][cls][key].get("estimate") is not None]
+            if not values:
+                out[cls][key] = None
+                continue
+            ci = mean_of(values)
+            ci["method"] = f"mean of {len(values)} replications' pooled percentiles, t-interval across them"
+            out[cls][key] = ci
+    return out
+
+
+def _merge_mean_ci(cis: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Per-turn means of K replications as one: weighted by their n, standard errors combined."""
+    have = [c for c in cis if c and c.get("estimate") is not None and c.get("n")]
+    if not have:
+        return None
+    total = sum(c["n"] for c in have)
+    est = sum(c["estimate"] * c["n"] for c in have) / total
+    var = sum((c["n"] / total) ** 2 * ((c["high"] - c["low"]) / 2 / 1.96) ** 2 for c in have
+              if c.get("high") is not None and c.get("low") is not None)
+    half = 1.96 * math.sqrt(var)
+    return {"estimate": est, "low": est - half, "high": est + half, "n": total,
+            "method": f"{len(have)} replications pooled: n-weighted mean, standard errors combined",
+            "confidence": have[0].get("confidence", 0.95)}
+
+
+def _merge_work(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The work-control inputs of all K replications: counts summed, per-turn means n-weighted."""
+    works = [r["work"] for r in reps]
+    w = dict(works[0])
+    for key in ("turns_offered", "turns_completed"):
+        if key in w:
+            w[key] = sum(x.get(key, 0) for x in works)
+    for key, count in (("mean_new_tokens_offered", "turns_offered"), ("mean_new_tokens_completed", "turns_completed"),
+                       ("mean_output_tokens_completed", "turns_completed")):
+        if key in w:
+            n = sum(x.get(count, 0) for x in works)
+            w[key] = sum(x.get(key, 0.0) * x.get(count, 0) for x in works) / n if n else 0.0
+    for key in ("new_tokens_per_turn_ci", "context_tokens_per_turn_ci", "output_tokens_per_turn_ci"):
+        if key in w:
+            w[key] = _merge_mean_ci([x.get(key) for x in works])
+    return w
+
+
 def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One cell from K replications: the first replication's full result, with the throughput replaced by
-    the t-interval across the replications' means and a `replications` section (values per replication)."""
+    """One cell from K replications, every reported figure from all K: throughput and TTFT percentiles as the
+    t-interval across the replications, completed turns and the work control summed over them; replication
+    0's own figures kept as `*_within_run`, the values per replication in `replications`."""
     cell = reps[0]
     if len(reps) < 2:
         return cell
@@ -56,6 +110,11 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
     cell = dict(cell)
     cell["throughput_within_run_tokens_per_s_per_gpu"] = cell["throughput_tokens_per_s_per_gpu"]
     cell["throughput_tokens_per_s_per_gpu"] = mean_of(thr)
+    cell["ttft_within_run"] = cell["ttft"]
+    cell["ttft"] = _merge_ttft(reps)
+    cell["work_within_run"] = cell["work"]
+    cell["work"] = _merge_work(reps)
+    cell["completed_turns"] = sum(r["completed_turns"] for r in reps)
     cell["replications"] = {
         "k": len(reps),
         "seeds": [r["seed"] for r in reps],
@@ -63,7 +122,8 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "completed_turns": [r["completed_turns"] for r in reps],
         "ttft_return_p90_s": p90,
         "ttft_return_p90_ci": mean_of(p90_ok) if p90_ok else None,
-        "method": "K independent seeded replications; t-interval across their values, clamped at 0",
+        "method": "K independent seeded replications; t-interval across their values, clamped at 0; "
+                  "completed turns and the work control summed over the K",
     }
     cell["flags"] = list(dict.fromkeys(f for r in reps for f in r.get("flags", [])))
     return cell

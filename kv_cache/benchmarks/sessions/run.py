@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from kv_cache import __version__
+from kv_cache.benchmarks.sessions.answer import answer, refine_ladder
 from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
@@ -162,9 +163,15 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         while (n := auto_next_rung(history, auto_start)) is not None:
             cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
             history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
+    body: dict[str, Any] = {}
+    if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
+        progress.total = None
+        refine_ladder(rungs, tiers, slo_ttft_p90_s,
+                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs))
+        body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
-    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary)}
+    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary), **body}
 
 
 def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str:

@@ -2,7 +2,7 @@
 
 Pure functions of what the rung recorded (completed turns, first tokens, iterations, offload-I/O counter
 snapshots, engine clock lateness): throughput with batch-means intervals (lag-1 checked, non-negative),
-TTFT percentiles of the pooled samples with bootstrap intervals, each turn's TTFT broken down into
+TTFT percentiles of the pooled samples with circular block bootstrap intervals, each turn's TTFT broken down into
 queue wait, offload load and prefill, offered vs sustained load/store bandwidth and backlog, and the
 flags that say when a cell cannot carry a finding.
 """
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kv_cache.metrics.block_bootstrap import block_bootstrap_ci
 from kv_cache.metrics.stats import (
     CI,
     batch_means_ci,
@@ -20,12 +21,11 @@ from kv_cache.metrics.stats import (
     mean_ci,
     nonnegative,
     percentile,
-    percentile_ci,
     subwindow_rates,
 )
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
-__all__ = ["MIN_PERCENTILE_SAMPLES", "RungRecord", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
+__all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "failure_flags", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
            "ttft_percentiles"]
 
 TURN_CLASSES = ("start", "return", "agentic")
@@ -54,15 +54,19 @@ def throughput_ci(samples: Sequence[float]) -> CI:
 
 
 def _ci_dict(values: list[float], q: float, seed: int) -> dict[str, Any] | None:
-    return percentile_ci(values, q, seed=seed).to_dict() if values else None
+    """Percentile q of the values (in first-token order) with a circular block bootstrap interval: turns
+    close in time share a queue, so they are resampled in blocks (metrics/block_bootstrap.py)."""
+    return block_bootstrap_ci(values, q, seed=seed).to_dict() if values else None
 
 
 def ttft_percentiles(rec: RungRecord, seed: int) -> dict[str, Any]:
-    """p50/p90/p99 TTFT per turn class from the pooled first tokens of the window, bootstrap 95 % CIs."""
+    """p50/p90/p99 TTFT per turn class from the pooled first tokens of the window, in time order, with
+    circular block bootstrap 95 % CIs (block length from the data)."""
     w0, w1 = rec.window
     out: dict[str, Any] = {}
+    ordered = sorted(rec.first_tokens, key=lambda x: x[0])
     for cls in TURN_CLASSES:
-        values = [r.ttft_ns / 1e9 for t, r in rec.first_tokens if r.turn_class == cls and w0 <= t < w1]
+        values = [r.ttft_ns / 1e9 for t, r in ordered if r.turn_class == cls and w0 <= t < w1]
         out[cls] = {"n": len(values)}
         for q in (50, 90, 99):
             out[cls][f"p{q}_s"] = _ci_dict(values, q, seed + q)
@@ -158,3 +162,56 @@ def mean_of(values: list[float]) -> dict[str, Any]:
 
 def per_gpu_rates(samples: list[tuple[float, float]], window: tuple[float, float], k: int, gpus: int) -> list[float]:
     return [x / gpus for x in subwindow_rates(samples, window, k)]
+
+
+@dataclass(frozen=True)
+class FailureInputs:
+    """What the failure-mode flags need beyond the result: the modelled prefill seconds of every turn the
+    rung issued (warm-up included) with its whole context computed, the largest context a session of the
+    rung reaches (tokens, its last turn's input and output), the KV bytes per token, the offload tiers'
+    effective sizes (GiB, TierSet.sizes) and the rung's window and replicas."""
+
+    issued_prefill_s: list[float]
+    issued_context_tokens: list[int]
+    largest_session_tokens: int
+    bytes_per_token: int
+    tier_sizes_gib: dict[str, float]
+    window_s: float
+    replicas: int
+    usable_fraction: float = 1.0
+
+
+def _no_turn_flag(result: dict[str, Any], f: FailureInputs) -> str | None:
+    """Why no turn completed: the modelled prefill per turn, and queued per replica, against the window."""
+    if result["completed_turns"] or not f.issued_prefill_s:
+        return None
+    p50, p_max = percentile(f.issued_prefill_s, 50), max(f.issued_prefill_s)
+    ctx = int(percentile(f.issued_context_tokens, 50)) if f.issued_context_tokens else 0
+    queued = sum(f.issued_prefill_s) / max(1, f.replicas)
+    need = max(3 * p50, queued)
+    return (f"no turn completed in the {f.window_s:g} s window: the {len(f.issued_prefill_s)} turns issued need "
+            f"{p50:.1f} s (median; max {p_max:.1f} s) of modelled prefill each with their whole context "
+            f"computed ({ctx:,} tokens median), {queued:.0f} s queued per replica; to measure turns, give "
+            f"--window >= {need:.0f} s, fewer sessions (--ladder), a faster --gpu or shorter contexts "
+            "(sessions.max_context_tokens)")
+
+
+def _tier_too_small_flag(tiers: str, f: FailureInputs) -> str | None:
+    """The offload tiers together smaller than one session's whole context: nothing useful can stay there."""
+    if tiers == "none" or not f.tier_sizes_gib or f.largest_session_tokens <= 0:
+        return None
+    held = sum(f.tier_sizes_gib.values()) * f.usable_fraction
+    need = f.largest_session_tokens * f.bytes_per_token / 2**30
+    if need <= held:
+        return None
+    parts = ", ".join(f"{k.removesuffix('_gb').replace('_', ' ')} {v:.2f} GiB" for k, v in f.tier_sizes_gib.items())
+    return (f"the offload tiers cannot hold even one session's context: they hold {held:.2f} GiB usable ({parts}) "
+            f"but one session reaches {f.largest_session_tokens:,} tokens x {f.bytes_per_token / 1024:.0f} KiB = "
+            f"{need:.2f} GiB; raise --cpu-mem-gb / --storage-capacity-gb, put --cache-dir on a larger "
+            "filesystem, or use shorter contexts (sessions.max_context_tokens)")
+
+
+def failure_flags(result: dict[str, Any], tiers: str, f: FailureInputs) -> list[str]:
+    """Flags for a rung that could not measure what it was run for (no turn completed; a tier too small for
+    one session), each saying why and what to change."""
+    return [x for x in (_no_turn_flag(result, f), _tier_too_small_flag(tiers, f)) if x]
