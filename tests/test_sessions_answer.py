@@ -1,6 +1,7 @@
 """The capacity answer: bisection of the SLO bracket, log-log interpolation, replications' intervals, the
 sentence and its flags; the failure-mode flags of a rung that completed no turn (hand-made cells)."""
 
+import json
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from kv_cache.benchmarks.sessions.answer import (
 )
 from kv_cache.benchmarks.sessions.ladder_summary import merge_replications
 from kv_cache.benchmarks.sessions.rung_results import FailureInputs, failure_flags
+from kv_cache.cli import main
 from kv_cache.render.sessions import _fmt_ci
 
 
@@ -37,6 +39,7 @@ def test_crossing_is_log_log_interpolated_and_censored_at_either_end():
     assert crossing([(8, 1.0), (16, 1.5)], 2.0) == (16.0, "censored_high")
     assert crossing([(8, 3.0), (16, 4.0)], 2.0) == (8.0, "censored_low")
     assert crossing([], 2.0)[1] == "no data"
+    assert crossing([(8, 1.0), (16, math.inf)], 2.0) == (8.0, "interpolated")  # no p90 above: a lower bound
 
 
 def test_bisection_narrows_the_bracket_within_the_extra_rung_budget():
@@ -140,3 +143,61 @@ def test_a_rung_without_turns_says_why_and_what_to_change():
 def test_the_table_formats_a_missing_value_instead_of_crashing():
     assert _fmt_ci({"estimate": None, "low": None, "high": None}) == "-"
     assert _fmt_ci(None) == "-"
+
+
+BIG = ("sessions:\n  first_turn_tokens_mean: 150000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"
+       "  new_tokens_median: 1000\n  output_tokens_mean: 60\n  output_tokens_median: 40\n  turns_mean: 6\n"
+       "  max_context_tokens: 200000\n")
+
+
+@pytest.mark.slow  # runs two 1 s rungs in real time
+def test_a_configuration_with_no_completed_turn_prints_its_table_and_says_why(tmp_path, capsys):
+    """The L40S failure in miniature: 150k-token contexts need ~46 s of modelled prefill, the window is 1 s,
+    and the 0.05 GiB DRAM tier cannot hold one session's ~18 GiB of KV."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(BIG)
+    code = main(["sessions", "--config", str(cfg), "--model", "llama3.1-8b", "--gpu", "l40s", "--gpu-mem-gb", "32",
+                 "--ladder", "2", "--window", "1", "--warmup", "0.2", "--subwindows", "2", "--tiers", "none,dram",
+                 "--cpu-mem-gb", "0.05", "--pace", "fixed:0.05", "--io-workers", "2", "--io-chunk-mb", "1",
+                 "--no-fsync", "--output", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "Traceback" not in out and "SESSIONS HELD" in out
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert all(r["completed_turns"] == 0 for r in data["rungs"])
+    warnings = " | ".join(data["warnings"])
+    assert "no turn completed in the 1 s window" in warnings and "of modelled prefill" in warnings
+    assert "dram @ 2 sessions: the offload tiers cannot hold even one session's context" in warnings
+
+
+@pytest.mark.slow  # runs rungs in real time
+def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys):
+    from tests.test_sessions_ladder import SMALL
+
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(SMALL.replace("sessions:\n", "sessions:\n  human_threshold_s: 0.1\n"))
+    code = main(["sessions", "--config", str(cfg), "--model", "micro", "--gpu", "l40s", "--gpu-mem-gb", "0.012",
+                 "--ladder", "1,16", "--window", "1.5", "--warmup", "0.3", "--subwindows", "2", "--tiers", "none",
+                 "--pace", "human:0.15:0.2", "--slo-ttft-p90", "0.002", "--output", str(tmp_path / "s.json")])
+    assert code == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["parameters"]["replications"] == 3  # the default when an answer is asked for
+    assert all(r["replications"]["k"] == 3 for r in data["rungs"])
+    assert isinstance(data["answer"], str) and data["answer"].startswith("without a tier, 1 x L40S hold ")
+    c = data["answer_detail"]["configs"]["none"]
+    assert c["status"] in ("interpolated", "censored_high", "censored_low") and "throughput" in c
+    sessions = [r["sessions"] for r in data["rungs"]]
+    assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
+    if c["status"] == "interpolated":
+        assert len(sessions) > 2  # the bracket [1, 8] was bisected
+    assert capsys.readouterr().out.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+
+
+def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap():
+    rungs = [cell("none", 4, 8.0), cell("none", 16, 8.0)]
+    rungs[1]["ttft"]["return"]["p90_s"] = None
+    rungs[1]["replications"]["ttft_return_p90_s"] = [None, None, None]
+    _, d = answer(rungs, 2.0, 1, "h200")
+    c = d["configs"]["none"]
+    assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
+    assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
+    assert next_refinement(rungs, 2.0) == 10

@@ -45,7 +45,9 @@ def _p90s(cell: dict[str, Any]) -> list[float | None]:
 
 
 def _curve(cells: list[dict[str, Any]], rep: int | None = None) -> list[tuple[int, float]]:
-    """(sessions, p90) sorted by sessions; replication `rep`, or the cells' p90 (mean of replications)."""
+    """(sessions, p90) sorted by sessions; replication `rep`, or the cells' p90 (mean of replications). A
+    rung without a returning turn's p90 counts as a miss (inf: its turns took longer than it could measure)
+    when some rung has one; with none anywhere the curve is empty (no data)."""
     pts = []
     for c in cells:
         if rep is None:
@@ -54,9 +56,8 @@ def _curve(cells: list[dict[str, Any]], rep: int | None = None) -> list[tuple[in
         else:
             vals = _p90s(c)
             value = vals[rep] if rep < len(vals) else None
-        if value is not None and value > 0:
-            pts.append((c["sessions"], float(value)))
-    return sorted(pts)
+        pts.append((c["sessions"], float(value) if value is not None and value > 0 else math.inf))
+    return sorted(pts) if any(math.isfinite(p) for _, p in pts) else []
 
 
 def _bracket(points: list[tuple[int, float]], slo: float) -> tuple[int, int] | None:
@@ -80,7 +81,7 @@ def crossing(points: list[tuple[int, float]], slo: float) -> tuple[float, str]:
         return float(points[-1][0]), "censored_high"
     lo, hi = br
     p_lo, p_hi = dict(points)[lo], dict(points)[hi]
-    if p_lo == slo:
+    if p_lo == slo or math.isinf(p_hi):  # no p90 above: the last rung meeting the SLO, conservatively
         return float(lo), "interpolated"
     frac = (math.log(slo) - math.log(p_lo)) / (math.log(p_hi) - math.log(p_lo))
     return math.exp(math.log(lo) + frac * (math.log(hi) - math.log(lo))), "interpolated"
@@ -167,21 +168,32 @@ def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
         flags.append(f"censored: the SLO is still met at the top rung ({top} sessions); extend --ladder")
     elif status == "censored_low":
         flags.append(f"censored: no rung meets the SLO, not even the lowest ({bottom} sessions); start --ladder lower")
+    elif status == "no data":
+        flags.append("no rung measured a returning turn: the answer needs them; use a --pace whose pauses exceed "
+                     "sessions.human_threshold_s and a longer --window")
     elif status == "interpolated" and len(reps_ok) < k:
         flags.append(f"crossing not significant: {k - len(reps_ok)} of {k} replications do not cross between rungs")
     br = _bracket(_curve(cells), slo)
     if br is not None:
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
         met, miss = by_n.get(br[0]), by_n.get(br[1])
+        if not miss:
+            flags.append(f"no returning turn completed at {br[1]} sessions: the crossing is placed at {br[0]} "
+                         "sessions, the last rung meeting the SLO (a lower bound)")
         if met and met.get("high") is not None and met["high"] > slo:
             flags.append(f"SLO met only within its interval at {br[0]} sessions: p90 {met['estimate']:.2f} "
                          f"[{met['low']:.2f}, {met['high']:.2f}] s against {slo:g} s")
         if miss and miss.get("low") is not None and miss["low"] <= slo:
             flags.append(f"crossing not significant at {br[1]} sessions: p90 {miss['estimate']:.2f} "
                          f"[{miss['low']:.2f}, {miss['high']:.2f}] s reaches down to the SLO")
-    return {"sessions": value, "sessions_ci": ci, "status": status, "bracket": list(br) if br else None,
-            "per_replication": [v for v, _ in per_rep], "per_replication_status": [s for _, s in per_rep],
+    return {"sessions": _num(value), "sessions_ci": ci, "status": status, "bracket": list(br) if br else None,
+            "per_replication": [_num(v) for v, _ in per_rep], "per_replication_status": [s for _, s in per_rep],
             "flags": flags, "throughput": plateau_and_knee(cells)}
+
+
+def _num(x: float) -> float | None:
+    """A JSON-ready number: None for nan (no value)."""
+    return x if math.isfinite(x) else None
 
 
 def _fmt(c: dict[str, Any]) -> str:
