@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from kv_cache.benchmarks.sessions.rung_results import mean_of
+from kv_cache.metrics.block_bootstrap import paired_ratio_ci
 from kv_cache.metrics.stats import CI, nonnegative, ratio_ci
 
 __all__ = ["AUTO_MAX_RUNGS", "CENSORED", "auto_next_rung", "flag_work_equivalence", "merge_replications", "rung_warnings", "slo_capacity", "summarize"]
@@ -211,6 +212,17 @@ def _config_summary(mine: list[dict[str, Any]], slo: float | None, top: int) -> 
     return c
 
 
+def _ratio_ci(rungs_by: dict[tuple[str, int], dict[str, Any]], raw: dict[tuple[str, int], list[float]],
+              a: tuple[str, int], b: tuple[str, int]) -> CI:
+    """Throughput ratio of cell a to cell b: with replications on both (paired by seed: replication k of every
+    cell replays the same sessions) the paired ratio of the replications' means; else the delta-method
+    ratio of the sub-window rates of one run."""
+    ra, rb = rungs_by.get(a, {}).get("replications"), rungs_by.get(b, {}).get("replications")
+    if ra and rb and ra.get("k") == rb.get("k") and len(raw[a]) == len(raw[b]) >= 2:
+        return paired_ratio_ci(raw[a], raw[b])
+    return ratio_ci(raw[a], raw[b])
+
+
 def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float]],
               slo_ttft_p90_s: float | None = None) -> dict[str, Any]:
     """Curve per config, effective capacity, throughput peak, ratios with CIs, censoring flags.
@@ -224,11 +236,12 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
     for cfg in configs:
         out["configs"][cfg] = _config_summary([r for r in rungs if r["tiers"] == cfg], slo_ttft_p90_s, top)
     base = "none" if "none" in configs else configs[0]
+    by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
     for cfg in configs:
         if cfg == base:
             continue
         a, b = out["configs"][cfg], out["configs"][base]
-        ci = ratio_ci(raw[(cfg, a["peak_throughput_sessions"])], raw[(base, b["peak_throughput_sessions"])])
+        ci = _ratio_ci(by_rung, raw, (cfg, a["peak_throughput_sessions"]), (base, b["peak_throughput_sessions"]))
         cap_a, cap_b = a["effective_capacity_sessions"], b["effective_capacity_sessions"]
         entry = {
             "config": cfg,
@@ -240,11 +253,12 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
         caps_a, _, _ = _per_rep([r for r in rungs if r["tiers"] == cfg], slo_ttft_p90_s)
         caps_b, _, _ = _per_rep([r for r in rungs if r["tiers"] == base], slo_ttft_p90_s)
         if caps_a and caps_b:
-            entry["effective_capacity_ratio_ci"] = ratio_ci(caps_a, caps_b).to_dict()
+            paired = len(caps_a) == len(caps_b) and min(caps_a + caps_b) > 0
+            entry["effective_capacity_ratio_ci"] = (paired_ratio_ci(caps_a, caps_b) if paired
+                                                    else ratio_ci(caps_a, caps_b)).to_dict()
         if not cap_b:
             entry["effective_capacity_ratio"] = None
         out["ratios"].append(entry)
-    by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
     for cfg in configs:
         if cfg == base:
             continue
@@ -254,7 +268,7 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
             b = by_rung[(base, n)]
             out.setdefault("ratios_by_rung", []).append({
                 "config": cfg, "baseline": base, "sessions": n,
-                "throughput_ratio": nonnegative(ratio_ci(raw[(cfg, n)], raw[(base, n)])).to_dict(),
+                "throughput_ratio": nonnegative(_ratio_ci(by_rung, raw, (cfg, n), (base, n))).to_dict(),
                 "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
             })
     return out

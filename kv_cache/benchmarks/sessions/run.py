@@ -65,10 +65,12 @@ METHOD = (
     "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
     "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: batch means "
     "over equal sub-windows of the measured window, Student t interval, widened for lag-1 autocorrelation and "
-    "clamped at 0 (or, with --replications K, t-interval across K seeded replications); TTFT percentiles: "
-    "pooled per-turn samples of the window, bootstrap interval; ratios: CI of the ratio of mean throughputs. "
+    "clamped at 0 (or, with --replications K, t-interval across K seeded replications, every figure from all K); "
+    "TTFT percentiles: pooled per-turn samples of the window, circular block bootstrap interval (block length "
+    "from the data); ratios: CI of the ratio of mean throughputs (paired across replications when K > 1). "
     "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
-    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO."
+    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO; the answer: "
+    "the SLO bracket bisected (up to 3 extra rungs) and the crossing log-log interpolated per replication."
 )
 
 
