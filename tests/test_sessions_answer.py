@@ -201,3 +201,33 @@ def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap()
     assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
     assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
     assert next_refinement(rungs, 2.0) == 10
+
+
+def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
+    from types import SimpleNamespace
+
+    from kv_cache.benchmarks.sessions.rung_results import failure_inputs
+    from kv_cache.workload.sessions import SessionScript, Turn
+
+    script = SessionScript("s", (Turn(1000, 100, None, None), Turn(500, 50, 1.0, "human")),
+                           block_tokens=512, shared_prefix_tokens=0)
+    ls = SimpleNamespace(model=SimpleNamespace(bytes_per_token=1024), window_s=5.0, replicas=2,
+                         dram_usable_fraction=0.9)
+    f = failure_inputs(ls, [1000, 1600], [SimpleNamespace(script=script), SimpleNamespace(script=None)],
+                       {"cpu_mem_gb": {"effective": 1.5}, "gpu_mem_gb": {"effective": 9.0}}, lambda n: n / 100)
+    assert f.largest_session_tokens == 1000 + 100 + 500 + 50
+    assert f.issued_prefill_s == [10.0, 16.0] and f.tier_sizes_gib == {"cpu_mem_gb": 1.5}
+
+
+def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
+    from kv_cache.benchmarks.sessions.ladder_summary import summarize
+
+    rungs = []
+    for tiers in ("none", "dram"):
+        r = cell(tiers, 16, 8.0, k=1, thr=0.0)
+        r.update(completed_turns=0, flags=[], work={"flag_reasons": []})
+        rungs.append(r)
+    raw = {(r["tiers"], 16): [0.0, 0.0] for r in rungs}
+    s = summarize(rungs, raw, None)
+    assert any("no rung completed a turn" in f for f in s["configs"]["none"]["flags"])
+    assert s["ratios"][0]["effective_capacity_ratio"] is None

@@ -18,9 +18,9 @@ from typing import Any
 
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
-    FailureInputs,
     RungRecord,
     failure_flags,
+    failure_inputs,
     io_rates,
     per_gpu_rates,
     rung_flags,
@@ -440,28 +440,12 @@ class RungRun:
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)
-        result["flags"] += failure_flags(result, self.tiers, self._failure_inputs())
-        return result
-
-    def _failure_inputs(self) -> FailureInputs:
-        """What the failure-mode flags need: modelled whole-context prefill of the issued turns, the largest
-        session context of the rung's slots, the tiers' effective sizes."""
         ls = self.ls
-        users = getattr(getattr(self, "closed", None), "users", None) or {}
-        slots = users.values() if isinstance(users, dict) else users
-        largest = 0
-        for slot in slots:
-            if slot.script is not None and slot.script.turns:
-                largest = max(largest, slot.script.contexts()[-1][1] + slot.script.turns[-1].output_tokens)
-        sizes = getattr(getattr(self, "stores", None), "sizes", {}) or {}
-        return FailureInputs(
-            issued_prefill_s=[gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, n, 0, tp=ls.tensor_parallel)
-                              for n in self.issued_inputs],
-            issued_context_tokens=list(self.issued_inputs), largest_session_tokens=largest,
-            bytes_per_token=ls.model.bytes_per_token,
-            tier_sizes_gib={k: float(v["effective"]) for k, v in sizes.items()
-                            if k in ("cpu_mem_gb", "storage_capacity_gb")},
-            window_s=ls.window_s, replicas=ls.replicas, usable_fraction=ls.dram_usable_fraction)
+        result["flags"] += failure_flags(result, self.tiers, failure_inputs(
+            ls, self.issued_inputs, getattr(getattr(self, "closed", None), "users", []),
+            getattr(getattr(self, "stores", None), "sizes", {}),
+            lambda n: gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, n, 0, tp=ls.tensor_parallel)))
+        return result
 
     def _kv_sources(self, done: list) -> dict[str, Any]:
         """Where the context of the window's completed turns came from: HBM hits, loads, recomputation."""

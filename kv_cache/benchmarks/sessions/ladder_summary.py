@@ -199,6 +199,10 @@ def _config_summary(mine: list[dict[str, Any]], slo: float | None, top: int) -> 
         "peak_throughput_sessions_ci": mean_of(peaks) if peaks else None,
         "flags": [],
     }
+    if not any(r["completed_turns"] for r in mine):
+        c["flags"].append("no rung completed a turn: no capacity or peak can be read from this ladder "
+                          "(the rungs' flags say why)")
+        c["no_completed_turns"] = True
     if peak["sessions"] == top and len(mine) > 1:
         c["flags"].append(f"throughput peak at the top rung ({top} sessions): {CENSORED}")
     if slo is not None:
@@ -256,7 +260,7 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
             paired = len(caps_a) == len(caps_b) and min(caps_a + caps_b) > 0
             entry["effective_capacity_ratio_ci"] = (paired_ratio_ci(caps_a, caps_b) if paired
                                                     else ratio_ci(caps_a, caps_b)).to_dict()
-        if not cap_b:
+        if not cap_b or a.get("no_completed_turns") or b.get("no_completed_turns"):
             entry["effective_capacity_ratio"] = None
         out["ratios"].append(entry)
     for cfg in configs:

@@ -9,7 +9,7 @@ flags that say when a cell cannot carry a finding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,8 @@ from kv_cache.metrics.stats import (
 )
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
-__all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "failure_flags", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
+__all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "failure_flags", "failure_inputs",
+           "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
            "ttft_percentiles"]
 
 TURN_CLASSES = ("start", "return", "agentic")
@@ -179,6 +180,24 @@ class FailureInputs:
     window_s: float
     replicas: int
     usable_fraction: float = 1.0
+
+
+def failure_inputs(ls: Any, issued_inputs: list[int], slots: Iterable[Any], sizes: dict[str, Any],
+                   prefill_s: Callable[[int], float]) -> FailureInputs:
+    """FailureInputs of a rung: `ls` its LadderSettings, `issued_inputs` the context tokens of every turn it
+    issued, `slots` its session slots (their scripts' last turns give the largest session context),
+    `sizes` its TierSet.sizes, `prefill_s(tokens)` the modelled prefill of a whole context."""
+    largest = 0
+    for slot in slots:
+        script = getattr(slot, "script", None)
+        if script is not None and script.turns:
+            largest = max(largest, script.contexts()[-1][1] + script.turns[-1].output_tokens)
+    return FailureInputs(
+        issued_prefill_s=[prefill_s(n) for n in issued_inputs], issued_context_tokens=list(issued_inputs),
+        largest_session_tokens=largest, bytes_per_token=ls.model.bytes_per_token,
+        tier_sizes_gib={k: float(v["effective"]) for k, v in (sizes or {}).items()
+                        if k in ("cpu_mem_gb", "storage_capacity_gb")},
+        window_s=ls.window_s, replicas=ls.replicas, usable_fraction=ls.dram_usable_fraction)
 
 
 def _no_turn_flag(result: dict[str, Any], f: FailureInputs) -> str | None:
