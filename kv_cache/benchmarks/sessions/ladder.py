@@ -24,9 +24,9 @@ from kv_cache.benchmarks.sessions.rung_results import (
     io_rates,
     per_gpu_rates,
     rung_flags,
-    throughput_ci,
     ttft_breakdown,
     ttft_percentiles,
+    window_rate_ci,
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
 from kv_cache.benchmarks.sessions.steady_state import WarmupDetector, prepare_steady_start
@@ -397,11 +397,11 @@ class RungRun:
         # Served tokens (as vLLM counts throughput): prompt (whole context, cached or not) and generated tokens
         # of the turns completed in the window. Recomputing a context adds GPU work, not served tokens.
         self.throughput_samples = per_gpu_rate([(t, r.input_tokens + r.output_tokens) for t, r in done])
-        total = throughput_ci(self.throughput_samples)
-        prefill = throughput_ci(per_gpu_rate([(t, r.input_tokens) for t, r in done]))
-        decode = throughput_ci(per_gpu_rate([(t, r.output_tokens) for t, r in done]))
-        computed = throughput_ci(per_gpu_rate([(t, p) for t, p, _ in it]))
-        turns_rate = throughput_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
+        total = window_rate_ci([(t, r.input_tokens + r.output_tokens) for t, r in done], window, k, gpus)
+        prefill = window_rate_ci([(t, r.input_tokens) for t, r in done], window, k, gpus)
+        decode = window_rate_ci([(t, r.output_tokens) for t, r in done], window, k, gpus)
+        computed = window_rate_ci([(t, p) for t, p, _ in it], window, k, gpus)
+        turns_rate = window_rate_ci([(t, 1.0) for t, _ in done], window, k, gpus)
         # percentiles of the pooled TTFTs of the window, bootstrap interval (seeded per rung)
         ttft = ttft_percentiles(rec, ls.seed + self.sessions)
         new_done = [r.new_tokens for _, r in done]

@@ -1,7 +1,8 @@
 """One sessions rung's results: what it measured, inside the window, and the checks on it.
 
 Pure functions of what the rung recorded (completed turns, first tokens, iterations, offload-I/O counter
-snapshots, engine clock lateness): throughput with batch-means intervals (lag-1 checked, non-negative),
+snapshots, engine clock lateness): rates with circular block bootstrap intervals on fine bins (non-negative;
+batch means, lag-1 checked, for the sub-window rates),
 TTFT percentiles of the pooled samples with circular block bootstrap intervals, each turn's TTFT broken down into
 queue wait, offload load and prefill, offered vs sustained load/store bandwidth and backlog, and the
 flags that say when a cell cannot carry a finding.
@@ -26,7 +27,7 @@ from kv_cache.metrics.stats import (
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "failure_flags", "failure_inputs",
-           "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
+           "io_rates", "window_rate_ci", "rung_flags", "throughput_ci", "ttft_breakdown",
            "ttft_percentiles"]
 
 TURN_CLASSES = ("start", "return", "agentic")
@@ -52,6 +53,23 @@ class RungRecord:
 def throughput_ci(samples: Sequence[float]) -> CI:
     """Per-sub-window rates -> batch-means interval (widened for lag-1 autocorrelation), clamped at 0."""
     return nonnegative(batch_means_ci(samples))
+
+
+RATE_BIN_S = 0.5  # the finest bin of the rates' block bootstrap
+MAX_RATE_BINS = 120
+
+
+def window_rate_ci(samples: list[tuple[float, float]], window: tuple[float, float], subwindows: int,
+                   gpus: int) -> CI:
+    """Per-GPU rate over the window (the sum of the ``(t, value)`` samples / its length / gpus) with a
+    circular block bootstrap interval on the rates of fine bins (0.5 s, at most 120, at least `subwindows`):
+    the blocks carry the bins' correlation, where batch means over a few sub-windows shorter than the
+    correlation time gave intervals too narrow. Clamped at 0."""
+    bins = max(subwindows, min(MAX_RATE_BINS, int((window[1] - window[0]) / RATE_BIN_S)))
+    rates = per_gpu_rates(samples, window, bins, gpus)
+    if len(rates) < 6:
+        return throughput_ci(rates)
+    return nonnegative(block_bootstrap_ci(rates, None, seed=bins))
 
 
 def _ci_dict(values: list[float], q: float, seed: int) -> dict[str, Any] | None:
@@ -151,7 +169,8 @@ def rung_flags(result: dict[str, Any], tiers: str, hbm_filled: bool, throughput_
             flags.append(f"TTFT {cls}: n = {n} < {MIN_PERCENTILE_SAMPLES}, percentiles unreliable")
     r1 = lag1_autocorrelation(throughput_samples) if len(throughput_samples) >= 3 else float("nan")
     if r1 == r1 and r1 > HIGH_LAG1:
-        flags.append(f"throughput sub-windows autocorrelated (lag-1 r1 = {r1:.2f}): interval widened, "
+        flags.append(f"throughput sub-windows autocorrelated (lag-1 r1 = {r1:.2f}): a window short for the run's "
+                     "correlation time (the block bootstrap interval carries it), "
                      "use a longer window or --replications")
     return flags
 
