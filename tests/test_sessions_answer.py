@@ -86,6 +86,9 @@ def test_answer_flags_censoring_and_an_slo_met_only_within_its_interval():
     rungs = [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 1.0) for n in (4, 8)]
     sentence, detail = answer(rungs, 2.0, 2, "l40s")
     assert "at least 8" in sentence and "fewer than 4" in sentence and "x? (censored)" in sentence
+    bounded = [cell("none", n, 8.0) for n in (4, 16)] + [cell("dram", n, 300.0) for n in (4, 16)]
+    s2, d2 = answer(bounded, 2.0, 1, "h200")
+    assert d2["ratios"][0]["sessions_ratio"]["bound"] == "lower" and "at least x" in s2
     assert any("censored" in f for f in detail["configs"]["none"]["flags"])
     assert any("start --ladder lower" in f for f in detail["configs"]["dram"]["flags"])
     # p90 1.95 [1.8, 2.1] at 8 sessions meets 2 s by its estimate only

@@ -207,9 +207,18 @@ def _fmt(c: dict[str, Any]) -> str:
     return f"{c['sessions']:.1f} [{ci['low']:.1f}, {ci['high']:.1f}]" if ci else f"{c['sessions']:.1f}"
 
 
+_BOUNDS = {("censored_high", "interpolated"): "lower", ("interpolated", "censored_low"): "lower",
+           ("censored_low", "interpolated"): "upper", ("interpolated", "censored_high"): "upper"}
+
+
 def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """a's sessions over b's: paired across replications; a bound when one side is censored; else None."""
     if a["status"] != "interpolated" or b["status"] != "interpolated":
-        return None
+        bound = _BOUNDS.get((a["status"], b["status"]))
+        if bound is None or not a["sessions"] or not b["sessions"]:
+            return None
+        return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1, "bound": bound,
+                "method": f"a {bound} bound: one configuration's crossing is censored by the ladder"}
     if a["sessions_ci"] and b["sessions_ci"]:
         return paired_ratio_ci(a["per_replication"], b["per_replication"]).to_dict()
     return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1,
@@ -219,6 +228,8 @@ def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
 def _fmt_ratio(r: dict[str, Any] | None) -> str:
     if r is None:
         return "x? (censored)"
+    if r.get("bound"):
+        return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
     if r.get("low") is None:
         return f"x{r['estimate']:.2f}"
     return f"x{r['estimate']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
