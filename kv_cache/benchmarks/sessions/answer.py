@@ -162,6 +162,7 @@ def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
     if status == "interpolated" and len(reps_ok) == k and k > 1:
         ci = mean_of(reps_ok)
         ci["method"] = f"t-interval across {k} replications' interpolated crossings"
+        value = ci["estimate"]  # the figure its interval belongs to (the mean curve's crossing may differ)
     flags = []
     top, bottom = max(c["sessions"] for c in cells), min(c["sessions"] for c in cells)
     if status == "censored_high":
