@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 
+from kv_cache.benchmarks.sessions.answer import DEFAULT_ANSWER_REPLICATIONS
 from kv_cache.benchmarks.sessions.ladder import TIER_CONFIGS, LadderSettings
 from kv_cache.benchmarks.sessions.run import SessionsSettings
 from kv_cache.errors import UsageError
@@ -94,12 +95,14 @@ class SessionsFlags:
         "--load-policy", choices=LOAD_POLICIES,
         help="always: load every offloaded prefix hit; cost: recompute it when loading at the tier's measured "
              "bandwidth would take longer than the modelled prefill."))
-    replications: int = setting(1, flag=Flag(
+    replications: int | None = setting(None, flag=Flag(
         "--replications", type=int,
-        help="Independent seeded replications per (config, sessions) cell; CIs across them (t)."))
+        help="Independent seeded replications per (config, sessions) cell; CIs across them (t). Default: 3 "
+             "with --slo-ttft-p90 (the answer's intervals come from them), else 1."))
     slo_ttft_p90: float | None = setting(None, flag=Flag(
         "--slo-ttft-p90", type=float, metavar="S",
-        help="SLO on the p90 TTFT of returning turns: effective capacity = largest session count meeting it."))
+        help="SLO on the p90 TTFT of returning turns: the run bisects each configuration's crossing (up to 3 "
+             "extra rungs) and ends with one sentence: the sessions held at the SLO, with intervals."))
     verify: bool = setting(False, flag=Flag(
         "--verify", action="store_true",
         help="Every offload-tier read checks each 4 KiB block's stamp (mismatches are storage errors)."))
@@ -152,7 +155,7 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         errors.append("--num-gpus must be a positive multiple of --tensor-parallel")
     if args.io_workers < 1 or args.prefill_chunk_tokens < 1:
         errors.append("--io-workers and --prefill-chunk-tokens must be positive")
-    if args.replications < 1:
+    if args.replications is not None and args.replications < 1:
         errors.append(f"--replications must be >= 1, got {args.replications}")
     if args.slo_ttft_p90 is not None and not args.slo_ttft_p90 > 0:
         errors.append(f"--slo-ttft-p90 must be positive seconds, got {args.slo_ttft_p90}")
@@ -161,6 +164,13 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         if problem:
             errors.append(problem)
     return errors
+
+
+def _replications(args: argparse.Namespace) -> int:
+    """--replications as given, else DEFAULT_ANSWER_REPLICATIONS when an answer is asked for, else 1."""
+    if args.replications is not None:
+        return args.replications
+    return DEFAULT_ANSWER_REPLICATIONS if args.slo_ttft_p90 is not None else 1
 
 
 def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings:
@@ -227,7 +237,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
-        replications=args.replications, slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
+        replications=_replications(args), slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
         grid=(),
     )
 

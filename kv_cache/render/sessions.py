@@ -10,7 +10,7 @@ __all__ = ["print_partial", "print_table", "stopped_reason"]
 
 
 def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> str:
-    if not ci:
+    if not ci or ci.get("estimate") is None:  # no value (e.g. a rung that completed no turn)
         return "-"
     est, lo, hi = ci["estimate"] * scale, ci.get("low"), ci.get("high")
     if lo is None or hi is None or lo == hi:
@@ -111,6 +111,32 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         for w in warnings:
             out.write(f"  - {w}\n")
     out.write(f"\nMethod: {results['method']}\n")
+    _answer(results, out)
+
+
+def _answer(results: dict[str, Any], out: TextIO) -> None:
+    """The answer (with --slo-ttft-p90): each configuration's crossing, its flags, the throughput plateau and
+    knee beside it (not capacity), then the one sentence, last."""
+    detail = results.get("answer_detail")
+    if not results.get("answer") or not detail:
+        return
+    out.write(f"\nSessions held at p90 return TTFT <= {detail['slo_ttft_p90_s']:g} s (log-log interpolated "
+              "between the bracketing rungs; 95 % CI across replications):\n")
+    for cfg, c in detail["configs"].items():
+        value = "-" if c["sessions"] is None else f"{c['sessions']:.1f}"
+        ci = c.get("sessions_ci")
+        ci_text = f" [{ci['low']:.1f}, {ci['high']:.1f}]" if ci else ""
+        br = c.get("bracket")
+        t = c.get("throughput") or {}
+        plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")
+        out.write(f"  {cfg:<13} {value}{ci_text} sessions ({c['status']}"
+                  f"{f', between {br[0]} and {br[1]}' if br else ''}); throughput plateau "
+                  f"{_s(plateau, 1)} tok/s/GPU at {t.get('plateau_sessions') or '-'} sessions, knee "
+                  f"({t.get('knee_rule', '90 % of plateau')}) {'<= ' if t.get('knee_censored') else ''}"
+                  f"{_s(knee, 1)} sessions\n")
+        for f in c["flags"] + t.get("flags", []):
+            out.write(f"    - {f}\n")
+    out.write(f"\nAnswer: {results['answer']}\n")
 
 
 def _s(x: float | None, digits: int = 3) -> str:

@@ -20,12 +20,14 @@ from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, s
 from kv_cache.benchmarks.sessions.rung_results import (
     RungRecord,
     engine_clock,
+    failure_flags,
+    failure_inputs,
     io_rates,
     per_gpu_rates,
     rung_flags,
-    throughput_ci,
     ttft_breakdown,
     ttft_percentiles,
+    window_rate_ci,
     work_summary,
 )
 from kv_cache.benchmarks.sessions.session_slots import Slot
@@ -164,6 +166,7 @@ class RungRun:
         self.iterations: list[tuple[float, int, int]] = []  # (t, prefill tokens, decode tokens)
         self.completed: list[tuple[float, TurnRequest]] = []
         self.offered: list[tuple[float, int]] = []  # (t, new tokens)
+        self.issued_inputs: list[int] = []  # every issued turn's whole context (tokens), warm-up included
         self.violations = 0
         self.sessions_started = 0
         self.max_context_tokens = 0  # the largest context of the sessions this rung started (tier_checks)
@@ -257,6 +260,7 @@ class RungRun:
         req.issue_ns = now
         with self.lock:
             self.offered.append(((now - self.t0) / 1e9, req.new_tokens))
+            self.issued_inputs.append(req.input_tokens)
         self.replicas[replica_of(req.session_id, self.ls.seed, len(self.replicas))].submit(req)
 
     def _make_slot(self, index: int) -> Slot:
@@ -407,11 +411,11 @@ class RungRun:
         # Served tokens (as vLLM counts throughput): prompt (whole context, cached or not) and generated tokens
         # of the turns completed in the window. Recomputing a context adds GPU work, not served tokens.
         self.throughput_samples = per_gpu_rate([(t, r.input_tokens + r.output_tokens) for t, r in done])
-        total = throughput_ci(self.throughput_samples)
-        prefill = throughput_ci(per_gpu_rate([(t, r.input_tokens) for t, r in done]))
-        decode = throughput_ci(per_gpu_rate([(t, r.output_tokens) for t, r in done]))
-        computed = throughput_ci(per_gpu_rate([(t, p) for t, p, _ in it]))
-        turns_rate = throughput_ci(per_gpu_rate([(t, 1.0) for t, _ in done]))
+        total = window_rate_ci([(t, r.input_tokens + r.output_tokens) for t, r in done], window, k, gpus)
+        prefill = window_rate_ci([(t, r.input_tokens) for t, r in done], window, k, gpus)
+        decode = window_rate_ci([(t, r.output_tokens) for t, r in done], window, k, gpus)
+        computed = window_rate_ci([(t, p) for t, p, _ in it], window, k, gpus)
+        turns_rate = window_rate_ci([(t, 1.0) for t, _ in done], window, k, gpus)
         # percentiles of the pooled TTFTs of the window, bootstrap interval (seeded per rung)
         ttft = ttft_percentiles(rec, ls.seed + self.sessions)
         new_done = [r.new_tokens for _, r in done]
@@ -458,6 +462,10 @@ class RungRun:
         if self.tiers != "none":
             result["flags"] += tier_flags(result["offload_tier"], ls.gpu.host_link_gbs, ls.tensor_parallel,
                                           result["queued_store_recomputed_turns"], len(done))
+        result["flags"] += failure_flags(result, self.tiers, failure_inputs(
+            ls, self.issued_inputs, getattr(getattr(self, "closed", None), "users", []),
+            getattr(getattr(self, "stores", None), "sizes", {}),
+            lambda n: gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, n, 0, tp=ls.tensor_parallel)))
         return result
 
     def _kv_sources(self, done: list) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from kv_cache.benchmarks.sessions.rung_results import mean_of
+from kv_cache.metrics.block_bootstrap import paired_ratio_ci
 from kv_cache.metrics.stats import CI, nonnegative, ratio_ci
 
 __all__ = ["AUTO_MAX_RUNGS", "CENSORED", "auto_next_rung", "flag_work_equivalence", "merge_replications", "rung_warnings", "slo_capacity", "summarize"]
@@ -44,9 +45,63 @@ def _p90_return(r: dict[str, Any]) -> float | None:
     return p["estimate"] if p else None
 
 
+def _merge_ttft(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per turn class and percentile: the mean of the K replications' pooled percentiles with the t-interval
+    across them; n = the turns of all K."""
+    out: dict[str, Any] = {}
+    for cls, first in reps[0]["ttft"].items():
+        out[cls] = {"n": sum(r["ttft"].get(cls, {}).get("n", 0) for r in reps)}
+        for key in first:
+            if key == "n":
+                continue
+            values = [r["ttft"][cls][key]["estimate"] for r in reps
+                      if (r["ttft"].get(cls) or {}).get(key) and r["ttft"][cls][key].get("estimate") is not None]
+            if not values:
+                out[cls][key] = None
+                continue
+            ci = mean_of(values)
+            ci["method"] = f"mean of {len(values)} replications' pooled percentiles, t-interval across them"
+            out[cls][key] = ci
+    return out
+
+
+def _merge_mean_ci(cis: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Per-turn means of K replications as one: weighted by their n, standard errors combined."""
+    have = [c for c in cis if c and c.get("estimate") is not None and c.get("n")]
+    if not have:
+        return None
+    total = sum(c["n"] for c in have)
+    est = sum(c["estimate"] * c["n"] for c in have) / total
+    var = sum((c["n"] / total) ** 2 * ((c["high"] - c["low"]) / 2 / 1.96) ** 2 for c in have
+              if c.get("high") is not None and c.get("low") is not None)
+    half = 1.96 * math.sqrt(var)
+    return {"estimate": est, "low": est - half, "high": est + half, "n": total,
+            "method": f"{len(have)} replications pooled: n-weighted mean, standard errors combined",
+            "confidence": have[0].get("confidence", 0.95)}
+
+
+def _merge_work(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The work-control inputs of all K replications: counts summed, per-turn means n-weighted."""
+    works = [r["work"] for r in reps]
+    w = dict(works[0])
+    for key in ("turns_offered", "turns_completed"):
+        if key in w:
+            w[key] = sum(x.get(key, 0) for x in works)
+    for key, count in (("mean_new_tokens_offered", "turns_offered"), ("mean_new_tokens_completed", "turns_completed"),
+                       ("mean_output_tokens_completed", "turns_completed")):
+        if key in w:
+            n = sum(x.get(count, 0) for x in works)
+            w[key] = sum(x.get(key, 0.0) * x.get(count, 0) for x in works) / n if n else 0.0
+    for key in ("new_tokens_per_turn_ci", "context_tokens_per_turn_ci", "output_tokens_per_turn_ci"):
+        if key in w:
+            w[key] = _merge_mean_ci([x.get(key) for x in works])
+    return w
+
+
 def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One cell from K replications: the first replication's full result, with the throughput replaced by
-    the t-interval across the replications' means and a `replications` section (values per replication)."""
+    """One cell from K replications, every reported figure from all K: throughput and TTFT percentiles as the
+    t-interval across the replications, completed turns and the work control summed over them; replication
+    0's own figures kept as `*_within_run`, the values per replication in `replications`."""
     cell = reps[0]
     if len(reps) < 2:
         return cell
@@ -56,6 +111,11 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
     cell = dict(cell)
     cell["throughput_within_run_tokens_per_s_per_gpu"] = cell["throughput_tokens_per_s_per_gpu"]
     cell["throughput_tokens_per_s_per_gpu"] = mean_of(thr)
+    cell["ttft_within_run"] = cell["ttft"]
+    cell["ttft"] = _merge_ttft(reps)
+    cell["work_within_run"] = cell["work"]
+    cell["work"] = _merge_work(reps)
+    cell["completed_turns"] = sum(r["completed_turns"] for r in reps)
     cell["replications"] = {
         "k": len(reps),
         "seeds": [r["seed"] for r in reps],
@@ -63,7 +123,8 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "completed_turns": [r["completed_turns"] for r in reps],
         "ttft_return_p90_s": p90,
         "ttft_return_p90_ci": mean_of(p90_ok) if p90_ok else None,
-        "method": "K independent seeded replications; t-interval across their values, clamped at 0",
+        "method": "K independent seeded replications; t-interval across their values, clamped at 0; "
+                  "completed turns and the work control summed over the K",
     }
     cell["flags"] = list(dict.fromkeys(f for r in reps for f in r.get("flags", [])))
     return cell
@@ -138,6 +199,10 @@ def _config_summary(mine: list[dict[str, Any]], slo: float | None, top: int) -> 
         "peak_throughput_sessions_ci": mean_of(peaks) if peaks else None,
         "flags": [],
     }
+    if not any(r["completed_turns"] for r in mine):
+        c["flags"].append("no rung completed a turn: no capacity or peak can be read from this ladder "
+                          "(the rungs' flags say why)")
+        c["no_completed_turns"] = True
     if peak["sessions"] == top and len(mine) > 1:
         c["flags"].append(f"throughput peak at the top rung ({top} sessions): {CENSORED}")
     if slo is not None:
@@ -149,6 +214,17 @@ def _config_summary(mine: list[dict[str, Any]], slo: float | None, top: int) -> 
         if cap == 0:
             c["flags"].append("no rung met the SLO (or none had returning turns)")
     return c
+
+
+def _ratio_ci(rungs_by: dict[tuple[str, int], dict[str, Any]], raw: dict[tuple[str, int], list[float]],
+              a: tuple[str, int], b: tuple[str, int]) -> CI:
+    """Throughput ratio of cell a to cell b: with replications on both (paired by seed: replication k of every
+    cell replays the same sessions) the paired ratio of the replications' means; else the delta-method
+    ratio of the sub-window rates of one run."""
+    ra, rb = rungs_by.get(a, {}).get("replications"), rungs_by.get(b, {}).get("replications")
+    if ra and rb and ra.get("k") == rb.get("k") and len(raw[a]) == len(raw[b]) >= 2:
+        return paired_ratio_ci(raw[a], raw[b])
+    return ratio_ci(raw[a], raw[b])
 
 
 def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float]],
@@ -164,11 +240,12 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
     for cfg in configs:
         out["configs"][cfg] = _config_summary([r for r in rungs if r["tiers"] == cfg], slo_ttft_p90_s, top)
     base = "none" if "none" in configs else configs[0]
+    by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
     for cfg in configs:
         if cfg == base:
             continue
         a, b = out["configs"][cfg], out["configs"][base]
-        ci = ratio_ci(raw[(cfg, a["peak_throughput_sessions"])], raw[(base, b["peak_throughput_sessions"])])
+        ci = _ratio_ci(by_rung, raw, (cfg, a["peak_throughput_sessions"]), (base, b["peak_throughput_sessions"]))
         cap_a, cap_b = a["effective_capacity_sessions"], b["effective_capacity_sessions"]
         entry = {
             "config": cfg,
@@ -180,11 +257,12 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
         caps_a, _, _ = _per_rep([r for r in rungs if r["tiers"] == cfg], slo_ttft_p90_s)
         caps_b, _, _ = _per_rep([r for r in rungs if r["tiers"] == base], slo_ttft_p90_s)
         if caps_a and caps_b:
-            entry["effective_capacity_ratio_ci"] = ratio_ci(caps_a, caps_b).to_dict()
-        if not cap_b:
+            paired = len(caps_a) == len(caps_b) and min(caps_a + caps_b) > 0
+            entry["effective_capacity_ratio_ci"] = (paired_ratio_ci(caps_a, caps_b) if paired
+                                                    else ratio_ci(caps_a, caps_b)).to_dict()
+        if not cap_b or a.get("no_completed_turns") or b.get("no_completed_turns"):
             entry["effective_capacity_ratio"] = None
         out["ratios"].append(entry)
-    by_rung = {(r["tiers"], r["sessions"]): r for r in rungs}
     for cfg in configs:
         if cfg == base:
             continue
@@ -194,7 +272,7 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
             b = by_rung[(base, n)]
             out.setdefault("ratios_by_rung", []).append({
                 "config": cfg, "baseline": base, "sessions": n,
-                "throughput_ratio": nonnegative(ratio_ci(raw[(cfg, n)], raw[(base, n)])).to_dict(),
+                "throughput_ratio": nonnegative(_ratio_ci(by_rung, raw, (cfg, n), (base, n))).to_dict(),
                 "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
             })
     return out

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from kv_cache import __version__
+from kv_cache.benchmarks.sessions.answer import answer, refine_ladder
 from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
@@ -64,12 +65,14 @@ METHOD = (
     "Closed loop: each of N session slots issues its next turn only after the previous answer completed and "
     "its pause elapsed; a finished session is replaced by the next one. Compute is modelled (roofline per "
     "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
-    "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: batch means "
-    "over equal sub-windows of the measured window, Student t interval, widened for lag-1 autocorrelation and "
-    "clamped at 0 (or, with --replications K, t-interval across K seeded replications); TTFT percentiles: "
-    "pooled per-turn samples of the window, bootstrap interval; ratios: CI of the ratio of mean throughputs. "
+    "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: rates over "
+    "fine bins of the measured window, circular block bootstrap (block length from the data), t interval on its "
+    "standard error, clamped at 0 (or, with --replications K, t-interval across K seeded replications, every figure from all K); "
+    "TTFT percentiles: pooled per-turn samples of the window, circular block bootstrap interval (block length "
+    "from the data); ratios: CI of the ratio of mean throughputs (paired across replications when K > 1). "
     "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
-    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO."
+    "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO; the answer: "
+    "the SLO bracket bisected (up to 3 extra rungs) and the crossing log-log interpolated per replication."
 )
 
 
@@ -170,9 +173,15 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         while (n := auto_next_rung(history, auto_start)) is not None:
             cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
             history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
+    body: dict[str, Any] = {}
+    if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
+        progress.total = None
+        refine_ladder(rungs, tiers, slo_ttft_p90_s,
+                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs))
+        body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
-    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary)}
+    return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary), **body}
 
 
 def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str:

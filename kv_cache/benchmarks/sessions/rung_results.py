@@ -1,18 +1,20 @@
 """One sessions rung's results: what it measured, inside the window, and the checks on it.
 
 Pure functions of what the rung recorded (completed turns, first tokens, iterations, offload-I/O counter
-snapshots, engine clock lateness): throughput with batch-means intervals (lag-1 checked, non-negative),
-TTFT percentiles of the pooled samples with bootstrap intervals, each turn's TTFT broken down into
+snapshots, engine clock lateness): rates with circular block bootstrap intervals on fine bins (non-negative;
+batch means, lag-1 checked, for the sub-window rates),
+TTFT percentiles of the pooled samples with circular block bootstrap intervals, each turn's TTFT broken down into
 queue wait, offload load and prefill, offered vs sustained load/store bandwidth and backlog, and the
 flags that say when a cell cannot carry a finding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kv_cache.metrics.block_bootstrap import block_bootstrap_ci
 from kv_cache.metrics.stats import (
     CI,
     batch_means_ci,
@@ -20,13 +22,13 @@ from kv_cache.metrics.stats import (
     mean_ci,
     nonnegative,
     percentile,
-    percentile_ci,
     subwindow_rates,
 )
 from kv_cache.serving.engine.replica import IOCounters, TurnRequest
 
-__all__ = ["MIN_PERCENTILE_SAMPLES", "RungRecord", "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown",
-           "ttft_percentiles", "work_summary", "engine_clock"]
+__all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "engine_clock", "failure_flags", "failure_inputs",
+           "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown", "ttft_percentiles", "window_rate_ci",
+           "work_summary"]
 
 TURN_CLASSES = ("start", "return", "agentic")
 MIN_PERCENTILE_SAMPLES = 20
@@ -53,16 +55,37 @@ def throughput_ci(samples: Sequence[float]) -> CI:
     return nonnegative(batch_means_ci(samples))
 
 
+RATE_BIN_S = 0.5  # the finest bin of the rates' block bootstrap
+MAX_RATE_BINS = 120
+
+
+def window_rate_ci(samples: list[tuple[float, float]], window: tuple[float, float], subwindows: int,
+                   gpus: int) -> CI:
+    """Per-GPU rate over the window (the sum of the ``(t, value)`` samples / its length / gpus) with a
+    circular block bootstrap interval on the rates of fine bins (0.5 s, at most 120, at least `subwindows`):
+    the blocks carry the bins' correlation, where batch means over a few sub-windows shorter than the
+    correlation time gave intervals too narrow. Clamped at 0."""
+    bins = max(subwindows, min(MAX_RATE_BINS, int((window[1] - window[0]) / RATE_BIN_S)))
+    rates = per_gpu_rates(samples, window, bins, gpus)
+    if len(rates) < 6:
+        return throughput_ci(rates)
+    return nonnegative(block_bootstrap_ci(rates, None, seed=bins))
+
+
 def _ci_dict(values: list[float], q: float, seed: int) -> dict[str, Any] | None:
-    return percentile_ci(values, q, seed=seed).to_dict() if values else None
+    """Percentile q of the values (in first-token order) with a circular block bootstrap interval: turns
+    close in time share a queue, so they are resampled in blocks (metrics/block_bootstrap.py)."""
+    return block_bootstrap_ci(values, q, seed=seed).to_dict() if values else None
 
 
 def ttft_percentiles(rec: RungRecord, seed: int) -> dict[str, Any]:
-    """p50/p90/p99 TTFT per turn class from the pooled first tokens of the window, bootstrap 95 % CIs."""
+    """p50/p90/p99 TTFT per turn class from the pooled first tokens of the window, in time order, with
+    circular block bootstrap 95 % CIs (block length from the data)."""
     w0, w1 = rec.window
     out: dict[str, Any] = {}
+    ordered = sorted(rec.first_tokens, key=lambda x: x[0])
     for cls in TURN_CLASSES:
-        values = [r.ttft_ns / 1e9 for t, r in rec.first_tokens if r.turn_class == cls and w0 <= t < w1]
+        values = [r.ttft_ns / 1e9 for t, r in ordered if r.turn_class == cls and w0 <= t < w1]
         out[cls] = {"n": len(values)}
         for q in (50, 90, 99):
             out[cls][f"p{q}_s"] = _ci_dict(values, q, seed + q)
@@ -146,7 +169,8 @@ def rung_flags(result: dict[str, Any], tiers: str, hbm_filled: bool, throughput_
             flags.append(f"TTFT {cls}: n = {n} < {MIN_PERCENTILE_SAMPLES}, percentiles unreliable")
     r1 = lag1_autocorrelation(throughput_samples) if len(throughput_samples) >= 3 else float("nan")
     if r1 == r1 and r1 > HIGH_LAG1:
-        flags.append(f"throughput sub-windows autocorrelated (lag-1 r1 = {r1:.2f}): interval widened, "
+        flags.append(f"throughput sub-windows autocorrelated (lag-1 r1 = {r1:.2f}): a window short for the run's "
+                     "correlation time (the block bootstrap interval carries it), "
                      "use a longer window or --replications")
     return flags
 
@@ -192,3 +216,74 @@ def engine_clock(replicas: Sequence[Any]) -> dict[str, Any]:
         "late_ms_p99": percentile(late, 99) if late else None,
         "late_ms_max": max(late) if late else None,
     }
+
+
+@dataclass(frozen=True)
+class FailureInputs:
+    """What the failure-mode flags need beyond the result: the modelled prefill seconds of every turn the
+    rung issued (warm-up included) with its whole context computed, the largest context a session of the
+    rung reaches (tokens, its last turn's input and output), the KV bytes per token, the offload tiers'
+    effective sizes (GiB, TierSet.sizes) and the rung's window and replicas."""
+
+    issued_prefill_s: list[float]
+    issued_context_tokens: list[int]
+    largest_session_tokens: int
+    bytes_per_token: int
+    tier_sizes_gib: dict[str, float]
+    window_s: float
+    replicas: int
+    usable_fraction: float = 1.0
+
+
+def failure_inputs(ls: Any, issued_inputs: list[int], slots: Iterable[Any], sizes: dict[str, Any],
+                   prefill_s: Callable[[int], float]) -> FailureInputs:
+    """FailureInputs of a rung: `ls` its LadderSettings, `issued_inputs` the context tokens of every turn it
+    issued, `slots` its session slots (their scripts' last turns give the largest session context),
+    `sizes` its TierSet.sizes, `prefill_s(tokens)` the modelled prefill of a whole context."""
+    largest = 0
+    for slot in slots:
+        script = getattr(slot, "script", None)
+        if script is not None and script.turns:
+            largest = max(largest, script.contexts()[-1][1] + script.turns[-1].output_tokens)
+    return FailureInputs(
+        issued_prefill_s=[prefill_s(n) for n in issued_inputs], issued_context_tokens=list(issued_inputs),
+        largest_session_tokens=largest, bytes_per_token=ls.model.bytes_per_token,
+        tier_sizes_gib={k: float(v["effective"]) for k, v in (sizes or {}).items()
+                        if k in ("cpu_mem_gb", "storage_capacity_gb")},
+        window_s=ls.window_s, replicas=ls.replicas, usable_fraction=ls.dram_usable_fraction)
+
+
+def _no_turn_flag(result: dict[str, Any], f: FailureInputs) -> str | None:
+    """Why no turn completed: the modelled prefill per turn, and queued per replica, against the window."""
+    if result["completed_turns"] or not f.issued_prefill_s:
+        return None
+    p50, p_max = percentile(f.issued_prefill_s, 50), max(f.issued_prefill_s)
+    ctx = int(percentile(f.issued_context_tokens, 50)) if f.issued_context_tokens else 0
+    queued = sum(f.issued_prefill_s) / max(1, f.replicas)
+    need = max(3 * p50, queued)
+    return (f"no turn completed in the {f.window_s:g} s window: the {len(f.issued_prefill_s)} turns issued need "
+            f"{p50:.1f} s (median; max {p_max:.1f} s) of modelled prefill each with their whole context "
+            f"computed ({ctx:,} tokens median), {queued:.0f} s queued per replica; to measure turns, give "
+            f"--window >= {need:.0f} s, fewer sessions (--ladder), a faster --gpu or shorter contexts "
+            "(sessions.max_context_tokens)")
+
+
+def _tier_too_small_flag(tiers: str, f: FailureInputs) -> str | None:
+    """The offload tiers together smaller than one session's whole context: nothing useful can stay there."""
+    if tiers == "none" or not f.tier_sizes_gib or f.largest_session_tokens <= 0:
+        return None
+    held = sum(f.tier_sizes_gib.values()) * f.usable_fraction
+    need = f.largest_session_tokens * f.bytes_per_token / 2**30
+    if need <= held:
+        return None
+    parts = ", ".join(f"{k.removesuffix('_gb').replace('_', ' ')} {v:.2f} GiB" for k, v in f.tier_sizes_gib.items())
+    return (f"the offload tiers cannot hold even one session's context: they hold {held:.2f} GiB usable ({parts}) "
+            f"but one session reaches {f.largest_session_tokens:,} tokens x {f.bytes_per_token / 1024:.0f} KiB = "
+            f"{need:.2f} GiB; raise --cpu-mem-gb / --storage-capacity-gb, put --cache-dir on a larger "
+            "filesystem, or use shorter contexts (sessions.max_context_tokens)")
+
+
+def failure_flags(result: dict[str, Any], tiers: str, f: FailureInputs) -> list[str]:
+    """Flags for a rung that could not measure what it was run for (no turn completed; a tier too small for
+    one session), each saying why and what to change."""
+    return [x for x in (_no_turn_flag(result, f), _tier_too_small_flag(tiers, f)) if x]

@@ -11,7 +11,6 @@ tier's capacity, peak use and evictions, and the largest session context the run
   read bandwidth (one block per move, as one worker sees it, times the I/O workers) above it: the link, not
   the tier, would bound the loads of a real deployment;
 - a tier that never filled nor evicted: it held every block offered, so a larger one would change nothing;
-- an offload configuration smaller than one session's context (largest context x KV bytes per token);
 - turns that recomputed a prefix because its blocks were evicted from HBM and still queued for a store.
 """
 
@@ -87,11 +86,7 @@ def tier_flags(block: dict[str, Any], host_link_gbs: float, tensor_parallel: int
             size = f"{t['limit_gib']:.2f}" if t["limit_gib"] else "unlimited"
             flags.append(f"the {t['tier']} tier never filled nor evicted (peak {t['peak_gib']:.2f} of {size} GiB): "
                          "it held every block offered; a larger tier would change nothing here")
-    limits = [t["limit_gib"] for t in block["tiers"]]
-    if limits and all(x is not None for x in limits) and sum(limits) < block["max_context_gib"]:
-        flags.append(f"the offload tiers ({sum(limits):.2f} GiB) are smaller than one session's context "
-                     f"({block['max_context_gib']:.2f} GiB, {block['max_context_tokens']:,} tokens): they cannot "
-                     "hold even one session; give more --cpu-mem-gb / --storage-capacity-gb or a smaller model")
+    # a tier too small for one session's context: rung_results.failure_flags says it (with what to change)
     if queued_store_turns:
         flags.append(f"{queued_store_turns} of {turns} turns recomputed a prefix whose blocks were evicted from HBM "
                      "but still queued for a store (the tier's writes lag the evictions)")

@@ -1,0 +1,236 @@
+"""The capacity answer: bisection of the SLO bracket, log-log interpolation, replications' intervals, the
+sentence and its flags; the failure-mode flags of a rung that completed no turn (hand-made cells)."""
+
+import json
+import math
+
+import pytest
+
+from kv_cache.benchmarks.sessions.answer import (
+    answer,
+    crossing,
+    next_refinement,
+    plateau_and_knee,
+    refine_ladder,
+)
+from kv_cache.benchmarks.sessions.ladder_summary import merge_replications
+from kv_cache.benchmarks.sessions.rung_results import FailureInputs, failure_flags
+from kv_cache.cli import main
+from kv_cache.render.sessions import _fmt_ci
+
+
+def p90_of(n: int, knee: float, rep: int = 0) -> float:
+    """A queue's p90: 1 s at low load, climbing steeply past `knee` sessions (replication jitter +-3 %)."""
+    return (1.0 + (n / knee) ** 4) * (1.0 + 0.03 * (rep - 1))
+
+
+def cell(tiers: str, n: int, knee: float, k: int = 3, thr: float = 100.0) -> dict:
+    p90s = [p90_of(n, knee, i) for i in range(k)]
+    m = sum(p90s) / k
+    return {"tiers": tiers, "sessions": n,
+            "throughput_tokens_per_s_per_gpu": {"estimate": thr, "low": thr * 0.95, "high": thr * 1.05, "n": k},
+            "ttft": {"return": {"n": 100, "p90_s": {"estimate": m, "low": m * 0.97, "high": m * 1.03, "n": k}}},
+            "replications": {"k": k, "ttft_return_p90_s": p90s}}
+
+
+def test_crossing_is_log_log_interpolated_and_censored_at_either_end():
+    # p90 = 1 at 8, 4 at 16: log-log, p90 = 2 at 8 x 2^(1/2)
+    assert crossing([(8, 1.0), (16, 4.0)], 2.0) == (pytest.approx(8 * math.sqrt(2)), "interpolated")
+    assert crossing([(8, 1.0), (16, 1.5)], 2.0) == (16.0, "censored_high")
+    assert crossing([(8, 3.0), (16, 4.0)], 2.0) == (8.0, "censored_low")
+    assert crossing([], 2.0)[1] == "no data"
+    assert crossing([(8, 1.0), (16, math.inf)], 2.0) == (8.0, "interpolated")  # no p90 above: a lower bound
+
+
+def test_bisection_narrows_the_bracket_within_the_extra_rung_budget():
+    knee = 13.0  # true crossing (p90 = 2 s) at 13 sessions
+    rungs = [cell("none", n, knee) for n in (4, 8, 16, 32)]
+    ran = []
+
+    def run_cell(tier, n):
+        ran.append(n)
+        rungs.append(cell(tier, n, knee))
+        return rungs[-1]
+
+    added = refine_ladder(rungs, ["none"], 2.0, run_cell)
+    assert added == ran == [12, 14, 13]  # bisection of [8, 16]: 12 meets, 14 misses, then 13
+    assert [r["sessions"] for r in rungs] == [4, 8, 12, 13, 14, 16, 32]  # sorted after refining
+    assert next_refinement(rungs, 2.0) is None  # bracket [13, 14] is max(1, 10 %) wide
+
+
+def test_bisection_stops_at_its_budget_and_skips_censored_configs():
+    rungs = [cell("none", n, 300.0) for n in (10, 1000)] + [cell("dram", n, 5000.0) for n in (10, 1000)]
+    added = refine_ladder(rungs, ["none", "dram"], 2.0, lambda t, n: rungs.append(cell(t, n, 300.0)), max_extra=2)
+    assert added == [505, 257]  # none: two halvings of [10, 1000]; dram: met at the top, censored, no rung
+
+
+def test_the_answer_sentence_intervals_ratio_and_plateau():
+    rungs = ([cell("none", n, 8.0, thr=t) for n, t in ((4, 60), (8, 100), (12, 102), (16, 99))]
+             + [cell("dram+storage", n, 14.0, thr=t) for n, t in ((4, 60), (8, 120), (12, 190), (16, 200))])
+    sentence, detail = answer(rungs, 2.0, 1, "h200")
+    none, tier = detail["configs"]["none"], detail["configs"]["dram+storage"]
+    assert none["status"] == tier["status"] == "interpolated"
+    assert 7.5 < none["sessions"] < 8.5 and 13 < tier["sessions"] < 15
+    assert tier["sessions_ci"]["low"] < tier["sessions"] < tier["sessions_ci"]["high"]
+    ratio = detail["ratios"][0]["sessions_ratio"]
+    assert ratio["low"] < ratio["estimate"] < ratio["high"] and ratio["n"] == 3
+    assert sentence.startswith("with dram+storage, 1 x H200 hold ")
+    assert "sessions at p90 return TTFT <= 2 s; without a tier, " in sentence and f"x{ratio['estimate']:.2f} [" in sentence
+    # the baseline's throughput is a plateau over 8-16 sessions: its "peak" is not significant
+    assert none["throughput"]["plateau_sessions"] == [8, 12, 16]
+    assert any("not significant" in f for f in none["throughput"]["flags"])
+    assert 4 < none["throughput"]["knee_sessions"] < 8
+
+
+def test_answer_flags_censoring_and_an_slo_met_only_within_its_interval():
+    rungs = [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 1.0) for n in (4, 8)]
+    sentence, detail = answer(rungs, 2.0, 2, "l40s")
+    assert "at least 8" in sentence and "fewer than 4" in sentence and "x? (censored)" in sentence
+    bounded = [cell("none", n, 8.0) for n in (4, 16)] + [cell("dram", n, 300.0) for n in (4, 16)]
+    s2, d2 = answer(bounded, 2.0, 1, "h200")
+    assert d2["ratios"][0]["sessions_ratio"]["bound"] == "lower" and "at least x" in s2
+    assert any("censored" in f for f in detail["configs"]["none"]["flags"])
+    assert any("start --ladder lower" in f for f in detail["configs"]["dram"]["flags"])
+    # p90 1.95 [1.8, 2.1] at 8 sessions meets 2 s by its estimate only
+    wide = [cell("none", 8, 8.0), cell("none", 16, 8.0)]
+    wide[0]["ttft"]["return"]["p90_s"].update(estimate=1.95, low=1.8, high=2.1)
+    _, d = answer(wide, 2.0, 1, "h200")
+    assert any("SLO met only within its interval" in f for f in d["configs"]["none"]["flags"])
+
+
+def test_plateau_knee_censored_at_the_lowest_rung():
+    t = plateau_and_knee([cell("none", n, 8.0, thr=100.0) for n in (4, 8)])
+    assert t["knee_censored"] and t["knee_sessions"] == 4.0
+
+
+def rep(n_turns: int, p90: float | None, seed: int) -> dict:
+    ci = {"estimate": p90, "low": p90, "high": p90, "n": n_turns} if p90 is not None else None
+    work_ci = {"estimate": 100.0, "low": 90.0, "high": 110.0, "n": n_turns} if n_turns else None
+    return {"tiers": "none", "sessions": 4, "seed": seed, "completed_turns": n_turns, "flags": [],
+            "throughput_tokens_per_s_per_gpu": {"estimate": 10.0 * n_turns, "low": 0, "high": 0, "n": 5},
+            "ttft": {"start": {"n": 0, "p50_s": None, "p90_s": None, "p99_s": None},
+                     "return": {"n": n_turns, "p50_s": ci, "p90_s": ci, "p99_s": ci}},
+            "work": {"turns_offered": n_turns + 1, "turns_completed": n_turns, "mean_new_tokens_offered": 100.0,
+                     "mean_new_tokens_completed": 100.0, "mean_output_tokens_completed": 10.0,
+                     "new_tokens_per_turn_ci": work_ci, "context_tokens_per_turn_ci": work_ci,
+                     "output_tokens_per_turn_ci": work_ci}}
+
+
+def test_every_reported_figure_uses_all_replications():
+    cell_ = merge_replications([rep(10, 1.0, 0), rep(20, 2.0, 1), rep(30, 3.0, 2)])
+    assert cell_["ttft"]["return"]["p90_s"]["estimate"] == pytest.approx(2.0)
+    assert cell_["ttft"]["return"]["p90_s"]["n"] == 3 and cell_["ttft"]["return"]["n"] == 60
+    assert cell_["ttft_within_run"]["return"]["p90_s"]["estimate"] == 1.0
+    assert cell_["completed_turns"] == 60 and cell_["work"]["turns_completed"] == 60
+    assert cell_["work"]["new_tokens_per_turn_ci"]["n"] == 60
+    assert cell_["work_within_run"]["turns_completed"] == 10
+    assert cell_["ttft"]["start"]["p90_s"] is None
+
+
+def test_a_rung_without_turns_says_why_and_what_to_change():
+    result = {"completed_turns": 0}
+    f = FailureInputs(issued_prefill_s=[45.5, 30.0, 50.0], issued_context_tokens=[150_000, 120_000, 160_000],
+                      largest_session_tokens=200_000, bytes_per_token=131072,
+                      tier_sizes_gib={"cpu_mem_gb": 1.0, "storage_capacity_gb": 19.1}, window_s=20.0, replicas=1,
+                      usable_fraction=0.9)
+    flags = failure_flags(result, "dram+storage", f)
+    assert len(flags) == 2
+    assert "no turn completed in the 20 s window" in flags[0] and "45.5 s (median" in flags[0]
+    assert "--window >= 136 s" in flags[0]  # 3 x the median, more than the 125.5 s queued
+    assert "cannot hold even one session's context" in flags[1] and "24.41 GiB" in flags[1]
+    assert "--cpu-mem-gb" in flags[1]
+    assert failure_flags(result, "none", f) == flags[:1]
+    assert failure_flags({"completed_turns": 3}, "none", f) == []
+
+
+def test_the_table_formats_a_missing_value_instead_of_crashing():
+    assert _fmt_ci({"estimate": None, "low": None, "high": None}) == "-"
+    assert _fmt_ci(None) == "-"
+
+
+BIG = ("sessions:\n  first_turn_tokens_mean: 150000\n  shared_prefix_tokens: 1024\n  new_tokens_mean: 1500\n"
+       "  new_tokens_median: 1000\n  output_tokens_mean: 60\n  output_tokens_median: 40\n  turns_mean: 6\n"
+       "  max_context_tokens: 200000\n")
+
+
+@pytest.mark.slow  # runs two 1 s rungs in real time
+def test_a_configuration_with_no_completed_turn_prints_its_table_and_says_why(tmp_path, capsys):
+    """The L40S failure in miniature: 150k-token contexts need ~46 s of modelled prefill, the window is 1 s,
+    and the 0.05 GiB DRAM tier cannot hold one session's ~18 GiB of KV."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(BIG)
+    code = main(["sessions", "--config", str(cfg), "--model", "llama3.1-8b", "--gpu", "l40s", "--gpu-mem-gb", "32",
+                 "--ladder", "2", "--window", "1", "--warmup", "0.2", "--subwindows", "2", "--tiers", "none,dram",
+                 "--cpu-mem-gb", "0.05", "--pace", "fixed:0.05", "--io-workers", "2", "--io-chunk-mb", "1",
+                 "--no-fsync", "--output", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "Traceback" not in out and "SESSIONS HELD" in out
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert all(r["completed_turns"] == 0 for r in data["rungs"])
+    warnings = " | ".join(data["warnings"])
+    assert "no turn completed in the 1 s window" in warnings and "of modelled prefill" in warnings
+    assert "dram @ 2 sessions: the offload tiers cannot hold even one session's context" in warnings
+
+
+@pytest.mark.slow  # runs rungs in real time
+def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys):
+    from tests.test_sessions_ladder import SMALL
+
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(SMALL.replace("sessions:\n", "sessions:\n  human_threshold_s: 0.1\n"))
+    code = main(["sessions", "--config", str(cfg), "--model", "micro", "--gpu", "l40s", "--gpu-mem-gb", "0.012",
+                 "--ladder", "1,16", "--window", "1.5", "--warmup", "0.3", "--subwindows", "2", "--tiers", "none",
+                 "--pace", "human:0.15:0.2", "--slo-ttft-p90", "0.002", "--output", str(tmp_path / "s.json")])
+    assert code == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["parameters"]["replications"] == 3  # the default when an answer is asked for
+    assert all(r["replications"]["k"] == 3 for r in data["rungs"])
+    assert isinstance(data["answer"], str) and data["answer"].startswith("without a tier, 1 x L40S hold ")
+    c = data["answer_detail"]["configs"]["none"]
+    assert c["status"] in ("interpolated", "censored_high", "censored_low") and "throughput" in c
+    sessions = [r["sessions"] for r in data["rungs"]]
+    assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
+    if c["status"] == "interpolated":
+        assert len(sessions) > 2  # the bracket [1, 8] was bisected
+    assert capsys.readouterr().out.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+
+
+def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap():
+    rungs = [cell("none", 4, 8.0), cell("none", 16, 8.0)]
+    rungs[1]["ttft"]["return"]["p90_s"] = None
+    rungs[1]["replications"]["ttft_return_p90_s"] = [None, None, None]
+    _, d = answer(rungs, 2.0, 1, "h200")
+    c = d["configs"]["none"]
+    assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
+    assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
+    assert next_refinement(rungs, 2.0) == 10
+
+
+def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
+    from types import SimpleNamespace
+
+    from kv_cache.benchmarks.sessions.rung_results import failure_inputs
+    from kv_cache.workload.sessions import SessionScript, Turn
+
+    script = SessionScript("s", (Turn(1000, 100, None, None), Turn(500, 50, 1.0, "human")),
+                           block_tokens=512, shared_prefix_tokens=0)
+    ls = SimpleNamespace(model=SimpleNamespace(bytes_per_token=1024), window_s=5.0, replicas=2,
+                         dram_usable_fraction=0.9)
+    f = failure_inputs(ls, [1000, 1600], [SimpleNamespace(script=script), SimpleNamespace(script=None)],
+                       {"cpu_mem_gb": {"effective": 1.5}, "gpu_mem_gb": {"effective": 9.0}}, lambda n: n / 100)
+    assert f.largest_session_tokens == 1000 + 100 + 500 + 50
+    assert f.issued_prefill_s == [10.0, 16.0] and f.tier_sizes_gib == {"cpu_mem_gb": 1.5}
+
+
+def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
+    from kv_cache.benchmarks.sessions.ladder_summary import summarize
+
+    rungs = []
+    for tiers in ("none", "dram"):
+        r = cell(tiers, 16, 8.0, k=1, thr=0.0)
+        r.update(completed_turns=0, flags=[], work={"flag_reasons": []})
+        rungs.append(r)
+    raw = {(r["tiers"], 16): [0.0, 0.0] for r in rungs}
+    s = summarize(rungs, raw, None)
+    assert any("no rung completed a turn" in f for f in s["configs"]["none"]["flags"])
+    assert s["ratios"][0]["effective_capacity_ratio"] is None
