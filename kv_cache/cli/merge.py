@@ -14,6 +14,9 @@ Merged documents given as files are accepted too:
   twice; a rank file that is gone is named). A merge never adds up merged figures: only the ranks'
   recorders.
 A merged document found while searching a directory (a previous merge, or one kept as PATH.1) is skipped.
+
+A harness run directory (`option_<O>/trial_<T>/rank_<N>/` at any depth), the MLPerf tool's rank files or
+the harness's summary.json get the Rules' section 6 score per option instead (cli/merge_score.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged_document
+from kv_cache.cli.merge_score import score_command, score_places
 from kv_cache.errors import DocumentError, UsageError
 from kv_cache.results.documents import MergedDocument, load
 from kv_cache.results.merge import MergeError, find_rank_files, merge_documents, merged_table
@@ -116,6 +120,9 @@ def _json_object(merged: dict[str, Any], path: str, kept_as: str | None, error: 
 
 def merge_command(args: argparse.Namespace, argv: list[str], out=None) -> int:
     out = out or sys.stdout
+    scored = score_places(list(args.paths))  # a harness run directory, the MLPerf tool's files, a summary.json
+    if scored is not None:
+        return score_command(args, *scored, out)
     try:
         output = os.path.abspath(args.output or default_output(args.paths))
         files, shown = _rank_files(list(args.paths), output)
