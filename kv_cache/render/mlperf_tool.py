@@ -8,7 +8,8 @@ from typing import Any, TextIO
 
 from kv_cache.results.mlperf_tool import KEYS, MlperfToolRank
 
-__all__ = ["draw_mlperf_plots", "mlperf_report_lines", "print_mlperf_report"]
+__all__ = ["COMPARED", "compare_rows", "compare_table", "draw_mlperf_compare", "draw_mlperf_plots", "mlperf_report_lines",
+           "print_mlperf_report", "seed_differences"]
 
 GIB = float(1 << 30)
 
@@ -107,3 +108,66 @@ def draw_mlperf_plots(view: MlperfToolRank, plots_dir: str) -> list[Path]:
     ax.legend()
     text = f"MLPerf tool rank file {view.source or ''} (option {view.option}, trial {view.trial}, rank {view.rank})"
     return [save_figure(fig, Path(plots_dir) / "latency_cdf.png", text)]
+
+
+COMPARED = ("requests_completed", "elapsed_s", "avg_tokens_per_s", "storage_tokens_per_s", "read_gibps", "write_gibps",
+            "read_ops", "write_ops", "read_device_p95_ms", "write_device_p95_ms", "read_p95_ms", "write_p95_ms",
+            "request_storage_p95_ms", "e2e_p95_ms", "cache_hit_rate")
+
+
+def seed_differences(views: list[MlperfToolRank]) -> list[str]:
+    """'seed: A=42, B=43' when the files' seeds differ (a missing seed counts as different)."""
+    seeds = [v.values.get("seed") for v in views]
+    if len(set(map(str, seeds))) <= 1:
+        return []
+    return ["seed: " + ", ".join(f"{chr(65 + i)}={s if s is not None else 'missing'}" for i, s in enumerate(seeds))]
+
+
+def compare_rows(views: list[MlperfToolRank]) -> list[dict[str, Any]]:
+    """One row per figure of COMPARED: each side's value (None where a file lacks it) and the ratio to A."""
+    rows = []
+    for name in COMPARED:
+        vals = [v.values.get(name) for v in views]
+        base = vals[0]
+        rows.append({"metric": name, "meaning": KEYS[name][1], "values": vals,
+                     "ratio_to_a": [None if base in (None, 0) or x is None else x / base for x in vals]})
+    return rows
+
+
+def compare_table(names: list[str], views: list[MlperfToolRank]) -> list[str]:
+    lines = [f"{chr(65 + i)}: {n} ({'MLPerf tool' if 'schema_version' not in v.data else 'kv-cache'} rank file)"
+             for i, (n, v) in enumerate(zip(names, views, strict=True))]
+    head = f"{'metric':<24}" + "".join(f"{chr(65 + i):>16}" for i in range(len(views))) + "".join(
+        f"{chr(65 + i) + '/A':>10}" for i in range(1, len(views)))
+    lines += ["", head]
+    for row in compare_rows(views):
+        cells = "".join(f"{'missing' if x is None else f'{x:,.3f}':>16}" for x in row["values"])
+        ratios = "".join(f"{'-' if r is None else f'{r:.3f}':>10}" for r in row["ratio_to_a"][1:])
+        lines.append(f"{row['metric']:<24}{cells}{ratios}")
+    lines += ["", "write_device_p95_ms of the MLPerf tool is the fsync alone; read_ops / write_ops are counts; "
+                  "storage_tokens_per_s divides by summed per-request storage time."]
+    return lines
+
+
+def draw_mlperf_compare(names: list[str], views: list[MlperfToolRank], plots_dir: str) -> list[Path]:
+    """latency_cdf.png: each file's per-request end-to-end latency CDF, overlaid (none drawn when no file
+    keeps the list)."""
+    from kv_cache.render.plots import pyplot, save_figure  # noqa: PLC0415  (matplotlib is optional)
+
+    series = [(chr(65 + i), sorted(v.latencies_s("end_to_end_latencies"))) for i, v in enumerate(views)]
+    if not any(values for _label, values in series):
+        return []
+    plt = pyplot()
+    Path(plots_dir).mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, values in series:
+        if values:
+            ax.plot([x * 1e3 for x in values], [(i + 1) / len(values) for i in range(len(values))],
+                    label=f"{label} ({len(values)} requests)")
+    ax.set_xscale("log")
+    ax.set_xlabel("end-to-end ms per request")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("Per-request end-to-end latency CDF")
+    ax.legend()
+    text = "; ".join(f"{chr(65 + i)}: {n}" for i, n in enumerate(names))
+    return [save_figure(fig, Path(plots_dir) / "compare_latency_cdf.png", text)]

@@ -7,8 +7,8 @@ Three kinds, each a JSON object whose first key is `schema_version`:
 
 A class keeps the document's mapping as written (so `to_json()` gives back every key, byte for byte) and
 adds the typed accessors the readers use: kind, schema version, run id, rank, world size, window, storage
-and summary. `load` picks the class from VERSIONS by `schema_version`, never by sniffing keys (the two foreign kinds below excepted); a file
-with no version, or one this kv-cache does not know, is a DocumentError (one line, exit 2). Bump a number
+and summary. `load` picks the class from VERSIONS by `schema_version`, never by sniffing keys (the two
+foreign kinds below excepted, by their documented shape); a file with no version, or one this kv-cache does not know, is a DocumentError (one line, exit 2). Bump a number
 when a key changes meaning or goes away (adding keys keeps it), and keep the old number's class here with
 a test file of it in tests/fixtures/results/.
 """
@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kv_cache.errors import DocumentError
-from kv_cache.results.mlperf_tool import HarnessSummary, MlperfToolRank, is_harness_summary, is_mlperf_tool_file, rank_view
+from kv_cache.results.mlperf_tool import (
+    HarnessSummary,
+    MlperfToolRank,
+    is_harness_summary,
+    is_mlperf_tool_file,
+    rank_view,
+)
 
 try:  # 3-4x faster to parse than the standard library: a merge of hundreds of ranks is mostly parsing
     from orjson import loads as _loads

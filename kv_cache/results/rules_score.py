@@ -206,7 +206,7 @@ def format_score(score: dict[str, Any]) -> str:
         if s["missing_keys"]:
             lines.append(f"  keys missing in {len(s['missing_keys'])} file(s): " + "; ".join(
                 f"{f}: {', '.join(k)}" for f, k in list(s["missing_keys"].items())[:3]))
-        for f, e in s["unreadable"].items():
+        for e in s["unreadable"].values():
             lines.append(f"  unreadable: {e}")
         lines.append(f"  the tool's own verdicts: {', '.join(f'{k} x{n}' for k, n in s['tool_status'].items())}")
     return "\n".join(lines) + "\n"
