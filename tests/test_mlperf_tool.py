@@ -99,8 +99,11 @@ def test_a_missing_rank_is_named_not_averaged_as_zero(tmp_path, capsys):
     assert main(["merge", str(tmp_path), "--output", str(out)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "trial 1:" in ln and "GiB/s" in ln)
     assert line.strip().startswith("trial 1: 1 rank(s)") and line.endswith("missing rank(s) 1")
-    score = json.loads(out.read_text())
-    assert score["options"]["1"]["per_trial"]["1"]["missing_ranks"] == [1]
+    o1 = json.loads(out.read_text())["options"]["1"]
+    assert o1["per_trial"]["1"]["missing_ranks"] == [1]
+    assert o1["trials_left_out"] == [1] and o1["trials_counted"] == [0] and not o1["incomplete"]
+    t0 = _cs(R0)["tier_storage_read_bandwidth_gbps"] + _cs(R1)["tier_storage_read_bandwidth_gbps"]
+    assert o1["read_gibps"] == pytest.approx(t0)  # the complete trial alone, not a short sum averaged in
 
 
 def _metrics(rng, requests, reads, writes, window_s):

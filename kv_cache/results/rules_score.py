@@ -11,7 +11,8 @@ Beside them: the trial-to-trial spread of each sum (min, max, (max - min) / mean
 samples exist: for our files, the per-trial merge of the ranks' recorders (results/merge.py: the P95 of the
 union of every device time); for the MLPerf tool's, the P95 of the pooled per-request storage times
 (`storage_latencies`; it keeps no per-operation samples). A rank with no file, or a file that lacks a key,
-is named, never averaged in as 0.
+is named, never averaged in as 0: a trial short of ranks is left out of the score while complete trials
+exist (`trials_left_out`), and with none complete the score says `incomplete`.
 """
 
 from __future__ import annotations
@@ -141,14 +142,19 @@ def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
                              "missing_ranks": sorted(set(range(ranks_expected)) - {r["rank"] for r in got}),
                              **{k: (sum(r[k] for r in got) if got and all(r[k] is not None for r in got) else None)
                                 for k in SUM_KEYS}}
+    complete = [t for t, v in per_trial.items() if not v["missing_ranks"]]
+    counted = complete or list(per_trial)  # a trial short of ranks is left out while complete ones exist
     score: dict[str, Any] = {"option": option, "trials": len(trials), "ranks_expected": ranks_expected,
-                             "formats": sorted({r["format"] for r in good if r.get("format")})}
+                             "formats": sorted({r["format"] for r in good if r.get("format")}),
+                             "trials_counted": [int(t) for t in counted],
+                             "trials_left_out": [int(t) for t in per_trial if t not in counted],
+                             "incomplete": not complete}
     for k in SUM_KEYS:
-        sums = [v[k] for v in per_trial.values() if v[k] is not None]
+        sums = [per_trial[t][k] for t in counted if per_trial[t][k] is not None]
         score[k] = statistics.fmean(sums) if sums else None
         score[f"{k}_spread"] = _spread(sums)
     for k in MAX_KEYS:
-        vals = [r[k] for r in good if r[k] is not None]
+        vals = [r[k] for r in good if r[k] is not None and str(r["trial"]) in counted]
         score[k] = max(vals) if vals else None
     score["per_trial"] = per_trial
     score["pooled"] = _pooled(good)
@@ -186,6 +192,11 @@ def format_score(score: dict[str, Any]) -> str:
     for key, s in score["options"].items():
         lines += ["", f"Option {key}: {s['trials']} trial(s) x {s['ranks_expected']} rank(s); files: "
                       f"{', '.join(s['formats']) or 'none readable'}"]
+        if s["trials_left_out"]:
+            lines.append(f"  trial(s) {', '.join(map(str, s['trials_left_out']))} left out of the score: ranks missing "
+                         "(the complete trials are scored)")
+        if s["incomplete"]:
+            lines.append("  INCOMPLETE: no trial has every rank; the sums below are of the ranks there are")
         lines.append(f"  {'figure':<44} {'score':>14} {'trial min':>12} {'trial max':>12} {'spread':>8}")
         for k, label in (("read_gibps", "aggregate storage read bandwidth, GiB/s"),
                          ("write_gibps", "aggregate storage write bandwidth, GiB/s"),
