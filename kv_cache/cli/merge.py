@@ -40,10 +40,12 @@ __all__ = ["add_merge_flags", "default_output", "merge_command"]
 def add_merge_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="DIR|FILE",
                    help="a directory (rank_<N>/kvcache_results_*.json or *_rank<r>.json), per-rank files, or merged "
-                        "documents (one alone is shown as it is; several are merged again from their rank files)")
+                        "documents (one alone is shown as it is; several are merged again from their rank files); a "
+                        "harness run directory (option_<O>/trial_<T>/rank_<N>/ at any depth), the MLPerf tool's rank "
+                        "files or the harness's summary.json print the Rules' section 6 score per option instead")
     p.add_argument("--output", default=None,
                    help="merged JSON (default: kvcache_merged.json in the directory, or beside the first file); "
-                        "an existing file there is kept as PATH.1")
+                        "an existing file there is kept as PATH.1. For a section 6 score: written only when given")
     p.add_argument("--allow-missing-ranks", action="store_true",
                    help="merge the ranks there are when some are missing (the document names them in missing_ranks "
                         "and lost_ranks; verdict INCOMPLETE)")
