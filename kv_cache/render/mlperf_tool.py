@@ -18,8 +18,9 @@ def _v(view: MlperfToolRank, name: str, digits: int = 3) -> str:
     v = view.values.get(name)
     if v is None:
         return f"missing ({'.'.join(KEYS[name][0])})"
-    return f"{v:,.{digits}f}" if isinstance(v, float) and not v.is_integer() else f"{v:,.0f}" if isinstance(
-        v, float) else str(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.{digits}f}" if not v.is_integer() else f"{v:,.0f}"
 
 
 def _line(view: MlperfToolRank, name: str, label: str, unit: str = "", digits: int = 3) -> str:

@@ -103,27 +103,54 @@ def harness_place(path: str | os.PathLike | None) -> tuple[int | None, int | Non
     return tuple(int(x) for x in m[-1]) if m else (None, None, None)  # type: ignore[return-value]
 
 
-def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+def _number(v: Any) -> float | int | None:
+    """A number as written (a count stays an int); None for anything else."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return v if isinstance(v, int) else float(v)
 
 
 @dataclass
 class MlperfToolRank:
-    """One rank file of the MLPerf tool, read with the meaning of its keys (KEYS); None where it lacks one."""
+    """One rank file of the MLPerf tool, read with the meaning of its keys (KEYS gives each field's key and
+    meaning); a field is None where the file lacks its key, and `missing` names those keys."""
 
     data: dict[str, Any]
     source: str | None = None
     option: int | None = None
     trial: int | None = None
     rank: int | None = None
-    values: dict[str, Any] = field(default_factory=dict)
+    requests_completed: int | None = None
+    tokens: int | None = None
+    storage_io_s: float | None = None
+    seed: int | None = None
+    elapsed_s: float | None = None
+    avg_tokens_per_s: float | None = None
+    storage_tokens_per_s: float | None = None
+    request_storage_p95_ms: float | None = None
+    e2e_p95_ms: float | None = None
+    read_gibps: float | None = None
+    write_gibps: float | None = None
+    read_gib: float | None = None
+    write_gib: float | None = None
+    read_ops: int | None = None
+    write_ops: int | None = None
+    read_p95_ms: float | None = None
+    read_device_p95_ms: float | None = None
+    read_host_p95_ms: float | None = None
+    write_p95_ms: float | None = None
+    write_device_p95_ms: float | None = None
+    write_host_p95_ms: float | None = None
+    cache_hit_rate: float | None = None
+    storage_entries: int | None = None
+    status: str | None = None
+    criteria: list[dict[str, Any]] | None = None
     missing: list[str] = field(default_factory=list)
 
-    def __getattr__(self, name: str) -> Any:  # the KEYS fields: view.read_gibps, view.write_device_p95_ms, ...
-        values = self.__dict__.get("values")
-        if values is not None and name in KEYS:
-            return values.get(name)
-        raise AttributeError(name)
+    @property
+    def values(self) -> dict[str, Any]:
+        """The KEYS fields by name."""
+        return {name: getattr(self, name) for name in KEYS}
 
     def latencies_s(self, key: str) -> list[float]:
         """A per-request list as written (seconds): end_to_end_latencies, storage_latencies, ..."""
@@ -141,8 +168,8 @@ def rank_view(data: Mapping[str, Any], source: str | os.PathLike | None = None) 
             missing.append(".".join(path))
         values[name] = v if name in ("status", "criteria", "seed") else _number(v)
     option, trial, rank = harness_place(source)
-    return MlperfToolRank(dict(data), None if source is None else os.fspath(source), option, trial, rank, values,
-                          missing)
+    return MlperfToolRank(dict(data), None if source is None else os.fspath(source), option, trial, rank,
+                          **values, missing=missing)
 
 
 def _read(path: str | os.PathLike) -> Any:
