@@ -15,7 +15,7 @@ import json
 import sys
 from typing import TextIO
 
-from kv_cache.cli.report_cmd import check_plots_dir, load_results
+from kv_cache.cli.report_cmd import check_plots_dir
 from kv_cache.errors import UsageError
 from kv_cache.render.compare import (
     CompareError,
@@ -26,6 +26,8 @@ from kv_cache.render.compare import (
     to_json,
     workload_differences,
 )
+from kv_cache.results.documents import HarnessSummaryDocument, MlperfToolDocument, RunDocument, load
+from kv_cache.results.mlperf_tool import rank_view
 from kv_cache.results.storage_info import storage_label
 
 STDOUT = "-"
@@ -60,7 +62,10 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
                     err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     plots_dir, json_path = getattr(args, "plots", None), getattr(args, "json", None)
-    docs = [load_results(path) for path in args.results]
+    typed = [load(path) for path in args.results]
+    if any(isinstance(d, (MlperfToolDocument, HarnessSummaryDocument)) for d in typed):
+        return _compare_rank_files(args, typed, out, err)
+    docs = [d.to_json() for d in typed]
     check_plots_dir(plots_dir)
     _check_json_path(json_path)
     names = list(args.results)
@@ -116,3 +121,43 @@ def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str,
         raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
     out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}"
               f"{kept_clause(kept_since(plots_dir, before))}\n")
+
+
+def _compare_rank_files(args: argparse.Namespace, typed: list, out: TextIO, err: TextIO) -> int:
+    """The MLPerf tool's rank files (beside ours, read by the same keys): the figures side by side with their
+    ratios to A; different seeds are refused like different workloads (--allow-different-workloads: a
+    warning)."""
+    from kv_cache.render.mlperf_tool import compare_rows, compare_table, draw_mlperf_compare, seed_differences  # noqa: PLC0415
+
+    names = list(args.results)
+    wrong = [f"{n} is a {d.kind} document" for n, d in zip(names, typed, strict=True)
+             if not isinstance(d, (MlperfToolDocument, RunDocument))]
+    if wrong:
+        raise UsageError("the MLPerf tool's rank files compare with rank files (theirs or ours) only: "
+                         + "; ".join(wrong))
+    plots_dir, json_path = getattr(args, "plots", None), getattr(args, "json", None)
+    check_plots_dir(plots_dir)
+    _check_json_path(json_path)
+    views = [rank_view(d.data, d.source) for d in typed]
+    diffs = seed_differences(views)
+    if diffs and not args.allow_different_workloads:
+        raise UsageError("the seeds differ (" + "; ".join(diffs) + "): the runs offered different request streams. "
+                         "Pass --allow-different-workloads to compare anyway")
+    for d in diffs:
+        err.write(f"kv-cache compare: warning: workloads differ: {d}\n")
+    if json_path is not None:
+        _write_json(json_path, {"runs": [{"label": chr(65 + i), "path": n, "kind": d.kind, "missing": v.missing}
+                                         for i, (n, d, v) in enumerate(zip(names, typed, views, strict=True))],
+                                "differences": diffs, "rows": compare_rows(views)}, out)
+    if json_path != STDOUT:
+        out.write("\n".join(compare_table(names, views)) + "\n")
+    if plots_dir:
+        from kv_cache.render.plots import PlotsUnavailable  # noqa: PLC0415
+
+        try:
+            pngs = draw_mlperf_compare(names, views, plots_dir)
+        except PlotsUnavailable as exc:
+            raise UsageError(f"--plots: {exc}") from None
+        (err if json_path == STDOUT else out).write(
+            f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no per-request lists)'}\n")
+    return 0

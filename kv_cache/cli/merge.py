@@ -14,6 +14,9 @@ Merged documents given as files are accepted too:
   twice; a rank file that is gone is named). A merge never adds up merged figures: only the ranks'
   recorders.
 A merged document found while searching a directory (a previous merge, or one kept as PATH.1) is skipped.
+
+A harness run directory (`option_<O>/trial_<T>/rank_<N>/` at any depth), the MLPerf tool's rank files or
+the harness's summary.json get the Rules' section 6 score per option instead (cli/merge_score.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged_document
+from kv_cache.cli.merge_score import score_command, score_places
 from kv_cache.errors import DocumentError, UsageError
 from kv_cache.results.documents import MergedDocument, load
 from kv_cache.results.merge import MergeError, find_rank_files, merge_documents, merged_table
@@ -36,10 +40,12 @@ __all__ = ["add_merge_flags", "default_output", "merge_command"]
 def add_merge_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="DIR|FILE",
                    help="a directory (rank_<N>/kvcache_results_*.json or *_rank<r>.json), per-rank files, or merged "
-                        "documents (one alone is shown as it is; several are merged again from their rank files)")
+                        "documents (one alone is shown as it is; several are merged again from their rank files); a "
+                        "harness run directory (option_<O>/trial_<T>/rank_<N>/ at any depth), the MLPerf tool's rank "
+                        "files or the harness's summary.json print the Rules' section 6 score per option instead")
     p.add_argument("--output", default=None,
                    help="merged JSON (default: kvcache_merged.json in the directory, or beside the first file); "
-                        "an existing file there is kept as PATH.1")
+                        "an existing file there is kept as PATH.1. For a section 6 score: written only when given")
     p.add_argument("--allow-missing-ranks", action="store_true",
                    help="merge the ranks there are when some are missing (the document names them in missing_ranks "
                         "and lost_ranks; verdict INCOMPLETE)")
@@ -116,6 +122,9 @@ def _json_object(merged: dict[str, Any], path: str, kept_as: str | None, error: 
 
 def merge_command(args: argparse.Namespace, argv: list[str], out=None) -> int:
     out = out or sys.stdout
+    scored = score_places(list(args.paths))  # a harness run directory, the MLPerf tool's files, a summary.json
+    if scored is not None:
+        return score_command(args, *scored, out)
     try:
         output = os.path.abspath(args.output or default_output(args.paths))
         files, shown = _rank_files(list(args.paths), output)

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kv_cache.errors import UsageError
-from kv_cache.results.documents import MergedDocument, SessionsDocument, load
+from kv_cache.results.documents import (
+    HarnessSummaryDocument,
+    MergedDocument,
+    MlperfToolDocument,
+    SessionsDocument,
+    load,
+)
 
 PLOTS_HELP = "Also draw PNG plots and an index.html page of the results into this directory."
 
@@ -80,6 +86,8 @@ def plots_after_run(output: str, plots_dir: str | None, out: TextIO | None = Non
 def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None) -> int:
     out = out or sys.stdout
     doc = load(args.result)
+    if isinstance(doc, (MlperfToolDocument, HarnessSummaryDocument)):
+        return _foreign_report(doc, args.plots, out)
     results = doc.to_json()
     if isinstance(doc, SessionsDocument):
         from kv_cache.render.sessions import print_partial, print_table  # noqa: PLC0415
@@ -98,4 +106,32 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
             out.write("\n" + merged_table(results))
     if args.plots:
         emit_plots(results, args.plots, out)
+    return 0
+
+
+def _foreign_report(doc: MlperfToolDocument | HarnessSummaryDocument, plots_dir: str | None, out: TextIO) -> int:
+    """The MLPerf tool's rank file (each key with its meaning, `missing` where it lacks one) or the harness's
+    summary.json (its aggregates per option); --plots draws the rank file's per-request latency CDF."""
+    if isinstance(doc, HarnessSummaryDocument):
+        from kv_cache.cli.merge_score import format_harness_summary  # noqa: PLC0415
+
+        out.write(format_harness_summary(doc))
+        if plots_dir:
+            out.write("No plots for a harness summary.json (it holds aggregates only); plot a rank file\n")
+        return 0
+    from kv_cache.render.mlperf_tool import draw_mlperf_plots, print_mlperf_report  # noqa: PLC0415
+
+    view = doc.view
+    print_mlperf_report(view, out)
+    if plots_dir:
+        check_plots_dir(plots_dir)
+        from kv_cache.render.plots import PlotsUnavailable  # noqa: PLC0415
+
+        try:
+            pngs = draw_mlperf_plots(view, plots_dir)
+        except PlotsUnavailable as exc:
+            raise UsageError(f"--plots: {exc}") from None
+        except OSError as exc:
+            raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
+        out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no per-request lists)'}\n")
     return 0

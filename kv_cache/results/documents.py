@@ -7,8 +7,8 @@ Three kinds, each a JSON object whose first key is `schema_version`:
 
 A class keeps the document's mapping as written (so `to_json()` gives back every key, byte for byte) and
 adds the typed accessors the readers use: kind, schema version, run id, rank, world size, window, storage
-and summary. `load` picks the class from VERSIONS by `schema_version`, never by sniffing keys; a file
-with no version, or one this kv-cache does not know, is a DocumentError (one line, exit 2). Bump a number
+and summary. `load` picks the class from VERSIONS by `schema_version`, never by sniffing keys (the two
+foreign kinds below excepted, by their documented shape); a file with no version, or one this kv-cache does not know, is a DocumentError (one line, exit 2). Bump a number
 when a key changes meaning or goes away (adding keys keeps it), and keep the old number's class here with
 a test file of it in tests/fixtures/results/.
 """
@@ -22,13 +22,20 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kv_cache.errors import DocumentError
+from kv_cache.results.mlperf_tool import (
+    HarnessSummary,
+    MlperfToolRank,
+    is_harness_summary,
+    is_mlperf_tool_file,
+    rank_view,
+)
 
 try:  # 3-4x faster to parse than the standard library: a merge of hundreds of ranks is mostly parsing
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover  (orjson is a dependency; the standard library still reads them)
     _loads = json.loads
 
-__all__ = ["MERGED_SCHEMA_VERSION", "SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "VERSIONS", "MergedDocument",
+__all__ = ["HarnessSummaryDocument", "MERGED_SCHEMA_VERSION", "MlperfToolDocument", "SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "VERSIONS", "MergedDocument",
            "ResultsDocument", "RunDocument", "SessionsDocument", "load"]
 
 SCHEMA_VERSION = "kv-cache-results/1"
@@ -179,6 +186,38 @@ class MergedDocument(ResultsDocument):
         return dict((self.data.get("measurement") or {}).get("storage") or {})
 
 
+class MlperfToolDocument(ResultsDocument):
+    """A per-rank results file of the MLPerf tool (recognised by its shape): `view` reads its keys with their
+    meaning and names the ones it lacks."""
+
+    kind = "mlperf-tool"
+    schema = "mlperf-tool-rank"  # a label for messages: the file itself has no schema_version
+
+    @property
+    def view(self) -> MlperfToolRank:
+        return rank_view(self.data, self.source)
+
+    @property
+    def rank(self) -> int | None:
+        return self.view.rank
+
+    @property
+    def window(self) -> dict[str, Any]:
+        elapsed = self.view.elapsed_s
+        return {"seconds": elapsed} if elapsed is not None else {}
+
+
+class HarnessSummaryDocument(ResultsDocument):
+    """The mlpstorage harness's `summary.json` (recognised by its shape): its aggregates per option."""
+
+    kind = "mlperf-harness-summary"
+    schema = "mlpstorage-summary/1.0"
+
+    @property
+    def view(self) -> HarnessSummary:
+        return HarnessSummary(self.data, self.source)
+
+
 VERSIONS: dict[str, type[ResultsDocument]] = {cls.schema: cls for cls in (RunDocument, SessionsDocument,
                                                                           MergedDocument)}
 
@@ -187,7 +226,8 @@ def load(source: str | os.PathLike | Mapping[str, Any] | ResultsDocument) -> Res
     """The typed document of a path or an already-parsed mapping, by its `schema_version`.
 
     DocumentError (one line) when the file cannot be read, is not a JSON object, has no schema_version or
-    one not in VERSIONS."""
+    one not in VERSIONS. The MLPerf tool's rank files and the harness's summary.json are recognised by
+    their shape first (MlperfToolDocument, HarnessSummaryDocument)."""
     if isinstance(source, ResultsDocument):
         return source
     if isinstance(source, Mapping):
@@ -202,6 +242,11 @@ def load(source: str | os.PathLike | Mapping[str, Any] | ResultsDocument) -> Res
             raise DocumentError(f"{name} is not a JSON results file: {exc}") from None
     if not isinstance(data, dict):
         raise DocumentError(f"{name} is not a kv-cache results file (a JSON {type(data).__name__}, not an object)")
+    source_name = None if isinstance(source, Mapping) else name
+    if is_mlperf_tool_file(data):
+        return MlperfToolDocument(data, source_name)
+    if is_harness_summary(data):
+        return HarnessSummaryDocument(data, source_name)
     version = data.get("schema_version")
     if version is None:
         raise DocumentError(f"{name} is not a kv-cache results file (no schema_version)")
