@@ -23,7 +23,7 @@ TOP_KEYS = {
     "throughput_timeline", "prefill_latencies", "decode_latencies", "multi_turn_cache_hits",
     "multi_turn_cache_misses", "seed", "summary", "overall_passed", "total_requests", "avg_latency_ms",
     "p99_latency_ms", "throughput_req_per_sec", "storage_throughput_mbps", "cache_hit_rate", "measurement",
-    "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
+    "integrity", "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
     "run_id", "world_size", "recorder", "summary_inputs",  # what a merge of ranks needs (results/merge.py)
 }
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
