@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,8 @@ def test_preload_in_recorded_mpi_params_is_named():
     c = _check(integ.audit_facts(integ.facts_from_mlperf_tool({}, params)), "interposers")
     assert c["status"] == integ.INVALID
     assert "libnofadvise.so" in c["reason"] and "libeatmydata.so" in c["reason"] and "allocator" in c["reason"]
+    setup = _check(integ.audit_facts(integ.facts_from_mlperf_tool({}, params)), "io_setup")
+    assert setup["status"] == integ.INVALID and setup["numbers"]["fsync_really_issued"] is False
 
 
 def test_rank_file_alone_says_parameters_unknown():
@@ -226,9 +229,34 @@ def test_preloaded_fsync_shim_in_a_child_is_named(fsync_shim, tmp_path):
     assert block["verdict"] == integ.INVALID
     assert f"{fsync_shim} interposes fdatasync, fsync" in c["reason"]
     assert "libshim.so (unknown preloaded library)" in c["reason"]
+    assert _check(block, "io_setup")["numbers"]["fsync_really_issued"] is False
 
 
 def test_mlperf_params_default_to_first_command():
     meta = json.loads(next(HPE.rglob("*_metadata.json")).read_text())
     assert integ.mlperf_run_params(meta) == {"ld_preload": [], "num_users": 200}
     assert integ.mlperf_run_params(copy.deepcopy(meta), 2, 0) == {"ld_preload": []}  # no such command there
+
+
+MICRO = ("model_configs:\n  micro:\n    name: Micro test model\n    num_layers: 1\n    hidden_dim: 512\n"
+         "    num_heads: 4\n    kv_heads: 1\n    dtype: float16\n")
+
+
+@pytest.mark.slow  # a real 1 s run in a child process
+def test_short_run_under_a_preloaded_shim_is_invalid(fsync_shim, tmp_path, capsys):
+    """A real kv-cache run started with LD_PRELOAD of the fsync no-op: its own integrity block names the shim,
+    its report says INVALID beside PASS/FAIL, and `audit` agrees."""
+    config, out = tmp_path / "micro.yaml", tmp_path / "r.json"
+    config.write_text(MICRO)
+    argv = [sys.executable, "-m", "kv_cache", "--config", str(config), "--model", "micro", "--num-users", "2",
+            "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode", "none", "--seed", "42",
+            "--cache-dir", str(tmp_path / "cache"), "--output", str(out), "--io-chunk-mb", "1"]
+    env = {**os.environ, "LD_PRELOAD": str(fsync_shim), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert out.exists(), done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["integrity"]["verdict"] == integ.INVALID
+    assert any(f"{fsync_shim} interposes fdatasync, fsync" in r for r in doc["integrity"]["reasons"])
+    assert "Integrity: INVALID" in done.stdout
+    assert main(["audit", str(out)]) == 1
+    assert f"{fsync_shim} interposes fdatasync, fsync" in capsys.readouterr().out

@@ -130,7 +130,9 @@ def _text(rows: list[tuple[str, dict[str, Any]]], overall: str, out: TextIO) -> 
     for name, block in rows:
         corr, rep = block.get("corrected_read_gib_per_s"), block.get("reported_read_gib_per_s")
         bw = f"; read {rep:.2f} GiB/s reported, at most {corr:.2f} corrected" if corr is not None and rep else ""
-        out.write(f"{name}: {block['verdict'].upper()} ({block['source']}){bw}\n")
+        host = next((c["numbers"].get("host") for c in block["checks"] if c["check"] == "io_setup"), None)
+        where = f", host {host}" if host else ""
+        out.write(f"{name}: {block['verdict'].upper()} ({block['source']}{where}){bw}\n")
         for c in block["checks"]:
             out.write(f"  [{c['status']}] {c['check']}: {c['reason']}\n")
     counts = {v: sum(1 for _, b in rows if b["verdict"] == v) for v in (integ.OK, integ.SUSPECT, integ.INVALID)}

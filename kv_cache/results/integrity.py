@@ -178,8 +178,10 @@ def check_interposers(f: IntegrityFacts) -> dict[str, Any]:
         status = INVALID
         reasons.append(f"{path} interposes {', '.join(symbols)}")
     if not f.preload_recorded and not f.mapped_recorded:
-        return _finding("interposers", UNKNOWN, "neither the parameters nor the environment were recorded "
-                        "(for the MLPerf tool's files give the run directory, with its *_metadata.json)")
+        why = ("the rank file records no parameters: give the run directory, with its *_metadata.json"
+               if f.source == "mlperf-tool" else
+               "no measurement.process_libraries (a result written before they were recorded, or a merge)")
+        return _finding("interposers", UNKNOWN, why)
     nums = {"ld_preload": list(f.ld_preload), "interposers": [{"path": p, "symbols": list(s)} for p, s in f.interposers],
             "mapped_libraries_checked": f.mapped_recorded}
     return _finding("interposers", status, "; ".join(reasons) or "no LD_PRELOAD and no interposing library", **nums)
@@ -217,6 +219,13 @@ def check_io_setup(f: IntegrityFacts) -> dict[str, Any]:
     if f.fsync is False:
         status = max(status, SUSPECT, key=_RANK.get)
         reasons.append("no fsync: writes can end in the page cache")
+    flushers = [p for p, syms in f.interposers if {"fsync", "fdatasync"} & set(syms)]
+    flushers += [p for p in f.ld_preload if os.path.basename(p).startswith("libeatmydata")]
+    nums["fsync_really_issued"] = None if f.fsync is None else bool(f.fsync) and not flushers
+    if f.fsync and flushers:
+        status = INVALID
+        reasons.append(f"fsync is asked for but {', '.join(os.path.basename(p) for p in flushers)} answers it: "
+                       "no flush reaches the device")
     reasons.extend(f.notes)
     return _finding("io_setup", status, "; ".join(reasons) or "direct I/O with fsync on a device filesystem", **nums)
 

@@ -144,6 +144,8 @@ def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = N
     results["run_parameters"] = run_parameters(settings, started or datetime.now())
     results["throughput_timeline"] = []
     results["phases"] = phases
+    results["measurement"]["process_libraries"] = snapshot_at_start()
+    results["integrity"] = audit_facts(facts_from_ours(results))
     return results
 
 
