@@ -260,3 +260,21 @@ def test_short_run_under_a_preloaded_shim_is_invalid(fsync_shim, tmp_path, capsy
     assert "Integrity: INVALID" in done.stdout
     assert main(["audit", str(out)]) == 1
     assert f"{fsync_shim} interposes fdatasync, fsync" in capsys.readouterr().out
+
+
+def test_merge_carries_each_ranks_integrity_and_audit_counts_it(tmp_path, capsys):
+    from kv_cache.results.merge import merge_documents  # noqa: PLC0415
+
+    docs = [json.loads(p.read_text()) for p in sorted((FIXTURES / "results" / "ranks").glob("x_rank*.json"))]
+    docs[1]["integrity"] = {"verdict": integ.INVALID, "reasons": ["interposers: /x/libshim.so interposes fsync"]}
+    merged = merge_documents(docs)
+    block = merged["integrity"]
+    assert block["verdict"] == integ.INVALID
+    assert block["per_rank"]["0"]["verdict"] == integ.UNKNOWN  # written before the block existed
+    assert block["reasons"] == ["rank 1: interposers: /x/libshim.so interposes fsync"]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(merged))
+    assert main(["audit", str(path)]) == 1
+    assert "  rank 1: invalid; interposers: /x/libshim.so interposes fsync" in capsys.readouterr().out
+    (_, audited), = audit_path(str(path))
+    assert audited["verdict"] == integ.INVALID and "rank 1: interposers: /x/libshim.so interposes fsync" in audited["reasons"]

@@ -97,7 +97,15 @@ def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
         doc = load(raw).to_json()
         if doc.get("summary", {}).get("cache_stats") is None:
             return None  # sessions documents hold no storage figures of this kind
-        return integ.audit_facts(integ.facts_from_ours(doc), ceiling)
+        block = integ.audit_facts(integ.facts_from_ours(doc), ceiling)
+        carried = doc.get("integrity") or {}
+        if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too
+            block["per_rank"] = carried["per_rank"]
+            block["reasons"] += carried.get("reasons") or []
+            block["verdict"] = integ.worst_verdict([block["verdict"], carried.get("verdict", integ.OK)])
+            if block["verdict"] == integ.UNKNOWN:
+                block["verdict"] = integ.OK
+        return block
     return None
 
 
@@ -135,6 +143,8 @@ def _text(rows: list[tuple[str, dict[str, Any]]], overall: str, out: TextIO) -> 
         out.write(f"{name}: {block['verdict'].upper()} ({block['source']}{where}){bw}\n")
         for c in block["checks"]:
             out.write(f"  [{c['status']}] {c['check']}: {c['reason']}\n")
+        for rank, v in (block.get("per_rank") or {}).items():
+            out.write(f"  rank {rank}: {v['verdict']}" + "".join(f"; {r}" for r in v["reasons"]) + "\n")
     counts = {v: sum(1 for _, b in rows if b["verdict"] == v) for v in (integ.OK, integ.SUSPECT, integ.INVALID)}
     out.write(f"Overall: {overall.upper()} ({len(rows)} file(s): {counts['ok']} ok, {counts['suspect']} suspect, "
               f"{counts['invalid']} invalid)\n")

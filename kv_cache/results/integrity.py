@@ -249,6 +249,18 @@ def worst_verdict(verdicts: list[str]) -> str:
     return max(verdicts, key=_RANK.get) if verdicts else UNKNOWN
 
 
+def merged_integrity(per_rank: dict[int, dict[str, Any] | None]) -> dict[str, Any]:
+    """The `integrity` block of a merge: each rank's verdict and reasons (from its own block; `unknown` for a
+    rank written before they were recorded) and the worst of them."""
+    ranks = {str(r): ({"verdict": b.get("verdict", UNKNOWN), "reasons": list(b.get("reasons") or [])}
+                      if isinstance(b, dict) else {"verdict": UNKNOWN, "reasons": ["no integrity block"]})
+             for r, b in sorted(per_rank.items())}
+    known = [v["verdict"] for v in ranks.values() if v["verdict"] != UNKNOWN]
+    reasons = [f"rank {r}: {why}" for r, v in ranks.items() for why in v["reasons"] if v["verdict"] != UNKNOWN]
+    return {"verdict": worst_verdict(known) if known else UNKNOWN, "source": "kv-cache merge", "reasons": reasons,
+            "per_rank": ranks}
+
+
 # ---- adapters ---------------------------------------------------------------------------------------------
 
 def _num(v: Any) -> float | None:
