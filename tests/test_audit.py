@@ -278,3 +278,13 @@ def test_merge_carries_each_ranks_integrity_and_audit_counts_it(tmp_path, capsys
     assert "  rank 1: invalid; interposers: /x/libshim.so interposes fsync" in capsys.readouterr().out
     (_, audited), = audit_path(str(path))
     assert audited["verdict"] == integ.INVALID and "rank 1: interposers: /x/libshim.so interposes fsync" in audited["reasons"]
+
+
+def test_longest_request_from_qos_maxima_when_the_array_is_cut():
+    raw = json.loads(HPE_RANK0.read_text())
+    raw["end_to_end_latencies"] = []
+    raw["summary"]["qos_metrics"] = {"batch": {"latency_ms": {"max": 492674.63916447014}},
+                                     "interactive": {"latency_ms": {"max": 491049.777594395}}}
+    f = integ.facts_from_mlperf_tool(raw, {"num_users": 200})
+    assert f.e2e_max_s == pytest.approx(492.6746, abs=1e-4)
+    assert _check(integ.audit_facts(f), "window")["numbers"]["corrected_read_gib_per_s"] == pytest.approx(2.64, abs=0.005)
