@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any
+from typing import Any, BinaryIO
 
 WATCHED = ("fsync", "fdatasync", "posix_fadvise", "posix_fadvise64", "open", "open64", "openat", "openat64",
            "sync_file_range", "msync")
@@ -49,49 +49,52 @@ def mapped_libraries(maps_path: str = _MAPS) -> list[str]:
 
 def defined_functions(path: str, names: tuple[str, ...] = WATCHED) -> list[str]:
     """Which of `names` the ELF shared object at `path` defines and exports (global or weak functions with a
-    section in its `.dynsym`); [] for a file that is not a readable 64- or 32-bit ELF."""
+    section in its `.dynsym`); [] for a file that is not a readable 64- or 32-bit ELF. Reads only the ELF
+    header, the section headers and the dynamic symbol and string tables (a GPU library can be 1 GB)."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return []
-    if data[:4] != b"\x7fELF" or len(data) < 64:
-        return []
-    is64, end = data[4] == 2, "<" if data[5] == 1 else ">"
-    try:
-        return _dynsym_functions(data, is64, end, set(names))
-    except (struct.error, IndexError, ValueError):
+            return _dynsym_functions(fh, set(names))
+    except (OSError, struct.error, IndexError, ValueError):
         return []
 
 
-def _dynsym_functions(data: bytes, is64: bool, end: str, wanted: set[str]) -> list[str]:
+def _read(fh: BinaryIO, offset: int, size: int) -> bytes:
+    fh.seek(offset)
+    data = fh.read(size)
+    if len(data) != size:
+        raise ValueError("truncated ELF file")
+    return data
+
+
+def _dynsym_functions(fh: BinaryIO, wanted: set[str]) -> list[str]:
+    ident = fh.read(64)
+    if ident[:4] != b"\x7fELF" or len(ident) < 52:
+        return []
+    is64, end = ident[4] == 2, "<" if ident[5] == 1 else ">"
     if is64:
-        shoff, = struct.unpack_from(end + "Q", data, 0x28)
-        shentsize, shnum = struct.unpack_from(end + "HH", data, 0x3A)
+        shoff, = struct.unpack_from(end + "Q", ident, 0x28)
+        shentsize, shnum = struct.unpack_from(end + "HH", ident, 0x3A)
         sec_fmt, sym_fmt, sym_size = end + "IIQQQQIIQQ", end + "IBBHQQ", 24
     else:
-        shoff, = struct.unpack_from(end + "I", data, 0x20)
-        shentsize, shnum = struct.unpack_from(end + "HH", data, 0x2E)
+        shoff, = struct.unpack_from(end + "I", ident, 0x20)
+        shentsize, shnum = struct.unpack_from(end + "HH", ident, 0x2E)
         sec_fmt, sym_fmt, sym_size = end + "IIIIIIIIII", end + "IIIBBH", 16
-    sections = [struct.unpack_from(sec_fmt, data, shoff + i * shentsize) for i in range(shnum)]
+    table = _read(fh, shoff, shentsize * shnum)
+    sections = [struct.unpack_from(sec_fmt, table, i * shentsize) for i in range(shnum)]
     found: set[str] = set()
     for sec in sections:
         if sec[1] != _SHT_DYNSYM:
             continue
-        offset, size, link = sec[4], sec[5], sec[6]
-        strtab_off = sections[link][4]
-        for i in range(size // sym_size):
-            sym = struct.unpack_from(sym_fmt, data, offset + i * sym_size)
-            if is64:
-                st_name, st_info, st_shndx = sym[0], sym[1], sym[3]
-            else:
-                st_name, st_info, st_shndx = sym[0], sym[3], sym[5]
+        symbols = _read(fh, sec[4], sec[5])
+        strtab = _read(fh, sections[sec[6]][4], sections[sec[6]][5])
+        for i in range(len(symbols) // sym_size):
+            sym = struct.unpack_from(sym_fmt, symbols, i * sym_size)
+            st_name, st_info, st_shndx = (sym[0], sym[1], sym[3]) if is64 else (sym[0], sym[3], sym[5])
             if st_shndx == 0 or (st_info >> 4) not in (_STB_GLOBAL, _STB_WEAK):
                 continue
             if (st_info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC):
                 continue
-            stop = data.index(b"\0", strtab_off + st_name)
-            name = data[strtab_off + st_name:stop].decode("ascii", "replace")
+            name = strtab[st_name:strtab.index(b"\0", st_name)].decode("ascii", "replace")
             if name in wanted:
                 found.add(name)
     return sorted(found)
