@@ -25,10 +25,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
-def test_help_lists_all_five_commands(capsys, argv):
+def test_help_lists_all_six_commands(capsys, argv):
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert set(COMMANDS) == {"run", "sessions", "merge", "report", "compare"}
+    assert set(COMMANDS) == {"run", "sessions", "merge", "report", "compare", "audit"}
     for name in COMMANDS:
         assert f"{name} (" in text, name
 
@@ -183,9 +183,9 @@ def test_a_closed_stdout_turns_only_a_zero_status_into_141(code, closed, status)
     assert cli_stdout.CLOSED_PIPE == CLOSED_PIPE == 141
 
 
-def test_readme_lists_the_five_commands_and_no_refused_tracing():
+def test_readme_lists_the_six_commands_and_no_refused_tracing():
     text = " ".join((ROOT / "README.md").read_text().split())
-    assert "sub-commands (run = default, sessions, merge, report, compare)" in text
-    assert "The five sub-commands are `run` (the default), `sessions`, `merge`, `report` and `compare`" in text
+    assert "sub-commands (run = default, sessions, merge, report, compare, audit)" in text
+    assert "The six sub-commands are `run` (the default), `sessions`, `merge`, `report`, `compare` and `audit`" in text
     assert "parsed but refused" not in text
     assert "| 141 | stdout was closed by its reader" in text

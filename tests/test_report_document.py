@@ -23,7 +23,7 @@ TOP_KEYS = {
     "throughput_timeline", "prefill_latencies", "decode_latencies", "multi_turn_cache_hits",
     "multi_turn_cache_misses", "seed", "summary", "overall_passed", "total_requests", "avg_latency_ms",
     "p99_latency_ms", "throughput_req_per_sec", "storage_throughput_mbps", "cache_hit_rate", "measurement",
-    "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
+    "integrity", "run_parameters", "stop_reason", "latency_samples", "time_series", "latency_histograms",
     "run_id", "world_size", "recorder", "summary_inputs",  # what a merge of ranks needs (results/merge.py)
 }
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
@@ -37,7 +37,7 @@ MEASUREMENT_KEYS = {
     "process_cpu_seconds", "cpu_seconds_per_gib", "peak_rss_mib", "block_device", "entry_size_mib", "errors",
     "errors_by_kind", "first_error", "notes", "storage_errors", "storage_errors_total", "storage_retries_total",
     "storage_error_policy", "verify", "storage_fill", "requests_in_flight_at_stop", "storage_location",
-    "requests_finished_after_stop", "censored_latency_ms", "window_wallclock",
+    "requests_finished_after_stop", "censored_latency_ms", "window_wallclock", "process_libraries",
 }
 
 

@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from kv_cache import __version__
 from kv_cache.cli import settle
+from kv_cache.cli.audit import add_audit_flags, audit_command
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.exits import EXIT_CODES, after_output, exit_code_for, exit_status
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
@@ -170,7 +171,8 @@ COMMANDS: dict[str, Command] = {
         epilog="Commands (each has its own --help, e.g. kv-cache sessions --help): run (the default); "
                "sessions (sessions held: modelled GPUs, concurrency ladder, real offload I/O); merge (per-rank "
                "results of one run into one document); report (a saved result's report and plots); compare "
-               "(results side by side, with their storage, plots and JSON)",
+               "(results side by side, with their storage, plots and JSON); audit (an integrity verdict of "
+               "results, ours or the MLPerf tool's)",
         add_flags=_with_plots_flag(add_run_flags),
         handler=_run_command,
     ),
@@ -205,6 +207,16 @@ COMMANDS: dict[str, Command] = {
                     "metrics side by side with ratios to A and 95 % confidence intervals from sub-windows.",
         add_flags=add_compare_flags,
         handler=compare_command,
+    ),
+    "audit": Command(
+        prog=f"{PROG} audit",
+        summary="integrity verdict (ok / suspect / invalid) of results, ours or the MLPerf tool's, with reasons",
+        description="`kv-cache audit PATH...`: can these storage figures be what the storage did? Impossible "
+                    "device times, I/O counted outside the window (with the corrected bandwidth), preloaded "
+                    "libraries, page-cache service, I/O mode. PATH: a result, an MLPerf-tool rank file or a run "
+                    "directory.",
+        add_flags=add_audit_flags,
+        handler=audit_command,
     ),
 }
 DEFAULT_COMMAND = "run"

@@ -93,7 +93,17 @@ def storage_assessment(results: Results) -> list[str]:
     return ["", f"### STORAGE PERFORMANCE ASSESSMENT: {health['overall_status']} "
                 f"{_mark(health['overall_status'] == 'PASS')} ###",
             f"  Criteria Passed: {health['passed_count']}/{health['total_count']}",
-            *(_criterion(c) for c in health["criteria"])]
+            *(_criterion(c) for c in health["criteria"]), *integrity_line(results)]
+
+
+def integrity_line(results: Results) -> list[str]:
+    """The `integrity` verdict beside PASS/FAIL (kv-cache audit; results written before it carry none)."""
+    block = results.get("integrity")
+    if not isinstance(block, dict) or "verdict" not in block:
+        return []
+    reasons = block.get("reasons") or []
+    return [f"  Integrity: {str(block['verdict']).upper()}"
+            + (f" - {'; '.join(reasons)}" if reasons else " (kv-cache audit RESULT.json for the checks)")]
 
 
 def storage_never_exercised(results: Results) -> list[str]:

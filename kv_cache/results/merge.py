@@ -49,6 +49,7 @@ from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument
+from kv_cache.results.integrity import merged_integrity
 from kv_cache.results.parameters import merged_settings_split
 from kv_cache.results.rank_files import (
     MergeError,
@@ -194,6 +195,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
                  **{k: float(s.get(k) or 0.0) for k in ("avg_throughput_tokens_per_sec",
                                                          "storage_throughput_tokens_per_sec")}},
         "rag_stats": s.get("rag_stats"), "usage": _usage(cs), "_window": doc.window, "_run_id": doc.run_id,
+        "_integrity": d.get("integrity"),
         "_params": doc.parameters,
         "_trace_paths": (d.get("trace_replay") or {}).get("paths"),
         "_storage_location": _storage_of(doc.measurement or {}),
@@ -396,6 +398,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     duration = float(merged["run_parameters"].get("duration") or 0.0)
     fraction = min(fractions) if fractions else window_fraction(w, duration)
     incomplete = [x["rank"] for x in rows if x.get("verdict") == INCOMPLETE]
+    merged["integrity"] = merged_integrity({x["rank"]: x["_integrity"] for x in rows})
     conclude_merge(merged, missing, world, fraction, incomplete, ended)
     merged["ranks_not_to_average"] = ranks_not_to_average(rows, merged["lost_ranks"])
     return merged

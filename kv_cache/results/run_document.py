@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kv_cache import __version__
 from kv_cache.core.autoscale import summarise
+from kv_cache.host.preload import snapshot_at_start
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.results import measurement as meas
 from kv_cache.results.documents import SCHEMA_VERSION, SESSIONS_SCHEMA_VERSION
+from kv_cache.results.integrity import audit_facts, facts_from_ours
 from kv_cache.results.parameters import run_mode, run_parameters
 from kv_cache.results.samples import latency_samples, window_wallclock
 from kv_cache.results.series import latency_histograms, time_series
@@ -142,6 +144,8 @@ def interrupted_results(phases: dict[str, Any], settings: RunSettings | None = N
     results["run_parameters"] = run_parameters(settings, started or datetime.now())
     results["throughput_timeline"] = []
     results["phases"] = phases
+    results["measurement"]["process_libraries"] = snapshot_at_start()
+    results["integrity"] = audit_facts(facts_from_ours(results))
     return results
 
 
@@ -174,6 +178,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
         results["validation"] = compare(settings.workload.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
     if record.tracer is not None:
         results["measurement"]["io_trace"] = {"path": record.tracer.path, "rows": record.tracer.rows}
+    results["measurement"]["process_libraries"] = snapshot_at_start()  # taken when the run started
+    results["integrity"] = audit_facts(facts_from_ours(results))  # kv-cache audit's verdict (results/integrity.py)
     return results
 
 

@@ -27,6 +27,7 @@ from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, 
 from kv_cache.core.observe import RankConsole
 from kv_cache.errors import RunOutcome, StorageError
 from kv_cache.host.blockdev import BlockDeviceCounter
+from kv_cache.host.preload import snapshot_at_start
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
@@ -116,6 +117,7 @@ class _Run:
     phases: dict[str, Any] = field(default_factory=dict)
     started: datetime = field(default_factory=datetime.now)
     rusage0: Any = field(default_factory=lambda: resource.getrusage(resource.RUSAGE_SELF))
+    libraries: dict[str, Any] = field(default_factory=snapshot_at_start)  # mapped libraries, at the start
     group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
     run_id: str | None = None  # one id for all the ranks of this run (shared_run_id)
     interrupts: Interrupts | None = None  # told when the window closes (signals no longer stop the run)

@@ -1,0 +1,163 @@
+"""`kv-cache audit PATH...`: the integrity verdict (ok / suspect / invalid) of results, with reasons and numbers.
+
+PATH is a results file of ours (run or merged), a rank file of the MLPerf tool (kv-cache.py's
+`kvcache_results_*.json`), or a directory, searched at any depth for both (the mlpstorage harness's
+`option_<O>/trial_<T>/rank_<N>/` layout included). For the MLPerf tool's files the run's `*_metadata.json`
+(in a directory above the file) gives LD_PRELOAD and `--num-users`, and `.fs_probe/*__rank<N>__<host>.ok`
+the host of each rank. The checks are results/integrity.py's. Exit status 0 when no file is invalid, 1 when
+one is; 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from kv_cache.errors import DocumentError, UsageError
+from kv_cache.results import integrity as integ
+from kv_cache.results.documents import load
+
+__all__ = ["add_audit_flags", "audit_command", "audit_path"]
+
+_RANK_DIR = re.compile(r"^rank_?(\d+)$")
+_OPT_TRIAL = re.compile(r"option_(\d+)/trial_(\d+)")
+
+
+def add_audit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a kv-cache result, a rank file of the MLPerf tool, or a run directory (searched at any depth)")
+    p.add_argument("--ceiling-gbs", type=float, default=integ.DEFAULT_CEILING / 1e9, metavar="GB/s",
+                   help="fastest a single operation can move bytes; a device time implying more is impossible "
+                        "(default 128: twice a PCIe Gen5 x16 link)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (per-file integrity blocks, overall "
+                                                       "verdict) instead of the text")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise DocumentError(f"{path}: cannot read it as JSON ({exc})") from None
+
+
+def _is_mlperf_rank(raw: Any) -> bool:
+    return isinstance(raw, dict) and "schema_version" not in raw and isinstance(raw.get("summary"), dict) \
+        and isinstance(raw["summary"].get("cache_stats"), dict)
+
+
+def _metadata_above(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    for folder in path.parents:
+        found = sorted(folder.glob("*_metadata.json"))
+        if found:
+            data = _read_json(found[0])
+            if isinstance(data, dict):
+                return folder, data
+    return None
+
+
+def _rank_of(path: Path) -> int | None:
+    for part in reversed(path.parent.parts):
+        m = _RANK_DIR.match(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _host_of(run_dir: Path, rank: int | None) -> str | None:
+    if rank is None:
+        return None
+    for probe in (run_dir / ".fs_probe").glob(f"*__rank{rank}__*"):
+        return probe.name.split("__", 2)[2].removesuffix(".ok")
+    return None
+
+
+def mlperf_params(path: Path) -> dict[str, Any]:
+    """The run's recorded parameters for one MLPerf-tool rank file: LD_PRELOAD, --num-users, host."""
+    found = _metadata_above(path)
+    if found is None:
+        return {}
+    run_dir, meta = found
+    m = _OPT_TRIAL.search(path.as_posix())
+    params = integ.mlperf_run_params(meta, *(int(g) for g in m.groups())) if m else integ.mlperf_run_params(meta)
+    host = _host_of(run_dir, _rank_of(path))
+    return {**params, **({"host": host} if host else {})}
+
+
+def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
+    """The integrity block of one file (None: neither tool's results)."""
+    raw = _read_json(path)
+    if _is_mlperf_rank(raw):
+        return integ.audit_facts(integ.facts_from_mlperf_tool(raw, mlperf_params(path)), ceiling)
+    if isinstance(raw, dict) and "schema_version" in raw:
+        doc = load(raw).to_json()
+        if doc.get("summary", {}).get("cache_stats") is None:
+            return None  # sessions documents hold no storage figures of this kind
+        block = integ.audit_facts(integ.facts_from_ours(doc), ceiling)
+        carried = doc.get("integrity") or {}
+        if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too
+            block["per_rank"] = carried["per_rank"]
+            block["reasons"] += carried.get("reasons") or []
+            block["verdict"] = integ.worst_verdict([block["verdict"], carried.get("verdict", integ.OK)])
+            if block["verdict"] == integ.UNKNOWN:
+                block["verdict"] = integ.OK
+        return block
+    return None
+
+
+def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING) -> list[tuple[str, dict[str, Any]]]:
+    """(file, integrity block) for PATH: the file itself, or every result under a directory."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    if p.is_file():
+        block = audit_file(p, ceiling)
+        if block is None:
+            raise DocumentError(f"{path}: neither a kv-cache result nor a rank file of the MLPerf tool")
+        return [(str(p), block)]
+    rows = []
+    for f in sorted(p.rglob("*.json"), key=lambda x: x.as_posix()):
+        if f.name.endswith("_metadata.json") or f.name.endswith("cluster_info.json"):
+            continue
+        try:
+            block = audit_file(f, ceiling)
+        except DocumentError:
+            continue
+        if block is not None:
+            rows.append((str(f.relative_to(p)), block))
+    if not rows:
+        raise DocumentError(f"{path}: no kv-cache result and no MLPerf-tool rank file in it")
+    return rows
+
+
+def _text(rows: list[tuple[str, dict[str, Any]]], overall: str, out: TextIO) -> None:
+    for name, block in rows:
+        corr, rep = block.get("corrected_read_gib_per_s"), block.get("reported_read_gib_per_s")
+        bw = f"; read {rep:.2f} GiB/s reported, at most {corr:.2f} corrected" if corr is not None and rep else ""
+        host = next((c["numbers"].get("host") for c in block["checks"] if c["check"] == "io_setup"), None)
+        where = f", host {host}" if host else ""
+        out.write(f"{name}: {block['verdict'].upper()} ({block['source']}{where}){bw}\n")
+        for c in block["checks"]:
+            out.write(f"  [{c['status']}] {c['check']}: {c['reason']}\n")
+        for rank, v in (block.get("per_rank") or {}).items():
+            out.write(f"  rank {rank}: {v['verdict']}" + "".join(f"; {r}" for r in v["reasons"]) + "\n")
+    counts = {v: sum(1 for _, b in rows if b["verdict"] == v) for v in (integ.OK, integ.SUSPECT, integ.INVALID)}
+    out.write(f"Overall: {overall.upper()} ({len(rows)} file(s): {counts['ok']} ok, {counts['suspect']} suspect, "
+              f"{counts['invalid']} invalid)\n")
+
+
+def audit_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    if args.ceiling_gbs <= 0:
+        raise UsageError(f"--ceiling-gbs {args.ceiling_gbs:g}: give a positive rate in GB/s, e.g. 128")
+    rows = [row for path in args.paths for row in audit_path(path, args.ceiling_gbs * 1e9)]
+    overall = integ.worst_verdict([b["verdict"] for _, b in rows])
+    if args.json:
+        out.write(json.dumps({"verdict": overall, "files": {n: b for n, b in rows}}, indent=2) + "\n")
+    else:
+        _text(rows, overall, out)
+    return 1 if overall == integ.INVALID else 0
