@@ -31,6 +31,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from kv_cache.results.mlperf_tool import rank_view
+
 OK, SUSPECT, INVALID, UNKNOWN = "ok", "suspect", "invalid", "unknown"
 _RANK = {OK: 0, UNKNOWN: 0, SUSPECT: 1, INVALID: 2}
 GIB = 1024 ** 3
@@ -305,29 +307,26 @@ def facts_from_ours(doc: dict[str, Any]) -> IntegrityFacts:
 
 
 def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = None) -> IntegrityFacts:
-    """IntegrityFacts of one rank file of the MLPerf tool (kv-cache.py), with `params` from its run's metadata
-    (`mlperf_run_params`: num_users, ld_preload, host) when known. The only reader of its raw keys here."""
+    """IntegrityFacts of one rank file of the MLPerf tool (kv-cache.py), read through the one reader of its
+    keys (results/mlperf_tool.py `rank_view`), with `params` from its run's metadata (`mlperf_run_params`:
+    num_users, ld_preload, host) when known."""
     params = params or {}
+    v = rank_view(raw)
     s = raw.get("summary") or {}
-    cs = s.get("cache_stats") or {}
-    e2e = [x for x in raw.get("end_to_end_latencies") or [] if isinstance(x, (int, float))]
+    e2e = v.latencies_s("end_to_end_latencies")
     # its QoS classes' `max` latencies are end-to-end too (ms): the longest request when the array is cut
-    e2e += [v / 1000 for q in (s.get("qos_metrics") or {}).values() if isinstance(q, dict)
-            for v in [(q.get("latency_ms") or {}).get("max")] if isinstance(v, (int, float))]
-    e2e_p95 = _num((s.get("end_to_end_latency_ms") or {}).get("p95"))
-    users = params.get("num_users")
+    e2e += [m / 1000 for q in (s.get("qos_metrics") or {}).values() if isinstance(q, dict)
+            for m in [(q.get("latency_ms") or {}).get("max")] if isinstance(m, (int, float))]
     return IntegrityFacts(
-        source="mlperf-tool", window_s=_num(s.get("elapsed_time")), workers=users,
+        source="mlperf-tool", window_s=v.elapsed_s, workers=params.get("num_users"),
         workers_meaning="users (one request in flight each)",
-        read_bytes=_gib_bytes(cs.get("tier_storage_kv_bytes_read_gb")),
-        write_bytes=_gib_bytes(cs.get("tier_storage_kv_bytes_written_gb")),
-        read_ops=cs.get("read_iops"), write_ops=cs.get("write_iops"),  # its *_iops are counts of operations
-        read_device_p95_ms=_num(cs.get("storage_read_device_p95_ms")),
-        write_device_p95_ms=_num(cs.get("storage_write_device_p95_ms")), write_device_is_fsync_only=True,
-        reported_read_gibs=_num(cs.get("tier_storage_read_bandwidth_gbps")),
-        reported_write_gibs=_num(cs.get("tier_storage_write_bandwidth_gbps")),
-        summed_storage_s=_num(s.get("total_storage_io_time")),
-        e2e_p95_s=e2e_p95 / 1000 if e2e_p95 is not None else None, e2e_max_s=max(e2e) if e2e else None,
+        read_bytes=_gib_bytes(v.read_gib), write_bytes=_gib_bytes(v.write_gib),
+        read_ops=v.read_ops, write_ops=v.write_ops,  # its *_iops are counts of operations
+        read_device_p95_ms=v.read_device_p95_ms,
+        write_device_p95_ms=v.write_device_p95_ms, write_device_is_fsync_only=True,
+        reported_read_gibs=v.read_gibps, reported_write_gibs=v.write_gibps,
+        summed_storage_s=v.storage_io_s if v.storage_io_s is not None else _num(s.get("total_storage_io_time")),
+        e2e_p95_s=v.e2e_p95_ms / 1000 if v.e2e_p95_ms is not None else None, e2e_max_s=max(e2e) if e2e else None,
         ld_preload=tuple(params.get("ld_preload") or ()), preload_recorded="ld_preload" in params,
         io_mode="buffered", fsync=True, host=params.get("host"),
         notes=("the MLPerf tool writes buffered, fsyncs each entry and calls posix_fadvise(DONTNEED) before "
