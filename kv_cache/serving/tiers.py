@@ -191,7 +191,8 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         tier_set.tiers = build_trace_tiers(tiers)
         tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
         return
-    found = sweep(tiers.cache_dir) if storage_tier else None  # leftovers of earlier runs, before the free space is read
+    files = storage_tier and tiers.storage_backend == "file"  # a remote tier sweeps its own namespace
+    found = sweep(tiers.cache_dir) if files else None  # leftovers of earlier runs, before the free space is read
     for message in found.messages() if found is not None else ():
         log.warning(message)
         tier_set.notes.append(message)

@@ -109,6 +109,11 @@ class RedisStore(StoreBase):
         kw = self._r.connection_pool.connection_kwargs
         return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
+    @property
+    def endpoint_host(self) -> str:
+        """The server's host name (the network counters follow the interface towards it)."""
+        return str(self._r.connection_pool.connection_kwargs.get("host", "localhost"))
+
     def free_bytes(self) -> int | None:
         """maxmemory less used_memory (None: no maxmemory set, the tier is unbounded)."""
         info = self._call("redis INFO", lambda: self._r.info("memory"))

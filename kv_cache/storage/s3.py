@@ -180,6 +180,13 @@ class S3Store(StoreBase):
     def cache_dir(self) -> str:
         return f"s3://{self.bucket}/{self.base_prefix}"
 
+    @property
+    def endpoint_host(self) -> str:
+        """The server's host name (the network counters follow the interface towards it)."""
+        from urllib.parse import urlparse  # noqa: PLC0415
+
+        return (urlparse(self.endpoint).hostname if self.endpoint else None) or "s3.amazonaws.com"
+
     def free_bytes(self) -> int | None:
         """None: a bucket has no free space to read (the capacity is --storage-capacity-gb, or unbounded)."""
         return None
