@@ -95,6 +95,73 @@ def start_redis(maxmemory: str | None = None, port: int | None = None) -> Server
     return Server(f"redis://127.0.0.1:{port}/0", port, proc, tmp)
 
 
+class _Throttler:
+    """An HTTP proxy in front of an S3 server that answers every `every`-th request 503 SlowDown."""
+
+    def __init__(self, upstream_port: int, every: int, status: int):
+        import http.client
+        import http.server
+        import threading
+
+        self.count = 0
+        self.throttled = 0
+        lock = threading.Lock()
+        outer = self
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>Please reduce your request rate.</Message></Error>")
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(n) if n else b""
+                with lock:
+                    outer.count += 1
+                    slow = outer.count % every == 0
+                    outer.throttled += slow
+                if slow:
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Content-Type", "application/xml")
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_throttler(upstream_port: int, every: int = 3, status: int = 503) -> _Throttler:
+    """A proxy to the S3 server at `upstream_port` that throttles every `every`-th request."""
+    return _Throttler(upstream_port, every, status)
+
+
 if __name__ == "__main__":  # pragma: no cover  (by hand: start one and wait)
     srv = start_moto() if sys.argv[1:] == ["moto"] else start_redis()
     print(srv.url if srv else "missing", flush=True)

@@ -153,7 +153,7 @@ class RedisStore(StoreBase):
             raise lost_connection(what, exc) from exc
         except self.redis.ResponseError as exc:
             text = str(exc)
-            if text.startswith("OOM"):
+            if text.startswith("OOM") or "maxmemory" in text:
                 raise OSError(errno.ENOSPC, f"{what}: the server's maxmemory is reached, the tier is full "
                               f"({text})") from exc
             if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):

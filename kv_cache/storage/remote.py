@@ -67,7 +67,8 @@ def stale_owner(name: str, marker: bytes | None) -> str | None:
 
 def lost_connection(what: str, exc: BaseException) -> OSError:
     """A lost or refused connection as the transient OSError (ENOTCONN) the cache retries."""
-    err = OSError(errno.ENOTCONN, f"{what}: connection to the server lost ({type(exc).__name__}: {exc})")
+    first = (str(exc).splitlines() or [""])[0]
+    err = OSError(errno.ENOTCONN, f"{what}: connection to the server lost ({type(exc).__name__}: {first})")
     err.__cause__ = exc
     return err
 

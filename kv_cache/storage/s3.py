@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import re
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -49,9 +50,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.buffers import WorkerBuffers
 
 ENTRY_SUFFIX = ".kv"
-_THROTTLE_WORDS = ("SlowDown", "503", "429", "Too Many Requests", "Service Unavailable", "TooManyRequests")
-_LOST_WORDS = ("error sending request", "connect", "Connection", "connection", "reset", "Broken pipe",
-               "timed out", "Timeout", "closed", "hyper", "IncompleteMessage", "body")
+_STATUS = re.compile(r"status code: (\d{3})")
+_LOST_WORDS = ("HTTP error", "error sending request", "connect", "onnection", "reset", "Broken pipe", "timed out",
+               "imeout", "IncompleteMessage", "error decoding response body", "error reading a body")
 
 
 def _import_obstore():
@@ -215,21 +216,26 @@ class S3Store(StoreBase):
 
     # ------------------------------------------------------------------ errors
     def _classify(self, what: str, exc: Exception) -> BaseException:
-        """An obstore error as what the run does with it (see the module docstring)."""
-        ex = self.obstore.exceptions if hasattr(self.obstore, "exceptions") else None
-        text = str(exc)
-        if ex is not None and isinstance(exc, (ex.PermissionDeniedError, ex.UnauthenticatedError)):
-            return OSError(errno.EACCES, f"{what}: the server refused the credentials ({text.splitlines()[0]})")
-        if ex is not None and isinstance(exc, ex.NotFoundError):
+        """An obstore error as what the run does with it (see the module docstring), from the HTTP status
+        it carries (or its absence: the request never got an answer)."""
+        ex = getattr(self.obstore, "exceptions", None)
+        text = str(exc).split("Debug source:", 1)[0].strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        m = _STATUS.search(text)
+        status = int(m.group(1)) if m else None
+        if status in (429, 503) or "SlowDown" in text:
+            return Throttled(first)
+        if status in (401, 403) or (ex is not None and isinstance(exc, (ex.PermissionDeniedError,
+                                                                          ex.UnauthenticatedError))):
+            return OSError(errno.EACCES, f"{what}: the server refused the credentials ({first})")
+        if status == 404 and "NoSuchBucket" in text:
+            return FileNotFoundError(errno.ENOENT, f"{what}: bucket {self.bucket!r} not found")
+        if status == 404 or (ex is not None and isinstance(exc, ex.NotFoundError)):
             return KeyError(what)
-        if any(w in text for w in _THROTTLE_WORDS):
-            return Throttled(text.splitlines()[0] if text else type(exc).__name__)
-        if "403" in text or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
-            return OSError(errno.EACCES, f"{what}: the server refused the credentials ({text.splitlines()[0]})")
-        if any(w in text for w in _LOST_WORDS):
+        if status is None and any(w in text for w in _LOST_WORDS):
             self.stats.lost()
             return lost_connection(what, exc)
-        return OSError(errno.EIO, f"{what}: {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+        return OSError(errno.EIO, f"{what}: {first}")
 
     def _call(self, what: str, fn):
         """`fn()` with throttling retried after backoffs, and obstore's errors classified."""
@@ -247,7 +253,7 @@ class S3Store(StoreBase):
         where = f"s3://{self.bucket}" + (f" at {self.endpoint}" if self.endpoint else "")
         try:
             return self._call(f"s3 {what}", fn)
-        except KeyError:
+        except (KeyError, FileNotFoundError):
             raise StorageSetupError(f"s3: bucket {self.bucket!r} not found {where}").about("s3_bucket") from None
         except OSError as e:
             if e.errno == errno.EACCES:
