@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 import servers
+
 from kv_cache.storage import WorkerBuffers
 from kv_cache.storage.memory import MemoryStore
 

@@ -82,6 +82,35 @@ def network(metrics: RunMetrics, interface: str | None, before: tuple[int, int] 
     return out
 
 
+REMOTE_SUMS = ("throttled_requests", "throttle_wait_s", "throttled_gave_up", "lost_connections")
+NET_SUMS = ("tool_bytes_read", "tool_bytes_written", "client_cpu_seconds", "in_client_calls_seconds")
+
+
+def merge_remote(ranks: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks' measurement.remote_tier as one: counters and the tier's bytes summed; the interface's
+    bytes the largest rank's, since every rank's counters cover the whole interface (the other ranks'
+    traffic included) over run phases that overlap."""
+    if not ranks:
+        return None
+    out = {k: v for k, v in ranks[0].items() if k not in (*REMOTE_SUMS, "network", "prefix")}
+    out.update({k: sum(r.get(k) or 0 for r in ranks) for k in REMOTE_SUMS})
+    nets = [r.get("network") or {} for r in ranks]
+    net: dict[str, Any] = {"interface": nets[0].get("interface"), **{k: sum(n.get(k) or 0 for n in nets) for k in NET_SUMS}}
+    for k in ("bytes_received", "bytes_sent"):
+        values = [n[k] for n in nets if isinstance(n.get(k), int)]
+        if values:
+            net[k] = max(values)
+    tool = net["tool_bytes_read"] + net["tool_bytes_written"]
+    if "bytes_received" in net and tool:
+        net["received_over_tool"] = round(net["bytes_received"] / tool, 4) if net["interface"] == "lo" else round(
+            net["bytes_received"] / max(1, net["tool_bytes_read"]), 4)
+        net["other_traffic"] = any(n.get("other_traffic") for n in nets) and net["received_over_tool"] > OTHER_TRAFFIC
+    net["note"] = NET_NOTE + "; merged: the ranks' tier bytes summed, the interface's the largest rank's"
+    out["network"] = net
+    out["per_rank_prefix"] = [r.get("prefix") for r in ranks]
+    return out
+
+
 def entry_size_mib(entry_sizes: Sequence[int]) -> dict[str, Any]:
     sizes = np.asarray(entry_sizes, dtype=np.float64) / 2**20
     out: dict[str, Any] = {"count": int(sizes.size)}

@@ -138,8 +138,7 @@ def ram_budget_bytes(limit: MemoryLimit, other_bytes: int) -> int:
 
 def tier_size(asked_gib: float, effective_bytes: float, clamped: str | None) -> dict[str, object]:
     """One entry of TierSet.sizes."""
-    effective = None if math.isinf(effective_bytes) else effective_bytes / GIB  # None: unbounded (a bucket)
-    return {"asked": float(asked_gib), "effective": effective, "clamped": clamped}
+    return {"asked": float(asked_gib), "effective": effective_bytes / GIB, "clamped": clamped}
 
 
 def _clamp_reason(limit: MemoryLimit) -> str:
@@ -191,7 +190,7 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         tier_set.tiers = build_trace_tiers(tiers)
         tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
         return
-    files = storage_tier and tiers.storage_backend == "file"  # a remote tier sweeps its own namespace
+    files = storage_tier and tiers.remote.storage_backend == "file"  # a remote tier sweeps its own namespace
     found = sweep(tiers.cache_dir) if files else None  # leftovers of earlier runs, before the free space is read
     for message in found.messages() if found is not None else ():
         log.warning(message)
@@ -249,6 +248,8 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             log.warning(message)
             tier_set.notes.append(message)
             storage_limit = tier_set.tiers[-1].limit = ram_room
+    if math.isinf(storage_limit):  # unbounded (a bucket): no size decided, none to show
+        return
     tier_set.sizes["storage_capacity_gb"] = tier_size(
         tiers.storage_capacity_gb, storage_limit,
         f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)

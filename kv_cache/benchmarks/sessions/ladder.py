@@ -13,7 +13,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
@@ -40,7 +40,7 @@ from kv_cache.serving.build import open_cache
 from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.serving.tiers import TierSet
-from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.settings.run import RemoteTierSettings, StorageSettings, TierSettings
 from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
@@ -83,6 +83,7 @@ class LadderSettings:
     eviction: EvictionConfig
     load_policy: str  # always | cost (see Replica)
     steady_state: bool  # start as a long run would have left the engine and tiers (steady_state.py)
+    remote: RemoteTierSettings = field(default_factory=RemoteTierSettings)  # a remote storage tier (S3, Redis)
 
     @property
     def replicas(self) -> int:
@@ -109,7 +110,7 @@ class LadderSettings:
         dram = self.dram_bytes if tiers in ("dram", "dram+storage") else 0
         return TierSettings(gpu_mem_gb=0.0, gpu_tier="off", num_gpus=self.num_gpus,
                             tensor_parallel=self.tensor_parallel, cpu_mem_gb=dram / GIB, cache_dir=self.cache_dir,
-                            storage_capacity_gb=self.storage_capacity_bytes / GIB)
+                            storage_capacity_gb=self.storage_capacity_bytes / GIB, remote=self.remote)
 
     def hbm_capacity_blocks(self) -> int:
         cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
