@@ -13,7 +13,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
@@ -83,7 +83,7 @@ class LadderSettings:
     eviction: EvictionConfig
     load_policy: str  # always | cost (see Replica)
     steady_state: bool  # start as a long run would have left the engine and tiers (steady_state.py)
-    remote: RemoteTierSettings = field(default_factory=RemoteTierSettings)  # a remote storage tier (S3, Redis)
+    remote: RemoteTierSettings  # which backend holds the storage tier (a remote one: S3, Redis)
 
     @property
     def replicas(self) -> int:
