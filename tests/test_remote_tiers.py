@@ -345,3 +345,44 @@ def test_a_server_lost_mid_run_stops_it_with_exit_3_and_results(backend, tmp_pat
     assert "ENOTCONN" in err and "Traceback" not in err
     line = next(line for line in err.splitlines() if "storage error" in line)
     print(f"[fault] {backend} server lost mid-run: exit 3: {line}")
+
+
+def test_a_sessions_rung_offloads_to_the_remote_tier(redis_server):
+    """`kv-cache sessions` takes the remote flags; its rungs' tier builder opens the redis backend."""
+    import threading
+
+    from kv_cache.cli import parse_sessions_settings
+    from kv_cache.serving.tiers import TierSet, open_tiers
+    from kv_cache.storage.tiername import TierName
+
+    s = parse_sessions_settings(["--storage-backend", "redis", "--redis-url", redis_server.url, "--cpu-mem-gb", "0.01",
+                                 "--tiers", "dram+storage"])
+    ls = s.ladder_settings
+    tiers = ls.tier_settings("dram+storage")
+    stores = TierSet([])
+    open_tiers(tiers, ls.storage, None, stores, workers=1, largest_entry=MIB)
+    try:
+        assert stores.backends[TierName.STORAGE].name == "redis"
+        bufs = WorkerBuffers(ls.storage.chunk_bytes, 1, 0)
+        stores.file_store.write("b", 2 * MIB, bufs, threading.Event())
+        assert stores.file_store.read("b", bufs, verify=True).nbytes == 2 * MIB
+        bufs.close()
+    finally:
+        stores.close()
+    with pytest.raises(Exception, match="needs --redis-url"):
+        parse_sessions_settings(["--storage-backend", "redis"])
+
+
+def test_a_merge_sums_the_ranks_remote_counters_against_one_interface():
+    from kv_cache.results.measurement import merge_remote
+
+    rank = {"backend": "redis", "client": "redis-py", "throttled_requests": 1, "throttle_wait_s": 0.05,
+            "throttled_gave_up": 0, "lost_connections": 2, "prefix": "p",
+            "network": {"interface": "lo", "tool_bytes_read": 100, "tool_bytes_written": 50, "client_cpu_seconds": 1.0,
+                        "in_client_calls_seconds": 2.0, "bytes_received": 320, "bytes_sent": 320,
+                        "other_traffic": True}}
+    merged = merge_remote([rank, {**rank, "network": {**rank["network"], "bytes_received": 310}}])
+    assert merged["throttled_requests"] == 2 and merged["lost_connections"] == 4
+    net = merged["network"]
+    assert net["tool_bytes_read"] == 200 and net["bytes_received"] == 320  # each rank saw the whole interface
+    assert net["received_over_tool"] == round(320 / 300, 4) and net["other_traffic"] is False
