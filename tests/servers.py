@@ -67,15 +67,17 @@ def missing(binary: str) -> str | None:
     return None
 
 
-def start_moto(port: int | None = None) -> Server | None:
-    """moto's S3 server on 127.0.0.1 (any access key is accepted unless auth is turned on)."""
+def start_moto(port: int | None = None, auth_after: int | None = None) -> Server | None:
+    """moto's S3 server on 127.0.0.1. Any access key is accepted, unless `auth_after` is given: then the
+    first `auth_after` requests are let through and every later one needs keys moto's IAM knows."""
     if missing(MOTO):
         return None
     port = port or free_port()
     tmp = tempfile.mkdtemp(prefix="kvtest-moto-")
     proc = subprocess.Popen([shutil.which(MOTO) or MOTO, "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
-                            env={**os.environ, "MOTO_PORT": str(port)})
+                            env={**os.environ, "MOTO_PORT": str(port),
+                                 **({"INITIAL_NO_AUTH_ACTION_COUNT": str(auth_after)} if auth_after is not None else {})})
     _wait_port(port, proc)
     return Server(f"http://127.0.0.1:{port}", port, proc, tmp)
 

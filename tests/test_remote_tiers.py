@@ -263,19 +263,33 @@ def test_cli_s3_run_verifies_and_compares_loopback_bytes(moto, tmp_path):
     print(f"[s3] {rt['network']}")
 
 
-def test_cli_redis_run_behind_a_ram_tier_in_block_layout(redis_server, tmp_path):
+def test_cli_redis_trace_replay_behind_a_ram_tier_in_block_layout(redis_server, tmp_path):
     import redis
 
+    trace = ROOT / "tests" / "fixtures" / "traces" / "mooncake" / "conversation_trace_300.jsonl"
     proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--verify",
-                     "--cpu-mem-gb", "0.02", "--kv-block-tokens", "4096"))
+                     "--cpu-mem-gb", "0.02", "--kv-block-tokens", "512", "--trace", str(trace), "--trace-speedup", "0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["measurement"]["tier_backends"] == {"cpu": "memory", "storage": "redis"}
     _network_checked(res)
+    assert res["trace_replay"]["format"]
     assert redis.Redis.from_url(redis_server.url).dbsize() == 0
 
 
-@pytest.mark.parametrize("backend", ["s3-down", "redis-down", "redis-password", "s3-no-bucket"])
+def test_cli_rank_split_gives_each_rank_its_namespace_and_merges(redis_server, tmp_path):
+    import redis
+
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--processes", "2",
+                     duration=1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = json.loads((tmp_path / "r.json").read_text())["measurement"]["remote_tier"]
+    assert len(set(merged["per_rank_prefix"])) == 2
+    assert merged["network"]["interface"] == "lo" and merged["network"]["bytes_received"] > 0
+    assert redis.Redis.from_url(redis_server.url).dbsize() == 0
+
+
+@pytest.mark.parametrize("backend", ["s3-down", "redis-down", "redis-password", "s3-no-bucket", "s3-credentials"])
 def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, tmp_path, request):
     port = servers.free_port()
     if backend == "s3-down":
@@ -285,6 +299,11 @@ def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, t
         moto = request.getfixturevalue("moto")
         extra = ["--storage-backend", "s3", "--s3-endpoint", moto.url, "--s3-bucket", "missing-bucket"]
         want = "not found"
+    elif backend == "s3-credentials":  # moto with IAM checks on once the bucket exists: unknown keys refused
+        srv = servers.start_moto(auth_after=1)
+        request.addfinalizer(srv.stop)
+        extra = ["--storage-backend", "s3", "--s3-endpoint", srv.url, "--s3-bucket", _bucket(srv.url, "locked")]
+        want = "credentials were refused"
     elif backend == "redis-down":
         extra = ["--storage-backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}/0"]
         want = "cannot be reached"
