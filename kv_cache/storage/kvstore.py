@@ -28,6 +28,7 @@ from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
     MARKER,
     RemoteStats,
+    SlotRing,
     lost_connection,
     marker_json,
     new_run_name,
@@ -191,16 +192,13 @@ class RedisStore(StoreBase):
 
     # ------------------------------------------------------------------ slots
     def _ring(self) -> list[Any]:
+        """This thread's `pipeline` stamped slots (made on its first write, kept for the run)."""
         ring = getattr(self._tls, "ring", None)
         if ring is None:
-            from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415
-
-            wid = threading.get_ident() & 0xFFFF
-            ring = self._tls.ring = [WorkerBuffers(self.chunk_bytes, 0, (wid << 8) + i, read_bytes=BLOCK)
-                                     for i in range(self.pipeline)]
+            ring = self._tls.ring = SlotRing(self.chunk_bytes, self.pipeline, threading.get_ident() & 0xFFFF)
             with self._lock:
-                self._slots.extend(ring)
-        return ring
+                self._slots.append(ring)
+        return ring.slots
 
     def _chunk_keys(self, key: str, n: int, start: int = 0) -> list[str]:
         base = self._base(key)

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kv_cache.host.rundir import (
     MARKER,
@@ -30,8 +31,12 @@ from kv_cache.host.rundir import (
     owner_alive,
     process_start,
 )
+from kv_cache.storage.base import BLOCK
 
-__all__ = ["MARKER", "RemoteStats", "Throttled", "lost_connection", "marker_json", "new_run_name", "stale_owner"]
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.storage.buffers import WorkerBuffers
+
+__all__ = ["MARKER", "RemoteStats", "SlotRing", "Throttled", "lost_connection", "marker_json", "new_run_name", "stale_owner"]
 
 BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # waits before each retry of a throttled request (then EAGAIN)
 
@@ -113,3 +118,26 @@ class RemoteStats:
         with self._lock:
             return {"throttled_requests": self.throttled, "throttle_wait_s": round(self.throttle_wait_s, 3),
                     "throttled_gave_up": self.throttle_gave_up, "lost_connections": self.reconnects}
+
+
+class SlotRing:
+    """A thread's preallocated stamped slots (WorkerBuffers of the same pool, write side only), used in
+    turn. S3: obstore's writer keeps a reference to each slot until its part is sent, at most `concurrency`
+    parts in flight, so a ring of (parts in flight + 2) parts' worth of slots is never rewritten early;
+    Redis: a ring of `pipeline` slots, reused after each round trip."""
+
+    def __init__(self, slot_bytes: int, count: int, worker_id: int):
+        from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415  (numpy: with the first write)
+
+        self.slot_bytes = slot_bytes
+        self.slots = [WorkerBuffers(slot_bytes, 0, (worker_id << 8) + i, read_bytes=BLOCK) for i in range(count)]
+        self.i = 0
+
+    def next(self) -> WorkerBuffers:
+        slot = self.slots[self.i]
+        self.i = (self.i + 1) % len(self.slots)
+        return slot
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.close()

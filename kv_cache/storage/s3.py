@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import atexit
 import errno
-import os
-import re
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -38,79 +36,19 @@ from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
     MARKER,
     RemoteStats,
+    SlotRing,
     Throttled,
-    lost_connection,
     marker_json,
     new_run_name,
     stale_owner,
 )
+from kv_cache.storage.s3_client import classify, credentials, import_obstore, region
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
 ENTRY_SUFFIX = ".kv"
-_STATUS = re.compile(r"status code: (\d{3})")
-_LOST_WORDS = ("HTTP error", "error sending request", "connect", "onnection", "reset", "Broken pipe", "timed out",
-               "imeout", "IncompleteMessage", "error decoding response body", "error reading a body")
-
-
-def _import_obstore():
-    try:
-        import obstore  # noqa: PLC0415  (optional dependency: only the s3 backend needs it)
-        from obstore.store import S3Store as _S3  # noqa: PLC0415
-    except ImportError:
-        raise StorageSetupError("--storage-backend s3 needs obstore: pip install 'kv-cache[s3]'").about(
-            "storage_backend") from None
-    return obstore, _S3
-
-
-def _credentials() -> Any:
-    """boto3's credential chain (environment, ~/.aws/credentials and config, SSO, instance roles) when
-    boto3 is installed; otherwise obstore reads the AWS_* environment itself."""
-    try:
-        import boto3  # noqa: PLC0415
-        from obstore.auth.boto3 import Boto3CredentialProvider  # noqa: PLC0415
-    except ImportError:
-        return None
-    session = boto3.Session()
-    if session.get_credentials() is None:
-        return None
-    return Boto3CredentialProvider(session)
-
-
-def _region() -> str:
-    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        if os.environ.get(var):
-            return os.environ[var]
-    try:
-        import boto3  # noqa: PLC0415
-
-        return boto3.Session().region_name or "us-east-1"
-    except ImportError:
-        return "us-east-1"
-
-
-class _Ring:
-    """A thread's preallocated stamped slots (WorkerBuffers of the same pool, write side only), used in
-    turn: obstore's writer keeps a reference to each slot until its part is sent, at most `concurrency`
-    parts in flight, so a ring of (parts in flight + 2) parts' worth of slots is never rewritten early."""
-
-    def __init__(self, slot_bytes: int, count: int, worker_id: int):
-        from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415  (numpy: with the first write)
-
-        self.slot_bytes = slot_bytes
-        self.slots = [WorkerBuffers(slot_bytes, 0, (worker_id << 8) + i, read_bytes=BLOCK) for i in range(count)]
-        self.i = 0
-
-    def next(self) -> WorkerBuffers:
-        slot = self.slots[self.i]
-        self.i = (self.i + 1) % len(self.slots)
-        return slot
-
-    def close(self) -> None:
-        for slot in self.slots:
-            slot.close()
 
 
 class S3Store(StoreBase):
@@ -118,9 +56,9 @@ class S3Store(StoreBase):
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
                  concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "nvme"):
-        self.obstore, s3_class = _import_obstore()
+        self.obstore, s3_class = import_obstore()
         self._tls = threading.local()
-        self._rings: list[_Ring] = []
+        self._rings: list[SlotRing] = []
         self.slot_bytes = min(int(chunk_bytes), int(part_bytes))
         self.name = name
         self.bucket, self.endpoint = bucket, endpoint
@@ -131,11 +69,11 @@ class S3Store(StoreBase):
                                    "pool_max_idle_per_host": str(max(16, workers * self.concurrency))}
         if endpoint and endpoint.startswith("http://"):
             options["allow_http"] = True
-        kwargs: dict[str, Any] = {"region": _region(), "client_options": options,
+        kwargs: dict[str, Any] = {"region": region(), "client_options": options,
                                   "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}}
         if endpoint:
             kwargs["endpoint"] = endpoint
-        provider = _credentials()
+        provider = credentials()
         if provider is not None:
             kwargs["credential_provider"] = provider
         try:
@@ -150,8 +88,7 @@ class S3Store(StoreBase):
         self._closed = False
         self.run_name = new_run_name()
         self.run_prefix = f"{self.base_prefix}{self.run_name}/"
-        self._setup_call("list", lambda: self.obstore.list_with_delimiter(self._s3, self.base_prefix or None))
-        self._sweep()
+        self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
         self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
         ref = weakref.ref(self)
@@ -216,26 +153,8 @@ class S3Store(StoreBase):
 
     # ------------------------------------------------------------------ errors
     def _classify(self, what: str, exc: Exception) -> BaseException:
-        """An obstore error as what the run does with it (see the module docstring), from the HTTP status
-        it carries (or its absence: the request never got an answer)."""
-        ex = getattr(self.obstore, "exceptions", None)
-        text = str(exc).split("Debug source:", 1)[0].strip()
-        first = text.splitlines()[0] if text else type(exc).__name__
-        m = _STATUS.search(text)
-        status = int(m.group(1)) if m else None
-        if status in (429, 503) or "SlowDown" in text:
-            return Throttled(first)
-        if status in (401, 403) or (ex is not None and isinstance(exc, (ex.PermissionDeniedError,
-                                                                          ex.UnauthenticatedError))):
-            return OSError(errno.EACCES, f"{what}: the server refused the credentials ({first})")
-        if status == 404 and "NoSuchBucket" in text:
-            return FileNotFoundError(errno.ENOENT, f"{what}: bucket {self.bucket!r} not found")
-        if status == 404 or (ex is not None and isinstance(exc, ex.NotFoundError)):
-            return KeyError(what)
-        if status is None and any(w in text for w in _LOST_WORDS):
-            self.stats.lost()
-            return lost_connection(what, exc)
-        return OSError(errno.EIO, f"{what}: {first}")
+        """An obstore error as what the run does with it (s3_client.classify)."""
+        return classify(self.obstore, self.bucket, self.stats, what, exc)
 
     def _call(self, what: str, fn):
         """`fn()` with throttling retried after backoffs, and obstore's errors classified."""
@@ -277,11 +196,10 @@ class S3Store(StoreBase):
             why = stale_owner(name, marker)
             if why is None:
                 continue
-            objects = [m["path"] for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch]
-            mine = [p for p in objects if p.endswith(ENTRY_SUFFIX)]
-            kept = [p for p in objects if not p.endswith(ENTRY_SUFFIX) and not p.endswith("/" + MARKER)]
-            freed = sum(m["size"] for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch
-                        if m["path"] in set(mine))
+            objects = [m for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch]
+            mine = [m["path"] for m in objects if m["path"].endswith(ENTRY_SUFFIX)]
+            kept = [m["path"] for m in objects if not m["path"].endswith((ENTRY_SUFFIX, "/" + MARKER))]
+            freed = sum(m["size"] for m in objects if m["path"].endswith(ENTRY_SUFFIX))
             if mine:
                 self.obstore.delete(self._s3, mine)
             if kept:
@@ -293,12 +211,12 @@ class S3Store(StoreBase):
                               f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB")
 
     # ------------------------------------------------------------------ writes
-    def _ring(self) -> _Ring:
+    def _ring(self) -> SlotRing:
         """This thread's ring of stamped slots (made on its first write, kept for the run)."""
         ring = getattr(self._tls, "ring", None)
         if ring is None:
             per_part = -(-self.part_bytes // self.slot_bytes)
-            ring = self._tls.ring = _Ring(self.slot_bytes, per_part * (self.concurrency + 2),
+            ring = self._tls.ring = SlotRing(self.slot_bytes, per_part * (self.concurrency + 2),
                                           threading.get_ident() & 0xFFFF)
             with self._lock:
                 self._rings.append(ring)
