@@ -375,7 +375,9 @@ def test_a_sessions_rung_offloads_to_the_remote_tier(redis_server):
     """`kv-cache sessions` takes the remote flags; its rungs' tier builder opens the redis backend."""
     import threading
 
+    from kv_cache.benchmarks.sessions.rung_results import RemoteWatch
     from kv_cache.cli import parse_sessions_settings
+    from kv_cache.metrics.recorder import RunMetrics
     from kv_cache.serving.tiers import TierSet, open_tiers
     from kv_cache.storage.tiername import TierName
 
@@ -387,10 +389,13 @@ def test_a_sessions_rung_offloads_to_the_remote_tier(redis_server):
     open_tiers(tiers, ls.storage, None, stores, workers=1, largest_entry=MIB)
     try:
         assert stores.backends[TierName.STORAGE].name == "redis"
+        watch = RemoteWatch(stores.file_store)  # what a rung reports of its remote tier
         bufs = WorkerBuffers(ls.storage.chunk_bytes, 1, 0)
         stores.file_store.write("b", 2 * MIB, bufs, threading.Event())
         assert stores.file_store.read("b", bufs, verify=True).nbytes == 2 * MIB
         bufs.close()
+        net = watch.result(RunMetrics())["remote_tier"]["network"]
+        assert net["interface"] == "lo" and net["bytes_received"] >= 4 * MIB  # 2 MiB out and back in
     finally:
         stores.close()
     with pytest.raises(Exception, match="needs --redis-url"):

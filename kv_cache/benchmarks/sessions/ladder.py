@@ -18,6 +18,7 @@ from typing import Any
 
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
+    RemoteWatch,
     RungRecord,
     io_rates,
     per_gpu_rates,
@@ -186,6 +187,7 @@ class RungRun:
             other_bytes=2 * ls.storage.chunk_bytes * ls.storage.io_workers, storage_tier=self.tiers == "dram+storage",
             last_ram_fraction=ls.dram_usable_fraction, on_fault=self.policy)
         self.file_store, self.memory_store = self.stores.file_store, self.stores.memory_store
+        self.remote = RemoteWatch(self.file_store)
         self.io = None
         if self.cache is not None:
             pool = WorkerPool(Stream.ENGINE_IO, ls.storage.io_workers, ls.storage.chunk_bytes, ls.seed, name="kv-sess-io")
@@ -434,6 +436,7 @@ class RungRun:
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
             "hbm_max_occupied_blocks": max(r.max_occupied for r in self.replicas),
             "engine_clock": self._engine_clock(),
+            **(self.remote.result(self.metrics) if getattr(self, "remote", None) is not None else {}),
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)

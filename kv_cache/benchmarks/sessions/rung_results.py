@@ -158,3 +158,28 @@ def mean_of(values: list[float]) -> dict[str, Any]:
 
 def per_gpu_rates(samples: list[tuple[float, float]], window: tuple[float, float], k: int, gpus: int) -> list[float]:
     return [x / gpus for x in subwindow_rates(samples, window, k)]
+
+
+class RemoteWatch:
+    """A rung's remote storage tier, watched: the interface towards its server (/proc/net/dev) and the
+    process CPU from the rung's start, for the rung's `remote_tier` (as the standard run's)."""
+
+    def __init__(self, store: Any) -> None:
+        import resource  # noqa: PLC0415
+
+        from kv_cache.host.netdev import NetCounter  # noqa: PLC0415
+
+        self.store = store if hasattr(store, "remote_stats") else None
+        self.net = NetCounter.for_host(getattr(self.store, "endpoint_host", None)) if self.store is not None else None
+        self.before = self.net.snapshot() if self.net else None
+        self.rusage0 = resource.getrusage(resource.RUSAGE_SELF)
+
+    def result(self, metrics: Any) -> dict[str, Any]:
+        """{"remote_tier": ...} for a remote tier; {} otherwise."""
+        if self.store is None:
+            return {}
+        from kv_cache.results.measurement import network  # noqa: PLC0415
+
+        return {"remote_tier": {**self.store.remote_stats(), "network": network(
+            metrics, self.net.name if self.net else None, self.before, self.net.snapshot() if self.net else None,
+            self.rusage0)}}
