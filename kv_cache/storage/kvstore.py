@@ -218,7 +218,7 @@ class RedisStore(StoreBase):
             self._call(f"redis delete of {key!r}", lambda: self._r.unlink(*self._chunk_keys(key, old, n)))
             ns = perf_counter_ns() - t
         with self._lock:
-            self._chunks[key] = max(old, n)
+            self._chunks[key] = n  # (the extra chunks of a longer entry it replaces are gone)
         return [key, nbytes, n], ns
 
     def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
