@@ -120,6 +120,9 @@ def test_reference_defaults():
         "end_delay": 0.0,
         "tier_bandwidth": 0.0,  # ours: the storage tier unshaped
         "tier_latency": 0.0,
+        # ours: the remote storage tiers (--storage-backend s3 | redis)
+        "storage_backend": "file", "s3_endpoint": None, "s3_bucket": None, "s3_prefix": "", "s3_part_mb": 8,
+        "s3_concurrency": 4, "redis_url": None, "redis_pipeline": 8,
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's

@@ -35,8 +35,12 @@ def test_every_backend_is_registered_with_its_tier_and_capabilities():
     assert backends.get("memory").capabilities.host_ram and backends.get("gpu_sim").capabilities.host_ram
     assert not backends.get("tracelog").capabilities.verify
     assert all(b.summary for b in backends.all_backends())
-    with pytest.raises(KeyError, match="no storage backend 's3'"):
-        backends.get("s3")
+    with pytest.raises(KeyError, match="no storage backend 'ceph-rados'"):
+        backends.get("ceph-rados")
+    for name in ("s3", "redis"):  # the remote tiers: storage, --verify, no block device, not host RAM
+        remote = backends.get(name)
+        assert remote.tier is TierName.STORAGE and remote.capabilities.verify
+        assert not remote.capabilities.device_counters and not remote.capabilities.host_ram
 
 
 def test_the_settings_select_one_backend_per_tier(monkeypatch):

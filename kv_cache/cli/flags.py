@@ -12,13 +12,14 @@ from kv_cache import __version__
 from kv_cache.cli.sessions import SessionsFlags, timestamped
 from kv_cache.core import shapes
 from kv_cache.settings.fields import flag_defaults, flags_of
-from kv_cache.settings.run import RUN_FLAG_TREE
+from kv_cache.settings.run import RUN_FLAG_TREE, RemoteTierSettings
 from kv_cache.specs import gpu_specs
 from kv_cache.workload.traces import formats as trace_formats
 
 __all__ = ["add_run_flags", "add_sessions_flags", "flags_of", "run_flag_defaults", "sessions_flag_defaults"]
 
 RUN_TREE = RUN_FLAG_TREE  # the settings classes whose flagged fields make the `run` command, in --help order
+SESSIONS_TREE = (SessionsFlags, RemoteTierSettings)  # `sessions`: its own flags and the remote tiers' (settings)
 _TIMESTAMPED = "output"  # the `--output` default gets the start time in its name
 
 
@@ -35,7 +36,7 @@ def run_flag_defaults(now: datetime | None = None) -> dict[str, object]:
 
 def sessions_flag_defaults(now: datetime | None = None) -> dict[str, object]:
     """Default of every `sessions` flag (by argparse dest), from SessionsFlags."""
-    return _defaults((SessionsFlags,), now)
+    return _defaults(SESSIONS_TREE, now)
 
 
 def _load_shapes(kw: dict[str, object]) -> dict[str, object]:
@@ -80,4 +81,4 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 
 def add_sessions_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `kv-cache sessions`."""
-    _add(p, (SessionsFlags,))
+    _add(p, SESSIONS_TREE)

@@ -20,6 +20,7 @@ from kv_cache.settings.ranks import rank_share, share_errors
 from kv_cache.settings.run import (
     DriverSettings,
     OutputSettings,
+    RemoteTierSettings,
     RunSettings,
     StorageSettings,
     TierSettings,
@@ -77,7 +78,8 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         seed=args.seed,
         config_path=args.config,
         storage=_storage(args, config),
-        tiers=from_flags(TierSettings, args, cache_dir=cache_dir, gpu_spec=config.gpus.get(args.gpu_type)),
+        tiers=from_flags(TierSettings, args, cache_dir=cache_dir, gpu_spec=config.gpus.get(args.gpu_type),
+                         remote=from_flags(RemoteTierSettings, args)),
         workload=_workload(args),
         driver=from_flags(DriverSettings, args, processes=_processes(args, world)),
         outputs=from_flags(OutputSettings, args, output=output),

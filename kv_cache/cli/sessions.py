@@ -22,9 +22,16 @@ from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import LOAD_POLICIES
 from kv_cache.settings.fields import Flag, setting
 from kv_cache.settings.pacing import PaceError, parse_pace
-from kv_cache.settings.run import DEFAULT_GPU, DEFAULT_MODEL, IO_MODES, LOG_LEVELS, StorageSettings
+from kv_cache.settings.run import (
+    DEFAULT_GPU,
+    DEFAULT_MODEL,
+    IO_MODES,
+    LOG_LEVELS,
+    RemoteTierSettings,
+    StorageSettings,
+)
 from kv_cache.settings.schema import load_config
-from kv_cache.settings.validation import check_cache_dir
+from kv_cache.settings.validation import check_cache_dir, remote_errors
 from kv_cache.specs.models import SESSION_MODELS
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
@@ -163,7 +170,7 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         problem = check_cache_dir(args.cache_dir)
         if problem:
             errors.append(problem)
-    return errors
+    return errors + remote_errors(args)
 
 
 def _replications(args: argparse.Namespace) -> int:
@@ -232,6 +239,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
         dram_write_through=args.dram_write_through,
+        remote=RemoteTierSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RemoteTierSettings)}),
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,

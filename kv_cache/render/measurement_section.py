@@ -43,6 +43,10 @@ def gpu_tier_lines(tier: Any) -> list[str]:
 
 def _io_line(meas: dict[str, Any]) -> str:
     kind = filesystem_kind(meas.get("filesystem"))
+    if meas.get("io_mode") == "network":
+        why = meas.get('io_mode_reason') or (meas.get('storage_location') or {}).get('io_mode_reason')
+        return (f"  I/O: network ({why}), {(meas.get('chunk_bytes') or 0) / 2**20:.0f} MiB "
+                f"chunks, {meas.get('io_workers')} I/O workers; device time = inside the client's calls")
     if kind == RAM_BACKED:
         how = f"files in RAM on {meas.get('filesystem')}: no device below, no page cache to bypass"
     elif meas.get("io_mode") == "direct":
@@ -54,6 +58,28 @@ def _io_line(meas: dict[str, Any]) -> str:
 
 
 GAP_GIB = 1 / 1024  # a device/tool difference under 1 MiB needs no explanation
+
+
+def remote_lines(rt: dict[str, Any] | None) -> list[str]:
+    """A remote tier's counters and the bytes its server's interface carried (measurement.remote_tier)."""
+    if not isinstance(rt, dict):
+        return []
+    net = rt.get("network") or {}
+    lines = [f"  Remote tier: {rt.get('backend')} via {rt.get('client')}; throttled requests "
+             f"{rt.get('throttled_requests', 0)} (backoff {rt.get('throttle_wait_s', 0):.2f} s), lost connections "
+             f"{rt.get('lost_connections', 0)}"]
+    tool = (net.get("tool_bytes_read", 0) + net.get("tool_bytes_written", 0)) / GIB
+    if "bytes_received" in net:
+        lines.append(f"  Interface {net['interface']} saw: {net['bytes_received'] / GIB:.3f} GiB received, "
+                     f"{net['bytes_sent'] / GIB:.3f} GiB sent (tier: {net['tool_bytes_read'] / GIB:.3f} GiB read, "
+                     f"{net['tool_bytes_written'] / GIB:.3f} GiB written, {tool:.3f} GiB in all"
+                     + ("; loopback counts each byte both ways" if net["interface"] == "lo" else "") + ")")
+        if net.get("other_traffic"):
+            lines.append("    more on the interface than the tier's bytes and protocol overhead: other traffic "
+                         "shares it")
+    lines.append(f"  Client: {net.get('client_cpu_seconds', 0):.2f} s CPU, {net.get('in_client_calls_seconds', 0):.2f} s "
+                 "waiting in the client's calls (summed over workers)")
+    return lines
 
 
 def _block_device_line(bd: dict[str, Any]) -> list[str]:
@@ -87,6 +113,8 @@ def _differing_ranks(meas: dict[str, Any], keys: Iterable[str]) -> list[dict[str
 
 
 def _storage_line(meas: dict[str, Any], device: Any, label: str = "") -> str:
+    if meas.get("filesystem_kind") == "remote":
+        return f"  Storage tier{label}: {meas.get('run_dir')} (a {meas.get('filesystem')} server, over the network)"
     return (f"  Storage tier{label}: {meas.get('run_dir')} on {meas.get('filesystem')} "
             f"({filesystem_kind(meas.get('filesystem')) or 'unknown kind'} filesystem;"
             f" block device: {device or 'n/a'})")
@@ -127,7 +155,7 @@ def measurement(results: Results) -> list[str]:
     lines = ["", "### MEASUREMENT (what was timed and how) ###",
              *storage_lines(meas),
              f"  Timed: {meas.get('timed')}",
-             *_block_device_line(meas.get("block_device") or {}),
+             *_block_device_line(meas.get("block_device") or {}), *remote_lines(meas.get("remote_tier")),
              f"  Achieved storage queue depth (device-busy time / window): read {depth.get('read', 0):.2f},"
              f" write {depth.get('write', 0):.2f}",
              f"  CPU: {meas.get('process_cpu_seconds', 0):.1f} s process CPU time,"

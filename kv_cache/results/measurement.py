@@ -19,6 +19,11 @@ TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close sys
          "host = the rest of the operation (block stamping, bookkeeping); total = both "
          "(time.perf_counter_ns). RAM tier: device = the memcpy. GPU tier: see gpu_tier.timed (simulated: "
          "device = modelled copy time; real: CUDA events).")
+REMOTE_TIERS = ("s3", "redis")  # storage tiers spoken to over the network, not through a filesystem
+REMOTE = "remote"
+TIMED_REMOTE = ("device = time inside the remote client's calls (waiting for the network and the server, and the "
+                "client's own work there); host = the rest (block stamping, the copies into the read buffer, "
+                "--verify, bookkeeping); total = both (time.perf_counter_ns). RAM tier: device = the memcpy.")
 DISK_NOTE = ("deltas of /proc/diskstats over the whole run phase (includes other processes' I/O and "
              "filesystem metadata); tool bytes include work finished after the window")
 
@@ -43,6 +48,68 @@ def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] 
         + late.get("storage_write_aborted_device_bytes", 0),
         "note": DISK_NOTE,
     }
+
+
+NET_NOTE = ("deltas of /proc/net/dev over the whole run phase: every process's traffic on that interface, and "
+            "the protocol's own bytes (HTTP or RESP headers, TCP/IP)")
+OTHER_TRAFFIC = 1.10  # interface bytes above the tier's by more than this: more than the protocol's overhead
+
+
+def network(metrics: RunMetrics, interface: str | None, before: tuple[int, int] | None,
+            after: tuple[int, int] | None, rusage0: Any) -> dict[str, Any]:
+    """What the interface carrying a remote tier's traffic saw, next to the tier's bytes; and the time
+    split that tells a slow client from a slow store: process CPU against time spent waiting in the
+    client's calls. On loopback each byte is counted once received and once sent."""
+    st_read, st_write = metrics.tier_op("storage", "read"), metrics.tier_op("storage", "write")
+    late = metrics.late
+    tool_r = st_read.device_bytes + late.get("storage_read_device_bytes", 0)
+    tool_w = st_write.device_bytes + late.get("storage_write_device_bytes", 0)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (ru.ru_utime - rusage0.ru_utime) + (ru.ru_stime - rusage0.ru_stime)
+    out: dict[str, Any] = {"interface": interface, "tool_bytes_read": tool_r, "tool_bytes_written": tool_w,
+                           "client_cpu_seconds": cpu_s,
+                           "in_client_calls_seconds": (st_read.busy_ns + st_write.busy_ns) / 1e9,  # summed over workers
+                           "note": NET_NOTE}
+    if interface is None or before is None or after is None:
+        return out
+    rx, tx = after[0] - before[0], after[1] - before[1]
+    tool = tool_r + tool_w
+    # loopback: both directions of the tier's traffic are received (and sent) on lo
+    expected = (tool, tool) if interface == "lo" else (tool_r, tool_w)
+    ratio = [round(got / want, 4) if want else None for got, want in zip((rx, tx), expected, strict=True)]
+    shared = any(r is not None and r > OTHER_TRAFFIC for r in ratio) or (tool == 0 and rx + tx > (1 << 20))
+    out.update(bytes_received=rx, bytes_sent=tx, received_over_tool=ratio[0], sent_over_tool=ratio[1],
+               other_traffic=shared)
+    return out
+
+
+REMOTE_SUMS = ("throttled_requests", "throttle_wait_s", "throttled_gave_up", "lost_connections")
+NET_SUMS = ("tool_bytes_read", "tool_bytes_written", "client_cpu_seconds", "in_client_calls_seconds")
+
+
+def merge_remote(ranks: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks' measurement.remote_tier as one: counters and the tier's bytes summed; the interface's
+    bytes the largest rank's, since every rank's counters cover the whole interface (the other ranks'
+    traffic included) over run phases that overlap."""
+    if not ranks:
+        return None
+    out = {k: v for k, v in ranks[0].items() if k not in (*REMOTE_SUMS, "network", "prefix")}
+    out.update({k: sum(r.get(k) or 0 for r in ranks) for k in REMOTE_SUMS})
+    nets = [r.get("network") or {} for r in ranks]
+    net: dict[str, Any] = {"interface": nets[0].get("interface"), **{k: sum(n.get(k) or 0 for n in nets) for k in NET_SUMS}}
+    for k in ("bytes_received", "bytes_sent"):
+        values = [n[k] for n in nets if isinstance(n.get(k), int)]
+        if values:
+            net[k] = max(values)
+    tool = net["tool_bytes_read"] + net["tool_bytes_written"]
+    if "bytes_received" in net and tool:
+        net["received_over_tool"] = round(net["bytes_received"] / tool, 4) if net["interface"] == "lo" else round(
+            net["bytes_received"] / max(1, net["tool_bytes_read"]), 4)
+        net["other_traffic"] = any(n.get("other_traffic") for n in nets) and net["received_over_tool"] > OTHER_TRAFFIC
+    net["note"] = NET_NOTE + "; merged: the ranks' tier bytes summed, the interface's the largest rank's"
+    out["network"] = net
+    out["per_rank_prefix"] = [r.get("prefix") for r in ranks]
+    return out
 
 
 def entry_size_mib(entry_sizes: Sequence[int]) -> dict[str, Any]:
@@ -149,6 +216,8 @@ def filesystem_kind(fs: str | None) -> str | None:
         return None
     if fs in RAM_FILESYSTEMS:
         return RAM_BACKED
+    if fs in REMOTE_TIERS:
+        return REMOTE
     if fs in NETWORK_FILESYSTEMS or fs.startswith(("nfs", "fuse.")):
         return NETWORK
     return BLOCK

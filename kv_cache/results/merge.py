@@ -48,6 +48,7 @@ from kv_cache.metrics.histograms import summary as histogram_summary
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
+from kv_cache.results import measurement as meas
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument
 from kv_cache.results.integrity import merged_integrity
 from kv_cache.results.parameters import merged_settings_split
@@ -206,6 +207,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
                   "block_device": (doc.measurement.get("block_device") or {}).get("name")},
         "counts": {k: doc.measurement.get(k) for k in COUNTS},
         "_depth": doc.measurement.get("achieved_queue_depth") or {},
+        "_remote": doc.measurement.get("remote_tier"),
         "_closing_broke": any(CLOSING_BARRIER_BROKE in str(n) for n in doc.measurement.get("notes") or []),
     }
 
@@ -444,6 +446,9 @@ def measurement_facts(rows: Sequence[dict[str, Any]], window_s: float, moved_byt
     if facts.get("process_cpu_seconds") is not None and moved_bytes > 0:
         facts["cpu_seconds_per_gib"] = facts["process_cpu_seconds"] / (moved_bytes / GIB)
     facts["per_rank"] = [{"rank": r["rank"], **r["facts"]} for r in rows]
+    remote = meas.merge_remote([r["_remote"] for r in rows if r.get("_remote")])
+    if remote:
+        facts["remote_tier"] = remote
     return facts
 
 

@@ -278,6 +278,10 @@ def _storage_location(fs: StorageTierStore | None) -> dict[str, Any]:
     """measurement.storage_location (results/measurement.py): the storage the run measured, for readers."""
     if fs is None:
         return meas.storage_location(None, "trace (no I/O)")
+    if getattr(fs, "io_mode", None) == "network":  # a remote tier: a URL, no mount, no block device
+        return {"cache_dir": fs.cache_dir, "mount_point": None, "filesystem": fs.fs_type,
+                "filesystem_kind": "remote", "mount_source": getattr(fs, "endpoint_host", None),
+                "block_device": None, "io_mode": fs.io_mode, "io_mode_reason": fs.io_mode_reason}
     return meas.storage_location(getattr(fs, "cache_dir", fs.run_dir), fs.io_mode, getattr(fs, "io_mode_reason", None))
 
 

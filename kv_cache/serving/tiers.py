@@ -216,7 +216,8 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         tier_set.tiers = build_trace_tiers(tiers)
         tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
         return
-    found = sweep(tiers.cache_dir) if storage_tier else None  # leftovers of earlier runs, before the free space is read
+    files = storage_tier and tiers.remote.storage_backend == "file"  # a remote tier sweeps its own namespace
+    found = sweep(tiers.cache_dir) if files else None  # leftovers of earlier runs, before the free space is read
     for message in found.messages() if found is not None else ():
         log.warning(message)
         tier_set.notes.append(message)
@@ -233,7 +234,7 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             tier_set.notes.append(f"the storage tier directory is on {fs.fs_type} (RAM), not a storage device")
             # before the CPU tier is allocated (and touched): a tmpfs tier with no room is refused up front
             check_ram_room(tiers, fs, limit, other_bytes, largest_entry)
-        if tiers.storage_capacity_gb > 0:
+        if tiers.storage_capacity_gb > 0 and fs.free_bytes() is not None:
             check_free_space(tiers, fs, sharers)
     _open_memory_store(tiers, storage, tier_set, workers, limit, other_bytes)
     # Ranks of this run on the filesystem, or live runs found there (which may be those ranks): the larger.
@@ -249,7 +250,11 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     if not storage_tier:
         return
     storage_limit = tier_set.tiers[-1].limit
-    if tiers.storage_capacity_gb <= 0:
+    in_ram = False
+    if tiers.storage_capacity_gb <= 0 and fs.free_bytes() is None:  # a bucket, a server without maxmemory
+        tier_set.notes.append(f"storage capacity (auto): unbounded, {fs.cache_dir} reports no free space; "
+                              "give --storage-capacity-gb to bound it")
+    elif tiers.storage_capacity_gb <= 0:
         by_free = auto_capacity(fs.free_bytes(), largest_entry, runs)
         in_ram = ram_room is not None and storage_limit < by_free
         tier_set.notes.append(
@@ -269,6 +274,8 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             log.warning(message)
             tier_set.notes.append(message)
             storage_limit = tier_set.tiers[-1].limit = ram_room
+    if math.isinf(storage_limit):  # unbounded (a bucket): no size decided, none to show
+        return
     tier_set.sizes["storage_capacity_gb"] = tier_size(
         tiers.storage_capacity_gb, storage_limit,
         f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)
@@ -342,7 +349,8 @@ def _open_memory_store(tiers: TierSettings, storage: StorageSettings, tier_set: 
 
 
 def _open_file_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int) -> FileStore:
-    """The storage tier's store: the backend the settings select (files, or GPUDirect Storage)."""
+    """The storage tier's store: the backend the settings select (files, GPUDirect Storage, or a remote
+    tier: S3 objects, Redis keys, which answer the same questions: run_dir, fs_type, free_bytes)."""
     backend = backends.choose(TierName.STORAGE, tiers)
     if backend is None:  # pragma: no cover  (the file backend selects every setting)
         raise StorageSetupError("no storage backend serves these settings").about("cache_dir")
@@ -364,7 +372,7 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
         return tiers
     if settings.storage_capacity_gb > 0:
         storage_limit = settings.storage_capacity_gb * GIB
-    elif file_store is not None:
+    elif file_store is not None and file_store.free_bytes() is not None:
         storage_limit = auto_capacity(file_store.free_bytes(), largest_entry, runs, ram_room)
     else:
         storage_limit = math.inf

@@ -37,6 +37,7 @@ __all__ = [
     "SECTIONS",
     "DriverSettings",
     "OutputSettings",
+    "RemoteTierSettings",
     "RunSettings",
     "SourceFlags",
     "StorageSettings",
@@ -54,6 +55,8 @@ DEFAULT_GPU = "h100"  # the GPU spec of the simulated GPU tier (run) and of the 
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 _ENGINE = "storage engine (override the config 'storage' section)"  # --help group of the --io-* flags
 _TRACE = "trace replay and KV layout"  # --help group of the trace flags
+_REMOTE = "remote storage tiers (S3, Redis/Valkey)"  # --help group of the remote-tier flags
+STORAGE_BACKENDS = ("file", "s3", "redis")  # the storage tier's backends a user picks (gds: --gds)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,38 @@ def _builtin_gpu(key: str) -> GPUSpec:
 
 
 @dataclass(frozen=True)
+class RemoteTierSettings:
+    """Which backend holds the storage tier, and the remote tiers' servers and knobs (settings.tiers.remote);
+    both `run` and `sessions` take these flags."""
+
+    storage_backend: str = setting("file", flag=Flag(
+        "--storage-backend", type=str, choices=STORAGE_BACKENDS, group=_REMOTE,
+        help="Where the storage tier lives: file (a directory, --cache-dir), s3 (an object store, --s3-*), "
+             "redis (a Redis/Valkey server, --redis-url)."))
+    s3_endpoint: str | None = setting(None, flag=Flag(
+        "--s3-endpoint", type=str, metavar="URL", group=_REMOTE,
+        help="S3 endpoint URL (MinIO, Ceph RGW...; none: AWS, from the region). Credentials: the usual "
+             "AWS environment and config files."))
+    s3_bucket: str | None = setting(None, flag=Flag(
+        "--s3-bucket", type=str, group=_REMOTE, help="Bucket of the s3 storage tier (it must exist)."))
+    s3_prefix: str = setting("", flag=Flag(
+        "--s3-prefix", type=str, group=_REMOTE,
+        help="Key prefix under which each run makes its own run prefix (with a marker object)."))
+    s3_part_mb: int = setting(8, flag=Flag(
+        "--s3-part-mb", type=int, group=_REMOTE,
+        help="MiB per multipart-upload part and per ranged GET (S3's minimum part is 5)."))
+    s3_concurrency: int = setting(4, flag=Flag(
+        "--s3-concurrency", type=int, group=_REMOTE,
+        help="Parts (uploads or ranged GETs) in flight per entry."))
+    redis_url: str | None = setting(None, flag=Flag(
+        "--redis-url", type=str, metavar="URL", group=_REMOTE,
+        help="redis://[user:password@]host:port/db of the redis storage tier (Valkey too)."))
+    redis_pipeline: int = setting(8, flag=Flag(
+        "--redis-pipeline", type=int, group=_REMOTE,
+        help="Chunk SETs/GETs per pipelined round trip."))
+
+
+@dataclass(frozen=True)
 class TierSettings:
     """The cache tiers' budgets and where the storage tier lives."""
 
@@ -133,6 +168,7 @@ class TierSettings:
     host_ranks: int = 1  # ranks of this run on this host: the host's memory budget is divided between them
     local_rank: int = 0  # this rank's index among the ranks on this host: it takes GPUs local_rank x num_gpus ...
     local_rank_from: str = ""  # where local_rank came from (OMPI_COMM_WORLD_LOCAL_RANK, the --processes index)
+    remote: RemoteTierSettings = field(default_factory=lambda: RemoteTierSettings())  # --storage-backend s3 | redis
 
 
 @dataclass(frozen=True)
@@ -304,7 +340,7 @@ class RunSettings:
 
 # The settings classes whose flagged fields make the `run` command, in --help order (cli/flags.py).
 RUN_FLAG_TREE: tuple[type, ...] = (RunSettings, WorkloadSettings, DriverSettings, TierSettings, OutputSettings,
-                                   SourceFlags, StorageSettings)
+                                   SourceFlags, StorageSettings, RemoteTierSettings)
 
 
 def defaults() -> dict[str, Any]:

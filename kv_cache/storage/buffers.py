@@ -51,7 +51,7 @@ class WorkerBuffers:
     same memory, cheap to slice for syscalls).
     """
 
-    def __init__(self, chunk_bytes: int, seed: int | None, worker_id: int):
+    def __init__(self, chunk_bytes: int, seed: int | None, worker_id: int, *, read_bytes: int | None = None):
         if chunk_bytes <= 0 or chunk_bytes % BLOCK:
             raise ValueError(f"chunk_bytes must be a positive multiple of {BLOCK}, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
@@ -60,7 +60,8 @@ class WorkerBuffers:
         self.nblocks = self.chunk_bytes // BLOCK
 
         self._write_mm = _aligned_map(self.chunk_bytes)
-        self._read_mm = _aligned_map(self.chunk_bytes)
+        # read_bytes: a smaller read buffer (a write-only slot of a remote tier's ring: 4 KiB)
+        self._read_mm = _aligned_map(self.chunk_bytes if read_bytes is None else max(BLOCK, read_bytes))
         self.write_buf = np.frombuffer(self._write_mm, dtype=np.uint8)
         self.read_buf = np.frombuffer(self._read_mm, dtype=np.uint8)
         self.write_mv = memoryview(self._write_mm)
@@ -80,7 +81,7 @@ class WorkerBuffers:
         # every block; the stamps are built in a small contiguous scratch and copied in one strided
         # pass (about 3x faster than writing the two columns separately).
         w64 = self.write_buf.view(_U64).reshape(self.nblocks, BLOCK // 8)
-        r64 = self.read_buf.view(_U64).reshape(self.nblocks, BLOCK // 8)
+        r64 = self.read_buf.view(_U64).reshape(-1, BLOCK // 8)
         self._w_pair = w64[:, :2]
         self._r_pair = r64[:, :2]
         self._ramp = np.arange(self.nblocks, dtype=_U64)

@@ -75,7 +75,7 @@ def describe(exc: OSError, tier: str, op: str, store: Any, key: str, nbytes: int
     where = path or f"{tier} entry {key!r}"
     reason = exc.strerror or str(exc)
     message = f"{tier} {op} of {where} failed: {errno_name(exc)} ({reason})"
-    if exc.errno == errno.ENOSPC and path is not None:
+    if exc.errno == errno.ENOSPC and path is not None and os.path.isabs(path):  # (a remote tier's is a URL)
         free = free_space(path)
         on_disk = store.footprint(nbytes) if nbytes is not None and hasattr(store, "footprint") else nbytes
         size = f"{_mib(on_disk)} on disk" if on_disk is not None else "of unknown size"

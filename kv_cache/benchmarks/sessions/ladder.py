@@ -18,6 +18,7 @@ from typing import Any
 
 from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
+    RemoteWatch,
     RungRecord,
     engine_clock,
     failure_flags,
@@ -51,7 +52,7 @@ from kv_cache.serving.build import open_cache
 from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
 from kv_cache.serving.tiers import TierSet
-from kv_cache.settings.run import StorageSettings, TierSettings
+from kv_cache.settings.run import RemoteTierSettings, StorageSettings, TierSettings
 from kv_cache.settings.sections import EvictionConfig
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
@@ -95,6 +96,7 @@ class LadderSettings:
     load_policy: str  # always | cost (see Replica)
     steady_state: bool  # start as a long run would have left the engine and tiers (steady_state.py)
     dram_write_through: bool  # offload every computed block on completion (inclusive), not only on eviction
+    remote: RemoteTierSettings  # which backend holds the storage tier (a remote one: S3, Redis)
 
     @property
     def replicas(self) -> int:
@@ -121,7 +123,7 @@ class LadderSettings:
         dram = self.dram_bytes if tiers in ("dram", "dram+storage") else 0
         return TierSettings(gpu_mem_gb=0.0, gpu_tier="off", num_gpus=self.num_gpus,
                             tensor_parallel=self.tensor_parallel, cpu_mem_gb=dram / GIB, cache_dir=self.cache_dir,
-                            storage_capacity_gb=self.storage_capacity_bytes / GIB)
+                            storage_capacity_gb=self.storage_capacity_bytes / GIB, remote=self.remote)
 
     def hbm_capacity_blocks(self) -> int:
         cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
@@ -202,6 +204,7 @@ class RungRun:
             other_bytes=2 * ls.storage.chunk_bytes * workers, storage_tier=self.tiers == "dram+storage",
             last_ram_fraction=ls.dram_usable_fraction, on_fault=self.policy)
         self.file_store, self.memory_store = self.stores.file_store, self.stores.memory_store
+        self.remote = RemoteWatch(self.file_store)
         self.io = None
         if self.cache is not None:
             pool = pools.open_pool(Stream.ENGINE_IO, workers, ls.storage.chunk_bytes, ls.seed)
@@ -452,6 +455,7 @@ class RungRun:
             "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(),
             "hbm_max_occupied_blocks": max(r.max_occupied for r in self.replicas),
             "engine_clock": engine_clock(self.replicas),
+            **(self.remote.result(self.metrics) if getattr(self, "remote", None) is not None else {}),
         }
         filled = result["hbm_evictions"] > 0 or result["hbm_max_occupied_blocks"] >= result["hbm_kv_capacity_blocks"]
         result["flags"] = rung_flags(result, self.tiers, filled, self.throughput_samples)

@@ -287,3 +287,28 @@ def failure_flags(result: dict[str, Any], tiers: str, f: FailureInputs) -> list[
     """Flags for a rung that could not measure what it was run for (no turn completed; a tier too small for
     one session), each saying why and what to change."""
     return [x for x in (_no_turn_flag(result, f), _tier_too_small_flag(tiers, f)) if x]
+
+
+class RemoteWatch:
+    """A rung's remote storage tier, watched: the interface towards its server (/proc/net/dev) and the
+    process CPU from the rung's start, for the rung's `remote_tier` (as the standard run's)."""
+
+    def __init__(self, store: Any) -> None:
+        import resource  # noqa: PLC0415
+
+        from kv_cache.host.netdev import NetCounter  # noqa: PLC0415
+
+        self.store = store if hasattr(store, "remote_stats") else None
+        self.net = NetCounter.for_host(getattr(self.store, "endpoint_host", None)) if self.store is not None else None
+        self.before = self.net.snapshot() if self.net else None
+        self.rusage0 = resource.getrusage(resource.RUSAGE_SELF)
+
+    def result(self, metrics: Any) -> dict[str, Any]:
+        """{"remote_tier": ...} for a remote tier; {} otherwise."""
+        if self.store is None:
+            return {}
+        from kv_cache.results.measurement import network  # noqa: PLC0415
+
+        return {"remote_tier": {**self.store.remote_stats(), "network": network(
+            metrics, self.net.name if self.net else None, self.before, self.net.snapshot() if self.net else None,
+            self.rusage0)}}

@@ -27,10 +27,12 @@ from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, 
 from kv_cache.core.observe import RankConsole
 from kv_cache.errors import RunOutcome, StorageError
 from kv_cache.host.blockdev import BlockDeviceCounter
+from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
+from kv_cache.results import measurement as meas
 from kv_cache.results.blocklatency import block_latency
 from kv_cache.results.parameters import run_mode
 from kv_cache.results.run_document import INTERRUPTED_EARLY, RunRecord, build_results, interrupted_results
@@ -226,6 +228,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         run.group.announce(stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
+    net = NetCounter.for_host(getattr(stores.file_store, "endpoint_host", None))  # a remote tier's server
+    net_before = net.snapshot() if net else None
     run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
     tracer, why = start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
@@ -249,6 +253,12 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
         run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names()))
+    if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
+        results["measurement"]["timed"] = meas.TIMED_REMOTE
+        results["measurement"]["remote_tier"] = {
+            **stores.file_store.remote_stats(),
+            "network": meas.network(run.metrics, net.name if net else None, net_before,
+                                    net.snapshot() if net else None, run.rusage0)}
     if settings.outputs.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results

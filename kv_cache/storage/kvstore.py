@@ -1,0 +1,375 @@
+"""The storage tier as chunked keys in a Redis or Valkey server (RedisStore), the way LMCache's remote
+backend keeps KV chunks: entry ``k`` of this run is the keys ``<run>:<k>:0``, ``<run>:<k>:1``... of one
+worker chunk each, written with pipelined SETs and read with pipelined GETs, ``pipeline`` commands per
+round trip. redis-py uses the hiredis parser when it is installed (io_mode_reason says which).
+
+Writes stamp each chunk into one of ``pipeline`` preallocated slots of this thread (WorkerBuffers of the
+same stamped pool, so --verify works) and hand the slots to redis-py as memoryviews, which it sends
+without copying; the slots are reused only after the round trip. Reads receive each value as the bytes
+object redis-py's parser makes (the client's buffer: it has no read-into), copied into the worker's read
+buffer chunk by chunk, where --verify checks the stamps.
+
+A ``maxmemory`` refusal (OOM) is the tier being full: ENOSPC, which stops the run as a full disk does. A lost
+connection is an ENOTCONN the cache retries and the error policy counts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import threading
+import weakref
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+from kv_cache.errors import StorageSetupError
+from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult, StoreBase, key_id, padded
+from kv_cache.storage.files import file_name
+from kv_cache.storage.remote import (
+    MARKER,
+    RemoteStats,
+    SlotRing,
+    lost_connection,
+    marker_json,
+    new_run_name,
+    stale_owner,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.storage.base import ChunkSink
+    from kv_cache.storage.buffers import WorkerBuffers
+
+
+def _import_redis():
+    try:
+        import redis  # noqa: PLC0415  (optional dependency: only the redis backend needs it)
+        from redis.utils import HIREDIS_AVAILABLE  # noqa: PLC0415
+    except ImportError:
+        raise StorageSetupError("--storage-backend redis needs redis-py: pip install 'kv-cache[redis]'").about(
+            "storage_backend") from None
+    return redis, HIREDIS_AVAILABLE
+
+
+class RedisStore(StoreBase):
+    """Entries as chunked keys under this run's namespace (see the module docstring)."""
+
+    def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "nvme"):
+        self.redis, self.hiredis = _import_redis()
+        self.name = name
+        self.url = url
+        self.chunk_bytes = int(chunk_bytes)
+        self.pipeline = max(1, int(pipeline))
+        self.stats = RemoteStats()
+        self._tls = threading.local()
+        self._slots: list[Any] = []
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        self._chunks: dict[str, int] = {}  # key -> chunk keys it has on the server (created, not deleted)
+        self._closed = False
+        self.swept: list[str] = []
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+        from redis.retry import Retry  # noqa: PLC0415
+
+        try:
+            self._r = self.redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5,
+                                                max_connections=workers + 4, retry=Retry(NoBackoff(), 0))
+        except ValueError as e:
+            raise StorageSetupError(f"redis: bad --redis-url {url!r}: {e}").about("redis_url") from None
+        self._setup("reach the server", self._r.ping)
+        self.run_name = new_run_name()
+        self._sweep()
+        self._setup("write the marker", lambda: self._r.set(f"{self.run_name}:{MARKER}", marker_json()))
+        ref = weakref.ref(self)
+
+        def _at_exit() -> None:
+            s = ref()
+            if s is not None:
+                s.close()
+
+        self._atexit = _at_exit
+        atexit.register(_at_exit)
+
+    # ------------------------------------------------------------------ info (as FileStore's)
+    fs_type = "redis"
+    io_mode = "network"
+
+    @property
+    def io_mode_reason(self) -> str:
+        parser = "hiredis parser" if self.hiredis else "pure-Python parser (pip install hiredis)"
+        return f"chunked keys of {self.chunk_bytes >> 20} MiB, {self.pipeline} per pipelined round trip, {parser}"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self._where()}/{self.run_name}:*"
+
+    @property
+    def cache_dir(self) -> str:
+        return self._where()
+
+    def _where(self) -> str:
+        kw = self._r.connection_pool.connection_kwargs
+        return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+    @property
+    def endpoint_host(self) -> str:
+        """The server's host name (the network counters follow the interface towards it)."""
+        return str(self._r.connection_pool.connection_kwargs.get("host", "localhost"))
+
+    def free_bytes(self) -> int | None:
+        """maxmemory less used_memory (None: no maxmemory set, the tier is unbounded)."""
+        info = self._call("redis INFO", lambda: self._r.info("memory"))
+        limit = int(info.get("maxmemory", 0))
+        return max(0, limit - int(info.get("used_memory", 0))) if limit else None
+
+    def footprint(self, nbytes: int) -> int:
+        return padded(nbytes)
+
+    def path_of(self, key: str) -> str:
+        return f"{self._where()}/{self._base(key)}:*"
+
+    def _base(self, key: str) -> str:
+        return f"{self.run_name}:{file_name(key)[:-4]}"
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._sizes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sizes)
+
+    def remote_stats(self) -> dict[str, Any]:
+        return {"backend": "redis", "client": f"redis-py {self.redis.__version__}"
+                + (" + hiredis" if self.hiredis else ""), "endpoint": self._where(), "prefix": f"{self.run_name}:",
+                "chunk_bytes": self.chunk_bytes, "pipeline": self.pipeline, **self.stats.as_dict()}
+
+    # ------------------------------------------------------------------ errors
+    def _call(self, what: str, fn):
+        try:
+            return fn()
+        except (self.redis.ConnectionError, self.redis.TimeoutError) as exc:
+            if isinstance(exc, self.redis.AuthenticationError):
+                raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({exc})") from exc
+            self.stats.lost()
+            raise lost_connection(what, exc) from exc
+        except self.redis.ResponseError as exc:
+            text = str(exc)
+            if text.startswith("OOM") or "maxmemory" in text:
+                raise OSError(errno.ENOSPC, f"{what}: the server's maxmemory is reached, the tier is full "
+                              f"({text})") from exc
+            if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
+                raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({text})") from exc
+            raise OSError(errno.EIO, f"{what}: {text}") from exc
+
+    def _setup(self, what: str, fn):
+        try:
+            return self._call(f"redis {what}", fn)
+        except OSError as e:
+            why = {errno.EACCES: "the credentials were refused", errno.ENOTCONN: "the server cannot be reached"}.get(
+                e.errno, str(e))
+            raise StorageSetupError(f"redis: cannot {what} at {self._where()}: {why}").about("redis_url") from None
+
+    # ------------------------------------------------------------------ leftovers
+    def _sweep(self) -> None:
+        """Remove the namespaces of dead runs of this host (remote.py)."""
+        for mk in self._setup("scan", lambda: list(self._r.scan_iter(match=f"kv-cache-run-*:{MARKER}", count=1000))):
+            run = mk.decode()[: -len(MARKER) - 1]
+            why = stale_owner(run, self._r.get(mk))
+            if why is None:
+                continue
+            keys = [k for k in self._r.scan_iter(match=f"{run}:*", count=1000) if k != mk]
+            freed = 0
+            for i in range(0, len(keys), 500):
+                batch = keys[i:i + 500]
+                pipe = self._r.pipeline(transaction=False)
+                for k in batch:
+                    pipe.strlen(k)
+                freed += sum(pipe.execute())
+                self._r.unlink(*batch)
+            self._r.unlink(mk)
+            self.swept.append(f"removed the namespace {run}: on {self._where()} left by an earlier run ({why}): "
+                              f"{len(keys)} key(s), {freed / (1 << 20):.1f} MiB")
+
+    # ------------------------------------------------------------------ slots
+    def _ring(self) -> list[Any]:
+        """This thread's `pipeline` stamped slots (made on its first write, kept for the run)."""
+        ring = getattr(self._tls, "ring", None)
+        if ring is None:
+            ring = self._tls.ring = SlotRing(self.chunk_bytes, self.pipeline, threading.get_ident() & 0xFFFF)
+            with self._lock:
+                self._slots.append(ring)
+        return ring.slots
+
+    def _chunk_keys(self, key: str, n: int, start: int = 0) -> list[str]:
+        base = self._base(key)
+        return [f"{base}:{i}" for i in range(start, n)]
+
+    # ------------------------------------------------------------------ primitives
+    def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: store is closed")
+            self._sizes.pop(key, None)
+            old = self._chunks.get(key, 0)
+        n = -(-padded(nbytes) // self.chunk_bytes) or 1
+        ns = 0
+        if old > n:  # a replaced entry that had more chunks: drop the extra ones
+            t = perf_counter_ns()
+            self._call(f"redis delete of {key!r}", lambda: self._r.unlink(*self._chunk_keys(key, old, n)))
+            ns = perf_counter_ns() - t
+        with self._lock:
+            self._chunks[key] = n  # (the extra chunks of a longer entry it replaces are gone)
+        return [key, nbytes, n], ns
+
+    def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
+        """One chunk moved in from the tier above (a whole chunk of the grid: key offset // chunk)."""
+        k = f"{self._base(h[0])}:{offset // self.chunk_bytes}"
+        t = perf_counter_ns()
+        self._call(f"redis write of {k}", lambda: self._r.set(k, view))
+        return len(view), perf_counter_ns() - t
+
+    def _commit(self, h: Any) -> int:
+        with self._lock:
+            if self._closed or h[0] not in self._chunks:
+                raise RuntimeError(f"{self.name}: entry {h[0]!r} was removed or the store closed during its write")
+            self._sizes[h[0]] = h[1]
+        return 0
+
+    def _abort(self, h: Any) -> None:
+        with self._lock:
+            n = self._chunks.pop(h[0], 0)
+            self._sizes.pop(h[0], None)
+        if n:
+            try:
+                self._r.unlink(*self._chunk_keys(h[0], n))
+            except Exception:  # the server is gone: the next run's sweep removes them
+                pass
+
+    def _begin_read(self, key: str) -> tuple[Any, int, int]:
+        with self._lock:
+            nbytes = self._sizes[key]
+        return key, nbytes, 0
+
+    def _get(self, h: Any, offset: int, view: memoryview) -> tuple[int, int]:
+        k = f"{self._base(h)}:{offset // self.chunk_bytes}"
+        t = perf_counter_ns()
+        data = self._call(f"redis read of {k}", lambda: self._r.get(k))
+        ns = perf_counter_ns() - t
+        if data is None or len(data) < len(view):
+            raise DataCorruption(f"{self.name}: key {k} is missing or short")
+        view[:] = memoryview(data)[: len(view)]
+        return len(view), ns
+
+    def _end_read(self, h: Any) -> int:
+        return 0
+
+    # ------------------------------------------------------------------ pipelined operations
+    def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
+        """Stamp up to `pipeline` chunks into this thread's slots, SET them in one round trip, repeat."""
+        t0 = perf_counter_ns()
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        kid, total, chunk, ring = key_id(key), padded(nbytes), self.chunk_bytes, self._ring()
+        h, dev_ns = self._begin_write(key, nbytes)
+        keys = self._chunk_keys(key, h[2])
+        off = 0
+        try:
+            for g in range(0, len(keys), self.pipeline):
+                if stop is not None and stop.is_set():
+                    raise IOAborted(f"write of {key!r} aborted after {off} bytes", off)
+                pipe = self._r.pipeline(transaction=False)
+                for slot, k in zip(ring, keys[g:g + self.pipeline], strict=False):
+                    n = min(chunk, total - off)
+                    slot.stamp(kid, off // BLOCK, n // BLOCK)
+                    pipe.set(k, slot.write_mv[:n])
+                    off += n
+                t = perf_counter_ns()
+                self._call(f"redis write of {key!r}", pipe.execute)
+                dev_ns += perf_counter_ns() - t
+            dev_ns += self._commit(h)
+        except IOAborted as e:
+            self._abort(h)
+            e.device_bytes, e.device_ns = off, dev_ns
+            raise
+        except BaseException:
+            self._abort(h)
+            raise
+        t1 = perf_counter_ns()
+        return IOResult(nbytes, total, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+
+    def read(self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False,
+             on_chunk: ChunkSink | None = None) -> IOResult:
+        """GET up to `pipeline` chunk keys per round trip; each value copied into bufs.read_buf in turn."""
+        t0 = perf_counter_ns()
+        with self._lock:
+            nbytes = self._sizes[key]
+        total, chunk = padded(nbytes), min(self.chunk_bytes, bufs.chunk_bytes)
+        keys = self._chunk_keys(key, -(-total // self.chunk_bytes))
+        kid = key_id(key) if verify else 0
+        mv, dev_ns, off, c = bufs.read_mv, 0, 0, 0
+        for g in range(0, len(keys), self.pipeline):
+            if stop is not None and stop.is_set():
+                raise IOAborted(f"read of {key!r} aborted after {off} bytes", off)
+            pipe = self._r.pipeline(transaction=False)
+            for k in keys[g:g + self.pipeline]:
+                pipe.get(k)
+            t = perf_counter_ns()
+            values = self._call(f"redis read of {key!r}", pipe.execute)
+            dev_ns += perf_counter_ns() - t
+            for k, data in zip(keys[g:], values, strict=False):
+                want = min(self.chunk_bytes, total - off)
+                if data is None or len(data) < want:
+                    raise DataCorruption(f"{self.name}: key {k} is missing or short")
+                body = memoryview(data)
+                for sub in range(0, want, chunk):
+                    n = min(chunk, want - sub)
+                    mv[:n] = body[sub:sub + n]
+                    if verify:
+                        bad = bufs.check_stamp(kid, (off + sub) // BLOCK, n // BLOCK)
+                        if bad >= 0:
+                            raise DataCorruption(f"{self.name}: entry {key!r} block {(off + sub) // BLOCK + bad} "
+                                                 "does not carry its stamp")
+                    if on_chunk is not None:
+                        on_chunk(c, mv[: min(n, max(0, nbytes - off - sub))])
+                    c += 1
+                off += want
+        t1 = perf_counter_ns()
+        return IOResult(nbytes, total, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+
+    # ------------------------------------------------------------------ public
+    def delete(self, key: str) -> None:
+        with self._lock:
+            n = self._chunks.pop(key, 0)
+            self._sizes.pop(key, None)
+        if n:
+            self._call(f"redis delete of {key!r}", lambda: self._r.unlink(*self._chunk_keys(key, n)))
+
+    def close(self) -> None:
+        """Delete the keys this run created, then its marker; never anything else. Idempotent."""
+        got = self._lock.acquire(timeout=1.0)
+        try:
+            if self._closed:
+                return
+            self._closed = True
+            chunks = dict(self._chunks)
+            self._chunks.clear()
+            self._sizes.clear()
+        finally:
+            if got:
+                self._lock.release()
+        try:
+            keys = [k for key, n in chunks.items() for k in self._chunk_keys(key, n)]
+            for i in range(0, len(keys), 1000):
+                self._r.unlink(*keys[i:i + 1000])
+            self._r.unlink(f"{self.run_name}:{MARKER}")
+        except Exception:  # the server is gone: the next run's sweep removes what is left
+            pass
+        for slot in self._slots:
+            slot.close()
+        self._r.close()
+        cb = self.__dict__.pop("_atexit", None)
+        if cb is not None:
+            atexit.unregister(cb)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where()}, run={self.run_name!r})"

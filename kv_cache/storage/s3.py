@@ -1,0 +1,436 @@
+"""The storage tier as objects in an S3 bucket (S3Store), through obstore (Rust object_store).
+
+One object per entry (per block in the block layout) under this run's own prefix (remote.py): writes
+stream the worker's stamped chunks into obstore's writer, which sends an entry larger than one part as a
+multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight; reads fetch ``part_bytes``
+ranged GETs, ``concurrency`` in flight, each copied chunk by chunk into the worker's read buffer (where
+--verify checks the stamps) as soon as it and those before it have arrived.
+
+What is buffered besides the worker buffers is the client's: obstore copies each written chunk into the
+part it is filling (up to ``concurrency`` parts in flight) and returns each ranged GET in a buffer of its
+own (up to ``concurrency`` per read), freed once copied. Nothing is generated per request.
+
+Why obstore and not boto3: benchmarks/s3_clients.py, same moto server and workload (see the README).
+
+``device_ns`` is the time inside the client's calls (waiting for the network and the server, and the
+client's own work there); the stamping, the copies into the read buffer and the checks are ``host_ns``.
+Server throttling (503 SlowDown, 429) is retried here with backoff and counted (RemoteStats); a lost
+connection is an ENOTCONN the cache retries and the error policy counts; a refusal of the credentials
+mid-run is an EACCES, which stops the run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+from kv_cache.errors import StorageSetupError
+from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult, StoreBase, key_id, padded
+from kv_cache.storage.files import file_name
+from kv_cache.storage.remote import (
+    MARKER,
+    RemoteStats,
+    SlotRing,
+    Throttled,
+    marker_json,
+    new_run_name,
+    stale_owner,
+)
+from kv_cache.storage.s3_client import classify, credentials, import_obstore, region
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kv_cache.storage.base import ChunkSink
+    from kv_cache.storage.buffers import WorkerBuffers
+
+ENTRY_SUFFIX = ".kv"
+
+
+class S3Store(StoreBase):
+    """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
+
+    def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
+                 concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "nvme"):
+        self.obstore, s3_class = import_obstore()
+        self._tls = threading.local()
+        self._rings: list[SlotRing] = []
+        self.slot_bytes = min(int(chunk_bytes), int(part_bytes))
+        self.name = name
+        self.bucket, self.endpoint = bucket, endpoint
+        self.part_bytes, self.concurrency = int(part_bytes), max(1, int(concurrency))
+        self.stats = RemoteStats()
+        self.base_prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        options: dict[str, Any] = {"timeout": "120s", "connect_timeout": "5s",
+                                   "pool_max_idle_per_host": str(max(16, workers * self.concurrency))}
+        if endpoint and endpoint.startswith("http://"):
+            options["allow_http"] = True
+        kwargs: dict[str, Any] = {"region": region(), "client_options": options,
+                                  "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}}
+        if endpoint:
+            kwargs["endpoint"] = endpoint
+        provider = credentials()
+        if provider is not None:
+            kwargs["credential_provider"] = provider
+        try:
+            self._s3 = s3_class(bucket, **kwargs)
+        except Exception as e:
+            raise StorageSetupError(f"s3: cannot configure the client for bucket {bucket!r}: {e}").about(
+                "s3_bucket") from None
+        self.swept: list[str] = []
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        self._paths: dict[str, str] = {}  # key -> object path of every object we created and did not delete
+        self._closed = False
+        self.run_name = new_run_name()
+        self.run_prefix = f"{self.base_prefix}{self.run_name}/"
+        self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
+        self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
+        self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
+        ref = weakref.ref(self)
+
+        def _at_exit() -> None:
+            s = ref()
+            if s is not None:
+                s.close()
+
+        self._atexit = _at_exit
+        atexit.register(_at_exit)
+
+    # ------------------------------------------------------------------ info (as FileStore's)
+    fs_type = "s3"
+    io_mode = "network"
+
+    @property
+    def io_mode_reason(self) -> str:
+        return (f"S3 objects through obstore: parts of {self.part_bytes >> 20} MiB, {self.concurrency} in flight "
+                "per entry")
+
+    @property
+    def run_dir(self) -> str:
+        return f"s3://{self.bucket}/{self.run_prefix}"
+
+    @property
+    def cache_dir(self) -> str:
+        return f"s3://{self.bucket}/{self.base_prefix}"
+
+    @property
+    def endpoint_host(self) -> str:
+        """The server's host name (the network counters follow the interface towards it)."""
+        from urllib.parse import urlparse  # noqa: PLC0415
+
+        return (urlparse(self.endpoint).hostname if self.endpoint else None) or "s3.amazonaws.com"
+
+    def free_bytes(self) -> int | None:
+        """None: a bucket has no free space to read (the capacity is --storage-capacity-gb, or unbounded)."""
+        return None
+
+    def footprint(self, nbytes: int) -> int:
+        return padded(nbytes)
+
+    def path_of(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._object(key)}"
+
+    def _object(self, key: str) -> str:
+        return self.run_prefix + file_name(key)[: -len(".npy")] + ENTRY_SUFFIX
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._sizes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sizes)
+
+    def remote_stats(self) -> dict[str, Any]:
+        return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
+                "endpoint": self.endpoint or "AWS", "bucket": self.bucket, "prefix": self.run_prefix,
+                "part_bytes": self.part_bytes, "concurrency": self.concurrency, **self.stats.as_dict()}
+
+    # ------------------------------------------------------------------ errors
+    def _classify(self, what: str, exc: Exception) -> BaseException:
+        """An obstore error as what the run does with it (s3_client.classify)."""
+        return classify(self.obstore, self.bucket, self.stats, what, exc)
+
+    def _call(self, what: str, fn):
+        """`fn()` with throttling retried after backoffs, and obstore's errors classified."""
+        def once():
+            try:
+                return fn()
+            except (OSError, KeyError, Throttled):
+                raise
+            except Exception as exc:
+                raise self._classify(what, exc) from exc
+        return self.stats.backoff(once, what)
+
+    def _setup_call(self, what: str, fn):
+        """A call made while opening: any failure is a one-line StorageSetupError (exit 2)."""
+        where = f"s3://{self.bucket}" + (f" at {self.endpoint}" if self.endpoint else "")
+        try:
+            return self._call(f"s3 {what}", fn)
+        except (KeyError, FileNotFoundError):
+            raise StorageSetupError(f"s3: bucket {self.bucket!r} not found {where}").about("s3_bucket") from None
+        except OSError as e:
+            if e.errno == errno.EACCES:
+                why = "the credentials were refused"
+            elif e.errno == errno.ENOTCONN:
+                why = "the server cannot be reached"
+            else:
+                why = str(e).split(": ", 1)[-1]
+            raise StorageSetupError(f"s3: cannot {what} in {where}: {why}").about("s3_endpoint") from None
+
+    # ------------------------------------------------------------------ leftovers
+    def _sweep(self) -> None:
+        """Remove the namespaces of dead runs of this host under the prefix (remote.py)."""
+        listing = self._setup_call("list", lambda: self.obstore.list_with_delimiter(self._s3, self.base_prefix or None))
+        for sub in listing.get("common_prefixes", []):
+            name = sub[len(self.base_prefix):].rstrip("/")
+            try:
+                marker = bytes(self.obstore.get(self._s3, f"{sub.rstrip('/')}/{MARKER}").bytes())
+            except Exception:
+                marker = None
+            why = stale_owner(name, marker)
+            if why is None:
+                continue
+            objects = [m for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch]
+            mine = [m["path"] for m in objects if m["path"].endswith(ENTRY_SUFFIX)]
+            kept = [m["path"] for m in objects if not m["path"].endswith((ENTRY_SUFFIX, "/" + MARKER))]
+            freed = sum(m["size"] for m in objects if m["path"].endswith(ENTRY_SUFFIX))
+            if mine:
+                self.obstore.delete(self._s3, mine)
+            if kept:
+                self.swept.append(f"left the run prefix s3://{self.bucket}/{sub} of an earlier run ({why}): it "
+                                  f"holds {len(kept)} object(s) that are not a run's")
+                continue
+            self.obstore.delete(self._s3, f"{sub.rstrip('/')}/{MARKER}")
+            self.swept.append(f"removed the run prefix s3://{self.bucket}/{sub} left by an earlier run ({why}): "
+                              f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB")
+
+    # ------------------------------------------------------------------ writes
+    def _ring(self) -> SlotRing:
+        """This thread's ring of stamped slots (made on its first write, kept for the run)."""
+        ring = getattr(self._tls, "ring", None)
+        if ring is None:
+            per_part = -(-self.part_bytes // self.slot_bytes)
+            ring = self._tls.ring = SlotRing(self.slot_bytes, per_part * (self.concurrency + 2),
+                                          threading.get_ident() & 0xFFFF)
+            with self._lock:
+                self._rings.append(ring)
+        return ring
+
+    def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:
+        path = self._object(key)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: store is closed")
+            self._sizes.pop(key, None)
+            self._paths[key] = path
+        t = perf_counter_ns()
+        writer = self.obstore.open_writer(self._s3, path, buffer_size=self.part_bytes,
+                                          max_concurrency=self.concurrency)
+        return [key, path, writer, nbytes], perf_counter_ns() - t
+
+    def _send(self, h: Any, view: memoryview) -> int:
+        """Hand one stamped slot to the writer (zero copy: it keeps the slot until its part is sent)."""
+        t = perf_counter_ns()
+        try:
+            h[2].write(view)
+        except Exception as exc:
+            raise self._classify(f"s3 write of {h[1]}", exc) from exc
+        return perf_counter_ns() - t
+
+    def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
+        """A chunk moved in from the tier above: copied into this thread's slots, then sent."""
+        ring, ns, n = self._ring(), 0, len(view)
+        for off in range(0, n, ring.slot_bytes):
+            m = min(ring.slot_bytes, n - off)
+            slot = ring.next()
+            slot.write_mv[:m] = view[off:off + m]
+            ns += self._send(h, slot.write_mv[:m])
+        return n, ns
+
+    def _commit(self, h: Any) -> int:
+        t = perf_counter_ns()
+        writer, h[2] = h[2], None
+        try:
+            writer.close()
+        except Exception as exc:
+            raise self._classify(f"s3 write of {h[1]}", exc) from exc
+        ns = perf_counter_ns() - t
+        with self._lock:
+            if not self._closed and self._paths.get(h[0]) == h[1]:
+                self._sizes[h[0]] = h[3]
+                return ns
+        raise RuntimeError(f"{self.name}: entry {h[0]!r} was removed or the store closed during its write")
+
+    def _abort(self, h: Any) -> None:
+        writer = h[2]
+        h[2] = None
+        if writer is not None:
+            try:
+                writer.__exit__(RuntimeError, RuntimeError("aborted"), None)
+            except Exception:
+                pass
+        with self._lock:
+            mine = self._paths.get(h[0]) == h[1]
+            if mine:
+                del self._paths[h[0]]
+                self._sizes.pop(h[0], None)
+        try:
+            self.obstore.delete(self._s3, h[1])
+        except Exception:
+            pass
+
+    def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
+        """Stamp the entry slot by slot into this thread's ring and stream it to the writer (parts of
+        part_bytes, `concurrency` in flight); the whole entry is tried again after a backoff when the
+        server throttles it."""
+        return self.stats.backoff(lambda: self._write_once(key, nbytes, stop), f"s3 write of {key!r}")
+
+    def _write_once(self, key: str, nbytes: int, stop: threading.Event | None) -> IOResult:
+        t0 = perf_counter_ns()
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        kid, total, ring = key_id(key), padded(nbytes), self._ring()
+        h, dev_ns = self._begin_write(key, nbytes)
+        off = 0
+        try:
+            while off < total:
+                if stop is not None and stop.is_set():
+                    raise IOAborted(f"write of {key!r} aborted after {off} bytes", off)
+                n = min(ring.slot_bytes, total - off)
+                slot = ring.next()
+                slot.stamp(kid, off // BLOCK, n // BLOCK)
+                dev_ns += self._send(h, slot.write_mv[:n])
+                off += n
+            dev_ns += self._commit(h)
+        except IOAborted as e:
+            self._abort(h)
+            e.device_bytes, e.device_ns = off, dev_ns
+            raise
+        except BaseException:
+            self._abort(h)
+            raise
+        t1 = perf_counter_ns()
+        return IOResult(nbytes, total, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+
+    def _begin_read(self, key: str) -> tuple[Any, int, int]:
+        with self._lock:
+            nbytes = self._sizes[key]
+            path = self._paths[key]
+        return path, nbytes, 0
+
+    def _get(self, h: Any, offset: int, view: memoryview) -> tuple[int, int]:
+        n = len(view)
+        t = perf_counter_ns()
+        data = self._call(f"s3 read of {h}", lambda: self.obstore.get_range(self._s3, h, start=offset, length=n))
+        ns = perf_counter_ns() - t
+        mv = memoryview(data)
+        if len(mv) < n:
+            raise DataCorruption(f"{self.name}: object {h} ends at {offset + len(mv)}, expected {offset + n} bytes")
+        view[:] = mv
+        return n, ns
+
+    def _end_read(self, h: Any) -> int:
+        return 0
+
+    # ------------------------------------------------------------------ parallel ranged reads
+    def read(self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False,
+             on_chunk: ChunkSink | None = None) -> IOResult:
+        """The entry as ranged GETs of part_bytes, `concurrency` in flight, each copied chunk by chunk into
+        bufs.read_buf in order (verified there with --verify)."""
+        t0 = perf_counter_ns()
+        path, nbytes, _ = self._begin_read(key)
+        total = padded(nbytes)
+        part, chunk = self.part_bytes, bufs.chunk_bytes
+        starts = list(range(0, total, part))
+        kid = key_id(key) if verify else 0
+        mv = bufs.read_mv
+        wait_ns = 0
+        c = 0
+
+        def fetch(start: int) -> tuple[Any, int]:
+            t = perf_counter_ns()
+            data = self._call(f"s3 read of {path}", lambda: self.obstore.get_range(
+                self._s3, path, start=start, length=min(part, total - start)))
+            return data, perf_counter_ns() - t
+
+        futures = [self._pool.submit(fetch, s) for s in starts[: self.concurrency]]
+        nxt = len(futures)
+        try:
+            for i, start in enumerate(starts):
+                if stop is not None and stop.is_set():
+                    raise IOAborted(f"read of {key!r} aborted after {start} bytes", start)
+                t = perf_counter_ns()
+                data, _ns = futures[i].result()
+                wait_ns += perf_counter_ns() - t
+                futures[i] = None
+                if nxt < len(starts):
+                    futures.append(self._pool.submit(fetch, starts[nxt]))
+                    nxt += 1
+                body = memoryview(data)
+                want = min(part, total - start)
+                if len(body) < want:
+                    raise DataCorruption(f"{self.name}: object {path} ends at {start + len(body)}, expected {total}")
+                for off in range(0, want, chunk):
+                    n = min(chunk, want - off)
+                    mv[:n] = body[off:off + n]
+                    if verify:
+                        bad = bufs.check_stamp(kid, (start + off) // BLOCK, n // BLOCK)
+                        if bad >= 0:
+                            raise DataCorruption(f"{self.name}: entry {key!r} block {(start + off) // BLOCK + bad} "
+                                                 "does not carry its stamp")
+                    if on_chunk is not None:
+                        on_chunk(c, mv[: min(n, max(0, nbytes - start - off))])
+                    c += 1
+                del body, data
+        finally:
+            for f in futures:
+                if f is not None:
+                    f.cancel()
+        t1 = perf_counter_ns()
+        return IOResult(nbytes, total, t1 - t0, wait_ns, t1 - t0 - wait_ns)
+
+    # ------------------------------------------------------------------ public
+    def delete(self, key: str) -> None:
+        with self._lock:
+            path = self._paths.pop(key, None)
+            self._sizes.pop(key, None)
+        if path is not None:
+            try:
+                self._call(f"s3 delete of {path}", lambda: self.obstore.delete(self._s3, path))
+            except KeyError:
+                pass
+
+    def close(self) -> None:
+        """Delete the objects this run created, then its marker; never anything else. Idempotent."""
+        got = self._lock.acquire(timeout=1.0)
+        try:
+            if self._closed:
+                return
+            self._closed = True
+            paths = list(self._paths.values())
+            self._paths.clear()
+            self._sizes.clear()
+        finally:
+            if got:
+                self._lock.release()
+        try:
+            for i in range(0, len(paths), 1000):
+                self.obstore.delete(self._s3, paths[i:i + 1000])
+            self.obstore.delete(self._s3, self.run_prefix + MARKER)
+        except Exception:  # the server is gone: the next run's sweep removes what is left
+            pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for ring in self._rings:
+            ring.close()
+        cb = self.__dict__.pop("_atexit", None)
+        if cb is not None:
+            atexit.unregister(cb)
+
+    def __repr__(self) -> str:
+        return f"S3Store(bucket={self.bucket!r}, prefix={self.run_prefix!r}, endpoint={self.endpoint!r})"

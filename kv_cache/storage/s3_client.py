@@ -1,0 +1,78 @@
+"""The S3 tier's client: obstore, the credential chain and region it is given, and what its errors mean
+for the run (throttling, refused credentials, a missing bucket or object, a lost connection)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from typing import Any
+
+from kv_cache.errors import StorageSetupError
+from kv_cache.storage.remote import RemoteStats, Throttled, lost_connection
+
+_STATUS = re.compile(r"status code: (\d{3})")
+_LOST_WORDS = ("HTTP error", "error sending request", "connect", "onnection", "reset", "Broken pipe", "timed out",
+               "imeout", "IncompleteMessage", "error decoding response body", "error reading a body")
+
+
+def import_obstore() -> tuple[Any, Any]:
+    """obstore and its S3Store class, or the one-line refusal naming the extra to install."""
+    try:
+        import obstore  # noqa: PLC0415  (optional dependency: only the s3 backend needs it)
+        from obstore.store import S3Store as _S3  # noqa: PLC0415
+    except ImportError:
+        raise StorageSetupError("--storage-backend s3 needs obstore: pip install 'kv-cache[s3]'").about(
+            "storage_backend") from None
+    return obstore, _S3
+
+
+def credentials() -> Any:
+    """boto3's credential chain (environment, ~/.aws/credentials and config, SSO, instance roles) when
+    boto3 is installed; otherwise obstore reads the AWS_* environment itself."""
+    try:
+        import boto3  # noqa: PLC0415
+        from obstore.auth.boto3 import Boto3CredentialProvider  # noqa: PLC0415
+    except ImportError:
+        return None
+    session = boto3.Session()
+    if session.get_credentials() is None:
+        return None
+    return Boto3CredentialProvider(session)
+
+
+def region() -> str:
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        import boto3  # noqa: PLC0415
+
+        return boto3.Session().region_name or "us-east-1"
+    except ImportError:
+        return "us-east-1"
+
+
+
+def classify(obstore: Any, bucket: str, stats: RemoteStats, what: str, exc: Exception) -> BaseException:
+    """An obstore error as what the run does with it (see the module docstring), from the HTTP status
+    it carries (or its absence: the request never got an answer)."""
+    ex = getattr(obstore, "exceptions", None)
+    text = str(exc).split("Debug source:", 1)[0].strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    m = _STATUS.search(text)
+    status = int(m.group(1)) if m else None
+    if status in (429, 503) or "SlowDown" in text:
+        return Throttled(first)
+    if status in (401, 403) or (ex is not None and isinstance(exc, (ex.PermissionDeniedError,
+                                                                      ex.UnauthenticatedError))):
+        return OSError(errno.EACCES, f"{what}: the server refused the credentials ({first})")
+    if status == 404 and "NoSuchBucket" in text:
+        return FileNotFoundError(errno.ENOENT, f"{what}: bucket {bucket!r} not found")
+    if status == 404 or (ex is not None and isinstance(exc, ex.NotFoundError)):
+        return KeyError(what)
+    if status is None and any(w in text for w in _LOST_WORDS):
+        stats.lost()
+        return lost_connection(what, exc)
+    return OSError(errno.EIO, f"{what}: {first}")
+

@@ -1,0 +1,173 @@
+"""Real servers for the remote-tier tests (and benchmarks/s3_clients.py), started by whoever needs them:
+moto's standalone S3 server (`moto_server`, in memory) and a Debian `redis-server`, each on 127.0.0.1 at
+a free port, with its data in a temporary directory. `None` when the binary is not installed, so the
+callers skip with the reason in `missing()`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+MOTO = "moto_server"
+REDIS = "redis-server"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen on {port} within {timeout:g} s")
+
+
+@dataclass
+class Server:
+    """A started server: its URL, port and process (stop() ends it, by its pid only)."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+    tmp: str
+    extra: dict = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def missing(binary: str) -> str | None:
+    """Why `binary` cannot be started here (None: it can)."""
+    if shutil.which(binary) is None:
+        how = "pip install 'moto[server]'" if binary == MOTO else "apt-get install -y redis-server"
+        return f"{binary} is not installed ({how})"
+    return None
+
+
+def start_moto(port: int | None = None, auth_after: int | None = None) -> Server | None:
+    """moto's S3 server on 127.0.0.1. Any access key is accepted, unless `auth_after` is given: then the
+    first `auth_after` requests are let through and every later one needs keys moto's IAM knows."""
+    if missing(MOTO):
+        return None
+    port = port or free_port()
+    tmp = tempfile.mkdtemp(prefix="kvtest-moto-")
+    proc = subprocess.Popen([shutil.which(MOTO) or MOTO, "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
+                            env={**os.environ, "MOTO_PORT": str(port),
+                                 **({"INITIAL_NO_AUTH_ACTION_COUNT": str(auth_after)} if auth_after is not None else {})})
+    _wait_port(port, proc)
+    return Server(f"http://127.0.0.1:{port}", port, proc, tmp)
+
+
+def start_redis(maxmemory: str | None = None, port: int | None = None) -> Server | None:
+    """A redis-server on 127.0.0.1 with no persistence, its working dir a temporary directory."""
+    if missing(REDIS):
+        return None
+    port = port or free_port()
+    tmp = tempfile.mkdtemp(prefix="kvtest-redis-")
+    args = [shutil.which(REDIS) or REDIS, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp,
+            "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    if maxmemory:
+        args += ["--maxmemory", maxmemory, "--maxmemory-policy", "noeviction"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+    _wait_port(port, proc)
+    return Server(f"redis://127.0.0.1:{port}/0", port, proc, tmp)
+
+
+class _Throttler:
+    """An HTTP proxy in front of an S3 server that answers every `every`-th request 503 SlowDown."""
+
+    def __init__(self, upstream_port: int, every: int, status: int):
+        import http.client
+        import http.server
+        import threading
+
+        self.count = 0
+        self.throttled = 0
+        lock = threading.Lock()
+        outer = self
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>Please reduce your request rate.</Message></Error>")
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(n) if n else b""
+                with lock:
+                    outer.count += 1
+                    slow = outer.count % every == 0
+                    outer.throttled += slow
+                if slow:
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Content-Type", "application/xml")
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_throttler(upstream_port: int, every: int = 3, status: int = 503) -> _Throttler:
+    """A proxy to the S3 server at `upstream_port` that throttles every `every`-th request."""
+    return _Throttler(upstream_port, every, status)
+
+
+if __name__ == "__main__":  # pragma: no cover  (by hand: start one and wait)
+    srv = start_moto() if sys.argv[1:] == ["moto"] else start_redis()
+    print(srv.url if srv else "missing", flush=True)
+    try:
+        srv.proc.wait()
+    finally:
+        srv.stop()

@@ -1,0 +1,417 @@
+"""The remote storage tiers against real servers the tests start (tests/servers.py): moto's standalone
+S3 server and a Debian redis-server, on 127.0.0.1 at free ports. Round trips with --verify, the run's own
+namespace and the sweep of a dead run's, the faults (server down or credentials refused at start: exit 2;
+connection lost mid-run: exit 3 with results; throttling retried and counted; maxmemory: the tier full) and
+the loopback interface's bytes against the tier's. Skipped, with the reason, where a server is missing."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import servers
+
+from kv_cache.storage import WorkerBuffers
+from kv_cache.storage.memory import MemoryStore
+
+ROOT = Path(__file__).resolve().parent.parent
+MICRO = ("model_configs:\n  micro:\n    name: Micro test model\n    num_layers: 1\n    hidden_dim: 512\n"
+         "    num_heads: 4\n    kv_heads: 1\n    dtype: float16\n")
+MIB = 1 << 20
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+pytest.importorskip("obstore", reason="the s3 tier needs obstore (pip install -e '.[dev]')")
+pytest.importorskip("redis", reason="the redis tier needs redis-py (pip install -e '.[dev]')")
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(monkeypatch):
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")  # no config file of the machine's user
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+
+
+def _bucket(url: str, name: str) -> str:
+    import boto3
+
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=name)
+    return name
+
+
+def _objects(url: str, bucket: str) -> list[str]:
+    import boto3
+
+    c = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing")
+    return [o["Key"] for o in c.list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+@pytest.fixture(scope="module")
+def moto():
+    why = servers.missing(servers.MOTO)
+    if why:
+        pytest.skip(why)
+    srv = servers.start_moto()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    srv = servers.start_redis()
+    yield srv
+    srv.stop()
+
+
+def _bufs() -> WorkerBuffers:
+    return WorkerBuffers(MIB, 7, 0)
+
+
+def _round_trip(store, bufs) -> None:
+    """Entries of none, part of one, one and many chunks (and many parts), written, read with --verify,
+    moved out to RAM and back in, replaced by a smaller one."""
+    for n in (0, 1000, MIB, 3 * MIB + 5, 12 * MIB + 4096):
+        store.write(f"k{n}", n, bufs)
+        assert store.read(f"k{n}", bufs, verify=True).nbytes == n
+    ram = MemoryStore(64 * MIB)
+    store.move_to(f"k{3 * MIB + 5}", ram, bufs)
+    assert ram.read(f"k{3 * MIB + 5}", bufs, verify=True).nbytes == 3 * MIB + 5
+    ram.write("up", 11 * MIB, bufs)
+    ram.move_to("up", store, bufs)
+    assert store.read("up", bufs, verify=True).nbytes == 11 * MIB
+    store.write("k1000", 1000, bufs)  # replaced, smaller
+    assert store.read("k1000", bufs, verify=True).nbytes == 1000
+    ram.close()
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_s3_round_trip_with_verify_and_close_deletes_only_its_objects(moto, concurrency):
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, f"rt{concurrency}")
+    import obstore
+    from obstore.store import S3Store as Raw
+
+    raw = Raw(bucket, endpoint=moto.url, region="us-east-1", client_options={"allow_http": True})
+    obstore.put(raw, "runs/someone-elses.bin", b"x")  # a foreign object under the same prefix
+    store = S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, concurrency=concurrency, workers=2,
+                    chunk_bytes=MIB)
+    bufs = _bufs()
+    _round_trip(store, bufs)
+    # an entry three times this worker's ring of slots: obstore holds each slot until its part is sent, so
+    # the ring is reused inside the entry and --verify sees whether a slot was rewritten too early
+    big = 3 * len(store._ring().slots) * MIB
+    store.write("ring", big, bufs)
+    assert store.read("ring", bufs, verify=True).nbytes == big
+    assert any(k.endswith("/.kv-cache-run") for k in _objects(moto.url, bucket))  # the run's marker
+    store.close()
+    assert _objects(moto.url, bucket) == ["runs/someone-elses.bin"]
+    bufs.close()
+
+
+def test_redis_round_trip_with_verify_and_close_deletes_only_its_keys(redis_server):
+    import redis
+
+    from kv_cache.storage.kvstore import RedisStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.set("someone-elses", b"x")
+    store = RedisStore(redis_server.url, MIB, pipeline=3, workers=2)
+    assert store.hiredis == bool(__import__("redis").utils.HIREDIS_AVAILABLE)
+    bufs = _bufs()
+    _round_trip(store, bufs)
+    assert r.dbsize() > 1
+    store.close()
+    assert r.keys("*") == [b"someone-elses"]
+    r.delete("someone-elses")
+    bufs.close()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _marker(pid: int, host: str | None = None) -> bytes:
+    import socket
+
+    return json.dumps({"tool": "kv-cache", "pid": pid, "host": host or socket.gethostname()}).encode()
+
+
+def test_s3_sweeps_a_dead_runs_prefix_and_keeps_another_hosts(moto):
+    import obstore
+    from obstore.store import S3Store as Raw
+
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "sweep")
+    raw = Raw(bucket, endpoint=moto.url, region="us-east-1", client_options={"allow_http": True})
+    dead = f"p/kv-cache-run-20250101-000000-{_dead_pid()}-abcd"
+    other = "p/kv-cache-run-20250101-000000-1-beef"
+    for run, marker in ((dead, _marker(_dead_pid())), (other, _marker(1, "another-host"))):
+        obstore.put(raw, f"{run}/.kv-cache-run", marker)
+        obstore.put(raw, f"{run}/entry.kv", b"y" * 4096)
+    store = S3Store(bucket, moto.url, "p/", part_bytes=5 * MIB, workers=1, chunk_bytes=MIB)
+    assert len(store.swept) == 1 and dead in store.swept[0] and "is gone" in store.swept[0]
+    store.close()
+    assert sorted(_objects(moto.url, bucket)) == [f"{other}/.kv-cache-run", f"{other}/entry.kv"]
+
+
+def test_redis_sweeps_a_dead_runs_keys(redis_server):
+    import redis
+
+    from kv_cache.storage.kvstore import RedisStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    dead = f"kv-cache-run-20250101-000000-{_dead_pid()}-abcd"
+    r.set(f"{dead}:.kv-cache-run", _marker(_dead_pid()))
+    r.set(f"{dead}:e:0", b"z" * 4096)
+    store = RedisStore(redis_server.url, MIB, workers=1)
+    assert len(store.swept) == 1 and "1 key(s)" in store.swept[0]
+    store.close()
+    assert r.dbsize() == 0
+
+
+def test_redis_maxmemory_refusal_is_the_tier_full():
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    from kv_cache.storage.kvstore import RedisStore
+
+    srv = servers.start_redis(maxmemory="4mb")
+    try:
+        store = RedisStore(srv.url, MIB, workers=1)
+        assert 0 < store.free_bytes() < 4 * MIB
+        bufs = _bufs()
+        with pytest.raises(OSError) as info:
+            store.write("big", 16 * MIB, bufs)
+        assert info.value.errno == errno.ENOSPC and "tier is full" in str(info.value)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
+
+
+def test_s3_throttling_is_retried_with_backoff_and_counted(moto):
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "slow")
+    proxy = servers.start_throttler(moto.port, every=9)
+    try:
+        store = S3Store(bucket, proxy.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        bufs = _bufs()
+        for i in range(4):
+            store.write(f"e{i}", 6 * MIB, bufs)
+            store.read(f"e{i}", bufs, verify=True)
+        stats = store.remote_stats()
+        assert proxy.throttled > 0
+        assert stats["throttled_requests"] >= 1 and stats["throttle_wait_s"] > 0
+        store.close()
+        bufs.close()
+    finally:
+        proxy.stop()
+
+
+# ----------------------------------------------------------------------------- the CLI
+def _cmd(tmp: Path, *extra: str, duration: int = 2) -> list[str]:
+    config = tmp / "micro.yaml"
+    config.write_text(MICRO)
+    return [sys.executable, str(ROOT / "kv-cache.py"), "--config", str(config), "--model", "micro",
+            "--num-users", "4", "--duration", str(duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+            "--generation-mode", "none", "--seed", "7", "--output", str(tmp / "r.json"), "--io-chunk-mb", "1",
+            *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, **CREDS, "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _network_checked(res: dict) -> dict:
+    rt = res["measurement"]["remote_tier"]
+    net = rt["network"]
+    assert net["interface"] == "lo"
+    tool = net["tool_bytes_read"] + net["tool_bytes_written"]
+    assert tool > 0
+    assert net["bytes_received"] >= tool  # every byte of the tier crossed loopback (and maybe others' too)
+    assert net["client_cpu_seconds"] > 0 and net["in_client_calls_seconds"] > 0
+    return rt
+
+
+def test_cli_s3_run_verifies_and_compares_loopback_bytes(moto, tmp_path):
+    bucket = _bucket(moto.url, "cli")
+    proc = _run(_cmd(tmp_path, "--storage-backend", "s3", "--s3-endpoint", moto.url, "--s3-bucket", bucket,
+                     "--s3-part-mb", "5", "--verify", "--storage-capacity-gb", "0.05"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["measurement"]["tier_backends"]["storage"] == "s3"
+    assert res["measurement"]["verify_failures" if "verify_failures" in res["measurement"] else "storage_errors_total"] == 0
+    rt = _network_checked(res)
+    assert "Interface lo saw" in proc.stdout
+    assert _objects(moto.url, bucket) == []  # the run deleted its objects and its marker
+    print(f"[s3] {rt['network']}")
+
+
+def test_cli_redis_trace_replay_behind_a_ram_tier_in_block_layout(redis_server, tmp_path):
+    import redis
+
+    trace = ROOT / "tests" / "fixtures" / "traces" / "mooncake" / "conversation_trace_300.jsonl"
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--verify",
+                     "--cpu-mem-gb", "0.02", "--kv-block-tokens", "512", "--trace", str(trace), "--trace-speedup", "0"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["measurement"]["tier_backends"] == {"cpu": "memory", "storage": "redis"}
+    _network_checked(res)
+    assert res["trace_replay"]["format"]
+    assert redis.Redis.from_url(redis_server.url).dbsize() == 0
+
+
+def test_cli_rank_split_gives_each_rank_its_namespace_and_merges(redis_server, tmp_path):
+    import redis
+
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--processes", "2",
+                     duration=1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = json.loads((tmp_path / "r.json").read_text())["measurement"]["remote_tier"]
+    assert len(set(merged["per_rank_prefix"])) == 2
+    assert merged["network"]["interface"] == "lo" and merged["network"]["bytes_received"] > 0
+    assert redis.Redis.from_url(redis_server.url).dbsize() == 0
+
+
+@pytest.mark.parametrize("backend", ["s3-down", "redis-down", "redis-password", "s3-no-bucket", "s3-credentials"])
+def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, tmp_path, request):
+    port = servers.free_port()
+    if backend == "s3-down":
+        extra = ["--storage-backend", "s3", "--s3-endpoint", f"http://127.0.0.1:{port}", "--s3-bucket", "b"]
+        want = "cannot be reached"
+    elif backend == "s3-no-bucket":
+        moto = request.getfixturevalue("moto")
+        extra = ["--storage-backend", "s3", "--s3-endpoint", moto.url, "--s3-bucket", "missing-bucket"]
+        want = "not found"
+    elif backend == "s3-credentials":  # moto with IAM checks on once the bucket exists: unknown keys refused
+        srv = servers.start_moto(auth_after=1)
+        request.addfinalizer(srv.stop)
+        extra = ["--storage-backend", "s3", "--s3-endpoint", srv.url, "--s3-bucket", _bucket(srv.url, "locked")]
+        want = "credentials were refused"
+    elif backend == "redis-down":
+        extra = ["--storage-backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}/0"]
+        want = "cannot be reached"
+    else:
+        srv = request.getfixturevalue("redis_server")
+        import redis
+
+        r = redis.Redis.from_url(srv.url)
+        r.config_set("requirepass", "right")
+        request.addfinalizer(lambda: redis.Redis.from_url(srv.url, password="right").config_set("requirepass", ""))
+        extra = ["--storage-backend", "redis", "--redis-url", f"redis://:wrong@127.0.0.1:{srv.port}/0"]
+        want = "credentials were refused"
+    proc = _run(_cmd(tmp_path, *extra, duration=1))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr and want in err[-1], err
+    print(f"[fault] {backend}: exit 2: {err[-1]}")
+
+
+def _started(backend: str):
+    binary = servers.MOTO if backend == "s3" else servers.REDIS
+    why = servers.missing(binary)
+    if why:
+        pytest.skip(why)
+    return servers.start_moto() if backend == "s3" else servers.start_redis()
+
+
+def _stored(backend: str, srv) -> int:
+    if backend == "s3":
+        return len(_objects(srv.url, "lost"))
+    import redis
+
+    return redis.Redis.from_url(srv.url).dbsize()
+
+
+@pytest.mark.parametrize("backend", ["s3", "redis"])
+def test_a_server_lost_mid_run_stops_it_with_exit_3_and_results(backend, tmp_path):
+    srv = _started(backend)
+    try:
+        if backend == "s3":
+            extra = ["--s3-endpoint", _bucket(srv.url, "lost") and srv.url, "--s3-bucket", "lost", "--s3-part-mb", "5"]
+        else:
+            extra = ["--redis-url", srv.url]
+        proc = subprocess.Popen(_cmd(tmp_path, "--storage-backend", backend, *extra, duration=30),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        deadline = time.monotonic() + 30
+        while _stored(backend, srv) < 3 and time.monotonic() < deadline:  # the run is writing
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+    finally:
+        srv.stop()
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 3, err[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["measurement"]["stop_reason"] == "storage error"
+    assert res["measurement"]["storage_retries_total"] > 0
+    assert res["measurement"]["remote_tier"]["lost_connections"] > 0
+    assert "ENOTCONN" in err and "Traceback" not in err
+    line = next(line for line in err.splitlines() if "storage error" in line)
+    print(f"[fault] {backend} server lost mid-run: exit 3: {line}")
+
+
+def test_a_sessions_rung_offloads_to_the_remote_tier(redis_server):
+    """`kv-cache sessions` takes the remote flags; its rungs' tier builder opens the redis backend."""
+    import threading
+
+    from kv_cache.benchmarks.sessions.rung_results import RemoteWatch
+    from kv_cache.cli import parse_sessions_settings
+    from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.serving.tiers import TierSet, open_tiers
+    from kv_cache.storage.tiername import TierName
+
+    s = parse_sessions_settings(["--storage-backend", "redis", "--redis-url", redis_server.url, "--cpu-mem-gb", "0.01",
+                                 "--tiers", "dram+storage"])
+    ls = s.ladder_settings
+    tiers = ls.tier_settings("dram+storage")
+    stores = TierSet([])
+    open_tiers(tiers, ls.storage, None, stores, workers=1, largest_entry=MIB)
+    try:
+        assert stores.backends[TierName.STORAGE].name == "redis"
+        watch = RemoteWatch(stores.file_store)  # what a rung reports of its remote tier
+        bufs = WorkerBuffers(ls.storage.chunk_bytes, 1, 0)
+        stores.file_store.write("b", 2 * MIB, bufs, threading.Event())
+        assert stores.file_store.read("b", bufs, verify=True).nbytes == 2 * MIB
+        bufs.close()
+        net = watch.result(RunMetrics())["remote_tier"]["network"]
+        assert net["interface"] == "lo" and net["bytes_received"] >= 4 * MIB  # 2 MiB out and back in
+    finally:
+        stores.close()
+    with pytest.raises(Exception, match="needs --redis-url"):
+        parse_sessions_settings(["--storage-backend", "redis"])
+
+
+def test_a_merge_sums_the_ranks_remote_counters_against_one_interface():
+    from kv_cache.results.measurement import merge_remote
+
+    rank = {"backend": "redis", "client": "redis-py", "throttled_requests": 1, "throttle_wait_s": 0.05,
+            "throttled_gave_up": 0, "lost_connections": 2, "prefix": "p",
+            "network": {"interface": "lo", "tool_bytes_read": 100, "tool_bytes_written": 50, "client_cpu_seconds": 1.0,
+                        "in_client_calls_seconds": 2.0, "bytes_received": 320, "bytes_sent": 320,
+                        "other_traffic": True}}
+    merged = merge_remote([rank, {**rank, "network": {**rank["network"], "bytes_received": 310}}])
+    assert merged["throttled_requests"] == 2 and merged["lost_connections"] == 4
+    net = merged["network"]
+    assert net["tool_bytes_read"] == 200 and net["bytes_received"] == 320  # each rank saw the whole interface
+    assert net["received_over_tool"] == round(320 / 300, 4) and net["other_traffic"] is False
