@@ -259,21 +259,76 @@ def test_the_simulated_stand_in_memcpy_is_counted_per_thread(bufs):
         t.start()
         t.join()
         assert other == [0]  # another worker's counter is its own
-        assert sim.stats()["h2d"]["host_memcpy_seconds"] * 1e9 == mid - before
+        # the wall clock spent the memcpy where a GPU spends the modelled copy: the difference is counted
+        assert sim.stats()["h2d"]["host_memcpy_seconds"] * 1e9 - 1024 == mid - before
     finally:
         sim.close()
+
+
+def _driver_stub(done):
+    from kv_cache.benchmarks.standard import scheduler
+
+    stub = types.SimpleNamespace(
+        stop=threading.Event(), _lock=threading.Lock(), _running={}, _worker=threading.local(),
+        executor=types.SimpleNamespace(execute=lambda plan, bufs: "ok"),
+        loop=types.SimpleNamespace(clock=lambda: 50_000, complete=done.append))
+    stub._without_standin = lambda *a: scheduler.Driver._without_standin(stub, *a)
+    return stub
 
 
 def test_the_driver_takes_a_requests_stand_in_off_its_end_to_end_time(monkeypatch):
     from kv_cache.benchmarks.standard import scheduler
 
-    ticks = iter([100, 100 + 7_000])  # standin_ns before and after the request: 7 us of stand-in memcpy
+    ticks = iter([100, 100 + 7_000])  # standin_ns before and after the request: 7 us more than modelled
     monkeypatch.setattr(scheduler, "standin_ns", lambda: next(ticks))
     done = []
-    stub = types.SimpleNamespace(
-        stop=threading.Event(), _lock=threading.Lock(), _running={},
-        executor=types.SimpleNamespace(execute=lambda plan, bufs: "ok"),
-        loop=types.SimpleNamespace(clock=lambda: 50_000, complete=done.append))
-    plan = object()
-    scheduler.Driver._work(stub, plan, None)
+    plan = types.SimpleNamespace(submit_ns=40_000)
+    scheduler.Driver._work(_driver_stub(done), plan, None)
     assert done == [(50_000 - 7_000, plan, "ok")]
+
+
+def test_the_modelled_copy_replaces_the_stand_in_in_the_end_to_end_time(bufs):
+    """A simulated write's end-to-end share is its modelled copy, not its memcpy: the wall clock less
+    (memcpy - modelled) = the rest of the operation + the modelled time, i.e. the operation's own total."""
+    sim = SimulatedGPUStore(1 << 20, TransferModel("h100", "PCIe", 0.001, 3350.0), slab_bytes=SLAB)  # 1 MB/s
+    try:
+        import time
+
+        before, t0 = standin_ns(), time.perf_counter_ns()
+        w = sim.write("a", 64 * KIB, bufs)
+        wall = time.perf_counter_ns() - t0
+        net = standin_ns() - before
+        assert w.device_ns == 64 * KIB * 1000  # 65.5 ms modelled at 1 MB/s
+        assert net < 0  # the modelled link is slower than the memcpy: the latency grows by the difference
+        assert wall - net >= w.total_ns  # the request's share holds the whole modelled copy
+    finally:
+        sim.close()
+
+
+def test_a_request_that_waited_behind_anothers_stand_in_is_not_charged_for_it():
+    """Worker W runs A (submitted at 0, 10 us of stand-in beyond its model) then B, which was queued at
+    1 us and started when A really ended (at 30 us): had A's copy taken its modelled time, W would have
+    been free 10 us sooner, so B's end moves 10 us earlier although B itself had no stand-in."""
+    from kv_cache.benchmarks.standard import scheduler
+
+    stub = _driver_stub([])
+    a, b = types.SimpleNamespace(submit_ns=0), types.SimpleNamespace(submit_ns=1_000)
+    assert scheduler.Driver._without_standin(stub, a, 0, 30_000, 10_000) == 20_000
+    assert scheduler.Driver._without_standin(stub, b, 30_000, 45_000, 0) == 35_000
+    # C, submitted long after W went idle, waited for nobody: its end is its own
+    c = types.SimpleNamespace(submit_ns=100_000)
+    assert scheduler.Driver._without_standin(stub, c, 100_000, 110_000, 0) == 110_000
+    # a worker that never ran a simulated copy reports real ends
+    fresh = _driver_stub([])
+    assert scheduler.Driver._without_standin(fresh, b, 30_000, 45_000, 0) == 45_000
+
+
+def test_a_slower_modelled_link_delays_the_next_queued_request():
+    """memcpy faster than the model (negative stand-in): A ends later than its wall clock, and B, queued
+    behind it on the same worker, cannot start before A's modelled end."""
+    from kv_cache.benchmarks.standard import scheduler
+
+    stub = _driver_stub([])
+    a, b = types.SimpleNamespace(submit_ns=0), types.SimpleNamespace(submit_ns=1_000)
+    assert scheduler.Driver._without_standin(stub, a, 0, 10_000, -5_000) == 15_000
+    assert scheduler.Driver._without_standin(stub, b, 10_000, 20_000, 0) == 25_000
