@@ -122,12 +122,15 @@ def test_the_cache_never_waits_for_a_gpu_with_room(monkeypatch, bufs):
 def test_an_entry_larger_than_one_gpus_share_is_refused_at_start():
     store, _ = make(ndev=4, per_device=64 * KIB, tp=2)
     assert gpu_tier_limit(store, 64 * KIB) == 2 * 64 * KIB - 64 * KIB
-    with pytest.raises(StorageSetupError, match="larger than one GPU's share"):
+    with pytest.raises(StorageSetupError, match="too small for the largest entry") as refused:
         gpu_tier_limit(store, 64 * KIB + 1)
+    from kv_cache.cli import explain
+
+    assert explain(refused.value).startswith("--gpu-mem-gb is too small for the largest entry: one GPU's share")
     sim = SimulatedGPUStore(128 * KIB, TransferModel("h100", "PCIe", 64.0, 3350.0), slab_bytes=SLAB)
     try:
         sim.groups, sim.capacity_per_device = 2, 64 * KIB
-        with pytest.raises(StorageSetupError, match="larger than one GPU's share"):
+        with pytest.raises(StorageSetupError, match="too small for the largest entry"):
             gpu_tier_limit(sim, 80 * KIB)
     finally:
         sim.close()
@@ -221,8 +224,11 @@ def test_free_device_memory_clamps_or_refuses(monkeypatch):
                                                     False, req.notes)
     assert per_gpu == 1 * GIB - int(0.05 * 2 * GIB) and "free on GPU 0" in why
     assert "clamped to" in req.notes[-1]
-    with pytest.raises(StorageSetupError, match="give --gpu-mem-gb at most"):
+    with pytest.raises(StorageSetupError, match="give at most 0.90") as refused:
         gpu_real_backend.device_capacity([FakeDevice(0, free=1 * GIB, total=2 * GIB)], 4 * GIB, True, [])
+    from kv_cache.cli import explain
+
+    assert explain(refused.value).startswith("--gpu-mem-gb 4.00 GiB per GPU does not fit in GPU 0")
     with pytest.raises(StorageSetupError, match="at most 0.00"):  # nothing free: refused even unstrict
         gpu_real_backend.device_capacity([FakeDevice(0, free=0, total=2 * GIB)], GIB, False, [])
     assert gpu_real_backend.device_capacity([FakeDevice(0)], GIB, True, []) == (GIB, None)
@@ -332,3 +338,21 @@ def test_a_slower_modelled_link_delays_the_next_queued_request():
     a, b = types.SimpleNamespace(submit_ns=0), types.SimpleNamespace(submit_ns=1_000)
     assert scheduler.Driver._without_standin(stub, a, 0, 10_000, -5_000) == 15_000
     assert scheduler.Driver._without_standin(stub, b, 10_000, 20_000, 0) == 25_000
+
+
+def test_a_simulated_tier_refused_by_the_memory_budget_says_what_to_give_per_gpu():
+    """--gpu-mem-gb is per GPU; a simulated tier of 2 groups holds 2 x it in RAM: the refusal's "give at
+    most" is the per-GPU value (half the room), not the room itself."""
+    from kv_cache.host.memlimit import MemoryLimit
+    from kv_cache.serving.tiers import TierSet, open_gpu_store
+
+    tiers = TierSettings(gpu_mem_gb=100.0, num_gpus=2, tensor_parallel=1, gpu_tier="simulated",
+                         strict_memory=True, cpu_mem_gb=0.0)
+    limit = MemoryLimit(available=10 * GIB, source="test")
+    with pytest.raises(StorageSetupError) as refused:
+        open_gpu_store(tiers, StorageSettings(), TierSet([]), 4, limit, 0)
+    fits = int(0.9 * 10 * GIB) - (256 << 20)
+    assert f"give at most {fits / 2 / GIB:.2f}" in str(refused.value)
+    from kv_cache.cli import explain
+
+    assert explain(refused.value).startswith("--gpu-mem-gb 100.00 GiB (simulated GPU tier (host RAM); 2 x that")

@@ -114,7 +114,7 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
         if limit is not None:
             asked = total
             total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
-                                   what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
+                                   what="simulated GPU tier (host RAM)", flag="gpu_mem_gb", per_flag=groups)
             tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / groups,
                                                      _clamp_reason(limit) if total < asked else None)
         if total <= 0:
@@ -145,9 +145,10 @@ def gpu_tier_limit(store: SimulatedGPUStore | DeviceStore, largest_entry: int) -
     need = store.footprint(largest_entry) if largest_entry > 0 else 0
     if need > per_gpu:
         raise StorageSetupError(
-            f"the largest entry ({need / GIB:.3f} GiB, 1/--tensor-parallel of the model's KV for the longest "
-            f"context) is larger than one GPU's share of the GPU tier ({per_gpu / GIB:.3f} GiB): it can never "
-            "be placed; raise --gpu-mem-gb, raise --tensor-parallel, or shorten the contexts").about("gpu_mem_gb")
+            f"is too small for the largest entry: one GPU's share of the GPU tier is {per_gpu / GIB:.3f} GiB, "
+            f"the largest entry {need / GIB:.3f} GiB (1/--tensor-parallel of the model's KV for the longest "
+            "context), which could never be placed; raise --gpu-mem-gb or --tensor-parallel, or shorten the "
+            "contexts").about("gpu_mem_gb")
     return max(0, store.capacity_bytes - (groups - 1) * need)
 
 
@@ -172,18 +173,22 @@ def _clamp_reason(limit: MemoryLimit) -> str:
 
 
 def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict: bool, notes: list[str],
-                   what: str = "CPU tier", flag: str = "cpu_mem_gb") -> int:
+                   what: str = "CPU tier", flag: str = "cpu_mem_gb", per_flag: int = 1) -> int:
     """A host-RAM tier's size: as requested if it fits, with the run's other memory, in what the process
-    may use; else clamped with a warning (console and notes), or refused under --strict-memory."""
+    may use; else clamped with a warning (console and notes), or refused under --strict-memory.
+    `per_flag`: the size is this many times `flag`'s value (a simulated GPU tier: one --gpu-mem-gb per
+    group), so the refusal's "give at most" is in the flag's own unit."""
     fits = ram_budget_bytes(limit, other_bytes)
     if requested <= fits:
         return requested
-    message = (f"{what} of {requested / GIB:.2f} GiB does not fit in the memory this process may use: "
-               f"{MEMORY_FRACTION:.0%} of {limit.describe()}, less {other_bytes / GIB:.2f} GiB of I/O buffers (and upper tiers) and "
-               f"{RESERVE_BYTES / GIB:.2f} GiB reserve")
-    if strict:
-        raise StorageSetupError(f"{message}; give at most {fits / GIB:.2f}").about(flag)
-    message += f"; clamped to {fits / GIB:.2f} GiB"
+    room = (f"does not fit in the memory this process may use: {MEMORY_FRACTION:.0%} of {limit.describe()}, less "
+            f"{other_bytes / GIB:.2f} GiB of I/O buffers (and upper tiers) and {RESERVE_BYTES / GIB:.2f} GiB reserve")
+    if strict:  # the CLI puts the flag in front: "--cpu-mem-gb 1000.00 GiB (the CPU tier) does not fit ..."
+        per = max(1, per_flag)
+        held = f"; {per} x that = {requested / GIB:.2f} GiB" if per > 1 else ""
+        raise StorageSetupError(f"{requested / per / GIB:.2f} GiB ({what}{held}) {room}; give at most "
+                                f"{fits / per / GIB:.2f}").about(flag)
+    message = f"{what} of {requested / GIB:.2f} GiB {room}; clamped to {fits / GIB:.2f} GiB"
     log.warning(message)
     notes.append(message)
     return fits

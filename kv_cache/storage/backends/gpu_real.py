@@ -28,10 +28,12 @@ def device_capacity(devices: list[Any], asked: int, strict: bool, notes: list[st
     if not room or all(r >= asked for r, _, _ in room):
         return asked, None
     fits, free, worst = min(room, key=lambda x: x[0])
-    message = (f"GPU tier of {asked / GIB:.2f} GiB per GPU does not fit in GPU {worst.index} ({worst.name}): "
-               f"{free / GIB:.2f} GiB free, less a {DEVICE_RESERVE_FRACTION:.0%} reserve = {fits / GIB:.2f} GiB")
-    if strict or fits <= 0:
-        raise StorageSetupError(f"{message}; give --gpu-mem-gb at most {fits / GIB:.2f}").about("gpu_mem_gb")
+    room_text = (f"does not fit in GPU {worst.index} ({worst.name}): {free / GIB:.2f} GiB free, less a "
+                 f"{DEVICE_RESERVE_FRACTION:.0%} reserve = {fits / GIB:.2f} GiB")
+    message = f"GPU tier of {asked / GIB:.2f} GiB per GPU {room_text}"
+    if strict or fits <= 0:  # the CLI puts the flag in front: "--gpu-mem-gb 16.00 GiB per GPU does not fit ..."
+        raise StorageSetupError(f"{asked / GIB:.2f} GiB per GPU {room_text}; give at most "
+                                f"{max(0.0, fits / GIB):.2f}").about("gpu_mem_gb")
     why = f"{free / GIB:.2f} GiB free on GPU {worst.index}, less a {DEVICE_RESERVE_FRACTION:.0%} reserve"
     notes.append(f"{message}; clamped to {fits / GIB:.2f} GiB per GPU")
     return fits, why
