@@ -356,3 +356,25 @@ def test_a_simulated_tier_refused_by_the_memory_budget_says_what_to_give_per_gpu
     from kv_cache.cli import explain
 
     assert explain(refused.value).startswith("--gpu-mem-gb 100.00 GiB (simulated GPU tier (host RAM); 2 x that")
+
+
+def test_a_rank_the_launcher_bound_to_its_own_gpus_takes_the_devices_it_sees(monkeypatch):
+    """mpirun/srun wrappers often give each rank its GPU through CUDA_VISIBLE_DEVICES: local rank 1 then
+    sees one device, index 0, and local rank x --num-gpus would point past it (refused). It takes what it
+    sees and says so; a --processes child (the parent's CUDA_VISIBLE_DEVICES, shared) still takes its offset."""
+    _fake_cuda(monkeypatch, count=1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    req = _request(gpu_mem_gb=0.001, num_gpus=1, local_rank=1, local_rank_from="OMPI_COMM_WORLD_LOCAL_RANK")
+    store = gpu_real_backend._open(req)
+    try:
+        assert [d.index for d in store.devices] == [0]
+        assert store.stats()["gpus_chosen_by"].startswith("CUDA_VISIBLE_DEVICES=3: this rank (local rank 1")
+        assert any("CUDA_VISIBLE_DEVICES=3" in n for n in req.notes)
+    finally:
+        store.close()
+    with pytest.raises(StorageSetupError, match="GPUs 1..1"):
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1, local_rank=1,
+                                        local_rank_from=gpu_real_backend.PROCESSES_INDEX))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(StorageSetupError, match="GPUs 1..1"):  # nothing bound it: two ranks, one GPU
+        gpu_real_backend._open(req)

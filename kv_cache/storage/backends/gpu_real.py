@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kv_cache.errors import StorageSetupError
@@ -11,6 +12,7 @@ from kv_cache.storage.gpu_real import DeviceStore
 from kv_cache.storage.tiername import TierName
 
 GIB = 1 << 30
+PROCESSES_INDEX = "the --processes index"  # local_rank_from of a --processes child (benchmarks/standard/processes.py)
 DEVICE_RESERVE_FRACTION = 0.05  # of each GPU's memory, left free for the library's own allocations
 
 
@@ -39,9 +41,25 @@ def device_capacity(devices: list[Any], asked: int, strict: bool, notes: list[st
     return fits, why
 
 
+def first_gpu(tiers) -> tuple[int, str | None]:
+    """(index of this rank's first GPU, how it was chosen or None for one rank on a host): local rank x
+    --num-gpus, so ranks on one host take distinct GPUs; except under an MPI launcher that bound each rank
+    to its own GPUs through CUDA_VISIBLE_DEVICES (the rank sees exactly --num-gpus devices), where the
+    offset would point past them: then the devices it sees, said so."""
+    n, rank = tiers.num_gpus, tiers.local_rank
+    bound = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if rank and bound and tiers.local_rank_from != PROCESSES_INDEX and gpu_device.visible_count() == n:
+        return 0, (f"CUDA_VISIBLE_DEVICES={bound}: this rank (local rank {rank}, {tiers.local_rank_from}) sees "
+                   f"exactly its --num-gpus {n} device(s), taken as the launcher bound them")
+    if not tiers.local_rank_from:
+        return 0, None
+    return rank * n, (f"local rank {rank} ({tiers.local_rank_from}) x --num-gpus {n}: GPUs "
+                      f"{rank * n}..{rank * n + n - 1}")
+
+
 def _open(request: BackendRequest) -> DeviceStore:
     tiers = request.tiers
-    first = tiers.local_rank * tiers.num_gpus  # ranks on one host take distinct GPUs
+    first, chosen_by = first_gpu(tiers)  # ranks on one host take distinct GPUs
     try:
         devices = gpu_device.open_devices(tiers.num_gpus, first)
     except gpu_device.CudaUnavailable as exc:
@@ -50,12 +68,13 @@ def _open(request: BackendRequest) -> DeviceStore:
     store = DeviceStore(devices, per_gpu, request.storage.chunk_bytes,
                         tensor_parallel=tiers.tensor_parallel, staging_slots=request.workers)
     store.clamped = clamped
-    if tiers.local_rank_from:
-        store.chosen_by = (f"local rank {tiers.local_rank} ({tiers.local_rank_from}) x --num-gpus "
-                           f"{tiers.num_gpus}: GPUs {first}..{first + tiers.num_gpus - 1}")
+    if chosen_by:
+        store.chosen_by = chosen_by
     plain = store.measure_plain_copy()
     which = ", ".join(str(d.index) for d in devices)
     rank = (f"; local rank {tiers.local_rank} (from {tiers.local_rank_from})" if tiers.local_rank_from else "")
+    if chosen_by and chosen_by.startswith("CUDA_VISIBLE_DEVICES"):
+        rank = f"; {chosen_by}"
     request.notes.append(
         f"GPU tier: real, {tiers.num_gpus} x {per_gpu / GIB:g} GiB of HBM via {getattr(devices[0], 'backend', 'device')}"
         f" ({devices[0].name}), GPUs {which}{rank}; {store.groups} group(s) of tensor-parallel {tiers.tensor_parallel}, "
