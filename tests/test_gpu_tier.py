@@ -378,3 +378,26 @@ def test_a_rank_the_launcher_bound_to_its_own_gpus_takes_the_devices_it_sees(mon
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     with pytest.raises(StorageSetupError, match="GPUs 1..1"):  # nothing bound it: two ranks, one GPU
         gpu_real_backend._open(req)
+
+
+def test_an_entry_no_gpu_can_hold_goes_to_the_next_tier_without_waiting(monkeypatch, bufs):
+    """The start-up refusal knows the synthetic users' largest entry, not a trace's: an entry larger than
+    one GPU's share but within the tier's accounted limit (two GPUs of 128 KiB, a 160 KiB entry) used to be
+    admitted to the GPU tier and wait up to 60 s for room no GPU can have. The GPU tier built for a run
+    caps an entry at one GPU's share, so it goes to the CPU tier at once."""
+    from kv_cache.serving.tiers import build_tiers
+
+    _no_waiting(monkeypatch)
+    store, _ = make(ndev=2, per_device=128 * KIB)
+    cpu = MemoryStore(1 << 20, slab_bytes=SLAB, name="cpu")
+    try:
+        tiers = build_tiers(TierSettings(num_gpus=2), None, cpu, store, 64 * KIB, storage_tier=False)
+        assert tiers[0].limit == 192 * KIB and tiers[0].max_entry == 128 * KIB
+        metrics = RunMetrics()
+        metrics.open_window()
+        cache = MultiTierCache(tiers, EvictionConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0),
+                               metrics, bytes_per_token=KIB)
+        assert cache.allocate("big", 1, 160 * KIB, bufs)[0] == "cpu"
+        assert cache.allocate("small", 1, 64 * KIB, bufs)[0] == "gpu"
+    finally:
+        cpu.close()

@@ -360,7 +360,8 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
                 last_ram_fraction: float = 1.0) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
-        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_tier_limit(gpu_store, largest_entry)))
+        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_tier_limit(gpu_store, largest_entry),
+                          max_entry=getattr(gpu_store, "capacity_per_device", gpu_store.capacity_bytes)))
     if memory_store is not None:
         tiers.append(Tier(TierName.CPU.legacy, memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
     if not storage_tier:
