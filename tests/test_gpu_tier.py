@@ -401,3 +401,24 @@ def test_an_entry_no_gpu_can_hold_goes_to_the_next_tier_without_waiting(monkeypa
         assert cache.allocate("small", 1, 64 * KIB, bufs)[0] == "gpu"
     finally:
         cpu.close()
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_the_simulated_tier_counts_tensor_parallelism_once(tp, bufs):
+    """Four simulated GPUs of 256 KiB: (4 / T) x 256 KiB of entries (not 4 x), each a 1/T shard moved at
+    the link's rate (not T times faster); per replica T x the bytes; the HBM stood for is 4 x 256 KiB."""
+    from kv_cache.storage.backends import gpu_sim as gpu_sim_backend
+
+    settings = TierSettings(gpu_mem_gb=256 * KIB / GIB, num_gpus=4, tensor_parallel=tp, gpu_tier="simulated")
+    store = gpu_sim_backend._open(BackendRequest(TierName.GPU, settings, StorageSettings(chunk_bytes=CHUNK),
+                                                 capacity_bytes=(4 // tp) * 256 * KIB))
+    try:
+        w = store.write("a", 64 * KIB, bufs)
+        link = settings.gpu_spec.host_link_gbs
+        assert w.device_ns == round(64 * KIB / link)  # one shard over one link
+        st = store.stats()
+        assert st["replicas"] == 4 // tp and st["capacity_bytes_per_gpu"] == 256 * KIB
+        assert st["capacity_bytes"] == (4 // tp) * 256 * KIB and st["capacity_bytes_all_gpus"] == 4 * 256 * KIB
+        assert st["h2d"]["bytes"] == 64 * KIB and st["h2d"]["bytes_per_replica"] == tp * 64 * KIB
+    finally:
+        store.close()

@@ -112,6 +112,7 @@ class SimulatedGPUStore(MemoryStore):
             "shards_per_entry": m.shards,
             "capacity_bytes": self.capacity_bytes,
             "capacity_bytes_per_gpu": self.capacity_per_device,
+            "capacity_bytes_all_gpus": self.capacity_per_device * self.groups * m.shards,  # the HBM it stands for
             "replicas": self.groups,
             "entry_sizing": ("an entry is 1/tensor_parallel of the model's KV (the driver's size, one GPU's "
                              "shard), held once per group: nbytes per GPU, shards_per_entry x nbytes per replica"),
@@ -124,7 +125,8 @@ class SimulatedGPUStore(MemoryStore):
         for d, (ops, nbytes, mod_ns, cpy_ns) in dirs.items():
             out[d] = {
                 "operations": ops,
-                "bytes": nbytes,
+                "bytes": nbytes,  # entry bytes (per GPU)
+                "bytes_per_replica": nbytes * m.shards,  # each GPU of the group moves its own shard
                 "modelled_seconds": mod_ns / 1e9,
                 "modelled_gbs": nbytes / mod_ns if mod_ns else 0.0,
                 "host_memcpy_seconds": cpy_ns / 1e9,
