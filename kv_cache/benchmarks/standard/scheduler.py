@@ -266,7 +266,7 @@ class Driver:
         gauges: dict[str, float] = {"queue_depth": self.pool.qsize(), "in_flight": self.in_flight,
                                     "active_users": self.users.active}
         for tier, u in self.cache.usage().items():
-            gauges[f"occupancy_{'storage' if tier == 'nvme' else tier}_bytes"] = u["used_bytes"]
+            gauges[f"occupancy_{TierName.of(tier)}_bytes"] = u["used_bytes"]
         row = self.metrics.close_bucket(when, gauges)
         tick = Tick((when - self.t0) / 1e9, self.opt.duration_s, self.issued, self.completed, row)
         for observer in self.observers:
