@@ -209,10 +209,13 @@ def test_local_rank_comes_from_the_launcher_or_the_processes_index(monkeypatch):
     from kv_cache.cli import parse_settings
     from kv_cache.cli.resolve import mpi_local_rank
 
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    assert mpi_local_rank() == (0, "")
+    monkeypatch.setenv("SLURM_LOCALID", "2")  # srun starting the ranks through PMI: no MPI variable for it
+    assert mpi_local_rank() == (2, "SLURM_LOCALID")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
     assert mpi_local_rank() == (3, "OMPI_COMM_WORLD_LOCAL_RANK")
-    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_RANK")
-    assert mpi_local_rank() == (0, "")
     s = rank_settings(parse_settings(["--num-users", "4", "--gpu-mem-gb", "0"]), 1, 2)
     assert (s.tiers.local_rank, s.tiers.local_rank_from) == (1, "the --processes index")
 
