@@ -425,3 +425,21 @@ def test_the_simulated_tier_counts_tensor_parallelism_once(tp, bufs):
         assert st["h2d"]["bytes"] == 64 * KIB and st["h2d"]["bytes_per_replica"] == tp * 64 * KIB
     finally:
         store.close()
+
+
+def test_a_gpu_tier_clamped_below_the_largest_entry_says_it_was_clamped(bufs):
+    """A simulated tier the memory budget clamped below the largest entry: the refusal names the clamp,
+    so it does not just say "raise --gpu-mem-gb" (which the budget would clamp again)."""
+    from kv_cache.host.memlimit import MemoryLimit
+    from kv_cache.serving.tiers import TierSet, build_tiers, open_gpu_store
+
+    tiers = TierSettings(gpu_mem_gb=4.0, num_gpus=1, gpu_tier="simulated", cpu_mem_gb=0.0)
+    stores = TierSet([])
+    open_gpu_store(tiers, StorageSettings(), stores, 2, MemoryLimit(available=320 << 20,
+                                                                    source="test"), 0)
+    try:
+        assert stores.gpu_store.clamped and stores.sizes["gpu_mem_gb"]["clamped"]
+        with pytest.raises(StorageSetupError, match=r"\(clamped: 90% of .*free memory for it"):
+            build_tiers(tiers, None, None, stores.gpu_store, 64 << 20, storage_tier=False)
+    finally:
+        stores.close()

@@ -110,9 +110,9 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
     total = int(tiers.gpu_mem_gb * GIB) * groups  # entry bytes: one 1/T shard per group (see gpu_real.py)
     prefault = False
     backend.check(tiers)
+    asked = total
     if backend.capabilities.host_ram:
         if limit is not None:
-            asked = total
             total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
                                    what="simulated GPU tier (host RAM)", flag="gpu_mem_gb", per_flag=groups)
             tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / groups,
@@ -125,6 +125,8 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
                                   "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
                                   "is not in the reported times)")
     tier_set.gpu_store = _open(backend, TierName.GPU, tiers, storage, tier_set, workers, total, prefault)
+    if total < asked and limit is not None:  # a simulated tier clamped to the memory budget (the refusals say so)
+        tier_set.gpu_store.clamped = _clamp_reason(limit)
     clamped = getattr(tier_set.gpu_store, "clamped", None)
     if clamped:  # a real tier clamped to the memory its GPUs have free
         tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, tier_set.gpu_store.capacity_per_device, clamped)
@@ -144,11 +146,13 @@ def gpu_tier_limit(store: SimulatedGPUStore | DeviceStore, largest_entry: int) -
     groups = getattr(store, "groups", 1)
     need = store.footprint(largest_entry) if largest_entry > 0 else 0
     if need > per_gpu:
+        clamped = getattr(store, "clamped", None)
+        share = f"{per_gpu / GIB:.3f} GiB" + (f" (clamped: {clamped})" if clamped else "")
         raise StorageSetupError(
-            f"is too small for the largest entry: one GPU's share of the GPU tier is {per_gpu / GIB:.3f} GiB, "
-            f"the largest entry {need / GIB:.3f} GiB (1/--tensor-parallel of the model's KV for the longest "
-            "context), which could never be placed; raise --gpu-mem-gb or --tensor-parallel, or shorten the "
-            "contexts").about("gpu_mem_gb")
+            f"is too small for the largest entry: one GPU's share of the GPU tier is {share}, the largest entry "
+            f"{need / GIB:.3f} GiB (1/--tensor-parallel of the model's KV for the longest context), which could "
+            "never be placed; " + ("free memory for it, " if clamped else "raise --gpu-mem-gb, ")
+            + "raise --tensor-parallel, shorten the contexts, or --gpu-mem-gb 0 (no GPU tier)").about("gpu_mem_gb")
     return max(0, store.capacity_bytes - (groups - 1) * need)
 
 

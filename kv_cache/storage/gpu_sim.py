@@ -81,6 +81,7 @@ class SimulatedGPUStore(MemoryStore):
         self.model = model
         self.groups = 1  # GPU groups (replicas) whose per-GPU capacity this arena holds (set by the backend)
         self.capacity_per_device = capacity_bytes
+        self.clamped: str | None = None  # why the memory budget made it smaller than asked (set by the builder)
         self._stats_lock = threading.Lock()
         # per direction: [operations, device bytes, modelled ns, measured host-memcpy ns]
         self._dir = {"h2d": [0, 0, 0, 0], "d2h": [0, 0, 0, 0]}
