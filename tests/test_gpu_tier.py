@@ -443,3 +443,19 @@ def test_a_gpu_tier_clamped_below_the_largest_entry_says_it_was_clamped(bufs):
             build_tiers(tiers, None, None, stores.gpu_store, 64 << 20, storage_tier=False)
     finally:
         stores.close()
+
+
+def test_a_refusal_under_several_ranks_says_the_size_was_this_ranks_share():
+    """--gpu-mem-gb 1 --processes 2: each rank holds 0.5 GiB per GPU, so a refusal about it speaks of 0.5,
+    which the flags given (1) do not show: the message says the flag is the total and this rank's share."""
+    from kv_cache.benchmarks.standard.processes import rank_settings
+    from kv_cache.benchmarks.standard.run import _with_rank_share
+    from kv_cache.cli import explain, parse_settings
+
+    share = rank_settings(parse_settings(["--num-users", "4", "--gpu-mem-gb", "1", "--processes", "2"]), 1, 2)
+    exc = StorageSetupError("is too small for the largest entry").about("gpu_mem_gb")
+    said = explain(_with_rank_share(exc, share))
+    assert said == ("--gpu-mem-gb is too small for the largest entry (under several ranks --gpu-mem-gb 1 is the "
+                    "total: this rank's share is 0.5)")
+    alone = parse_settings(["--num-users", "4", "--gpu-mem-gb", "1"])
+    assert _with_rank_share(exc, alone) is exc  # one process: its flags are its sizes
