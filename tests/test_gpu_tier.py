@@ -459,3 +459,27 @@ def test_a_refusal_under_several_ranks_says_the_size_was_this_ranks_share():
                     "total: this rank's share is 0.5)")
     alone = parse_settings(["--num-users", "4", "--gpu-mem-gb", "1"])
     assert _with_rank_share(exc, alone) is exc  # one process: its flags are its sizes
+
+
+def test_an_allocation_that_fails_after_the_check_is_a_one_line_refusal(monkeypatch):
+    """Free memory is checked first, but another process may take it before the arenas are allocated: the
+    device library's out-of-memory error becomes a refusal naming --gpu-mem-gb, not a traceback."""
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def oom(self, nbytes):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(FakeDevice, "alloc", oom)
+    with pytest.raises(StorageSetupError, match=r"could not be allocated on GPUs 0 \(OutOfMemoryError") as refused:
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1))
+    assert refused.value.setting == "gpu_mem_gb"
+
+    def bug(self, nbytes):
+        raise TypeError("a programming error stays one")
+
+    monkeypatch.setattr(FakeDevice, "alloc", bug)
+    with pytest.raises(TypeError):
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1))

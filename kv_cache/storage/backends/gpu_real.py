@@ -57,6 +57,11 @@ def first_gpu(tiers) -> tuple[int, str | None]:
                       f"{rank * n}..{rank * n + n - 1}")
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether a device library's error is an allocation failure (device or pinned host memory)."""
+    return "OutOfMemory" in type(exc).__name__ or "out of memory" in str(exc).lower()
+
+
 def _open(request: BackendRequest) -> DeviceStore:
     tiers = request.tiers
     first, chosen_by = first_gpu(tiers)  # ranks on one host take distinct GPUs
@@ -65,12 +70,23 @@ def _open(request: BackendRequest) -> DeviceStore:
     except gpu_device.CudaUnavailable as exc:
         raise StorageSetupError(f"the real GPU tier needs CUDA: {exc}").about("gpu_tier") from None
     per_gpu, clamped = device_capacity(devices, int(tiers.gpu_mem_gb * GIB), tiers.strict_memory, request.notes)
-    store = DeviceStore(devices, per_gpu, request.storage.chunk_bytes,
-                        tensor_parallel=tiers.tensor_parallel, staging_slots=request.workers)
+    store = None
+    try:
+        store = DeviceStore(devices, per_gpu, request.storage.chunk_bytes,
+                            tensor_parallel=tiers.tensor_parallel, staging_slots=request.workers)
+        plain = store.measure_plain_copy()  # it allocates one chunk more on the first GPU
+    except Exception as exc:  # torch.cuda.OutOfMemoryError, cupy's OutOfMemoryError, a CUDA RuntimeError
+        if store is not None:
+            store.close()
+        if not _out_of_memory(exc):
+            raise
+        raise StorageSetupError(
+            f"{per_gpu / GIB:.2f} GiB per GPU could not be allocated on GPUs "
+            f"{', '.join(str(d.index) for d in devices)} ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); "
+            "another process may have taken the memory since it was checked: give less").about("gpu_mem_gb") from None
     store.clamped = clamped
     if chosen_by:
         store.chosen_by = chosen_by
-    plain = store.measure_plain_copy()
     which = ", ".join(str(d.index) for d in devices)
     rank = (f"; local rank {tiers.local_rank} (from {tiers.local_rank_from})" if tiers.local_rank_from else "")
     if chosen_by and chosen_by.startswith("CUDA_VISIBLE_DEVICES"):
