@@ -122,12 +122,15 @@ def test_the_cache_never_waits_for_a_gpu_with_room(monkeypatch, bufs):
 def test_an_entry_larger_than_one_gpus_share_is_refused_at_start():
     store, _ = make(ndev=4, per_device=64 * KIB, tp=2)
     assert gpu_tier_limit(store, 64 * KIB) == 2 * 64 * KIB - 64 * KIB
-    with pytest.raises(StorageSetupError, match="larger than one GPU's share"):
+    with pytest.raises(StorageSetupError, match="too small for the largest entry") as refused:
         gpu_tier_limit(store, 64 * KIB + 1)
+    from kv_cache.cli import explain
+
+    assert explain(refused.value).startswith("--gpu-mem-gb is too small for the largest entry: one GPU's share")
     sim = SimulatedGPUStore(128 * KIB, TransferModel("h100", "PCIe", 64.0, 3350.0), slab_bytes=SLAB)
     try:
         sim.groups, sim.capacity_per_device = 2, 64 * KIB
-        with pytest.raises(StorageSetupError, match="larger than one GPU's share"):
+        with pytest.raises(StorageSetupError, match="too small for the largest entry"):
             gpu_tier_limit(sim, 80 * KIB)
     finally:
         sim.close()
@@ -206,10 +209,13 @@ def test_local_rank_comes_from_the_launcher_or_the_processes_index(monkeypatch):
     from kv_cache.cli import parse_settings
     from kv_cache.cli.resolve import mpi_local_rank
 
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    assert mpi_local_rank() == (0, "")
+    monkeypatch.setenv("SLURM_LOCALID", "2")  # srun starting the ranks through PMI: no MPI variable for it
+    assert mpi_local_rank() == (2, "SLURM_LOCALID")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
     assert mpi_local_rank() == (3, "OMPI_COMM_WORLD_LOCAL_RANK")
-    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_RANK")
-    assert mpi_local_rank() == (0, "")
     s = rank_settings(parse_settings(["--num-users", "4", "--gpu-mem-gb", "0"]), 1, 2)
     assert (s.tiers.local_rank, s.tiers.local_rank_from) == (1, "the --processes index")
 
@@ -221,8 +227,11 @@ def test_free_device_memory_clamps_or_refuses(monkeypatch):
                                                     False, req.notes)
     assert per_gpu == 1 * GIB - int(0.05 * 2 * GIB) and "free on GPU 0" in why
     assert "clamped to" in req.notes[-1]
-    with pytest.raises(StorageSetupError, match="give --gpu-mem-gb at most"):
+    with pytest.raises(StorageSetupError, match="give at most 0.90") as refused:
         gpu_real_backend.device_capacity([FakeDevice(0, free=1 * GIB, total=2 * GIB)], 4 * GIB, True, [])
+    from kv_cache.cli import explain
+
+    assert explain(refused.value).startswith("--gpu-mem-gb 4.00 GiB per GPU does not fit in GPU 0")
     with pytest.raises(StorageSetupError, match="at most 0.00"):  # nothing free: refused even unstrict
         gpu_real_backend.device_capacity([FakeDevice(0, free=0, total=2 * GIB)], GIB, False, [])
     assert gpu_real_backend.device_capacity([FakeDevice(0)], GIB, True, []) == (GIB, None)
@@ -259,21 +268,218 @@ def test_the_simulated_stand_in_memcpy_is_counted_per_thread(bufs):
         t.start()
         t.join()
         assert other == [0]  # another worker's counter is its own
-        assert sim.stats()["h2d"]["host_memcpy_seconds"] * 1e9 == mid - before
+        # the wall clock spent the memcpy where a GPU spends the modelled copy: the difference is counted
+        assert sim.stats()["h2d"]["host_memcpy_seconds"] * 1e9 - 1024 == mid - before
     finally:
         sim.close()
+
+
+def _driver_stub(done):
+    from kv_cache.benchmarks.standard import scheduler
+
+    stub = types.SimpleNamespace(
+        stop=threading.Event(), _lock=threading.Lock(), _running={}, _worker=threading.local(),
+        executor=types.SimpleNamespace(execute=lambda plan, bufs: "ok"),
+        loop=types.SimpleNamespace(clock=lambda: 50_000, complete=done.append))
+    stub._without_standin = lambda *a: scheduler.Driver._without_standin(stub, *a)
+    return stub
 
 
 def test_the_driver_takes_a_requests_stand_in_off_its_end_to_end_time(monkeypatch):
     from kv_cache.benchmarks.standard import scheduler
 
-    ticks = iter([100, 100 + 7_000])  # standin_ns before and after the request: 7 us of stand-in memcpy
+    ticks = iter([100, 100 + 7_000])  # standin_ns before and after the request: 7 us more than modelled
     monkeypatch.setattr(scheduler, "standin_ns", lambda: next(ticks))
     done = []
-    stub = types.SimpleNamespace(
-        stop=threading.Event(), _lock=threading.Lock(), _running={},
-        executor=types.SimpleNamespace(execute=lambda plan, bufs: "ok"),
-        loop=types.SimpleNamespace(clock=lambda: 50_000, complete=done.append))
-    plan = object()
-    scheduler.Driver._work(stub, plan, None)
+    plan = types.SimpleNamespace(submit_ns=40_000)
+    scheduler.Driver._work(_driver_stub(done), plan, None)
     assert done == [(50_000 - 7_000, plan, "ok")]
+
+
+def test_the_modelled_copy_replaces_the_stand_in_in_the_end_to_end_time(bufs):
+    """A simulated write's end-to-end share is its modelled copy, not its memcpy: the wall clock less
+    (memcpy - modelled) = the rest of the operation + the modelled time, i.e. the operation's own total."""
+    sim = SimulatedGPUStore(1 << 20, TransferModel("h100", "PCIe", 0.001, 3350.0), slab_bytes=SLAB)  # 1 MB/s
+    try:
+        import time
+
+        before, t0 = standin_ns(), time.perf_counter_ns()
+        w = sim.write("a", 64 * KIB, bufs)
+        wall = time.perf_counter_ns() - t0
+        net = standin_ns() - before
+        assert w.device_ns == 64 * KIB * 1000  # 65.5 ms modelled at 1 MB/s
+        assert net < 0  # the modelled link is slower than the memcpy: the latency grows by the difference
+        assert wall - net >= w.total_ns  # the request's share holds the whole modelled copy
+    finally:
+        sim.close()
+
+
+def test_a_request_that_waited_behind_anothers_stand_in_is_not_charged_for_it():
+    """Worker W runs A (submitted at 0, 10 us of stand-in beyond its model) then B, which was queued at
+    1 us and started when A really ended (at 30 us): had A's copy taken its modelled time, W would have
+    been free 10 us sooner, so B's end moves 10 us earlier although B itself had no stand-in."""
+    from kv_cache.benchmarks.standard import scheduler
+
+    stub = _driver_stub([])
+    a, b = types.SimpleNamespace(submit_ns=0), types.SimpleNamespace(submit_ns=1_000)
+    assert scheduler.Driver._without_standin(stub, a, 0, 30_000, 10_000) == 20_000
+    assert scheduler.Driver._without_standin(stub, b, 30_000, 45_000, 0) == 35_000
+    # C, submitted long after W went idle, waited for nobody: its end is its own
+    c = types.SimpleNamespace(submit_ns=100_000)
+    assert scheduler.Driver._without_standin(stub, c, 100_000, 110_000, 0) == 110_000
+    # a worker that never ran a simulated copy reports real ends
+    fresh = _driver_stub([])
+    assert scheduler.Driver._without_standin(fresh, b, 30_000, 45_000, 0) == 45_000
+
+
+def test_a_slower_modelled_link_delays_the_next_queued_request():
+    """memcpy faster than the model (negative stand-in): A ends later than its wall clock, and B, queued
+    behind it on the same worker, cannot start before A's modelled end."""
+    from kv_cache.benchmarks.standard import scheduler
+
+    stub = _driver_stub([])
+    a, b = types.SimpleNamespace(submit_ns=0), types.SimpleNamespace(submit_ns=1_000)
+    assert scheduler.Driver._without_standin(stub, a, 0, 10_000, -5_000) == 15_000
+    assert scheduler.Driver._without_standin(stub, b, 10_000, 20_000, 0) == 25_000
+
+
+def test_a_simulated_tier_refused_by_the_memory_budget_says_what_to_give_per_gpu():
+    """--gpu-mem-gb is per GPU; a simulated tier of 2 groups holds 2 x it in RAM: the refusal's "give at
+    most" is the per-GPU value (half the room), not the room itself."""
+    from kv_cache.host.memlimit import MemoryLimit
+    from kv_cache.serving.tiers import TierSet, open_gpu_store
+
+    tiers = TierSettings(gpu_mem_gb=100.0, num_gpus=2, tensor_parallel=1, gpu_tier="simulated",
+                         strict_memory=True, cpu_mem_gb=0.0)
+    limit = MemoryLimit(available=10 * GIB, source="test")
+    with pytest.raises(StorageSetupError) as refused:
+        open_gpu_store(tiers, StorageSettings(), TierSet([]), 4, limit, 0)
+    fits = int(0.9 * 10 * GIB) - (256 << 20)
+    assert f"give at most {fits / 2 / GIB:.2f}" in str(refused.value)
+    from kv_cache.cli import explain
+
+    assert explain(refused.value).startswith("--gpu-mem-gb 100.00 GiB (simulated GPU tier (host RAM); 2 x that")
+
+
+def test_a_rank_the_launcher_bound_to_its_own_gpus_takes_the_devices_it_sees(monkeypatch):
+    """mpirun/srun wrappers often give each rank its GPU through CUDA_VISIBLE_DEVICES: local rank 1 then
+    sees one device, index 0, and local rank x --num-gpus would point past it (refused). It takes what it
+    sees and says so; a --processes child (the parent's CUDA_VISIBLE_DEVICES, shared) still takes its offset."""
+    _fake_cuda(monkeypatch, count=1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    req = _request(gpu_mem_gb=0.001, num_gpus=1, local_rank=1, local_rank_from="OMPI_COMM_WORLD_LOCAL_RANK")
+    store = gpu_real_backend._open(req)
+    try:
+        assert [d.index for d in store.devices] == [0]
+        assert store.stats()["gpus_chosen_by"].startswith("CUDA_VISIBLE_DEVICES=3: this rank (local rank 1")
+        assert any("CUDA_VISIBLE_DEVICES=3" in n for n in req.notes)
+    finally:
+        store.close()
+    with pytest.raises(StorageSetupError, match="GPUs 1..1"):
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1, local_rank=1,
+                                        local_rank_from=gpu_real_backend.PROCESSES_INDEX))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(StorageSetupError, match="GPUs 1..1"):  # nothing bound it: two ranks, one GPU
+        gpu_real_backend._open(req)
+
+
+def test_an_entry_no_gpu_can_hold_goes_to_the_next_tier_without_waiting(monkeypatch, bufs):
+    """The start-up refusal knows the synthetic users' largest entry, not a trace's: an entry larger than
+    one GPU's share but within the tier's accounted limit (two GPUs of 128 KiB, a 160 KiB entry) used to be
+    admitted to the GPU tier and wait up to 60 s for room no GPU can have. The GPU tier built for a run
+    caps an entry at one GPU's share, so it goes to the CPU tier at once."""
+    from kv_cache.serving.tiers import build_tiers
+
+    _no_waiting(monkeypatch)
+    store, _ = make(ndev=2, per_device=128 * KIB)
+    cpu = MemoryStore(1 << 20, slab_bytes=SLAB, name="cpu")
+    try:
+        tiers = build_tiers(TierSettings(num_gpus=2), None, cpu, store, 64 * KIB, storage_tier=False)
+        assert tiers[0].limit == 192 * KIB and tiers[0].max_entry == 128 * KIB
+        metrics = RunMetrics()
+        metrics.open_window()
+        cache = MultiTierCache(tiers, EvictionConfig(target_usage_ratio=1.0, large_entry_limit_ratio=1.0),
+                               metrics, bytes_per_token=KIB)
+        assert cache.allocate("big", 1, 160 * KIB, bufs)[0] == "cpu"
+        assert cache.allocate("small", 1, 64 * KIB, bufs)[0] == "gpu"
+    finally:
+        cpu.close()
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_the_simulated_tier_counts_tensor_parallelism_once(tp, bufs):
+    """Four simulated GPUs of 256 KiB: (4 / T) x 256 KiB of entries (not 4 x), each a 1/T shard moved at
+    the link's rate (not T times faster); per replica T x the bytes; the HBM stood for is 4 x 256 KiB."""
+    from kv_cache.storage.backends import gpu_sim as gpu_sim_backend
+
+    settings = TierSettings(gpu_mem_gb=256 * KIB / GIB, num_gpus=4, tensor_parallel=tp, gpu_tier="simulated")
+    store = gpu_sim_backend._open(BackendRequest(TierName.GPU, settings, StorageSettings(chunk_bytes=CHUNK),
+                                                 capacity_bytes=(4 // tp) * 256 * KIB))
+    try:
+        w = store.write("a", 64 * KIB, bufs)
+        link = settings.gpu_spec.host_link_gbs
+        assert w.device_ns == round(64 * KIB / link)  # one shard over one link
+        st = store.stats()
+        assert st["replicas"] == 4 // tp and st["capacity_bytes_per_gpu"] == 256 * KIB
+        assert st["capacity_bytes"] == (4 // tp) * 256 * KIB and st["capacity_bytes_all_gpus"] == 4 * 256 * KIB
+        assert st["h2d"]["bytes"] == 64 * KIB and st["h2d"]["bytes_per_replica"] == tp * 64 * KIB
+    finally:
+        store.close()
+
+
+def test_a_gpu_tier_clamped_below_the_largest_entry_says_it_was_clamped(bufs):
+    """A simulated tier the memory budget clamped below the largest entry: the refusal names the clamp,
+    so it does not just say "raise --gpu-mem-gb" (which the budget would clamp again)."""
+    from kv_cache.host.memlimit import MemoryLimit
+    from kv_cache.serving.tiers import TierSet, build_tiers, open_gpu_store
+
+    tiers = TierSettings(gpu_mem_gb=4.0, num_gpus=1, gpu_tier="simulated", cpu_mem_gb=0.0)
+    stores = TierSet([])
+    open_gpu_store(tiers, StorageSettings(), stores, 2, MemoryLimit(available=320 << 20,
+                                                                    source="test"), 0)
+    try:
+        assert stores.gpu_store.clamped and stores.sizes["gpu_mem_gb"]["clamped"]
+        with pytest.raises(StorageSetupError, match=r"\(clamped: 90% of .*free memory for it"):
+            build_tiers(tiers, None, None, stores.gpu_store, 64 << 20, storage_tier=False)
+    finally:
+        stores.close()
+
+
+def test_a_refusal_under_several_ranks_says_the_size_was_this_ranks_share():
+    """--gpu-mem-gb 1 --processes 2: each rank holds 0.5 GiB per GPU, so a refusal about it speaks of 0.5,
+    which the flags given (1) do not show: the message says the flag is the total and this rank's share."""
+    from kv_cache.benchmarks.standard.processes import rank_settings
+    from kv_cache.benchmarks.standard.run import _with_rank_share
+    from kv_cache.cli import explain, parse_settings
+
+    share = rank_settings(parse_settings(["--num-users", "4", "--gpu-mem-gb", "1", "--processes", "2"]), 1, 2)
+    exc = StorageSetupError("is too small for the largest entry").about("gpu_mem_gb")
+    said = explain(_with_rank_share(exc, share))
+    assert said == ("--gpu-mem-gb is too small for the largest entry (under several ranks --gpu-mem-gb 1 is the "
+                    "total: this rank's share is 0.5)")
+    alone = parse_settings(["--num-users", "4", "--gpu-mem-gb", "1"])
+    assert _with_rank_share(exc, alone) is exc  # one process: its flags are its sizes
+
+
+def test_an_allocation_that_fails_after_the_check_is_a_one_line_refusal(monkeypatch):
+    """Free memory is checked first, but another process may take it before the arenas are allocated: the
+    device library's out-of-memory error becomes a refusal naming --gpu-mem-gb, not a traceback."""
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def oom(self, nbytes):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+
+    _fake_cuda(monkeypatch)
+    monkeypatch.setattr(FakeDevice, "alloc", oom)
+    with pytest.raises(StorageSetupError, match=r"could not be allocated on GPUs 0 \(OutOfMemoryError") as refused:
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1))
+    assert refused.value.setting == "gpu_mem_gb"
+
+    def bug(self, nbytes):
+        raise TypeError("a programming error stays one")
+
+    monkeypatch.setattr(FakeDevice, "alloc", bug)
+    with pytest.raises(TypeError):
+        gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1))

@@ -54,6 +54,9 @@ def test_ram_tier_is_clamped_with_a_note_or_refused_when_strict():
     with pytest.raises(StorageSetupError, match="does not fit") as info:
         ram_tier_bytes(32 * GIB, limit, GIB, True, [])
     assert info.value.setting == "cpu_mem_gb"
+    from kv_cache.cli import explain
+
+    assert explain(info.value).startswith("--cpu-mem-gb 32.00 GiB (CPU tier) does not fit")  # reads after the flag
 
 
 @pytest.mark.slow  # a real process

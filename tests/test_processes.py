@@ -437,3 +437,17 @@ def test_a_signal_after_the_window_changes_nothing(tmp_path, pauses):
     assert [line[:6] for line in progress] == ["[0:01 ", "[0:02 ", "[0:03 "]
     assert all(" by 2 ranks " in line and "| per rank: rank 0 " in line for line in progress)
     assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))
+
+
+def test_the_banner_says_a_ranks_gpu_figure_is_the_hbm_of_all_its_gpus(quick_settings):
+    """With --num-gpus 2 --tensor-parallel 2 a rank's 2 x 1 GiB of HBM holds 1 GiB of entries (each on
+    both GPUs of the group): the per-rank figure is said to be HBM, not the tier's entry capacity."""
+    from kv_cache.render.banner import ranks_lines
+
+    settings = quick_settings("--num-users", "2", "--gpu-mem-gb", "2", "--num-gpus", "2", "--tensor-parallel", "2",
+                              "--processes", "2")
+    shares = {r: rank_settings(settings, r, 2) for r in range(2)}
+    sizes = {r: {"gpu_mem_gb": {"asked": 1.0, "effective": 1.0, "clamped": None}} for r in range(2)}
+    lines = ranks_lines(settings, shares, sizes)
+    assert lines[1].endswith("| GPU tier (HBM of all GPUs) 2.00 GiB")
+    assert lines[3].endswith("| GPU tier (HBM of all GPUs) 4.00 GiB in force (asked 4.00)")

@@ -43,3 +43,11 @@ def test_no_second_spelling_of_the_tier_set():
     offenders = {str(p.relative_to(PKG)): lines for layer in ("metrics", "results", "render")
                  for p in sorted((PKG / layer).rglob("*.py")) if (lines := _tier_literal_tuples(p))}
     assert offenders == {}
+
+
+def test_no_literal_mlperf_storage_name_in_the_statistics_results_and_render_layers():
+    """The MLPerf name of the storage tier ("nvme") is TierName.STORAGE.legacy there, never a literal."""
+    offenders = {str(p.relative_to(PKG)): [n.lineno for n in ast.walk(ast.parse(p.read_text()))
+                                            if isinstance(n, ast.Constant) and n.value == "nvme"]
+                 for layer in ("metrics", "results", "render") for p in sorted((PKG / layer).rglob("*.py"))}
+    assert {k: v for k, v in offenders.items() if v} == {}

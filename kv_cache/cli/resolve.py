@@ -220,8 +220,8 @@ def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]
 
 def mpi_local_size() -> int:
     """How many ranks of this MPI job run on this host (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's
-    MPI_LOCALNRANKS); 1 when the launcher does not say."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+    MPI_LOCALNRANKS, MVAPICH's MV2_COMM_WORLD_LOCAL_SIZE); 1 when the launcher does not say."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"):
         try:
             return max(1, int(os.environ[var]))
         except (KeyError, ValueError):
@@ -231,8 +231,10 @@ def mpi_local_size() -> int:
 
 def mpi_local_rank() -> tuple[int, str]:
     """(this rank's index among the ranks on this host, the variable it came from): Open MPI's
-    OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID; (0, "") when the launcher does not say."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+    OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, MVAPICH's MV2_COMM_WORLD_LOCAL_RANK, or Slurm's
+    SLURM_LOCALID (srun starting the ranks through PMI sets no MPI variable for it); (0, "") when the
+    launcher does not say."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
         try:
             return max(0, int(os.environ[var])), var
         except (KeyError, ValueError):

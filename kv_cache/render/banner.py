@@ -131,6 +131,12 @@ def ranks_lines(settings: RunSettings, shares: Mapping[int, RunSettings],
     return lines
 
 
+def _over_ranks(label: str) -> str:
+    """A tier's label in the per-rank lines, whose GPU figure is all of a rank's GPUs (HBM, not entries:
+    under tensor parallelism an entry is held on each GPU of its group)."""
+    return label.replace(" (per GPU)", " (HBM of all GPUs)")
+
+
 def _tier_gib(share: RunSettings, key: str, size: Mapping[str, Any]) -> tuple[float, float]:
     """(in force, asked) GiB of a rank's tier, a GPU tier over all its GPUs."""
     scale = share.tiers.num_gpus if key == "gpu_mem_gb" else 1
@@ -145,7 +151,7 @@ def _rank_tiers(share: RunSettings, sizes: Mapping[str, Mapping[str, Any]] | Non
         size = sizes.get(key)
         if size:
             effective, _ = _tier_gib(share, key, size)
-            parts.append(f"{label.replace(' (per GPU)', '')} {effective:.2f} GiB" + (" (clamped)" if size.get("clamped") else ""))
+            parts.append(f"{_over_ranks(label)} {effective:.2f} GiB" + (" (clamped)" if size.get("clamped") else ""))
     return ", ".join(parts) or "no tier sizes"
 
 
@@ -159,5 +165,5 @@ def _total_tiers(settings: RunSettings, shares: Mapping[int, RunSettings],
         effective, asked = sum(g[0] for g in got), sum(g[1] for g in got)
         asked_text = "auto" if key == "storage_capacity_gb" and not asked else f"{asked:.2f}"
         partial = f", {len(got)} of {len(shares)} processes" if len(got) < len(shares) else ""
-        parts.append(f"{label.replace(' (per GPU)', '')} {effective:.2f} GiB in force (asked {asked_text}{partial})")
+        parts.append(f"{_over_ranks(label)} {effective:.2f} GiB in force (asked {asked_text}{partial})")
     return ", ".join(parts) or "no tier sizes"

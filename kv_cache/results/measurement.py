@@ -150,7 +150,7 @@ def host_cost(metrics: RunMetrics, rusage0: Any) -> dict[str, float]:
 
 
 def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
-    limit = usage["nvme"]["limit_bytes"]
+    limit = usage[TierName.STORAGE.legacy]["limit_bytes"]
     return None if math.isinf(limit) else limit
 
 
@@ -173,7 +173,7 @@ def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: b
 def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Whether the storage tier reached its capacity and started evicting (over the whole run, phases
     before the window included), and a warning when it did not: then no steady state was measured."""
-    tier = usage["nvme"]
+    tier = usage[TierName.STORAGE.legacy]
     limit, peak, evictions = tier["limit_bytes"], tier.get("peak_bytes", 0), int(tier.get("evictions", 0))
     out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
                            "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}

@@ -69,6 +69,9 @@ class Tier:
     peak: int = 0  # the most bytes ever reserved
     evictions: int = 0  # entries deleted (last tier) or moved down (upper tiers) to make room
     lru: OrderedDict = field(default_factory=OrderedDict)  # key -> Entry, oldest first
+    # the largest footprint one entry may have here (a GPU tier: one GPU's share, as an entry is never split
+    # over GPUs); a larger entry goes to the next tier instead of waiting for room no GPU can ever have
+    max_entry: float = math.inf
 
     @property
     def kind(self) -> TierName:
@@ -333,7 +336,7 @@ class MultiTierCache:
         if depth > p.max_recursion_depth:
             log.debug("eviction recursion limit reached in %s", tier.name)
             return False
-        if not is_last and required > limit * p.large_entry_limit_ratio:
+        if not is_last and (required > limit * p.large_entry_limit_ratio or required > tier.max_entry):
             return False
         effective = limit if is_last else limit * p.target_usage_ratio
         budget = min(p.max_evictions_hard_cap, max(p.max_evictions_min, len(tier.lru) + 100))

@@ -110,11 +110,11 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
     total = int(tiers.gpu_mem_gb * GIB) * groups  # entry bytes: one 1/T shard per group (see gpu_real.py)
     prefault = False
     backend.check(tiers)
+    asked = total
     if backend.capabilities.host_ram:
         if limit is not None:
-            asked = total
             total = ram_tier_bytes(total, limit, other_bytes, tiers.strict_memory, tier_set.notes,
-                                   what="simulated GPU tier (host RAM)", flag="gpu_mem_gb")
+                                   what="simulated GPU tier (host RAM)", flag="gpu_mem_gb", per_flag=groups)
             tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, total / groups,
                                                      _clamp_reason(limit) if total < asked else None)
         if total <= 0:
@@ -125,6 +125,8 @@ def open_gpu_store(tiers: TierSettings, storage: StorageSettings, tier_set: Tier
                                   "available RAM: not preallocated (page faults fall in the stand-in memcpy, which "
                                   "is not in the reported times)")
     tier_set.gpu_store = _open(backend, TierName.GPU, tiers, storage, tier_set, workers, total, prefault)
+    if total < asked and limit is not None:  # a simulated tier clamped to the memory budget (the refusals say so)
+        tier_set.gpu_store.clamped = _clamp_reason(limit)
     clamped = getattr(tier_set.gpu_store, "clamped", None)
     if clamped:  # a real tier clamped to the memory its GPUs have free
         tier_set.sizes["gpu_mem_gb"] = tier_size(tiers.gpu_mem_gb, tier_set.gpu_store.capacity_per_device, clamped)
@@ -144,10 +146,13 @@ def gpu_tier_limit(store: SimulatedGPUStore | DeviceStore, largest_entry: int) -
     groups = getattr(store, "groups", 1)
     need = store.footprint(largest_entry) if largest_entry > 0 else 0
     if need > per_gpu:
+        clamped = getattr(store, "clamped", None)
+        share = f"{per_gpu / GIB:.3f} GiB" + (f" (clamped: {clamped})" if clamped else "")
         raise StorageSetupError(
-            f"the largest entry ({need / GIB:.3f} GiB, 1/--tensor-parallel of the model's KV for the longest "
-            f"context) is larger than one GPU's share of the GPU tier ({per_gpu / GIB:.3f} GiB): it can never "
-            "be placed; raise --gpu-mem-gb, raise --tensor-parallel, or shorten the contexts").about("gpu_mem_gb")
+            f"is too small for the largest entry: one GPU's share of the GPU tier is {share}, the largest entry "
+            f"{need / GIB:.3f} GiB (1/--tensor-parallel of the model's KV for the longest context), which could "
+            "never be placed; " + ("free memory for it, " if clamped else "raise --gpu-mem-gb, ")
+            + "raise --tensor-parallel, shorten the contexts, or --gpu-mem-gb 0 (no GPU tier)").about("gpu_mem_gb")
     return max(0, store.capacity_bytes - (groups - 1) * need)
 
 
@@ -172,18 +177,22 @@ def _clamp_reason(limit: MemoryLimit) -> str:
 
 
 def ram_tier_bytes(requested: int, limit: MemoryLimit, other_bytes: int, strict: bool, notes: list[str],
-                   what: str = "CPU tier", flag: str = "cpu_mem_gb") -> int:
+                   what: str = "CPU tier", flag: str = "cpu_mem_gb", per_flag: int = 1) -> int:
     """A host-RAM tier's size: as requested if it fits, with the run's other memory, in what the process
-    may use; else clamped with a warning (console and notes), or refused under --strict-memory."""
+    may use; else clamped with a warning (console and notes), or refused under --strict-memory.
+    `per_flag`: the size is this many times `flag`'s value (a simulated GPU tier: one --gpu-mem-gb per
+    group), so the refusal's "give at most" is in the flag's own unit."""
     fits = ram_budget_bytes(limit, other_bytes)
     if requested <= fits:
         return requested
-    message = (f"{what} of {requested / GIB:.2f} GiB does not fit in the memory this process may use: "
-               f"{MEMORY_FRACTION:.0%} of {limit.describe()}, less {other_bytes / GIB:.2f} GiB of I/O buffers (and upper tiers) and "
-               f"{RESERVE_BYTES / GIB:.2f} GiB reserve")
-    if strict:
-        raise StorageSetupError(f"{message}; give at most {fits / GIB:.2f}").about(flag)
-    message += f"; clamped to {fits / GIB:.2f} GiB"
+    room = (f"does not fit in the memory this process may use: {MEMORY_FRACTION:.0%} of {limit.describe()}, less "
+            f"{other_bytes / GIB:.2f} GiB of I/O buffers (and upper tiers) and {RESERVE_BYTES / GIB:.2f} GiB reserve")
+    if strict:  # the CLI puts the flag in front: "--cpu-mem-gb 1000.00 GiB (the CPU tier) does not fit ..."
+        per = max(1, per_flag)
+        held = f"; {per} x that = {requested / GIB:.2f} GiB" if per > 1 else ""
+        raise StorageSetupError(f"{requested / per / GIB:.2f} GiB ({what}{held}) {room}; give at most "
+                                f"{fits / per / GIB:.2f}").about(flag)
+    message = f"{what} of {requested / GIB:.2f} GiB {room}; clamped to {fits / GIB:.2f} GiB"
     log.warning(message)
     notes.append(message)
     return fits
@@ -363,7 +372,8 @@ def build_tiers(settings: TierSettings, file_store: FileStore | None, memory_sto
                 last_ram_fraction: float = 1.0) -> list[Tier]:
     tiers = []
     if gpu_store is not None:
-        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_tier_limit(gpu_store, largest_entry)))
+        tiers.append(Tier(TierName.GPU.legacy, gpu_store, gpu_tier_limit(gpu_store, largest_entry),
+                          max_entry=getattr(gpu_store, "capacity_per_device", gpu_store.capacity_bytes)))
     if memory_store is not None:
         tiers.append(Tier(TierName.CPU.legacy, memory_store, memory_store.capacity_bytes))  # clamped to the memory there is
     if not storage_tier:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["CudaUnavailable", "CupyDevice", "Device", "Lane", "TorchDevice", "cuda_status", "open_devices"]
+__all__ = ["CudaUnavailable", "CupyDevice", "Device", "Lane", "TorchDevice", "cuda_status", "open_devices", "visible_count"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -79,6 +79,11 @@ def _count(lib: str) -> int:
         return int(cupy.cuda.runtime.getDeviceCount()) if cupy is not None else 0
     except Exception:  # cupy raises CUDARuntimeError without a driver
         return 0
+
+
+def visible_count() -> int:
+    """CUDA devices this process sees (torch's count, or cupy's when torch sees none)."""
+    return _count("torch") or _count("cupy")
 
 
 def cuda_status(num_gpus: int = 1) -> tuple[bool, str]:

@@ -12,9 +12,11 @@ preallocated slab arena, no allocation per request) whose reported times are rew
   per-copy launch latency, contention of several workers for one link, and the copy engines' overlap;
 * the **host time** is measured: everything the operation did (stamping, bookkeeping) *except* the host
   memcpy that stands in for the DMA.  That memcpy is measured too, but reported on its own
-  (:meth:`SimulatedGPUStore.stats`, ``host_memcpy_seconds``), never counted in a latency: it is also added
-  to a per-thread counter (:func:`standin_ns`) that the drivers subtract from the wall-clock latencies
-  (end-to-end, QoS) of the request whose operations made it;
+  (:meth:`SimulatedGPUStore.stats`, ``host_memcpy_seconds``), never counted in a latency.  The wall clock
+  of the thread that ran the operation spent the memcpy where a GPU would have spent the modelled copy, so
+  the difference (memcpy - modelled, either sign) goes into a per-thread counter (:func:`standin_ns`) that
+  the drivers take off the wall-clock latencies (end-to-end, QoS) of the request whose operations made it:
+  those latencies then hold the modelled copy, as the operation's own time does, and not the stand-in;
 * the total is host time + modelled device time.
 
 Every figure from this store is labelled "simulated" by the report.
@@ -35,8 +37,10 @@ _standin = threading.local()
 
 
 def standin_ns() -> int:
-    """Nanoseconds this thread has spent so far in simulated GPU tiers' stand-in memcpys (monotonic):
-    a driver takes the difference over a request and subtracts it from that request's wall-clock times."""
+    """Nanoseconds of wall clock this thread has spent so far in simulated GPU tiers' stand-in memcpys
+    beyond the modelled copy times they stand for (memcpy - modelled, summed; negative where the modelled
+    link is slower than the memcpy): a driver takes the difference over a request and subtracts it from
+    that request's wall-clock times, which then hold the modelled copies instead of the memcpys."""
     return getattr(_standin, "ns", 0)
 
 
@@ -77,6 +81,7 @@ class SimulatedGPUStore(MemoryStore):
         self.model = model
         self.groups = 1  # GPU groups (replicas) whose per-GPU capacity this arena holds (set by the backend)
         self.capacity_per_device = capacity_bytes
+        self.clamped: str | None = None  # why the memory budget made it smaller than asked (set by the builder)
         self._stats_lock = threading.Lock()
         # per direction: [operations, device bytes, modelled ns, measured host-memcpy ns]
         self._dir = {"h2d": [0, 0, 0, 0], "d2h": [0, 0, 0, 0]}
@@ -86,7 +91,7 @@ class SimulatedGPUStore(MemoryStore):
         modelled = self.model.ns(res.device_bytes)
         host = max(0, res.total_ns - memcpy_ns)
         acc = self._dir["h2d" if op == "write" else "d2h"]
-        _standin.ns = getattr(_standin, "ns", 0) + memcpy_ns
+        _standin.ns = getattr(_standin, "ns", 0) + memcpy_ns - modelled
         with self._stats_lock:
             acc[0] += 1
             acc[1] += res.device_bytes
@@ -108,19 +113,21 @@ class SimulatedGPUStore(MemoryStore):
             "shards_per_entry": m.shards,
             "capacity_bytes": self.capacity_bytes,
             "capacity_bytes_per_gpu": self.capacity_per_device,
+            "capacity_bytes_all_gpus": self.capacity_per_device * self.groups * m.shards,  # the HBM it stands for
             "replicas": self.groups,
             "entry_sizing": ("an entry is 1/tensor_parallel of the model's KV (the driver's size, one GPU's "
                              "shard), held once per group: nbytes per GPU, shards_per_entry x nbytes per replica"),
             "timed": ("simulated: device time = modelled, padded bytes / min(host link, HBM "
                       "bandwidth) (the entry is one GPU's 1/T shard; a group's GPUs move theirs in parallel); host time = measured, the operation minus the host memcpy that stands in "
-                      "for the DMA (that memcpy is reported as host_memcpy_seconds and subtracted from the end-to-end and QoS latencies of the request that made it); counts cover "
+                      "for the DMA (that memcpy is reported as host_memcpy_seconds; the end-to-end and QoS latencies of the request that made it hold the modelled copy in its place); counts cover "
                       "the whole run, setup phases included; "
                       "data held in host RAM"),
         }
         for d, (ops, nbytes, mod_ns, cpy_ns) in dirs.items():
             out[d] = {
                 "operations": ops,
-                "bytes": nbytes,
+                "bytes": nbytes,  # entry bytes (per GPU)
+                "bytes_per_replica": nbytes * m.shards,  # each GPU of the group moves its own shard
                 "modelled_seconds": mod_ns / 1e9,
                 "modelled_gbs": nbytes / mod_ns if mod_ns else 0.0,
                 "host_memcpy_seconds": cpy_ns / 1e9,

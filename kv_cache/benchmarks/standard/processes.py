@@ -44,6 +44,7 @@ from kv_cache.results.run_document import INTERRUPTED_EARLY
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
 from kv_cache.settings.ranks import rank_share
 from kv_cache.settings.run import RunSettings
+from kv_cache.storage.backends.gpu_real import PROCESSES_INDEX
 
 __all__ = ["GroupBroken", "ProcessGroup", "rank_settings", "run_processes", "verdict_line", "with_missing_ranks"]
 
@@ -128,7 +129,7 @@ def rank_settings(settings: RunSettings, rank: int, n: int) -> RunSettings:
     return dataclasses.replace(
         share, merged_output=None,
         tiers=dataclasses.replace(share.tiers, cache_dir=cache_dir, local_rank=rank,
-                                  local_rank_from="the --processes index"),
+                                  local_rank_from=PROCESSES_INDEX),
         outputs=dataclasses.replace(share.outputs, output=output, xlsx_output=None),
         driver=dataclasses.replace(share.driver, processes=1),
     )

@@ -25,7 +25,7 @@ from kv_cache.benchmarks.standard.setup import driver_options, io_worker_count, 
 from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.core.observe import RankConsole
-from kv_cache.errors import RunOutcome, StorageError
+from kv_cache.errors import RunOutcome, StorageError, StorageSetupError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
@@ -45,6 +45,7 @@ from kv_cache.results.verdict import (
 )
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
+from kv_cache.settings.ranks import setting_value
 from kv_cache.settings.run import RunSettings
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
@@ -202,6 +203,23 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
                                missing_ranks=tuple(lost), fail_exit_code=settings.outputs.fail_exit_code)
 
 
+def _with_rank_share(exc: StorageSetupError, settings: RunSettings) -> StorageSetupError:
+    """A refusal about a size that ranks split (--gpu-mem-gb, --cpu-mem-gb, ...): the size it speaks of is
+    this rank's share of the total given, which the message then says (the same flags run as one process
+    would not be refused)."""
+    setting = getattr(exc, "setting", None)
+    total = (settings.rank_totals or {}).get(setting) if setting else None
+    if settings.flags_per_rank or not total:
+        return exc
+    share = setting_value(settings, setting)
+    if share == total:
+        return exc
+    flag = "--" + setting.replace("_", "-")
+    out = StorageSetupError(f"{exc} (under several ranks {flag} {total:g} is the total: this rank's share is "
+                            f"{share:g})")
+    return out.about(setting)
+
+
 def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
@@ -210,9 +228,12 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     run.run_id = shared_run_id(run.group)
-    cache = open_cache(settings.tiers, settings.storage, cfg.eviction, run.metrics, settings.model.bytes_per_token,
-                       run.stop, run.stores, io_trace_log=settings.outputs.io_trace_log, workers=workers,
-                       largest_entry=largest_entry(settings), other_bytes=buffers, sharers=sharers)
+    try:
+        cache = open_cache(settings.tiers, settings.storage, cfg.eviction, run.metrics, settings.model.bytes_per_token,
+                           run.stop, run.stores, io_trace_log=settings.outputs.io_trace_log, workers=workers,
+                           largest_entry=largest_entry(settings), other_bytes=buffers, sharers=sharers)
+    except StorageSetupError as exc:
+        raise _with_rank_share(exc, settings) from exc.__cause__
     stores, tiers = run.stores, run.stores.tiers
     rag = RagCorpus(cfg.rag) if settings.workload.enable_rag else None
     factory = UserFactory(settings, rag)

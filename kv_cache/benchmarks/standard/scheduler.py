@@ -134,6 +134,7 @@ class Driver:
         self._trace_exhausted = False
         self._arrivals = PoissonArrivals(options.request_rate, options.seed) if options.request_rate > 0 else None
         self._lock = threading.Lock()
+        self._worker = threading.local()  # per worker: the shift of its last plan's end (_without_standin)
         self.issued = self.completed = self.abandoned = self.failed = self.rejected = self.in_flight = 0
         self._cycles_done = 0
         self.timeline: list[dict] = []
@@ -155,13 +156,32 @@ class Driver:
             return
         with self._lock:
             self._running[id(plan)] = plan
+        start = self.loop.clock()
         standin = standin_ns()
         outcome = self.executor.execute(plan, bufs)
         # a simulated GPU tier's host memcpy stands in for a DMA whose time is modelled: not in a latency
-        standin = standin_ns() - standin
+        end = self._without_standin(plan, start, self.loop.clock(), standin_ns() - standin)
         with self._lock:  # a plan the cut drain abandoned has been counted already: its result is dropped
             if self._running.pop(id(plan), None) is not None:
-                self.loop.complete((self.loop.clock() - standin, plan, outcome))
+                self.loop.complete((end, plan, outcome))
+
+    def _without_standin(self, plan: RequestPlan, start: int, end: int, standin: int) -> int:
+        """The end of `plan` as it would have been had a simulated GPU tier's copies taken their modelled
+        time rather than the stand-in memcpys' (`standin`: this plan's memcpy - modelled ns, on this worker).
+        Its own stand-ins are taken off, and so is its wait for this worker where the worker was busy with an
+        earlier plan's: without them the worker would have been free at that plan's shifted end (`lag` ns
+        before its real one), so this plan starts at the latest of its submission, that shifted end and
+        (the worker becoming free as it did) its real start less the lag. With no simulated GPU tier every
+        shift is 0 and the end is the real one. (One worker's view: another worker that would have been free
+        earlier is not looked for.)"""
+        state = self._worker
+        lag, free = getattr(state, "lag", 0), getattr(state, "free", None)
+        if not lag and not standin:
+            return end
+        began = max(plan.submit_ns, start - max(lag, 0), free if free is not None else plan.submit_ns)
+        shifted = end - (start - began) - standin
+        state.lag, state.free = end - shifted, shifted
+        return shifted
 
     def _submit(self, plan: RequestPlan, when: int) -> None:
         plan.submit_ns = when
@@ -246,7 +266,7 @@ class Driver:
         gauges: dict[str, float] = {"queue_depth": self.pool.qsize(), "in_flight": self.in_flight,
                                     "active_users": self.users.active}
         for tier, u in self.cache.usage().items():
-            gauges[f"occupancy_{'storage' if tier == 'nvme' else tier}_bytes"] = u["used_bytes"]
+            gauges[f"occupancy_{TierName.of(tier)}_bytes"] = u["used_bytes"]
         row = self.metrics.close_bucket(when, gauges)
         tick = Tick((when - self.t0) / 1e9, self.opt.duration_s, self.issued, self.completed, row)
         for observer in self.observers:
