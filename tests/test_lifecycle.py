@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow  # a real run (wall clock)
-def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the terminal (ssh session) went away
+def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings, sig):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "foreign.npy").write_bytes(b"x")
@@ -32,7 +33,7 @@ def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings):
     while time.monotonic() < deadline and not any(p.name.startswith("kv-cache-run-") for p in cache.iterdir()):
         time.sleep(0.1)
     time.sleep(2.0)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     results = json.loads(out.read_text())

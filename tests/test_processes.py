@@ -235,7 +235,8 @@ def test_a_partial_merge_names_the_missing_ranks():
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: before, it ended the parent alone
+def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp_path, sig):
     """SIGTERM to the `--processes` parent once the windows are open: it stops every rank like Ctrl-C,
     each writes its part (INCOMPLETE), the parent merges them (INCOMPLETE) and exits 130."""
     proc = subprocess.Popen(_processes_cmd(tmp_path, duration="60"), stdout=subprocess.PIPE,
@@ -243,7 +244,7 @@ def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp
     try:
         _wait_for(lambda: all(next((tmp_path / "cache").glob(f"rank{r}/kv-cache-run-*/*.npy"), None)
                               for r in range(2)))
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()

@@ -323,7 +323,8 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     started = datetime.now()
     interrupted, storage_error = False, None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # a lost terminal keeps the rungs measured, as Ctrl-C does
+            signal.signal(sig, _interrupt)
     cells: list[dict[str, Any]] = []
     for cell_ls in s.grid or (s.ladder_settings,):
         ls = dataclasses.replace(cell_ls, block_tokens=ls0.block_tokens,

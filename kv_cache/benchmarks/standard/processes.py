@@ -33,7 +33,7 @@ from multiprocessing.managers import SyncManager
 from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged_document
-from kv_cache.benchmarks.standard.run import run_benchmark
+from kv_cache.benchmarks.standard.run import STOP_SIGNALS, run_benchmark
 from kv_cache.core.group import GroupBroken
 from kv_cache.core.observe import RankTicks, RunObserver, Tick
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
@@ -214,12 +214,12 @@ def _ignore_interrupts() -> None:
 
 def _ignore_signals() -> None:
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
 
 class _ParentSignals:
-    """The parent's SIGINT / SIGTERM handler: passes each signal on to the ranks still running (each counts
+    """The parent's SIGINT / SIGTERM / SIGHUP handler: passes each signal on to the ranks still running (each counts
     it as a one-process run counts its own: the first ends a window still open, a later one after the
     window cuts the drain short) and never raises. Once no rank runs, a signal only says that the merged
     document is being written. The previous handlers come back at the end unless a signal came (then a
@@ -233,7 +233,7 @@ class _ParentSignals:
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self) for sig in (signal.SIGINT, signal.SIGTERM)}
+            self._previous = {sig: signal.signal(sig, self) for sig in STOP_SIGNALS}
 
     def restore(self) -> None:
         if not self.seen:

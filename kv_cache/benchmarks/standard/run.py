@@ -55,8 +55,12 @@ __all__ = ["Interrupts", "UserFactory", "build_trace_workload", "execute", "run_
 
 log = logging.getLogger("kv_cache")
 
+# The signals that end a run the way Ctrl-C does (the window's results kept, INCOMPLETE): a terminal that
+# hangs up (SIGHUP: an ssh session lost) must not lose what was measured either.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 class Interrupts:
-    """SIGINT / SIGTERM handler of a run.
+    """SIGINT / SIGTERM / SIGHUP handler of a run (STOP_SIGNALS).
 
     Until the measured window closes, the first signal stops the run (KeyboardInterrupt: the window ends
     there, the run is INCOMPLETE); later ones only say that clean-up is under way, so a second Ctrl-C never
@@ -100,7 +104,7 @@ def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = Non
     previous = {}
     handler = Interrupts()
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         return execute(settings, out, group=group, interrupts=handler)[1]
     finally:
