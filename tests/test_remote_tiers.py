@@ -26,8 +26,18 @@ MICRO = ("model_configs:\n  micro:\n    name: Micro test model\n    num_layers: 
 MIB = 1 << 20
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
-pytest.importorskip("obstore", reason="the s3 tier needs obstore (pip install -e '.[dev]')")
-pytest.importorskip("redis", reason="the redis tier needs redis-py (pip install -e '.[dev]')")
+
+
+def _need_s3() -> None:
+    """Skip unless the S3 tier's client (obstore) and the tests' own (boto3) import: the Redis tests run
+    without them."""
+    pytest.importorskip("obstore", reason="the s3 tier needs obstore (pip install -e '.[dev]')")
+    pytest.importorskip("boto3", reason="the S3 tests make buckets with boto3 (pip install -e '.[dev]')")
+
+
+def _need_redis() -> None:
+    """Skip unless redis-py imports: the S3 tests run without it."""
+    pytest.importorskip("redis", reason="the redis tier needs redis-py (pip install -e '.[dev]')")
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +66,7 @@ def _objects(url: str, bucket: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def moto():
+    _need_s3()
     why = servers.missing(servers.MOTO)
     if why:
         pytest.skip(why)
@@ -66,6 +77,7 @@ def moto():
 
 @pytest.fixture(scope="module")
 def redis_server():
+    _need_redis()
     why = servers.missing(servers.REDIS)
     if why:
         pytest.skip(why)
@@ -185,6 +197,7 @@ def test_redis_sweeps_a_dead_runs_keys(redis_server):
 
 
 def test_redis_maxmemory_refusal_is_the_tier_full():
+    _need_redis()
     why = servers.missing(servers.REDIS)
     if why:
         pytest.skip(why)
@@ -296,6 +309,7 @@ def test_cli_rank_split_gives_each_rank_its_namespace_and_merges(redis_server, t
 
 @pytest.mark.parametrize("backend", ["s3-down", "redis-down", "redis-password", "s3-no-bucket", "s3-credentials"])
 def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, tmp_path, request):
+    _need_s3() if backend.startswith("s3") else _need_redis()
     port = servers.free_port()
     if backend == "s3-down":
         extra = ["--storage-backend", "s3", "--s3-endpoint", f"http://127.0.0.1:{port}", "--s3-bucket", "b"]
@@ -329,6 +343,7 @@ def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, t
 
 
 def _started(backend: str):
+    _need_s3() if backend == "s3" else _need_redis()
     binary = servers.MOTO if backend == "s3" else servers.REDIS
     why = servers.missing(binary)
     if why:
@@ -415,3 +430,54 @@ def test_a_merge_sums_the_ranks_remote_counters_against_one_interface():
     net = merged["network"]
     assert net["tool_bytes_read"] == 200 and net["bytes_received"] == 320  # each rank saw the whole interface
     assert net["received_over_tool"] == round(320 / 300, 4) and net["other_traffic"] is False
+
+
+@pytest.mark.parametrize("extra, want", [
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-endpoint", "127.0.0.1:9000"], "http:// or https:// URL"),
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-endpoint", "htp://127.0.0.1:9000"], "http:// or https:// URL"),
+    (["--redis-url", "redis://127.0.0.1:6379/0"], "add --storage-backend redis"),
+    (["--s3-bucket", "b"], "add --storage-backend s3"),
+])
+def test_a_mistyped_endpoint_or_a_forgotten_backend_is_one_line_exit_2(extra, want, tmp_path):
+    """A scheme-less endpoint made obstore panic (a traceback); a remote flag without its --storage-backend
+    silently measured the local directory instead."""
+    proc = _run(_cmd(tmp_path, *extra, duration=1))
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(err) == 1 and want in err[0], proc.stderr[-3000:]
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_redis_url_that_answers_another_protocol_is_one_line_exit_2(moto, tmp_path):
+    """A --redis-url pointing at an HTTP server (here moto's) was an internal error (exit 70)."""
+    _need_redis()
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", f"redis://127.0.0.1:{moto.port}/0",
+                     duration=1))
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "is it a Redis/Valkey server?" in err[-1]
+
+
+def test_the_tier_bytes_include_operations_aborted_at_the_stop():
+    """Bytes an operation moved before the stop aborted it crossed the interface too: leaving them out
+    flagged other traffic on a quiet loopback."""
+    import resource
+
+    from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.results.measurement import network
+
+    m = RunMetrics()
+    m.record_aborted("storage", "read", 60 * MIB)
+    m.record_aborted("storage", "write", 40 * MIB)
+    net = network(m, "lo", (0, 0), (101 * MIB, 101 * MIB), resource.getrusage(resource.RUSAGE_SELF))
+    assert net["tool_bytes_read"] == 60 * MIB and net["tool_bytes_written"] == 40 * MIB
+    assert net["received_over_tool"] == 1.01 and net["other_traffic"] is False
+
+
+def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redis_server, tmp_path):
+    """The interface was read before the preconditioning phase, whose writes the tier's bytes leave out:
+    a quiet loopback showed twice the tier's bytes and was flagged as shared."""
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--precondition",
+                     "--precondition-size-gb", "0.05"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    net = _network_checked(json.loads((tmp_path / "r.json").read_text()))["network"]
+    assert net["received_over_tool"] < 1.10 and net["other_traffic"] is False, net

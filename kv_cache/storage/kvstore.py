@@ -160,13 +160,15 @@ class RedisStore(StoreBase):
             if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({text})") from exc
             raise OSError(errno.EIO, f"{what}: {text}") from exc
+        except self.redis.RedisError as exc:  # e.g. InvalidResponse: what answers is not a Redis server
+            raise OSError(errno.EIO, f"{what}: {type(exc).__name__}: {exc} (is it a Redis/Valkey server?)") from exc
 
     def _setup(self, what: str, fn):
         try:
             return self._call(f"redis {what}", fn)
         except OSError as e:
             why = {errno.EACCES: "the credentials were refused", errno.ENOTCONN: "the server cannot be reached"}.get(
-                e.errno, str(e))
+                e.errno, (e.strerror or str(e)).split(": ", 1)[-1])
             raise StorageSetupError(f"redis: cannot {what} at {self._where()}: {why}").about("redis_url") from None
 
     # ------------------------------------------------------------------ leftovers

@@ -4,6 +4,7 @@ for the run (throttling, refused credentials, a missing bucket or object, a lost
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 from typing import Any
@@ -35,6 +36,8 @@ def credentials() -> Any:
         from obstore.auth.boto3 import Boto3CredentialProvider  # noqa: PLC0415
     except ImportError:
         return None
+    # boto3 logs "Found credentials in ..." at INFO on every run, ahead of the report or of a one-line error
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
     session = boto3.Session()
     if session.get_credentials() is None:
         return None

@@ -229,8 +229,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     net = NetCounter.for_host(getattr(stores.file_store, "endpoint_host", None))  # a remote tier's server
-    net_before = net.snapshot() if net else None
     run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
+    net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
     tracer, why = start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
