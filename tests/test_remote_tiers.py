@@ -481,3 +481,23 @@ def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redi
     assert proc.returncode == 0, proc.stderr[-3000:]
     net = _network_checked(json.loads((tmp_path / "r.json").read_text()))["network"]
     assert net["received_over_tool"] < 1.10 and net["other_traffic"] is False, net
+
+
+def test_a_sessions_rung_moves_blocks_through_redis_behind_dram(redis_server, tmp_path):
+    """`kv-cache sessions` end to end: HBM and a small DRAM tier fill, blocks go out to Redis (stamped,
+    --verify on), the rung reports the tier's bytes against loopback's and the tier's peak."""
+    import redis
+
+    out = tmp_path / "s.json"
+    proc = _run([sys.executable, str(ROOT / "kv-cache.py"), "sessions", "--model", "tiny-1b", "--gpu-mem-gb", "2.2",
+                 "--cpu-mem-gb", "0.05", "--tiers", "dram+storage", "--storage-backend", "redis", "--redis-url",
+                 redis_server.url, "--ladder", "4", "--window", "4", "--warmup", "1", "--subwindows", "2", "--pace",
+                 "fixed:0.2", "--verify", "--seed", "7", "--output", str(out)], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rung = json.loads(out.read_text())["rungs"][0]
+    net = rung["remote_tier"]["network"]
+    assert rung["tier_backends"]["storage"] == "redis" and rung["verify"]["mismatches"] == 0
+    assert net["interface"] == "lo" and net["tool_bytes_written"] > 0 and net["bytes_received"] >= net["tool_bytes_written"]
+    storage = next(t for t in rung["offload_tier"]["tiers"] if t["tier"] == "storage")
+    assert storage["peak_gib"] > 0
+    assert redis.Redis.from_url(redis_server.url).dbsize() == 0
