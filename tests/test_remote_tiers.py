@@ -501,3 +501,42 @@ def test_a_sessions_rung_moves_blocks_through_redis_behind_dram(redis_server, tm
     storage = next(t for t in rung["offload_tier"]["tiers"] if t["tier"] == "storage")
     assert storage["peak_gib"] > 0
     assert redis.Redis.from_url(redis_server.url).dbsize() == 0
+
+
+def test_an_aborted_s3_read_counts_the_ranged_gets_already_under_way(moto):
+    """The stop aborts a read between parts, but the parts already being fetched still cross the wire:
+    they were left out of the tier's bytes, so loopback looked shared with other traffic."""
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.s3 import S3Store
+
+    store = S3Store(_bucket(moto.url, "abort"), moto.url, "", part_bytes=5 * MIB, concurrency=3, workers=1,
+                    chunk_bytes=MIB)
+    bufs = _bufs()
+    try:
+        store.write("e", 40 * MIB, bufs)
+        stop = threading.Event()
+        with pytest.raises(IOAborted) as info:
+            store.read("e", bufs, stop, on_chunk=lambda c, mv: stop.set())  # stop after the first chunk
+        # part 0 was read whole; parts 1 and 2 were fetched alongside it
+        assert 15 * MIB <= info.value.device_bytes <= 40 * MIB and info.value.device_bytes % (5 * MIB) == 0
+    finally:
+        store.close()
+        bufs.close()
+
+
+@pytest.mark.parametrize("received, status", [(1.02, "ok"), (0.5, "suspect")])
+def test_integrity_checks_a_remote_tier_by_its_interface_bytes(received, status):
+    """A remote tier was 'suspect' in every run, for 'the page cache sits between the tool and the device'
+    (there is none on an S3 or Redis client); its page-cache check is now the interface's bytes."""
+    from kv_cache.results import integrity as integ
+
+    tool = 100 * MIB
+    doc = {"summary": {"cache_stats": {}}, "measurement": {
+        "io_mode": "network", "fsync": True, "filesystem": "s3", "filesystem_kind": "network",
+        "remote_tier": {"network": {"interface": "lo", "tool_bytes_read": tool // 2, "tool_bytes_written": tool // 2,
+                                    "bytes_received": int(received * tool)}}}}
+    checks = {c["check"]: c for c in integ.audit_facts(integ.facts_from_ours(doc))["checks"]}
+    assert checks["page_cache"]["status"] == status and "interface lo" in checks["page_cache"]["reason"]
+    assert checks["io_setup"]["status"] == "ok" and "page cache sits" not in checks["io_setup"]["reason"]

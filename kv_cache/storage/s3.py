@@ -388,12 +388,30 @@ class S3Store(StoreBase):
                         on_chunk(c, mv[: min(n, max(0, nbytes - start - off))])
                     c += 1
                 del body, data
+        except IOAborted as e:  # the ranged GETs already under way still cross the wire: count their bytes
+            e.device_bytes += self._drain(futures)
+            e.device_ns = wait_ns
+            raise
         finally:
             for f in futures:
                 if f is not None:
                     f.cancel()
         t1 = perf_counter_ns()
         return IOResult(nbytes, total, t1 - t0, wait_ns, t1 - t0 - wait_ns)
+
+    @staticmethod
+    def _drain(futures: list[Any]) -> int:
+        """Cancel the ranged GETs not started; wait for those under way and return the bytes they got."""
+        got = 0
+        for i, f in enumerate(futures):
+            if f is None or f.cancel():
+                continue
+            try:
+                got += len(memoryview(f.result()[0]))
+            except Exception:  # a failed part moved nothing worth counting
+                pass
+            futures[i] = None
+        return got
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:

@@ -34,6 +34,7 @@ from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
 from kv_cache.results import measurement as meas
 from kv_cache.results.blocklatency import block_latency
+from kv_cache.results.integrity import audit_facts, facts_from_ours
 from kv_cache.results.parameters import run_mode
 from kv_cache.results.run_document import INTERRUPTED_EARLY, RunRecord, build_results, interrupted_results
 from kv_cache.results.verdict import (
@@ -259,6 +260,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
             **stores.file_store.remote_stats(),
             "network": meas.network(run.metrics, net.name if net else None, net_before,
                                     net.snapshot() if net else None, run.rusage0)}
+        results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results
