@@ -540,3 +540,20 @@ def test_integrity_checks_a_remote_tier_by_its_interface_bytes(received, status)
     checks = {c["check"]: c for c in integ.audit_facts(integ.facts_from_ours(doc))["checks"]}
     assert checks["page_cache"]["status"] == status and "interface lo" in checks["page_cache"]["reason"]
     assert checks["io_setup"]["status"] == "ok" and "page cache sits" not in checks["io_setup"]["reason"]
+
+
+def test_a_capacity_over_redis_maxmemory_is_exit_2_naming_the_server(tmp_path):
+    """The refusal named 'the filesystem of None' for a Redis tier (it has no --cache-dir)."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    srv = servers.start_redis(maxmemory="8mb")
+    try:
+        proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", srv.url, "--storage-capacity-gb", "0.5",
+                         duration=1))
+    finally:
+        srv.stop()
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and f"free on the server redis://127.0.0.1:{srv.port}/0" in err[-1], proc.stderr[-2000:]
+    assert "None" not in err[-1]
