@@ -437,6 +437,8 @@ def test_a_merge_sums_the_ranks_remote_counters_against_one_interface():
     (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-endpoint", "htp://127.0.0.1:9000"], "http:// or https:// URL"),
     (["--redis-url", "redis://127.0.0.1:6379/0"], "add --storage-backend redis"),
     (["--s3-bucket", "b"], "add --storage-backend s3"),
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-prefix", "runs//x"], "--s3-prefix 'runs//x' has an empty"),
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-prefix", "../up"], "--s3-prefix '../up' has an empty"),
 ])
 def test_a_mistyped_endpoint_or_a_forgotten_backend_is_one_line_exit_2(extra, want, tmp_path):
     """A scheme-less endpoint made obstore panic (a traceback); a remote flag without its --storage-backend

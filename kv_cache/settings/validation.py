@@ -185,6 +185,10 @@ def _check_remote(get: Callable[[str], Any], errors: list[str]) -> None:
         url = urlparse(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             errors.append(f"--s3-endpoint must be an http:// or https:// URL with a host, got {endpoint!r}")
+    prefix = (get("s3_prefix") or "").strip("/")
+    if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
+        errors.append(f"--s3-prefix {get('s3_prefix')!r} has an empty, '.' or '..' path segment (S3 clients refuse "
+                      "such keys); give segments joined by single '/'")
     given = [flag for flag, name, owner in (("--s3-endpoint", "s3_endpoint", "s3"), ("--s3-bucket", "s3_bucket", "s3"),
                                             ("--s3-prefix", "s3_prefix", "s3"), ("--redis-url", "redis_url", "redis"))
              if get(name) and backend != owner]
