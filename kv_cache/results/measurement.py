@@ -50,7 +50,7 @@ def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] 
     }
 
 
-NET_NOTE = ("deltas of /proc/net/dev from the window's opening to the end of its drain: every process's "
+NET_NOTE = ("deltas of /proc/net/dev (and of this process's CPU time) from the window's opening to the end of its drain: every process's "
             "traffic on that interface, and "
             "the protocol's own bytes (HTTP or RESP headers, TCP/IP)")
 OTHER_TRAFFIC = 1.10  # interface bytes above the tier's by more than this: more than the protocol's overhead

@@ -232,6 +232,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     net = NetCounter.for_host(getattr(stores.file_store, "endpoint_host", None))  # a remote tier's server
     run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
     net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
+    cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # so is their (and the set-up's) client CPU
     tracer, why = start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
@@ -259,7 +260,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         results["measurement"]["remote_tier"] = {
             **stores.file_store.remote_stats(),
             "network": meas.network(run.metrics, net.name if net else None, net_before,
-                                    net.snapshot() if net else None, run.rusage0)}
+                                    net.snapshot() if net else None, cpu_before)}
         results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
