@@ -559,3 +559,25 @@ def test_a_capacity_over_redis_maxmemory_is_exit_2_naming_the_server(tmp_path):
     err = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and f"free on the server redis://127.0.0.1:{srv.port}/0" in err[-1], proc.stderr[-2000:]
     assert "None" not in err[-1]
+
+
+def test_the_results_record_no_redis_password(tmp_path):
+    """`--redis-url redis://:PASSWORD@host` (the README's form) put the password into run_parameters.command
+    of every results file; it is recorded as ***."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    import redis
+
+    srv = servers.start_redis()
+    try:
+        redis.Redis.from_url(srv.url).config_set("requirepass", "s3cr3t-pw")
+        proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url",
+                         f"redis://:s3cr3t-pw@127.0.0.1:{srv.port}/0", duration=1))
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "r.json").read_text()
+    assert "s3cr3t-pw" not in text and "s3cr3t-pw" not in proc.stdout
+    assert f"redis://:***@127.0.0.1:{srv.port}/0" in json.loads(text)["run_parameters"]["command"]

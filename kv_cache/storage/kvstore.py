@@ -23,6 +23,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.errors import StorageSetupError
+from kv_cache.settings.run import redacted_argv
 from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult, StoreBase, key_id, padded
 from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
@@ -74,7 +75,7 @@ class RedisStore(StoreBase):
             self._r = self.redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5,
                                                 max_connections=workers + 4, retry=Retry(NoBackoff(), 0))
         except ValueError as e:
-            raise StorageSetupError(f"redis: bad --redis-url {url!r}: {e}").about("redis_url") from None
+            raise StorageSetupError(f"redis: bad --redis-url {redacted_argv([url])[0]!r}: {e}").about("redis_url") from None
         self._setup("reach the server", self._r.ping)
         self.run_name = new_run_name()
         self._sweep()
