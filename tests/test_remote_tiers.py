@@ -581,3 +581,35 @@ def test_the_results_record_no_redis_password(tmp_path):
     text = (tmp_path / "r.json").read_text()
     assert "s3cr3t-pw" not in text and "s3cr3t-pw" not in proc.stdout
     assert f"redis://:***@127.0.0.1:{srv.port}/0" in json.loads(text)["run_parameters"]["command"]
+
+
+def test_a_key_the_server_dropped_is_a_read_error_not_a_verify_mismatch():
+    """A server whose maxmemory-policy evicts (allkeys-lru, common for caches) drops the run's keys
+    silently: a read found None and counted it as a --verify mismatch. Now the open says the server
+    evicts, and the read is an EIO naming the policy."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    import redis
+
+    from kv_cache.storage.base import DataCorruption
+    from kv_cache.storage.kvstore import RedisStore
+
+    srv = servers.start_redis(maxmemory="64mb")
+    try:
+        r = redis.Redis.from_url(srv.url)
+        r.config_set("maxmemory-policy", "allkeys-lru")
+        store = RedisStore(srv.url, MIB, workers=1)
+        assert store.evicting == "allkeys-lru" and "allkeys-lru" in store.notes[0]
+        bufs = _bufs()
+        store.write("e", 3 * MIB, bufs)
+        r.delete(f"{store._base('e')}:1")  # what an eviction does
+        with pytest.raises(OSError) as info:
+            store.read("e", bufs, verify=True)
+        assert not isinstance(info.value, DataCorruption) and info.value.errno == errno.EIO
+        assert "gone from the server" in str(info.value) and "allkeys-lru" in str(info.value)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
