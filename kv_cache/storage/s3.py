@@ -6,9 +6,11 @@ multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight; rea
 ranged GETs, ``concurrency`` in flight, each copied chunk by chunk into the worker's read buffer (where
 --verify checks the stamps) as soon as it and those before it have arrived.
 
-What is buffered besides the worker buffers is the client's: obstore copies each written chunk into the
-part it is filling (up to ``concurrency`` parts in flight) and returns each ranged GET in a buffer of its
-own (up to ``concurrency`` per read), freed once copied. Nothing is generated per request.
+What is buffered besides the worker buffers is the client's: obstore's writer keeps a reference to each
+written slot (no copy: a slot rewritten before its part is sent changes the object, so the ring holds
+``concurrency`` + 2 parts' worth) and returns each ranged GET in a buffer of its own (up to ``concurrency``
+per read; obstore 0.12 has no read into a caller's buffer), copied into the read buffer and freed. Nothing
+is generated per request.
 
 Why obstore and not boto3: benchmarks/s3_clients.py, same moto server and workload (see the README).
 
