@@ -613,3 +613,26 @@ def test_a_key_the_server_dropped_is_a_read_error_not_a_verify_mismatch():
         bufs.close()
     finally:
         srv.stop()
+
+
+def test_s3_sweep_aborts_a_dead_runs_incomplete_multipart_uploads(moto):
+    """A run killed mid-write leaves an incomplete multipart upload no object listing shows (S3 keeps and
+    bills its parts until aborted); the sweep aborts the dead run's, and leaves another host's."""
+    import boto3
+
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "uploads")
+    c = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing")
+    dead = f"u/kv-cache-run-20250101-000000-{_dead_pid()}-abcd"
+    other = "u/kv-cache-run-20250101-000000-1-beef"
+    for run, marker in ((dead, _marker(_dead_pid())), (other, _marker(1, "another-host"))):
+        c.put_object(Bucket=bucket, Key=f"{run}/.kv-cache-run", Body=marker)
+        up = c.create_multipart_upload(Bucket=bucket, Key=f"{run}/e.kv")
+        c.upload_part(Bucket=bucket, Key=f"{run}/e.kv", UploadId=up["UploadId"], PartNumber=1, Body=b"p" * (5 * MIB))
+    store = S3Store(bucket, moto.url, "u", part_bytes=5 * MIB, workers=1, chunk_bytes=MIB)
+    assert len(store.swept) == 1 and "1 incomplete multipart upload(s) aborted" in store.swept[0], store.swept
+    store.close()
+    left = [u["Key"] for u in c.list_multipart_uploads(Bucket=bucket).get("Uploads") or []]
+    assert left == [f"{other}/e.kv"]

@@ -44,7 +44,7 @@ from kv_cache.storage.remote import (
     new_run_name,
     stale_owner,
 )
-from kv_cache.storage.s3_client import classify, credentials, import_obstore, region
+from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
@@ -198,6 +198,9 @@ class S3Store(StoreBase):
             why = stale_owner(name, marker)
             if why is None:
                 continue
+            uploads = abort_uploads(self.bucket, self.endpoint, sub.rstrip("/") + "/")
+            parts = ("; its incomplete multipart uploads not checked (boto3 lists them)" if uploads is None
+                     else f", {uploads} incomplete multipart upload(s) aborted" if uploads else "")
             objects = [m for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch]
             mine = [m["path"] for m in objects if m["path"].endswith(ENTRY_SUFFIX)]
             kept = [m["path"] for m in objects if not m["path"].endswith((ENTRY_SUFFIX, "/" + MARKER))]
@@ -206,11 +209,11 @@ class S3Store(StoreBase):
                 self.obstore.delete(self._s3, mine)
             if kept:
                 self.swept.append(f"left the run prefix s3://{self.bucket}/{sub} of an earlier run ({why}): it "
-                                  f"holds {len(kept)} object(s) that are not a run's")
+                                  f"holds {len(kept)} object(s) that are not a run's{parts}")
                 continue
             self.obstore.delete(self._s3, f"{sub.rstrip('/')}/{MARKER}")
             self.swept.append(f"removed the run prefix s3://{self.bucket}/{sub} left by an earlier run ({why}): "
-                              f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB")
+                              f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB{parts}")
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:
