@@ -50,9 +50,9 @@ def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] 
     }
 
 
-NET_NOTE = ("deltas of /proc/net/dev (and of this process's CPU time) from the window's opening to the end of its drain: every process's "
-            "traffic on that interface, and "
-            "the protocol's own bytes (HTTP or RESP headers, TCP/IP)")
+NET_NOTE = ("deltas of /proc/net/dev (and of this process's CPU time) over the span of the tier's bytes (a "
+            "standard run: from the window's opening to the end of its drain; a sessions rung: from its start): "
+            "every process's traffic on that interface, and the protocol's own bytes (HTTP or RESP headers, TCP/IP)")
 OTHER_TRAFFIC = 1.10  # interface bytes above the tier's by more than this: more than the protocol's overhead
 
 
