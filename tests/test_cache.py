@@ -235,3 +235,13 @@ def test_one_tier_name_type_maps_the_mlperf_and_statistics_names():
     assert f"{TierName.CPU}" == "cpu" and TierName.GPU == "gpu"
     with pytest.raises(ValueError, match="unknown tier 'ssd'"):
         TierName.of("ssd")
+
+
+def test_an_unbounded_last_tier_records_its_peak(bufs):
+    """An unbounded last tier (a remote tier with no capacity: S3, Redis without maxmemory) kept a peak
+    of 0, so `kv-cache sessions` reported "peak 0.00 GiB" and "never filled" for a tier holding blocks."""
+    cache = make_cache([("cpu", 100 * KIB), ("nvme", math.inf)])
+    for i in range(10):
+        cache.allocate(f"k{i}", 16, 16 * KIB, bufs)
+    nvme = cache.tier("nvme")
+    assert nvme.used > 0 and nvme.peak == nvme.used

@@ -128,3 +128,22 @@ def test_a_markerless_dir_is_kept_unless_provably_a_dead_runs(tmp_path, case):
     if case != "recent":
         sweep(tmp_path)
         assert d.exists() and sorted(os.listdir(d)) == sorted(files)
+
+
+def test_a_killed_run_not_yet_reaped_by_its_parent_is_gone():
+    """kill -9 of a run under a parent that has not reaped it (a zombie; a container's init may take a
+    while) left its run directory or remote namespace to look alive, so the next run did not sweep it."""
+    import time
+
+    from kv_cache.host.rundir import _state, pid_alive
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while _state(proc.pid) != "Z" and time.monotonic() < deadline:  # exited, not reaped: we do not wait
+            time.sleep(0.01)
+        assert _state(proc.pid) == "Z"
+        assert not pid_alive(proc.pid)
+    finally:
+        proc.wait()
+    assert pid_alive(os.getpid())

@@ -26,8 +26,18 @@ MICRO = ("model_configs:\n  micro:\n    name: Micro test model\n    num_layers: 
 MIB = 1 << 20
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
-pytest.importorskip("obstore", reason="the s3 tier needs obstore (pip install -e '.[dev]')")
-pytest.importorskip("redis", reason="the redis tier needs redis-py (pip install -e '.[dev]')")
+
+
+def _need_s3() -> None:
+    """Skip unless the S3 tier's client (obstore) and the tests' own (boto3) import: the Redis tests run
+    without them."""
+    pytest.importorskip("obstore", reason="the s3 tier needs obstore (pip install -e '.[dev]')")
+    pytest.importorskip("boto3", reason="the S3 tests make buckets with boto3 (pip install -e '.[dev]')")
+
+
+def _need_redis() -> None:
+    """Skip unless redis-py imports: the S3 tests run without it."""
+    pytest.importorskip("redis", reason="the redis tier needs redis-py (pip install -e '.[dev]')")
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +66,7 @@ def _objects(url: str, bucket: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def moto():
+    _need_s3()
     why = servers.missing(servers.MOTO)
     if why:
         pytest.skip(why)
@@ -66,6 +77,7 @@ def moto():
 
 @pytest.fixture(scope="module")
 def redis_server():
+    _need_redis()
     why = servers.missing(servers.REDIS)
     if why:
         pytest.skip(why)
@@ -185,6 +197,7 @@ def test_redis_sweeps_a_dead_runs_keys(redis_server):
 
 
 def test_redis_maxmemory_refusal_is_the_tier_full():
+    _need_redis()
     why = servers.missing(servers.REDIS)
     if why:
         pytest.skip(why)
@@ -296,6 +309,7 @@ def test_cli_rank_split_gives_each_rank_its_namespace_and_merges(redis_server, t
 
 @pytest.mark.parametrize("backend", ["s3-down", "redis-down", "redis-password", "s3-no-bucket", "s3-credentials"])
 def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, tmp_path, request):
+    _need_s3() if backend.startswith("s3") else _need_redis()
     port = servers.free_port()
     if backend == "s3-down":
         extra = ["--storage-backend", "s3", "--s3-endpoint", f"http://127.0.0.1:{port}", "--s3-bucket", "b"]
@@ -329,6 +343,7 @@ def test_unreachable_server_or_refused_credentials_is_one_line_exit_2(backend, t
 
 
 def _started(backend: str):
+    _need_s3() if backend == "s3" else _need_redis()
     binary = servers.MOTO if backend == "s3" else servers.REDIS
     why = servers.missing(binary)
     if why:
@@ -415,3 +430,209 @@ def test_a_merge_sums_the_ranks_remote_counters_against_one_interface():
     net = merged["network"]
     assert net["tool_bytes_read"] == 200 and net["bytes_received"] == 320  # each rank saw the whole interface
     assert net["received_over_tool"] == round(320 / 300, 4) and net["other_traffic"] is False
+
+
+@pytest.mark.parametrize("extra, want", [
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-endpoint", "127.0.0.1:9000"], "http:// or https:// URL"),
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-endpoint", "htp://127.0.0.1:9000"], "http:// or https:// URL"),
+    (["--redis-url", "redis://127.0.0.1:6379/0"], "add --storage-backend redis"),
+    (["--s3-bucket", "b"], "add --storage-backend s3"),
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-prefix", "runs//x"], "--s3-prefix 'runs//x' has an empty"),
+    (["--storage-backend", "s3", "--s3-bucket", "b", "--s3-prefix", "../up"], "--s3-prefix '../up' has an empty"),
+])
+def test_a_mistyped_endpoint_or_a_forgotten_backend_is_one_line_exit_2(extra, want, tmp_path):
+    """A scheme-less endpoint made obstore panic (a traceback); a remote flag without its --storage-backend
+    silently measured the local directory instead."""
+    proc = _run(_cmd(tmp_path, *extra, duration=1))
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(err) == 1 and want in err[0], proc.stderr[-3000:]
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_redis_url_that_answers_another_protocol_is_one_line_exit_2(moto, tmp_path):
+    """A --redis-url pointing at an HTTP server (here moto's) was an internal error (exit 70)."""
+    _need_redis()
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", f"redis://127.0.0.1:{moto.port}/0",
+                     duration=1))
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "is it a Redis/Valkey server?" in err[-1]
+
+
+def test_the_tier_bytes_include_operations_aborted_at_the_stop():
+    """Bytes an operation moved before the stop aborted it crossed the interface too: leaving them out
+    flagged other traffic on a quiet loopback."""
+    import resource
+
+    from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.results.measurement import network
+
+    m = RunMetrics()
+    m.record_aborted("storage", "read", 60 * MIB)
+    m.record_aborted("storage", "write", 40 * MIB)
+    net = network(m, "lo", (0, 0), (101 * MIB, 101 * MIB), resource.getrusage(resource.RUSAGE_SELF))
+    assert net["tool_bytes_read"] == 60 * MIB and net["tool_bytes_written"] == 40 * MIB
+    assert net["received_over_tool"] == 1.01 and net["other_traffic"] is False
+
+
+def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redis_server, tmp_path):
+    """The interface was read before the preconditioning phase, whose writes the tier's bytes leave out:
+    a quiet loopback showed twice the tier's bytes and was flagged as shared."""
+    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--precondition",
+                     "--precondition-size-gb", "0.05"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    net = _network_checked(json.loads((tmp_path / "r.json").read_text()))["network"]
+    assert net["received_over_tool"] < 1.10 and net["other_traffic"] is False, net
+
+
+def test_a_sessions_rung_moves_blocks_through_redis_behind_dram(redis_server, tmp_path):
+    """`kv-cache sessions` end to end: HBM and a small DRAM tier fill, blocks go out to Redis (stamped,
+    --verify on), the rung reports the tier's bytes against loopback's and the tier's peak."""
+    import redis
+
+    out = tmp_path / "s.json"
+    proc = _run([sys.executable, str(ROOT / "kv-cache.py"), "sessions", "--model", "tiny-1b", "--gpu-mem-gb", "2.2",
+                 "--cpu-mem-gb", "0.05", "--tiers", "dram+storage", "--storage-backend", "redis", "--redis-url",
+                 redis_server.url, "--ladder", "4", "--window", "4", "--warmup", "1", "--subwindows", "2", "--pace",
+                 "fixed:0.2", "--verify", "--seed", "7", "--output", str(out)], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rung = json.loads(out.read_text())["rungs"][0]
+    net = rung["remote_tier"]["network"]
+    assert rung["tier_backends"]["storage"] == "redis" and rung["verify"]["mismatches"] == 0
+    assert net["interface"] == "lo" and net["tool_bytes_written"] > 0 and net["bytes_received"] >= net["tool_bytes_written"]
+    storage = next(t for t in rung["offload_tier"]["tiers"] if t["tier"] == "storage")
+    assert storage["peak_gib"] > 0
+    assert redis.Redis.from_url(redis_server.url).dbsize() == 0
+
+
+def test_an_aborted_s3_read_counts_the_ranged_gets_already_under_way(moto):
+    """The stop aborts a read between parts, but the parts already being fetched still cross the wire:
+    they were left out of the tier's bytes, so loopback looked shared with other traffic."""
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.s3 import S3Store
+
+    store = S3Store(_bucket(moto.url, "abort"), moto.url, "", part_bytes=5 * MIB, concurrency=3, workers=1,
+                    chunk_bytes=MIB)
+    bufs = _bufs()
+    try:
+        store.write("e", 40 * MIB, bufs)
+        stop = threading.Event()
+        with pytest.raises(IOAborted) as info:
+            store.read("e", bufs, stop, on_chunk=lambda c, mv: stop.set())  # stop after the first chunk
+        # part 0 was read whole; parts 1 and 2 were fetched alongside it
+        assert 15 * MIB <= info.value.device_bytes <= 40 * MIB and info.value.device_bytes % (5 * MIB) == 0
+    finally:
+        store.close()
+        bufs.close()
+
+
+@pytest.mark.parametrize("received, status", [(1.02, "ok"), (0.5, "suspect")])
+def test_integrity_checks_a_remote_tier_by_its_interface_bytes(received, status):
+    """A remote tier was 'suspect' in every run, for 'the page cache sits between the tool and the device'
+    (there is none on an S3 or Redis client); its page-cache check is now the interface's bytes."""
+    from kv_cache.results import integrity as integ
+
+    tool = 100 * MIB
+    doc = {"summary": {"cache_stats": {}}, "measurement": {
+        "io_mode": "network", "fsync": True, "filesystem": "s3", "filesystem_kind": "network",
+        "remote_tier": {"network": {"interface": "lo", "tool_bytes_read": tool // 2, "tool_bytes_written": tool // 2,
+                                    "bytes_received": int(received * tool)}}}}
+    checks = {c["check"]: c for c in integ.audit_facts(integ.facts_from_ours(doc))["checks"]}
+    assert checks["page_cache"]["status"] == status and "interface lo" in checks["page_cache"]["reason"]
+    assert checks["io_setup"]["status"] == "ok" and "page cache sits" not in checks["io_setup"]["reason"]
+
+
+def test_a_capacity_over_redis_maxmemory_is_exit_2_naming_the_server(tmp_path):
+    """The refusal named 'the filesystem of None' for a Redis tier (it has no --cache-dir)."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    srv = servers.start_redis(maxmemory="8mb")
+    try:
+        proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", srv.url, "--storage-capacity-gb", "0.5",
+                         duration=1))
+    finally:
+        srv.stop()
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and f"free on the server redis://127.0.0.1:{srv.port}/0" in err[-1], proc.stderr[-2000:]
+    assert "None" not in err[-1]
+
+
+def test_the_results_record_no_redis_password(tmp_path):
+    """`--redis-url redis://:PASSWORD@host` (the README's form) put the password into run_parameters.command
+    of every results file; it is recorded as ***."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    import redis
+
+    srv = servers.start_redis()
+    try:
+        redis.Redis.from_url(srv.url).config_set("requirepass", "s3cr3t-pw")
+        proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url",
+                         f"redis://:s3cr3t-pw@127.0.0.1:{srv.port}/0", duration=1))
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "r.json").read_text()
+    assert "s3cr3t-pw" not in text and "s3cr3t-pw" not in proc.stdout
+    assert f"redis://:***@127.0.0.1:{srv.port}/0" in json.loads(text)["run_parameters"]["command"]
+
+
+def test_a_key_the_server_dropped_is_a_read_error_not_a_verify_mismatch():
+    """A server whose maxmemory-policy evicts (allkeys-lru, common for caches) drops the run's keys
+    silently: a read found None and counted it as a --verify mismatch. Now the open says the server
+    evicts, and the read is an EIO naming the policy."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    import redis
+
+    from kv_cache.storage.base import DataCorruption
+    from kv_cache.storage.kvstore import RedisStore
+
+    srv = servers.start_redis(maxmemory="64mb")
+    try:
+        r = redis.Redis.from_url(srv.url)
+        r.config_set("maxmemory-policy", "allkeys-lru")
+        store = RedisStore(srv.url, MIB, workers=1)
+        assert store.evicting == "allkeys-lru" and "allkeys-lru" in store.notes[0]
+        bufs = _bufs()
+        store.write("e", 3 * MIB, bufs)
+        r.delete(f"{store._base('e')}:1")  # what an eviction does
+        with pytest.raises(OSError) as info:
+            store.read("e", bufs, verify=True)
+        assert not isinstance(info.value, DataCorruption) and info.value.errno == errno.EIO
+        assert "gone from the server" in str(info.value) and "allkeys-lru" in str(info.value)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
+
+
+def test_s3_sweep_aborts_a_dead_runs_incomplete_multipart_uploads(moto):
+    """A run killed mid-write leaves an incomplete multipart upload no object listing shows (S3 keeps and
+    bills its parts until aborted); the sweep aborts the dead run's, and leaves another host's."""
+    import boto3
+
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "uploads")
+    c = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing")
+    dead = f"u/kv-cache-run-20250101-000000-{_dead_pid()}-abcd"
+    other = "u/kv-cache-run-20250101-000000-1-beef"
+    for run, marker in ((dead, _marker(_dead_pid())), (other, _marker(1, "another-host"))):
+        c.put_object(Bucket=bucket, Key=f"{run}/.kv-cache-run", Body=marker)
+        up = c.create_multipart_upload(Bucket=bucket, Key=f"{run}/e.kv")
+        c.upload_part(Bucket=bucket, Key=f"{run}/e.kv", UploadId=up["UploadId"], PartNumber=1, Body=b"p" * (5 * MIB))
+    store = S3Store(bucket, moto.url, "u", part_bytes=5 * MIB, workers=1, chunk_bytes=MIB)
+    assert len(store.swept) == 1 and "1 incomplete multipart upload(s) aborted" in store.swept[0], store.swept
+    store.close()
+    left = [u["Key"] for u in c.list_multipart_uploads(Bucket=bucket).get("Uploads") or []]
+    assert left == [f"{other}/e.kv"]

@@ -188,7 +188,17 @@ def pid_alive(pid: int) -> bool:
         return True
     except OSError as e:  # pragma: no cover
         return e.errno != errno.ESRCH
-    return True
+    return _state(pid) not in ("Z", "X")  # a killed run whose parent has not reaped it yet is gone
+
+
+def _state(pid: int) -> str | None:
+    """The state letter of process `pid` (/proc/<pid>/stat field 3); None: unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2:].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def owner_alive(info: dict) -> bool:

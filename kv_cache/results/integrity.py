@@ -17,9 +17,10 @@ tool's raw keys). Five checks, each `ok`, `suspect`, `invalid` or `unknown` with
 3. interposers: LD_PRELOAD in the recorded parameters or environment; for our runs the mapped shared objects
    that define fsync, fdatasync, posix_fadvise or open (host/preload.py). A known no-op shim -> invalid.
 4. page_cache: bytes the block device moved against the bytes the tool counted (ours: /proc/diskstats);
-   under 90 % of the reads on the device -> reads served from memory.
+   under 90 % of the reads on the device -> reads served from memory. A remote tier (S3, Redis): the bytes
+   its interface received (/proc/net/dev) against the tier's, under 90 % -> suspect.
 5. io_setup: I/O mode, fsync issued, filesystem type and host; a RAM filesystem -> invalid, buffered or
-   no fsync -> suspect.
+   no fsync -> suspect (a remote tier's "network" mode has no page cache on the client: not suspect).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ class IntegrityFacts:
     filesystem: str | None = None
     filesystem_kind: str | None = None
     host: str | None = None
+    # a remote tier (io_mode "network"): what its interface received against the tier's bytes it should carry
+    net_interface: str | None = None
+    net_received_bytes: float | None = None
+    net_expected_bytes: float | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -190,7 +195,10 @@ def check_interposers(f: IntegrityFacts) -> dict[str, Any]:
 
 
 def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
-    """4. Device bytes against the tool's bytes: reads the device never saw came from memory."""
+    """4. Device bytes against the tool's bytes: reads the device never saw came from memory. A remote
+    tier's equivalent: the bytes its interface received against the tier's (check_network)."""
+    if f.io_mode == "network":
+        return check_network(f)
     if f.device_read_bytes is None:
         why = ("the MLPerf tool records no block-device counters over the run (its metadata holds one snapshot "
                "per host, not deltas): page-cache service cannot be ruled out"
@@ -208,6 +216,21 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
     return _finding("page_cache", OK, "the block device moved at least the bytes counted", **nums)
 
 
+def check_network(f: IntegrityFacts) -> dict[str, Any]:
+    """A remote tier has no page cache on the client: bytes the tier counted that its interface never
+    received did not cross the network (a client cache, or the wrong interface watched)."""
+    if f.net_received_bytes is None or not f.net_expected_bytes:
+        return _finding("page_cache", UNKNOWN, "a remote tier without interface counters (measurement.remote_tier)")
+    share = f.net_received_bytes / f.net_expected_bytes
+    nums = {"interface": f.net_interface, "interface_received_bytes": f.net_received_bytes,
+            "tier_bytes_expected": f.net_expected_bytes, "interface_share": share}
+    if share < DEVICE_SHARE_MIN:
+        return _finding("page_cache", SUSPECT, f"interface {f.net_interface} received {share:.0%} of the bytes the "
+                        "remote tier counted: the rest did not cross it", **nums)
+    return _finding("page_cache", OK, f"interface {f.net_interface} received at least the bytes the remote tier "
+                    "counted", **nums)
+
+
 def check_io_setup(f: IntegrityFacts) -> dict[str, Any]:
     """5. I/O mode, fsync, filesystem type, host."""
     nums = {"io_mode": f.io_mode, "fsync": f.fsync, "filesystem": f.filesystem, "host": f.host}
@@ -215,7 +238,7 @@ def check_io_setup(f: IntegrityFacts) -> dict[str, Any]:
     if f.filesystem_kind == "memory" or (f.filesystem or "") in ("tmpfs", "ramfs"):
         status = INVALID
         reasons.append(f"the storage tier is on {f.filesystem}, which is RAM")
-    if f.io_mode is not None and f.io_mode != "direct":
+    if f.io_mode is not None and f.io_mode not in ("direct", "network"):  # (a remote tier: no client page cache)
         status = max(status, SUSPECT, key=_RANK.get)
         reasons.append(f"I/O mode {f.io_mode}: the page cache sits between the tool and the device")
     if f.fsync is False:
@@ -229,7 +252,9 @@ def check_io_setup(f: IntegrityFacts) -> dict[str, Any]:
         reasons.append(f"fsync is asked for but {', '.join(os.path.basename(p) for p in flushers)} answers it: "
                        "no flush reaches the device")
     reasons.extend(f.notes)
-    return _finding("io_setup", status, "; ".join(reasons) or "direct I/O with fsync on a device filesystem", **nums)
+    plain = ("a remote tier over the network (no page cache on the client)" if f.io_mode == "network"
+             else "direct I/O with fsync on a device filesystem")
+    return _finding("io_setup", status, "; ".join(reasons) or plain, **nums)
 
 
 def audit_facts(f: IntegrityFacts, ceiling: float = DEFAULT_CEILING) -> dict[str, Any]:
@@ -284,6 +309,8 @@ def facts_from_ours(doc: dict[str, Any]) -> IntegrityFacts:
     busy = sum(v for v in qd.values() if isinstance(v, (int, float))) * window if qd and window else None
     e2e = [x for x in doc.get("end_to_end_latencies") or [] if isinstance(x, (int, float))]
     bd = m.get("block_device") or {}
+    net = (m.get("remote_tier") or {}).get("network") or {}
+    tool_r, tool_w = _num(net.get("tool_bytes_read")) or 0, _num(net.get("tool_bytes_written")) or 0
     libs = m.get("process_libraries") or {}
     e2e_p95 = _num((summary.get("end_to_end_latency_ms") or {}).get("p95"))
     return IntegrityFacts(
@@ -303,7 +330,10 @@ def facts_from_ours(doc: dict[str, Any]) -> IntegrityFacts:
         mapped_recorded=bool(libs.get("recorded")),
         device_read_bytes=_num(bd.get("bytes_read")), device_write_bytes=_num(bd.get("bytes_written")),
         io_mode=m.get("io_mode"), fsync=m.get("fsync"), filesystem=m.get("filesystem"),
-        filesystem_kind=m.get("filesystem_kind"), host=params.get("host"))
+        filesystem_kind=m.get("filesystem_kind"), host=params.get("host"),
+        net_interface=net.get("interface"), net_received_bytes=_num(net.get("bytes_received")),
+        # loopback receives both directions of the tier's traffic; another interface receives its reads
+        net_expected_bytes=tool_r + tool_w if net.get("interface") == "lo" else tool_r)
 
 
 def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = None) -> IntegrityFacts:

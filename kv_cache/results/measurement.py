@@ -50,8 +50,9 @@ def block_device(metrics: RunMetrics, name: str | None, before: tuple[int, int] 
     }
 
 
-NET_NOTE = ("deltas of /proc/net/dev over the whole run phase: every process's traffic on that interface, and "
-            "the protocol's own bytes (HTTP or RESP headers, TCP/IP)")
+NET_NOTE = ("deltas of /proc/net/dev (and of this process's CPU time) over the span of the tier's bytes (a "
+            "standard run: from the window's opening to the end of its drain; a sessions rung: from its start): "
+            "every process's traffic on that interface, and the protocol's own bytes (HTTP or RESP headers, TCP/IP)")
 OTHER_TRAFFIC = 1.10  # interface bytes above the tier's by more than this: more than the protocol's overhead
 
 
@@ -62,8 +63,11 @@ def network(metrics: RunMetrics, interface: str | None, before: tuple[int, int] 
     client's calls. On loopback each byte is counted once received and once sent."""
     st_read, st_write = metrics.tier_op("storage", "read"), metrics.tier_op("storage", "write")
     late = metrics.late
-    tool_r = st_read.device_bytes + late.get("storage_read_device_bytes", 0)
-    tool_w = st_write.device_bytes + late.get("storage_write_device_bytes", 0)
+    # as block_device(): operations finished or aborted after the window moved their bytes over the wire too
+    tool_r = (st_read.device_bytes + late.get("storage_read_device_bytes", 0)
+              + late.get("storage_read_aborted_device_bytes", 0))
+    tool_w = (st_write.device_bytes + late.get("storage_write_device_bytes", 0)
+              + late.get("storage_write_aborted_device_bytes", 0))
     ru = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = (ru.ru_utime - rusage0.ru_utime) + (ru.ru_stime - rusage0.ru_stime)
     out: dict[str, Any] = {"interface": interface, "tool_bytes_read": tool_r, "tool_bytes_written": tool_w,

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.settings.ranks import totals
+from kv_cache.settings.run import redacted_argv
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.settings.run import RunSettings
@@ -72,7 +73,7 @@ def run_parameters(settings: RunSettings, started: datetime,
     between ranks (`settings_split`)."""
     return {
         "timestamp": started.isoformat(timespec="seconds"),
-        "command": " ".join(settings.argv),
+        "command": " ".join(redacted_argv(settings.argv)),
         "config_path": settings.config_path,
         "model": settings.model_name,
         "bytes_per_token": settings.model.bytes_per_token,

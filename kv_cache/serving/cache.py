@@ -330,8 +330,9 @@ class MultiTierCache:
         required = tier.cost(required)
         is_last = index == len(self.tiers) - 1
         limit = tier.limit
-        if is_last and math.isinf(limit):
+        if is_last and math.isinf(limit):  # an unbounded last tier (S3, Redis without maxmemory) still has a peak
             tier.used += required
+            tier.peak = max(tier.peak, tier.used)
             return True
         if depth > p.max_recursion_depth:
             log.debug("eviction recursion limit reached in %s", tier.name)

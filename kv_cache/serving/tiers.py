@@ -327,9 +327,12 @@ def check_free_space(tiers: TierSettings, fs: FileStore, sharers: int = 1) -> No
     if total <= free:
         return
     ranks = f" x {sharers} ranks on that filesystem = {total / GIB:.3f} GiB" if sharers > 1 else ""
+    # a remote tier (Redis: maxmemory less used_memory) has no filesystem and no --cache-dir
+    where = (f"on the server {fs.cache_dir} ({fs.fs_type} maxmemory less used_memory)" if getattr(fs, "io_mode", None) == "network"
+             else f"on the filesystem of {tiers.cache_dir} ({fs.fs_type})")
     raise StorageSetupError(
         f"{tiers.storage_capacity_gb:g} GiB{ranks} is more than the {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) "
-        f"free on the filesystem of {tiers.cache_dir} ({fs.fs_type}): the capacity is a hard limit the tier "
+        f"free {where}: the capacity is a hard limit the tier "
         f"fills, so the run would stop on ENOSPC; give at most {math.floor(free / max(1, sharers) / GIB * 1000) / 1000:.3f}, or leave it out "
         f"(automatic: {AUTO_FRACTION:.0%} of the free space)"
     ).about("storage_capacity_gb")

@@ -13,6 +13,7 @@ of the MLPerf-compatible flags remain the keys of `defaults()` and of `rank_tota
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -354,3 +355,12 @@ def defaults() -> dict[str, Any]:
         if f.default is not MISSING:
             out.setdefault(f.name, f.default)
     return out
+
+
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@", re.IGNORECASE)
+
+
+def redacted_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """The command line as results record it: a URL's password (``redis://:PASSWORD@host``, the way
+    --redis-url carries one) replaced by ``***``, so a results file shared or submitted carries none."""
+    return [_URL_PASSWORD.sub(r"\1***@", a) for a in argv]

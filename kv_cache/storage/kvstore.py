@@ -23,6 +23,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.errors import StorageSetupError
+from kv_cache.settings.run import redacted_argv
 from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult, StoreBase, key_id, padded
 from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
@@ -74,8 +75,13 @@ class RedisStore(StoreBase):
             self._r = self.redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5,
                                                 max_connections=workers + 4, retry=Retry(NoBackoff(), 0))
         except ValueError as e:
-            raise StorageSetupError(f"redis: bad --redis-url {url!r}: {e}").about("redis_url") from None
+            raise StorageSetupError(f"redis: bad --redis-url {redacted_argv([url])[0]!r}: {e}").about("redis_url") from None
         self._setup("reach the server", self._r.ping)
+        self.evicting = self._eviction_policy()
+        self.notes: list[str] = [] if not self.evicting else [
+            f"redis: the server evicts keys on its own at maxmemory (maxmemory-policy {self.evicting}): entries "
+            "it drops are read errors, not a full tier; set maxmemory-policy noeviction to have a full tier refuse "
+            "writes (ENOSPC)"]
         self.run_name = new_run_name()
         self._sweep()
         self._setup("write the marker", lambda: self._r.set(f"{self.run_name}:{MARKER}", marker_json()))
@@ -160,14 +166,33 @@ class RedisStore(StoreBase):
             if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({text})") from exc
             raise OSError(errno.EIO, f"{what}: {text}") from exc
+        except self.redis.RedisError as exc:  # e.g. InvalidResponse: what answers is not a Redis server
+            raise OSError(errno.EIO, f"{what}: {type(exc).__name__}: {exc} (is it a Redis/Valkey server?)") from exc
 
     def _setup(self, what: str, fn):
         try:
             return self._call(f"redis {what}", fn)
         except OSError as e:
             why = {errno.EACCES: "the credentials were refused", errno.ENOTCONN: "the server cannot be reached"}.get(
-                e.errno, str(e))
+                e.errno, (e.strerror or str(e)).split(": ", 1)[-1])
             raise StorageSetupError(f"redis: cannot {what} at {self._where()}: {why}").about("redis_url") from None
+
+    def _gone(self, k: str) -> OSError:
+        """A chunk key this run wrote and did not delete is not on the server: the server dropped it (its
+        maxmemory-policy evicts, a FLUSHALL, a restart without persistence), not a --verify mismatch."""
+        why = f" (maxmemory-policy {self.evicting})" if self.evicting else ""
+        return OSError(errno.EIO, f"redis read of {k}: the key is gone from the server, which dropped it{why}")
+
+    def _eviction_policy(self) -> str | None:
+        """The server's maxmemory-policy when it evicts keys on its own (maxmemory set, not noeviction)."""
+        try:
+            cfg = self._r.config_get("maxmemory*")
+        except Exception:  # CONFIG may be disabled (managed services): unknown
+            return None
+        policy = cfg.get("maxmemory-policy") or cfg.get(b"maxmemory-policy")
+        limit = cfg.get("maxmemory") or cfg.get(b"maxmemory") or 0
+        policy = policy.decode() if isinstance(policy, bytes) else policy
+        return policy if int(limit) and policy and policy != "noeviction" else None
 
     # ------------------------------------------------------------------ leftovers
     def _sweep(self) -> None:
@@ -255,8 +280,10 @@ class RedisStore(StoreBase):
         t = perf_counter_ns()
         data = self._call(f"redis read of {k}", lambda: self._r.get(k))
         ns = perf_counter_ns() - t
-        if data is None or len(data) < len(view):
-            raise DataCorruption(f"{self.name}: key {k} is missing or short")
+        if data is None:
+            raise self._gone(k)
+        if len(data) < len(view):
+            raise DataCorruption(f"{self.name}: key {k} is short")
         view[:] = memoryview(data)[: len(view)]
         return len(view), ns
 
@@ -318,8 +345,10 @@ class RedisStore(StoreBase):
             dev_ns += perf_counter_ns() - t
             for k, data in zip(keys[g:], values, strict=False):
                 want = min(self.chunk_bytes, total - off)
-                if data is None or len(data) < want:
-                    raise DataCorruption(f"{self.name}: key {k} is missing or short")
+                if data is None:
+                    raise self._gone(k)
+                if len(data) < want:
+                    raise DataCorruption(f"{self.name}: key {k} is short")
                 body = memoryview(data)
                 for sub in range(0, want, chunk):
                     n = min(chunk, want - sub)

@@ -6,9 +6,11 @@ multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight; rea
 ranged GETs, ``concurrency`` in flight, each copied chunk by chunk into the worker's read buffer (where
 --verify checks the stamps) as soon as it and those before it have arrived.
 
-What is buffered besides the worker buffers is the client's: obstore copies each written chunk into the
-part it is filling (up to ``concurrency`` parts in flight) and returns each ranged GET in a buffer of its
-own (up to ``concurrency`` per read), freed once copied. Nothing is generated per request.
+What is buffered besides the worker buffers is the client's: obstore's writer keeps a reference to each
+written slot (no copy: a slot rewritten before its part is sent changes the object, so the ring holds
+``concurrency`` + 2 parts' worth) and returns each ranged GET in a buffer of its own (up to ``concurrency``
+per read; obstore 0.12 has no read into a caller's buffer), copied into the read buffer and freed. Nothing
+is generated per request.
 
 Why obstore and not boto3: benchmarks/s3_clients.py, same moto server and workload (see the README).
 
@@ -42,7 +44,7 @@ from kv_cache.storage.remote import (
     new_run_name,
     stale_owner,
 )
-from kv_cache.storage.s3_client import classify, credentials, import_obstore, region
+from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
@@ -196,6 +198,9 @@ class S3Store(StoreBase):
             why = stale_owner(name, marker)
             if why is None:
                 continue
+            uploads = abort_uploads(self.bucket, self.endpoint, sub.rstrip("/") + "/")
+            parts = ("; its incomplete multipart uploads not checked (boto3 lists them)" if uploads is None
+                     else f", {uploads} incomplete multipart upload(s) aborted" if uploads else "")
             objects = [m for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch]
             mine = [m["path"] for m in objects if m["path"].endswith(ENTRY_SUFFIX)]
             kept = [m["path"] for m in objects if not m["path"].endswith((ENTRY_SUFFIX, "/" + MARKER))]
@@ -204,11 +209,11 @@ class S3Store(StoreBase):
                 self.obstore.delete(self._s3, mine)
             if kept:
                 self.swept.append(f"left the run prefix s3://{self.bucket}/{sub} of an earlier run ({why}): it "
-                                  f"holds {len(kept)} object(s) that are not a run's")
+                                  f"holds {len(kept)} object(s) that are not a run's{parts}")
                 continue
             self.obstore.delete(self._s3, f"{sub.rstrip('/')}/{MARKER}")
             self.swept.append(f"removed the run prefix s3://{self.bucket}/{sub} left by an earlier run ({why}): "
-                              f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB")
+                              f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB{parts}")
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:
@@ -388,12 +393,30 @@ class S3Store(StoreBase):
                         on_chunk(c, mv[: min(n, max(0, nbytes - start - off))])
                     c += 1
                 del body, data
+        except IOAborted as e:  # the ranged GETs already under way still cross the wire: count their bytes
+            e.device_bytes += self._drain(futures)
+            e.device_ns = wait_ns
+            raise
         finally:
             for f in futures:
                 if f is not None:
                     f.cancel()
         t1 = perf_counter_ns()
         return IOResult(nbytes, total, t1 - t0, wait_ns, t1 - t0 - wait_ns)
+
+    @staticmethod
+    def _drain(futures: list[Any]) -> int:
+        """Cancel the ranged GETs not started; wait for those under way and return the bytes they got."""
+        got = 0
+        for i, f in enumerate(futures):
+            if f is None or f.cancel():
+                continue
+            try:
+                got += len(memoryview(f.result()[0]))
+            except Exception:  # a failed part moved nothing worth counting
+                pass
+            futures[i] = None
+        return got
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:

@@ -4,6 +4,7 @@ for the run (throttling, refused credentials, a missing bucket or object, a lost
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 from typing import Any
@@ -35,6 +36,8 @@ def credentials() -> Any:
         from obstore.auth.boto3 import Boto3CredentialProvider  # noqa: PLC0415
     except ImportError:
         return None
+    # boto3 logs "Found credentials in ..." at INFO on every run, ahead of the report or of a one-line error
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
     session = boto3.Session()
     if session.get_credentials() is None:
         return None
@@ -76,3 +79,25 @@ def classify(obstore: Any, bucket: str, stats: RemoteStats, what: str, exc: Exce
         return lost_connection(what, exc)
     return OSError(errno.EIO, f"{what}: {first}")
 
+
+def abort_uploads(bucket: str, endpoint: str | None, prefix: str) -> int | None:
+    """Abort the incomplete multipart uploads under `prefix` (a dead run's: a write it was making when it
+    was killed), which no listing of objects shows and S3 keeps, and bills, until aborted. Returns how many
+    were aborted; None when they cannot be listed (boto3 missing, or the server refuses the call): obstore
+    has no call for them."""
+    try:
+        import boto3  # noqa: PLC0415
+        from botocore.config import Config  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=region(),
+                              config=Config(s3={"addressing_style": "path"} if endpoint else {}))
+        aborted = 0
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
+            for up in page.get("Uploads") or []:
+                client.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+                aborted += 1
+        return aborted
+    except Exception:  # an S3-compatible server without the call, or no permission for it
+        return None

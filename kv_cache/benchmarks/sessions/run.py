@@ -29,6 +29,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
 from kv_cache.serving.engine.calibration import calibration_errors
+from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
@@ -343,7 +344,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
         "tool": f"kv-cache {__version__}",
         "mode": "sessions",
         "timestamp": started.isoformat(timespec="seconds"),
-        "command": " ".join(["kv-cache", "sessions", *s.argv]),
+        "command": " ".join(["kv-cache", "sessions", *redacted_argv(s.argv)]),
         "parameters": first["parameters"],
         "method": METHOD,
         **{k: v for k, v in first.items() if k != "parameters"},

@@ -34,6 +34,7 @@ from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
 from kv_cache.results import measurement as meas
 from kv_cache.results.blocklatency import block_latency
+from kv_cache.results.integrity import audit_facts, facts_from_ours
 from kv_cache.results.parameters import run_mode
 from kv_cache.results.run_document import INTERRUPTED_EARLY, RunRecord, build_results, interrupted_results
 from kv_cache.results.verdict import (
@@ -254,8 +255,9 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
     net = NetCounter.for_host(getattr(stores.file_store, "endpoint_host", None))  # a remote tier's server
-    net_before = net.snapshot() if net else None
     run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
+    net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
+    cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # so is their (and the set-up's) client CPU
     tracer, why = start_tracing(settings, blockdev, out)
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
@@ -283,7 +285,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         results["measurement"]["remote_tier"] = {
             **stores.file_store.remote_stats(),
             "network": meas.network(run.metrics, net.name if net else None, net_before,
-                                    net.snapshot() if net else None, run.rusage0)}
+                                    net.snapshot() if net else None, cpu_before)}
+        results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
         results["block_latency"] = block_latency(traced, why, os.getpid())
     return results

@@ -12,6 +12,7 @@ def _open(request: BackendRequest):
     t = request.tiers.remote
     store = RedisStore(t.redis_url or "", request.storage.chunk_bytes, t.redis_pipeline, request.workers)
     request.notes.extend(store.swept)
+    request.notes.extend(store.notes)
     request.notes.append(f"storage tier: {store.run_dir} ({store.io_mode_reason})")
     return store
 
