@@ -14,13 +14,13 @@ from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
 from kv_cache.render.console import report_lines
+from kv_cache.render.merged_table import merged_table
 from kv_cache.results.merge import (
     EXACT,
     FROM_HISTOGRAMS,
     MergeError,
     find_rank_files,
     merge_documents,
-    merged_table,
 )
 from kv_cache.results.samples import latency_samples
 from kv_cache.results.series import latency_histograms, time_series

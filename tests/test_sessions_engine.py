@@ -8,7 +8,8 @@ import pytest
 
 from kv_cache.benchmarks.sessions.ladder import RungRun, replica_of
 from kv_cache.cli import parse_sessions_settings
-from kv_cache.serving.engine.replica import LOAD_PRIORITY, STORE_PRIORITY, IOPool, Replica, TurnRequest
+from kv_cache.serving.engine.io_pool import LOAD_PRIORITY, STORE_PRIORITY, IOPool
+from kv_cache.serving.engine.replica import Replica, TurnRequest
 from kv_cache.settings.sections import EvictionConfig
 from kv_cache.workload.session_supply import script_supply
 
@@ -176,7 +177,7 @@ def test_a_prefix_stopped_by_a_queued_store_is_counted():
 
 
 def test_iopool_tracks_the_stores_in_flight():
-    from kv_cache.serving.engine.replica import IOPool
+    from kv_cache.serving.engine.io_pool import IOPool
 
     class Cache:
         def allocate(self, *a, **k):

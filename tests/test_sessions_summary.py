@@ -17,7 +17,8 @@ from kv_cache.benchmarks.sessions.rung_results import (
     throughput_ci,
     ttft_breakdown,
 )
-from kv_cache.serving.engine.replica import IOCounters, TurnRequest
+from kv_cache.serving.engine.io_pool import IOCounters
+from kv_cache.serving.engine.replica import TurnRequest
 
 
 def req(cls="return", issue=0.0, admitted=0.1, load=0.2, ttft=0.5, loads=2, block_bytes=10**9):

@@ -31,8 +31,9 @@ from typing import Any
 from kv_cache.benchmarks.standard.outputs import write_merged_document
 from kv_cache.cli.merge_score import score_command, score_places
 from kv_cache.errors import DocumentError, UsageError
+from kv_cache.render.merged_table import merged_table
 from kv_cache.results.documents import MergedDocument, load
-from kv_cache.results.merge import MergeError, find_rank_files, merge_documents, merged_table
+from kv_cache.results.merge import MergeError, find_rank_files, merge_documents
 
 __all__ = ["add_merge_flags", "default_output", "merge_command"]
 

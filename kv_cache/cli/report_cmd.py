@@ -101,7 +101,7 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
 
         print_report(results, out)
         if isinstance(doc, MergedDocument):
-            from kv_cache.results.merge import merged_table  # noqa: PLC0415
+            from kv_cache.render.merged_table import merged_table  # noqa: PLC0415
 
             out.write("\n" + merged_table(results))
     if args.plots:

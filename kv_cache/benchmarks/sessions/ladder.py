@@ -50,7 +50,8 @@ from kv_cache.core.pool import Stream
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.serving.build import open_cache
 from kv_cache.serving.engine import roofline as gpumod
-from kv_cache.serving.engine.replica import IOPool, Replica, TurnRequest
+from kv_cache.serving.engine.io_pool import IOPool
+from kv_cache.serving.engine.replica import Replica, TurnRequest
 from kv_cache.serving.tiers import TierSet
 from kv_cache.settings.run import RemoteTierSettings, StorageSettings, TierSettings
 from kv_cache.settings.sections import EvictionConfig

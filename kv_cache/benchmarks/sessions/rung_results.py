@@ -24,7 +24,8 @@ from kv_cache.metrics.stats import (
     percentile,
     subwindow_rates,
 )
-from kv_cache.serving.engine.replica import IOCounters, TurnRequest
+from kv_cache.serving.engine.io_pool import IOCounters
+from kv_cache.serving.engine.replica import TurnRequest
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "engine_clock", "failure_flags", "failure_inputs",
            "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown", "ttft_percentiles", "window_rate_ci",

@@ -11,7 +11,8 @@ from kv_cache.core.group import GroupBroken, RankGroup
 from kv_cache.errors import RanksLost
 from kv_cache.render import xlsx
 from kv_cache.render.console import print_report
-from kv_cache.results.merge import merge_documents, merged_table
+from kv_cache.render.merged_table import merged_table
+from kv_cache.results.merge import merge_documents
 from kv_cache.results.outputs import write_results
 from kv_cache.results.write import Written, write_document
 from kv_cache.settings.run import RunSettings

@@ -1,0 +1,35 @@
+"""A merged document (results/merge.py) as text for the console: its figures and the per-rank table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kv_cache.results.merge import FROM_HISTOGRAMS, PRECISION
+
+__all__ = ["merged_table"]
+
+
+def merged_table(doc: dict[str, Any]) -> str:
+    """The merged figures and the per-rank table, as text for the console."""
+    w, bw, lat = doc["window"], doc["bandwidth_gibps"], doc["latency_ms"]
+    spread = (f" (starts {w['start_spread_s']:.3f} s apart, ends {w['end_spread_s']:.3f} s)"
+              if w.get("start_spread_s") is not None else "")
+    lines = [f"Merged {doc['ranks']} rank(s): window {w['seconds']:.3f} s, {w['kind']}{spread}",
+             f"  storage read {bw['storage_read']:.3f} GiB/s, write {bw['storage_write']:.3f} GiB/s "
+             f"(sum of the ranks' rates: read {doc['sum_of_ranks']['tier_storage_read_bandwidth_gbps']:.3f}, "
+             f"write {doc['sum_of_ranks']['tier_storage_write_bandwidth_gbps']:.3f})",
+             f"  requests {doc['totals']['requests_completed']}, end-to-end P95 "
+             f"{lat['end_to_end'].get('p95', 0.0):.2f} ms (merged), max of rank P95 "
+             f"{doc['max_of_rank_p95_ms']['end_to_end_latency'] or 0.0:.2f} ms"]
+    methods = sorted({m for m in (doc.get("percentile_method") or {}).values() if m})
+    if FROM_HISTOGRAMS in methods:
+        lines.append(f"  percentiles of some lists from the {FROM_HISTOGRAMS} ({PRECISION})")
+    if doc.get("missing_ranks"):
+        lines.append(f"  MISSING rank(s): {', '.join(map(str, doc['missing_ranks']))}")
+    lines.append(f"  {'rank':>4} {'window s':>9} {'requests':>8} {'read GiB/s':>10} {'write GiB/s':>11} "
+                 f"{'e2e P95 ms':>10}  host / file")
+    for r in doc["per_rank"]:
+        lines.append(f"  {r['rank']:>4} {r['window_seconds'] or 0.0:>9.3f} {r['requests']:>8} "
+                     f"{r['storage_read_gibps'] or 0.0:>10.3f} {r['storage_write_gibps'] or 0.0:>11.3f} "
+                     f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r.get('host') or '-'}: {r['file']}")
+    return "\n".join(lines) + "\n"
