@@ -93,6 +93,23 @@ def test_mpirun_writes_one_merged_document_and_the_rank_files(tmp_path, n):
 
 
 @pytest.mark.slow
+def test_ranks_on_one_host_are_counted_without_the_launchers_local_variables(tmp_path):
+    """A launcher that sets no local-size / local-rank variable: MPI's node-local split counts the ranks
+    sharing this host, so the host's memory budget is still divided between them."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    unset = [a for v in ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK") for a in ("-u", v)]
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", "env", *unset,
+           sys.executable, str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY,
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    docs = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
+    assert [d["run_parameters"]["settings_split"]["host_ranks"] for d in docs] == [2, 2]
+
+
+@pytest.mark.slow
 def test_mpirun_through_the_wrapper_keeps_the_harness_layout(tmp_path):
     out, cache = tmp_path / "results", tmp_path / "cache"
     _launch(tmp_path, 2, "mlperf_wrapper.py", ["--rank-output-base", str(out), "--rank-cache-base", str(cache),

@@ -220,26 +220,54 @@ def trace_source(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]
 
 def mpi_local_size() -> int:
     """How many ranks of this MPI job run on this host (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's
-    MPI_LOCALNRANKS, MVAPICH's MV2_COMM_WORLD_LOCAL_SIZE); 1 when the launcher does not say."""
+    MPI_LOCALNRANKS, MVAPICH's MV2_COMM_WORLD_LOCAL_SIZE); for a launcher that says none of these, the
+    node-local communicator's size (mpi_node_local); 1 when that cannot be had either."""
     for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"):
         try:
             return max(1, int(os.environ[var]))
         except (KeyError, ValueError):
             continue
-    return 1
+    node = mpi_node_local()
+    return node[1] if node else 1
+
+
+def mpi_node_local() -> tuple[int, int] | None:
+    """(this rank's index, the rank count) among the ranks sharing this host, from MPI itself: the MPI-3
+    shared-memory split of COMM_WORLD (MPI_COMM_TYPE_SHARED), for launchers that set no local-rank
+    variables. Collective: every rank of the job calls it at the same point (settings resolution, which
+    every rank runs with the same flags). None without mpi4py or outside a multi-rank job."""
+    global _NODE_LOCAL
+    if _NODE_LOCAL is None:
+        try:
+            from mpi4py import MPI  # noqa: PLC0415  (only under mpirun)
+
+            world = MPI.COMM_WORLD
+            if world.Get_size() <= 1:
+                _NODE_LOCAL = ()
+            else:
+                node = world.Split_type(MPI.COMM_TYPE_SHARED)
+                _NODE_LOCAL = (node.Get_rank(), node.Get_size())
+                node.Free()
+        except Exception:  # noqa: BLE001  (no mpi4py, or an MPI without MPI-3 shared split: say 1)
+            _NODE_LOCAL = ()
+    return _NODE_LOCAL or None
+
+
+_NODE_LOCAL: tuple[int, ...] | None = None
 
 
 def mpi_local_rank() -> tuple[int, str]:
     """(this rank's index among the ranks on this host, the variable it came from): Open MPI's
     OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, MVAPICH's MV2_COMM_WORLD_LOCAL_RANK, or Slurm's
-    SLURM_LOCALID (srun starting the ranks through PMI sets no MPI variable for it); (0, "") when the
-    launcher does not say."""
+    SLURM_LOCALID (srun starting the ranks through PMI sets no MPI variable for it); else MPI's own
+    node-local split (mpi_node_local); (0, "") when none says."""
     for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
         try:
             return max(0, int(os.environ[var])), var
         except (KeyError, ValueError):
             continue
-    return 0, ""
+    node = mpi_node_local()
+    return (node[0], "MPI_COMM_TYPE_SHARED") if node else (0, "")
 
 
 def mpi_rank() -> tuple[int, int]:
