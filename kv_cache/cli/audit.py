@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from kv_cache.errors import DocumentError, UsageError
 from kv_cache.results import integrity as integ
 from kv_cache.results.documents import load
+from kv_cache.results.mlperf_tool import is_mlperf_tool_file
 
 __all__ = ["add_audit_flags", "audit_command", "audit_path"]
 
@@ -46,8 +47,9 @@ def _read_json(path: Path) -> Any:
 
 
 def _is_mlperf_rank(raw: Any) -> bool:
-    return isinstance(raw, dict) and "schema_version" not in raw and isinstance(raw.get("summary"), dict) \
-        and isinstance(raw["summary"].get("cache_stats"), dict)
+    """The one recogniser of the MLPerf tool's rank files (results/mlperf_tool.py), so a file that report and
+    merge read (one with no `summary`: no request completed) is audited too, not skipped as foreign."""
+    return is_mlperf_tool_file(raw)
 
 
 def _metadata_above(path: Path) -> tuple[Path, dict[str, Any]] | None:

@@ -149,10 +149,12 @@ def check_window(f: IntegrityFacts) -> dict[str, Any]:
     elif span and span > f.window_s:
         excess = span / f.window_s - 1
         status = INVALID if excess > WINDOW_TOLERANCE else max(status, SUSPECT, key=_RANK.get)
+        corrected = nums.get("corrected_read_gib_per_s")
         reasons.append(f"the counted bytes took at least {span:.1f} s, not the {f.window_s:.1f} s window they are "
-                       f"divided by (+{excess:.0%}); corrected read bandwidth at most "
-                       f"{nums.get('corrected_read_gib_per_s', 0):.2f} GiB/s against "
-                       f"{nums.get('reported_read_gib_per_s', 0):.2f} reported")
+                       f"divided by (+{excess:.0%}); " + (
+                           f"corrected read bandwidth at most {corrected:.2f} GiB/s against "
+                           f"{nums['reported_read_gib_per_s']:.2f} reported" if corrected is not None else
+                           "the bytes read are not recorded, so no corrected bandwidth"))
     if f.e2e_p95_s is not None and f.e2e_p95_s > f.window_s and not f.bytes_window_bounded:
         status = max(status, SUSPECT, key=_RANK.get)
         reasons.append(f"end-to-end P95 {f.e2e_p95_s:.1f} s is longer than the {f.window_s:.1f} s window")
@@ -312,11 +314,13 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
     num_users, ld_preload, host) when known."""
     params = params or {}
     v = rank_view(raw)
-    s = raw.get("summary") or {}
+    s = raw.get("summary") if isinstance(raw.get("summary"), dict) else {}
     e2e = v.latencies_s("end_to_end_latencies")
     # its QoS classes' `max` latencies are end-to-end too (ms): the longest request when the array is cut
-    e2e += [m / 1000 for q in (s.get("qos_metrics") or {}).values() if isinstance(q, dict)
-            for m in [(q.get("latency_ms") or {}).get("max")] if isinstance(m, (int, float))]
+    qos = s.get("qos_metrics") if isinstance(s.get("qos_metrics"), dict) else {}
+    e2e += [m / 1000 for q in qos.values() if isinstance(q, dict)
+            for m in [(q.get("latency_ms") if isinstance(q.get("latency_ms"), dict) else {}).get("max")]
+            if isinstance(m, (int, float)) and not isinstance(m, bool)]
     return IntegrityFacts(
         source="mlperf-tool", window_s=v.elapsed_s, workers=params.get("num_users"),
         workers_meaning="users (one request in flight each)",

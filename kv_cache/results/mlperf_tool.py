@@ -154,7 +154,8 @@ class MlperfToolRank:
 
     def latencies_s(self, key: str) -> list[float]:
         """A per-request list as written (seconds): end_to_end_latencies, storage_latencies, ..."""
-        return [float(v) for v in self.data.get(key) or [] if _number(v) is not None]
+        values = self.data.get(key)
+        return [float(v) for v in values if _number(v) is not None] if isinstance(values, list) else []
 
 
 def rank_view(data: Mapping[str, Any], source: str | os.PathLike | None = None) -> MlperfToolRank:

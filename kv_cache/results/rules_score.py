@@ -45,7 +45,8 @@ MAX_KEYS = {"read_device_p95_ms": ("cache_stats", "storage_read_device_p95_ms"),
 
 def find_harness_files(root: str) -> list[tuple[int, int, int, str]]:
     """(option, trial, rank, file) of every `option_<O>/trial_<T>/rank_<N>/kvcache_results_*.json` under root,
-    at any depth, the newest file per rank directory."""
+    at any depth, the newest file per rank directory (a rank directory without one: its last *.json by name,
+    as our runs given --output write)."""
     found = []
     for dirpath, dirnames, _files in os.walk(root):
         dirnames.sort()
@@ -53,6 +54,9 @@ def find_harness_files(root: str) -> list[tuple[int, int, int, str]]:
         if rank is None or os.path.basename(dirpath) != f"rank_{rank}":
             continue
         files = sorted(glob.glob(os.path.join(dirpath, "kvcache_results_*.json")))
+        if not files:  # our own runs may be written under any name (--output): the rank directory says the place
+            files = sorted(f for f in glob.glob(os.path.join(dirpath, "*.json"))
+                           if not f.endswith(("_metadata.json", "cluster_info.json")))
         if files:
             found.append((option, trial, rank, files[-1]))
     return sorted(found)
@@ -68,6 +72,13 @@ def _get(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+
+
+def _get_any(node: Any, path: tuple[str, ...]) -> Any:
+    """The value at path, or None where any level is missing or not an object (a file's shape is not trusted)."""
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
 
 
 def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
@@ -86,7 +97,7 @@ def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
         row[name] = _get(summary, path_)
         if row[name] is None:
             row["missing"].append("summary." + ".".join(path_))
-    row["status"] = ((summary.get("cache_stats") or {}).get("storage_health") or {}).get("overall_status")
+    row["status"] = _get_any(summary, ("cache_stats", "storage_health", "overall_status"))
     row["doc"] = doc
     return row
 
@@ -108,8 +119,8 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if ours:
         out["kv_cache_merged_per_trial"] = _merged_trials(ours)
     if theirs:
-        storage = np.concatenate([np.asarray(r["doc"].data.get("storage_latencies") or [], dtype=float)
-                                  for r in theirs]) * 1e3
+        storage = np.asarray([x for r in theirs for x in r["doc"].view.latencies_s("storage_latencies")],
+                             dtype=float) * 1e3
         out["mlperf_tool_request_storage_p95_ms"] = float(np.percentile(storage, 95)) if storage.size else None
         out["mlperf_tool_requests_pooled"] = int(storage.size)
     return out

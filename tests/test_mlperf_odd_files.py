@@ -1,0 +1,93 @@
+"""Odd files handed to report / merge / audit: the MLPerf tool's rank files with keys of the wrong type, a
+harness summary.json with strings where numbers are, a rank file with no `summary` (no request completed),
+and a harness directory of our own runs written under any --output name. Each is read and said, never a
+traceback (issue 18 review)."""
+
+import copy
+import json
+from pathlib import Path
+
+from kv_cache.cli import main
+from kv_cache.cli.audit import audit_path
+from kv_cache.results.rules_score import find_harness_files
+
+FIXTURES = Path(__file__).parent / "fixtures"
+R0 = FIXTURES / "mlperf_v3" / "run" / "option_1" / "trial_0" / "rank_0" / "kvcache_results_20260807_155722.json"
+
+
+def _rank_dir(root: Path, data: dict, option: int = 1, trial: int = 0, rank: int = 0) -> Path:
+    folder = root / f"option_{option}" / f"trial_{trial}" / f"rank_{rank}"
+    folder.mkdir(parents=True)
+    path = folder / "kvcache_results_20260807_155722.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_merge_of_rank_files_with_keys_of_the_wrong_type(tmp_path, capsys):
+    data = json.loads(R0.read_text())
+    odd = copy.deepcopy(data)
+    odd["storage_latencies"] = "not a list"
+    odd["end_to_end_latencies"] = [None, "a", 1.5]
+    _rank_dir(tmp_path / "run", odd, rank=0)
+    odd = copy.deepcopy(data)
+    odd["summary"]["cache_stats"] = "not an object"
+    _rank_dir(tmp_path / "run", odd, rank=1)
+    assert main(["merge", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "Option 1: 1 trial(s) x 2 rank(s)" in out
+    assert "aggregate storage read bandwidth, GiB/s" in out
+
+
+def test_harness_summary_with_strings_where_numbers_are(tmp_path, capsys):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"schema_version": "1.0", "trials_per_option": "2", "total_ranks": None,
+                                "options": {"1": {"aggregated_read_bandwidth_gbps": "9.2",
+                                                  "aggregated_p95_latency_ms": True, "missing_files": 3},
+                                            "2": None}}))
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "missing rank(s), 2 trial(s) per option" in out
+    assert "aggregated read bandwidth, GiB/s (sum over ranks, mean over trials): not a number ('9.2')" in out
+    assert "max per-request storage time P95, ms: not a number (True)" in out
+
+
+def test_audit_reads_a_rank_file_with_no_summary(tmp_path):
+    data = json.loads(R0.read_text())
+    del data["summary"]  # what the tool writes when no request completed
+    path = tmp_path / "kvcache_results_1.json"
+    path.write_text(json.dumps(data))
+    [(name, block)] = audit_path(str(path))
+    assert block["source"] == "mlperf-tool" and block["verdict"] != "ok"
+    assert {c["check"]: c["status"] for c in block["checks"]}["window"] == "unknown"
+    # and inside a run directory it is audited, not skipped
+    _rank_dir(tmp_path / "run", data)
+    assert len(audit_path(str(tmp_path / "run"))) == 1
+
+
+def test_audit_without_bytes_gives_no_corrected_bandwidth(tmp_path):
+    data = json.loads(R0.read_text())
+    data["summary"]["cache_stats"] = None
+    path = tmp_path / "kvcache_results_1.json"
+    path.write_text(json.dumps(data))
+    [(_name, block)] = audit_path(str(path))
+    window = next(c for c in block["checks"] if c["check"] == "window")
+    assert "the bytes read are not recorded, so no corrected bandwidth" in window["reason"]
+    assert "0.00 GiB/s" not in window["reason"]
+
+
+def _our_doc(rank: int) -> dict:
+    """A rank document of ours, cut to what the score reads (schema_version, seed, summary)."""
+    summary = json.loads(R0.read_text())["summary"]
+    return {"schema_version": "kv-cache-results/1", "run_id": f"r{rank}", "seed": 42 + rank, "summary": summary}
+
+
+def test_harness_directory_of_our_runs_under_any_output_name(tmp_path, capsys):
+    for trial in (0, 1):
+        for rank in (0, 1):
+            folder = tmp_path / "run" / "option_1" / f"trial_{trial}" / f"rank_{rank}"
+            folder.mkdir(parents=True)
+            (folder / "r.json").write_text(json.dumps(_our_doc(rank)))
+    places = find_harness_files(str(tmp_path / "run"))
+    assert [(o, t, r) for o, t, r, _f in places] == [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert main(["merge", str(tmp_path / "run")]) == 0
+    assert "Option 1: 2 trial(s) x 2 rank(s); files: kv-cache" in capsys.readouterr().out
