@@ -91,3 +91,29 @@ def test_harness_directory_of_our_runs_under_any_output_name(tmp_path, capsys):
     assert [(o, t, r) for o, t, r, _f in places] == [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
     assert main(["merge", str(tmp_path / "run")]) == 0
     assert "Option 1: 2 trial(s) x 2 rank(s); files: kv-cache" in capsys.readouterr().out
+
+
+def test_nan_written_by_pythons_json_is_read_and_said_as_missing(tmp_path, capsys):
+    data = json.loads(R0.read_text())
+    data["summary"]["cache_stats"]["tier_storage_read_bandwidth_gbps"] = float("nan")
+    path = _rank_dir(tmp_path / "run", data)
+    path.write_text(json.dumps(data))  # json.dump writes NaN, as the MLPerf tool's json.dump would
+    assert b"NaN" in path.read_bytes()
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "read bandwidth (bytes / window)                missing" in out
+    assert "Keys that are not numbers (read as missing): summary.cache_stats.tier_storage_read_bandwidth_gbps" in out
+    assert main(["merge", str(tmp_path / "run"), "--json"]) == 0
+    option = json.loads(capsys.readouterr().out)["score"]["options"]["1"]
+    assert option["read_gibps"] is None and option["write_gibps"] is not None
+
+
+def test_strings_where_numbers_are_are_named(tmp_path, capsys):
+    data = json.loads(R0.read_text())
+    data["summary"]["cache_stats"]["read_iops"] = "2956"
+    path = tmp_path / "kvcache_results_1.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "read operations (a count)                      missing (summary.cache_stats.read_iops)" in out
+    assert "Keys that are not numbers (read as missing): summary.cache_stats.read_iops" in out

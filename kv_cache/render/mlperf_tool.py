@@ -80,6 +80,8 @@ def mlperf_report_lines(view: MlperfToolRank) -> list[str]:
     if derived:
         lines += ["", "### Implied by those keys ###", *derived]
     lines += ["", f"Keys missing from this file: {', '.join(view.missing) if view.missing else 'none'}"]
+    if view.not_numbers:
+        lines.append(f"Keys that are not numbers (read as missing): {', '.join(view.not_numbers)}")
     return lines
 
 

@@ -18,6 +18,7 @@ exist (`trials_left_out`), and with none complete the score says `incomplete`.
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import statistics
@@ -71,7 +72,8 @@ def _get(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
     node: Any = summary
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
-    return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+    ok = isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node)
+    return float(node) if ok else None  # NaN (Python's json.dump writes it) is no figure: said as missing
 
 
 def _get_any(node: Any, path: tuple[str, ...]) -> Any:
