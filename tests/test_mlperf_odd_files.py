@@ -117,3 +117,24 @@ def test_strings_where_numbers_are_are_named(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "read operations (a count)                      missing (summary.cache_stats.read_iops)" in out
     assert "Keys that are not numbers (read as missing): summary.cache_stats.read_iops" in out
+
+
+def test_mixed_formats_name_what_the_write_device_p95_covers_and_ranks_not_to_average(tmp_path, capsys):
+    _rank_dir(tmp_path / "run", json.loads(R0.read_text()), rank=0)  # the MLPerf tool's
+    ours = _our_doc(1)
+    ours["summary"]["cache_stats"]["storage_write_device_p95_ms"] = 150.0  # ours times the whole write
+    ours |= {"rank_status": "failed", "rank_status_reason": "verdict FAIL: Requests Completed > 0"}
+    _rank_dir(tmp_path / "run", ours, rank=1)
+    no_summary = json.loads(R0.read_text())
+    del no_summary["summary"]
+    _rank_dir(tmp_path / "run", no_summary, trial=1, rank=0)
+    assert main(["merge", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "150.000   (mixed: the MLPerf tool's ranks time the fsync alone, ours the whole write)" in out
+    assert "not to average (its rank_status): trial 0 rank 1 failed: verdict FAIL: Requests Completed > 0" in out
+    assert "the files' own verdicts: FAIL x2, no verdict x1" in out and "None x0" not in out
+    assert main(["merge", str(tmp_path / "run"), "--json"]) == 0
+    option = json.loads(capsys.readouterr().out)["score"]["options"]["1"]
+    assert option["ranks_not_to_average"] == [{"trial": 0, "rank": 1, "status": "failed",
+                                               "reason": "verdict FAIL: Requests Completed > 0"}]
+    assert option["tool_status"] == {"FAIL": 2, "no verdict": 1}

@@ -31,6 +31,7 @@ from kv_cache.errors import DocumentError
 from kv_cache.results.documents import MlperfToolDocument, RunDocument, load
 from kv_cache.results.merge import MergeError, merge_documents
 from kv_cache.results.mlperf_tool import harness_place
+from kv_cache.results.verdict import COMPLETE, rank_status
 
 __all__ = ["SUM_KEYS", "find_harness_files", "format_score", "is_harness_dir", "rules_score"]
 
@@ -100,6 +101,10 @@ def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
         if row[name] is None:
             row["missing"].append("summary." + ".".join(path_))
     row["status"] = _get_any(summary, ("cache_stats", "storage_health", "overall_status"))
+    if row["format"] == "kv-cache":  # whether the rank counts (issue 18 item 1); the tool's files do not say
+        status = doc.data.get("rank_status") or rank_status(doc.data)[0]
+        reason = doc.data.get("rank_status_reason") if doc.data.get("rank_status") else rank_status(doc.data)[1]
+        row["rank_status"], row["rank_status_reason"] = status, reason
     row["doc"] = doc
     return row
 
@@ -172,8 +177,13 @@ def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     score["per_trial"] = per_trial
     score["pooled"] = _pooled(good)
     score["seeds"] = sorted({r["seed"] for r in good if r.get("seed") is not None})
-    score["tool_status"] = {s: sum(1 for r in good if r["status"] == s) for s in sorted({str(r["status"]) for r in good})}
-    score["missing_keys"] = {os.path.relpath(r["file"]): r["missing"] for r in good if r["missing"]}
+    said = [str(r["status"]) if r["status"] is not None else "no verdict" for r in good]
+    score["tool_status"] = {s: said.count(s) for s in sorted(set(said))}
+    # ranks of ours whose document says it should not be averaged: named beside the sums they are in
+    score["ranks_not_to_average"] = [{"trial": r["trial"], "rank": r["rank"], "status": r["rank_status"],
+                                      "reason": r["rank_status_reason"]}
+                                     for r in good if r.get("rank_status") not in (None, COMPLETE)]
+    score["missing_keys"] = {r["file"]: r["missing"] for r in good if r["missing"]}
     score["unreadable"] = {r["file"]: r["error"] for r in rows if r.get("error")}
     return score
 
@@ -220,7 +230,7 @@ def format_score(score: dict[str, Any]) -> str:
             lines.append(f"  {label:<44} {_f(s[k]):>14} {_f(sp.get('min')):>12} {_f(sp.get('max')):>12} {spread:>8}")
         lines.append(f"  {'aggregate device read P95, ms (max)':<44} {_f(s['read_device_p95_ms']):>14}")
         lines.append(f"  {'aggregate device write P95, ms (max)':<44} {_f(s['write_device_p95_ms']):>14}"
-                     + ("   (MLPerf tool: fsync alone)" if "mlperf-tool" in s["formats"] else ""))
+                     + _write_device_note(s["formats"]))
         lines.append(f"  {'per-request storage time P95, ms (max)':<44} {_f(s['request_storage_p95_ms']):>14}")
         lines += _pooled_lines(s["pooled"])
         for t, v in s["per_trial"].items():
@@ -232,8 +242,20 @@ def format_score(score: dict[str, Any]) -> str:
                 f"{f}: {', '.join(k)}" for f, k in list(s["missing_keys"].items())[:3]))
         for e in s["unreadable"].values():
             lines.append(f"  unreadable: {e}")
-        lines.append(f"  the tool's own verdicts: {', '.join(f'{k} x{n}' for k, n in s['tool_status'].items())}")
+        for x in s.get("ranks_not_to_average") or []:
+            lines.append(f"  not to average (its rank_status): trial {x['trial']} rank {x['rank']} {x['status']}: "
+                         f"{x['reason']}")
+        lines.append(f"  the files' own verdicts: {', '.join(f'{k} x{n}' for k, n in s['tool_status'].items())}")
     return "\n".join(lines) + "\n"
+
+
+def _write_device_note(formats: list[str]) -> str:
+    """What the write device P95 covers: the MLPerf tool times the fsync alone, we time the whole write."""
+    if formats == ["mlperf-tool"]:
+        return "   (MLPerf tool: fsync alone)"
+    if "mlperf-tool" in formats:
+        return "   (mixed: the MLPerf tool's ranks time the fsync alone, ours the whole write)"
+    return ""
 
 
 def _pooled_lines(pooled: dict[str, Any]) -> list[str]:
