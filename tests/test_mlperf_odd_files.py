@@ -138,3 +138,25 @@ def test_mixed_formats_name_what_the_write_device_p95_covers_and_ranks_not_to_av
     assert option["ranks_not_to_average"] == [{"trial": 0, "rank": 1, "status": "failed",
                                                "reason": "verdict FAIL: Requests Completed > 0"}]
     assert option["tool_status"] == {"FAIL": 2, "no verdict": 1}
+
+
+def test_audit_of_a_merge_names_its_block_device_instead_of_saying_there_is_none():
+    from kv_cache.results import integrity as integ  # noqa: PLC0415
+
+    merged = {"measurement": {"block_device": {"name": "vda"}, "window_seconds": 5.0}, "summary": {"cache_stats": {}}}
+    finding = integ.check_page_cache(integ.facts_from_ours(merged))
+    assert finding["status"] == "unknown" and finding["reason"].startswith("block device vda: this document holds")
+    bare = integ.check_page_cache(integ.facts_from_ours({"measurement": {}, "summary": {"cache_stats": {}}}))
+    assert bare["reason"] == "no block device under the storage tier (network or RAM filesystem)"
+
+
+def test_audit_says_what_a_sessions_document_or_a_harness_summary_is(tmp_path, capsys):
+    sessions = tmp_path / "s.json"
+    sessions.write_text(json.dumps({"schema_version": "kv-cache-sessions/1", "rungs": [], "summary": {}}))
+    assert main(["audit", str(sessions)]) == 2
+    assert "a sessions document holds no per-run storage figures to audit" in capsys.readouterr().err
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"schema_version": "1.0", "trials_per_option": 1, "options": {}}))
+    assert main(["audit", str(summary)]) == 2
+    assert "the harness's summary.json holds sums, not the rank files' figures: audit its run directory" in \
+        capsys.readouterr().err

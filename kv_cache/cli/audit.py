@@ -96,9 +96,14 @@ def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
     if _is_mlperf_rank(raw):
         return integ.audit_facts(integ.facts_from_mlperf_tool(raw, mlperf_params(path)), ceiling)
     if isinstance(raw, dict) and "schema_version" in raw:
-        doc = load(raw).to_json()
-        if doc.get("summary", {}).get("cache_stats") is None:
-            return None  # sessions documents hold no storage figures of this kind
+        typed = load(raw)
+        if typed.kind == "mlperf-harness-summary":
+            raise DocumentError(f"{path}: the harness's summary.json holds sums, not the rank files' figures: "
+                                "audit its run directory")
+        doc = typed.to_json()
+        if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
+            raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
+                                "(audit a run's or a merge's results)")
         block = integ.audit_facts(integ.facts_from_ours(doc), ceiling)
         carried = doc.get("integrity") or {}
         if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too

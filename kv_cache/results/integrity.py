@@ -80,6 +80,7 @@ class IntegrityFacts:
     filesystem: str | None = None
     filesystem_kind: str | None = None
     host: str | None = None
+    block_device: str | None = None  # the device's name where known, with or without counters
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -194,9 +195,14 @@ def check_interposers(f: IntegrityFacts) -> dict[str, Any]:
 def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
     """4. Device bytes against the tool's bytes: reads the device never saw came from memory."""
     if f.device_read_bytes is None:
-        why = ("the MLPerf tool records no block-device counters over the run (its metadata holds one snapshot "
-               "per host, not deltas): page-cache service cannot be ruled out"
-               if f.source == "mlperf-tool" else "no block device under the storage tier (network or RAM filesystem)")
+        if f.source == "mlperf-tool":
+            why = ("the MLPerf tool records no block-device counters over the run (its metadata holds one snapshot "
+                   "per host, not deltas): page-cache service cannot be ruled out")
+        elif f.block_device:  # a merge keeps the device's name; its ranks' documents hold the counters
+            why = (f"block device {f.block_device}: this document holds no counters over the run (a merge: each "
+                   "rank's own document checks them, its verdict below)")
+        else:
+            why = "no block device under the storage tier (network or RAM filesystem)"
         return _finding("page_cache", UNKNOWN, why)
     nums = {"device_read_bytes": f.device_read_bytes, "tool_read_bytes": f.read_bytes,
             "device_write_bytes": f.device_write_bytes, "tool_write_bytes": f.write_bytes}
@@ -305,7 +311,8 @@ def facts_from_ours(doc: dict[str, Any]) -> IntegrityFacts:
         mapped_recorded=bool(libs.get("recorded")),
         device_read_bytes=_num(bd.get("bytes_read")), device_write_bytes=_num(bd.get("bytes_written")),
         io_mode=m.get("io_mode"), fsync=m.get("fsync"), filesystem=m.get("filesystem"),
-        filesystem_kind=m.get("filesystem_kind"), host=params.get("host"))
+        filesystem_kind=m.get("filesystem_kind"), host=params.get("host"),
+        block_device=bd.get("name") if isinstance(bd.get("name"), str) else None)
 
 
 def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = None) -> IntegrityFacts:
