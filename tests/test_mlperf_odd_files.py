@@ -160,3 +160,29 @@ def test_audit_says_what_a_sessions_document_or_a_harness_summary_is(tmp_path, c
     assert main(["audit", str(summary)]) == 2
     assert "the harness's summary.json holds sums, not the rank files' figures: audit its run directory" in \
         capsys.readouterr().err
+
+
+def _summary(path: Path, read: float, extra: dict | None = None) -> Path:
+    options = {"1": {"aggregated_read_bandwidth_gbps": read, "aggregated_write_bandwidth_gbps": 2.3,
+                     "rank_count": 2, "trial_count": 2}, **(extra or {})}
+    path.write_text(json.dumps({"schema_version": "1.0", "trials_per_option": 2, "total_ranks": 2,
+                                "options": options}))
+    return path
+
+
+def test_compare_of_two_harness_summaries(tmp_path, capsys):
+    a = _summary(tmp_path / "a.json", 9.2)
+    b = _summary(tmp_path / "b.json", 4.6, {"2": {"aggregated_read_bandwidth_gbps": "x"}})
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "1 aggregated_read_bandwidth_gbps" in out and "0.500" in out
+    line = next(x for x in out.splitlines() if x.startswith("2 aggregated_read_bandwidth_gbps"))
+    assert line.split()[2:] == ["missing", "missing", "-"]
+    assert main(["compare", str(a), str(b), "--json", "-"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    first = next(r for r in rows if r["option"] == "1" and r["metric"] == "aggregated_read_bandwidth_gbps")
+    assert first["values"] == [9.2, 4.6] and first["ratio_to_a"] == [1.0, 0.5]
+    assert main(["compare", str(a), str(b), "--plots", str(tmp_path / "p")]) == 2
+    assert "nothing to plot" in capsys.readouterr().err
+    assert main(["compare", str(a), str(R0)]) == 2  # a summary beside a rank file: refused, said why
+    assert "harness summary.json files with each other" in capsys.readouterr().err
