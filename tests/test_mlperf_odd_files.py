@@ -186,3 +186,19 @@ def test_compare_of_two_harness_summaries(tmp_path, capsys):
     assert "nothing to plot" in capsys.readouterr().err
     assert main(["compare", str(a), str(R0)]) == 2  # a summary beside a rank file: refused, said why
     assert "harness summary.json files with each other" in capsys.readouterr().err
+
+
+def test_a_sessions_document_carries_the_interposer_check_and_audit_reads_it(tmp_path, capsys):
+    from kv_cache.results.integrity import sessions_integrity  # noqa: PLC0415
+
+    shim = {"recorded": True, "ld_preload": ["/tmp/libnofsync.so"],
+            "interposers": [{"path": "/tmp/libnofsync.so", "symbols": ["fdatasync", "fsync"]}]}
+    block = sessions_integrity(shim)
+    assert block["verdict"] == "invalid" and block["source"] == "kv-cache sessions"
+    assert "interposes fdatasync, fsync" in block["reasons"][0] and "interposers only" in block["scope"]
+    assert sessions_integrity({"recorded": True, "ld_preload": [], "interposers": []})["verdict"] == "ok"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"schema_version": "kv-cache-sessions/1", "rungs": [], "summary": {},
+                                "integrity": block}))
+    assert main(["audit", str(path)]) == 1
+    assert "INVALID (kv-cache sessions)" in capsys.readouterr().out

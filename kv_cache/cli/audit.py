@@ -101,6 +101,8 @@ def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
             raise DocumentError(f"{path}: the harness's summary.json holds sums, not the rank files' figures: "
                                 "audit its run directory")
         doc = typed.to_json()
+        if typed.kind == "sessions" and isinstance(doc.get("integrity"), dict) and "checks" in doc["integrity"]:
+            return doc["integrity"]  # its own block: the interposer check (it keeps no per-run device counters)
         if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")

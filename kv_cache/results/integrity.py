@@ -254,6 +254,21 @@ def audit_facts(f: IntegrityFacts, ceiling: float = DEFAULT_CEILING) -> dict[str
             "checks": checks}
 
 
+def sessions_integrity(libraries: dict[str, Any]) -> dict[str, Any]:
+    """The `integrity` block of a sessions document: the interposer check on the libraries mapped at its
+    start (host/preload.py snapshot_at_start); its rungs keep no per-run device counters or device times of
+    the kind the other checks read, so those are not judged (`scope` says so)."""
+    f = IntegrityFacts(source="kv-cache sessions", ld_preload=tuple(libraries.get("ld_preload") or ()),
+                       preload_recorded=bool(libraries),
+                       interposers=tuple((i["path"], tuple(i["symbols"])) for i in libraries.get("interposers") or ()),
+                       mapped_recorded=bool(libraries.get("recorded")))
+    check = check_interposers(f)
+    return {"verdict": check["status"] if check["status"] != UNKNOWN else OK, "source": f.source,
+            "reasons": [f"interposers: {check['reason']}"] if check["status"] in (SUSPECT, INVALID) else [],
+            "scope": "interposers only: a sessions document keeps no per-run device counters or device times",
+            "checks": [check]}
+
+
 def worst_verdict(verdicts: list[str]) -> str:
     """The overall verdict of several ranks: the worst of theirs."""
     return max(verdicts, key=_RANK.get) if verdicts else UNKNOWN
