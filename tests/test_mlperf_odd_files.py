@@ -202,3 +202,19 @@ def test_a_sessions_document_carries_the_interposer_check_and_audit_reads_it(tmp
                                 "integrity": block}))
     assert main(["audit", str(path)]) == 1
     assert "INVALID (kv-cache sessions)" in capsys.readouterr().out
+
+
+def test_a_rank_or_trial_with_no_file_at_all_is_named_from_world_size_and_metadata(tmp_path, capsys):
+    run = tmp_path / "run"
+    doc = _our_doc(0) | {"world_size": 2}  # rank 1 wrote nothing in any trial
+    _rank_dir(run, doc, option=1, trial=0, rank=0)
+    assert main(["merge", str(run), "--json"]) == 0
+    option = json.loads(capsys.readouterr().out)["score"]["options"]["1"]
+    assert option["ranks_expected"] == 2 and option["incomplete"]
+    assert option["per_trial"]["0"]["missing_ranks"] == [1]
+    (run / "kv_cache_20260807_155647_metadata.json").write_text(json.dumps({"args": {"num_processes": 3,
+                                                                                        "trials": 2}}))
+    assert main(["merge", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "Option 1: 1 trial(s) x 3 rank(s)" in out and "missing rank(s) 1, 2" in out
+    assert "trial(s) 1: no rank file at all (not in the score)" in out

@@ -18,11 +18,13 @@ exist (`trials_left_out`), and with none complete the score says `incomplete`.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import re
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,8 +107,32 @@ def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
         status = doc.data.get("rank_status") or rank_status(doc.data)[0]
         reason = doc.data.get("rank_status_reason") if doc.data.get("rank_status") else rank_status(doc.data)[1]
         row["rank_status"], row["rank_status_reason"] = status, reason
+    ws = doc.data.get("world_size")
+    row["world_size"] = ws if isinstance(ws, int) and not isinstance(ws, bool) else None
     row["doc"] = doc
     return row
+
+
+def _run_meta(path: str, cache: dict[str, tuple[int | None, int | None]]) -> tuple[int | None, int | None]:
+    """(ranks, trials) the harness's `*_metadata.json` records for the run holding `path` (in the directory
+    above its option_<O>/), so a rank or trial with no file at all is still named; (None, None) without one."""
+    m = re.search(r"^(.*?)/option_\d+/trial_\d+/", Path(path).as_posix())
+    if not m:
+        return None, None
+    run_dir = m.group(1)
+    if run_dir not in cache:
+        ranks = trials = None
+        for meta in sorted(glob.glob(os.path.join(run_dir, "*_metadata.json")))[:1]:
+            try:
+                data = json.loads(Path(meta).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                break
+            args = data.get("args") if isinstance(data, dict) and isinstance(data.get("args"), dict) else {}
+            ranks = next((v for v in (args.get("num_processes"), data.get("num_processes"))
+                          if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+            trials = args.get("trials") if isinstance(args.get("trials"), int) and args["trials"] > 0 else None
+        cache[run_dir] = (ranks, trials)
+    return cache[run_dir]
 
 
 def _spread(values: Sequence[float]) -> dict[str, Any]:
@@ -152,7 +178,11 @@ def _merged_trials(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in rows if not r.get("error")]
     trials = sorted({r["trial"] for r in rows})
-    ranks_expected = max(r["rank"] for r in rows) + 1
+    meta = [r["run_meta"] for r in rows if r.get("run_meta")]
+    # the ranks the run had: the highest rank seen, our documents' world_size, the harness's metadata
+    ranks_expected = max([r["rank"] + 1 for r in rows] + [r["world_size"] for r in rows if r.get("world_size")]
+                         + [m[0] for m in meta if m[0]])
+    trials_expected = max([m[1] for m in meta if m[1]] + [max(trials) + 1])
     per_trial: dict[str, dict[str, Any]] = {}
     for t in trials:
         got = [r for r in good if r["trial"] == t]
@@ -166,6 +196,7 @@ def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
                              "formats": sorted({r["format"] for r in good if r.get("format")}),
                              "trials_counted": [int(t) for t in counted],
                              "trials_left_out": [int(t) for t in per_trial if t not in counted],
+                             "trials_without_files": sorted(set(range(trials_expected)) - set(trials)),
                              "incomplete": not complete}
     for k in SUM_KEYS:
         sums = [per_trial[t][k] for t in counted if per_trial[t][k] is not None]
@@ -192,6 +223,9 @@ def rules_score(places: Iterable[tuple[int | None, int | None, int | None, str]]
     """The section 6 score per option of (option, trial, rank, file) tuples (None option/trial: one)."""
     rows = [_rank_row(o if o is not None else 0, t if t is not None else 0,
                       r if r is not None else _rank_in(f, i), f) for i, (o, t, r, f) in enumerate(places)]
+    cache: dict[str, tuple[int | None, int | None]] = {}
+    for row in rows:
+        row["run_meta"] = _run_meta(row["file"], cache)
     options = {str(o): _option(o, [r for r in rows if r["option"] == o]) for o in sorted({r["option"] for r in rows})}
     return {"kind": "kv-cache-rules-score", "rules_section": 6, "files": len(rows), "options": options,
             "method": {"bandwidth_and_tokens": "sum over ranks within a trial, then mean over trials",
@@ -218,6 +252,9 @@ def format_score(score: dict[str, Any]) -> str:
         if s["trials_left_out"]:
             lines.append(f"  trial(s) {', '.join(map(str, s['trials_left_out']))} left out of the score: ranks missing "
                          "(the complete trials are scored)")
+        if s.get("trials_without_files"):
+            lines.append(f"  trial(s) {', '.join(map(str, s['trials_without_files']))}: no rank file at all "
+                         "(not in the score)")
         if s["incomplete"]:
             lines.append("  INCOMPLETE: no trial has every rank; the sums below are of the ranks there are")
         lines.append(f"  {'figure':<44} {'score':>14} {'trial min':>12} {'trial max':>12} {'spread':>8}")
