@@ -91,3 +91,14 @@ def test_a_real_rank_document_says_whether_it_counts(quick_settings, sink, tmp_p
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["rank_status"] in ("complete", "failed") and doc["rank_status_reason"]
     assert (doc["rank_status"] == "complete") == (doc["verdict"] == "PASS")
+
+
+def test_the_merged_table_says_which_ranks_not_to_average():
+    from kv_cache.results.merge import merged_table  # noqa: PLC0415
+
+    docs, _ = _ranks()
+    _statuses(docs, [("complete", "ok"), ("failed", "verdict FAIL: x"), ("complete", "ok")])
+    text = merged_table(merge_documents(docs))
+    assert text.rstrip().splitlines()[-1] == "  not to average: rank 1 failed: verdict FAIL: x"
+    _statuses(docs, [("complete", "ok")] * 3)
+    assert "not to average" not in merged_table(merge_documents(docs))

@@ -102,3 +102,10 @@ def test_sigint_during_a_real_start_delay_is_a_clean_exit(tmp_path):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.strip().endswith("interrupted during the start delay; nothing was run")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no results, no cache dir: nothing ran
+
+
+def test_a_delay_past_the_duration_limit_is_a_one_line_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--end-delay", "1e12"]) == 2  # (time.sleep would raise OverflowError on it)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--end-delay exceeds" in err and "got 1e+12" in err

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from kv_cache.errors import DocumentError, UsageError
 from kv_cache.results import integrity as integ
 from kv_cache.results.documents import load
+from kv_cache.results.mlperf_tool import is_mlperf_tool_file
 
 __all__ = ["add_audit_flags", "audit_command", "audit_path"]
 
@@ -46,8 +47,9 @@ def _read_json(path: Path) -> Any:
 
 
 def _is_mlperf_rank(raw: Any) -> bool:
-    return isinstance(raw, dict) and "schema_version" not in raw and isinstance(raw.get("summary"), dict) \
-        and isinstance(raw["summary"].get("cache_stats"), dict)
+    """The one recogniser of the MLPerf tool's rank files (results/mlperf_tool.py), so a file that report and
+    merge read (one with no `summary`: no request completed) is audited too, not skipped as foreign."""
+    return is_mlperf_tool_file(raw)
 
 
 def _metadata_above(path: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -94,9 +96,16 @@ def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
     if _is_mlperf_rank(raw):
         return integ.audit_facts(integ.facts_from_mlperf_tool(raw, mlperf_params(path)), ceiling)
     if isinstance(raw, dict) and "schema_version" in raw:
-        doc = load(raw).to_json()
-        if doc.get("summary", {}).get("cache_stats") is None:
-            return None  # sessions documents hold no storage figures of this kind
+        typed = load(raw)
+        if typed.kind == "mlperf-harness-summary":
+            raise DocumentError(f"{path}: the harness's summary.json holds sums, not the rank files' figures: "
+                                "audit its run directory")
+        doc = typed.to_json()
+        if typed.kind == "sessions" and isinstance(doc.get("integrity"), dict) and "checks" in doc["integrity"]:
+            return doc["integrity"]  # its own block: the interposer check (it keeps no per-run device counters)
+        if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
+            raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
+                                "(audit a run's or a merge's results)")
         block = integ.audit_facts(integ.facts_from_ours(doc), ceiling)
         carried = doc.get("integrity") or {}
         if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too

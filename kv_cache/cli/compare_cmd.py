@@ -63,6 +63,8 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
     out, err = out or sys.stdout, err or sys.stderr
     plots_dir, json_path = getattr(args, "plots", None), getattr(args, "json", None)
     typed = [load(path) for path in args.results]
+    if all(isinstance(d, HarnessSummaryDocument) for d in typed):
+        return _compare_summaries(args, typed, out)
     if any(isinstance(d, (MlperfToolDocument, HarnessSummaryDocument)) for d in typed):
         return _compare_rank_files(args, typed, out, err)
     docs = [d.to_json() for d in typed]
@@ -123,6 +125,25 @@ def _plots(names: list[str], docs: list[dict], table: list[str], plots_dir: str,
               f"{kept_clause(kept_since(plots_dir, before))}\n")
 
 
+def _compare_summaries(args: argparse.Namespace, typed: list, out: TextIO) -> int:
+    """The harness's summary.json files: their per-option aggregates side by side with the ratios to A (no
+    seeds there to check; no plots: aggregates only)."""
+    from kv_cache.render.mlperf_tool import summary_compare_rows, summary_compare_table  # noqa: PLC0415
+
+    if getattr(args, "plots", None):
+        raise UsageError("--plots: a harness summary.json holds aggregates only, nothing to plot; compare rank files")
+    json_path = getattr(args, "json", None)
+    _check_json_path(json_path)
+    names, options = list(args.results), [d.view.options for d in typed]
+    if json_path is not None:
+        _write_json(json_path, {"runs": [{"label": chr(65 + i), "path": n, "kind": d.kind}
+                                         for i, (n, d) in enumerate(zip(names, typed, strict=True))],
+                                "rows": summary_compare_rows(options)}, out)
+    if json_path != STDOUT:
+        out.write("\n".join(summary_compare_table(names, options)) + "\n")
+    return 0
+
+
 def _compare_rank_files(args: argparse.Namespace, typed: list, out: TextIO, err: TextIO) -> int:
     """The MLPerf tool's rank files (beside ours, read by the same keys): the figures side by side with their
     ratios to A; different seeds are refused like different workloads (--allow-different-workloads: a
@@ -133,8 +154,8 @@ def _compare_rank_files(args: argparse.Namespace, typed: list, out: TextIO, err:
     wrong = [f"{n} is a {d.kind} document" for n, d in zip(names, typed, strict=True)
              if not isinstance(d, (MlperfToolDocument, RunDocument))]
     if wrong:
-        raise UsageError("the MLPerf tool's rank files compare with rank files (theirs or ours) only: "
-                         + "; ".join(wrong))
+        raise UsageError("the MLPerf tool's rank files compare with rank files (theirs or ours) only, and "
+                         "harness summary.json files with each other: " + "; ".join(wrong))
     plots_dir, json_path = getattr(args, "plots", None), getattr(args, "json", None)
     check_plots_dir(plots_dir)
     _check_json_path(json_path)

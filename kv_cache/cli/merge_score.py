@@ -65,17 +65,25 @@ def score_places(paths: list[str]) -> tuple[list[tuple[Any, Any, Any, str]], lis
     return places, summaries
 
 
+def _said(v: Any) -> str:
+    """A count as the summary wrote it; `missing` where it has none."""
+    return "missing" if v is None else str(v)
+
+
 def format_harness_summary(doc: HarnessSummaryDocument) -> str:
     """The harness's own aggregates from its summary.json, per option, with what each one is."""
     view = doc.view
-    lines = [f"mlpstorage harness summary {doc.source}: {view.total_ranks} rank(s), {view.trials} trial(s) per "
+    lines = [f"mlpstorage harness summary {doc.source}: {_said(view.total_ranks)} rank(s), {_said(view.trials)} "
+             f"trial(s) per "
              f"option, partial_failure {doc.data.get('partial_failure')}"]
     for key, o in view.options.items():
-        missing = o.get("missing_files") or []
+        missing = [str(m) for m in o.get("missing_files")] if isinstance(o.get("missing_files"), list) else []
 
         def f(name: str, o: dict[str, Any] = o) -> str:
             v = o.get(name)
-            return "missing" if v is None else f"{v:,.3f}"
+            if v is None:
+                return "missing"
+            return f"{v:,.3f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else f"not a number ({v!r})"
         lines += [f"Option {key}: {o.get('trial_count', '?')} trial(s) x {o.get('rank_count', '?')} rank(s)",
                   f"  aggregated read bandwidth, GiB/s (sum over ranks, mean over trials): "
                   f"{f('aggregated_read_bandwidth_gbps')}",

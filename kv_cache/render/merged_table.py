@@ -32,4 +32,6 @@ def merged_table(doc: dict[str, Any]) -> str:
         lines.append(f"  {r['rank']:>4} {r['window_seconds'] or 0.0:>9.3f} {r['requests']:>8} "
                      f"{r['storage_read_gibps'] or 0.0:>10.3f} {r['storage_write_gibps'] or 0.0:>11.3f} "
                      f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r.get('host') or '-'}: {r['file']}")
+    for x in doc.get("ranks_not_to_average") or []:  # whether each rank counts (rank_status), said with the table
+        lines.append(f"  not to average: rank {x['rank']} {x['status']}: {x['reason']}")
     return "\n".join(lines) + "\n"

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, TextIO
 
 from kv_cache.results.mlperf_tool import KEYS, MlperfToolRank
 
 __all__ = ["COMPARED", "compare_rows", "compare_table", "draw_mlperf_compare", "draw_mlperf_plots", "mlperf_report_lines",
-           "print_mlperf_report", "seed_differences"]
+           "print_mlperf_report", "seed_differences", "summary_compare_rows", "summary_compare_table"]
 
 GIB = float(1 << 30)
 
@@ -80,6 +81,8 @@ def mlperf_report_lines(view: MlperfToolRank) -> list[str]:
     if derived:
         lines += ["", "### Implied by those keys ###", *derived]
     lines += ["", f"Keys missing from this file: {', '.join(view.missing) if view.missing else 'none'}"]
+    if view.not_numbers:
+        lines.append(f"Keys that are not numbers (read as missing): {', '.join(view.not_numbers)}")
     return lines
 
 
@@ -147,6 +150,50 @@ def compare_table(names: list[str], views: list[MlperfToolRank]) -> list[str]:
         lines.append(f"{row['metric']:<24}{cells}{ratios}")
     lines += ["", "write_device_p95_ms of the MLPerf tool is the fsync alone; read_ops / write_ops are counts; "
                   "storage_tokens_per_s divides by summed per-request storage time."]
+    return lines
+
+
+# the harness summary.json's per-option aggregates, with what each one is
+SUMMARY_COMPARED = {
+    "aggregated_read_bandwidth_gbps": "storage read GiB/s, summed over ranks, mean over trials",
+    "aggregated_write_bandwidth_gbps": "storage write GiB/s, summed over ranks, mean over trials",
+    "aggregated_avg_throughput_tokens_per_sec": "tokens/s (wall clock), summed over ranks, mean over trials",
+    "aggregated_storage_throughput_tokens_per_sec": "tokens/s of summed storage time, summed, mean over trials",
+    "aggregated_p95_latency_ms": "max over ranks of the per-request storage time P95, ms",
+    "aggregated_storage_read_p95_ms": "max over ranks of the storage read P95 (host + device), ms",
+    "rank_count": "ranks", "trial_count": "trials"}
+
+
+def _finite(v: Any) -> float | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
+
+
+def summary_compare_rows(options: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per option and aggregate of the harness summaries (`HarnessSummary.options` each): each side's
+    value (None where a summary lacks the option or the key, or it is no number) and the ratio to A."""
+    rows = []
+    for key in sorted({k for o in options for k in o}, key=lambda k: (len(k), k)):
+        for name, meaning in SUMMARY_COMPARED.items():
+            vals = [_finite((o.get(key) or {}).get(name)) for o in options]
+            base = vals[0]
+            rows.append({"option": key, "metric": name, "meaning": meaning, "values": vals,
+                         "ratio_to_a": [None if not base or x is None else x / base for x in vals]})
+    return rows
+
+
+def summary_compare_table(names: list[str], options: list[dict[str, dict[str, Any]]]) -> list[str]:
+    """The summaries side by side, per option ('missing' where one lacks a figure)."""
+    lines = [f"{chr(65 + i)}: {n} (mlpstorage harness summary.json)" for i, n in enumerate(names)]
+    head = f"{'option metric':<52}" + "".join(f"{chr(65 + i):>14}" for i in range(len(names))) + "".join(
+        f"{chr(65 + i) + '/A':>9}" for i in range(1, len(names)))
+    lines += ["", head]
+    for row in summary_compare_rows(options):
+        cells = "".join(f"{'missing' if x is None else f'{x:,.3f}':>14}" for x in row["values"])
+        ratios = "".join(f"{'-' if r is None else f'{r:.3f}':>9}" for r in row["ratio_to_a"][1:])
+        lines.append(f"{row['option'] + ' ' + row['metric']:<52}{cells}{ratios}")
+    if len(lines) == len(names) + 2:
+        lines.append("(no option in any summary)")
     return lines
 
 

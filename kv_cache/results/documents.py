@@ -35,6 +35,19 @@ try:  # 3-4x faster to parse than the standard library: a merge of hundreds of r
 except ImportError:  # pragma: no cover  (orjson is a dependency; the standard library still reads them)
     _loads = json.loads
 
+
+
+def _parse(raw: bytes) -> Any:
+    """The JSON of a file; the standard library's reading where the fast parser refuses NaN / Infinity, which
+    Python's json.dump writes by default (the MLPerf tool writes its files with it)."""
+    try:
+        return _loads(raw)
+    except json.JSONDecodeError:
+        if not any(token in raw for token in (b"NaN", b"Infinity")):
+            raise
+        return json.loads(raw)
+
+
 __all__ = ["HarnessSummaryDocument", "MERGED_SCHEMA_VERSION", "MlperfToolDocument", "SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "VERSIONS", "MergedDocument",
            "ResultsDocument", "RunDocument", "SessionsDocument", "load"]
 
@@ -235,7 +248,7 @@ def load(source: str | os.PathLike | Mapping[str, Any] | ResultsDocument) -> Res
     else:
         name = os.fspath(source)
         try:
-            data = _loads(Path(name).read_bytes())
+            data = _parse(Path(name).read_bytes())
         except OSError as exc:
             raise DocumentError(f"cannot read {name}: {exc.strerror or exc}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

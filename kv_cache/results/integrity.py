@@ -85,6 +85,7 @@ class IntegrityFacts:
     net_interface: str | None = None
     net_received_bytes: float | None = None
     net_expected_bytes: float | None = None
+    block_device: str | None = None  # the device's name where known, with or without counters
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -154,10 +155,12 @@ def check_window(f: IntegrityFacts) -> dict[str, Any]:
     elif span and span > f.window_s:
         excess = span / f.window_s - 1
         status = INVALID if excess > WINDOW_TOLERANCE else max(status, SUSPECT, key=_RANK.get)
+        corrected = nums.get("corrected_read_gib_per_s")
         reasons.append(f"the counted bytes took at least {span:.1f} s, not the {f.window_s:.1f} s window they are "
-                       f"divided by (+{excess:.0%}); corrected read bandwidth at most "
-                       f"{nums.get('corrected_read_gib_per_s', 0):.2f} GiB/s against "
-                       f"{nums.get('reported_read_gib_per_s', 0):.2f} reported")
+                       f"divided by (+{excess:.0%}); " + (
+                           f"corrected read bandwidth at most {corrected:.2f} GiB/s against "
+                           f"{nums['reported_read_gib_per_s']:.2f} reported" if corrected is not None else
+                           "the bytes read are not recorded, so no corrected bandwidth"))
     if f.e2e_p95_s is not None and f.e2e_p95_s > f.window_s and not f.bytes_window_bounded:
         status = max(status, SUSPECT, key=_RANK.get)
         reasons.append(f"end-to-end P95 {f.e2e_p95_s:.1f} s is longer than the {f.window_s:.1f} s window")
@@ -200,9 +203,14 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
     if f.io_mode == "network":
         return check_network(f)
     if f.device_read_bytes is None:
-        why = ("the MLPerf tool records no block-device counters over the run (its metadata holds one snapshot "
-               "per host, not deltas): page-cache service cannot be ruled out"
-               if f.source == "mlperf-tool" else "no block device under the storage tier (network or RAM filesystem)")
+        if f.source == "mlperf-tool":
+            why = ("the MLPerf tool records no block-device counters over the run (its metadata holds one snapshot "
+                   "per host, not deltas): page-cache service cannot be ruled out")
+        elif f.block_device:  # a merge keeps the device's name; its ranks' documents hold the counters
+            why = (f"block device {f.block_device}: this document holds no counters over the run (a merge: each "
+                   "rank's own document checks them, its verdict below)")
+        else:
+            why = "no block device under the storage tier (network or RAM filesystem)"
         return _finding("page_cache", UNKNOWN, why)
     nums = {"device_read_bytes": f.device_read_bytes, "tool_read_bytes": f.read_bytes,
             "device_write_bytes": f.device_write_bytes, "tool_write_bytes": f.write_bytes}
@@ -271,6 +279,21 @@ def audit_facts(f: IntegrityFacts, ceiling: float = DEFAULT_CEILING) -> dict[str
             "checks": checks}
 
 
+def sessions_integrity(libraries: dict[str, Any]) -> dict[str, Any]:
+    """The `integrity` block of a sessions document: the interposer check on the libraries mapped at its
+    start (host/preload.py snapshot_at_start); its rungs keep no per-run device counters or device times of
+    the kind the other checks read, so those are not judged (`scope` says so)."""
+    f = IntegrityFacts(source="kv-cache sessions", ld_preload=tuple(libraries.get("ld_preload") or ()),
+                       preload_recorded=bool(libraries),
+                       interposers=tuple((i["path"], tuple(i["symbols"])) for i in libraries.get("interposers") or ()),
+                       mapped_recorded=bool(libraries.get("recorded")))
+    check = check_interposers(f)
+    return {"verdict": check["status"] if check["status"] != UNKNOWN else OK, "source": f.source,
+            "reasons": [f"interposers: {check['reason']}"] if check["status"] in (SUSPECT, INVALID) else [],
+            "scope": "interposers only: a sessions document keeps no per-run device counters or device times",
+            "checks": [check]}
+
+
 def worst_verdict(verdicts: list[str]) -> str:
     """The overall verdict of several ranks: the worst of theirs."""
     return max(verdicts, key=_RANK.get) if verdicts else UNKNOWN
@@ -333,7 +356,8 @@ def facts_from_ours(doc: dict[str, Any]) -> IntegrityFacts:
         filesystem_kind=m.get("filesystem_kind"), host=params.get("host"),
         net_interface=net.get("interface"), net_received_bytes=_num(net.get("bytes_received")),
         # loopback receives both directions of the tier's traffic; another interface receives its reads
-        net_expected_bytes=tool_r + tool_w if net.get("interface") == "lo" else tool_r)
+        net_expected_bytes=tool_r + tool_w if net.get("interface") == "lo" else tool_r,
+        block_device=bd.get("name") if isinstance(bd.get("name"), str) else None)
 
 
 def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = None) -> IntegrityFacts:
@@ -342,11 +366,13 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
     num_users, ld_preload, host) when known."""
     params = params or {}
     v = rank_view(raw)
-    s = raw.get("summary") or {}
+    s = raw.get("summary") if isinstance(raw.get("summary"), dict) else {}
     e2e = v.latencies_s("end_to_end_latencies")
     # its QoS classes' `max` latencies are end-to-end too (ms): the longest request when the array is cut
-    e2e += [m / 1000 for q in (s.get("qos_metrics") or {}).values() if isinstance(q, dict)
-            for m in [(q.get("latency_ms") or {}).get("max")] if isinstance(m, (int, float))]
+    qos = s.get("qos_metrics") if isinstance(s.get("qos_metrics"), dict) else {}
+    e2e += [m / 1000 for q in qos.values() if isinstance(q, dict)
+            for m in [(q.get("latency_ms") if isinstance(q.get("latency_ms"), dict) else {}).get("max")]
+            if isinstance(m, (int, float)) and not isinstance(m, bool)]
     return IntegrityFacts(
         source="mlperf-tool", window_s=v.elapsed_s, workers=params.get("num_users"),
         workers_meaning="users (one request in flight each)",

@@ -20,6 +20,7 @@ nothing of kv-cache's, so results/documents.py can dispatch on it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -104,8 +105,8 @@ def harness_place(path: str | os.PathLike | None) -> tuple[int | None, int | Non
 
 
 def _number(v: Any) -> float | int | None:
-    """A number as written (a count stays an int); None for anything else."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """A number as written (a count stays an int); None for anything else, NaN and infinities included."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return v if isinstance(v, int) else float(v)
 
@@ -146,6 +147,7 @@ class MlperfToolRank:
     status: str | None = None
     criteria: list[dict[str, Any]] | None = None
     missing: list[str] = field(default_factory=list)
+    not_numbers: list[str] = field(default_factory=list)  # keys present whose value is no finite number
 
     @property
     def values(self) -> dict[str, Any]:
@@ -154,7 +156,8 @@ class MlperfToolRank:
 
     def latencies_s(self, key: str) -> list[float]:
         """A per-request list as written (seconds): end_to_end_latencies, storage_latencies, ..."""
-        return [float(v) for v in self.data.get(key) or [] if _number(v) is not None]
+        values = self.data.get(key)
+        return [float(v) for v in values if _number(v) is not None] if isinstance(values, list) else []
 
 
 def rank_view(data: Mapping[str, Any], source: str | os.PathLike | None = None) -> MlperfToolRank:
@@ -162,14 +165,17 @@ def rank_view(data: Mapping[str, Any], source: str | os.PathLike | None = None) 
     file's own dotted key)."""
     values: dict[str, Any] = {}
     missing: list[str] = []
+    not_numbers: list[str] = []
     for name, (path, _meaning) in KEYS.items():
         v = _get(data, path)
         if v is None and not (name == "seed" and "seed" in data):
             missing.append(".".join(path))
         values[name] = v if name in ("status", "criteria", "seed") else _number(v)
+        if v is not None and values[name] is None:
+            not_numbers.append(".".join(path))
     option, trial, rank = harness_place(source)
     return MlperfToolRank(dict(data), None if source is None else os.fspath(source), option, trial, rank,
-                          **values, missing=missing)
+                          **values, missing=missing, not_numbers=not_numbers)
 
 
 def _read(path: str | os.PathLike) -> Any:

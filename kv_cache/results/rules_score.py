@@ -18,10 +18,13 @@ exist (`trials_left_out`), and with none complete the score says `incomplete`.
 from __future__ import annotations
 
 import glob
+import json
+import math
 import os
 import re
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,7 @@ from kv_cache.errors import DocumentError
 from kv_cache.results.documents import MlperfToolDocument, RunDocument, load
 from kv_cache.results.merge import MergeError, merge_documents
 from kv_cache.results.mlperf_tool import harness_place
+from kv_cache.results.verdict import COMPLETE, rank_status
 
 __all__ = ["SUM_KEYS", "find_harness_files", "format_score", "is_harness_dir", "rules_score"]
 
@@ -45,7 +49,8 @@ MAX_KEYS = {"read_device_p95_ms": ("cache_stats", "storage_read_device_p95_ms"),
 
 def find_harness_files(root: str) -> list[tuple[int, int, int, str]]:
     """(option, trial, rank, file) of every `option_<O>/trial_<T>/rank_<N>/kvcache_results_*.json` under root,
-    at any depth, the newest file per rank directory."""
+    at any depth, the newest file per rank directory (a rank directory without one: its last *.json by name,
+    as our runs given --output write)."""
     found = []
     for dirpath, dirnames, _files in os.walk(root):
         dirnames.sort()
@@ -53,6 +58,9 @@ def find_harness_files(root: str) -> list[tuple[int, int, int, str]]:
         if rank is None or os.path.basename(dirpath) != f"rank_{rank}":
             continue
         files = sorted(glob.glob(os.path.join(dirpath, "kvcache_results_*.json")))
+        if not files:  # our own runs may be written under any name (--output): the rank directory says the place
+            files = sorted(f for f in glob.glob(os.path.join(dirpath, "*.json"))
+                           if not f.endswith(("_metadata.json", "cluster_info.json")))
         if files:
             found.append((option, trial, rank, files[-1]))
     return sorted(found)
@@ -67,7 +75,15 @@ def _get(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
     node: Any = summary
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
-    return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+    ok = isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node)
+    return float(node) if ok else None  # NaN (Python's json.dump writes it) is no figure: said as missing
+
+
+def _get_any(node: Any, path: tuple[str, ...]) -> Any:
+    """The value at path, or None where any level is missing or not an object (a file's shape is not trusted)."""
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
 
 
 def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
@@ -86,9 +102,37 @@ def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
         row[name] = _get(summary, path_)
         if row[name] is None:
             row["missing"].append("summary." + ".".join(path_))
-    row["status"] = ((summary.get("cache_stats") or {}).get("storage_health") or {}).get("overall_status")
+    row["status"] = _get_any(summary, ("cache_stats", "storage_health", "overall_status"))
+    if row["format"] == "kv-cache":  # whether the rank counts (issue 18 item 1); the tool's files do not say
+        status = doc.data.get("rank_status") or rank_status(doc.data)[0]
+        reason = doc.data.get("rank_status_reason") if doc.data.get("rank_status") else rank_status(doc.data)[1]
+        row["rank_status"], row["rank_status_reason"] = status, reason
+    ws = doc.data.get("world_size")
+    row["world_size"] = ws if isinstance(ws, int) and not isinstance(ws, bool) else None
     row["doc"] = doc
     return row
+
+
+def _run_meta(path: str, cache: dict[str, tuple[int | None, int | None]]) -> tuple[int | None, int | None]:
+    """(ranks, trials) the harness's `*_metadata.json` records for the run holding `path` (in the directory
+    above its option_<O>/), so a rank or trial with no file at all is still named; (None, None) without one."""
+    m = re.search(r"^(.*?)/option_\d+/trial_\d+/", Path(path).as_posix())
+    if not m:
+        return None, None
+    run_dir = m.group(1)
+    if run_dir not in cache:
+        ranks = trials = None
+        for meta in sorted(glob.glob(os.path.join(run_dir, "*_metadata.json")))[:1]:
+            try:
+                data = json.loads(Path(meta).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                break
+            args = data.get("args") if isinstance(data, dict) and isinstance(data.get("args"), dict) else {}
+            ranks = next((v for v in (args.get("num_processes"), data.get("num_processes"))
+                          if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+            trials = args.get("trials") if isinstance(args.get("trials"), int) and args["trials"] > 0 else None
+        cache[run_dir] = (ranks, trials)
+    return cache[run_dir]
 
 
 def _spread(values: Sequence[float]) -> dict[str, Any]:
@@ -108,8 +152,8 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if ours:
         out["kv_cache_merged_per_trial"] = _merged_trials(ours)
     if theirs:
-        storage = np.concatenate([np.asarray(r["doc"].data.get("storage_latencies") or [], dtype=float)
-                                  for r in theirs]) * 1e3
+        storage = np.asarray([x for r in theirs for x in r["doc"].view.latencies_s("storage_latencies")],
+                             dtype=float) * 1e3
         out["mlperf_tool_request_storage_p95_ms"] = float(np.percentile(storage, 95)) if storage.size else None
         out["mlperf_tool_requests_pooled"] = int(storage.size)
     return out
@@ -134,7 +178,11 @@ def _merged_trials(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in rows if not r.get("error")]
     trials = sorted({r["trial"] for r in rows})
-    ranks_expected = max(r["rank"] for r in rows) + 1
+    meta = [r["run_meta"] for r in rows if r.get("run_meta")]
+    # the ranks the run had: the highest rank seen, our documents' world_size, the harness's metadata
+    ranks_expected = max([r["rank"] + 1 for r in rows] + [r["world_size"] for r in rows if r.get("world_size")]
+                         + [m[0] for m in meta if m[0]])
+    trials_expected = max([m[1] for m in meta if m[1]] + [max(trials) + 1])
     per_trial: dict[str, dict[str, Any]] = {}
     for t in trials:
         got = [r for r in good if r["trial"] == t]
@@ -148,6 +196,7 @@ def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
                              "formats": sorted({r["format"] for r in good if r.get("format")}),
                              "trials_counted": [int(t) for t in counted],
                              "trials_left_out": [int(t) for t in per_trial if t not in counted],
+                             "trials_without_files": sorted(set(range(trials_expected)) - set(trials)),
                              "incomplete": not complete}
     for k in SUM_KEYS:
         sums = [per_trial[t][k] for t in counted if per_trial[t][k] is not None]
@@ -159,8 +208,13 @@ def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     score["per_trial"] = per_trial
     score["pooled"] = _pooled(good)
     score["seeds"] = sorted({r["seed"] for r in good if r.get("seed") is not None})
-    score["tool_status"] = {s: sum(1 for r in good if r["status"] == s) for s in sorted({str(r["status"]) for r in good})}
-    score["missing_keys"] = {os.path.relpath(r["file"]): r["missing"] for r in good if r["missing"]}
+    said = [str(r["status"]) if r["status"] is not None else "no verdict" for r in good]
+    score["tool_status"] = {s: said.count(s) for s in sorted(set(said))}
+    # ranks of ours whose document says it should not be averaged: named beside the sums they are in
+    score["ranks_not_to_average"] = [{"trial": r["trial"], "rank": r["rank"], "status": r["rank_status"],
+                                      "reason": r["rank_status_reason"]}
+                                     for r in good if r.get("rank_status") not in (None, COMPLETE)]
+    score["missing_keys"] = {r["file"]: r["missing"] for r in good if r["missing"]}
     score["unreadable"] = {r["file"]: r["error"] for r in rows if r.get("error")}
     return score
 
@@ -169,6 +223,9 @@ def rules_score(places: Iterable[tuple[int | None, int | None, int | None, str]]
     """The section 6 score per option of (option, trial, rank, file) tuples (None option/trial: one)."""
     rows = [_rank_row(o if o is not None else 0, t if t is not None else 0,
                       r if r is not None else _rank_in(f, i), f) for i, (o, t, r, f) in enumerate(places)]
+    cache: dict[str, tuple[int | None, int | None]] = {}
+    for row in rows:
+        row["run_meta"] = _run_meta(row["file"], cache)
     options = {str(o): _option(o, [r for r in rows if r["option"] == o]) for o in sorted({r["option"] for r in rows})}
     return {"kind": "kv-cache-rules-score", "rules_section": 6, "files": len(rows), "options": options,
             "method": {"bandwidth_and_tokens": "sum over ranks within a trial, then mean over trials",
@@ -195,6 +252,9 @@ def format_score(score: dict[str, Any]) -> str:
         if s["trials_left_out"]:
             lines.append(f"  trial(s) {', '.join(map(str, s['trials_left_out']))} left out of the score: ranks missing "
                          "(the complete trials are scored)")
+        if s.get("trials_without_files"):
+            lines.append(f"  trial(s) {', '.join(map(str, s['trials_without_files']))}: no rank file at all "
+                         "(not in the score)")
         if s["incomplete"]:
             lines.append("  INCOMPLETE: no trial has every rank; the sums below are of the ranks there are")
         lines.append(f"  {'figure':<44} {'score':>14} {'trial min':>12} {'trial max':>12} {'spread':>8}")
@@ -207,7 +267,7 @@ def format_score(score: dict[str, Any]) -> str:
             lines.append(f"  {label:<44} {_f(s[k]):>14} {_f(sp.get('min')):>12} {_f(sp.get('max')):>12} {spread:>8}")
         lines.append(f"  {'aggregate device read P95, ms (max)':<44} {_f(s['read_device_p95_ms']):>14}")
         lines.append(f"  {'aggregate device write P95, ms (max)':<44} {_f(s['write_device_p95_ms']):>14}"
-                     + ("   (MLPerf tool: fsync alone)" if "mlperf-tool" in s["formats"] else ""))
+                     + _write_device_note(s["formats"]))
         lines.append(f"  {'per-request storage time P95, ms (max)':<44} {_f(s['request_storage_p95_ms']):>14}")
         lines += _pooled_lines(s["pooled"])
         for t, v in s["per_trial"].items():
@@ -219,8 +279,20 @@ def format_score(score: dict[str, Any]) -> str:
                 f"{f}: {', '.join(k)}" for f, k in list(s["missing_keys"].items())[:3]))
         for e in s["unreadable"].values():
             lines.append(f"  unreadable: {e}")
-        lines.append(f"  the tool's own verdicts: {', '.join(f'{k} x{n}' for k, n in s['tool_status'].items())}")
+        for x in s.get("ranks_not_to_average") or []:
+            lines.append(f"  not to average (its rank_status): trial {x['trial']} rank {x['rank']} {x['status']}: "
+                         f"{x['reason']}")
+        lines.append(f"  the files' own verdicts: {', '.join(f'{k} x{n}' for k, n in s['tool_status'].items())}")
     return "\n".join(lines) + "\n"
+
+
+def _write_device_note(formats: list[str]) -> str:
+    """What the write device P95 covers: the MLPerf tool times the fsync alone, we time the whole write."""
+    if formats == ["mlperf-tool"]:
+        return "   (MLPerf tool: fsync alone)"
+    if "mlperf-tool" in formats:
+        return "   (mixed: the MLPerf tool's ranks time the fsync alone, ours the whole write)"
+    return ""
 
 
 def _pooled_lines(pooled: dict[str, Any]) -> list[str]:

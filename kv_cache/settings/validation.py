@@ -96,6 +96,9 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
         delay = get(name)
         if delay is not None and finite(flag, delay) and delay < 0:
             errors.append(f"{flag} cannot be negative, got {delay:g}")
+        elif delay is not None and math.isfinite(delay) and delay > limits.max_duration_seconds:
+            # (a wait past the platform's time_t would end in an OverflowError, after the banner)
+            errors.append(f"{flag} exceeds {_duration_limit(limits.max_duration_seconds)}, got {delay:g}")
 
     for flag, name, limit in (
         ("--gpu-mem-gb", "gpu_mem_gb", limits.max_gpu_memory_gb),

@@ -23,9 +23,12 @@ from kv_cache.benchmarks.sessions.answer import answer, refine_ladder
 from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
+from kv_cache.host.preload import snapshot_at_start
 from kv_cache.metrics.recorder import GIB
+from kv_cache.render.console import integrity_line
 from kv_cache.render.sessions import print_table
 from kv_cache.results import measurement as meas
+from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
 from kv_cache.serving.engine.calibration import calibration_errors
@@ -319,6 +322,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     """Load the sessions, climb the ladder of every (model, GPU) cell, write the JSON, print one table per
     cell; returns how the ladder ended (interrupted or not; the CLI makes it the exit status)."""
     out = out or sys.stdout
+    libraries = snapshot_at_start()  # mapped libraries (an LD_PRELOAD shim), judged in the integrity block
     ls0, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
     tiers = list(s.tiers)
     started = datetime.now()
@@ -349,6 +353,7 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
         "method": METHOD,
         **{k: v for k, v in first.items() if k != "parameters"},
         **({"grid": cells} if s.grid else {}),
+        "integrity": sessions_integrity(libraries),
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
     if not interrupted and storage_error is None:
@@ -359,6 +364,8 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
             print_table({"method": METHOD, **cell}, out)
         if s.grid:
             out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(_cell_line(c) for c in cells) + "\n")
+    if results["integrity"]["verdict"] != "ok":  # said when it is not ok (an LD_PRELOAD shim); always in the JSON
+        out.write("\n" + "\n".join(integrity_line(results)) + "\n")
     if written.kept_as:
         out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
     if written.error:
