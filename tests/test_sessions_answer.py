@@ -143,6 +143,14 @@ def test_a_rung_without_turns_says_why_and_what_to_change():
     assert failure_flags({"completed_turns": 3}, "none", f) == []
 
 
+def test_no_prefill_flag_when_the_prefill_fits_the_window():
+    # a tiny model: 10 ms of prefill per turn cannot be why a 1 s window saw no turn ("--window >= 0 s" was
+    # the advice); the window being shorter than one turn cycle is (steady_state.window_cycles says so)
+    f = FailureInputs(issued_prefill_s=[0.01], issued_context_tokens=[8160], largest_session_tokens=9000,
+                      bytes_per_token=1024, tier_sizes_gib={"cpu_mem_gb": 8.0}, window_s=1.0, replicas=1)
+    assert failure_flags({"completed_turns": 0}, "dram", f) == []
+
+
 def test_the_table_formats_a_missing_value_instead_of_crashing():
     assert _fmt_ci({"estimate": None, "low": None, "high": None}) == "-"
     assert _fmt_ci(None) == "-"
