@@ -85,7 +85,11 @@ def test_the_answer_sentence_intervals_ratio_and_plateau():
 def test_answer_flags_censoring_and_an_slo_met_only_within_its_interval():
     rungs = [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 1.0) for n in (4, 8)]
     sentence, detail = answer(rungs, 2.0, 2, "l40s")
-    assert "at least 8" in sentence and "fewer than 4" in sentence and "x? (censored)" in sentence
+    # dram never meets it (fewer than 4), none always does (at least 8): dram / none is below 4 / 8
+    assert "at least 8" in sentence and "fewer than 4" in sentence and "at most x0.50 (censored)" in sentence
+    assert detail["ratios"][0]["sessions_ratio"]["bound"] == "upper"
+    both_high = [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 300.0) for n in (4, 8)]
+    assert "x? (censored)" in answer(both_high, 2.0, 1, "h200")[0]  # at least 8 over at least 8: unknown
     bounded = [cell("none", n, 8.0) for n in (4, 16)] + [cell("dram", n, 300.0) for n in (4, 16)]
     s2, d2 = answer(bounded, 2.0, 1, "h200")
     assert d2["ratios"][0]["sessions_ratio"]["bound"] == "lower" and "at least x" in s2

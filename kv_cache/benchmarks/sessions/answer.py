@@ -208,8 +208,12 @@ def _fmt(c: dict[str, Any]) -> str:
     return f"{c['sessions']:.1f} [{ci['low']:.1f}, {ci['high']:.1f}]" if ci else f"{c['sessions']:.1f}"
 
 
+# a's status, b's status -> what a / b is: "at least N" over anything below, or anything over "fewer than N",
+# is a lower bound; the other way round an upper one (a / b with a >= top and b < bottom is > top / bottom)
 _BOUNDS = {("censored_high", "interpolated"): "lower", ("interpolated", "censored_low"): "lower",
-           ("censored_low", "interpolated"): "upper", ("interpolated", "censored_high"): "upper"}
+           ("censored_high", "censored_low"): "lower",
+           ("censored_low", "interpolated"): "upper", ("interpolated", "censored_high"): "upper",
+           ("censored_low", "censored_high"): "upper"}
 
 
 def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
