@@ -246,3 +246,24 @@ def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
     s = summarize(rungs, raw, None)
     assert any("no rung completed a turn" in f for f in s["configs"]["none"]["flags"])
     assert s["ratios"][0]["effective_capacity_ratio"] is None
+
+
+def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_replications():
+    import io
+
+    from kv_cache.render.sessions import _answer
+
+    rungs = [cell("none", n, 8.0) for n in (4, 8, 16)] + [cell("dram+storage", n, 14.0) for n in (4, 8, 16)]
+    low = rungs[0]["replications"]["ttft_return_p90_s"]
+    low[1] = 5.0  # replication 2 misses the SLO already at 4 sessions: its crossing is censored
+    rungs[0]["ttft"]["return"]["p90_s"]["estimate"] = sum(low) / 3
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    assert detail["configs"]["none"]["per_replication_status"][1] == "censored_low"
+    method = detail["ratios"][0]["sessions_ratio"]["method"]
+    assert "censored" in method and "no replications" not in method  # there were 3: one is censored
+    out = io.StringIO()
+    _answer({"answer": sentence, "answer_detail": detail}, out)
+    line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("dram+storage"))
+    tier = detail["configs"]["dram+storage"]
+    assert "mean curve between 8 and 16; replications " in line
+    assert ", ".join(f"{v:.1f}" for v in tier["per_replication"]) in line

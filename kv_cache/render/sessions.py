@@ -129,8 +129,13 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         br = c.get("bracket")
         t = c.get("throughput") or {}
         plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")
-        out.write(f"  {cfg:<13} {value}{ci_text} sessions ({c['status']}"
-                  f"{f', between {br[0]} and {br[1]}' if br else ''}); throughput plateau "
+        reps = c.get("per_replication") or []
+        # with K replications the figure is the mean of their crossings, which can lie outside the bracket of
+        # the mean curve (the replications bracket it each on their own): say whose bracket it is
+        where = (f", mean curve between {br[0]} and {br[1]}; replications "
+                 + ", ".join("-" if v is None else f"{v:.1f}" for v in reps)) if br and len(reps) > 1 else (
+                 f", between {br[0]} and {br[1]}" if br else "")
+        out.write(f"  {cfg:<13} {value}{ci_text} sessions ({c['status']}{where}); throughput plateau "
                   f"{_s(plateau, 1)} tok/s/GPU at {t.get('plateau_sessions') or '-'} sessions, knee "
                   f"({t.get('knee_rule', '90 % of plateau')}) {'<= ' if t.get('knee_censored') else ''}"
                   f"{_s(knee, 1)} sessions\n")

@@ -226,8 +226,11 @@ def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
                 "method": f"a {bound} bound: one configuration's crossing is censored by the ladder"}
     if a["sessions_ci"] and b["sessions_ci"]:
         return paired_ratio_ci(a["per_replication"], b["per_replication"]).to_dict()
+    k = max(len(a["per_replication"]), len(b["per_replication"]))
+    why = ("no replications: no interval" if k < 2 else
+           "no interval: some replications' crossings are censored by the ladder (per_replication_status)")
     return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1,
-            "method": "ratio of single crossings (no replications: no interval)"}
+            "method": f"ratio of single crossings ({why})"}
 
 
 def _fmt_ratio(r: dict[str, Any] | None) -> str:
