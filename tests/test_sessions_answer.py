@@ -267,3 +267,5 @@ def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_repl
     tier = detail["configs"]["dram+storage"]
     assert "mean curve between 8 and 16; replications " in line
     assert ", ".join(f"{v:.1f}" for v in tier["per_replication"]) in line
+    none_line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("none"))
+    assert ", <4, " in none_line  # the censored replication as the bound it is, not "4.0"

@@ -133,7 +133,9 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         # with K replications the figure is the mean of their crossings, which can lie outside the bracket of
         # the mean curve (the replications bracket it each on their own): say whose bracket it is
         where = (f", mean curve between {br[0]} and {br[1]}; replications "
-                 + ", ".join("-" if v is None else f"{v:.1f}" for v in reps)) if br and len(reps) > 1 else (
+                 + ", ".join(_rep_crossing(v, st) for v, st in zip(reps, c.get("per_replication_status")
+                                                                    or ["interpolated"] * len(reps), strict=False))
+                 ) if br and len(reps) > 1 else (
                  f", between {br[0]} and {br[1]}" if br else "")
         out.write(f"  {cfg:<13} {value}{ci_text} sessions ({c['status']}{where}); throughput plateau "
                   f"{_s(plateau, 1)} tok/s/GPU at {t.get('plateau_sessions') or '-'} sessions, knee "
@@ -142,6 +144,13 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         for f in c["flags"] + t.get("flags", []):
             out.write(f"    - {f}\n")
     out.write(f"\nAnswer: {results['answer']}\n")
+
+
+def _rep_crossing(value: float | None, status: str) -> str:
+    """One replication's crossing: censored ones as the bound they are."""
+    if value is None:
+        return "-"
+    return {"censored_low": f"<{value:g}", "censored_high": f">={value:g}"}.get(status, f"{value:.1f}")
 
 
 def _s(x: float | None, digits: int = 3) -> str:
