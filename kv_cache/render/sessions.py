@@ -66,7 +66,7 @@ def _rung_rows(rungs: list[dict[str, Any]], out: TextIO) -> None:
         out.write(
             f"{r['tiers']:<13} {r['sessions']:>8}  {_fmt_ci(r['throughput_tokens_per_s_per_gpu']):<28} "
             f"{r['completed_turns']:>6}  {_fmt_ci(ret['p90_s'], digits=2):<26} {ret['n']:>4}  "
-            f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work']['flagged'] else 'ok':<6}"
+            f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work'].get('flagged') else 'ok':<6}"
             f"{' !' * bool(r.get('flags'))}\n"
         )
 
@@ -102,7 +102,7 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         turns_text = f"x{turns:.2f}" if turns is not None else "-"
         out.write(f"  at {r['sessions']:>4} sessions, {r['config']} vs {r['baseline']}: throughput "
                   f"x{_fmt_ci(r['throughput_ratio'], digits=2)}, completed turns {turns_text}\n")
-    flagged = [r for r in results["rungs"] if r["work"]["flagged"]]
+    flagged = [r for r in results["rungs"] if r["work"].get("flagged")]
     for r in flagged:
         out.write(f"  WORK FLAG {r['tiers']} @ {r['sessions']}: {'; '.join(r['work']['flag_reasons'])}\n")
     warnings = results.get("warnings") or []

@@ -285,11 +285,13 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
     try:
         body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
-    except KeyboardInterrupt:  # keep what was measured: the rungs that completed
+    except KeyboardInterrupt:  # keep what was measured: the rungs that completed, work control included
+        flag_work_equivalence(done_rungs)
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
         return ({"rungs": done_rungs, "summary": None, "interrupted": True,
                  "warnings": rung_warnings(done_rungs, None)}, True, None)
     except LadderStopped as exc:  # keep what was measured, say why it stopped, exit 3
+        flag_work_equivalence(done_rungs)
         sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {exc}\n")
         return ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
                  "warnings": rung_warnings(done_rungs, None)}, False, str(exc))
