@@ -216,6 +216,14 @@ def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap()
     assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
     assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
     assert next_refinement(rungs, 2.0) == 10
+    # the sentence says it is a lower bound, and so is a ratio over it (it was "hold 25.0 ... 25.0: x1.00")
+    assert c["lower_bound"] is True
+    both = rungs + [dict(r, tiers="dram") for r in rungs]
+    sentence, d2 = answer(both, 2.0, 1, "h100")
+    assert "hold at least 4.0 sessions" in sentence and "without a tier, at least 4.0: x? (censored)" in sentence
+    one = [cell("none", n, 8.0, k=1) for n in (4, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 16)]
+    _, d1 = answer(one, 2.0, 1, "h100")
+    assert any("one replication per rung: no interval" in f for f in d1["configs"]["dram"]["flags"])
 
 
 def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
