@@ -204,7 +204,9 @@ def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys
     assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
     if c["status"] == "interpolated":
         assert len(sessions) > 2  # the bracket [1, 8] was bisected
-    assert capsys.readouterr().out.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+    printed = capsys.readouterr().out
+    assert printed.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+    assert "not interpolated: the answer below interpolates and is the figure to quote" in printed
 
 
 def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap():

@@ -80,6 +80,8 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
     s = results["summary"]
     slo = s.get("slo_ttft_p90_s")
     basis = f"largest sessions with p90 return TTFT <= {slo:g} s" if slo else "sessions at peak per-GPU throughput"
+    if results.get("answer"):  # two figures for one question: say which one is the answer
+        basis += "; a rung that ran, not interpolated: the answer below interpolates and is the figure to quote"
     out.write(f"\nEffective capacity ({basis}):\n")
     for cfg, c in s["configs"].items():
         cap_ci = c.get("slo_capacity_sessions_ci") or c.get("peak_throughput_sessions_ci")
