@@ -1,6 +1,7 @@
 """Sessions v3 items 5-7: write-through (inclusive) DRAM offload, the (model, GPU) grid, the AIPerf
 agentic-code trace replayed with the article's pace transform, and the generator's lognormal pauses."""
 
+import io
 import json
 import os
 import re
@@ -140,6 +141,15 @@ def test_grid_run_prints_one_table_and_answer_per_cell(argv, tmp_path, capsys):
     cal = data["parameters"]["engine_calibration"]
     assert len(cal["entries"]) >= 3 and cal["max_abs_prefill_error"] <= 0.2 and cal["this_pair"] is None
     assert data["parameters"]["dram_write_through"] is True
+    # `kv-cache report` of the grid reprints every cell and the grid lines (it printed the first cell only)
+    from argparse import Namespace
+
+    from kv_cache.cli.report_cmd import report_command
+
+    report = io.StringIO()
+    assert report_command(Namespace(result=str(tmp_path / "s.json"), plots=None), [], report) == 0
+    text = report.getvalue()
+    assert text.count("SESSIONS HELD") == 2 and "micro2 on 1 x l40s:" in text and "Grid (one answer" in text
 
 
 # -- the AIPerf agentic-code trace and the article's pace transform ------------------------------------

@@ -227,3 +227,27 @@ def _storage_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
                  f"(peak {t['peak_gib']:.2f} GiB{', ' + str(t['evictions']) + ' evictions' if t['evictions'] else ''})"
                  for t in r["offload_tier"]["tiers"]]
         out.write(f"  {r['tiers']:<13} {r['sessions']:>5}  {'; '.join(parts)}\n")
+
+
+def grid_cell_line(cell: dict[str, Any]) -> str:
+    """One grid cell in a line: its answer where one was asked for, else each configuration's capacity."""
+    p, summary = cell["parameters"], cell.get("summary") or {}
+    answer = cell.get("answer") or summary.get("answer")
+    if isinstance(answer, dict):
+        answer = answer.get("sentence") or answer.get("text")
+    if not answer:
+        caps = ", ".join(f"{k} {c['effective_capacity_sessions']}" for k, c in (summary.get("configs") or {}).items())
+        answer = f"effective capacity (sessions): {caps or '-'}"
+    return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
+
+
+def print_grid(cells: list[dict[str, Any]], method: str, out: TextIO) -> None:
+    """A `--models` / `--gpus` grid: every cell's table under its name, then one line per cell."""
+    for cell in cells:
+        p = cell["parameters"]
+        out.write(f"\n=== {p['model']} on {p['num_gpus']} x {p['gpu']} ===\n")
+        if cell.get("summary"):
+            print_table({"method": method, **cell}, out)
+        else:
+            print_partial(cell, out, f"{p['model']} on {p['gpu']}")
+    out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(grid_cell_line(c) for c in cells) + "\n")

@@ -24,7 +24,7 @@ from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_wo
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
 from kv_cache.metrics.recorder import GIB
-from kv_cache.render.sessions import print_table
+from kv_cache.render.sessions import print_grid, print_table
 from kv_cache.results import measurement as meas
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
@@ -298,18 +298,6 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
     return body, False, None
 
 
-def _cell_line(cell: dict[str, Any]) -> str:
-    """One grid cell in a line: its answer where one was asked for, else each configuration's capacity."""
-    p, summary = cell["parameters"], cell.get("summary") or {}
-    answer = cell.get("answer") or summary.get("answer")
-    if isinstance(answer, dict):
-        answer = answer.get("sentence") or answer.get("text")
-    if not answer:
-        caps = ", ".join(f"{k} {c['effective_capacity_sessions']}" for k, c in (summary.get("configs") or {}).items())
-        answer = f"effective capacity (sessions): {caps or '-'}"
-    return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
-
-
 def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     """Load the sessions, climb the ladder of every (model, GPU) cell, write the JSON, print one table per
     cell; returns how the ladder ended (interrupted or not; the CLI makes it the exit status)."""
@@ -346,13 +334,10 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
     if not interrupted and storage_error is None:
-        for cell in cells if s.grid else [results]:
-            if s.grid:
-                p = cell["parameters"]
-                out.write(f"\n=== {p['model']} on {p['num_gpus']} x {p['gpu']} ===\n")
-            print_table({"method": METHOD, **cell}, out)
         if s.grid:
-            out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(_cell_line(c) for c in cells) + "\n")
+            print_grid(cells, METHOD, out)
+        else:
+            print_table({"method": METHOD, **results}, out)
     if written.kept_as:
         out.write(f"\nNote: an earlier {s.output} was kept as {written.kept_as}\n")
     if written.error:
