@@ -131,6 +131,15 @@ def test_every_reported_figure_uses_all_replications():
     assert cell_["ttft"]["start"]["p90_s"] is None
 
 
+def test_replications_few_sample_flags_are_one_line_per_turn_class():
+    reps = [rep(10, 1.0, 0), rep(20, 2.0, 1), rep(30, 3.0, 2)]
+    reps[0]["flags"] = ["TTFT start: n = 3 < 20, percentiles unreliable", "HBM never filled: x"]
+    reps[2]["flags"] = ["TTFT start: n = 0 < 20, percentiles unreliable", "HBM never filled: x"]
+    flags = merge_replications(reps)["flags"]
+    assert flags == ["TTFT start: n = 3, >=20, 0 in the 3 replications, some < 20: percentiles unreliable",
+                     "HBM never filled: x"]
+
+
 def test_a_rung_without_turns_says_why_and_what_to_change():
     result = {"completed_turns": 0}
     f = FailureInputs(issued_prefill_s=[45.5, 30.0, 50.0], issued_context_tokens=[150_000, 120_000, 160_000],
