@@ -227,6 +227,12 @@ def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap()
     assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
     assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
     assert next_refinement(rungs, 2.0) == 10
+    empty_low = [cell("none", 4, 8.0), cell("none", 16, 8.0)]
+    empty_low[0]["ttft"]["return"]["p90_s"] = None
+    empty_low[0]["replications"]["ttft_return_p90_s"] = [None, None, None]
+    low = answer(empty_low, 2.0, 1, "h200")[1]["configs"]["none"]
+    assert low["status"] == "censored_low"
+    assert any("no returning turn completed at the lowest rung (4 sessions)" in f for f in low["flags"])
     # the sentence says it is a lower bound, and so is a ratio over it (it was "hold 25.0 ... 25.0: x1.00")
     assert c["lower_bound"] is True
     both = rungs + [dict(r, tiers="dram") for r in rungs]

@@ -169,6 +169,9 @@ def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
         flags.append(f"censored: the SLO is still met at the top rung ({top} sessions); extend --ladder")
     elif status == "censored_low":
         flags.append(f"censored: no rung meets the SLO, not even the lowest ({bottom} sessions); start --ladder lower")
+        if not _p90_ci(min(cells, key=lambda c: c["sessions"])):
+            flags.append(f"no returning turn completed at the lowest rung ({bottom} sessions): it counts as a miss, "
+                         "but the window may simply be too short to see one; use a longer --window")
     elif status == "no data":
         flags.append("no rung measured a returning turn: the answer needs them; use a --pace whose pauses exceed "
                      "sessions.human_threshold_s and a longer --window")
