@@ -57,6 +57,11 @@ def test_ladder_has_a_ttft_panel_a_log_axis_for_doubling_rungs_and_names_the_sha
     from kv_cache.render.plots import _doubling
 
     assert _doubling([8, 16, 32, 64]) and _doubling([2, 4, 8]) and not _doubling([4, 6, 8]) and not _doubling([8, 16])
+    from kv_cache.render.plots import _log_axis
+
+    refined = {"parameters": {"ladder": [4, 8, 16]}, "rungs": [{"sessions": n} for n in (4, 5, 6, 8, 10, 11, 12, 16)]}
+    assert _log_axis(refined)  # the bisection's extra rungs keep the doubling ladder's log axis
+    assert not _log_axis({"rungs": refined["rungs"]}) and _log_axis({"rungs": [{"sessions": n} for n in (2, 4, 8)]})
     doc = sessions_results()
     doc.setdefault("parameters", {})["tier_shaping"] = {"bandwidth_gbps": 4.0, "latency_ms": None}
     doc["parameters"]["slo_ttft_p90_s"] = 2.0

@@ -85,7 +85,11 @@ def test_the_answer_sentence_intervals_ratio_and_plateau():
 def test_answer_flags_censoring_and_an_slo_met_only_within_its_interval():
     rungs = [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 1.0) for n in (4, 8)]
     sentence, detail = answer(rungs, 2.0, 2, "l40s")
-    assert "at least 8" in sentence and "fewer than 4" in sentence and "x? (censored)" in sentence
+    # dram never meets it (fewer than 4), none always does (at least 8): dram / none is below 4 / 8
+    assert "at least 8" in sentence and "fewer than 4" in sentence and "at most x0.50 (censored)" in sentence
+    assert detail["ratios"][0]["sessions_ratio"]["bound"] == "upper"
+    both_high = [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 300.0) for n in (4, 8)]
+    assert "x? (censored)" in answer(both_high, 2.0, 1, "h200")[0]  # at least 8 over at least 8: unknown
     bounded = [cell("none", n, 8.0) for n in (4, 16)] + [cell("dram", n, 300.0) for n in (4, 16)]
     s2, d2 = answer(bounded, 2.0, 1, "h200")
     assert d2["ratios"][0]["sessions_ratio"]["bound"] == "lower" and "at least x" in s2
@@ -127,6 +131,15 @@ def test_every_reported_figure_uses_all_replications():
     assert cell_["ttft"]["start"]["p90_s"] is None
 
 
+def test_replications_few_sample_flags_are_one_line_per_turn_class():
+    reps = [rep(10, 1.0, 0), rep(20, 2.0, 1), rep(30, 3.0, 2)]
+    reps[0]["flags"] = ["TTFT start: n = 3 < 20, percentiles unreliable", "HBM never filled: x"]
+    reps[2]["flags"] = ["TTFT start: n = 0 < 20, percentiles unreliable", "HBM never filled: x"]
+    flags = merge_replications(reps)["flags"]
+    assert flags == ["TTFT start: n = 3, >=20, 0 in the 3 replications, some < 20: percentiles unreliable",
+                     "HBM never filled: x"]
+
+
 def test_a_rung_without_turns_says_why_and_what_to_change():
     result = {"completed_turns": 0}
     f = FailureInputs(issued_prefill_s=[45.5, 30.0, 50.0], issued_context_tokens=[150_000, 120_000, 160_000],
@@ -141,6 +154,14 @@ def test_a_rung_without_turns_says_why_and_what_to_change():
     assert "--cpu-mem-gb" in flags[1]
     assert failure_flags(result, "none", f) == flags[:1]
     assert failure_flags({"completed_turns": 3}, "none", f) == []
+
+
+def test_no_prefill_flag_when_the_prefill_fits_the_window():
+    # a tiny model: 10 ms of prefill per turn cannot be why a 1 s window saw no turn ("--window >= 0 s" was
+    # the advice); the window being shorter than one turn cycle is (steady_state.window_cycles says so)
+    f = FailureInputs(issued_prefill_s=[0.01], issued_context_tokens=[8160], largest_session_tokens=9000,
+                      bytes_per_token=1024, tier_sizes_gib={"cpu_mem_gb": 8.0}, window_s=1.0, replicas=1)
+    assert failure_flags({"completed_turns": 0}, "dram", f) == []
 
 
 def test_the_table_formats_a_missing_value_instead_of_crashing():
@@ -192,7 +213,9 @@ def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys
     assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
     if c["status"] == "interpolated":
         assert len(sessions) > 2  # the bracket [1, 8] was bisected
-    assert capsys.readouterr().out.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+    printed = capsys.readouterr().out
+    assert printed.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+    assert "not interpolated: the answer below interpolates and is the figure to quote" in printed
 
 
 def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap():
@@ -204,6 +227,20 @@ def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap()
     assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
     assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
     assert next_refinement(rungs, 2.0) == 10
+    empty_low = [cell("none", 4, 8.0), cell("none", 16, 8.0)]
+    empty_low[0]["ttft"]["return"]["p90_s"] = None
+    empty_low[0]["replications"]["ttft_return_p90_s"] = [None, None, None]
+    low = answer(empty_low, 2.0, 1, "h200")[1]["configs"]["none"]
+    assert low["status"] == "censored_low"
+    assert any("no returning turn completed at the lowest rung (4 sessions)" in f for f in low["flags"])
+    # the sentence says it is a lower bound, and so is a ratio over it (it was "hold 25.0 ... 25.0: x1.00")
+    assert c["lower_bound"] is True
+    both = rungs + [dict(r, tiers="dram") for r in rungs]
+    sentence, d2 = answer(both, 2.0, 1, "h100")
+    assert "hold at least 4.0 sessions" in sentence and "without a tier, at least 4.0: x? (censored)" in sentence
+    one = [cell("none", n, 8.0, k=1) for n in (4, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 16)]
+    _, d1 = answer(one, 2.0, 1, "h100")
+    assert any("one replication per rung: no interval" in f for f in d1["configs"]["dram"]["flags"])
 
 
 def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
@@ -234,3 +271,26 @@ def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
     s = summarize(rungs, raw, None)
     assert any("no rung completed a turn" in f for f in s["configs"]["none"]["flags"])
     assert s["ratios"][0]["effective_capacity_ratio"] is None
+
+
+def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_replications():
+    import io
+
+    from kv_cache.render.sessions import _answer
+
+    rungs = [cell("none", n, 8.0) for n in (4, 8, 16)] + [cell("dram+storage", n, 14.0) for n in (4, 8, 16)]
+    low = rungs[0]["replications"]["ttft_return_p90_s"]
+    low[1] = 3.0  # replication 2 misses the SLO already at 4 sessions: its crossing is censored (the mean meets it)
+    rungs[0]["ttft"]["return"]["p90_s"]["estimate"] = sum(low) / 3
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    assert detail["configs"]["none"]["per_replication_status"][1] == "censored_low"
+    method = detail["ratios"][0]["sessions_ratio"]["method"]
+    assert "censored" in method and "no replications" not in method  # there were 3: one is censored
+    out = io.StringIO()
+    _answer({"answer": sentence, "answer_detail": detail}, out)
+    line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("dram+storage"))
+    tier = detail["configs"]["dram+storage"]
+    assert "mean curve between 8 and 16; replications " in line
+    assert ", ".join(f"{v:.1f}" for v in tier["per_replication"]) in line
+    none_line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("none"))
+    assert ", <4, " in none_line  # the censored replication as the bound it is, not "4.0"

@@ -123,6 +123,11 @@ def test_ladder_output_has_curve_capacity_ratios_and_cis(argv, tmp_path):
     (["--model", "llama3.1-70b-instruct", "--gpu-mem-gb", "10"], "does not fit"),
     (["--replications", "0"], "--replications must be >= 1"),
     (["--slo-ttft-p90", "-1"], "--slo-ttft-p90 must be positive"),
+    # inf ran the whole ladder, then ended in a JSON ValueError writing the results (exit 70)
+    (["--slo-ttft-p90", "inf"], "--slo-ttft-p90 must be positive"),
+    (["--tier-bandwidth", "inf"], "--tier-bandwidth must be finite"),
+    (["--tier-latency", "inf"], "--tier-latency must be finite"),
+    (["--window", "inf"], "--window must be finite"),
     (["--load-policy", "never"], "--load-policy"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, capsys, extra, message):

@@ -51,6 +51,17 @@ def test_an_interrupted_ladder_says_interrupted_and_prints_its_rungs(tmp_path):
     assert "none                 1" in text
 
 
+def test_an_interrupted_ladder_whose_rungs_never_got_the_work_control_is_reported(tmp_path):
+    # a ladder interrupted (or stopped) before the end wrote its rungs without work["flagged"]: `report`
+    # raised KeyError 'flagged'
+    doc = _doc()
+    for r in doc["rungs"]:
+        r["work"].pop("flagged", None)
+        r["work"].pop("flag_reasons", None)
+    text = _report(tmp_path, {**doc, "summary": None, "interrupted": True})
+    assert "none                 1" in text and " ok " in text
+
+
 def test_an_interrupted_ladder_with_no_rung_prints_only_the_line(tmp_path):
     text = _report(tmp_path, {**_doc(), "summary": None, "rungs": [], "interrupted": True})
     assert text == f"{tmp_path / 's.json'}: an interrupted sessions run with 0 rung(s)\n"

@@ -1,9 +1,12 @@
 """Sessions v3 items 5-7: write-through (inclusive) DRAM offload, the (model, GPU) grid, the AIPerf
 agentic-code trace replayed with the article's pace transform, and the generator's lognormal pauses."""
 
+import io
 import json
+import os
 import re
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -138,6 +141,15 @@ def test_grid_run_prints_one_table_and_answer_per_cell(argv, tmp_path, capsys):
     cal = data["parameters"]["engine_calibration"]
     assert len(cal["entries"]) >= 3 and cal["max_abs_prefill_error"] <= 0.2 and cal["this_pair"] is None
     assert data["parameters"]["dram_write_through"] is True
+    # `kv-cache report` of the grid reprints every cell and the grid lines (it printed the first cell only)
+    from argparse import Namespace
+
+    from kv_cache.cli.report_cmd import report_command
+
+    report = io.StringIO()
+    assert report_command(Namespace(result=str(tmp_path / "s.json"), plots=None), [], report) == 0
+    text = report.getvalue()
+    assert text.count("SESSIONS HELD") == 2 and "micro2 on 1 x l40s:" in text and "Grid (one answer" in text
 
 
 # -- the AIPerf agentic-code trace and the article's pace transform ------------------------------------
@@ -190,8 +202,33 @@ def test_recipe_asks_for_the_answer_with_three_replications_and_runs_dram():
     assert "--tier-bandwidth" in text  # the tier shaped to the article's per-GPU share on a RAM-backed path
     command = text[text.index("python3 -m kv_cache sessions"):]
     known = {o for a in build_parser("sessions")._actions for o in a.option_strings}
-    # --tier-bandwidth comes with the tier shaping of the same issue (item 4), merged separately
-    assert set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command)) - known <= {"--tier-bandwidth"}
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command)) - known == set()
+
+
+@pytest.mark.parametrize("shape", ["0.938", "0"])
+def test_recipe_command_resolves_as_the_script_builds_it(tmp_path, shape):
+    """A dry run of the script itself: `python3 -m kv_cache` is a shim that resolves the settings the script
+    built (every flag and value, its config file included) and stops before anything runs."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real = sys.executable
+    probe = ("import json, sys; from kv_cache.cli import parse_sessions_settings as p; "
+             "s = p(sys.argv[1:]); st = s.ladder_settings.storage; print(json.dumps({'replications': s.replications, "
+             "'slo': s.slo_ttft_p90_s, 'tiers': list(s.tiers), 'gbps': st.tier_bandwidth_gbps}))")
+    (shim / "python3").write_text(
+        f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = kv_cache ] && [ "$3" = sessions ]; then shift 3; '
+        f'exec "{real}" -c "{probe}" "$@"; fi\nexec "{real}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "TIER_GBPS": shape,
+           "PYTHONPATH": str(RECIPE.parent.parent), "OUT": str(tmp_path / "out.json")}
+    done = subprocess.run(["bash", str(RECIPE), str(tier), "5"], env=env, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    parsed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert parsed == {"replications": 3, "slo": 2.0, "tiers": ["none", "dram", "dram+storage"],
+                      "gbps": float(shape)}
 
 
 def test_sessions_document_exposes_its_grid_cells():

@@ -90,9 +90,11 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
         return _foreign_report(doc, args.plots, out)
     results = doc.to_json()
     if isinstance(doc, SessionsDocument):
-        from kv_cache.render.sessions import print_partial, print_table  # noqa: PLC0415
+        from kv_cache.render.sessions import print_grid, print_partial, print_table  # noqa: PLC0415
 
-        if results.get("summary"):
+        if results.get("grid") and results.get("summary"):  # every cell, not only the first one
+            print_grid(results["grid"], results.get("method", ""), out)
+        elif results.get("summary"):
             print_table(results, out)
         else:  # stopped early (interrupted, a storage error): why, and the rungs it completed
             print_partial(results, out, args.result)

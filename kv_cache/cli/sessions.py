@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -156,6 +157,8 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
     ):
         if not value > low:
             errors.append(f"{flag} must be {'positive' if low == 0 else 'non-negative'}, got {value}")
+        elif math.isinf(value):  # would run forever, or end in a results file JSON cannot hold
+            errors.append(f"{flag} must be finite, got {value}")
     if args.subwindows < 2:
         errors.append(f"--subwindows must be >= 2, got {args.subwindows}")
     if args.num_gpus < 1 or args.tensor_parallel < 1 or args.num_gpus % args.tensor_parallel:
@@ -164,7 +167,7 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         errors.append("--io-workers and --prefill-chunk-tokens must be positive")
     if args.replications is not None and args.replications < 1:
         errors.append(f"--replications must be >= 1, got {args.replications}")
-    if args.slo_ttft_p90 is not None and not args.slo_ttft_p90 > 0:
+    if args.slo_ttft_p90 is not None and not 0 < args.slo_ttft_p90 < math.inf:
         errors.append(f"--slo-ttft-p90 must be positive seconds, got {args.slo_ttft_p90}")
     if args.cache_dir is not None and "dram+storage" in tiers:
         problem = check_cache_dir(args.cache_dir)

@@ -175,6 +175,13 @@ def _doubling(xs: list[int]) -> bool:
     return len(xs) >= 3 and xs[0] > 0 and all(b / a >= 1.5 for a, b in zip(xs, xs[1:], strict=False))
 
 
+def _log_axis(results: dict[str, Any]) -> bool:
+    """A log2 axis when the ladder asked for doubles: the rungs an SLO's bisection added between them (4, 5, 6,
+    8, ...) do not make it linear; without the asked ladder (older documents), the rungs run."""
+    asked = (results.get("parameters") or {}).get("ladder")
+    return _doubling(list(asked) if asked else [r["sessions"] for r in results.get("rungs") or []])
+
+
 def _ci_bars(cis: list[dict[str, Any] | None]) -> tuple[list[float], list[list[float]]]:
     ys, lo, hi = [], [], []
     for c in cis:
@@ -203,7 +210,7 @@ def ladder(results: dict[str, Any], out: Path) -> Path | None:
     slo = (results.get("parameters") or {}).get("slo_ttft_p90_s")
     if slo:
         right.axhline(slo, color="k", linestyle="--", linewidth=1, label=f"SLO {slo:g} s")
-    log_x = _doubling([r["sessions"] for r in rungs])
+    log_x = _log_axis(results)
     for a in (ax, right):
         if log_x:
             a.set_xscale("log", base=2)

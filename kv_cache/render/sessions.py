@@ -66,7 +66,7 @@ def _rung_rows(rungs: list[dict[str, Any]], out: TextIO) -> None:
         out.write(
             f"{r['tiers']:<13} {r['sessions']:>8}  {_fmt_ci(r['throughput_tokens_per_s_per_gpu']):<28} "
             f"{r['completed_turns']:>6}  {_fmt_ci(ret['p90_s'], digits=2):<26} {ret['n']:>4}  "
-            f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work']['flagged'] else 'ok':<6}"
+            f"{_fmt_ci(start['p90_s'], digits=2):<22} {'FLAG' if r['work'].get('flagged') else 'ok':<6}"
             f"{' !' * bool(r.get('flags'))}\n"
         )
 
@@ -80,6 +80,8 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
     s = results["summary"]
     slo = s.get("slo_ttft_p90_s")
     basis = f"largest sessions with p90 return TTFT <= {slo:g} s" if slo else "sessions at peak per-GPU throughput"
+    if results.get("answer"):  # two figures for one question: say which one is the answer
+        basis += "; a rung that ran, not interpolated: the answer below interpolates and is the figure to quote"
     out.write(f"\nEffective capacity ({basis}):\n")
     for cfg, c in s["configs"].items():
         cap_ci = c.get("slo_capacity_sessions_ci") or c.get("peak_throughput_sessions_ci")
@@ -102,7 +104,7 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         turns_text = f"x{turns:.2f}" if turns is not None else "-"
         out.write(f"  at {r['sessions']:>4} sessions, {r['config']} vs {r['baseline']}: throughput "
                   f"x{_fmt_ci(r['throughput_ratio'], digits=2)}, completed turns {turns_text}\n")
-    flagged = [r for r in results["rungs"] if r["work"]["flagged"]]
+    flagged = [r for r in results["rungs"] if r["work"].get("flagged")]
     for r in flagged:
         out.write(f"  WORK FLAG {r['tiers']} @ {r['sessions']}: {'; '.join(r['work']['flag_reasons'])}\n")
     warnings = results.get("warnings") or []
@@ -129,14 +131,28 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         br = c.get("bracket")
         t = c.get("throughput") or {}
         plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")
-        out.write(f"  {cfg:<13} {value}{ci_text} sessions ({c['status']}"
-                  f"{f', between {br[0]} and {br[1]}' if br else ''}); throughput plateau "
+        reps = c.get("per_replication") or []
+        # with K replications the figure is the mean of their crossings, which can lie outside the bracket of
+        # the mean curve (the replications bracket it each on their own): say whose bracket it is
+        where = (f", mean curve between {br[0]} and {br[1]}; replications "
+                 + ", ".join(_rep_crossing(v, st) for v, st in zip(reps, c.get("per_replication_status")
+                                                                    or ["interpolated"] * len(reps), strict=False))
+                 ) if br and len(reps) > 1 else (
+                 f", between {br[0]} and {br[1]}" if br else "")
+        out.write(f"  {cfg:<13} {value}{ci_text} sessions ({c['status']}{where}); throughput plateau "
                   f"{_s(plateau, 1)} tok/s/GPU at {t.get('plateau_sessions') or '-'} sessions, knee "
                   f"({t.get('knee_rule', '90 % of plateau')}) {'<= ' if t.get('knee_censored') else ''}"
                   f"{_s(knee, 1)} sessions\n")
         for f in c["flags"] + t.get("flags", []):
             out.write(f"    - {f}\n")
     out.write(f"\nAnswer: {results['answer']}\n")
+
+
+def _rep_crossing(value: float | None, status: str) -> str:
+    """One replication's crossing: censored ones as the bound they are."""
+    if value is None:
+        return "-"
+    return {"censored_low": f"<{value:g}", "censored_high": f">={value:g}"}.get(status, f"{value:.1f}")
 
 
 def _s(x: float | None, digits: int = 3) -> str:
@@ -211,3 +227,27 @@ def _storage_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
                  f"(peak {t['peak_gib']:.2f} GiB{', ' + str(t['evictions']) + ' evictions' if t['evictions'] else ''})"
                  for t in r["offload_tier"]["tiers"]]
         out.write(f"  {r['tiers']:<13} {r['sessions']:>5}  {'; '.join(parts)}\n")
+
+
+def grid_cell_line(cell: dict[str, Any]) -> str:
+    """One grid cell in a line: its answer where one was asked for, else each configuration's capacity."""
+    p, summary = cell["parameters"], cell.get("summary") or {}
+    answer = cell.get("answer") or summary.get("answer")
+    if isinstance(answer, dict):
+        answer = answer.get("sentence") or answer.get("text")
+    if not answer:
+        caps = ", ".join(f"{k} {c['effective_capacity_sessions']}" for k, c in (summary.get("configs") or {}).items())
+        answer = f"effective capacity (sessions): {caps or '-'}"
+    return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
+
+
+def print_grid(cells: list[dict[str, Any]], method: str, out: TextIO) -> None:
+    """A `--models` / `--gpus` grid: every cell's table under its name, then one line per cell."""
+    for cell in cells:
+        p = cell["parameters"]
+        out.write(f"\n=== {p['model']} on {p['num_gpus']} x {p['gpu']} ===\n")
+        if cell.get("summary"):
+            print_table({"method": method, **cell}, out)
+        else:
+            print_partial(cell, out, f"{p['model']} on {p['gpu']}")
+    out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(grid_cell_line(c) for c in cells) + "\n")

@@ -169,15 +169,23 @@ def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
         flags.append(f"censored: the SLO is still met at the top rung ({top} sessions); extend --ladder")
     elif status == "censored_low":
         flags.append(f"censored: no rung meets the SLO, not even the lowest ({bottom} sessions); start --ladder lower")
+        if not _p90_ci(min(cells, key=lambda c: c["sessions"])):
+            flags.append(f"no returning turn completed at the lowest rung ({bottom} sessions): it counts as a miss, "
+                         "but the window may simply be too short to see one; use a longer --window")
     elif status == "no data":
         flags.append("no rung measured a returning turn: the answer needs them; use a --pace whose pauses exceed "
                      "sessions.human_threshold_s and a longer --window")
     elif status == "interpolated" and len(reps_ok) < k:
         flags.append(f"crossing not significant: {k - len(reps_ok)} of {k} replications do not cross between rungs")
+    if status == "interpolated" and k == 1:
+        flags.append("one replication per rung: no interval on the crossing nor on the ratio "
+                     "(--replications 3 or more gives them)")
     br = _bracket(_curve(cells), slo)
+    lower_bound = False
     if br is not None:
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
         met, miss = by_n.get(br[0]), by_n.get(br[1])
+        lower_bound = not miss
         if not miss:
             flags.append(f"no returning turn completed at {br[1]} sessions: the crossing is placed at {br[0]} "
                          "sessions, the last rung meeting the SLO (a lower bound)")
@@ -188,6 +196,7 @@ def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
             flags.append(f"crossing not significant at {br[1]} sessions: p90 {miss['estimate']:.2f} "
                          f"[{miss['low']:.2f}, {miss['high']:.2f}] s reaches down to the SLO")
     return {"sessions": _num(value), "sessions_ci": ci, "status": status, "bracket": list(br) if br else None,
+            "lower_bound": lower_bound,
             "per_replication": [_num(v) for v, _ in per_rep], "per_replication_status": [s for _, s in per_rep],
             "flags": flags, "throughput": plateau_and_knee(cells)}
 
@@ -200,6 +209,8 @@ def _num(x: float) -> float | None:
 def _fmt(c: dict[str, Any]) -> str:
     if c["status"] == "censored_high":
         return f"at least {c['sessions']:g}"
+    if c.get("lower_bound"):  # no returning turn measured above the bracket: the rung below, a lower bound
+        return f"at least {c['sessions']:.1f}"
     if c["status"] == "censored_low":
         return f"fewer than {c['sessions']:g}"
     if c["status"] == "no data":
@@ -208,22 +219,31 @@ def _fmt(c: dict[str, Any]) -> str:
     return f"{c['sessions']:.1f} [{ci['low']:.1f}, {ci['high']:.1f}]" if ci else f"{c['sessions']:.1f}"
 
 
+# a's status, b's status -> what a / b is: "at least N" over anything below, or anything over "fewer than N",
+# is a lower bound; the other way round an upper one (a / b with a >= top and b < bottom is > top / bottom)
 _BOUNDS = {("censored_high", "interpolated"): "lower", ("interpolated", "censored_low"): "lower",
-           ("censored_low", "interpolated"): "upper", ("interpolated", "censored_high"): "upper"}
+           ("censored_high", "censored_low"): "lower",
+           ("censored_low", "interpolated"): "upper", ("interpolated", "censored_high"): "upper",
+           ("censored_low", "censored_high"): "upper"}
 
 
 def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
-    """a's sessions over b's: paired across replications; a bound when one side is censored; else None."""
-    if a["status"] != "interpolated" or b["status"] != "interpolated":
-        bound = _BOUNDS.get((a["status"], b["status"]))
+    """a's sessions over b's: paired across replications; a bound when one side is censored (or only a lower
+    bound, as "at least" at the top); else None."""
+    sa, sb = (("censored_high" if c.get("lower_bound") else c["status"]) for c in (a, b))
+    if sa != "interpolated" or sb != "interpolated":
+        bound = _BOUNDS.get((sa, sb))
         if bound is None or not a["sessions"] or not b["sessions"]:
             return None
         return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1, "bound": bound,
                 "method": f"a {bound} bound: one configuration's crossing is censored by the ladder"}
     if a["sessions_ci"] and b["sessions_ci"]:
         return paired_ratio_ci(a["per_replication"], b["per_replication"]).to_dict()
+    k = max(len(a["per_replication"]), len(b["per_replication"]))
+    why = ("no replications: no interval" if k < 2 else
+           "no interval: some replications' crossings are censored by the ladder (per_replication_status)")
     return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1,
-            "method": "ratio of single crossings (no replications: no interval)"}
+            "method": f"ratio of single crossings ({why})"}
 
 
 def _fmt_ratio(r: dict[str, Any] | None) -> str:

@@ -10,6 +10,7 @@ t-interval across the replications (the per-replication capacities, peaks and th
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -126,8 +127,36 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "method": "K independent seeded replications; t-interval across their values, clamped at 0; "
                   "completed turns and the work control summed over the K",
     }
-    cell["flags"] = list(dict.fromkeys(f for r in reps for f in r.get("flags", [])))
+    cell["flags"] = _merge_flags(reps)
     return cell
+
+
+_FEW = re.compile(r"^TTFT (\w+): n = (\d+) < (\d+), percentiles unreliable$")
+
+
+def _merge_flags(reps: list[dict[str, Any]]) -> list[str]:
+    """The replications' flags once each; a turn class's "n < 20" of several replications as one line with
+    each replication's n (the merged percentile is the mean of theirs, so each one's n matters)."""
+    out: dict[str, None] = {}
+    few: dict[str, tuple[str, dict[int, str]]] = {}
+    for k, r in enumerate(reps):
+        for f in r.get("flags", []):
+            m = _FEW.match(f)
+            if m is None:
+                out.setdefault(f)
+                continue
+            key = f"TTFT {m[1]}"
+            few.setdefault(key, (m[3], {}))[1][k] = m[2]
+            out.setdefault(key)
+    lines = []
+    for f in out:
+        if f in few:
+            limit, ns = few[f]
+            each = ", ".join(ns.get(k, f">={limit}") for k in range(len(reps)))
+            lines.append(f"{f}: n = {each} in the {len(reps)} replications, some < {limit}: percentiles unreliable")
+        else:
+            lines.append(f)
+    return lines
 
 
 def flag_work_equivalence(rungs: list[dict[str, Any]], tolerance: float = 0.10) -> None:

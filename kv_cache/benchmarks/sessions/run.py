@@ -26,7 +26,7 @@ from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.metrics.recorder import GIB
 from kv_cache.render.console import integrity_line
-from kv_cache.render.sessions import print_table
+from kv_cache.render.sessions import print_grid, print_table
 from kv_cache.results import measurement as meas
 from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
@@ -295,27 +295,17 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
     try:
         body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
-    except KeyboardInterrupt:  # keep what was measured: the rungs that completed
+    except KeyboardInterrupt:  # keep what was measured: the rungs that completed, work control included
+        flag_work_equivalence(done_rungs)
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
         return ({"rungs": done_rungs, "summary": None, "interrupted": True,
                  "warnings": rung_warnings(done_rungs, None)}, True, None)
     except LadderStopped as exc:  # keep what was measured, say why it stopped, exit 3
+        flag_work_equivalence(done_rungs)
         sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {exc}\n")
         return ({"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}",
                  "warnings": rung_warnings(done_rungs, None)}, False, str(exc))
     return body, False, None
-
-
-def _cell_line(cell: dict[str, Any]) -> str:
-    """One grid cell in a line: its answer where one was asked for, else each configuration's capacity."""
-    p, summary = cell["parameters"], cell.get("summary") or {}
-    answer = cell.get("answer") or summary.get("answer")
-    if isinstance(answer, dict):
-        answer = answer.get("sentence") or answer.get("text")
-    if not answer:
-        caps = ", ".join(f"{k} {c['effective_capacity_sessions']}" for k, c in (summary.get("configs") or {}).items())
-        answer = f"effective capacity (sessions): {caps or '-'}"
-    return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
 
 
 def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
@@ -357,13 +347,10 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     }, SESSIONS_SCHEMA_VERSION)
     written = write_results(s.output, results)
     if not interrupted and storage_error is None:
-        for cell in cells if s.grid else [results]:
-            if s.grid:
-                p = cell["parameters"]
-                out.write(f"\n=== {p['model']} on {p['num_gpus']} x {p['gpu']} ===\n")
-            print_table({"method": METHOD, **cell}, out)
         if s.grid:
-            out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(_cell_line(c) for c in cells) + "\n")
+            print_grid(cells, METHOD, out)
+        else:
+            print_table({"method": METHOD, **results}, out)
     if results["integrity"]["verdict"] != "ok":  # said when it is not ok (an LD_PRELOAD shim); always in the JSON
         out.write("\n" + "\n".join(integrity_line(results)) + "\n")
     if written.kept_as:

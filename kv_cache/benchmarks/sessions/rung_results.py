@@ -255,13 +255,17 @@ def failure_inputs(ls: Any, issued_inputs: list[int], slots: Iterable[Any], size
 
 
 def _no_turn_flag(result: dict[str, Any], f: FailureInputs) -> str | None:
-    """Why no turn completed: the modelled prefill per turn, and queued per replica, against the window."""
+    """Why no turn completed: the modelled prefill per turn, and queued per replica, against the window. None
+    when the prefill fits the window (then it is not the reason: steady_state.window_cycles says the window
+    is shorter than one turn cycle, decode and pauses included)."""
     if result["completed_turns"] or not f.issued_prefill_s:
         return None
     p50, p_max = percentile(f.issued_prefill_s, 50), max(f.issued_prefill_s)
     ctx = int(percentile(f.issued_context_tokens, 50)) if f.issued_context_tokens else 0
     queued = sum(f.issued_prefill_s) / max(1, f.replicas)
     need = max(3 * p50, queued)
+    if need <= f.window_s:
+        return None
     return (f"no turn completed in the {f.window_s:g} s window: the {len(f.issued_prefill_s)} turns issued need "
             f"{p50:.1f} s (median; max {p_max:.1f} s) of modelled prefill each with their whole context "
             f"computed ({ctx:,} tokens median), {queued:.0f} s queued per replica; to measure turns, give "
