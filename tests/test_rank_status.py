@@ -94,7 +94,7 @@ def test_a_real_rank_document_says_whether_it_counts(quick_settings, sink, tmp_p
 
 
 def test_the_merged_table_says_which_ranks_not_to_average():
-    from kv_cache.results.merge import merged_table  # noqa: PLC0415
+    from kv_cache.render.merged_table import merged_table  # noqa: PLC0415
 
     docs, _ = _ranks()
     _statuses(docs, [("complete", "ok"), ("failed", "verdict FAIL: x"), ("complete", "ok")])

@@ -217,13 +217,7 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     a configuration without one (a sessions rung on DRAM alone), whose last RAM tier then fills to
     `last_ram_fraction` of its size."""
     if io_trace_log:
-        tier_set.tracer = IOTraceWriter(io_trace_log)
-        if tier_set.tracer.kept_as is not None:
-            message = f"an earlier trace log at {io_trace_log} was kept as {tier_set.tracer.kept_as}"
-            log.warning(message)
-            tier_set.notes.append(message)
-        tier_set.tiers = build_trace_tiers(tiers)
-        tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
+        _open_trace_tiers(tiers, io_trace_log, tier_set)
         return
     files = storage_tier and tiers.remote.storage_backend == "file"  # a remote tier sweeps its own namespace
     found = sweep(tiers.cache_dir) if files else None  # leftovers of earlier runs, before the free space is read
@@ -288,6 +282,17 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     tier_set.sizes["storage_capacity_gb"] = tier_size(
         tiers.storage_capacity_gb, storage_limit,
         f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)
+
+
+def _open_trace_tiers(tiers: TierSettings, io_trace_log: str, tier_set: TierSet) -> None:
+    """--io-trace-log: every tier is the trace log (no real I/O), an earlier log kept."""
+    tier_set.tracer = IOTraceWriter(io_trace_log)
+    if tier_set.tracer.kept_as is not None:
+        message = f"an earlier trace log at {io_trace_log} was kept as {tier_set.tracer.kept_as}"
+        log.warning(message)
+        tier_set.notes.append(message)
+    tier_set.tiers = build_trace_tiers(tiers)
+    tier_set.backends = dict.fromkeys((TierName.of(t.name) for t in tier_set.tiers), backends.get("tracelog"))
 
 
 def _planned_cpu_bytes(tiers: TierSettings, limit: MemoryLimit, other_bytes: int) -> int:

@@ -24,6 +24,7 @@ from kv_cache.benchmarks.sessions.rung_results import (
     failure_flags,
     failure_inputs,
     io_rates,
+    kv_sources,
     per_gpu_rates,
     rung_flags,
     ttft_breakdown,
@@ -440,7 +441,7 @@ class RungRun:
             "completed_turns_per_s_per_gpu": turns_rate.to_dict(),
             "ttft": ttft,
             "ttft_breakdown": ttft_breakdown(rec),
-            "kv_sources": self._kv_sources(done),
+            "kv_sources": kv_sources(done, self.ls.block_tokens),
             "offload_io": self._offload_io(),
             "offload_io_rates": io_rates(rec),
             "storage_errors": self.metrics.storage_error_table(),
@@ -472,17 +473,6 @@ class RungRun:
             getattr(getattr(self, "stores", None), "sizes", {}),
             lambda n: gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, n, 0, tp=ls.tensor_parallel)))
         return result
-
-    def _kv_sources(self, done: list) -> dict[str, Any]:
-        """Where the context of the window's completed turns came from: HBM hits, loads, recomputation."""
-        bt = self.ls.block_tokens
-        hit_tok = sum(r.hbm_hit_blocks * bt for _, r in done)
-        load_tok = sum(len(r.load_keys) * bt for _, r in done)
-        recompute_tok = sum(r.recomputed_tokens for _, r in done)
-        source_total = max(1, hit_tok + load_tok + recompute_tok)
-        return {"hbm_hit_share": hit_tok / source_total, "loaded_share": load_tok / source_total,
-                "recomputed_share": recompute_tok / source_total,
-                "load_skipped_blocks": sum(r.skipped_load_blocks for _, r in done)}
 
     def _offload_io(self) -> dict[str, Any]:
         """The offload tiers' bytes and operations in the window, in all and per GPU of a replica."""

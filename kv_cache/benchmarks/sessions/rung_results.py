@@ -28,7 +28,7 @@ from kv_cache.serving.engine.io_pool import IOCounters
 from kv_cache.serving.engine.replica import TurnRequest
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "engine_clock", "failure_flags", "failure_inputs",
-           "io_rates", "rung_flags", "throughput_ci", "ttft_breakdown", "ttft_percentiles", "window_rate_ci",
+           "io_rates", "kv_sources", "rung_flags", "throughput_ci", "ttft_breakdown", "ttft_percentiles", "window_rate_ci",
            "work_summary"]
 
 TURN_CLASSES = ("start", "return", "agentic")
@@ -317,3 +317,14 @@ class RemoteWatch:
         return {"remote_tier": {**self.store.remote_stats(), "network": network(
             metrics, self.net.name if self.net else None, self.before, self.net.snapshot() if self.net else None,
             self.rusage0)}}
+
+
+def kv_sources(done: list, block_tokens: int) -> dict[str, Any]:
+    """Where the context of the window's completed turns came from: HBM hits, loads, recomputation."""
+    hit_tok = sum(r.hbm_hit_blocks * block_tokens for _, r in done)
+    load_tok = sum(len(r.load_keys) * block_tokens for _, r in done)
+    recompute_tok = sum(r.recomputed_tokens for _, r in done)
+    source_total = max(1, hit_tok + load_tok + recompute_tok)
+    return {"hbm_hit_share": hit_tok / source_total, "loaded_share": load_tok / source_total,
+            "recomputed_share": recompute_tok / source_total,
+            "load_skipped_blocks": sum(r.skipped_load_blocks for _, r in done)}
