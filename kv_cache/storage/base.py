@@ -18,7 +18,9 @@ is everything else inside the operation.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -326,3 +328,25 @@ class StoreBase:
             self._account(IOResult(nbytes, r_bytes, r_t, r_dev, r_t - r_dev), "read"),
             dst._account(IOResult(nbytes, w_bytes, w_t, w_dev, w_t - w_dev), "write"),
         )
+
+
+def close_at_exit(store: Any) -> None:
+    """Close `store` when the interpreter exits, unless it was closed before (forget_at_exit): a run that
+    ends by an unhandled path still removes its run directory / objects / keys. Holds only a weak
+    reference, so the registration never keeps a store alive."""
+    ref = weakref.ref(store)
+
+    def _at_exit() -> None:
+        s = ref()
+        if s is not None:
+            s.close()
+
+    store._atexit = _at_exit
+    atexit.register(_at_exit)
+
+
+def forget_at_exit(store: Any) -> None:
+    """Undo close_at_exit (called by the store's own close)."""
+    cb = store.__dict__.pop("_atexit", None)
+    if cb is not None:
+        atexit.unregister(cb)

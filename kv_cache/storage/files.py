@@ -23,7 +23,6 @@ needs no bounce copy.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import mmap
 import os
@@ -31,7 +30,6 @@ import re
 import secrets
 import struct
 import threading
-import weakref
 from pathlib import Path
 from time import perf_counter_ns
 
@@ -39,7 +37,15 @@ from kv_cache.errors import StorageSetupError
 from kv_cache.host.blockdev import mount_info
 from kv_cache.host.rundir import RunDir
 from kv_cache.settings.sections import IO_MODES
-from kv_cache.storage.base import BLOCK, DataCorruption, StoreBase, key_id, padded
+from kv_cache.storage.base import (
+    BLOCK,
+    DataCorruption,
+    StoreBase,
+    close_at_exit,
+    forget_at_exit,
+    key_id,
+    padded,
+)
 
 HEADER_BYTES = BLOCK
 
@@ -155,15 +161,7 @@ class FileStore(StoreBase):
             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | (_O_DIRECT if self._direct else 0)
         )
         self._flags_r = os.O_RDONLY | _O_CLOEXEC | (_O_DIRECT if self._direct else 0)
-        ref = weakref.ref(self)
-
-        def _at_exit() -> None:
-            s = ref()
-            if s is not None:
-                s.close()
-
-        self._atexit = _at_exit
-        atexit.register(_at_exit)
+        close_at_exit(self)
 
     # ------------------------------------------------------------------ info
     @property
@@ -439,9 +437,7 @@ class FileStore(StoreBase):
             except OSError:
                 pass
         self._rundir.remove()
-        cb = self.__dict__.pop("_atexit", None)
-        if cb is not None:
-            atexit.unregister(cb)
+        forget_at_exit(self)
 
     def __enter__(self) -> FileStore:
         return self

@@ -15,16 +15,24 @@ connection is an ENOTCONN the cache retries and the error policy counts.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import threading
-import weakref
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.errors import StorageSetupError
 from kv_cache.settings.run import redacted_argv
-from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult, StoreBase, key_id, padded
+from kv_cache.storage.base import (
+    BLOCK,
+    DataCorruption,
+    IOAborted,
+    IOResult,
+    StoreBase,
+    close_at_exit,
+    forget_at_exit,
+    key_id,
+    padded,
+)
 from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
     MARKER,
@@ -85,15 +93,7 @@ class RedisStore(StoreBase):
         self.run_name = new_run_name()
         self._sweep()
         self._setup("write the marker", lambda: self._r.set(f"{self.run_name}:{MARKER}", marker_json()))
-        ref = weakref.ref(self)
-
-        def _at_exit() -> None:
-            s = ref()
-            if s is not None:
-                s.close()
-
-        self._atexit = _at_exit
-        atexit.register(_at_exit)
+        close_at_exit(self)
 
     # ------------------------------------------------------------------ info (as FileStore's)
     fs_type = "redis"
@@ -396,9 +396,7 @@ class RedisStore(StoreBase):
         for slot in self._slots:
             slot.close()
         self._r.close()
-        cb = self.__dict__.pop("_atexit", None)
-        if cb is not None:
-            atexit.unregister(cb)
+        forget_at_exit(self)
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where()}, run={self.run_name!r})"

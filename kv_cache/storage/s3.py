@@ -23,17 +23,25 @@ mid-run is an EACCES, which stops the run.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.errors import StorageSetupError
-from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult, StoreBase, key_id, padded
+from kv_cache.storage.base import (
+    BLOCK,
+    DataCorruption,
+    IOAborted,
+    IOResult,
+    StoreBase,
+    close_at_exit,
+    forget_at_exit,
+    key_id,
+    padded,
+)
 from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
     MARKER,
@@ -93,15 +101,7 @@ class S3Store(StoreBase):
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
         self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
-        ref = weakref.ref(self)
-
-        def _at_exit() -> None:
-            s = ref()
-            if s is not None:
-                s.close()
-
-        self._atexit = _at_exit
-        atexit.register(_at_exit)
+        close_at_exit(self)
 
     # ------------------------------------------------------------------ info (as FileStore's)
     fs_type = "s3"
@@ -451,9 +451,7 @@ class S3Store(StoreBase):
         self._pool.shutdown(wait=False, cancel_futures=True)
         for ring in self._rings:
             ring.close()
-        cb = self.__dict__.pop("_atexit", None)
-        if cb is not None:
-            atexit.unregister(cb)
+        forget_at_exit(self)
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self.bucket!r}, prefix={self.run_prefix!r}, endpoint={self.endpoint!r})"
