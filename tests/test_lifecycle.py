@@ -103,6 +103,48 @@ def test_a_terminal_that_hangs_up_ends_the_run_with_its_results_written(tmp_path
     assert os.listdir(cache) == []
 
 
+def test_a_sighup_ignored_under_nohup_stays_ignored():
+    """`nohup kv-cache ...` is meant to outlive the terminal: the run takes SIGINT and SIGTERM over but
+    leaves a SIGHUP it was started ignoring ignored (and never restores what it did not take)."""
+    from kv_cache.host.signals import catch_stop_signals  # noqa: PLC0415
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        handler = lambda signum, frame: None  # noqa: E731
+        previous = catch_stop_signals(handler)
+        assert sorted(previous) == sorted([signal.SIGINT, signal.SIGTERM])
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is handler
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert signal.SIGHUP in catch_stop_signals(handler)  # not ignored: taken over as the others
+        assert signal.getsignal(signal.SIGHUP) is handler
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_a_run_under_nohup_outlives_a_hangup(tmp_path, quick_settings):
+    """SIGHUP to a run started with SIGHUP ignored (nohup): the window runs to its end, exit 0."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    quick_settings()  # writes the micro model config
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"), "--model", "micro",
+           "--num-users", "4", "--duration", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+           "--generation-mode", "none", "--cache-dir", str(cache), "--output", str(out), "--io-chunk-mb", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(p.name.startswith("kv-cache-run-") for p in cache.iterdir()):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert json.loads(out.read_text())["measurement"]["stop_reason"] != "interrupted"
+
+
 @pytest.mark.slow  # a real run (wall clock)
 def test_usage_error_is_one_line_and_exit_2(tmp_path):
     out = tmp_path / "r.json"
