@@ -156,6 +156,17 @@ def test_the_tolerant_stream_drops_output_after_epipe_and_says_so():
     assert cli_stdout.StdStreams(stream, stream).stdout_closed
 
 
+def test_the_tolerant_stream_drops_output_after_a_terminal_hung_up():
+    """A terminal that hung up (an ssh session lost) fails every write with EIO: the reader is gone too."""
+    class HungUp(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+    stream = cli_stdout.TolerantStream(HungUp())
+    assert stream.write("report\n") == len("report\n")
+    assert stream.reader_gone
+
+
 def test_the_tolerant_stream_raises_errors_that_are_not_a_gone_reader():
     class Full(io.StringIO):
         def write(self, text: str) -> int:

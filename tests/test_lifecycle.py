@@ -44,6 +44,107 @@ def test_sigterm_writes_results_and_cleans_up(tmp_path, quick_settings, sig):
     assert sorted(os.listdir(cache)) == ["foreign.npy"]
 
 
+def _on_a_terminal_that_hangs_up(cmd: list[str], ready) -> subprocess.Popen:
+    """Start `cmd` as the leader of a session whose controlling terminal is a pty (stdout and stderr on it),
+    read what it writes until `ready()` holds, then close the pty's master: the kernel sends the session
+    SIGHUP and every later write to the terminal fails with EIO, as when an ssh session is lost."""
+    import fcntl  # noqa: PLC0415
+    import pty  # noqa: PLC0415
+    import termios  # noqa: PLC0415
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(1, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            try:
+                if not os.read(master, 65536):
+                    return
+            except OSError:
+                return
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not ready():
+        time.sleep(0.1)
+    stop.set()
+    os.close(master)  # the hangup
+    return proc
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_a_terminal_that_hangs_up_ends_the_run_with_its_results_written(tmp_path, quick_settings):
+    """The terminal itself going away (SIGHUP, then EIO on every write to it): the run ends as on Ctrl-C,
+    exit 130, its JSON written and its run files removed, never an internal error on the first report line."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    quick_settings()  # writes the micro model config
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"), "--model", "micro",
+           "--num-users", "4", "--duration", "60", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+           "--generation-mode", "none", "--cache-dir", str(cache), "--output", str(out), "--io-chunk-mb", "1",
+           "--xlsx-output", str(tmp_path / "r.xlsx")]
+    started = []
+
+    def ready() -> bool:
+        if not started and any(p.name.startswith("kv-cache-run-") for p in cache.iterdir()):
+            started.append(time.monotonic())
+        return bool(started) and time.monotonic() - started[0] > 2.0
+
+    proc = _on_a_terminal_that_hangs_up(cmd, ready)
+    assert proc.wait(timeout=60) == 130
+    results = json.loads(out.read_text())
+    assert results["measurement"]["stop_reason"] == "interrupted" and results["verdict"] == "INCOMPLETE"
+    assert (tmp_path / "r.xlsx").stat().st_size > 0  # written after the report that met the EIO
+    assert os.listdir(cache) == []
+
+
+def test_a_sighup_ignored_under_nohup_stays_ignored():
+    """`nohup kv-cache ...` is meant to outlive the terminal: the run takes SIGINT and SIGTERM over but
+    leaves a SIGHUP it was started ignoring ignored (and never restores what it did not take)."""
+    from kv_cache.host.signals import catch_stop_signals  # noqa: PLC0415
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        handler = lambda signum, frame: None  # noqa: E731
+        previous = catch_stop_signals(handler)
+        assert sorted(previous) == sorted([signal.SIGINT, signal.SIGTERM])
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is handler
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert signal.SIGHUP in catch_stop_signals(handler)  # not ignored: taken over as the others
+        assert signal.getsignal(signal.SIGHUP) is handler
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_a_run_under_nohup_outlives_a_hangup(tmp_path, quick_settings):
+    """SIGHUP to a run started with SIGHUP ignored (nohup): the window runs to its end, exit 0."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    quick_settings()  # writes the micro model config
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"), "--model", "micro",
+           "--num-users", "4", "--duration", "4", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
+           "--generation-mode", "none", "--cache-dir", str(cache), "--output", str(out), "--io-chunk-mb", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(p.name.startswith("kv-cache-run-") for p in cache.iterdir()):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert json.loads(out.read_text())["measurement"]["stop_reason"] != "interrupted"
+
+
 @pytest.mark.slow  # a real run (wall clock)
 def test_usage_error_is_one_line_and_exit_2(tmp_path):
     out = tmp_path / "r.json"

@@ -110,6 +110,25 @@ def test_ranks_on_one_host_are_counted_without_the_launchers_local_variables(tmp
 
 
 @pytest.mark.slow
+def test_a_rank_without_the_local_variables_does_not_hang_the_others(tmp_path):
+    """Only rank 1 lacks the launcher's local-size / local-rank variables: the node-local split is
+    collective, so every rank must enter it, not only the one that needs it (else rank 0 goes on to the
+    run's collectives while rank 1 waits in the split: the job hangs)."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    script = ('[ "$OMPI_COMM_WORLD_RANK" = 1 ] && unset OMPI_COMM_WORLD_LOCAL_SIZE OMPI_COMM_WORLD_LOCAL_RANK; '
+              'exec "$@"')
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", "sh", "-c", script,
+           "sh", sys.executable, str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY,
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    docs = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
+    assert [d["run_parameters"]["settings_split"]["host_ranks"] for d in docs] == [2, 2]
+
+
+@pytest.mark.slow
 def test_mpirun_through_the_wrapper_keeps_the_harness_layout(tmp_path):
     out, cache = tmp_path / "results", tmp_path / "cache"
     _launch(tmp_path, 2, "mlperf_wrapper.py", ["--rank-output-base", str(out), "--rank-cache-base", str(cache),

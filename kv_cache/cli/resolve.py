@@ -100,6 +100,9 @@ def _rank_of_world(settings: RunSettings, rank: int, world: int, flags_per_rank:
             raise UsageError("; ".join(errors))
     if world <= 1:
         return settings
+    # the node-local split is collective: every rank enters it here, whichever launcher variables it was
+    # given, or a rank that has them would go on to the run's collectives while one without waits in it
+    mpi_node_local()
     local = mpi_local_size()
     local_rank, source = mpi_local_rank()
     if flags_per_rank:
@@ -234,8 +237,9 @@ def mpi_local_size() -> int:
 def mpi_node_local() -> tuple[int, int] | None:
     """(this rank's index, the rank count) among the ranks sharing this host, from MPI itself: the MPI-3
     shared-memory split of COMM_WORLD (MPI_COMM_TYPE_SHARED), for launchers that set no local-rank
-    variables. Collective: every rank of the job calls it at the same point (settings resolution, which
-    every rank runs with the same flags). None without mpi4py or outside a multi-rank job."""
+    variables. Collective: every rank of the job calls it at the same point (_rank_of_world calls it on
+    every rank, the launcher's variables set or not; later calls return the first answer). None without
+    mpi4py or outside a multi-rank job."""
     global _NODE_LOCAL
     if _NODE_LOCAL is None:
         try:

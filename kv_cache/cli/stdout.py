@@ -6,8 +6,8 @@ run). Left alone, that error would end the benchmark part-way and lose its resul
 wraps the stream: on EPIPE it marks itself closed, points the file descriptor at /dev/null (so neither a
 later flush, the interpreter's final one included, nor a child process that inherits it fails again), and
 drops every later write. The command goes on, measures, writes its files and removes its run files; the
-CLI then turns "stdout was closed" into status 141 (`kv_cache/cli/exits.py`). A closed stderr is treated
-the same way (logging, progress lines and error messages are dropped) and does not change the status.
+CLI then turns "stdout was closed" into status 141 (`kv_cache/cli/exits.py`). A terminal that hung up
+(its writes fail with EIO) is a reader gone too. A closed stderr is treated the same way (logging, progress lines and error messages are dropped) and does not change the status.
 
 Only the standard library here (the launcher's fallback imports nothing heavy either).
 """
@@ -44,8 +44,14 @@ def point_at_devnull(stream: Any) -> None:
         os.close(devnull)
 
 
+# EPIPE: a pipe's reader went away. EIO: the terminal hung up (an ssh session lost: every later write to
+# it fails so), which also sends the SIGHUP that ends a run as Ctrl-C does; its results must still be
+# written, so the output after it is dropped the same way instead of ending the command part-way.
+_GONE = (errno.EPIPE, errno.EIO)
+
+
 def _reader_gone(exc: BaseException) -> bool:
-    return isinstance(exc, BrokenPipeError) or isinstance(exc, OSError) and exc.errno == errno.EPIPE
+    return isinstance(exc, BrokenPipeError) or isinstance(exc, OSError) and exc.errno in _GONE
 
 
 class TolerantStream:

@@ -24,6 +24,7 @@ from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_wo
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
+from kv_cache.host.signals import catch_stop_signals
 from kv_cache.metrics.recorder import GIB
 from kv_cache.render.console import integrity_line
 from kv_cache.render.sessions import print_grid, print_table
@@ -318,8 +319,8 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     started = datetime.now()
     interrupted, storage_error = False, None
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # a lost terminal keeps the rungs measured, as Ctrl-C does
-            signal.signal(sig, _interrupt)
+        # a lost terminal keeps the rungs measured, as Ctrl-C does (a SIGHUP ignored under nohup stays so)
+        catch_stop_signals(_interrupt, (signal.SIGTERM, signal.SIGHUP))
     cells: list[dict[str, Any]] = []
     for cell_ls in s.grid or (s.ladder_settings,):
         ls = dataclasses.replace(cell_ls, block_tokens=ls0.block_tokens,

@@ -37,6 +37,7 @@ from kv_cache.benchmarks.standard.run import STOP_SIGNALS, run_benchmark
 from kv_cache.core.group import GroupBroken
 from kv_cache.core.observe import RankTicks, RunObserver, Tick
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
+from kv_cache.host.signals import catch_stop_signals
 from kv_cache.render.banner import ranks_lines
 from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
@@ -233,7 +234,7 @@ class _ParentSignals:
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self) for sig in STOP_SIGNALS}
+            self._previous = catch_stop_signals(self)
 
     def restore(self) -> None:
         if not self.seen:

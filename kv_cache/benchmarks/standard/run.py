@@ -29,6 +29,7 @@ from kv_cache.errors import RunOutcome, StorageError, StorageSetupError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
+from kv_cache.host.signals import STOP_SIGNALS, catch_stop_signals
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
@@ -52,13 +53,13 @@ from kv_cache.workload.factory import UserFactory, build_trace_workload, open_tr
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
 
-__all__ = ["Interrupts", "UserFactory", "build_trace_workload", "execute", "run_benchmark"]
+__all__ = ["STOP_SIGNALS", "Interrupts", "UserFactory", "build_trace_workload", "execute", "run_benchmark"]
 
 log = logging.getLogger("kv_cache")
 
-# The signals that end a run the way Ctrl-C does (the window's results kept, INCOMPLETE): a terminal that
-# hangs up (SIGHUP: an ssh session lost) must not lose what was measured either.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# STOP_SIGNALS (host/signals.py): the signals that end a run the way Ctrl-C does (the window's results
+# kept, INCOMPLETE): a terminal that hangs up (SIGHUP: an ssh session lost) must not lose what was measured
+# either; a SIGHUP ignored under nohup stays ignored.
 
 class Interrupts:
     """SIGINT / SIGTERM / SIGHUP handler of a run (STOP_SIGNALS).
@@ -105,7 +106,7 @@ def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = Non
     previous = {}
     handler = Interrupts()
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+        previous = catch_stop_signals(handler)
     try:
         return execute(settings, out, group=group, interrupts=handler)[1]
     finally:
