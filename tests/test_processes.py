@@ -77,9 +77,11 @@ def test_a_broken_barrier_is_a_clear_error():
 
 @pytest.mark.slow
 def test_two_processes_give_one_merged_document(quick_settings, tmp_path, capsys):
+    pytest.importorskip("openpyxl")
     argv = ["--config", str(tmp_path / "micro.yaml"), "--model", "micro", "--num-users", "4", "--duration", "1",
             "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode", "none", "--seed", "3", "--io-chunk-mb",
-            "1", "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json"), "--processes", "2"]
+            "1", "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json"), "--processes", "2",
+            "--xlsx-output", str(tmp_path / "X.xlsx")]
     quick_settings()  # writes micro.yaml
     (tmp_path / "X.json").write_text('{"older": "merge"}')  # an earlier merged document is kept, not replaced
     assert main(argv) == 0
@@ -94,7 +96,10 @@ def test_two_processes_give_one_merged_document(quick_settings, tmp_path, capsys
     assert merged["ranks"] == 2 and merged["window"]["kind"] == "common (barrier-aligned)"
     assert merged["run_id"] == docs[0]["run_id"] and merged["world_size"] == 2
     assert merged["totals"]["requests_completed"] == sum(d["requests_completed"] for d in docs)
-    assert "Merged results of 2 processes" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "Merged results of 2 processes" in shown
+    # --xlsx-output: the merged document's spreadsheet (the ranks write none of their own)
+    assert sorted(p.name for p in tmp_path.glob("X*.xlsx")) == ["X.xlsx"] and f"Spreadsheet written to {tmp_path / 'X.xlsx'}" in shown
 
 
 ROOT = Path(__file__).resolve().parents[1]

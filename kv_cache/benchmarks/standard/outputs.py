@@ -33,15 +33,22 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)
     out.write(f"\nResults written to {written.path}\n")
-    if settings.outputs.xlsx_output and "summary" in results:
-        try:
-            sheet = xlsx.write_spreadsheet(results, settings.outputs.xlsx_output)
-            out.write(f"Spreadsheet written to {sheet.path}"
-                      + (f" (an earlier file was kept as {sheet.kept_as})" if sheet.kept_as else "") + "\n")
-        except OSError as exc:
-            log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
-                      settings.outputs.xlsx_output, exc.strerror or exc, written.path)
+    if settings.outputs.xlsx_output:
+        _write_sheet(results, settings.outputs.xlsx_output, written.path, out)
     out.flush()
+
+
+def _write_sheet(results: dict[str, Any], path: str, json_path: str, out) -> None:
+    """The --xlsx-output spreadsheet of a run's (or a merge's) results, under the one write policy."""
+    if "summary" not in results:
+        return
+    try:
+        sheet = xlsx.write_spreadsheet(results, path)
+        out.write(f"Spreadsheet written to {sheet.path}"
+                  + (f" (an earlier file was kept as {sheet.kept_as})" if sheet.kept_as else "") + "\n")
+    except OSError as exc:
+        log.error("could not write the spreadsheet %s (%s); the JSON %s has every figure",
+                  path, exc.strerror or exc, json_path)
 
 
 def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any], out) -> list[int]:
@@ -78,9 +85,11 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
     return lost
 
 
-def write_merged_document(path: str, merged: dict[str, Any], out, what: str = "Merged results") -> Written:
+def write_merged_document(path: str, merged: dict[str, Any], out, what: str = "Merged results",
+                          xlsx_path: str | None = None) -> Written:
     """A merged document to `path` under the one write policy (an existing file kept as PATH.1, atomic, a
-    fallback file when the target fails), its table, and where it went."""
+    fallback file when the target fails), its table, where it went, and its spreadsheet when `xlsx_path`
+    (the --xlsx-output of a --processes run) is given."""
     written = write_document(path, merged)
     out.write(merged_table(merged))
     if written.kept_as:
@@ -88,5 +97,7 @@ def write_merged_document(path: str, merged: dict[str, Any], out, what: str = "M
     if written.error:
         log.error("could not write the merged results to %s; they are in %s", written.error, written.path)
     out.write(f"{what} written to {written.path}\n")
+    if xlsx_path:
+        _write_sheet(merged, xlsx_path, written.path, out)
     out.flush()
     return written

@@ -391,7 +391,8 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
         else:
             merged.setdefault("verdict", "PASS" if merged.get("overall_passed") else "FAIL")
         what = f"{len(ended.docs)} of {n} processes" if missing else f"{n} processes"
-        write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}")
+        write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}",
+                              xlsx_path=settings.outputs.xlsx_output)
     for r, code in lost.items():
         out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
     if merged is not None:
