@@ -38,6 +38,7 @@ from kv_cache.storage.remote import (
     MARKER,
     RemoteStats,
     SlotRing,
+    deliver,
     lost_connection,
     marker_json,
     new_run_name,
@@ -330,10 +331,10 @@ class RedisStore(StoreBase):
         t0 = perf_counter_ns()
         with self._lock:
             nbytes = self._sizes[key]
-        total, chunk = padded(nbytes), min(self.chunk_bytes, bufs.chunk_bytes)
+        total = padded(nbytes)
         keys = self._chunk_keys(key, -(-total // self.chunk_bytes))
         kid = key_id(key) if verify else 0
-        mv, dev_ns, off, c = bufs.read_mv, 0, 0, 0
+        dev_ns, off, c = 0, 0, 0
         for g in range(0, len(keys), self.pipeline):
             if stop is not None and stop.is_set():
                 raise IOAborted(f"read of {key!r} aborted after {off} bytes", off)
@@ -349,18 +350,7 @@ class RedisStore(StoreBase):
                     raise self._gone(k)
                 if len(data) < want:
                     raise DataCorruption(f"{self.name}: key {k} is short")
-                body = memoryview(data)
-                for sub in range(0, want, chunk):
-                    n = min(chunk, want - sub)
-                    mv[:n] = body[sub:sub + n]
-                    if verify:
-                        bad = bufs.check_stamp(kid, (off + sub) // BLOCK, n // BLOCK)
-                        if bad >= 0:
-                            raise DataCorruption(f"{self.name}: entry {key!r} block {(off + sub) // BLOCK + bad} "
-                                                 "does not carry its stamp")
-                    if on_chunk is not None:
-                        on_chunk(c, mv[: min(n, max(0, nbytes - off - sub))])
-                    c += 1
+                c = deliver(memoryview(data)[:want], off, nbytes, bufs, kid, verify, on_chunk, c, self.name, key)
                 off += want
         t1 = perf_counter_ns()
         return IOResult(nbytes, total, t1 - t0, dev_ns, t1 - t0 - dev_ns)

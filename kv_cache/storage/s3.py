@@ -48,6 +48,7 @@ from kv_cache.storage.remote import (
     RemoteStats,
     SlotRing,
     Throttled,
+    deliver,
     marker_json,
     new_run_name,
     stale_owner,
@@ -351,10 +352,9 @@ class S3Store(StoreBase):
         t0 = perf_counter_ns()
         path, nbytes, _ = self._begin_read(key)
         total = padded(nbytes)
-        part, chunk = self.part_bytes, bufs.chunk_bytes
+        part = self.part_bytes
         starts = list(range(0, total, part))
         kid = key_id(key) if verify else 0
-        mv = bufs.read_mv
         wait_ns = 0
         c = 0
 
@@ -381,17 +381,7 @@ class S3Store(StoreBase):
                 want = min(part, total - start)
                 if len(body) < want:
                     raise DataCorruption(f"{self.name}: object {path} ends at {start + len(body)}, expected {total}")
-                for off in range(0, want, chunk):
-                    n = min(chunk, want - off)
-                    mv[:n] = body[off:off + n]
-                    if verify:
-                        bad = bufs.check_stamp(kid, (start + off) // BLOCK, n // BLOCK)
-                        if bad >= 0:
-                            raise DataCorruption(f"{self.name}: entry {key!r} block {(start + off) // BLOCK + bad} "
-                                                 "does not carry its stamp")
-                    if on_chunk is not None:
-                        on_chunk(c, mv[: min(n, max(0, nbytes - start - off))])
-                    c += 1
+                c = deliver(body[:want], start, nbytes, bufs, kid, verify, on_chunk, c, self.name, key)
                 del body, data
         except IOAborted as e:  # the ranged GETs already under way still cross the wire: count their bytes
             e.device_bytes += self._drain(futures)
