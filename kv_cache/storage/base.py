@@ -330,6 +330,23 @@ class StoreBase:
         )
 
 
+
+class SizedStore(StoreBase):
+    """A StoreBase whose committed entries are a `_sizes` dict (key -> payload bytes) under `_lock`: the
+    file, S3 and Redis stores. Membership and count read it."""
+
+    _sizes: dict[str, int]
+    _lock: threading.Lock
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._sizes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sizes)
+
+
 def close_at_exit(store: Any) -> None:
     """Close `store` when the interpreter exits, unless it was closed before (forget_at_exit): a run that
     ends by an unhandled path still removes its run directory / objects / keys. Holds only a weak

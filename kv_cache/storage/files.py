@@ -40,7 +40,7 @@ from kv_cache.settings.sections import IO_MODES
 from kv_cache.storage.base import (
     BLOCK,
     DataCorruption,
-    StoreBase,
+    SizedStore,
     close_at_exit,
     forget_at_exit,
     key_id,
@@ -110,7 +110,7 @@ class _Read:
         self.iov: list[memoryview] = []
 
 
-class FileStore(StoreBase):
+class FileStore(SizedStore):
     """Entries as files in a private run directory under ``cache_dir`` (see :mod:`.rundir`)."""
 
     lead_bytes = HEADER_BYTES  # the header shares the first data syscall: chunk-aligned file offsets
@@ -194,14 +194,6 @@ class FileStore(StoreBase):
     def path_of(self, key: str) -> Path:
         """Where the entry ``key`` is (or would be) stored."""
         return self._rundir.path / file_name(key)
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._sizes
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sizes)
 
     def keys(self) -> list[str]:
         with self._lock:

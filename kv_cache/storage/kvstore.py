@@ -27,7 +27,7 @@ from kv_cache.storage.base import (
     DataCorruption,
     IOAborted,
     IOResult,
-    StoreBase,
+    SizedStore,
     close_at_exit,
     forget_at_exit,
     key_id,
@@ -60,7 +60,7 @@ def _import_redis():
     return redis, HIREDIS_AVAILABLE
 
 
-class RedisStore(StoreBase):
+class RedisStore(SizedStore):
     """Entries as chunked keys under this run's namespace (see the module docstring)."""
 
     def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "nvme"):
@@ -136,14 +136,6 @@ class RedisStore(StoreBase):
 
     def _base(self, key: str) -> str:
         return f"{self.run_name}:{file_name(key)[:-4]}"
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._sizes
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sizes)
 
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "redis", "client": f"redis-py {self.redis.__version__}"

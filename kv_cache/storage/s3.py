@@ -36,7 +36,7 @@ from kv_cache.storage.base import (
     DataCorruption,
     IOAborted,
     IOResult,
-    StoreBase,
+    SizedStore,
     close_at_exit,
     forget_at_exit,
     key_id,
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ENTRY_SUFFIX = ".kv"
 
 
-class S3Store(StoreBase):
+class S3Store(SizedStore):
     """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
@@ -140,14 +140,6 @@ class S3Store(StoreBase):
 
     def _object(self, key: str) -> str:
         return self.run_prefix + file_name(key)[: -len(".npy")] + ENTRY_SUFFIX
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._sizes
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sizes)
 
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
