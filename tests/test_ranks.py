@@ -17,7 +17,8 @@ from kv_cache.settings.fields import COPY, OFFSET, SPLIT
 from kv_cache.settings.ranks import rank_share, rules, setting_value, split_values, totals
 
 SPLIT_SETTINGS = {"num_users", "request_rate", "storage_capacity_gb", "gpu_mem_gb", "cpu_mem_gb", "max_requests",
-                  "precondition_size_gb", "rag_num_docs", "tier_bandwidth_gbps"}  # the shaped rate: shared
+                  "precondition_size_gb", "rag_num_docs", "tier_bandwidth_gbps",
+                  "cpu_tier_bandwidth_gbps"}  # the shaped rates: shared
 TOTALS = ("--num-users", "10", "--request-rate", "2", "--storage-capacity-gb", "3", "--gpu-mem-gb", "0",
           "--cpu-mem-gb", "0.3", "--max-requests", "7", "--precondition-size-gb", "5", "--enable-rag",
           "--rag-num-docs", "11")

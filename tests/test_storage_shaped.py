@@ -71,7 +71,7 @@ def test_both_commands_take_the_shaping_flags():
     ls = parse_sessions_settings(["--tier-bandwidth", "6.5", "--tier-latency", "0.2"]).ladder_settings
     assert (ls.storage.tier_bandwidth_gbps, ls.storage.tier_latency_ms) == (6.5, 0.2)
     assert parse_sessions_settings([]).ladder_settings.storage.tier_bandwidth_gbps == 0.0  # unshaped by default
-    with pytest.raises(UsageError, match="--tier-bandwidth must be non-negative"):
+    with pytest.raises(UsageError, match="--tier-bandwidth cannot be negative"):
         parse_sessions_settings(["--tier-bandwidth", "-1"])
     run = parse_settings(["--model", "llama3.1-8b", "--tier-bandwidth", "3", "--tier-latency", "1"])
     assert (run.storage.tier_bandwidth_gbps, run.storage.tier_latency_ms) == (3.0, 1.0)

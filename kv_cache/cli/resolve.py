@@ -27,6 +27,7 @@ from kv_cache.settings.run import (
     WorkloadSettings,
 )
 from kv_cache.settings.schema import BenchConfig, load_config
+from kv_cache.settings.shaping import shaping_fields
 from kv_cache.settings.validation import conflicting_features, validate_args
 from kv_cache.storage.gds import import_kvikio
 from kv_cache.storage.gpu_device import cuda_status
@@ -169,8 +170,7 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
         io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors,
         verify=bool(getattr(args, "verify", StorageSettings.verify)),
-        tier_bandwidth_gbps=float(getattr(args, "tier_bandwidth", None) or 0.0),
-        tier_latency_ms=float(getattr(args, "tier_latency", None) or 0.0),
+        **shaping_fields(getattr(args, "tier_bandwidth", None), getattr(args, "tier_latency", None)),
     )
 
 

@@ -32,6 +32,7 @@ from kv_cache.settings.run import (
     StorageSettings,
 )
 from kv_cache.settings.schema import load_config
+from kv_cache.settings.shaping import BANDWIDTH_HELP, LATENCY_HELP, shaping_fields, spec_errors
 from kv_cache.settings.validation import check_cache_dir, remote_errors
 from kv_cache.specs.models import SESSION_MODELS
 
@@ -71,13 +72,10 @@ class SessionsFlags:
         "--storage-capacity-gb", type=float,
         help=f"Storage tier capacity, GiB (0 = automatic: {AUTO_FRACTION * 100:.0f}%% of the free space, less one block; "
              "on tmpfs also within the memory budget)."))
-    tier_bandwidth: float = setting(0.0, flag=Flag(
-        "--tier-bandwidth", type=float, metavar="GB/s",
-        help="Shape the storage tier's real reads and writes to this many GB/s (10^9 bytes/s) per direction "
-             "(a token bucket each; the sleeps count as I/O time); 0 = as fast as the device."))
-    tier_latency: float = setting(0.0, flag=Flag(
-        "--tier-latency", type=float, metavar="ms",
-        help="Add this many ms to every storage-tier read and write (counted as I/O time)."))
+    tier_bandwidth: float | str = setting(0.0, flag=Flag(
+        "--tier-bandwidth", metavar="GB/s|TIER=GB/s,...", help=BANDWIDTH_HELP))  # settings/shaping.py parses it
+    tier_latency: float | str = setting(0.0, flag=Flag(
+        "--tier-latency", metavar="ms|TIER=ms,...", help=LATENCY_HELP))
     trace: str | None = setting(None, flag=Flag(
         "--trace", help="Sessions from a trace (agentic-coding dir, AIPerf, Bailian, Mooncake)."))
     trace_format: str = setting("auto", flag=Flag("--trace-format", help="Trace format (default: detected)."))
@@ -152,13 +150,12 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         ("--gpu-mem-gb", args.gpu_mem_gb, -1e-9),
         ("--cpu-mem-gb", args.cpu_mem_gb, -1e-9),
         ("--storage-capacity-gb", args.storage_capacity_gb, -1e-9),
-        ("--tier-bandwidth", args.tier_bandwidth, -1e-9),
-        ("--tier-latency", args.tier_latency, -1e-9),
     ):
         if not value > low:
             errors.append(f"{flag} must be {'positive' if low == 0 else 'non-negative'}, got {value}")
         elif math.isinf(value):  # would run forever, or end in a results file JSON cannot hold
             errors.append(f"{flag} must be finite, got {value}")
+    errors += spec_errors(args.tier_bandwidth, args.tier_latency)  # a number (the storage tier) or TIER=VALUE,...
     if args.subwindows < 2:
         errors.append(f"--subwindows must be >= 2, got {args.subwindows}")
     if args.num_gpus < 1 or args.tensor_parallel < 1 or args.num_gpus % args.tensor_parallel:
@@ -236,7 +233,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
             fsync=False if args.no_fsync else storage.fsync,
             io_mode=args.io_mode or storage.io_mode, io_workers=args.io_workers,
             io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors, verify=args.verify,
-            tier_bandwidth_gbps=args.tier_bandwidth, tier_latency_ms=args.tier_latency),
+            **shaping_fields(args.tier_bandwidth, args.tier_latency)),
         window_s=args.window, warmup_s=args.warmup, subwindows=args.subwindows,
         prefill_chunk_tokens=args.prefill_chunk_tokens, human_threshold_s=sess.human_threshold_s,
         pace=pace, seed=args.seed, eviction=cfg.eviction,

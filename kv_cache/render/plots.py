@@ -239,10 +239,15 @@ def _shaping_note(results: dict[str, Any]) -> str:
 
 def _shaped(results: dict[str, Any]) -> str:
     shaping = (results.get("parameters") or {}).get("tier_shaping") or {}
-    parts = [f"{shaping['bandwidth_gbps']:g} GB/s (10^9 B/s)" if shaping.get("bandwidth_gbps") else "",
-             f"+{shaping['latency_ms']:g} ms" if shaping.get("latency_ms") else ""]
-    parts = [p for p in parts if p]
-    return f"; storage tier shaped to {', '.join(parts)} per direction" if parts else ""
+    tiers = shaping.get("tiers") or {"storage": shaping}  # a document from before per-tier shaping: storage only
+    out = ""
+    for tier, how in tiers.items():
+        parts = [f"{how['bandwidth_gbps']:g} GB/s (10^9 B/s)" if how.get("bandwidth_gbps") else "",
+                 f"+{how['latency_ms']:g} ms" if how.get("latency_ms") else ""]
+        parts = [p for p in parts if p]
+        if parts:
+            out += f"; {'DRAM' if tier == 'cpu' else tier} tier shaped to {', '.join(parts)} per direction"
+    return out
 
 
 PLOTS = (latency_cdf, throughput, occupancy, ladder)

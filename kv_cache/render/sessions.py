@@ -221,6 +221,10 @@ def _storage_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
     for kind, paths in kinds.items():
         more = f" (and {len(paths) - 1} more: one directory per rung)" if len(set(paths)) > 1 else ""
         out.write(f"Storage tier: {kind}, at {paths[0]}{more}\n")
+    shaped = {(tier, sh.get("described")) for r in rows for tier, sh in (r["offload_tier"].get("shaping") or {}).items()
+              if tier != "storage"}  # the storage tier's shaping is on its line above
+    for tier, described in sorted(shaped, key=str):
+        out.write(f"{'DRAM' if tier == 'cpu' else tier} tier ({tier}): shaped: {described}\n")
     out.write("Offload tier latency per block move, ms p50/p95/p99 (load = read from the tier, store = write into it):\n")
     for r in rows:
         parts = [f"{t['tier']} load {_lat(t['latency_ms']['load'])} store {_lat(t['latency_ms']['store'])} "

@@ -98,6 +98,8 @@ class RunRecord:
     run_id: str | None = None  # shared by every rank of this run (core/group.py shared_run_id)
     tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
     tier_backends: dict[str, str] = field(default_factory=dict)  # TierSet.backend_names(): tier -> backend
+    # tier -> its ShapedStore.stats() at the end (--tier-bandwidth / --tier-latency): only the shaped tiers
+    tier_shaping: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def results_document(body: dict[str, Any], schema: str = SCHEMA_VERSION) -> dict[str, Any]:
@@ -271,6 +273,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         "notes": record.notes,
         "storage_location": _storage_location(record.file_store),
         **({"tier_backends": dict(record.tier_backends)} if record.tier_backends else {}),
+        **({"tier_shaping": dict(record.tier_shaping)} if record.tier_shaping else {}),
     }
 
 

@@ -1,14 +1,15 @@
 """The one builder of the serving path: every benchmark (the standard run, each sessions rung) opens its
 tiers and its cache here, so both get the same storage backends, memory budget, leftovers sweep,
-automatic capacity, transient-error retries, --verify and the storage tier's shaping (--tier-bandwidth,
---tier-latency: storage/shaped.py wraps the storage tier's store; TierSet.file_store stays the bare
-FileStore, so its filesystem, path and I/O mode are still read there). The error policy is the caller's event loop's
+automatic capacity, transient-error retries, --verify and the offload tiers' shaping (--tier-bandwidth,
+--tier-latency: storage/shaped.py wraps each shaped tier's store, the CPU tier's and/or the storage tier's;
+TierSet.file_store and TierSet.memory_store stay the bare stores, so the storage tier's filesystem, path and
+I/O mode are still read there). The error policy is the caller's event loop's
 (it turns the policy's alarm into its stop): pass it as `on_fault`, or set ``cache.on_fault`` later."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kv_cache.serving.cache import MultiTierCache
@@ -38,20 +39,25 @@ def open_cache(tiers: TierSettings, storage: StorageSettings, eviction: Eviction
     if not stores.tiers:
         return None
     if io_trace_log is None:  # trace mode logs operations instead of doing them: nothing to shape
-        shape_tiers(stores, Shaping(storage.tier_bandwidth_gbps, storage.tier_latency_ms))
+        shape_tiers(stores, {tier: Shaping(gbps, ms) for tier, (gbps, ms) in storage.tier_shaping().items()})
     return MultiTierCache(stores.tiers, eviction, metrics, bytes_per_token, stop, tracer=stores.tracer,
                           retries=storage.io_retries, verify=storage.verify, on_fault=on_fault)
 
 
-def shape_tiers(stores: TierSet, shaping: Shaping) -> None:
-    """Wrap the storage tier's store (the offload tier that stands for the user's storage; the DRAM tier is
-    host memory and stays as it is) in a ShapedStore when `shaping` is active; noted in `stores.notes` and
-    kept in `stores.shaped` (tier name -> the wrapper, for its stats)."""
-    if not shaping.active:
-        return
+def shape_tiers(stores: TierSet, shaping: Shaping | Mapping[str, Shaping]) -> None:
+    """Wrap each shaped offload tier's store in a ShapedStore (its own read and write buckets): `shaping` is
+    {tier name (cpu, storage): its Shaping}, or one Shaping for the storage tier alone. Inactive shapings
+    and the GPU tier are left as they are; each wrapped tier is noted in `stores.notes` and kept in
+    `stores.shaped` (tier name -> the wrapper, for its stats)."""
+    wanted = {TierName.STORAGE: shaping} if isinstance(shaping, Shaping) else \
+        {TierName.of(name): s for name, s in shaping.items()}
     for tier in stores.tiers:
-        if tier.kind is TierName.STORAGE and tier.store is not None and not isinstance(tier.store, ShapedStore):
-            tier.store = ShapedStore(tier.store, shaping)
-            stores.shaped[tier.stat_name] = tier.store
-            stores.notes.append(f"the storage tier's real I/O is shaped: {shaping.describe()} "
-                                "(token bucket per direction; the sleeps count as I/O time)")
+        how = wanted.get(tier.kind)
+        if how is None or not how.active or tier.kind is TierName.GPU or tier.store is None \
+                or isinstance(tier.store, ShapedStore):
+            continue
+        tier.store = ShapedStore(tier.store, how)
+        stores.shaped[tier.stat_name] = tier.store
+        what = "storage tier" if tier.kind is TierName.STORAGE else "cpu (DRAM) tier"
+        stores.notes.append(f"the {what}'s real I/O is shaped: {how.describe()} "
+                            "(token bucket per direction; the sleeps count as I/O time)")

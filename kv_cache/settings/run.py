@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kv_cache.settings.fields import OFFSET, SPLIT, Flag, setting
 from kv_cache.settings.pacing import ThinkTime
 from kv_cache.settings.sections import IO_MODES, GenerationTiming, StorageConfig
+from kv_cache.settings.shaping import BANDWIDTH_HELP, LATENCY_HELP
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.settings.schema import BenchConfig
@@ -81,15 +82,21 @@ class StorageSettings:
     verify: bool = setting(False, flag=Flag(
         "--verify", action="store_true", group=_ENGINE,
         help="Check every read's per-block stamps against what was written (mismatches counted)."))
-    # A tier as slow as the user's (storage/shaped.py): the storage tier's real reads and writes held to this
-    # rate per direction (a token bucket each; a total the ranks share) and this added latency per operation.
+    # A tier as slow as the user's (storage/shaped.py): an offload tier's real reads and writes held to a rate
+    # per direction (a token bucket each; a total the ranks share) and an added latency per operation. The two
+    # flags are parsed by settings/shaping.py: a bare number is the storage tier's, TIER=VALUE,... names tiers.
     tier_bandwidth_gbps: float = setting(0.0, split=SPLIT, flag=Flag(
-        "--tier-bandwidth", type=float, metavar="GB/s", group=_ENGINE,
-        help="Shape the storage tier's real I/O to this many GB/s (10^9 bytes/s) per direction, a token "
-             "bucket each for reads and writes; 0 = unshaped. The sleeps count as I/O time."))
+        "--tier-bandwidth", metavar="GB/s|TIER=GB/s,...", group=_ENGINE, help=BANDWIDTH_HELP))  # storage tier
     tier_latency_ms: float = setting(0.0, flag=Flag(
-        "--tier-latency", type=float, metavar="ms", group=_ENGINE,
-        help="Add this many ms to every storage-tier read and write operation (counted as I/O time)."))
+        "--tier-latency", metavar="ms|TIER=ms,...", group=_ENGINE, help=LATENCY_HELP))  # storage tier
+    cpu_tier_bandwidth_gbps: float = setting(0.0, split=SPLIT)  # the CPU (DRAM) tier's: --tier-bandwidth cpu=...
+    cpu_tier_latency_ms: float = 0.0  # --tier-latency cpu=...
+
+    def tier_shaping(self) -> dict[str, tuple[float, float]]:
+        """{tier: (GB/s per direction, ms per operation)} of every shaped offload tier, fastest first."""
+        out = {"cpu": (self.cpu_tier_bandwidth_gbps, self.cpu_tier_latency_ms),
+               "storage": (self.tier_bandwidth_gbps, self.tier_latency_ms)}
+        return {tier: v for tier, v in out.items() if v[0] > 0 or v[1] > 0}
 
 
 def _builtin_gpu(key: str) -> GPUSpec:

@@ -15,6 +15,7 @@ from typing import Any
 from kv_cache.settings.fields import flag_defaults
 from kv_cache.settings.run import RUN_FLAG_TREE, defaults
 from kv_cache.settings.schema import ValidationLimits
+from kv_cache.settings.shaping import spec_errors
 
 __all__ = [
     "SYSTEM_TREES",
@@ -128,12 +129,11 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
         ("--precondition-threads", "precondition_threads"),
         ("--trace-speedup", "trace_speedup"),
         ("--replay-cycles", "replay_cycles"),
-        ("--tier-bandwidth", "tier_bandwidth"),
-        ("--tier-latency", "tier_latency"),
     ):
         value = get(name)
         if finite(flag, value) and value < 0:
             errors.append(f"{flag} cannot be negative, got {value}")
+    errors += spec_errors(get("tier_bandwidth"), get("tier_latency"))  # a number or TIER=VALUE,... each
 
     target_saturation = get("target_saturation")
     if finite("--target-saturation", target_saturation) and not 0.0 <= target_saturation <= 1.0:

@@ -148,7 +148,9 @@ class ShapedStore(StoreBase):
         self.inner.close()
 
     def stats(self) -> dict[str, Any]:
-        """What the shaping did: its settings and how long each direction was held back."""
+        """What the shaping did: its settings, how long each direction was held back and the bytes it paced
+        (the bytes are counted only under a bandwidth: the latency alone has no bucket)."""
         return {"bandwidth_gbps": self.shaping.bandwidth_gbps or None, "latency_ms": self.shaping.latency_ms or None,
                 "unit": "GB/s = 10^9 bytes/s", "read_held_s": self.read_bucket.slept_s,
-                "write_held_s": self.write_bucket.slept_s, "described": self.shaping.describe()}
+                "write_held_s": self.write_bucket.slept_s, "described": self.shaping.describe(),
+                "read_bytes": self.read_bucket.bytes, "write_bytes": self.write_bucket.bytes}

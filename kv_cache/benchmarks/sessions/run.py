@@ -35,6 +35,7 @@ from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_docum
 from kv_cache.serving.engine.calibration import calibration_errors
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
+from kv_cache.storage.shaped import Shaping
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
 from kv_cache.workload.traces import TraceError, open_trace
@@ -246,10 +247,20 @@ def _parameters(s: SessionsSettings, ls: LadderSettings, ladder: list[int], tier
         "pace_transform": pace_transform(ls.pace, s.pace_text, ls.seed),
         "dram_write_through": ls.dram_write_through,
         "engine_calibration": engine_calibration(ls),
-        "tier_shaping": {"bandwidth_gbps": ls.storage.tier_bandwidth_gbps or None,
-                         "latency_ms": ls.storage.tier_latency_ms or None, "unit": "GB/s = 10^9 bytes/s",
-                         "applies_to": "the storage tier's real reads and writes (token bucket per direction)"},
+        "tier_shaping": tier_shaping(ls),
     }
+
+
+def tier_shaping(ls: LadderSettings) -> dict[str, Any]:
+    """parameters.tier_shaping: the storage tier's shaping at the top (its keys from before per-tier shaping)
+    and every shaped tier's under `tiers` (cpu = the DRAM tier, storage)."""
+    tiers = {tier: {"bandwidth_gbps": gbps or None, "latency_ms": ms or None,
+                    "described": Shaping(gbps, ms).describe()} for tier, (gbps, ms) in ls.storage.tier_shaping().items()}
+    return {"bandwidth_gbps": ls.storage.tier_bandwidth_gbps or None,
+            "latency_ms": ls.storage.tier_latency_ms or None, "unit": "GB/s = 10^9 bytes/s",
+            "applies_to": "the storage tier's real reads and writes (token bucket per direction); "
+                          "`tiers`: each shaped tier's, the DRAM tier (cpu) included",
+            "tiers": tiers}
 
 
 def pace_transform(pace, text: str, seed: int) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """What a sessions rung's offload tiers were, and the flags that say when they cannot answer the question.
 
 `offload_tier(...)` is the rung's `offload_tier` block: which storage the storage tier was on (path,
-filesystem, I/O mode, RAM or not, shaping), the load and store latency percentiles of each offload tier in
+filesystem, I/O mode, RAM or not, shaping), each shaped tier's shaping (`shaping`: tier -> its settings,
+held seconds and paced bytes per direction; the DRAM tier is `cpu`), the load and store latency percentiles of each offload tier in
 the window (ms; load = a read from the tier, store = a write into it, demotions from DRAM included), each
 tier's capacity, peak use and evictions, and the largest session context the rung started.
 
 `tier_flags(...)` flags, per rung:
 - a storage tier in RAM (tmpfs / ramfs) that is not shaped: it is host memory, faster than any device;
-- a tier faster than the GPU's host link: shaped above `host_link_gbs` x TP, or unshaped with a measured
+- a tier faster than the GPU's host link: shaped above `host_link_gbs` x TP (each tier at its own shaped
+  rate), or not bandwidth-shaped with a measured
   read bandwidth (one block per move, as one worker sees it, times the I/O workers) above it: the link, not
   the tier, would bound the loads of a real deployment;
 - a tier that never filled nor evicted: it held every block offered, so a larger one would change nothing;
@@ -60,9 +62,19 @@ def offload_tier(stores: Any, cache: Any, metrics: Any, max_context_tokens: int,
                       "read_gbps_per_move": bw / GB if bw else None,
                       "read_gbps_workers": bw * io_workers / GB if bw else None,
                       "latency_ms": _latency(metrics, t.stat_name)})
-    return {"storage": _storage(stores), "tiers": tiers, "max_context_tokens": max_context_tokens,
+    shaped = {tier: store.stats() for tier, store in (getattr(stores, "shaped", None) or {}).items()}
+    return {"storage": _storage(stores), "tiers": tiers, "shaping": shaped, "max_context_tokens": max_context_tokens,
             "max_context_gib": max_context_tokens * bytes_per_token / GIB,
             "units": "GiB = 2^30 bytes; GB/s = 10^9 bytes/s"}
+
+
+def _shaped_rate(block: dict[str, Any], tier: str) -> float | None:
+    """The GB/s `tier` was shaped to in this rung (None: not bandwidth-shaped); the per-tier `shaping` map,
+    else (a block written before it) the storage tier's `storage.shaping`."""
+    shaping = (block.get("shaping") or {}).get(tier)
+    if shaping is None and tier == TierName.STORAGE.value:
+        shaping = (block.get("storage") or {}).get("shaping")
+    return (shaping or {}).get("bandwidth_gbps") or None
 
 
 def tier_flags(block: dict[str, Any], host_link_gbs: float, tensor_parallel: int, queued_store_turns: int,
@@ -76,10 +88,10 @@ def tier_flags(block: dict[str, Any], host_link_gbs: float, tensor_parallel: int
                      "storage device; give --tier-bandwidth (and --tier-latency) to ask about a real tier")
     link = host_link_gbs * max(1, tensor_parallel)
     for t in block["tiers"]:
-        rate = shaping.get("bandwidth_gbps") if t["tier"] == TierName.STORAGE.value else None
-        rate = rate or t["read_gbps_workers"]
+        shaped = _shaped_rate(block, t["tier"])
+        rate = shaped or t["read_gbps_workers"]
         if link > 0 and rate and rate > link:
-            how = "shaped to" if shaping.get("bandwidth_gbps") and t["tier"] == TierName.STORAGE.value else "measured"
+            how = "shaped to" if shaped else "measured"
             flags.append(f"the {t['tier']} tier ({how} {rate:.1f} GB/s) is faster than the GPU's host link "
                          f"({link:g} GB/s per replica): a real deployment's loads would be bound by the link")
         if not t["filled"] and t["evictions"] == 0:

@@ -280,7 +280,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
-        run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names()))
+        run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
+        tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
         results["measurement"]["remote_tier"] = {
