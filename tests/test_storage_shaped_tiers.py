@@ -123,6 +123,8 @@ def test_a_standard_run_with_a_cpu_rate_shapes_the_cpu_tier_only(quick_settings)
     assert set(shaping) == {"cpu"} and shaping["cpu"]["bandwidth_gbps"] == 0.5
     assert shaping["cpu"]["write_bytes"] > 0 and shaping["cpu"]["write_held_s"] > 0  # the bucket paced real bytes
     assert "Note: the cpu (DRAM) tier's real I/O is shaped: 0.5 GB/s" in out.getvalue()
+    cpu_section = out.getvalue().split("### CPU TIER")[1].split("###")[1]
+    assert "  Shaped: 0.5 GB/s (10^9 B/s) per direction; held back" in cpu_section
     assert not any("storage tier's real I/O is shaped" in n for n in results["measurement"]["notes"])
     json.dumps(results["measurement"]["tier_shaping"])  # JSON-safe
 

@@ -198,6 +198,15 @@ def _tier_op_line(cs: dict[str, Any], window: float, tier: str, op: str) -> str 
     return line
 
 
+def _shaped_line(results: Results, tier: str) -> list[str]:
+    """The tier's shaping (--tier-bandwidth / --tier-latency), from measurement.tier_shaping; none unshaped."""
+    st = (results.get("measurement", {}).get("tier_shaping") or {}).get(str(tier))
+    if not st:
+        return []
+    return [f"  Shaped: {st.get('described')}; held back {st.get('read_held_s', 0.0):.2f} s reading, "
+            f"{st.get('write_held_s', 0.0):.2f} s writing (since the tiers opened; the sleeps are in the latencies)"]
+
+
 def tier_sections(results: Results) -> list[str]:
     """One section per tier that moved bytes: its own bytes, operations, bandwidth and latency (host + device).
 
@@ -208,6 +217,7 @@ def tier_sections(results: Results) -> list[str]:
         body = [line for op in OPS if (line := _tier_op_line(cs, window, tier, op)) is not None]
         if body or tier == TierName.STORAGE:
             lines += ["", TIER_TITLES[tier], *(body or ["  No storage-tier I/O in the measured window"])]
+            lines += _shaped_line(results, tier)
     if _gpu_mark(results) and any(line == TIER_TITLES[TierName.GPU] for line in lines):
         lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")
     return lines
