@@ -161,3 +161,15 @@ def test_a_sessions_rung_with_dram_shaping_records_it(sessions_settings):
     cpu = block["shaping"]["cpu"]
     assert cpu["bandwidth_gbps"] == 0.05 and cpu["write_bytes"] > 0 and cpu["write_held_s"] > 0
     assert any("cpu (DRAM) tier's real I/O is shaped" in n for n in result["tier_notes"])
+
+
+def test_a_merge_of_ranks_sums_each_tiers_shares_and_held_seconds():
+    from kv_cache.results.measurement import merge_shaping
+
+    rank = {"cpu": {"bandwidth_gbps": 0.5, "latency_ms": None, "read_held_s": 1.5, "write_held_s": 0.25,
+                    "read_bytes": 100, "write_bytes": 10, "described": "0.5 GB/s (10^9 B/s) per direction"}}
+    merged = merge_shaping([rank, rank])
+    assert set(merged) == {"cpu"}
+    cpu = merged["cpu"]
+    assert (cpu["bandwidth_gbps"], cpu["read_held_s"], cpu["write_held_s"], cpu["read_bytes"]) == (1.0, 3.0, 0.5, 200)
+    assert cpu["described"] == "1 GB/s (10^9 B/s) per direction" and merge_shaping([]) == {}

@@ -13,6 +13,7 @@ import numpy as np
 from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import percentile
+from kv_cache.storage.shaped import Shaping
 from kv_cache.storage.tiername import TierName
 
 TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
@@ -89,6 +90,26 @@ def network(metrics: RunMetrics, interface: str | None, before: tuple[int, int] 
 
 REMOTE_SUMS = ("throttled_requests", "throttle_wait_s", "throttled_gave_up", "lost_connections")
 NET_SUMS = ("tool_bytes_read", "tool_bytes_written", "client_cpu_seconds", "in_client_calls_seconds")
+
+
+SHAPING_SUMS = ("bandwidth_gbps", "read_held_s", "write_held_s", "read_bytes", "write_bytes")
+
+
+def merge_shaping(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' measurement.tier_shaping as one, per tier: each rank's share of the rate (the rate is a
+    total the ranks split), its held seconds and paced bytes summed; the rest (latency, unit) rank 0's."""
+    out: dict[str, Any] = {}
+    for rank in ranks:
+        for tier, st in (rank or {}).items():
+            if tier not in out:
+                out[tier] = {**st, **dict.fromkeys(SHAPING_SUMS, 0)}
+            for k in SHAPING_SUMS:
+                out[tier][k] += st.get(k) or 0
+    for st in out.values():
+        st["bandwidth_gbps"] = st["bandwidth_gbps"] or None
+        st["described"] = Shaping(st["bandwidth_gbps"] or 0.0, st.get("latency_ms") or 0.0).describe()
+        st["merged"] = "the ranks' shares of the rate, held seconds and bytes summed"
+    return out
 
 
 def merge_remote(ranks: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

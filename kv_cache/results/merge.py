@@ -208,6 +208,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "counts": {k: doc.measurement.get(k) for k in COUNTS},
         "_depth": doc.measurement.get("achieved_queue_depth") or {},
         "_remote": doc.measurement.get("remote_tier"),
+        "_shaping": doc.measurement.get("tier_shaping"),
         "_closing_broke": any(CLOSING_BARRIER_BROKE in str(n) for n in doc.measurement.get("notes") or []),
     }
 
@@ -449,6 +450,9 @@ def measurement_facts(rows: Sequence[dict[str, Any]], window_s: float, moved_byt
     remote = meas.merge_remote([r["_remote"] for r in rows if r.get("_remote")])
     if remote:
         facts["remote_tier"] = remote
+    shaping = meas.merge_shaping([r["_shaping"] for r in rows if r.get("_shaping")])
+    if shaping:  # --tier-bandwidth / --tier-latency: each shaped tier's, the ranks' summed
+        facts["tier_shaping"] = shaping
     return facts
 
 
