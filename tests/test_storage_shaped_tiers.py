@@ -173,3 +173,15 @@ def test_a_merge_of_ranks_sums_each_tiers_shares_and_held_seconds():
     cpu = merged["cpu"]
     assert (cpu["bandwidth_gbps"], cpu["read_held_s"], cpu["write_held_s"], cpu["read_bytes"]) == (1.0, 3.0, 0.5, 200)
     assert cpu["described"] == "1 GB/s (10^9 B/s) per direction" and merge_shaping([]) == {}
+
+
+def test_the_sessions_report_names_a_shaped_dram_tier():
+    from kv_cache.render.sessions import _storage_table
+
+    lat = {"load": {"ops": 2, "p50_ms": 50.0, "p95_ms": 51.0, "p99_ms": 52.0}, "store": {"ops": 0}}
+    block = {"storage": None, "tiers": [{"tier": "cpu", "peak_gib": 0.5, "evictions": 0, "latency_ms": lat}],
+             "shaping": {"cpu": {"bandwidth_gbps": 0.5, "described": "0.5 GB/s (10^9 B/s) per direction"}}}
+    out = io.StringIO()
+    _storage_table([{"tiers": "dram", "sessions": 4, "offload_tier": block}], out)
+    assert "DRAM tier (cpu): shaped: 0.5 GB/s (10^9 B/s) per direction\n" in out.getvalue()
+    assert "cpu load 50.00/51.00/52.00 store -" in out.getvalue()
