@@ -2,16 +2,16 @@
 
 `offload_tier(...)` is the rung's `offload_tier` block: which storage the storage tier was on (path,
 filesystem, I/O mode, RAM or not, shaping), each shaped tier's shaping (`shaping`: tier -> its settings,
-held seconds and paced bytes per direction; the DRAM tier is `cpu`), the load and store latency percentiles of each offload tier in
-the window (ms; load = a read from the tier, store = a write into it, demotions from DRAM included), each
-tier's capacity, peak use and evictions, and the largest session context the rung started.
+held seconds and paced bytes per direction; the DRAM tier is `cpu`), the load and store latency
+percentiles of each offload tier in the window (ms; load = a read from the tier, store = a write into it,
+demotions from DRAM included), each tier's capacity, peak use and evictions, and the largest session
+context the rung started.
 
 `tier_flags(...)` flags, per rung:
 - a storage tier in RAM (tmpfs / ramfs) that is not shaped: it is host memory, faster than any device;
 - a tier faster than the GPU's host link: shaped above `host_link_gbs` x TP (each tier at its own shaped
-  rate), or not bandwidth-shaped with a measured
-  read bandwidth (one block per move, as one worker sees it, times the I/O workers) above it: the link, not
-  the tier, would bound the loads of a real deployment;
+  rate), or not bandwidth-shaped with a measured read bandwidth (one block per move, as one worker sees
+  it, times the I/O workers) above it: the link, not the tier, would bound the loads of a real deployment;
 - a tier that never filled nor evicted: it held every block offered, so a larger one would change nothing;
 - turns that recomputed a prefix because its blocks were evicted from HBM and still queued for a store.
 """
