@@ -54,12 +54,27 @@ from kv_cache.storage.remote import (
     stale_owner,
 )
 from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
+from kv_cache.storage.s3_multipart import PartWriter, Upload
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
 ENTRY_SUFFIX = ".kv"
+
+
+class _Pending:
+    """An entry being written: its one part (held until the PUT at commit) or its multipart upload, and
+    the part slot a move is filling."""
+
+    __slots__ = ("fill", "key", "nbytes", "path", "single", "slot", "upload")
+
+    def __init__(self, key: str, path: str, nbytes: int):
+        self.key, self.path, self.nbytes = key, path, nbytes
+        self.upload: Upload | None = None
+        self.single: memoryview | None = None
+        self.slot: Any = None
+        self.fill = 0
 
 
 class S3Store(SizedStore):
@@ -70,7 +85,7 @@ class S3Store(SizedStore):
         self.obstore, s3_class = import_obstore()
         self._tls = threading.local()
         self._rings: list[SlotRing] = []
-        self.slot_bytes = min(int(chunk_bytes), int(part_bytes))
+        self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
         self.name = name
         self.bucket, self.endpoint = bucket, endpoint
         self.part_bytes, self.concurrency = int(part_bytes), max(1, int(concurrency))
@@ -102,6 +117,7 @@ class S3Store(SizedStore):
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
         self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
+        self._parts = PartWriter(bucket, endpoint, self.stats, self.concurrency, max(2, workers * self.concurrency))
         close_at_exit(self)
 
     # ------------------------------------------------------------------ info (as FileStore's)
@@ -210,86 +226,90 @@ class S3Store(SizedStore):
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:
-        """This thread's ring of stamped slots (made on its first write, kept for the run)."""
+        """This thread's ring of stamped slots, one part each (made on its first write, kept for the run)."""
         ring = getattr(self._tls, "ring", None)
         if ring is None:
-            per_part = -(-self.part_bytes // self.slot_bytes)
-            ring = self._tls.ring = SlotRing(self.slot_bytes, per_part * (self.concurrency + 2),
-                                          threading.get_ident() & 0xFFFF)
+            ring = self._tls.ring = SlotRing(self.slot_bytes, self.concurrency + 2, threading.get_ident() & 0xFFFF)
             with self._lock:
                 self._rings.append(ring)
         return ring
 
-    def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:
+    def _begin_write(self, key: str, nbytes: int) -> tuple[_Pending, int]:
+        """An entry of one part is one PUT (at commit); a larger one a multipart upload, started here."""
         path = self._object(key)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self.name}: store is closed")
             self._sizes.pop(key, None)
             self._paths[key] = path
+        h = _Pending(key, path, nbytes)
+        if padded(nbytes) <= self.part_bytes:
+            return h, 0
         t = perf_counter_ns()
-        writer = self.obstore.open_writer(self._s3, path, buffer_size=self.part_bytes,
-                                          max_concurrency=self.concurrency)
-        return [key, path, writer, nbytes], perf_counter_ns() - t
+        h.upload = self._parts.begin(path)
+        return h, perf_counter_ns() - t
 
-    def _send(self, h: Any, view: memoryview) -> int:
-        """Hand one stamped slot to the writer (zero copy: it keeps the slot until its part is sent)."""
-        t = perf_counter_ns()
-        try:
-            h[2].write(view)
-        except Exception as exc:
-            raise self._classify(f"s3 write of {h[1]}", exc) from exc
-        return perf_counter_ns() - t
+    def _send(self, h: _Pending, view: memoryview) -> int:
+        """One stamped part (a whole slot's view, zero copy) on its way: a part of the multipart upload,
+        sent and retried alone when throttled; or the entry's only part, PUT at commit."""
+        if h.upload is not None:
+            return h.upload.send(view)
+        h.single = view
+        return 0
 
-    def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
-        """A chunk moved in from the tier above: copied into this thread's slots, then sent."""
-        ring, ns, n = self._ring(), 0, len(view)
-        for off in range(0, n, ring.slot_bytes):
-            m = min(ring.slot_bytes, n - off)
-            slot = ring.next()
-            slot.write_mv[:m] = view[off:off + m]
-            ns += self._send(h, slot.write_mv[:m])
+    def _put(self, h: _Pending, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
+        """A chunk moved in from the tier above: copied into this thread's part slot, sent when full."""
+        ring, ns, n, done = self._ring(), 0, len(view), 0
+        while done < n:
+            if h.slot is None:
+                h.slot, h.fill = ring.next(), 0
+            m = min(self.slot_bytes - h.fill, n - done)
+            h.slot.write_mv[h.fill:h.fill + m] = view[done:done + m]
+            h.fill += m
+            done += m
+            if h.fill == self.slot_bytes:
+                ns += self._send(h, h.slot.write_mv)
+                h.slot = None
         return n, ns
 
-    def _commit(self, h: Any) -> int:
+    def _commit(self, h: _Pending) -> int:
+        if h.slot is not None and h.fill:  # the last, partial part of a move
+            ns = self._send(h, h.slot.write_mv[:h.fill])
+            h.slot = None
+        else:
+            ns = 0
         t = perf_counter_ns()
-        writer, h[2] = h[2], None
-        try:
-            writer.close()
-        except Exception as exc:
-            raise self._classify(f"s3 write of {h[1]}", exc) from exc
-        ns = perf_counter_ns() - t
+        if h.upload is not None:
+            h.upload.complete()  # on a failure _abort still finds the upload to abort
+            h.upload = None
+        else:
+            body = h.single if h.single is not None else b""
+            self._call(f"s3 write of {h.path}", lambda: self.obstore.put(self._s3, h.path, body, use_multipart=False))
+        h.single = None
+        ns += perf_counter_ns() - t
         with self._lock:
-            if not self._closed and self._paths.get(h[0]) == h[1]:
-                self._sizes[h[0]] = h[3]
+            if not self._closed and self._paths.get(h.key) == h.path:
+                self._sizes[h.key] = h.nbytes
                 return ns
-        raise RuntimeError(f"{self.name}: entry {h[0]!r} was removed or the store closed during its write")
+        raise RuntimeError(f"{self.name}: entry {h.key!r} was removed or the store closed during its write")
 
-    def _abort(self, h: Any) -> None:
-        writer = h[2]
-        h[2] = None
-        if writer is not None:
-            try:
-                writer.__exit__(RuntimeError, RuntimeError("aborted"), None)
-            except Exception:
-                pass
+    def _abort(self, h: _Pending) -> None:
+        upload, h.upload, h.single, h.slot = h.upload, None, None, None
+        if upload is not None:
+            upload.abort()
         with self._lock:
-            mine = self._paths.get(h[0]) == h[1]
+            mine = self._paths.get(h.key) == h.path
             if mine:
-                del self._paths[h[0]]
-                self._sizes.pop(h[0], None)
+                del self._paths[h.key]
+                self._sizes.pop(h.key, None)
         try:
-            self.obstore.delete(self._s3, h[1])
+            self.obstore.delete(self._s3, h.path)
         except Exception:
             pass
 
     def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
-        """Stamp the entry slot by slot into this thread's ring and stream it to the writer (parts of
-        part_bytes, `concurrency` in flight); the whole entry is tried again after a backoff when the
-        server throttles it."""
-        return self.stats.backoff(lambda: self._write_once(key, nbytes, stop), f"s3 write of {key!r}")
-
-    def _write_once(self, key: str, nbytes: int, stop: threading.Event | None) -> IOResult:
+        """Stamp the entry part by part into this thread's ring and send each part as it is stamped
+        (`concurrency` in flight); a part the server throttles is sent again alone after a backoff."""
         t0 = perf_counter_ns()
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
@@ -431,6 +451,7 @@ class S3Store(SizedStore):
         except Exception:  # the server is gone: the next run's sweep removes what is left
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._parts.close()
         for ring in self._rings:
             ring.close()
         forget_at_exit(self)
