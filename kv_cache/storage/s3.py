@@ -1,18 +1,20 @@
 """The storage tier as objects in an S3 bucket (S3Store), through obstore (Rust object_store).
 
 One object per entry (per block in the block layout) under this run's own prefix (remote.py): writes
-stream the worker's stamped chunks into obstore's writer, which sends an entry larger than one part as a
-multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight; reads fetch ``part_bytes``
+stamp the entry part by part into the worker's ring of slots; an entry of one part is one obstore PUT, a
+larger one a multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight, through botocore's
+part calls (s3_multipart.py: a throttled part is sent again alone, counted); reads fetch ``part_bytes``
 ranged GETs, ``concurrency`` in flight, each copied chunk by chunk into the worker's read buffer (where
 --verify checks the stamps) as soon as it and those before it have arrived.
 
-What is buffered besides the worker buffers is the client's: obstore's writer keeps a reference to each
-written slot (no copy: a slot rewritten before its part is sent changes the object, so the ring holds
-``concurrency`` + 2 parts' worth) and returns each ranged GET in a buffer of its own (up to ``concurrency``
+What is buffered besides the worker buffers is the client's: a part's request body is its slot's
+memoryview (no copy: a slot rewritten before its part is acknowledged would change the object, so the ring
+holds ``concurrency`` + 2 parts) and obstore returns each ranged GET in a buffer of its own (up to ``concurrency``
 per read; obstore 0.12 has no read into a caller's buffer), copied into the read buffer and freed. Nothing
 is generated per request.
 
-Why obstore and not boto3: benchmarks/s3_clients.py, same moto server and workload (see the README).
+Why obstore for reads and PUTs, botocore for parts: benchmarks/s3_clients.py, same moto server and
+workload (see the README).
 
 ``device_ns`` is the time inside the client's calls (waiting for the network and the server, and the
 client's own work there); the stamping, the copies into the read buffer and the checks are ``host_ns``.
@@ -126,8 +128,8 @@ class S3Store(SizedStore):
 
     @property
     def io_mode_reason(self) -> str:
-        return (f"S3 objects through obstore: parts of {self.part_bytes >> 20} MiB, {self.concurrency} in flight "
-                "per entry")
+        return (f"S3 objects through obstore (multipart writes through botocore's part calls): parts of "
+                f"{self.part_bytes >> 20} MiB, {self.concurrency} in flight per entry")
 
     @property
     def run_dir(self) -> str:
@@ -160,7 +162,8 @@ class S3Store(SizedStore):
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
                 "endpoint": self.endpoint or "AWS", "bucket": self.bucket, "prefix": self.run_prefix,
-                "part_bytes": self.part_bytes, "concurrency": self.concurrency, **self.stats.as_dict()}
+                "multipart_client": f"botocore {self._parts.version}", "part_bytes": self.part_bytes,
+                "concurrency": self.concurrency, **self.stats.as_dict()}
 
     # ------------------------------------------------------------------ errors
     def _classify(self, what: str, exc: Exception) -> BaseException:

@@ -93,6 +93,9 @@ class PartWriter:
     def __init__(self, bucket: str, endpoint: str | None, stats: RemoteStats, concurrency: int, threads: int):
         self.bucket, self.stats, self.concurrency = bucket, stats, max(1, concurrency)
         self.client = part_client(endpoint, threads)
+        from botocore import __version__  # noqa: PLC0415  (importable: part_client checked)
+
+        self.version = __version__
         self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="kv-s3-part")
 
     def call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
