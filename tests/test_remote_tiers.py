@@ -309,6 +309,34 @@ def test_s3_parts_throttled_past_the_backoffs_fail_eagain_and_leave_no_upload(mo
         proxy.stop()
 
 
+def test_s3_part_uploads_send_the_slot_itself_not_a_copy(moto):
+    """Each part's body is the slot's memoryview, signed in place: botocore's CRT signer (taken when awscrt
+    is installed) would copy it into a BytesIO first, so the part calls pick botocore's own SigV4."""
+    import tracemalloc
+
+    from kv_cache.storage.remote import RemoteStats
+    from kv_cache.storage.s3_multipart import PartWriter
+
+    bucket = _bucket(moto.url, "nocopy")
+    parts = PartWriter(bucket, moto.url, RemoteStats(), concurrency=1, threads=1)
+    slot = WorkerBuffers(5 * MIB, 7, 0)
+    up = parts.begin("k")
+    up.send(slot.write_mv)
+    up._settle_oldest()  # the first call's setup (connections, signer) outside the measurement
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            up.send(slot.write_mv)
+            up._settle_oldest()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    up.complete()
+    assert peak < MIB, f"{peak} bytes allocated to send 5 MiB parts"
+    parts.close()
+    slot.close()
+
+
 def test_cli_s3_run_through_sustained_throttling_completes_and_reports_it(moto, tmp_path):
     """A run through a proxy answering every 5th request 429 passes --verify, and its results report the
     throttled requests, none given up."""
