@@ -337,6 +337,33 @@ def test_s3_part_uploads_send_the_slot_itself_not_a_copy(moto):
     slot.close()
 
 
+@pytest.mark.parametrize("fault", ["server-gone", "credentials-refused"])
+def test_s3_multipart_write_faults_keep_their_meaning(fault):
+    """The part calls' errors mean what obstore's do: a server gone is ENOTCONN (counted, the cache
+    retries it), refused credentials an EACCES (the run stops)."""
+    _need_s3()
+    if servers.missing(servers.MOTO):
+        pytest.skip(servers.missing(servers.MOTO))
+    from kv_cache.storage.s3 import S3Store
+
+    srv = servers.start_moto(auth_after=4 if fault == "credentials-refused" else None)
+    try:
+        bucket = _bucket(srv.url, "faults")  # then the sweep's listing and the marker: 3 requests let through
+        store = S3Store(bucket, srv.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        if fault == "server-gone":
+            srv.stop()
+        bufs = _bufs()
+        with pytest.raises(OSError) as info:
+            store.write("e", 12 * MIB, bufs)
+        want = errno.ENOTCONN if fault == "server-gone" else errno.EACCES
+        assert info.value.errno == want and "part" in str(info.value), info.value  # a part call's error
+        assert store.remote_stats()["lost_connections"] == (1 if fault == "server-gone" else 0)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
+
+
 def test_cli_s3_run_through_sustained_throttling_completes_and_reports_it(moto, tmp_path):
     """A run through a proxy answering every 5th request 429 passes --verify, and its results report the
     throttled requests, none given up."""
