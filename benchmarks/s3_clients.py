@@ -12,6 +12,7 @@ into one preallocated buffer. Variants:
   it supports the call, otherwise the classic transfer, so compare its figures with boto3-s3transfer's);
 * boto3-parts-mv: the same part calls with the buffer's memoryview as each part's body (no copy), as
   kv-cache's S3 tier writes a multipart entry (storage/s3_multipart.py); reads as obstore's;
+* boto3-put-mv: one put_object per entry with the memoryview as its body (an entry of one part);
 * obstore-writer: obstore.open_writer, written part by part (the S3 tier's writes before the part calls);
 * obstore: obstore.put (its own multipart, chunk_size, max_concurrency) and obstore.get_ranges, copied
   into the buffer.
@@ -109,6 +110,23 @@ def boto_parts_mv(endpoint, bucket, buf, rbuf, a):
     return put, get, pool.shutdown
 
 
+def boto_put_mv(endpoint, bucket, buf, rbuf, a):
+    """One put_object per entry, the buffer's memoryview as the body (botocore's Python signer): what an
+    entry of one part would cost through botocore instead of obstore's put (compare with --entry-mib at
+    most --part-mib); reads as obstore's."""
+    from kv_cache.storage.s3_multipart import _choose_python_signer, part_client
+
+    c = part_client(endpoint, a.concurrency)
+    c.meta.events.register_first("choose-signer.s3.PutObject", _choose_python_signer)
+    mv = memoryview(buf)
+
+    def put(key):
+        c.put_object(Bucket=bucket, Key=key, Body=mv)
+
+    _, get, _ = obstore_client(endpoint, bucket, buf, rbuf, a)
+    return put, get, lambda: None
+
+
 def obstore_writer(endpoint, bucket, buf, rbuf, a):
     """obstore's open_writer (what the S3 tier used before the part calls): the entry written part by part."""
     import obstore
@@ -199,7 +217,8 @@ def boto_crt(endpoint, bucket, buf, rbuf, a):
     return boto_transfer(endpoint, bucket, buf, rbuf, a, client="crt")
 
 
-VARIANTS = {"boto3-parts": boto_parts, "boto3-parts-mv": boto_parts_mv, "obstore-writer": obstore_writer,
+VARIANTS = {"boto3-parts": boto_parts, "boto3-parts-mv": boto_parts_mv, "boto3-put-mv": boto_put_mv,
+            "obstore-writer": obstore_writer,
             "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt,
             "obstore": obstore_client}
 
