@@ -109,6 +109,8 @@ class S3Store(SizedStore):
         except Exception as e:
             raise StorageSetupError(f"s3: cannot configure the client for bucket {bucket!r}: {e}").about(
                 "s3_bucket") from None
+        # multipart writes' part calls (before anything is written: a missing boto3 is a setup error)
+        self._parts = PartWriter(bucket, endpoint, self.stats, self.concurrency, max(2, workers * self.concurrency))
         self.swept: list[str] = []
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
@@ -119,7 +121,6 @@ class S3Store(SizedStore):
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
         self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
-        self._parts = PartWriter(bucket, endpoint, self.stats, self.concurrency, max(2, workers * self.concurrency))
         close_at_exit(self)
 
     # ------------------------------------------------------------------ info (as FileStore's)
@@ -249,7 +250,11 @@ class S3Store(SizedStore):
         if padded(nbytes) <= self.part_bytes:
             return h, 0
         t = perf_counter_ns()
-        h.upload = self._parts.begin(path)
+        try:
+            h.upload = self._parts.begin(path)
+        except BaseException:
+            self._abort(h)  # the entry is not stored (nor the one it was replacing)
+            raise
         return h, perf_counter_ns() - t
 
     def _send(self, h: _Pending, view: memoryview) -> int:
