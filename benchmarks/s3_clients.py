@@ -10,6 +10,10 @@ into one preallocated buffer. Variants:
 * boto3-s3transfer: the managed transfer (upload_fileobj / download_fileobj, TransferConfig);
 * boto3-crt: the same with preferred_transfer_client="crt" (needs awscrt; boto3 uses the CRT only where
   it supports the call, otherwise the classic transfer, so compare its figures with boto3-s3transfer's);
+* boto3-parts-mv: the same part calls with the buffer's memoryview as each part's body (no copy), as
+  kv-cache's S3 tier writes a multipart entry (storage/s3_multipart.py); reads as obstore's;
+* boto3-put-mv: one put_object per entry with the memoryview as its body (an entry of one part);
+* obstore-writer: obstore.open_writer, written part by part (the S3 tier's writes before the part calls);
 * obstore: obstore.put (its own multipart, chunk_size, max_concurrency) and obstore.get_ranges, copied
   into the buffer.
 
@@ -32,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 from servers import start_moto  # noqa: E402
 
 GIB = 1 << 30
@@ -82,6 +87,65 @@ def boto_parts(endpoint, bucket, buf, rbuf, a):
     return put, get, pool.shutdown
 
 
+def boto_parts_mv(endpoint, bucket, buf, rbuf, a):
+    """The part calls kv-cache's S3 tier makes for a multipart entry (storage/s3_multipart.py): each
+    upload_part's body the memoryview of the slot itself (parameter validation off: botocore's validator
+    knows only bytes and files, the HTTP layer sends any buffer), no checksum beyond SigV4's."""
+    from kv_cache.storage.s3_multipart import part_client
+
+    c = part_client(endpoint, a.concurrency)
+    part = a.part_mib * MIB
+    size = a.entry_mib * MIB
+    mv = memoryview(buf)
+    pool = ThreadPoolExecutor(a.concurrency)
+
+    def put(key):
+        up = c.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        fut = [pool.submit(c.upload_part, Bucket=bucket, Key=key, UploadId=up, PartNumber=i + 1,
+                           Body=mv[o:o + part]) for i, o in enumerate(range(0, size, part))]
+        parts = [{"PartNumber": i + 1, "ETag": f.result()["ETag"]} for i, f in enumerate(fut)]
+        c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": parts})
+
+    _, get, _ = obstore_client(endpoint, bucket, buf, rbuf, a)
+    return put, get, pool.shutdown
+
+
+def boto_put_mv(endpoint, bucket, buf, rbuf, a):
+    """One put_object per entry, the buffer's memoryview as the body (botocore's Python signer): what an
+    entry of one part would cost through botocore instead of obstore's put (compare with --entry-mib at
+    most --part-mib); reads as obstore's."""
+    from kv_cache.storage.s3_multipart import _choose_python_signer, part_client
+
+    c = part_client(endpoint, a.concurrency)
+    c.meta.events.register_first("choose-signer.s3.PutObject", _choose_python_signer)
+    mv = memoryview(buf)
+
+    def put(key):
+        c.put_object(Bucket=bucket, Key=key, Body=mv)
+
+    _, get, _ = obstore_client(endpoint, bucket, buf, rbuf, a)
+    return put, get, lambda: None
+
+
+def obstore_writer(endpoint, bucket, buf, rbuf, a):
+    """obstore's open_writer (what the S3 tier used before the part calls): the entry written part by part."""
+    import obstore
+
+    s = _obstore(endpoint, bucket)
+    part = a.part_mib * MIB
+    size = a.entry_mib * MIB
+    mv = memoryview(buf)
+
+    def put(key):
+        w = obstore.open_writer(s, key, buffer_size=part, max_concurrency=a.concurrency)
+        for o in range(0, size, part):
+            w.write(mv[o:o + part])
+        w.close()
+
+    _, get, _ = obstore_client(endpoint, bucket, buf, rbuf, a)
+    return put, get, lambda: None
+
+
 def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
     from boto3.s3.transfer import TransferConfig
 
@@ -119,13 +183,18 @@ def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
     return put, get, lambda: None
 
 
-def obstore_client(endpoint, bucket, buf, rbuf, a):
-    import obstore
+def _obstore(endpoint, bucket):
     from obstore.store import S3Store
 
-    s = S3Store(bucket, endpoint=endpoint, region="us-east-1", client_options={"allow_http": True},
-                access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-                secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"))
+    return S3Store(bucket, endpoint=endpoint, region="us-east-1", client_options={"allow_http": True},
+                   access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+                   secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"))
+
+
+def obstore_client(endpoint, bucket, buf, rbuf, a):
+    import obstore
+
+    s = _obstore(endpoint, bucket)
     part = a.part_mib * MIB
     size = a.entry_mib * MIB
     mv, rmv = memoryview(buf), memoryview(rbuf)
@@ -148,7 +217,9 @@ def boto_crt(endpoint, bucket, buf, rbuf, a):
     return boto_transfer(endpoint, bucket, buf, rbuf, a, client="crt")
 
 
-VARIANTS = {"boto3-parts": boto_parts, "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt,
+VARIANTS = {"boto3-parts": boto_parts, "boto3-parts-mv": boto_parts_mv, "boto3-put-mv": boto_put_mv,
+            "obstore-writer": obstore_writer,
+            "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt,
             "obstore": obstore_client}
 
 

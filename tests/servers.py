@@ -98,15 +98,18 @@ def start_redis(maxmemory: str | None = None, port: int | None = None) -> Server
 
 
 class _Throttler:
-    """An HTTP proxy in front of an S3 server that answers every `every`-th request 503 SlowDown."""
+    """An HTTP proxy in front of an S3 server that answers every `every`-th request `status` (503 or 429)
+    SlowDown; with `only`, it counts (and throttles) only the requests whose path holds `only` (e.g.
+    "partNumber=": every part upload). `log` records each request as (method, path, throttled)."""
 
-    def __init__(self, upstream_port: int, every: int, status: int):
+    def __init__(self, upstream_port: int, every: int, status: int, only: str | None = None):
         import http.client
         import http.server
         import threading
 
         self.count = 0
         self.throttled = 0
+        self.log: list[tuple[str, str, bool]] = []
         lock = threading.Lock()
         outer = self
         body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -122,9 +125,11 @@ class _Throttler:
                 n = int(self.headers.get("Content-Length") or 0)
                 data = self.rfile.read(n) if n else b""
                 with lock:
-                    outer.count += 1
-                    slow = outer.count % every == 0
+                    counted = only is None or only in self.path
+                    outer.count += counted
+                    slow = counted and outer.count % every == 0
                     outer.throttled += slow
+                    outer.log.append((self.command, self.path, slow))
                 if slow:
                     self.send_response(status)
                     self.send_header("Content-Length", str(len(body)))
@@ -159,9 +164,10 @@ class _Throttler:
         self.server.server_close()
 
 
-def start_throttler(upstream_port: int, every: int = 3, status: int = 503) -> _Throttler:
-    """A proxy to the S3 server at `upstream_port` that throttles every `every`-th request."""
-    return _Throttler(upstream_port, every, status)
+def start_throttler(upstream_port: int, every: int = 3, status: int = 503, only: str | None = None) -> _Throttler:
+    """A proxy to the S3 server at `upstream_port` that throttles every `every`-th request (of those whose
+    path holds `only`, when given)."""
+    return _Throttler(upstream_port, every, status, only)
 
 
 if __name__ == "__main__":  # pragma: no cover  (by hand: start one and wait)

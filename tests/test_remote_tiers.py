@@ -237,6 +237,151 @@ def test_s3_throttling_is_retried_with_backoff_and_counted(moto):
         proxy.stop()
 
 
+def _part_puts(proxy) -> list[tuple[str, bool]]:
+    """The part uploads the proxy saw, as (upload id + part number, throttled)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    out = []
+    for method, path, slow in proxy.log:
+        q = parse_qs(urlsplit(path).query)
+        if method == "PUT" and "partNumber" in q:
+            out.append((f"{q['uploadId'][0]}#{q['partNumber'][0]}", slow))
+    return out
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_s3_throttled_parts_are_sent_again_alone_and_the_write_completes(moto, status):
+    """Every 5th request throttled (429, or 503 SlowDown): each throttled part is sent again alone after
+    a backoff and counted, the multipart writes complete (no entry is started over), and the objects read
+    back with --verify."""
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, f"parts{status}")
+    proxy = servers.start_throttler(moto.port, every=5, status=status)
+    try:
+        store = S3Store(bucket, proxy.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        bufs = _bufs()
+        sizes = [6 * MIB] * 6 + [16 * MIB + 4096, 3 * MIB]  # two parts each, four parts, one PUT
+        for i, n in enumerate(sizes):
+            store.write(f"e{i}", n, bufs)
+            assert store.read(f"e{i}", bufs, verify=True).nbytes == n
+        stats = store.remote_stats()
+        parts = _part_puts(proxy)
+        throttled_parts = [p for p, slow in parts if slow]
+        sent = [p for p, slow in parts if not slow]
+        starts = [path for method, path, slow in proxy.log if method == "POST" and path.endswith("?uploads") and not slow]
+        assert throttled_parts and set(throttled_parts) <= set(sent)  # each throttled part went again, alone
+        assert len(sent) == len(set(sent)) == 6 * 2 + 4  # every part crossed once, none resent with its entry
+        assert len(starts) == 7  # one upload per multipart entry: none was started over
+        assert stats["throttled_requests"] == proxy.throttled and stats["throttled_gave_up"] == 0
+        assert stats["throttle_wait_s"] > 0
+        store.close()
+        bufs.close()
+        assert _objects(moto.url, bucket) == []
+    finally:
+        proxy.stop()
+
+
+def test_s3_parts_throttled_past_the_backoffs_fail_eagain_and_leave_no_upload(moto):
+    """Every part upload throttled: the write fails with EAGAIN after the backoffs, and its multipart
+    upload is aborted, so the bucket keeps no incomplete upload (nor an object) of it."""
+    import boto3
+
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "stuck")
+    proxy = servers.start_throttler(moto.port, every=1, status=503, only="partNumber=")
+    try:
+        store = S3Store(bucket, proxy.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        bufs = _bufs()
+        with pytest.raises(OSError) as info:
+            store.write("e", 6 * MIB, bufs)
+        assert info.value.errno == errno.EAGAIN and "still throttled after" in str(info.value)
+        stats = store.remote_stats()
+        assert stats["throttled_gave_up"] >= 1 and stats["throttled_requests"] == proxy.throttled
+        c = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="testing",
+                         aws_secret_access_key="testing")
+        assert (c.list_multipart_uploads(Bucket=bucket).get("Uploads") or []) == []
+        assert not any(k.endswith(".kv") for k in _objects(moto.url, bucket))
+        store.close()
+        bufs.close()
+    finally:
+        proxy.stop()
+
+
+def test_s3_part_uploads_send_the_slot_itself_not_a_copy(moto):
+    """Each part's body is the slot's memoryview, signed in place: botocore's CRT signer (taken when awscrt
+    is installed) would copy it into a BytesIO first, so the part calls pick botocore's own SigV4."""
+    import tracemalloc
+
+    from kv_cache.storage.remote import RemoteStats
+    from kv_cache.storage.s3_multipart import PartWriter
+
+    bucket = _bucket(moto.url, "nocopy")
+    parts = PartWriter(bucket, moto.url, RemoteStats(), concurrency=1, threads=1)
+    slot = WorkerBuffers(5 * MIB, 7, 0)
+    up = parts.begin("k")
+    up.send(slot.write_mv)
+    up._settle_oldest()  # the first call's setup (connections, signer) outside the measurement
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            up.send(slot.write_mv)
+            up._settle_oldest()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    up.complete()
+    assert peak < MIB, f"{peak} bytes allocated to send 5 MiB parts"
+    parts.close()
+    slot.close()
+
+
+@pytest.mark.parametrize("fault", ["server-gone", "credentials-refused"])
+def test_s3_multipart_write_faults_keep_their_meaning(fault):
+    """The part calls' errors mean what obstore's do: a server gone is ENOTCONN (counted, the cache
+    retries it), refused credentials an EACCES (the run stops)."""
+    _need_s3()
+    if servers.missing(servers.MOTO):
+        pytest.skip(servers.missing(servers.MOTO))
+    from kv_cache.storage.s3 import S3Store
+
+    srv = servers.start_moto(auth_after=4 if fault == "credentials-refused" else None)
+    try:
+        bucket = _bucket(srv.url, "faults")  # then the sweep's listing and the marker: 3 requests let through
+        store = S3Store(bucket, srv.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        if fault == "server-gone":
+            srv.stop()
+        bufs = _bufs()
+        with pytest.raises(OSError) as info:
+            store.write("e", 12 * MIB, bufs)
+        want = errno.ENOTCONN if fault == "server-gone" else errno.EACCES
+        assert info.value.errno == want and "part" in str(info.value), info.value  # a part call's error
+        assert store.remote_stats()["lost_connections"] == (1 if fault == "server-gone" else 0)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
+
+
+def test_cli_s3_run_through_sustained_throttling_completes_and_reports_it(moto, tmp_path):
+    """A run through a proxy answering every 5th request 429 passes --verify, and its results report the
+    throttled requests, none given up."""
+    bucket = _bucket(moto.url, "slowrun")
+    proxy = servers.start_throttler(moto.port, every=5, status=429)
+    try:
+        proc = _run(_cmd(tmp_path, "--storage-backend", "s3", "--s3-endpoint", proxy.url, "--s3-bucket", bucket,
+                         "--s3-part-mb", "5", "--verify", "--storage-capacity-gb", "0.05"))
+    finally:
+        proxy.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    rt = res["measurement"]["remote_tier"]
+    assert rt["throttled_requests"] > 0 and rt["throttled_gave_up"] == 0
+    assert res["measurement"]["storage_retries_total"] == 0
+    print(f"[throttled run] {rt['throttled_requests']} throttled requests, {rt['throttle_wait_s']} s in backoffs")
+
+
 # ----------------------------------------------------------------------------- the CLI
 def _cmd(tmp: Path, *extra: str, duration: int = 2) -> list[str]:
     config = tmp / "micro.yaml"

@@ -1,18 +1,20 @@
 """The storage tier as objects in an S3 bucket (S3Store), through obstore (Rust object_store).
 
 One object per entry (per block in the block layout) under this run's own prefix (remote.py): writes
-stream the worker's stamped chunks into obstore's writer, which sends an entry larger than one part as a
-multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight; reads fetch ``part_bytes``
+stamp the entry part by part into the worker's ring of slots; an entry of one part is one obstore PUT, a
+larger one a multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight, through botocore's
+part calls (s3_multipart.py: a throttled part is sent again alone, counted); reads fetch ``part_bytes``
 ranged GETs, ``concurrency`` in flight, each copied chunk by chunk into the worker's read buffer (where
 --verify checks the stamps) as soon as it and those before it have arrived.
 
-What is buffered besides the worker buffers is the client's: obstore's writer keeps a reference to each
-written slot (no copy: a slot rewritten before its part is sent changes the object, so the ring holds
-``concurrency`` + 2 parts' worth) and returns each ranged GET in a buffer of its own (up to ``concurrency``
+What is buffered besides the worker buffers is the client's: a part's request body is its slot's
+memoryview (no copy: a slot rewritten before its part is acknowledged would change the object, so the ring
+holds ``concurrency`` + 2 parts) and obstore returns each ranged GET in a buffer of its own (up to ``concurrency``
 per read; obstore 0.12 has no read into a caller's buffer), copied into the read buffer and freed. Nothing
 is generated per request.
 
-Why obstore and not boto3: benchmarks/s3_clients.py, same moto server and workload (see the README).
+Why obstore for reads and PUTs, botocore for parts: benchmarks/s3_clients.py, same moto server and
+workload (see the README).
 
 ``device_ns`` is the time inside the client's calls (waiting for the network and the server, and the
 client's own work there); the stamping, the copies into the read buffer and the checks are ``host_ns``.
@@ -54,12 +56,27 @@ from kv_cache.storage.remote import (
     stale_owner,
 )
 from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
+from kv_cache.storage.s3_multipart import PartWriter, Upload
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
 ENTRY_SUFFIX = ".kv"
+
+
+class _Pending:
+    """An entry being written: its one part (held until the PUT at commit) or its multipart upload, and
+    the part slot a move is filling."""
+
+    __slots__ = ("fill", "key", "nbytes", "path", "single", "slot", "upload")
+
+    def __init__(self, key: str, path: str, nbytes: int):
+        self.key, self.path, self.nbytes = key, path, nbytes
+        self.upload: Upload | None = None
+        self.single: memoryview | None = None
+        self.slot: Any = None
+        self.fill = 0
 
 
 class S3Store(SizedStore):
@@ -70,7 +87,7 @@ class S3Store(SizedStore):
         self.obstore, s3_class = import_obstore()
         self._tls = threading.local()
         self._rings: list[SlotRing] = []
-        self.slot_bytes = min(int(chunk_bytes), int(part_bytes))
+        self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
         self.name = name
         self.bucket, self.endpoint = bucket, endpoint
         self.part_bytes, self.concurrency = int(part_bytes), max(1, int(concurrency))
@@ -92,6 +109,8 @@ class S3Store(SizedStore):
         except Exception as e:
             raise StorageSetupError(f"s3: cannot configure the client for bucket {bucket!r}: {e}").about(
                 "s3_bucket") from None
+        # multipart writes' part calls (before anything is written: a missing boto3 is a setup error)
+        self._parts = PartWriter(bucket, endpoint, self.stats, self.concurrency, max(2, workers * self.concurrency))
         self.swept: list[str] = []
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
@@ -110,8 +129,8 @@ class S3Store(SizedStore):
 
     @property
     def io_mode_reason(self) -> str:
-        return (f"S3 objects through obstore: parts of {self.part_bytes >> 20} MiB, {self.concurrency} in flight "
-                "per entry")
+        return (f"S3 objects through obstore (multipart writes through botocore's part calls): parts of "
+                f"{self.part_bytes >> 20} MiB, {self.concurrency} in flight per entry")
 
     @property
     def run_dir(self) -> str:
@@ -144,7 +163,8 @@ class S3Store(SizedStore):
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
                 "endpoint": self.endpoint or "AWS", "bucket": self.bucket, "prefix": self.run_prefix,
-                "part_bytes": self.part_bytes, "concurrency": self.concurrency, **self.stats.as_dict()}
+                "multipart_client": f"botocore {self._parts.version}", "part_bytes": self.part_bytes,
+                "concurrency": self.concurrency, **self.stats.as_dict()}
 
     # ------------------------------------------------------------------ errors
     def _classify(self, what: str, exc: Exception) -> BaseException:
@@ -210,86 +230,94 @@ class S3Store(SizedStore):
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:
-        """This thread's ring of stamped slots (made on its first write, kept for the run)."""
+        """This thread's ring of stamped slots, one part each (made on its first write, kept for the run)."""
         ring = getattr(self._tls, "ring", None)
         if ring is None:
-            per_part = -(-self.part_bytes // self.slot_bytes)
-            ring = self._tls.ring = SlotRing(self.slot_bytes, per_part * (self.concurrency + 2),
-                                          threading.get_ident() & 0xFFFF)
+            ring = self._tls.ring = SlotRing(self.slot_bytes, self.concurrency + 2, threading.get_ident() & 0xFFFF)
             with self._lock:
                 self._rings.append(ring)
         return ring
 
-    def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:
+    def _begin_write(self, key: str, nbytes: int) -> tuple[_Pending, int]:
+        """An entry of one part is one PUT (at commit); a larger one a multipart upload, started here."""
         path = self._object(key)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self.name}: store is closed")
             self._sizes.pop(key, None)
             self._paths[key] = path
-        t = perf_counter_ns()
-        writer = self.obstore.open_writer(self._s3, path, buffer_size=self.part_bytes,
-                                          max_concurrency=self.concurrency)
-        return [key, path, writer, nbytes], perf_counter_ns() - t
-
-    def _send(self, h: Any, view: memoryview) -> int:
-        """Hand one stamped slot to the writer (zero copy: it keeps the slot until its part is sent)."""
+        h = _Pending(key, path, nbytes)
+        if padded(nbytes) <= self.part_bytes:
+            return h, 0
         t = perf_counter_ns()
         try:
-            h[2].write(view)
-        except Exception as exc:
-            raise self._classify(f"s3 write of {h[1]}", exc) from exc
-        return perf_counter_ns() - t
+            h.upload = self._parts.begin(path)
+        except BaseException:
+            self._abort(h)  # the entry is not stored (nor the one it was replacing)
+            raise
+        return h, perf_counter_ns() - t
 
-    def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
-        """A chunk moved in from the tier above: copied into this thread's slots, then sent."""
-        ring, ns, n = self._ring(), 0, len(view)
-        for off in range(0, n, ring.slot_bytes):
-            m = min(ring.slot_bytes, n - off)
-            slot = ring.next()
-            slot.write_mv[:m] = view[off:off + m]
-            ns += self._send(h, slot.write_mv[:m])
+    def _send(self, h: _Pending, view: memoryview) -> int:
+        """One stamped part (a whole slot's view, zero copy) on its way: a part of the multipart upload,
+        sent and retried alone when throttled; or the entry's only part, PUT at commit."""
+        if h.upload is not None:
+            return h.upload.send(view)
+        h.single = view
+        return 0
+
+    def _put(self, h: _Pending, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
+        """A chunk moved in from the tier above: copied into this thread's part slot, sent when full."""
+        ring, ns, n, done = self._ring(), 0, len(view), 0
+        while done < n:
+            if h.slot is None:
+                h.slot, h.fill = ring.next(), 0
+            m = min(self.slot_bytes - h.fill, n - done)
+            h.slot.write_mv[h.fill:h.fill + m] = view[done:done + m]
+            h.fill += m
+            done += m
+            if h.fill == self.slot_bytes:
+                ns += self._send(h, h.slot.write_mv)
+                h.slot = None
         return n, ns
 
-    def _commit(self, h: Any) -> int:
+    def _commit(self, h: _Pending) -> int:
+        if h.slot is not None and h.fill:  # the last, partial part of a move
+            ns = self._send(h, h.slot.write_mv[:h.fill])
+            h.slot = None
+        else:
+            ns = 0
         t = perf_counter_ns()
-        writer, h[2] = h[2], None
-        try:
-            writer.close()
-        except Exception as exc:
-            raise self._classify(f"s3 write of {h[1]}", exc) from exc
-        ns = perf_counter_ns() - t
+        if h.upload is not None:
+            h.upload.complete()  # on a failure _abort still finds the upload to abort
+            h.upload = None
+        else:
+            body = h.single if h.single is not None else b""
+            self._call(f"s3 write of {h.path}", lambda: self.obstore.put(self._s3, h.path, body, use_multipart=False))
+        h.single = None
+        ns += perf_counter_ns() - t
         with self._lock:
-            if not self._closed and self._paths.get(h[0]) == h[1]:
-                self._sizes[h[0]] = h[3]
+            if not self._closed and self._paths.get(h.key) == h.path:
+                self._sizes[h.key] = h.nbytes
                 return ns
-        raise RuntimeError(f"{self.name}: entry {h[0]!r} was removed or the store closed during its write")
+        raise RuntimeError(f"{self.name}: entry {h.key!r} was removed or the store closed during its write")
 
-    def _abort(self, h: Any) -> None:
-        writer = h[2]
-        h[2] = None
-        if writer is not None:
-            try:
-                writer.__exit__(RuntimeError, RuntimeError("aborted"), None)
-            except Exception:
-                pass
+    def _abort(self, h: _Pending) -> None:
+        upload, h.upload, h.single, h.slot = h.upload, None, None, None
+        if upload is not None:
+            upload.abort()
         with self._lock:
-            mine = self._paths.get(h[0]) == h[1]
+            mine = self._paths.get(h.key) == h.path
             if mine:
-                del self._paths[h[0]]
-                self._sizes.pop(h[0], None)
+                del self._paths[h.key]
+                self._sizes.pop(h.key, None)
         try:
-            self.obstore.delete(self._s3, h[1])
+            self.obstore.delete(self._s3, h.path)
         except Exception:
             pass
 
     def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
-        """Stamp the entry slot by slot into this thread's ring and stream it to the writer (parts of
-        part_bytes, `concurrency` in flight); the whole entry is tried again after a backoff when the
-        server throttles it."""
-        return self.stats.backoff(lambda: self._write_once(key, nbytes, stop), f"s3 write of {key!r}")
-
-    def _write_once(self, key: str, nbytes: int, stop: threading.Event | None) -> IOResult:
+        """Stamp the entry part by part into this thread's ring and send each part as it is stamped
+        (`concurrency` in flight); a part the server throttles is sent again alone after a backoff."""
         t0 = perf_counter_ns()
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
@@ -431,6 +459,7 @@ class S3Store(SizedStore):
         except Exception:  # the server is gone: the next run's sweep removes what is left
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._parts.close()
         for ring in self._rings:
             ring.close()
         forget_at_exit(self)
