@@ -266,14 +266,22 @@ def pace_transform(pace, text: str, seed: int) -> dict[str, Any]:
 
 def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
     """parameters.engine_calibration: the roofline's efficiencies and its error on every published entry
-    (kv_cache/specs/calibration.yaml), and on this run's (GPU, model) where the table has it."""
+    (kv_cache/specs/calibration.yaml), and on this run's (GPU, model) where the table has it.
+
+    ``max_abs_prefill_error`` / ``max_abs_decode_error`` and ``this_pair`` are over the per-layer entries
+    (vidur's profiling data); ``end_to_end`` gives each end-to-end entry's source kind and error (vLLM's
+    benchmark results, MLPerf Inference results), and which of them are within 20 %."""
     rows = calibration_errors(ls.efficiency)
-    this = [r for r in rows if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)]
+    layers = [r for r in rows if r["kind"] == "layer_profile"]
+    whole = [r for r in rows if r["kind"] == "end_to_end"]
+    this = [r for r in layers if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)]
     return {
         "prefill_mfu": ls.efficiency.prefill_mfu, "decode_hbm_efficiency": ls.efficiency.decode_hbm_efficiency,
-        "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in rows),
-        "max_abs_decode_error": max(abs(r["decode_error"]) for r in rows),
+        "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in layers),
+        "max_abs_decode_error": max(abs(r["decode_error"]) for r in layers),
         "this_pair": this[0] if this else None,
+        "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
+                        "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"]} for r in whole],
         "entries": rows,
     }
 
@@ -283,10 +291,15 @@ def engine_line(cal: dict[str, Any]) -> str:
     this = cal["this_pair"]
     pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
             if this else "")
+    whole = cal.get("end_to_end", [])
+    layers = len(cal["entries"]) - len(whole)
+    ends = "; end to end: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['error']:+.0%}"
+        + ("" if r["within_20pct"] else " (outside 20%)") for r in whole) if whole else ""
     return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}, decode_hbm_efficiency "
             f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published (GPU, model) "
             f"throughputs (specs/calibration.yaml): prefill within {cal['max_abs_prefill_error']:.0%}, decode "
-            f"within {cal['max_abs_decode_error']:.0%}{pair}")
+            f"within {cal['max_abs_decode_error']:.0%} ({layers} per-layer profiles, vidur){ends}{pair}")
 
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,

@@ -1,19 +1,28 @@
 """The roofline against published throughputs: kv_cache/specs/calibration.yaml, and the model's error on
 each entry.
 
-An entry gives a (GPU, model, tensor parallelism) and the measured throughput of the layers' linear work
-for one prefill batch and one decode step (see the YAML's header for what was measured and where). The
-roofline's figure for the same work:
+Two kinds of entry (the YAML's header says what was measured and where):
 
-- prefill: ``tokens / (2 x active_params x tokens / (tp x peak_dense_tflops x 1e12 x prefill_mfu))``
-  (``prefill_seconds`` without its attention term);
-- decode: ``tokens / decode_step_seconds(batch = tokens, context = 0)`` (the weights read once, no KV).
+- ``layer_profile`` (vidur's profiling data): a (GPU, model, tensor parallelism) and the measured
+  throughput of the layers' linear work for one prefill batch and one decode step. The roofline's figure
+  for the same work:
+
+  - prefill: ``tokens / (2 x active_params x tokens / (tp x peak_dense_tflops x 1e12 x prefill_mfu))``
+    (``prefill_seconds`` without its attention term);
+  - decode: ``tokens / decode_step_seconds(batch = tokens, context = 0)`` (the weights read once, no KV).
+
+- ``end_to_end`` (vLLM's benchmark results, MLPerf Inference results): output tokens per second of a whole
+  benchmark run (prefill, decode, attention and batching mixed) with stated mean input and output lengths,
+  concurrency (or batch size) and precision. The roofline's figure is the sessions engine's own batching
+  rule on modelled time (``closed_loop``): the benchmark's requests through one replica, times the
+  replicas the published system had.
 
 The error is ``modelled / published - 1`` (+0.10: the roofline is 10 % faster than the measurement).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -22,15 +31,45 @@ from typing import Any
 import yaml
 
 from kv_cache.serving.engine import roofline
-from kv_cache.specs import gpu_specs
-from kv_cache.specs.models import MODEL_CONFIGS, SESSION_MODELS
+from kv_cache.serving.engine.closed_loop import closed_loop
+from kv_cache.specs import GPUSpec, gpu_specs
+from kv_cache.specs.models import MODEL_CONFIGS, SESSION_MODELS, ModelConfig
 
-__all__ = ["CalibrationEntry", "calibration_entries", "calibration_errors"]
+__all__ = [
+    "CalibrationEntry",
+    "EndToEndEntry",
+    "PRECISIONS",
+    "Precision",
+    "calibration_entries",
+    "calibration_errors",
+    "end_to_end_tokens_per_s",
+]
+
+BAND = 0.20  # the error the tests hold each claimed entry within
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a run's number format changes in the roofline: bytes per weight, bytes per KV element, and the
+    tensor cores' dense rate as a multiple of the GPU's BF16 figure (``peak_dense_tflops``)."""
+
+    weight_bytes_per_param: float
+    kv_dtype: str  # a kv_cache.specs.models DTYPE_BYTES key
+    flops_multiplier: float
+
+
+# bf16: the roofline as the sessions engine runs it. fp8 (Hopper): 1-byte weights and KV, and twice the BF16
+# dense rate (NVIDIA H100 / H200 datasheets: FP8 3,958 TFLOPS with sparsity = 1,979 dense, against BF16
+# 1,979 with sparsity = 989 dense). The KV is costed at 1 byte per element ("int8" in the model table).
+PRECISIONS = {
+    "bf16": Precision(weight_bytes_per_param=2.0, kv_dtype="bfloat16", flops_multiplier=1.0),
+    "fp8": Precision(weight_bytes_per_param=1.0, kv_dtype="int8", flops_multiplier=2.0),
+}
 
 
 @dataclass(frozen=True)
 class CalibrationEntry:
-    """One published measurement: tokens per second of a prefill batch and of a decode step."""
+    """One published per-layer measurement: tokens per second of a prefill batch and of a decode step."""
 
     gpu: str
     model: str
@@ -40,25 +79,76 @@ class CalibrationEntry:
     prefill_tokens_per_s: float
     decode_tokens: int
     decode_tokens_per_s: float
+    source_kind: str = "vidur profiling data"
+    kind: str = "layer_profile"
 
 
-@cache
-def calibration_entries() -> tuple[CalibrationEntry, ...]:
-    """The entries of kv_cache/specs/calibration.yaml."""
-    text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
-    return tuple(
-        CalibrationEntry(
-            gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"],
-            prefill_tokens=int(e["prefill"]["tokens"]), prefill_tokens_per_s=float(e["prefill"]["tokens_per_s"]),
-            decode_tokens=int(e["decode"]["tokens"]), decode_tokens_per_s=float(e["decode"]["tokens_per_s"]),
-        )
-        for e in yaml.safe_load(text)
+@dataclass(frozen=True)
+class EndToEndEntry:
+    """One published end-to-end benchmark result: output tokens per second of a whole run."""
+
+    gpu: str
+    model: str
+    tp: int
+    source: str
+    source_kind: str  # "vLLM benchmark results" | "MLPerf Inference results"
+    gpus: int  # GPUs of the published system (replicas = gpus / tp)
+    dtype: str  # a PRECISIONS key
+    input_tokens: float  # mean per request
+    output_tokens: float  # mean per request
+    concurrency: int  # requests in flight per replica (max concurrency, or the submission's batch size)
+    requests: int  # requests simulated per replica
+    spread: float  # lengths uniform within +-spread of the mean (0: every request at the mean)
+    steady_state: bool  # measure without the start-up ramp and the tail (a run far longer than a batch)
+    prefill_chunk_tokens: int
+    published_tokens_per_s: float  # the system's output tokens per second
+    held_within_band: bool  # the table's claim: |error| <= 20 % (tests check it either way)
+    params_b: float = 0.0  # the measured model's parameter count where it differs from the table's model
+    measured_model: str = ""  # the model the source ran, where the table's `model` stands in for it
+    kind: str = "end_to_end"
+
+
+def _layer_entry(e: dict[str, Any]) -> CalibrationEntry:
+    return CalibrationEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"],
+        prefill_tokens=int(e["prefill"]["tokens"]), prefill_tokens_per_s=float(e["prefill"]["tokens_per_s"]),
+        decode_tokens=int(e["decode"]["tokens"]), decode_tokens_per_s=float(e["decode"]["tokens_per_s"]),
+        source_kind=e.get("source_kind", "vidur profiling data"),
     )
 
 
+def _end_to_end_entry(e: dict[str, Any]) -> EndToEndEntry:
+    w = e["workload"]
+    if e["dtype"] not in PRECISIONS:
+        raise ValueError(f"calibration.yaml: dtype {e['dtype']!r} is not one of {', '.join(PRECISIONS)}")
+    return EndToEndEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"], source_kind=e["source_kind"],
+        gpus=int(e["gpus"]), dtype=e["dtype"], input_tokens=float(w["input_tokens"]),
+        output_tokens=float(w["output_tokens"]), concurrency=int(w["concurrency"]), requests=int(w["requests"]),
+        spread=float(w.get("spread", 0.0)), steady_state=bool(w.get("steady_state", False)),
+        prefill_chunk_tokens=int(w["prefill_chunk_tokens"]),
+        published_tokens_per_s=float(e["published"]["output_tokens_per_s"]),
+        held_within_band=bool(e["held_within_20pct"]), params_b=float(e.get("params_b", 0.0)),
+        measured_model=e.get("measured_model", e["model"]),
+    )
+
+
+@cache
+def calibration_entries() -> tuple[CalibrationEntry | EndToEndEntry, ...]:
+    """The entries of kv_cache/specs/calibration.yaml, in its order."""
+    text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
+    return tuple(
+        _end_to_end_entry(e) if e.get("kind") == "end_to_end" else _layer_entry(e) for e in yaml.safe_load(text)
+    )
+
+
+def _model(name: str) -> ModelConfig:
+    return {**MODEL_CONFIGS, **SESSION_MODELS}[name]
+
+
 def modelled_tokens_per_s(entry: CalibrationEntry, eff: roofline.Efficiency) -> tuple[float, float]:
-    """The roofline's (prefill, decode) tokens per second for the entry's work (see the module doc)."""
-    gpu, model = gpu_specs()[entry.gpu], {**MODEL_CONFIGS, **SESSION_MODELS}[entry.model]
+    """The roofline's (prefill, decode) tokens per second for a layer entry's work (see the module doc)."""
+    gpu, model = gpu_specs()[entry.gpu], _model(entry.model)
     n = entry.prefill_tokens
     prefill_s = roofline.prefill_seconds(gpu, eff, model, n, 0, tp=entry.tp) - roofline.attention_flops(
         model, n, 0) / (entry.tp * gpu.peak_dense_tflops * 1e12 * eff.prefill_mfu)
@@ -66,21 +156,91 @@ def modelled_tokens_per_s(entry: CalibrationEntry, eff: roofline.Efficiency) -> 
     return n / prefill_s, entry.decode_tokens / decode_s
 
 
+@dataclass(frozen=True)
+class _Eff:
+    prefill_mfu: float
+    decode_hbm_efficiency: float
+    hbm_reserved_fraction: float
+    weight_bytes_per_param: float
+
+
+def _lengths(entry: EndToEndEntry) -> list[tuple[int, int]]:
+    """The simulated requests: every one at the mean lengths, or (spread > 0) input and output lengths
+    evenly spaced over mean x [1 - spread, 1 + spread], paired in two different fixed orders."""
+    n = entry.requests
+    if entry.spread <= 0 or n == 1:
+        return [(round(entry.input_tokens), round(entry.output_tokens))] * n
+    span = [1 - entry.spread + 2 * entry.spread * k / (n - 1) for k in range(n)]
+    steps = (s for s in range(n // 3 + 1, n) if _coprime(s, n))
+    a, b = next(steps), next(steps)  # two fixed scrambles of the quantiles
+    return [(round(entry.input_tokens * span[k * a % n]), round(entry.output_tokens * span[k * b % n]))
+            for k in range(n)]
+
+
+def _coprime(a: int, b: int) -> bool:
+    while b:
+        a, b = b, a % b
+    return a == 1
+
+
+def end_to_end_tokens_per_s(entry: EndToEndEntry, eff: roofline.Efficiency) -> tuple[float, int]:
+    """The roofline's output tokens per second for the published system (replicas x one replica's closed
+    loop, at the entry's precision), and the concurrency HBM allowed one replica."""
+    p = PRECISIONS[entry.dtype]
+    gpu: GPUSpec = gpu_specs()[entry.gpu]
+    gpu = dataclasses.replace(gpu, peak_dense_tflops=gpu.peak_dense_tflops * p.flops_multiplier)
+    model = dataclasses.replace(_model(entry.model), dtype=p.kv_dtype)
+    if entry.params_b > 0:
+        model = dataclasses.replace(model, total_params_b=entry.params_b)
+    e = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, p.weight_bytes_per_param)
+    skip = 2 * entry.concurrency if entry.steady_state else 0
+    run = closed_loop(gpu, e, model, _lengths(entry), entry.concurrency, entry.prefill_chunk_tokens,
+                      tp=entry.tp, skip=skip)
+    return run.output_tokens_per_s * (entry.gpus // entry.tp), run.max_running
+
+
+def _layer_row(e: CalibrationEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    prefill, decode = modelled_tokens_per_s(e, eff)
+    return {
+        "gpu": e.gpu, "model": e.model, "tp": e.tp, "source": e.source,
+        "prefill_tokens": e.prefill_tokens,
+        "prefill_published_tokens_per_s": e.prefill_tokens_per_s,
+        "prefill_modelled_tokens_per_s": round(prefill, 1),
+        "prefill_error": round(prefill / e.prefill_tokens_per_s - 1, 4),
+        "decode_batch": e.decode_tokens,
+        "decode_published_tokens_per_s": e.decode_tokens_per_s,
+        "decode_modelled_tokens_per_s": round(decode, 1),
+        "decode_error": round(decode / e.decode_tokens_per_s - 1, 4),
+        "kind": e.kind, "source_kind": e.source_kind,
+    }
+
+
+def _end_to_end_row(e: EndToEndEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    modelled, running = end_to_end_tokens_per_s(e, eff)
+    error = modelled / e.published_tokens_per_s - 1
+    return {
+        "gpu": e.gpu, "model": e.model, "tp": e.tp, "source": e.source,
+        "measured_model": e.measured_model or e.model,
+        "kind": e.kind, "source_kind": e.source_kind, "gpus": e.gpus, "dtype": e.dtype,
+        "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "concurrency": e.concurrency,
+        "modelled_concurrency": running,
+        "published_output_tokens_per_s": e.published_tokens_per_s,
+        "modelled_output_tokens_per_s": round(modelled, 1),
+        "error": round(error, 4),
+        "held_within_20pct": e.held_within_band,
+        "within_20pct": abs(error) <= BAND,
+    }
+
+
+@cache
+def _rows(eff: _Eff) -> tuple[dict[str, Any], ...]:
+    return tuple(_end_to_end_row(e, eff) if isinstance(e, EndToEndEntry) else _layer_row(e, eff)
+                 for e in calibration_entries())
+
+
 def calibration_errors(eff: roofline.Efficiency) -> list[dict[str, Any]]:
     """Per entry: the published and modelled throughputs and the roofline's relative error (results
-    document parameters.engine_calibration)."""
-    rows = []
-    for e in calibration_entries():
-        prefill, decode = modelled_tokens_per_s(e, eff)
-        rows.append({
-            "gpu": e.gpu, "model": e.model, "tp": e.tp, "source": e.source,
-            "prefill_tokens": e.prefill_tokens,
-            "prefill_published_tokens_per_s": e.prefill_tokens_per_s,
-            "prefill_modelled_tokens_per_s": round(prefill, 1),
-            "prefill_error": round(prefill / e.prefill_tokens_per_s - 1, 4),
-            "decode_batch": e.decode_tokens,
-            "decode_published_tokens_per_s": e.decode_tokens_per_s,
-            "decode_modelled_tokens_per_s": round(decode, 1),
-            "decode_error": round(decode / e.decode_tokens_per_s - 1, 4),
-        })
-    return rows
+    document parameters.engine_calibration). Layer entries carry ``prefill_error`` and ``decode_error``,
+    end-to-end entries ``error``; every row has ``kind`` and ``source_kind``."""
+    key = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, eff.weight_bytes_per_param)
+    return [dict(r) for r in _rows(key)]
