@@ -274,6 +274,7 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
     rows = calibration_errors(ls.efficiency)
     layers = [r for r in rows if r["kind"] == "layer_profile"]
     whole = [r for r in rows if r["kind"] == "end_to_end"]
+    steps = [r for r in rows if r["kind"] == "decode_step"]
     this = [r for r in layers if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)]
     return {
         "prefill_mfu": ls.efficiency.prefill_mfu, "decode_hbm_efficiency": ls.efficiency.decode_hbm_efficiency,
@@ -282,6 +283,9 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "this_pair": this[0] if this else None,
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"]} for r in whole],
+        "decode_steps": [{"gpu": r["gpu"], "model": r["model"], "source_kind": r["source_kind"], "dtype": r["dtype"],
+                          "context_tokens": r["context_tokens"], "error": r["error"],
+                          "within_20pct": r["within_20pct"]} for r in steps],
         "entries": rows,
     }
 
@@ -291,11 +295,14 @@ def engine_line(cal: dict[str, Any]) -> str:
     this = cal["this_pair"]
     pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
             if this else "")
-    whole = cal.get("end_to_end", [])
-    layers = len(cal["entries"]) - len(whole)
+    whole, steps = cal.get("end_to_end", []), cal.get("decode_steps", [])
+    layers = len(cal["entries"]) - len(whole) - len(steps)
     ends = "; end to end: " + ", ".join(
         f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['error']:+.0%}"
         + ("" if r["within_20pct"] else " (outside 20%)") for r in whole) if whole else ""
+    ends += "; decode steps at batch 1: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['context_tokens']:,} tokens "
+        f"{r['error']:+.0%}" + ("" if r["within_20pct"] else " (outside 20%)") for r in steps) if steps else ""
     return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}, decode_hbm_efficiency "
             f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published (GPU, model) "
             f"throughputs (specs/calibration.yaml): prefill within {cal['max_abs_prefill_error']:.0%}, decode "

@@ -11,6 +11,10 @@ Two kinds of entry (the YAML's header says what was measured and where):
     (``prefill_seconds`` without its attention term);
   - decode: ``tokens / decode_step_seconds(batch = tokens, context = 0)`` (the weights read once, no KV).
 
+- ``decode_step`` (vLLM's benchmark results): the time of one decode step at batch 1 and a stated context,
+  from a published fit of inter-token latency against context length; the roofline's figure is
+  ``decode_step_seconds(batch = 1, context)``, as tokens per second.
+
 - ``end_to_end`` (vLLM's benchmark results, MLPerf Inference results): output tokens per second of a whole
   benchmark run (prefill, decode, attention and batching mixed) with stated mean input and output lengths,
   concurrency (or batch size) and precision. The roofline's figure is the sessions engine's own batching
@@ -37,6 +41,7 @@ from kv_cache.specs.models import MODEL_CONFIGS, SESSION_MODELS, ModelConfig
 
 __all__ = [
     "CalibrationEntry",
+    "DecodeStepEntry",
     "EndToEndEntry",
     "PRECISIONS",
     "Precision",
@@ -58,9 +63,10 @@ class Precision:
     flops_multiplier: float
 
 
-# bf16: the roofline as the sessions engine runs it. fp8 (Hopper): 1-byte weights and KV, and twice the BF16
-# dense rate (NVIDIA H100 / H200 datasheets: FP8 3,958 TFLOPS with sparsity = 1,979 dense, against BF16
-# 1,979 with sparsity = 989 dense). The KV is costed at 1 byte per element ("int8" in the model table).
+# bf16: the roofline as the sessions engine runs it. fp8: 1-byte weights and KV, and twice the BF16 dense rate
+# (NVIDIA H100 / H200 datasheets: FP8 3,958 TFLOPS with sparsity = 1,979 dense, against BF16 1,979 with
+# sparsity = 989 dense; L40S: FP8 1,466 with sparsity = 733 dense, against BF16 362 dense). The KV is costed
+# at 1 byte per element ("int8" in the model table).
 PRECISIONS = {
     "bf16": Precision(weight_bytes_per_param=2.0, kv_dtype="bfloat16", flops_multiplier=1.0),
     "fp8": Precision(weight_bytes_per_param=1.0, kv_dtype="int8", flops_multiplier=2.0),
@@ -108,6 +114,32 @@ class EndToEndEntry:
     kind: str = "end_to_end"
 
 
+@dataclass(frozen=True)
+class DecodeStepEntry:
+    """One published decode step: batch 1 at ``context_tokens`` of context, in milliseconds (a point of a
+    published linear fit ``ITL = intercept + slope x context``)."""
+
+    gpu: str
+    model: str
+    tp: int
+    source: str
+    source_kind: str
+    dtype: str
+    context_tokens: int
+    published_ms: float
+    held_within_band: bool
+    kind: str = "decode_step"
+
+
+def _decode_entries(e: dict[str, Any]) -> list[DecodeStepEntry]:
+    fit = e["fit"]
+    return [DecodeStepEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"], source_kind=e["source_kind"],
+        dtype=e["dtype"], context_tokens=int(c),
+        published_ms=float(fit["intercept_ms"]) + float(fit["slope_ms_per_token"]) * int(c),
+        held_within_band=bool(e["held_within_20pct"])) for c in e["context_tokens"]]
+
+
 def _layer_entry(e: dict[str, Any]) -> CalibrationEntry:
     return CalibrationEntry(
         gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"],
@@ -133,13 +165,24 @@ def _end_to_end_entry(e: dict[str, Any]) -> EndToEndEntry:
     )
 
 
+Entry = CalibrationEntry | DecodeStepEntry | EndToEndEntry
+
+
 @cache
-def calibration_entries() -> tuple[CalibrationEntry | EndToEndEntry, ...]:
-    """The entries of kv_cache/specs/calibration.yaml, in its order."""
+def calibration_entries() -> tuple[Entry, ...]:
+    """The entries of kv_cache/specs/calibration.yaml, in its order (a decode_step entry gives one entry
+    per context length it lists)."""
     text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
-    return tuple(
-        _end_to_end_entry(e) if e.get("kind") == "end_to_end" else _layer_entry(e) for e in yaml.safe_load(text)
-    )
+    out: list[Entry] = []
+    for e in yaml.safe_load(text):
+        kind = e.get("kind", "layer_profile")
+        if kind == "end_to_end":
+            out.append(_end_to_end_entry(e))
+        elif kind == "decode_step":
+            out.extend(_decode_entries(e))
+        else:
+            out.append(_layer_entry(e))
+    return tuple(out)
 
 
 def _model(name: str) -> ModelConfig:
@@ -183,16 +226,23 @@ def _coprime(a: int, b: int) -> bool:
     return a == 1
 
 
-def end_to_end_tokens_per_s(entry: EndToEndEntry, eff: roofline.Efficiency) -> tuple[float, int]:
-    """The roofline's output tokens per second for the published system (replicas x one replica's closed
-    loop, at the entry's precision), and the concurrency HBM allowed one replica."""
+def _at_precision(entry: DecodeStepEntry | EndToEndEntry, eff: roofline.Efficiency,
+                  params_b: float = 0.0) -> tuple[GPUSpec, ModelConfig, _Eff]:
+    """The entry's GPU, model and efficiencies at its precision (PRECISIONS)."""
     p = PRECISIONS[entry.dtype]
     gpu: GPUSpec = gpu_specs()[entry.gpu]
     gpu = dataclasses.replace(gpu, peak_dense_tflops=gpu.peak_dense_tflops * p.flops_multiplier)
     model = dataclasses.replace(_model(entry.model), dtype=p.kv_dtype)
-    if entry.params_b > 0:
-        model = dataclasses.replace(model, total_params_b=entry.params_b)
-    e = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, p.weight_bytes_per_param)
+    if params_b > 0:
+        model = dataclasses.replace(model, total_params_b=params_b)
+    return gpu, model, _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction,
+                            p.weight_bytes_per_param)
+
+
+def end_to_end_tokens_per_s(entry: EndToEndEntry, eff: roofline.Efficiency) -> tuple[float, int]:
+    """The roofline's output tokens per second for the published system (replicas x one replica's closed
+    loop, at the entry's precision), and the concurrency HBM allowed one replica."""
+    gpu, model, e = _at_precision(entry, eff, entry.params_b)
     skip = 2 * entry.concurrency if entry.steady_state else 0
     run = closed_loop(gpu, e, model, _lengths(entry), entry.concurrency, entry.prefill_chunk_tokens,
                       tp=entry.tp, skip=skip)
@@ -232,15 +282,36 @@ def _end_to_end_row(e: EndToEndEntry, eff: roofline.Efficiency) -> dict[str, Any
     }
 
 
+def _decode_row(e: DecodeStepEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    gpu, model, at = _at_precision(e, eff)
+    modelled = 1.0 / roofline.decode_step_seconds(gpu, at, model, 1, e.context_tokens, tp=e.tp)
+    published = 1000.0 / e.published_ms
+    error = modelled / published - 1
+    return {
+        "gpu": e.gpu, "model": e.model, "measured_model": e.model, "tp": e.tp, "source": e.source,
+        "kind": e.kind, "source_kind": e.source_kind, "dtype": e.dtype, "decode_batch": 1,
+        "context_tokens": e.context_tokens, "published_step_ms": round(e.published_ms, 4),
+        "published_tokens_per_s": round(published, 1), "modelled_tokens_per_s": round(modelled, 1),
+        "error": round(error, 4), "held_within_20pct": e.held_within_band, "within_20pct": abs(error) <= BAND,
+    }
+
+
 @cache
 def _rows(eff: _Eff) -> tuple[dict[str, Any], ...]:
-    return tuple(_end_to_end_row(e, eff) if isinstance(e, EndToEndEntry) else _layer_row(e, eff)
-                 for e in calibration_entries())
+    rows = []
+    for e in calibration_entries():
+        if isinstance(e, EndToEndEntry):
+            rows.append(_end_to_end_row(e, eff))
+        elif isinstance(e, DecodeStepEntry):
+            rows.append(_decode_row(e, eff))
+        else:
+            rows.append(_layer_row(e, eff))
+    return tuple(rows)
 
 
 def calibration_errors(eff: roofline.Efficiency) -> list[dict[str, Any]]:
     """Per entry: the published and modelled throughputs and the roofline's relative error (results
     document parameters.engine_calibration). Layer entries carry ``prefill_error`` and ``decode_error``,
-    end-to-end entries ``error``; every row has ``kind`` and ``source_kind``."""
+    decode-step and end-to-end entries ``error``; every row has ``kind`` and ``source_kind``."""
     key = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, eff.weight_bytes_per_param)
     return [dict(r) for r in _rows(key)]
