@@ -281,6 +281,7 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in layers),
         "max_abs_decode_error": max(abs(r["decode_error"]) for r in layers),
         "this_pair": this[0] if this else None,
+        "this_pair_published": [r for r in whole + steps if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)],
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"]} for r in whole],
         "decode_steps": [{"gpu": r["gpu"], "model": r["model"], "source_kind": r["source_kind"], "dtype": r["dtype"],
