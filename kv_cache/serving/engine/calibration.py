@@ -22,11 +22,16 @@ Two kinds of entry (the YAML's header says what was measured and where):
   replicas the published system had.
 
 The error is ``modelled / published - 1`` (+0.10: the roofline is 10 % faster than the measurement).
+
+An FP8 entry is costed at ``fp8_compute_efficiency`` of the FP8 dense peak (a ``kind: constant`` item of
+the YAML, fitted on the entries it names: ``fit_fp8_compute_efficiency`` recomputes it), a BF16 one at
+``prefill_mfu`` of the BF16 peak.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -48,6 +53,9 @@ __all__ = [
     "calibration_entries",
     "calibration_errors",
     "end_to_end_tokens_per_s",
+    "exact_compute_efficiency",
+    "fit_fp8_compute_efficiency",
+    "fp8_compute_efficiency",
 ]
 
 BAND = 0.20  # the error the tests hold each claimed entry within
@@ -55,21 +63,25 @@ BAND = 0.20  # the error the tests hold each claimed entry within
 
 @dataclass(frozen=True)
 class Precision:
-    """What a run's number format changes in the roofline: bytes per weight, bytes per KV element, and the
-    tensor cores' dense rate as a multiple of the GPU's BF16 figure (``peak_dense_tflops``)."""
+    """What a run's number format changes in the roofline: bytes per weight, bytes per KV element, the
+    tensor cores' dense rate as a multiple of the GPU's BF16 figure (``peak_dense_tflops``), and the share
+    of that rate a run achieves (None: ``prefill_mfu``, the BF16 calibration)."""
 
     weight_bytes_per_param: float
     kv_dtype: str  # a kv_cache.specs.models DTYPE_BYTES key
     flops_multiplier: float
+    compute_efficiency: str | None = None  # a calibration.yaml `kind: constant` name, or None
 
 
 # bf16: the roofline as the sessions engine runs it. fp8: 1-byte weights and KV, and twice the BF16 dense rate
 # (NVIDIA H100 / H200 datasheets: FP8 3,958 TFLOPS with sparsity = 1,979 dense, against BF16 1,979 with
-# sparsity = 989 dense; L40S: FP8 1,466 with sparsity = 733 dense, against BF16 362 dense). The KV is costed
-# at 1 byte per element ("int8" in the model table).
+# sparsity = 989 dense; L40S: FP8 1,466 with sparsity = 733 dense, against BF16 362 dense), of which a run
+# achieves the yaml's fp8_compute_efficiency (fitted on published FP8 runs; prefill_mfu stays the BF16 rate).
+# The KV is costed at 1 byte per element ("int8" in the model table).
 PRECISIONS = {
     "bf16": Precision(weight_bytes_per_param=2.0, kv_dtype="bfloat16", flops_multiplier=1.0),
-    "fp8": Precision(weight_bytes_per_param=1.0, kv_dtype="int8", flops_multiplier=2.0),
+    "fp8": Precision(weight_bytes_per_param=1.0, kv_dtype="int8", flops_multiplier=2.0,
+                     compute_efficiency="fp8_compute_efficiency"),
 }
 
 
@@ -109,6 +121,7 @@ class EndToEndEntry:
     prefill_chunk_tokens: int
     published_tokens_per_s: float  # the system's output tokens per second
     held_within_band: bool  # the table's claim: |error| <= 20 % (tests check it either way)
+    id: str = ""  # the name a `kind: constant` fit refers to it by
     params_b: float = 0.0  # the measured model's parameter count where it differs from the table's model
     measured_model: str = ""  # the model the source ran, where the table's `model` stands in for it
     kind: str = "end_to_end"
@@ -160,7 +173,7 @@ def _end_to_end_entry(e: dict[str, Any]) -> EndToEndEntry:
         spread=float(w.get("spread", 0.0)), steady_state=bool(w.get("steady_state", False)),
         prefill_chunk_tokens=int(w["prefill_chunk_tokens"]),
         published_tokens_per_s=float(e["published"]["output_tokens_per_s"]),
-        held_within_band=bool(e["held_within_20pct"]), params_b=float(e.get("params_b", 0.0)),
+        held_within_band=bool(e["held_within_20pct"]), id=e.get("id", ""), params_b=float(e.get("params_b", 0.0)),
         measured_model=e.get("measured_model", e["model"]),
     )
 
@@ -168,14 +181,44 @@ def _end_to_end_entry(e: dict[str, Any]) -> EndToEndEntry:
 Entry = CalibrationEntry | DecodeStepEntry | EndToEndEntry
 
 
+@dataclass(frozen=True)
+class Constant:
+    """A constant of the model derived from entries of the table (``kind: constant``)."""
+
+    name: str
+    value: float
+    fitted_on: tuple[str, ...]  # entry ids it was fitted on
+    held_out: tuple[str, ...]  # entry ids it is checked on, not fitted on
+    method: str
+
+
+@cache
+def _yaml() -> tuple[dict[str, Any], ...]:
+    text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
+    return tuple(yaml.safe_load(text))
+
+
+@cache
+def constants() -> dict[str, Constant]:
+    """The ``kind: constant`` items of calibration.yaml, by name."""
+    return {c["name"]: Constant(c["name"], float(c["value"]), tuple(c["fitted_on"]), tuple(c["held_out"]),
+                                c["method"]) for c in _yaml() if c.get("kind") == "constant"}
+
+
+def fp8_compute_efficiency() -> float:
+    """FP8 achieved / FP8 dense peak, as calibration.yaml derives it (its ``fp8_compute_efficiency``)."""
+    return constants()["fp8_compute_efficiency"].value
+
+
 @cache
 def calibration_entries() -> tuple[Entry, ...]:
     """The entries of kv_cache/specs/calibration.yaml, in its order (a decode_step entry gives one entry
-    per context length it lists)."""
-    text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
+    per context length it lists; ``kind: constant`` items are not entries)."""
     out: list[Entry] = []
-    for e in yaml.safe_load(text):
+    for e in _yaml():
         kind = e.get("kind", "layer_profile")
+        if kind == "constant":
+            continue
         if kind == "end_to_end":
             out.append(_end_to_end_entry(e))
         elif kind == "decode_step":
@@ -227,26 +270,54 @@ def _coprime(a: int, b: int) -> bool:
 
 
 def _at_precision(entry: DecodeStepEntry | EndToEndEntry, eff: roofline.Efficiency,
-                  params_b: float = 0.0) -> tuple[GPUSpec, ModelConfig, _Eff]:
-    """The entry's GPU, model and efficiencies at its precision (PRECISIONS)."""
+                  params_b: float = 0.0, compute: float | None = None) -> tuple[GPUSpec, ModelConfig, _Eff]:
+    """The entry's GPU, model and efficiencies at its precision (PRECISIONS); ``compute`` overrides the
+    precision's compute efficiency (for the fit)."""
     p = PRECISIONS[entry.dtype]
+    if compute is None:
+        compute = eff.prefill_mfu if p.compute_efficiency is None else constants()[p.compute_efficiency].value
     gpu: GPUSpec = gpu_specs()[entry.gpu]
     gpu = dataclasses.replace(gpu, peak_dense_tflops=gpu.peak_dense_tflops * p.flops_multiplier)
     model = dataclasses.replace(_model(entry.model), dtype=p.kv_dtype)
     if params_b > 0:
         model = dataclasses.replace(model, total_params_b=params_b)
-    return gpu, model, _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction,
+    return gpu, model, _Eff(compute, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction,
                             p.weight_bytes_per_param)
 
 
-def end_to_end_tokens_per_s(entry: EndToEndEntry, eff: roofline.Efficiency) -> tuple[float, int]:
+def end_to_end_tokens_per_s(entry: EndToEndEntry, eff: roofline.Efficiency,
+                            compute: float | None = None) -> tuple[float, int]:
     """The roofline's output tokens per second for the published system (replicas x one replica's closed
-    loop, at the entry's precision), and the concurrency HBM allowed one replica."""
-    gpu, model, e = _at_precision(entry, eff, entry.params_b)
+    loop, at the entry's precision, or at compute efficiency ``compute``), and the concurrency HBM allowed
+    one replica."""
+    gpu, model, e = _at_precision(entry, eff, entry.params_b, compute)
     skip = 2 * entry.concurrency if entry.steady_state else 0
     run = closed_loop(gpu, e, model, _lengths(entry), entry.concurrency, entry.prefill_chunk_tokens,
                       tp=entry.tp, skip=skip)
     return run.output_tokens_per_s * (entry.gpus // entry.tp), run.max_running
+
+
+def exact_compute_efficiency(entry: EndToEndEntry, eff: roofline.Efficiency) -> float:
+    """The compute efficiency (achieved / the precision's dense peak) at which the closed loop reproduces
+    the entry's published output tokens per second: a bisection on a log scale over (0.05, 1]."""
+    lo, hi = 0.05, 1.0
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if end_to_end_tokens_per_s(entry, eff, mid)[0] > entry.published_tokens_per_s:
+            hi = mid
+        else:
+            lo = mid
+    return math.sqrt(lo * hi)
+
+
+def fit_fp8_compute_efficiency(eff: roofline.Efficiency) -> tuple[float, dict[str, float]]:
+    """calibration.yaml's ``fp8_compute_efficiency`` recomputed: the geometric mean of the exact efficiencies
+    of the entries it names as ``fitted_on`` (rounded to 3 decimals), and each named entry's exact one."""
+    c = constants()["fp8_compute_efficiency"]
+    by_id = {e.id: e for e in calibration_entries() if isinstance(e, EndToEndEntry) and e.id}
+    exact = {i: exact_compute_efficiency(by_id[i], eff) for i in c.fitted_on + c.held_out}
+    fit = math.exp(sum(math.log(exact[i]) for i in c.fitted_on) / len(c.fitted_on))
+    return round(fit, 3), exact
 
 
 def _layer_row(e: CalibrationEntry, eff: roofline.Efficiency) -> dict[str, Any]:
@@ -274,6 +345,7 @@ def _end_to_end_row(e: EndToEndEntry, eff: roofline.Efficiency) -> dict[str, Any
         "kind": e.kind, "source_kind": e.source_kind, "gpus": e.gpus, "dtype": e.dtype,
         "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "concurrency": e.concurrency,
         "modelled_concurrency": running,
+        "compute_efficiency": _at_precision(e, eff)[2].prefill_mfu,
         "published_output_tokens_per_s": e.published_tokens_per_s,
         "modelled_output_tokens_per_s": round(modelled, 1),
         "error": round(error, 4),

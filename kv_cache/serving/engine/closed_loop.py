@@ -42,6 +42,28 @@ class ClosedLoopResult:
     max_running: int  # most requests that ran at once (the concurrency HBM allowed)
 
 
+def _check(lengths: Sequence[tuple[int, int]], concurrency: int, chunk_tokens: int, skip: int, capacity: int) -> None:
+    if concurrency < 1 or chunk_tokens < 1:
+        raise ValueError(f"concurrency and chunk_tokens must be >= 1, got {concurrency}, {chunk_tokens}")
+    if not lengths or any(i < 1 or o < 1 for i, o in lengths) or not 0 <= 2 * skip < len(lengths):
+        raise ValueError("closed_loop needs requests of >= 1 input and output token, and 2 x skip < their count")
+    if max(i + o for i, o in lengths) > capacity:
+        raise ValueError(f"a request's final context exceeds HBM's {capacity} KV tokens")
+
+
+def _chunk(prefill: deque[list[int]], chunk_tokens: int) -> list[tuple[list[int], int]]:
+    """This iteration's prefill chunk: up to ``chunk_tokens`` new tokens of the admitted requests, in
+    arrival order, as (item, tokens) pairs."""
+    chunk, budget = [], chunk_tokens
+    for item in prefill:
+        if budget <= 0:
+            break
+        n = min(item[1], budget)
+        chunk.append((item, n))
+        budget -= n
+    return chunk
+
+
 def closed_loop(
     gpu: GPUSpec,
     eff: roofline.Efficiency,
@@ -60,13 +82,8 @@ def closed_loop(
     benchmark whose run is far longer than one turn of its batch); its output tokens are those of the
     requests that completed within it.
     """
-    if concurrency < 1 or chunk_tokens < 1:
-        raise ValueError(f"concurrency and chunk_tokens must be >= 1, got {concurrency}, {chunk_tokens}")
-    if not lengths or any(i < 1 or o < 1 for i, o in lengths) or not 0 <= 2 * skip < len(lengths):
-        raise ValueError("closed_loop needs requests of >= 1 input and output token, and 2 x skip < their count")
     capacity = roofline.hbm_kv_capacity_tokens(gpu, eff, model, tp)
-    if max(i + o for i, o in lengths) > capacity:
-        raise ValueError(f"a request's final context exceeds HBM's {capacity} KV tokens")
+    _check(lengths, concurrency, chunk_tokens, skip, capacity)
     pending = deque(range(len(lengths)))
     prefill: deque[list[int]] = deque()  # [request, tokens left, tokens done]
     decoding: list[tuple[int, int]] = []  # heap of (iteration it completes at, request)
@@ -95,13 +112,7 @@ def closed_loop(
             running += 1
             prefill.append([req, lengths[req][0], 0])
         max_running = max(max_running, running)
-        chunk, budget = [], chunk_tokens
-        for item in prefill:
-            if budget <= 0:
-                break
-            n = min(item[1], budget)
-            chunk.append((item, n))
-            budget -= n
+        chunk = _chunk(prefill, chunk_tokens)
         batch = len(decoding)
         now += roofline.iteration_seconds(gpu, eff, model, [(n, item[2]) for item, n in chunk], batch, context, tp)
         iterations += 1
