@@ -106,6 +106,18 @@ def test_the_fp8_compute_efficiency_is_the_fit_the_yaml_describes():
     assert exact["mlperf-v5.1-redhat-l40s-llama3.1-8b"] < 0.8 * c.value  # why the L40S run is outside
 
 
+def test_no_single_fp8_efficiency_holds_both_the_h200_and_the_l40s_runs():
+    # each entry's modelled throughput rises with the efficiency; at 0.355 the H200 run is already more than
+    # 20 % slow and the L40S run still more than 20 % fast, so below it the H200 run is out of the band and
+    # above it the L40S run is: why the L40S entry is recorded outside, not fitted into the band
+    by_id = {e.id: e for e in ENTRIES if isinstance(e, EndToEndEntry) and e.id}
+    h200, l40s = by_id["mlperf-v4.1-nvidia-h200-llama2-70b"], by_id["mlperf-v5.1-redhat-l40s-llama3.1-8b"]
+    assert end_to_end_tokens_per_s(h200, EFF, 0.355)[0] / h200.published_tokens_per_s - 1 < -0.20
+    assert end_to_end_tokens_per_s(l40s, EFF, 0.355)[0] / l40s.published_tokens_per_s - 1 > 0.20
+    low, high = (end_to_end_tokens_per_s(l40s, EFF, f)[0] for f in (0.3, 0.4))
+    assert low < high  # monotone in the efficiency
+
+
 def test_a_decode_step_is_the_published_fit_at_its_context():
     row = next(r for r in STEPS if r["context_tokens"] == 125000)
     assert row["published_step_ms"] == pytest.approx(6.44 + 4.37e-05 * 125000)
