@@ -1,13 +1,39 @@
-"""The roofline against published prefill and decode throughputs (kv_cache/specs/calibration.yaml)."""
+"""The roofline against published throughputs (kv_cache/specs/calibration.yaml): vidur's per-layer
+profiles, vLLM's benchmark results and MLPerf Inference results; and the closed loop the end-to-end
+entries are modelled with (kv_cache/serving/engine/closed_loop.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from kv_cache.serving.engine.calibration import calibration_entries, calibration_errors
+from kv_cache.benchmarks.sessions.run import engine_line
+from kv_cache.serving.engine import roofline
+from kv_cache.serving.engine.calibration import (
+    EndToEndEntry,
+    calibration_entries,
+    calibration_errors,
+    constants,
+    end_to_end_tokens_per_s,
+    fit_fp8_compute_efficiency,
+    fp8_compute_efficiency,
+)
+from kv_cache.serving.engine.closed_loop import closed_loop
 from kv_cache.settings.sections import InferenceModelConfig
+from kv_cache.specs import gpu_specs
+from kv_cache.specs.models import MODEL_CONFIGS
 
 ENTRIES = calibration_entries()
+ROWS = calibration_errors(InferenceModelConfig())
+LAYERS = [r for r in ROWS if r["kind"] == "layer_profile"]
+WHOLE = [r for r in ROWS if r["kind"] == "end_to_end"]
+STEPS = [r for r in ROWS if r["kind"] == "decode_step"]
+
+
+def _id(row):
+    tail = f"-{row['context_tokens']}" if row["kind"] == "decode_step" else ""
+    return f"{row['source_kind'].split(' ')[0]}-{row['kind']}-{row['gpu']}-{row.get('measured_model', row['model'])}{tail}"
 
 
 def test_at_least_three_gpu_model_pairs_each_with_a_source():
@@ -16,19 +42,172 @@ def test_at_least_three_gpu_model_pairs_each_with_a_source():
     assert all(e.source.startswith("https://") for e in ENTRIES)
 
 
-@pytest.mark.parametrize("row", calibration_errors(InferenceModelConfig()), ids=lambda r: f"{r['gpu']}-{r['model']}")
-def test_roofline_within_20_percent_of_each_published_figure(row):
+def test_the_three_source_kinds_the_issue_names_are_in_the_table():
+    kinds = {e.source_kind for e in ENTRIES}
+    assert kinds == {"vidur profiling data", "vLLM benchmark results", "MLPerf Inference results"}
+    assert {r["source_kind"] for r in WHOLE} == {"vLLM benchmark results", "MLPerf Inference results"}
+
+
+@pytest.mark.parametrize("row", LAYERS, ids=_id)
+def test_roofline_within_20_percent_of_each_published_per_layer_figure(row):
     assert abs(row["prefill_error"]) <= 0.20, row
     assert abs(row["decode_error"]) <= 0.20, row
 
 
+@pytest.mark.parametrize("row", WHOLE + STEPS, ids=_id)
+def test_each_end_to_end_and_decode_step_entry_is_where_the_table_says(row):
+    # an entry the table holds within 20 % is; one it records outside (the L40S FP8 run) is outside, so the
+    # claim in calibration.yaml and README stays true either way
+    if row["held_within_20pct"]:
+        assert abs(row["error"]) <= 0.20, row
+    else:
+        assert abs(row["error"]) > 0.20, row
+    assert row["within_20pct"] == row["held_within_20pct"]
+
+
+def test_the_vllm_entries_are_held_within_20_percent():
+    vllm = [r for r in WHOLE + STEPS if r["source_kind"] == "vLLM benchmark results"]
+    assert {r["kind"] for r in vllm} == {"end_to_end", "decode_step"}
+    assert all(r["held_within_20pct"] and abs(r["error"]) <= 0.20 for r in vllm)
+
+
+def test_the_mlperf_entries_but_the_l40s_one_are_held_within_20_percent():
+    mlperf = [r for r in WHOLE if r["source_kind"] == "MLPerf Inference results"]
+    assert len(mlperf) == 4
+    assert [r["gpu"] for r in mlperf if not r["held_within_20pct"]] == ["l40s"]
+    assert all(abs(r["error"]) <= 0.20 for r in mlperf if r["gpu"] != "l40s")
+
+
+def test_bf16_errors_are_those_of_the_bf16_calibration():
+    # the FP8 constant leaves every BF16 figure as it was (prefill_mfu 0.65, decode_hbm_efficiency 0.70)
+    errors = [(r["prefill_error"], r["decode_error"]) for r in LAYERS]
+    assert errors == [(-0.0197, 0.0187), (-0.0389, 0.0165), (-0.1521, -0.0245), (-0.0713, 0.0706)]
+    assert [r["error"] for r in STEPS] == [-0.06, -0.1397]
+    bf16 = [r for r in WHOLE if r["dtype"] == "bf16"]
+    assert [r["error"] for r in bf16] == [-0.0596] and bf16[0]["compute_efficiency"] == 0.65
+
+
+def test_the_fp8_compute_efficiency_is_the_fit_the_yaml_describes():
+    # recompute it: each fitted entry's exact efficiency by bisection, then their geometric mean
+    c = constants()["fp8_compute_efficiency"]
+    fit, exact = fit_fp8_compute_efficiency(EFF)
+    assert fit == c.value == fp8_compute_efficiency() == 0.426
+    ids = {e.id for e in ENTRIES if isinstance(e, EndToEndEntry)}
+    assert set(c.fitted_on) | set(c.held_out) <= ids and not set(c.fitted_on) & set(c.held_out)
+    # the fit is on NVIDIA's TensorRT-LLM runs only; the vLLM runs are held out
+    assert all("nvidia" in i for i in c.fitted_on) and all("redhat" in i for i in c.held_out)
+    fp8 = {r["source"]: r for r in WHOLE if r["dtype"] == "fp8"}
+    assert all(r["compute_efficiency"] == 0.426 for r in fp8.values())
+    for e in ENTRIES:
+        if isinstance(e, EndToEndEntry) and e.id in exact:
+            # at its exact efficiency the entry reproduces; the table's error follows from the ratio
+            at, _ = end_to_end_tokens_per_s(e, EFF, exact[e.id])
+            assert at == pytest.approx(e.published_tokens_per_s, rel=1e-6)
+    assert exact["mlperf-v5.1-redhat-l40s-llama3.1-8b"] < 0.8 * c.value  # why the L40S run is outside
+
+
+def test_no_single_fp8_efficiency_holds_both_the_h200_and_the_l40s_runs():
+    # each entry's modelled throughput rises with the efficiency; at 0.355 the H200 run is already more than
+    # 20 % slow and the L40S run still more than 20 % fast, so below it the H200 run is out of the band and
+    # above it the L40S run is: why the L40S entry is recorded outside, not fitted into the band
+    by_id = {e.id: e for e in ENTRIES if isinstance(e, EndToEndEntry) and e.id}
+    h200, l40s = by_id["mlperf-v4.1-nvidia-h200-llama2-70b"], by_id["mlperf-v5.1-redhat-l40s-llama3.1-8b"]
+    assert end_to_end_tokens_per_s(h200, EFF, 0.355)[0] / h200.published_tokens_per_s - 1 < -0.20
+    assert end_to_end_tokens_per_s(l40s, EFF, 0.355)[0] / l40s.published_tokens_per_s - 1 > 0.20
+    low, high = (end_to_end_tokens_per_s(l40s, EFF, f)[0] for f in (0.3, 0.4))
+    assert low < high  # monotone in the efficiency
+
+
+def test_a_decode_step_is_the_published_fit_at_its_context():
+    row = next(r for r in STEPS if r["context_tokens"] == 125000)
+    assert row["published_step_ms"] == pytest.approx(6.44 + 4.37e-05 * 125000)
+    step = roofline.decode_step_seconds(GPU, EFF, M8, 1, 125000)
+    assert row["modelled_tokens_per_s"] == pytest.approx(1 / step, abs=0.1)
+
+
 def test_error_is_modelled_over_published_minus_one():
-    row = calibration_errors(InferenceModelConfig())[0]
+    row = LAYERS[0]
     assert row["prefill_error"] == pytest.approx(
         row["prefill_modelled_tokens_per_s"] / row["prefill_published_tokens_per_s"] - 1, abs=1e-3)
+    for row in WHOLE:
+        assert row["error"] == pytest.approx(
+            row["modelled_output_tokens_per_s"] / row["published_output_tokens_per_s"] - 1, abs=1e-3)
+    for row in STEPS:
+        assert row["error"] == pytest.approx(row["modelled_tokens_per_s"] / row["published_tokens_per_s"] - 1, abs=2e-3)
 
 
 def test_the_old_typical_constants_miss_the_published_prefill():
     # prefill_mfu 0.5 (the uncalibrated value) is > 20 % slow on at least one entry: why it was recalibrated
     rows = calibration_errors(InferenceModelConfig(prefill_mfu=0.5, decode_hbm_efficiency=0.8))
-    assert min(r["prefill_error"] for r in rows) < -0.20
+    assert min(r["prefill_error"] for r in rows if r["kind"] == "layer_profile") < -0.20
+
+
+def test_console_line_quotes_every_entry_with_its_source_kind():
+    cal = {"prefill_mfu": 0.65, "decode_hbm_efficiency": 0.7, "this_pair": None, "entries": ROWS,
+           "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in LAYERS),
+           "max_abs_decode_error": max(abs(r["decode_error"]) for r in LAYERS),
+           "end_to_end": [{**r, "model": r["measured_model"]} for r in WHOLE], "decode_steps": STEPS,
+           "fp8_compute_efficiency": {"value": 0.426, "fitted_on": ["a", "b"]}}
+    line = engine_line(cal)
+    assert "prefill_mfu 0.65 (FP8 runs: 0.426 of the FP8 peak, fitted on 2 MLPerf runs)" in line
+    assert "MLPerf L40S llama3.1-8b fp8 +47% (outside 20%)" in line and "MLPerf H100 llama3.1-8b fp8 +15%," in line
+    assert f"error against {len(ROWS)} published (GPU, model) throughputs" in line
+    assert "vLLM H100 llama3.1-8b bf16" in line and "MLPerf H200 llama2-70b fp8" in line
+    assert "decode steps at batch 1: vLLM H100 llama3.1-8b bf16 256 tokens" in line
+    assert line.count("(outside 20%)") == sum(not r["within_20pct"] for r in WHOLE + STEPS)
+
+
+# -- the closed loop ------------------------------------------------------------------------------------
+GPU = gpu_specs()["h100"]
+EFF = InferenceModelConfig()
+M8 = MODEL_CONFIGS["llama3.1-8b"]
+
+
+def test_one_request_takes_one_prefill_and_its_decode_steps():
+    run = closed_loop(GPU, EFF, M8, [(1000, 5)], concurrency=1, chunk_tokens=8192)
+    expected = roofline.iteration_seconds(GPU, EFF, M8, [(1000, 0)], 0, 0) + sum(
+        roofline.iteration_seconds(GPU, EFF, M8, [], 1, 1000 + k) for k in range(1, 5))
+    assert run.iterations == 5 and run.seconds == pytest.approx(expected)
+    assert run.output_tokens_per_s == pytest.approx(5 / expected)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks():
+    run = closed_loop(GPU, EFF, M8, [(20000, 1)], concurrency=1, chunk_tokens=8192)
+    chunks = [(8192, 0), (8192, 8192), (3616, 16384)]
+    assert run.iterations == 3
+    assert run.seconds == pytest.approx(sum(roofline.iteration_seconds(GPU, EFF, M8, [c], 0, 0) for c in chunks))
+
+
+def test_a_large_batch_runs_at_the_compute_roofline():
+    # 512 short requests in flight on a 70B model at TP 4: every iteration compute-bound, so output tokens/s
+    # is the compute rate over the FLOPs of each request's input and output tokens (attention < 1 % here)
+    m70 = MODEL_CONFIGS["llama3.1-70b-instruct"]
+    run = closed_loop(GPU, EFF, m70, [(200, 300)] * 3072, concurrency=512, chunk_tokens=8192, tp=4, skip=1024)
+    rate = 4 * GPU.peak_dense_tflops * 1e12 * EFF.prefill_mfu / (2 * m70.active_params * 500 / 300)
+    assert run.max_running == 512
+    assert run.output_tokens_per_s == pytest.approx(rate, rel=0.03)
+
+
+def test_admission_stops_where_hbm_cannot_hold_the_final_contexts():
+    small = dataclasses.replace(GPU, hbm_gb=24.0)
+    capacity = roofline.hbm_kv_capacity_tokens(small, EFF, M8)
+    run = closed_loop(small, EFF, M8, [(4000, 1000)] * 64, concurrency=64, chunk_tokens=8192)
+    assert run.max_running == capacity // 5000 < 64
+
+
+def test_fp8_runs_a_compute_bound_run_at_its_own_efficiency_of_twice_the_peak():
+    vllm = next(e for e in ENTRIES if isinstance(e, EndToEndEntry) and e.source_kind == "vLLM benchmark results")
+    big = dataclasses.replace(vllm, model="llama3.1-70b-instruct", tp=4, gpus=8, input_tokens=200, output_tokens=300,
+                              spread=0.0, concurrency=512, requests=3072, steady_state=True)
+    fp8, _ = end_to_end_tokens_per_s(dataclasses.replace(big, dtype="fp8"), EFF)
+    bf16, running = end_to_end_tokens_per_s(big, EFF)
+    assert running == 512 and fp8 / bf16 == pytest.approx(2.0 * fp8_compute_efficiency() / EFF.prefill_mfu, rel=0.03)
+
+
+def test_bad_closed_loop_input_is_refused():
+    with pytest.raises(ValueError):
+        closed_loop(GPU, EFF, M8, [(100, 10)], concurrency=0, chunk_tokens=8192)
+    with pytest.raises(ValueError):
+        closed_loop(GPU, EFF, M8, [(100, 10)] * 2, concurrency=1, chunk_tokens=8192, skip=1)
+    with pytest.raises(ValueError):
+        closed_loop(GPU, EFF, M8, [(10**7, 10)], concurrency=1, chunk_tokens=8192)

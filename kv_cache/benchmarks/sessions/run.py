@@ -32,7 +32,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.serving.engine.calibration import calibration_errors
+from kv_cache.serving.engine.calibration import calibration_errors, constants
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.storage.shaped import Shaping
@@ -277,14 +277,31 @@ def pace_transform(pace, text: str, seed: int) -> dict[str, Any]:
 
 def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
     """parameters.engine_calibration: the roofline's efficiencies and its error on every published entry
-    (kv_cache/specs/calibration.yaml), and on this run's (GPU, model) where the table has it."""
+    (kv_cache/specs/calibration.yaml), and on this run's (GPU, model) where the table has it.
+
+    ``max_abs_prefill_error`` / ``max_abs_decode_error`` and ``this_pair`` are over the per-layer entries
+    (vidur's profiling data); ``end_to_end`` gives each end-to-end entry's source kind and error (vLLM's
+    benchmark results, MLPerf Inference results), and which of them are within 20 %."""
     rows = calibration_errors(ls.efficiency)
-    this = [r for r in rows if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)]
+    layers = [r for r in rows if r["kind"] == "layer_profile"]
+    whole = [r for r in rows if r["kind"] == "end_to_end"]
+    steps = [r for r in rows if r["kind"] == "decode_step"]
+    this = [r for r in layers if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)]
+    fp8 = constants()["fp8_compute_efficiency"]
     return {
+        "fp8_compute_efficiency": {"value": fp8.value, "fitted_on": list(fp8.fitted_on),
+                                   "held_out": list(fp8.held_out), "method": fp8.method},
         "prefill_mfu": ls.efficiency.prefill_mfu, "decode_hbm_efficiency": ls.efficiency.decode_hbm_efficiency,
-        "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in rows),
-        "max_abs_decode_error": max(abs(r["decode_error"]) for r in rows),
+        "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in layers),
+        "max_abs_decode_error": max(abs(r["decode_error"]) for r in layers),
         "this_pair": this[0] if this else None,
+        "this_pair_published": [r for r in whole + steps if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)],
+        "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
+                        "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"],
+                        "compute_efficiency": r["compute_efficiency"]} for r in whole],
+        "decode_steps": [{"gpu": r["gpu"], "model": r["model"], "source_kind": r["source_kind"], "dtype": r["dtype"],
+                          "context_tokens": r["context_tokens"], "error": r["error"],
+                          "within_20pct": r["within_20pct"]} for r in steps],
         "entries": rows,
     }
 
@@ -294,10 +311,21 @@ def engine_line(cal: dict[str, Any]) -> str:
     this = cal["this_pair"]
     pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
             if this else "")
-    return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}, decode_hbm_efficiency "
+    whole, steps = cal.get("end_to_end", []), cal.get("decode_steps", [])
+    layers = len(cal["entries"]) - len(whole) - len(steps)
+    ends = "; end to end: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['error']:+.0%}"
+        + ("" if r["within_20pct"] else " (outside 20%)") for r in whole) if whole else ""
+    ends += "; decode steps at batch 1: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['context_tokens']:,} tokens "
+        f"{r['error']:+.0%}" + ("" if r["within_20pct"] else " (outside 20%)") for r in steps) if steps else ""
+    fp8 = cal.get("fp8_compute_efficiency")
+    fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs)"
+                if fp8 else "")
+    return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}{fp8_text}, decode_hbm_efficiency "
             f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published (GPU, model) "
             f"throughputs (specs/calibration.yaml): prefill within {cal['max_abs_prefill_error']:.0%}, decode "
-            f"within {cal['max_abs_decode_error']:.0%}{pair}")
+            f"within {cal['max_abs_decode_error']:.0%} ({layers} per-layer profiles, vidur){ends}{pair}")
 
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,

@@ -1,19 +1,37 @@
 """The roofline against published throughputs: kv_cache/specs/calibration.yaml, and the model's error on
 each entry.
 
-An entry gives a (GPU, model, tensor parallelism) and the measured throughput of the layers' linear work
-for one prefill batch and one decode step (see the YAML's header for what was measured and where). The
-roofline's figure for the same work:
+Two kinds of entry (the YAML's header says what was measured and where):
 
-- prefill: ``tokens / (2 x active_params x tokens / (tp x peak_dense_tflops x 1e12 x prefill_mfu))``
-  (``prefill_seconds`` without its attention term);
-- decode: ``tokens / decode_step_seconds(batch = tokens, context = 0)`` (the weights read once, no KV).
+- ``layer_profile`` (vidur's profiling data): a (GPU, model, tensor parallelism) and the measured
+  throughput of the layers' linear work for one prefill batch and one decode step. The roofline's figure
+  for the same work:
+
+  - prefill: ``tokens / (2 x active_params x tokens / (tp x peak_dense_tflops x 1e12 x prefill_mfu))``
+    (``prefill_seconds`` without its attention term);
+  - decode: ``tokens / decode_step_seconds(batch = tokens, context = 0)`` (the weights read once, no KV).
+
+- ``decode_step`` (vLLM's benchmark results): the time of one decode step at batch 1 and a stated context,
+  from a published fit of inter-token latency against context length; the roofline's figure is
+  ``decode_step_seconds(batch = 1, context)``, as tokens per second.
+
+- ``end_to_end`` (vLLM's benchmark results, MLPerf Inference results): output tokens per second of a whole
+  benchmark run (prefill, decode, attention and batching mixed) with stated mean input and output lengths,
+  concurrency (or batch size) and precision. The roofline's figure is the sessions engine's own batching
+  rule on modelled time (``closed_loop``): the benchmark's requests through one replica, times the
+  replicas the published system had.
 
 The error is ``modelled / published - 1`` (+0.10: the roofline is 10 % faster than the measurement).
+
+An FP8 entry is costed at ``fp8_compute_efficiency`` of the FP8 dense peak (a ``kind: constant`` item of
+the YAML, fitted on the entries it names: ``fit_fp8_compute_efficiency`` recomputes it), a BF16 one at
+``prefill_mfu`` of the BF16 peak.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -22,15 +40,54 @@ from typing import Any
 import yaml
 
 from kv_cache.serving.engine import roofline
-from kv_cache.specs import gpu_specs
-from kv_cache.specs.models import MODEL_CONFIGS, SESSION_MODELS
+from kv_cache.serving.engine.closed_loop import closed_loop
+from kv_cache.specs import GPUSpec, gpu_specs
+from kv_cache.specs.models import MODEL_CONFIGS, SESSION_MODELS, ModelConfig
 
-__all__ = ["CalibrationEntry", "calibration_entries", "calibration_errors"]
+__all__ = [
+    "CalibrationEntry",
+    "DecodeStepEntry",
+    "EndToEndEntry",
+    "PRECISIONS",
+    "Precision",
+    "calibration_entries",
+    "calibration_errors",
+    "end_to_end_tokens_per_s",
+    "exact_compute_efficiency",
+    "fit_fp8_compute_efficiency",
+    "fp8_compute_efficiency",
+]
+
+BAND = 0.20  # the error the tests hold each claimed entry within
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a run's number format changes in the roofline: bytes per weight, bytes per KV element, the
+    tensor cores' dense rate as a multiple of the GPU's BF16 figure (``peak_dense_tflops``), and the share
+    of that rate a run achieves (None: ``prefill_mfu``, the BF16 calibration)."""
+
+    weight_bytes_per_param: float
+    kv_dtype: str  # a kv_cache.specs.models DTYPE_BYTES key
+    flops_multiplier: float
+    compute_efficiency: str | None = None  # a calibration.yaml `kind: constant` name, or None
+
+
+# bf16: the roofline as the sessions engine runs it. fp8: 1-byte weights and KV, and twice the BF16 dense rate
+# (NVIDIA H100 / H200 datasheets: FP8 3,958 TFLOPS with sparsity = 1,979 dense, against BF16 1,979 with
+# sparsity = 989 dense; L40S: FP8 1,466 with sparsity = 733 dense, against BF16 362 dense), of which a run
+# achieves the yaml's fp8_compute_efficiency (fitted on published FP8 runs; prefill_mfu stays the BF16 rate).
+# The KV is costed at 1 byte per element ("int8" in the model table).
+PRECISIONS = {
+    "bf16": Precision(weight_bytes_per_param=2.0, kv_dtype="bfloat16", flops_multiplier=1.0),
+    "fp8": Precision(weight_bytes_per_param=1.0, kv_dtype="int8", flops_multiplier=2.0,
+                     compute_efficiency="fp8_compute_efficiency"),
+}
 
 
 @dataclass(frozen=True)
 class CalibrationEntry:
-    """One published measurement: tokens per second of a prefill batch and of a decode step."""
+    """One published per-layer measurement: tokens per second of a prefill batch and of a decode step."""
 
     gpu: str
     model: str
@@ -40,25 +97,144 @@ class CalibrationEntry:
     prefill_tokens_per_s: float
     decode_tokens: int
     decode_tokens_per_s: float
+    source_kind: str = "vidur profiling data"
+    kind: str = "layer_profile"
 
 
-@cache
-def calibration_entries() -> tuple[CalibrationEntry, ...]:
-    """The entries of kv_cache/specs/calibration.yaml."""
-    text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
-    return tuple(
-        CalibrationEntry(
-            gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"],
-            prefill_tokens=int(e["prefill"]["tokens"]), prefill_tokens_per_s=float(e["prefill"]["tokens_per_s"]),
-            decode_tokens=int(e["decode"]["tokens"]), decode_tokens_per_s=float(e["decode"]["tokens_per_s"]),
-        )
-        for e in yaml.safe_load(text)
+@dataclass(frozen=True)
+class EndToEndEntry:
+    """One published end-to-end benchmark result: output tokens per second of a whole run."""
+
+    gpu: str
+    model: str
+    tp: int
+    source: str
+    source_kind: str  # "vLLM benchmark results" | "MLPerf Inference results"
+    gpus: int  # GPUs of the published system (replicas = gpus / tp)
+    dtype: str  # a PRECISIONS key
+    input_tokens: float  # mean per request
+    output_tokens: float  # mean per request
+    concurrency: int  # requests in flight per replica (max concurrency, or the submission's batch size)
+    requests: int  # requests simulated per replica
+    spread: float  # lengths uniform within +-spread of the mean (0: every request at the mean)
+    steady_state: bool  # measure without the start-up ramp and the tail (a run far longer than a batch)
+    prefill_chunk_tokens: int
+    published_tokens_per_s: float  # the system's output tokens per second
+    held_within_band: bool  # the table's claim: |error| <= 20 % (tests check it either way)
+    id: str = ""  # the name a `kind: constant` fit refers to it by
+    params_b: float = 0.0  # the measured model's parameter count where it differs from the table's model
+    measured_model: str = ""  # the model the source ran, where the table's `model` stands in for it
+    kind: str = "end_to_end"
+
+
+@dataclass(frozen=True)
+class DecodeStepEntry:
+    """One published decode step: batch 1 at ``context_tokens`` of context, in milliseconds (a point of a
+    published linear fit ``ITL = intercept + slope x context``)."""
+
+    gpu: str
+    model: str
+    tp: int
+    source: str
+    source_kind: str
+    dtype: str
+    context_tokens: int
+    published_ms: float
+    held_within_band: bool
+    kind: str = "decode_step"
+
+
+def _decode_entries(e: dict[str, Any]) -> list[DecodeStepEntry]:
+    fit = e["fit"]
+    return [DecodeStepEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"], source_kind=e["source_kind"],
+        dtype=e["dtype"], context_tokens=int(c),
+        published_ms=float(fit["intercept_ms"]) + float(fit["slope_ms_per_token"]) * int(c),
+        held_within_band=bool(e["held_within_20pct"])) for c in e["context_tokens"]]
+
+
+def _layer_entry(e: dict[str, Any]) -> CalibrationEntry:
+    return CalibrationEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"],
+        prefill_tokens=int(e["prefill"]["tokens"]), prefill_tokens_per_s=float(e["prefill"]["tokens_per_s"]),
+        decode_tokens=int(e["decode"]["tokens"]), decode_tokens_per_s=float(e["decode"]["tokens_per_s"]),
+        source_kind=e.get("source_kind", "vidur profiling data"),
     )
 
 
+def _end_to_end_entry(e: dict[str, Any]) -> EndToEndEntry:
+    w = e["workload"]
+    if e["dtype"] not in PRECISIONS:
+        raise ValueError(f"calibration.yaml: dtype {e['dtype']!r} is not one of {', '.join(PRECISIONS)}")
+    return EndToEndEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"], source_kind=e["source_kind"],
+        gpus=int(e["gpus"]), dtype=e["dtype"], input_tokens=float(w["input_tokens"]),
+        output_tokens=float(w["output_tokens"]), concurrency=int(w["concurrency"]), requests=int(w["requests"]),
+        spread=float(w.get("spread", 0.0)), steady_state=bool(w.get("steady_state", False)),
+        prefill_chunk_tokens=int(w["prefill_chunk_tokens"]),
+        published_tokens_per_s=float(e["published"]["output_tokens_per_s"]),
+        held_within_band=bool(e["held_within_20pct"]), id=e.get("id", ""), params_b=float(e.get("params_b", 0.0)),
+        measured_model=e.get("measured_model", e["model"]),
+    )
+
+
+Entry = CalibrationEntry | DecodeStepEntry | EndToEndEntry
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A constant of the model derived from entries of the table (``kind: constant``)."""
+
+    name: str
+    value: float
+    fitted_on: tuple[str, ...]  # entry ids it was fitted on
+    held_out: tuple[str, ...]  # entry ids it is checked on, not fitted on
+    method: str
+
+
+@cache
+def _yaml() -> tuple[dict[str, Any], ...]:
+    text = resources.files("kv_cache.specs").joinpath("calibration.yaml").read_text(encoding="utf-8")
+    return tuple(yaml.safe_load(text))
+
+
+@cache
+def constants() -> dict[str, Constant]:
+    """The ``kind: constant`` items of calibration.yaml, by name."""
+    return {c["name"]: Constant(c["name"], float(c["value"]), tuple(c["fitted_on"]), tuple(c["held_out"]),
+                                c["method"]) for c in _yaml() if c.get("kind") == "constant"}
+
+
+def fp8_compute_efficiency() -> float:
+    """FP8 achieved / FP8 dense peak, as calibration.yaml derives it (its ``fp8_compute_efficiency``)."""
+    return constants()["fp8_compute_efficiency"].value
+
+
+@cache
+def calibration_entries() -> tuple[Entry, ...]:
+    """The entries of kv_cache/specs/calibration.yaml, in its order (a decode_step entry gives one entry
+    per context length it lists; ``kind: constant`` items are not entries)."""
+    out: list[Entry] = []
+    for e in _yaml():
+        kind = e.get("kind", "layer_profile")
+        if kind == "constant":
+            continue
+        if kind == "end_to_end":
+            out.append(_end_to_end_entry(e))
+        elif kind == "decode_step":
+            out.extend(_decode_entries(e))
+        else:
+            out.append(_layer_entry(e))
+    return tuple(out)
+
+
+def _model(name: str) -> ModelConfig:
+    return {**MODEL_CONFIGS, **SESSION_MODELS}[name]
+
+
 def modelled_tokens_per_s(entry: CalibrationEntry, eff: roofline.Efficiency) -> tuple[float, float]:
-    """The roofline's (prefill, decode) tokens per second for the entry's work (see the module doc)."""
-    gpu, model = gpu_specs()[entry.gpu], {**MODEL_CONFIGS, **SESSION_MODELS}[entry.model]
+    """The roofline's (prefill, decode) tokens per second for a layer entry's work (see the module doc)."""
+    gpu, model = gpu_specs()[entry.gpu], _model(entry.model)
     n = entry.prefill_tokens
     prefill_s = roofline.prefill_seconds(gpu, eff, model, n, 0, tp=entry.tp) - roofline.attention_flops(
         model, n, 0) / (entry.tp * gpu.peak_dense_tflops * 1e12 * eff.prefill_mfu)
@@ -66,21 +242,148 @@ def modelled_tokens_per_s(entry: CalibrationEntry, eff: roofline.Efficiency) -> 
     return n / prefill_s, entry.decode_tokens / decode_s
 
 
-def calibration_errors(eff: roofline.Efficiency) -> list[dict[str, Any]]:
-    """Per entry: the published and modelled throughputs and the roofline's relative error (results
-    document parameters.engine_calibration)."""
+@dataclass(frozen=True)
+class _Eff:
+    prefill_mfu: float
+    decode_hbm_efficiency: float
+    hbm_reserved_fraction: float
+    weight_bytes_per_param: float
+
+
+def _lengths(entry: EndToEndEntry) -> list[tuple[int, int]]:
+    """The simulated requests: every one at the mean lengths, or (spread > 0) input and output lengths
+    evenly spaced over mean x [1 - spread, 1 + spread], paired in two different fixed orders."""
+    n = entry.requests
+    if entry.spread <= 0 or n == 1:
+        return [(round(entry.input_tokens), round(entry.output_tokens))] * n
+    span = [1 - entry.spread + 2 * entry.spread * k / (n - 1) for k in range(n)]
+    steps = (s for s in range(n // 3 + 1, n) if _coprime(s, n))
+    a, b = next(steps), next(steps)  # two fixed scrambles of the quantiles
+    return [(round(entry.input_tokens * span[k * a % n]), round(entry.output_tokens * span[k * b % n]))
+            for k in range(n)]
+
+
+def _coprime(a: int, b: int) -> bool:
+    while b:
+        a, b = b, a % b
+    return a == 1
+
+
+def _at_precision(entry: DecodeStepEntry | EndToEndEntry, eff: roofline.Efficiency,
+                  params_b: float = 0.0, compute: float | None = None) -> tuple[GPUSpec, ModelConfig, _Eff]:
+    """The entry's GPU, model and efficiencies at its precision (PRECISIONS); ``compute`` overrides the
+    precision's compute efficiency (for the fit)."""
+    p = PRECISIONS[entry.dtype]
+    if compute is None:
+        compute = eff.prefill_mfu if p.compute_efficiency is None else constants()[p.compute_efficiency].value
+    gpu: GPUSpec = gpu_specs()[entry.gpu]
+    gpu = dataclasses.replace(gpu, peak_dense_tflops=gpu.peak_dense_tflops * p.flops_multiplier)
+    model = dataclasses.replace(_model(entry.model), dtype=p.kv_dtype)
+    if params_b > 0:
+        model = dataclasses.replace(model, total_params_b=params_b)
+    return gpu, model, _Eff(compute, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction,
+                            p.weight_bytes_per_param)
+
+
+def end_to_end_tokens_per_s(entry: EndToEndEntry, eff: roofline.Efficiency,
+                            compute: float | None = None) -> tuple[float, int]:
+    """The roofline's output tokens per second for the published system (replicas x one replica's closed
+    loop, at the entry's precision, or at compute efficiency ``compute``), and the concurrency HBM allowed
+    one replica."""
+    gpu, model, e = _at_precision(entry, eff, entry.params_b, compute)
+    skip = 2 * entry.concurrency if entry.steady_state else 0
+    run = closed_loop(gpu, e, model, _lengths(entry), entry.concurrency, entry.prefill_chunk_tokens,
+                      tp=entry.tp, skip=skip)
+    return run.output_tokens_per_s * (entry.gpus // entry.tp), run.max_running
+
+
+def exact_compute_efficiency(entry: EndToEndEntry, eff: roofline.Efficiency) -> float:
+    """The compute efficiency (achieved / the precision's dense peak) at which the closed loop reproduces
+    the entry's published output tokens per second: a bisection on a log scale over (0.05, 1]."""
+    lo, hi = 0.05, 1.0
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if end_to_end_tokens_per_s(entry, eff, mid)[0] > entry.published_tokens_per_s:
+            hi = mid
+        else:
+            lo = mid
+    return math.sqrt(lo * hi)
+
+
+def fit_fp8_compute_efficiency(eff: roofline.Efficiency) -> tuple[float, dict[str, float]]:
+    """calibration.yaml's ``fp8_compute_efficiency`` recomputed: the geometric mean of the exact efficiencies
+    of the entries it names as ``fitted_on`` (rounded to 3 decimals), and each named entry's exact one."""
+    c = constants()["fp8_compute_efficiency"]
+    by_id = {e.id: e for e in calibration_entries() if isinstance(e, EndToEndEntry) and e.id}
+    exact = {i: exact_compute_efficiency(by_id[i], eff) for i in c.fitted_on + c.held_out}
+    fit = math.exp(sum(math.log(exact[i]) for i in c.fitted_on) / len(c.fitted_on))
+    return round(fit, 3), exact
+
+
+def _layer_row(e: CalibrationEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    prefill, decode = modelled_tokens_per_s(e, eff)
+    return {
+        "gpu": e.gpu, "model": e.model, "tp": e.tp, "source": e.source,
+        "prefill_tokens": e.prefill_tokens,
+        "prefill_published_tokens_per_s": e.prefill_tokens_per_s,
+        "prefill_modelled_tokens_per_s": round(prefill, 1),
+        "prefill_error": round(prefill / e.prefill_tokens_per_s - 1, 4),
+        "decode_batch": e.decode_tokens,
+        "decode_published_tokens_per_s": e.decode_tokens_per_s,
+        "decode_modelled_tokens_per_s": round(decode, 1),
+        "decode_error": round(decode / e.decode_tokens_per_s - 1, 4),
+        "kind": e.kind, "source_kind": e.source_kind,
+    }
+
+
+def _end_to_end_row(e: EndToEndEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    modelled, running = end_to_end_tokens_per_s(e, eff)
+    error = modelled / e.published_tokens_per_s - 1
+    return {
+        "gpu": e.gpu, "model": e.model, "tp": e.tp, "source": e.source,
+        "measured_model": e.measured_model or e.model,
+        "kind": e.kind, "source_kind": e.source_kind, "gpus": e.gpus, "dtype": e.dtype,
+        "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "concurrency": e.concurrency,
+        "modelled_concurrency": running,
+        "compute_efficiency": _at_precision(e, eff)[2].prefill_mfu,
+        "published_output_tokens_per_s": e.published_tokens_per_s,
+        "modelled_output_tokens_per_s": round(modelled, 1),
+        "error": round(error, 4),
+        "held_within_20pct": e.held_within_band,
+        "within_20pct": abs(error) <= BAND,
+    }
+
+
+def _decode_row(e: DecodeStepEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    gpu, model, at = _at_precision(e, eff)
+    modelled = 1.0 / roofline.decode_step_seconds(gpu, at, model, 1, e.context_tokens, tp=e.tp)
+    published = 1000.0 / e.published_ms
+    error = modelled / published - 1
+    return {
+        "gpu": e.gpu, "model": e.model, "measured_model": e.model, "tp": e.tp, "source": e.source,
+        "kind": e.kind, "source_kind": e.source_kind, "dtype": e.dtype, "decode_batch": 1,
+        "context_tokens": e.context_tokens, "published_step_ms": round(e.published_ms, 4),
+        "published_tokens_per_s": round(published, 1), "modelled_tokens_per_s": round(modelled, 1),
+        "error": round(error, 4), "held_within_20pct": e.held_within_band, "within_20pct": abs(error) <= BAND,
+    }
+
+
+@cache
+def _rows(eff: _Eff) -> tuple[dict[str, Any], ...]:
     rows = []
     for e in calibration_entries():
-        prefill, decode = modelled_tokens_per_s(e, eff)
-        rows.append({
-            "gpu": e.gpu, "model": e.model, "tp": e.tp, "source": e.source,
-            "prefill_tokens": e.prefill_tokens,
-            "prefill_published_tokens_per_s": e.prefill_tokens_per_s,
-            "prefill_modelled_tokens_per_s": round(prefill, 1),
-            "prefill_error": round(prefill / e.prefill_tokens_per_s - 1, 4),
-            "decode_batch": e.decode_tokens,
-            "decode_published_tokens_per_s": e.decode_tokens_per_s,
-            "decode_modelled_tokens_per_s": round(decode, 1),
-            "decode_error": round(decode / e.decode_tokens_per_s - 1, 4),
-        })
-    return rows
+        if isinstance(e, EndToEndEntry):
+            rows.append(_end_to_end_row(e, eff))
+        elif isinstance(e, DecodeStepEntry):
+            rows.append(_decode_row(e, eff))
+        else:
+            rows.append(_layer_row(e, eff))
+    return tuple(rows)
+
+
+def calibration_errors(eff: roofline.Efficiency) -> list[dict[str, Any]]:
+    """Per entry: the published and modelled throughputs and the roofline's relative error (results
+    document parameters.engine_calibration). Layer entries carry ``prefill_error`` and ``decode_error``,
+    decode-step and end-to-end entries ``error``; every row has ``kind`` and ``source_kind``."""
+    key = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, eff.weight_bytes_per_param)
+    return [dict(r) for r in _rows(key)]
