@@ -217,3 +217,24 @@ def test_a_connection_lost_mid_value_is_enotconn_and_counted(bufs):
         store.close()
     finally:
         s.stop()
+
+
+def test_a_tls_server_round_trips_through_the_same_path():
+    """rediss://: redis-py makes the TLS connection; the values go through its SSL socket (sendall per
+    buffer: an SSL socket has no sendmsg) and are received into the read buffer the same way."""
+    _need()
+    if servers.shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the test server's certificate)")
+    from kv_cache.storage.kvstore import RedisStore
+
+    s = servers.start_redis(tls=True)
+    try:
+        store = RedisStore(s.url, MIB, pipeline=3, workers=1)
+        b = WorkerBuffers(MIB, 7, 0)
+        store.write("e", 5 * MIB + 3, b)
+        assert store.read("e", b, verify=True).nbytes == 5 * MIB + 3
+        assert store._tls.wire.vector is False  # the SSL socket's path was the one taken
+        store.close()
+        b.close()
+    finally:
+        s.stop()
