@@ -422,7 +422,7 @@ class RedisStore(SizedStore):
 
         for g in range(0, len(keys), self.pipeline):
             if stop is not None and stop.is_set():
-                raise IOAborted(f"read of {key!r} aborted after {at[0]} bytes", at[0])
+                raise IOAborted(f"read of {key!r} aborted after {at[0]} bytes", at[0], self._spent())
             group = keys[g:g + self.pipeline]
             self._call(f"redis read of {key!r}", lambda: self._exchange(lambda w: round_trip(w, group)))  # noqa: B023
         t1 = perf_counter_ns()
