@@ -238,3 +238,22 @@ def test_a_tls_server_round_trips_through_the_same_path():
         b.close()
     finally:
         s.stop()
+
+
+def test_a_read_and_a_write_allocate_nothing_of_a_values_size(store, bufs):
+    """redis-py allocated 16 MiB for an 8 MiB SET through hiredis (bytes of the memoryview, then the packed
+    command) and 8 MiB per GET; the store's own path allocates only headers and key names."""
+    import tracemalloc
+
+    store.write("warm", 3 * MIB, bufs)
+    store.read("warm", bufs, verify=True)  # this thread's slots and wire exist now
+    tracemalloc.start()
+    try:
+        store.write("e", 12 * MIB, bufs)
+        _, wrote = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        store.read("e", bufs, verify=True)
+        _, read = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert wrote < 256 * 1024 and read < 256 * 1024, (wrote, read)
