@@ -82,19 +82,30 @@ def start_moto(port: int | None = None, auth_after: int | None = None) -> Server
     return Server(f"http://127.0.0.1:{port}", port, proc, tmp)
 
 
-def start_redis(maxmemory: str | None = None, port: int | None = None) -> Server | None:
-    """A redis-server on 127.0.0.1 with no persistence, its working dir a temporary directory."""
+def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool = False) -> Server | None:
+    """A redis-server on 127.0.0.1 with no persistence, its working dir a temporary directory. `tls`: it
+    speaks only TLS, with a self-signed certificate made here by openssl (the URL is rediss://, with
+    ssl_cert_reqs=none)."""
     if missing(REDIS):
         return None
     port = port or free_port()
     tmp = tempfile.mkdtemp(prefix="kvtest-redis-")
     args = [shutil.which(REDIS) or REDIS, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp,
             "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    url = f"redis://127.0.0.1:{port}/0"
+    if tls:
+        cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                        "-days", "1", "-keyout", key, "-out", cert], check=True, capture_output=True)
+        args[2] = "0"
+        args += ["--tls-port", str(port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert,
+                 "--tls-auth-clients", "no"]
+        url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
     if maxmemory:
         args += ["--maxmemory", maxmemory, "--maxmemory-policy", "noeviction"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
     _wait_port(port, proc)
-    return Server(f"redis://127.0.0.1:{port}/0", port, proc, tmp)
+    return Server(url, port, proc, tmp)
 
 
 class _Throttler:

@@ -1,13 +1,20 @@
 """The storage tier as chunked keys in a Redis or Valkey server (RedisStore), the way LMCache's remote
 backend keeps KV chunks: entry ``k`` of this run is the keys ``<run>:<k>:0``, ``<run>:<k>:1``... of one
 worker chunk each, written with pipelined SETs and read with pipelined GETs, ``pipeline`` commands per
-round trip. redis-py uses the hiredis parser when it is installed (io_mode_reason says which).
+round trip.
+
+redis-py makes and keeps the connections (URL, AUTH, SELECT, TLS, the pool) and runs the control commands
+(PING, INFO, CONFIG, SCAN, UNLINK, the marker), with the hiredis parser when it is installed. The data
+commands, SET and GET of the chunk keys, go on the wire here (storage/resp.py), on the socket of a
+connection taken from redis-py's pool: redis-py would copy a value it sends (its hiredis packer makes
+bytes of a memoryview, then packs them into one more) and hand back a new bytes object per value read.
 
 Writes stamp each chunk into one of ``pipeline`` preallocated slots of this thread (WorkerBuffers of the
-same stamped pool, so --verify works) and hand the slots to redis-py as memoryviews, which it sends
-without copying; the slots are reused only after the round trip. Reads receive each value as the bytes
-object redis-py's parser makes (the client's buffer: it has no read-into), copied into the worker's read
-buffer chunk by chunk, where --verify checks the stamps.
+same stamped pool, so --verify works) and send the slots themselves, with the SET headers, in one
+``sendmsg`` per round trip; the slots are reused only after the round trip's replies. Reads send the
+round trip's GETs packed in one buffer and receive each value with ``recv_into`` straight into the
+worker's read buffer, chunk by chunk, where --verify checks the stamps in place: nothing per request is
+buffered beyond the worker buffers (and one 64 KiB scratch per thread for the reply headers).
 
 A ``maxmemory`` refusal (OOM) is the tier being full: ENOSPC, which stops the run as a full disk does. A lost
 connection is an ENOTCONN the cache retries and the error policy counts.
@@ -38,12 +45,13 @@ from kv_cache.storage.remote import (
     MARKER,
     RemoteStats,
     SlotRing,
-    deliver,
+    hand_on,
     lost_connection,
     marker_json,
     new_run_name,
     stale_owner,
 )
+from kv_cache.storage.resp import Wire, WireGarbled, WireLost, WireRefused, get_commands, set_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
@@ -58,6 +66,15 @@ def _import_redis():
         raise StorageSetupError("--storage-backend redis needs redis-py: pip install 'kv-cache[redis]'").about(
             "storage_backend") from None
     return redis, HIREDIS_AVAILABLE
+
+
+def _refusal(what: str, text: str) -> OSError:
+    """An error reply (redis-py's ResponseError or one read here) as the OSError the cache classifies."""
+    if text.startswith("OOM") or "maxmemory" in text:
+        return OSError(errno.ENOSPC, f"{what}: the server's maxmemory is reached, the tier is full ({text})")
+    if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
+        return OSError(errno.EACCES, f"{what}: the server refused the credentials ({text})")
+    return OSError(errno.EIO, f"{what}: {text}")
 
 
 class RedisStore(SizedStore):
@@ -81,7 +98,9 @@ class RedisStore(SizedStore):
         from redis.retry import Retry  # noqa: PLC0415
 
         try:
-            self._r = self.redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5,
+            # RESP2 (a URL's protocol= wins): the data path reads its replies itself (resp.py), and RESP3
+            # would let a server push notifications in between them
+            self._r = self.redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5, protocol=2,
                                                 max_connections=workers + 4, retry=Retry(NoBackoff(), 0))
         except ValueError as e:
             raise StorageSetupError(f"redis: bad --redis-url {redacted_argv([url])[0]!r}: {e}").about("redis_url") from None
@@ -102,8 +121,16 @@ class RedisStore(SizedStore):
 
     @property
     def io_mode_reason(self) -> str:
-        parser = "hiredis parser" if self.hiredis else "pure-Python parser (pip install hiredis)"
-        return f"chunked keys of {self.chunk_bytes >> 20} MiB, {self.pipeline} per pipelined round trip, {parser}"
+        return (f"chunked keys of {self.chunk_bytes >> 20} MiB, {self.pipeline} per pipelined round trip, "
+                f"{self.parsing}")
+
+    @property
+    def parsing(self) -> str:
+        """Who parses what: the data replies here, the control commands' replies redis-py's parser."""
+        parser = "its hiredis parser" if self.hiredis else "its pure-Python parser"
+        return ("SET/GET replies parsed by kv-cache's own RESP code, values sent from the stamped slots (sendmsg) "
+                f"and received into the worker's read buffer (recv_into); redis-py ({parser}) for the connection "
+                "and the control commands")
 
     @property
     def run_dir(self) -> str:
@@ -138,29 +165,57 @@ class RedisStore(SizedStore):
         return f"{self.run_name}:{file_name(key)[:-4]}"
 
     def remote_stats(self) -> dict[str, Any]:
-        return {"backend": "redis", "client": f"redis-py {self.redis.__version__}"
-                + (" + hiredis" if self.hiredis else ""), "endpoint": self._where(), "prefix": f"{self.run_name}:",
+        redis_py = f"redis-py {self.redis.__version__}" + (" + hiredis" if self.hiredis else "")
+        return {"backend": "redis", "client": f"{redis_py} (connections, control commands) and kv-cache's RESP code "
+                "(SET/GET values)", "parsing": self.parsing, "endpoint": self._where(), "prefix": f"{self.run_name}:",
                 "chunk_bytes": self.chunk_bytes, "pipeline": self.pipeline, **self.stats.as_dict()}
 
     # ------------------------------------------------------------------ errors
     def _call(self, what: str, fn):
         try:
             return fn()
-        except (self.redis.ConnectionError, self.redis.TimeoutError) as exc:
+        except (self.redis.ConnectionError, self.redis.TimeoutError, WireLost) as exc:
             if isinstance(exc, self.redis.AuthenticationError):
                 raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({exc})") from exc
             self.stats.lost()
             raise lost_connection(what, exc) from exc
-        except self.redis.ResponseError as exc:
-            text = str(exc)
-            if text.startswith("OOM") or "maxmemory" in text:
-                raise OSError(errno.ENOSPC, f"{what}: the server's maxmemory is reached, the tier is full "
-                              f"({text})") from exc
-            if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
-                raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({text})") from exc
-            raise OSError(errno.EIO, f"{what}: {text}") from exc
-        except self.redis.RedisError as exc:  # e.g. InvalidResponse: what answers is not a Redis server
+        except (self.redis.ResponseError, WireRefused) as exc:
+            raise _refusal(what, str(exc)) from exc
+        except (self.redis.RedisError, WireGarbled) as exc:  # e.g. InvalidResponse: not a Redis server
             raise OSError(errno.EIO, f"{what}: {type(exc).__name__}: {exc} (is it a Redis/Valkey server?)") from exc
+
+    def _exchange(self, fn):
+        """`fn(wire)` on a connection of redis-py's pool, its replies all read by this thread's Wire; a
+        connection left with replies unread (an exchange that raised) is disconnected (resp.py)."""
+        wire = getattr(self._tls, "wire", None)
+        if wire is None:
+            wire = self._tls.wire = Wire()
+        pool = self._r.connection_pool
+        t = perf_counter_ns()
+        conn = pool.get_connection()
+        wire.ns += perf_counter_ns() - t
+        try:
+            wire.attach(conn)
+            out = fn(wire)
+            if not wire.idle():
+                raise WireGarbled("bytes after the last reply")
+            return out
+        except BaseException:
+            wire.abandon(conn)
+            raise
+        finally:
+            wire.sock = None
+            pool.release(conn)
+
+    def _wire_ns(self) -> None:
+        """Zero this thread's socket time: the device time of the operation starting (_spent reads it)."""
+        wire = getattr(self._tls, "wire", None)
+        if wire is not None:
+            wire.ns = 0
+
+    def _spent(self) -> int:
+        wire = getattr(self._tls, "wire", None)
+        return 0 if wire is None else wire.ns
 
     def _setup(self, what: str, fn):
         try:
@@ -242,9 +297,10 @@ class RedisStore(SizedStore):
     def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
         """One chunk moved in from the tier above (a whole chunk of the grid: key offset // chunk)."""
         k = f"{self._base(h[0])}:{offset // self.chunk_bytes}"
-        t = perf_counter_ns()
-        self._call(f"redis write of {k}", lambda: self._r.set(k, view))
-        return len(view), perf_counter_ns() - t
+        self._wire_ns()
+        self._call(f"redis write of {k}", lambda: self._exchange(
+            lambda w: self._set_round(w, set_command(k.encode(), view), 1)))
+        return len(view), self._spent()
 
     def _commit(self, h: Any) -> int:
         with self._lock:
@@ -263,6 +319,12 @@ class RedisStore(SizedStore):
             except Exception:  # the server is gone: the next run's sweep removes them
                 pass
 
+    def _set_round(self, wire: Wire, pieces: list[Any], count: int) -> None:
+        wire.send(pieces)
+        err = wire.status_replies(count)
+        if err is not None:
+            raise WireRefused(err)
+
     def _begin_read(self, key: str) -> tuple[Any, int, int]:
         with self._lock:
             nbytes = self._sizes[key]
@@ -270,15 +332,28 @@ class RedisStore(SizedStore):
 
     def _get(self, h: Any, offset: int, view: memoryview) -> tuple[int, int]:
         k = f"{self._base(h)}:{offset // self.chunk_bytes}"
-        t = perf_counter_ns()
-        data = self._call(f"redis read of {k}", lambda: self._r.get(k))
-        ns = perf_counter_ns() - t
-        if data is None:
+        self._wire_ns()
+
+        def one(wire: Wire) -> None:
+            wire.send([get_commands([k.encode()])])
+            self._value_into(wire, k, len(view), view)
+
+        self._call(f"redis read of {k}", lambda: self._exchange(one))
+        return len(view), self._spent()
+
+    def _value_into(self, wire: Wire, k: str, want: int, into: memoryview | None) -> int:
+        """The header of the next GET reply, for a value of `want` bytes (a nil: the key is gone; shorter: a
+        DataCorruption); with `into`, the value read into it, the rest dropped. Returns the value's length."""
+        n = wire.bulk_length(want)
+        if n < 0:
             raise self._gone(k)
-        if len(data) < len(view):
+        if n < want:
             raise DataCorruption(f"{self.name}: key {k} is short")
-        view[:] = memoryview(data)[: len(view)]
-        return len(view), ns
+        if into is not None:
+            wire.into(into)
+            wire.skip(n - want)
+            wire.crlf()
+        return n
 
     def _end_read(self, h: Any) -> int:
         return 0
@@ -293,23 +368,24 @@ class RedisStore(SizedStore):
         h, dev_ns = self._begin_write(key, nbytes)
         keys = self._chunk_keys(key, h[2])
         off = 0
+        self._wire_ns()
         try:
             for g in range(0, len(keys), self.pipeline):
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"write of {key!r} aborted after {off} bytes", off)
-                pipe = self._r.pipeline(transaction=False)
-                for slot, k in zip(ring, keys[g:g + self.pipeline], strict=False):
+                pieces: list[Any] = []
+                group = keys[g:g + self.pipeline]
+                for slot, k in zip(ring, group, strict=False):
                     n = min(chunk, total - off)
                     slot.stamp(kid, off // BLOCK, n // BLOCK)
-                    pipe.set(k, slot.write_mv[:n])
+                    pieces += set_command(k.encode(), slot.write_mv[:n])
                     off += n
-                t = perf_counter_ns()
-                self._call(f"redis write of {key!r}", pipe.execute)
-                dev_ns += perf_counter_ns() - t
-            dev_ns += self._commit(h)
+                self._call(f"redis write of {key!r}", lambda: self._exchange(
+                    lambda w: self._set_round(w, pieces, len(group))))  # noqa: B023  (called at once)
+            dev_ns += self._spent() + self._commit(h)
         except IOAborted as e:
             self._abort(h)
-            e.device_bytes, e.device_ns = off, dev_ns
+            e.device_bytes, e.device_ns = off, dev_ns + self._spent()
             raise
         except BaseException:
             self._abort(h)
@@ -319,32 +395,38 @@ class RedisStore(SizedStore):
 
     def read(self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False,
              on_chunk: ChunkSink | None = None) -> IOResult:
-        """GET up to `pipeline` chunk keys per round trip; each value copied into bufs.read_buf in turn."""
+        """GET up to `pipeline` chunk keys per round trip; each value received straight into bufs.read_buf,
+        a worker chunk at a time, its stamps checked there (--verify) and handed to `on_chunk` in order."""
         t0 = perf_counter_ns()
         with self._lock:
             nbytes = self._sizes[key]
         total = padded(nbytes)
         keys = self._chunk_keys(key, -(-total // self.chunk_bytes))
         kid = key_id(key) if verify else 0
-        dev_ns, off, c = 0, 0, 0
+        at = [0, 0]  # [bytes of the entry read, next chunk index]
+        self._wire_ns()
+
+        def round_trip(wire: Wire, group: list[str]) -> None:
+            wire.send([get_commands([k.encode() for k in group])])
+            for k in group:
+                want = min(self.chunk_bytes, total - at[0])
+                n = self._value_into(wire, k, want, None)
+                mv, step = bufs.read_mv, bufs.chunk_bytes
+                for sub in range(0, want, step):
+                    m = min(step, want - sub)
+                    wire.into(mv[:m])
+                    at[1] = hand_on(m, at[0] + sub, nbytes, bufs, kid, verify, on_chunk, at[1], self.name, key)
+                wire.skip(n - want)
+                wire.crlf()
+                at[0] += want
+
         for g in range(0, len(keys), self.pipeline):
             if stop is not None and stop.is_set():
-                raise IOAborted(f"read of {key!r} aborted after {off} bytes", off)
-            pipe = self._r.pipeline(transaction=False)
-            for k in keys[g:g + self.pipeline]:
-                pipe.get(k)
-            t = perf_counter_ns()
-            values = self._call(f"redis read of {key!r}", pipe.execute)
-            dev_ns += perf_counter_ns() - t
-            for k, data in zip(keys[g:], values, strict=False):
-                want = min(self.chunk_bytes, total - off)
-                if data is None:
-                    raise self._gone(k)
-                if len(data) < want:
-                    raise DataCorruption(f"{self.name}: key {k} is short")
-                c = deliver(memoryview(data)[:want], off, nbytes, bufs, kid, verify, on_chunk, c, self.name, key)
-                off += want
+                raise IOAborted(f"read of {key!r} aborted after {at[0]} bytes", at[0], self._spent())
+            group = keys[g:g + self.pipeline]
+            self._call(f"redis read of {key!r}", lambda: self._exchange(lambda w: round_trip(w, group)))  # noqa: B023
         t1 = perf_counter_ns()
+        dev_ns = self._spent()
         return IOResult(nbytes, total, t1 - t0, dev_ns, t1 - t0 - dev_ns)
 
     # ------------------------------------------------------------------ public

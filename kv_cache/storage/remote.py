@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
-__all__ = ["MARKER", "RemoteStats", "SlotRing", "Throttled", "deliver", "lost_connection", "marker_json", "new_run_name",
+__all__ = ["MARKER", "RemoteStats", "SlotRing", "Throttled", "deliver", "hand_on", "lost_connection", "marker_json", "new_run_name",
            "stale_owner"]
 
 BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # waits before each retry of a throttled request (then EAGAIN)
@@ -147,21 +147,28 @@ class SlotRing:
 
 def deliver(body: memoryview, entry_off: int, nbytes: int, bufs: WorkerBuffers, kid: int, verify: bool,
             on_chunk: ChunkSink | None, chunk_index: int, name: str, key: str) -> int:
-    """A received piece of an entry (a GET's value, a ranged GET's body: `body`, starting `entry_off` bytes
-    into the entry of `nbytes`) copied into the worker's read buffer chunk by chunk, each chunk's stamps
-    checked with --verify (`kid`: the entry's key id) and handed to `on_chunk`; returns the next chunk
-    index. `name` (the tier) and `key` name the entry in a stamp mismatch (formatted only then). The one copy a remote tier's read costs: the
-    clients hand back their own buffers."""
+    """A received piece of an entry (a ranged GET's body: `body`, starting `entry_off` bytes into the entry
+    of `nbytes`) copied into the worker's read buffer chunk by chunk, each chunk then checked and handed on
+    (hand_on); returns the next chunk index. The one copy an S3 read costs: obstore hands back its own
+    buffers (the Redis tier receives into the read buffer itself and calls hand_on alone)."""
     mv, chunk = bufs.read_mv, bufs.chunk_bytes
     for sub in range(0, len(body), chunk):
         n = min(chunk, len(body) - sub)
         mv[:n] = body[sub:sub + n]
-        if verify:
-            bad = bufs.check_stamp(kid, (entry_off + sub) // BLOCK, n // BLOCK)
-            if bad >= 0:
-                raise DataCorruption(f"{name}: entry {key!r} block {(entry_off + sub) // BLOCK + bad} "
-                                     "does not carry its stamp")
-        if on_chunk is not None:
-            on_chunk(chunk_index, mv[: min(n, max(0, nbytes - entry_off - sub))])
-        chunk_index += 1
+        chunk_index = hand_on(n, entry_off + sub, nbytes, bufs, kid, verify, on_chunk, chunk_index, name, key)
     return chunk_index
+
+
+def hand_on(n: int, entry_off: int, nbytes: int, bufs: WorkerBuffers, kid: int, verify: bool,
+            on_chunk: ChunkSink | None, chunk_index: int, name: str, key: str) -> int:
+    """The `n` bytes now at the start of the worker's read buffer, `entry_off` bytes into the entry of
+    `nbytes`: their stamps checked in place with --verify (`kid`: the entry's key id), then handed to
+    `on_chunk` (the entry's bytes only, not its padding); returns the next chunk index. `name` (the tier)
+    and `key` name the entry in a stamp mismatch (formatted only then)."""
+    if verify:
+        bad = bufs.check_stamp(kid, entry_off // BLOCK, n // BLOCK)
+        if bad >= 0:
+            raise DataCorruption(f"{name}: entry {key!r} block {entry_off // BLOCK + bad} does not carry its stamp")
+    if on_chunk is not None:
+        on_chunk(chunk_index, bufs.read_mv[: min(n, max(0, nbytes - entry_off))])
+    return chunk_index + 1
