@@ -10,8 +10,15 @@ into one preallocated buffer. Variants:
 * boto3-s3transfer: the managed transfer (upload_fileobj / download_fileobj, TransferConfig);
 * boto3-crt: the same with preferred_transfer_client="crt" (needs awscrt; boto3 uses the CRT only where
   it supports the call, otherwise the classic transfer, so compare its figures with boto3-s3transfer's);
-* obstore: obstore.put (its own multipart, chunk_size, max_concurrency) and obstore.get_ranges, copied
-  into the buffer.
+* kv-cache: kv-cache's own S3 tier (kv_cache.storage.s3.S3Store) driven through its write and read calls,
+  exactly as a run makes them: writes through obstore's writer (open_writer, `--part-mib` buffer,
+  `--concurrency` in flight) from the stamped slots; reads as presigned ranged GETs received straight into
+  the worker's read buffer (kv_cache/storage/s3_reads.py);
+* kv-cache-get_range: the same store, read the way the tier read before (obstore.get_range per part, each
+  body in obstore's own buffer, copied into the read buffer): the zero-copy reads' baseline.
+
+Every row prints GiB/s and this process's CPU-seconds per GiB per direction, and the bytes the loopback
+interface (/proc/net/dev, kv_cache/host/netdev.py) carried in that phase next to the data's.
 
 Without --endpoint it starts moto's standalone server (tests/servers.py) on 127.0.0.1: a functional
 server, in Python, so its figures say more about the client's CPU cost than about any real store.
@@ -32,7 +39,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 from servers import start_moto  # noqa: E402
+
+from kv_cache.host.netdev import NetCounter  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -119,26 +129,68 @@ def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
     return put, get, lambda: None
 
 
-def obstore_client(endpoint, bucket, buf, rbuf, a):
-    import obstore
-    from obstore.store import S3Store
+def _tier(endpoint, bucket, a):
+    from kv_cache.storage import WorkerBuffers
+    from kv_cache.storage.s3 import S3Store
 
-    s = S3Store(bucket, endpoint=endpoint, region="us-east-1", client_options={"allow_http": True},
-                access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-                secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"))
-    part = a.part_mib * MIB
+    store = S3Store(bucket, endpoint, "bench", part_bytes=a.part_mib * MIB, concurrency=a.concurrency, workers=1,
+                    chunk_bytes=a.chunk_mib * MIB)
+    return store, WorkerBuffers(a.chunk_mib * MIB, 0, 0)
+
+
+def tier_client(endpoint, bucket, buf, rbuf, a, *, get_range: bool = False):
+    """kv-cache's S3 tier itself: S3Store.write / S3Store.read, the calls a run makes (or, `get_range`,
+    the reads as they were before: see _get_range_read)."""
+    store, bufs = _tier(endpoint, bucket, a)
     size = a.entry_mib * MIB
-    mv, rmv = memoryview(buf), memoryview(rbuf)
+    pool = ThreadPoolExecutor(a.concurrency)
 
     def put(key):
-        obstore.put(s, key, mv, chunk_size=part, max_concurrency=a.concurrency)
+        store.write(key, size, bufs)
 
     def get(key):
-        starts = list(range(0, size, part))
-        for o, b in zip(starts, obstore.get_ranges(s, key, starts=starts, ends=[o + part for o in starts]), strict=True):
-            rmv[o:o + part] = memoryview(b)
+        store.read(key, bufs, verify=a.verify)
 
-    return put, get, lambda: None
+    def close():
+        pool.shutdown()
+        store.close()
+        bufs.close()
+
+    return put, (_get_range_read(store, bufs, pool, a) if get_range else get), close
+
+
+def _get_range_read(store, bufs, pool, a):
+    """The tier's read before the zero-copy reads: obstore.get_range per part, `--concurrency` in flight,
+    each body (in obstore's own buffer) copied chunk by chunk into the read buffer (remote.deliver)."""
+    from kv_cache.storage.base import key_id, padded
+    from kv_cache.storage.remote import deliver
+
+    part = store.part_bytes
+
+    def get(key):
+        path, nbytes, _ = store._begin_read(key)
+        total, kid = padded(nbytes), key_id(key)
+        starts = list(range(0, total, part))
+
+        def fetch(start):
+            return store._call("read", lambda: store.obstore.get_range(store._s3, path, start=start,
+                                                                        length=min(part, total - start)))
+
+        futures = [pool.submit(fetch, o) for o in starts[: a.concurrency]]
+        c = 0
+        for i, start in enumerate(starts):
+            data = futures[i].result()
+            futures[i] = None
+            if len(futures) < len(starts):
+                futures.append(pool.submit(fetch, starts[len(futures)]))
+            c = deliver(memoryview(data), start, nbytes, bufs, kid, a.verify, None, c, store.name, key)
+            del data
+
+    return get
+
+
+def tier_get_range(endpoint, bucket, buf, rbuf, a):
+    return tier_client(endpoint, bucket, buf, rbuf, a, get_range=True)
 
 
 def boto_crt(endpoint, bucket, buf, rbuf, a):
@@ -148,8 +200,8 @@ def boto_crt(endpoint, bucket, buf, rbuf, a):
     return boto_transfer(endpoint, bucket, buf, rbuf, a, client="crt")
 
 
-VARIANTS = {"boto3-parts": boto_parts, "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt,
-            "obstore": obstore_client}
+VARIANTS = {"kv-cache": tier_client, "kv-cache-get_range": tier_get_range, "boto3-parts": boto_parts,
+            "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt}
 
 
 def run(variant, endpoint, bucket, a):
@@ -160,15 +212,17 @@ def run(variant, endpoint, bucket, a):
     put, get, close = VARIANTS[variant](endpoint, bucket, buf, rbuf, a)
     keys = [f"{variant}/e{i}" for i in range(a.entries)]
     put(f"{variant}/warm")
+    get(f"{variant}/warm")
     out = {}
+    lo = NetCounter("lo")
     for op, fn in (("write", put), ("read", get)):
-        c0, t0 = _cpu(), time.perf_counter()
+        n0, c0, t0 = lo.snapshot(), _cpu(), time.perf_counter()
         for k in keys:
             fn(k)
-        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        wall, cpu, n1 = time.perf_counter() - t0, _cpu() - c0, lo.snapshot()
         gib = a.entries * size / GIB
-        out[op] = (gib / wall, cpu / gib)
-    if rbuf[: 1 << 16] != buf[: 1 << 16]:
+        out[op] = (gib / wall, cpu / gib, (n1[0] - n0[0]) / GIB if n0 and n1 else float("nan"), gib)
+    if not variant.startswith("kv-cache") and rbuf[: 1 << 16] != buf[: 1 << 16]:
         raise SystemExit(f"{variant}: read back differs")
     close()
     return out
@@ -181,6 +235,9 @@ def main() -> None:
     p.add_argument("--entry-mib", type=int, default=64)
     p.add_argument("--part-mib", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--chunk-mib", type=int, default=16, help="the kv-cache rows' read buffer (--io-chunk-mb)")
+    p.add_argument("--verify", action="store_true", help="the kv-cache rows check every block's stamp")
+    p.add_argument("--repeat", type=int, default=1, help="run the variants this many times, in turn")
     p.add_argument("--variants", default=",".join(VARIANTS))
     a = p.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -190,14 +247,17 @@ def main() -> None:
     try:
         _boto_client(endpoint, 1).create_bucket(Bucket="kv-bench")
         print(f"{a.entries} x {a.entry_mib} MiB, parts {a.part_mib} MiB, {a.concurrency} in flight, {endpoint}")
-        for v in a.variants.split(","):
-            try:
-                r = run(v, endpoint, "kv-bench", a)
-            except Exception as exc:  # a client that cannot run here (the CRT against a 127.0.0.1 endpoint)
-                print(f"{v:18s} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                continue
-            print(f"{v:18s} write {r['write'][0]:6.3f} GiB/s {r['write'][1]:6.2f} CPU-s/GiB | "
-                  f"read {r['read'][0]:6.3f} GiB/s {r['read'][1]:6.2f} CPU-s/GiB", flush=True)
+        print(f"{'':18s}   per direction: GiB/s, CPU-s/GiB, loopback GiB / data GiB")
+        for _ in range(a.repeat):
+            for v in a.variants.split(","):
+                try:
+                    r = run(v, endpoint, "kv-bench", a)
+                except Exception as exc:  # a client that cannot run here
+                    print(f"{v:18s} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                    continue
+                w, rd = r["write"], r["read"]
+                print(f"{v:18s} write {w[0]:6.3f} GiB/s {w[1]:5.2f} CPU-s/GiB lo {w[2]:6.3f}/{w[3]:.3f} | "
+                      f"read {rd[0]:6.3f} GiB/s {rd[1]:5.2f} CPU-s/GiB lo {rd[2]:6.3f}/{rd[3]:.3f}", flush=True)
     finally:
         if srv is not None:
             srv.stop()
