@@ -1,5 +1,6 @@
-"""boto3 (+ s3transfer) against obstore on the same S3 server and workload: GiB/s and client
-CPU-seconds per GiB (this process's user + system time; the server runs in its own process).
+"""kv-cache's S3 tier (obstore writes, zero-copy ranged reads) against boto3 (part calls, s3transfer, the
+CRT) on the same S3 server and workload: GiB/s and client CPU-seconds per GiB (this process's user +
+system time; the server runs in its own process), next to the loopback interface's bytes.
 
 Each client writes `--entries` objects of `--entry-mib` MiB from one page-aligned buffer, as multipart
 uploads of `--part-mib` parts with `--concurrency` in flight, then reads each back as parallel ranged GETs
@@ -8,8 +9,8 @@ into one preallocated buffer. Variants:
 * boto3-parts: the low-level calls kv-cache's S3 tier makes (create_multipart_upload / upload_part with a
   memoryview body / complete; get_object with a Range, read into the buffer), in a thread pool;
 * boto3-s3transfer: the managed transfer (upload_fileobj / download_fileobj, TransferConfig);
-* boto3-crt: the same with preferred_transfer_client="crt" (needs awscrt; boto3 uses the CRT only where
-  it supports the call, otherwise the classic transfer, so compare its figures with boto3-s3transfer's);
+* boto3-crt: s3transfer's CRT transfer manager (needs awscrt), upload / download of file objects over the
+  same buffers (see boto_crt for why not through TransferConfig);
 * kv-cache: kv-cache's own S3 tier (kv_cache.storage.s3.S3Store) driven through its write and read calls,
   exactly as a run makes them: writes through obstore's writer (open_writer, `--part-mib` buffer,
   `--concurrency` in flight) from the stamped slots; reads as presigned ranged GETs received straight into
@@ -23,7 +24,7 @@ interface (/proc/net/dev, kv_cache/host/netdev.py) carried in that phase next to
 Without --endpoint it starts moto's standalone server (tests/servers.py) on 127.0.0.1: a functional
 server, in Python, so its figures say more about the client's CPU cost than about any real store.
 
-    PYTHONPATH=$PWD python3 benchmarks/s3_clients.py --entries 8 --entry-mib 64
+    PYTHONPATH=$PWD python3 benchmarks/s3_clients.py --entries 8 --entry-mib 64 --part-mib 8 --concurrency 4
 """
 
 from __future__ import annotations
@@ -92,15 +93,10 @@ def boto_parts(endpoint, bucket, buf, rbuf, a):
     return put, get, pool.shutdown
 
 
-def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
-    from boto3.s3.transfer import TransferConfig
-
-    c = _boto_client(endpoint, a.concurrency)
-    cfg = TransferConfig(multipart_threshold=a.part_mib * MIB, multipart_chunksize=a.part_mib * MIB,
-                         max_concurrency=a.concurrency, preferred_transfer_client=client)
-    mv, rmv = memoryview(buf), memoryview(rbuf)
-
-    class Sink(io.RawIOBase):  # download_fileobj seeks and writes into the preallocated buffer
+def _sink(rmv):
+    """A file object that writes into the preallocated read buffer at the offsets it is seeked to (the
+    managed transfers download into a file object)."""
+    class Sink(io.RawIOBase):
         def __init__(self):
             self.pos = 0
 
@@ -120,11 +116,24 @@ def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
             self.pos += n
             return n
 
+    return Sink
+
+
+def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
+    from boto3.s3.transfer import TransferConfig
+
+    c = _boto_client(endpoint, a.concurrency)
+    cfg = TransferConfig(multipart_threshold=a.part_mib * MIB, multipart_chunksize=a.part_mib * MIB,
+                         max_concurrency=a.concurrency, preferred_transfer_client=client)
+    mv, rmv = memoryview(buf), memoryview(rbuf)
+
+    sink = _sink(rmv)
+
     def put(key):
         c.upload_fileobj(io.BytesIO(mv), bucket, key, Config=cfg)
 
     def get(key):
-        c.download_fileobj(bucket, key, Sink(), Config=cfg)
+        c.download_fileobj(bucket, key, sink(), Config=cfg)
 
     return put, get, lambda: None
 
@@ -194,10 +203,35 @@ def tier_get_range(endpoint, bucket, buf, rbuf, a):
 
 
 def boto_crt(endpoint, bucket, buf, rbuf, a):
-    """s3transfer with the AWS CRT under it (pip install awscrt; boto3 falls back to classic without it)."""
-    import awscrt  # noqa: F401  (a clear ImportError when the CRT is missing)
+    """s3transfer's CRT transfer manager (awscrt) with boto3's session credentials. Built here and not
+    through TransferConfig(preferred_transfer_client="crt"): boto3 1.x makes its CRT client with
+    endpoint_url None and TLS on (boto3/crt.py), so against any endpoint but AWS's it resolves
+    <bucket>.s3.<region>.amazonaws.com and fails (here, offline: AWS_IO_DNS_INVALID_NAME; boto/boto3#4839)."""
+    import botocore.session
+    from botocore.config import Config
+    from s3transfer.crt import (
+        BotocoreCRTCredentialsWrapper,
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
+    )
 
-    return boto_transfer(endpoint, bucket, buf, rbuf, a, client="crt")
+    sess = botocore.session.Session()
+    creds = BotocoreCRTCredentialsWrapper(sess.get_credentials()).to_crt_credentials_provider()
+    crt = create_s3_crt_client("us-east-1", crt_credentials_provider=creds, use_ssl=endpoint.startswith("https"),
+                               part_size=a.part_mib * MIB)
+    tm = CRTTransferManager(crt, BotocoreCRTRequestSerializer(sess, {
+        "region_name": "us-east-1", "endpoint_url": endpoint, "config": Config(s3={"addressing_style": "path"})}))
+    mv = memoryview(buf)
+    sink = _sink(memoryview(rbuf))
+
+    def put(key):
+        tm.upload(io.BytesIO(mv), bucket, key).result()
+
+    def get(key):
+        tm.download(bucket, key, sink()).result()
+
+    return put, get, tm.shutdown
 
 
 VARIANTS = {"kv-cache": tier_client, "kv-cache-get_range": tier_get_range, "boto3-parts": boto_parts,

@@ -653,16 +653,17 @@ def _client(url: str):
                         aws_secret_access_key="testing")
 
 
-@pytest.mark.parametrize("chunk_mib", [1, 8])
-def test_s3_reads_land_in_the_worker_read_buffer_in_order_with_verify(moto, monkeypatch, chunk_mib):
+@pytest.mark.parametrize(("chunk_mib", "concurrency"), [(1, 3), (8, 3), (8, 1), (16, 2)])
+def test_s3_reads_land_in_the_worker_read_buffer_in_order_with_verify(moto, monkeypatch, chunk_mib, concurrency):
     """No ranged GET goes through a buffer of the client's: each chunk handed on is a view of the worker's
     read buffer, verified there, in order, whether the buffer is smaller than a part (1 MiB) or larger
-    (8 MiB, a window of parts); move_to out of S3 reads into the same buffer."""
+    (8 and 16 MiB, a window of parts, more of them than are in flight); move_to out of S3 reads into the
+    same buffer."""
     import obstore
 
     from kv_cache.storage.base import padded
 
-    store, bufs = _s3(moto.url, f"direct{chunk_mib}", chunk_mib * MIB, concurrency=3)
+    store, bufs = _s3(moto.url, f"direct{chunk_mib}-{concurrency}", chunk_mib * MIB, concurrency=concurrency)
 
     def client_buffer(*a, **k):
         raise AssertionError("a read went through obstore's own buffer")

@@ -106,6 +106,7 @@ class _Read:
         self.current = 0
         self.left = pieces
         self.got = 0
+        self.finished = 0  # parts whose whole body is in
         self.error: BaseException | None = None
         self.ending = False  # the read stopped or failed: parts read their bodies out (or drop them) and end
         self.drain = False  # ...reading them out (a stop: their bytes cross the wire and are counted)
@@ -205,6 +206,7 @@ class RangedReads:
                     conn = None
                 with rd.cond:
                     rd.left[w] -= 1
+                    rd.finished += off == end
                     rd.cond.notify_all()
         except BaseException as exc:
             with rd.cond:
@@ -234,29 +236,30 @@ class RangedReads:
                 pieces[w] += 1
         rd = _Read(pieces)
         futures: list[Any] = []
-        done = 0  # parts wholly inside the windows already landed
         wait_ns = 0
         try:
             for w in range(nwin):
-                while len(futures) < len(parts) and len(futures) - done < self.concurrency:
-                    s, e = parts[len(futures)]
-                    futures.append(self.pool.submit(self._part, rd, target, path, s, e, origin, mv, window))
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"read of {label or path} aborted after {w * window} bytes")
                 t = perf_counter_ns()
                 with rd.cond:
                     rd.current = w
                     rd.cond.notify_all()
-                    rd.cond.wait_for(lambda w=w: rd.left[w] == 0 or rd.error is not None)
-                    err = rd.error
+                while True:  # parts are sent as those before them finish, `concurrency` in flight
+                    with rd.cond:
+                        rd.cond.wait_for(lambda w=w: rd.left[w] == 0 or rd.error is not None or (
+                            len(futures) < len(parts) and len(futures) - rd.finished < self.concurrency))
+                        err, full = rd.error, rd.left[w] == 0
+                        free = min(self.concurrency - len(futures) + rd.finished, len(parts) - len(futures))
+                    if err is not None:
+                        raise err
+                    for _ in range(free):
+                        s, e = parts[len(futures)]
+                        futures.append(self.pool.submit(self._part, rd, target, path, s, e, origin, mv, window))
+                    if full:
+                        break
                 wait_ns += perf_counter_ns() - t
-                if err is not None:
-                    raise err
-                n = min(window, length - w * window)
-                landed(w, n)
-                hi = origin + w * window + n
-                while done < len(futures) and parts[done][1] <= hi:
-                    done += 1
+                landed(w, min(window, length - w * window))
         except BaseException as exc:
             with rd.cond:
                 rd.ending = True
