@@ -24,6 +24,7 @@ mid-run is an EACCES, which stops the run.
 from __future__ import annotations
 
 import errno
+import platform
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -146,6 +147,7 @@ class S3Store(SizedStore):
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
                 "endpoint": self.endpoint or "AWS", "bucket": self.bucket, "prefix": self.run_prefix,
+                "read_client": f"http.client (Python {platform.python_version()}), presigned by obstore, into the read buffer",
                 "part_bytes": self.part_bytes, "concurrency": self.concurrency, **self.stats.as_dict()}
 
     def _sign(self, path: str) -> str:
