@@ -186,6 +186,8 @@ class RangedReads:
         bytes [origin + w * window, origin + (w + 1) * window))."""
         what = f"s3 read of {path}"
         conn = None
+        if rd.ending:  # the read ended before this part was sent: nothing to fetch
+            return
         try:
             conn, resp = self._open(target, start, end, what, path)
             off = start
