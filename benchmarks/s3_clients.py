@@ -1,5 +1,6 @@
-"""boto3 (+ s3transfer) against obstore on the same S3 server and workload: GiB/s and client
-CPU-seconds per GiB (this process's user + system time; the server runs in its own process).
+"""kv-cache's S3 tier (obstore PUTs, botocore part calls, zero-copy ranged reads) against boto3 (part calls, s3transfer, the
+CRT) on the same S3 server and workload: GiB/s and client CPU-seconds per GiB (this process's user +
+system time; the server runs in its own process), next to the loopback interface's bytes.
 
 Each client writes `--entries` objects of `--entry-mib` MiB from one page-aligned buffer, as multipart
 uploads of `--part-mib` parts with `--concurrency` in flight, then reads each back as parallel ranged GETs
@@ -8,19 +9,29 @@ into one preallocated buffer. Variants:
 * boto3-parts: the low-level calls kv-cache's S3 tier makes (create_multipart_upload / upload_part with a
   memoryview body / complete; get_object with a Range, read into the buffer), in a thread pool;
 * boto3-s3transfer: the managed transfer (upload_fileobj / download_fileobj, TransferConfig);
-* boto3-crt: the same with preferred_transfer_client="crt" (needs awscrt; boto3 uses the CRT only where
-  it supports the call, otherwise the classic transfer, so compare its figures with boto3-s3transfer's);
+* boto3-crt: s3transfer's CRT transfer manager (needs awscrt), upload / download of file objects over the
+  same buffers (see boto_crt for why not through TransferConfig);
+* kv-cache: kv-cache's own S3 tier (kv_cache.storage.s3.S3Store) driven through its write and read calls,
+  exactly as a run makes them: writes from the stamped slots, an entry of one part as one obstore PUT, a
+  larger one through botocore's part calls (`--part-mib` parts, `--concurrency` in flight,
+  kv_cache/storage/s3_multipart.py); reads as presigned ranged GETs received straight into
+  the worker's read buffer (kv_cache/storage/s3_reads.py);
+* kv-cache-get_range: the same store, read the way the tier read before (obstore.get_range per part, each
+  body in obstore's own buffer, copied into the read buffer): the zero-copy reads' baseline;
 * boto3-parts-mv: the same part calls with the buffer's memoryview as each part's body (no copy), as
-  kv-cache's S3 tier writes a multipart entry (storage/s3_multipart.py); reads as obstore's;
+  kv-cache's S3 tier writes a multipart entry (storage/s3_multipart.py); reads as obstore's get_ranges;
 * boto3-put-mv: one put_object per entry with the memoryview as its body (an entry of one part);
 * obstore-writer: obstore.open_writer, written part by part (the S3 tier's writes before the part calls);
 * obstore: obstore.put (its own multipart, chunk_size, max_concurrency) and obstore.get_ranges, copied
   into the buffer.
 
+Every row prints GiB/s and this process's CPU-seconds per GiB per direction, and the bytes the loopback
+interface (/proc/net/dev, kv_cache/host/netdev.py) carried in that phase next to the data's.
+
 Without --endpoint it starts moto's standalone server (tests/servers.py) on 127.0.0.1: a functional
 server, in Python, so its figures say more about the client's CPU cost than about any real store.
 
-    PYTHONPATH=$PWD python3 benchmarks/s3_clients.py --entries 8 --entry-mib 64
+    PYTHONPATH=$PWD python3 benchmarks/s3_clients.py --entries 8 --entry-mib 64 --part-mib 8 --concurrency 4
 """
 
 from __future__ import annotations
@@ -38,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from servers import start_moto  # noqa: E402
+
+from kv_cache.host.netdev import NetCounter  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -146,43 +159,6 @@ def obstore_writer(endpoint, bucket, buf, rbuf, a):
     return put, get, lambda: None
 
 
-def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
-    from boto3.s3.transfer import TransferConfig
-
-    c = _boto_client(endpoint, a.concurrency)
-    cfg = TransferConfig(multipart_threshold=a.part_mib * MIB, multipart_chunksize=a.part_mib * MIB,
-                         max_concurrency=a.concurrency, preferred_transfer_client=client)
-    mv, rmv = memoryview(buf), memoryview(rbuf)
-
-    class Sink(io.RawIOBase):  # download_fileobj seeks and writes into the preallocated buffer
-        def __init__(self):
-            self.pos = 0
-
-        def writable(self):
-            return True
-
-        def seekable(self):
-            return True
-
-        def seek(self, off, whence=0):
-            self.pos = off
-            return off
-
-        def write(self, b):
-            n = len(b)
-            rmv[self.pos:self.pos + n] = b
-            self.pos += n
-            return n
-
-    def put(key):
-        c.upload_fileobj(io.BytesIO(mv), bucket, key, Config=cfg)
-
-    def get(key):
-        c.download_fileobj(bucket, key, Sink(), Config=cfg)
-
-    return put, get, lambda: None
-
-
 def _obstore(endpoint, bucket):
     from obstore.store import S3Store
 
@@ -210,17 +186,150 @@ def obstore_client(endpoint, bucket, buf, rbuf, a):
     return put, get, lambda: None
 
 
+def _sink(rmv):
+    """A file object that writes into the preallocated read buffer at the offsets it is seeked to (the
+    managed transfers download into a file object)."""
+    class Sink(io.RawIOBase):
+        def __init__(self):
+            self.pos = 0
+
+        def writable(self):
+            return True
+
+        def seekable(self):
+            return True
+
+        def seek(self, off, whence=0):
+            self.pos = off
+            return off
+
+        def write(self, b):
+            n = len(b)
+            rmv[self.pos:self.pos + n] = b
+            self.pos += n
+            return n
+
+    return Sink
+
+
+def boto_transfer(endpoint, bucket, buf, rbuf, a, client: str = "classic"):
+    from boto3.s3.transfer import TransferConfig
+
+    c = _boto_client(endpoint, a.concurrency)
+    cfg = TransferConfig(multipart_threshold=a.part_mib * MIB, multipart_chunksize=a.part_mib * MIB,
+                         max_concurrency=a.concurrency, preferred_transfer_client=client)
+    mv, rmv = memoryview(buf), memoryview(rbuf)
+
+    sink = _sink(rmv)
+
+    def put(key):
+        c.upload_fileobj(io.BytesIO(mv), bucket, key, Config=cfg)
+
+    def get(key):
+        c.download_fileobj(bucket, key, sink(), Config=cfg)
+
+    return put, get, lambda: None
+
+
+def _tier(endpoint, bucket, a):
+    from kv_cache.storage import WorkerBuffers
+    from kv_cache.storage.s3 import S3Store
+
+    store = S3Store(bucket, endpoint, "bench", part_bytes=a.part_mib * MIB, concurrency=a.concurrency, workers=1,
+                    chunk_bytes=a.chunk_mib * MIB)
+    return store, WorkerBuffers(a.chunk_mib * MIB, 0, 0)
+
+
+def tier_client(endpoint, bucket, buf, rbuf, a, *, get_range: bool = False):
+    """kv-cache's S3 tier itself: S3Store.write / S3Store.read, the calls a run makes (or, `get_range`,
+    the reads as they were before: see _get_range_read)."""
+    store, bufs = _tier(endpoint, bucket, a)
+    size = a.entry_mib * MIB
+    pool = ThreadPoolExecutor(a.concurrency)
+
+    def put(key):
+        store.write(key, size, bufs)
+
+    def get(key):
+        store.read(key, bufs, verify=a.verify)
+
+    def close():
+        pool.shutdown()
+        store.close()
+        bufs.close()
+
+    return put, (_get_range_read(store, bufs, pool, a) if get_range else get), close
+
+
+def _get_range_read(store, bufs, pool, a):
+    """The tier's read before the zero-copy reads: obstore.get_range per part, `--concurrency` in flight,
+    each body (in obstore's own buffer) copied chunk by chunk into the read buffer (remote.deliver)."""
+    from kv_cache.storage.base import key_id, padded
+    from kv_cache.storage.remote import deliver
+
+    part = store.part_bytes
+
+    def get(key):
+        path, nbytes, _ = store._begin_read(key)
+        total, kid = padded(nbytes), key_id(key)
+        starts = list(range(0, total, part))
+
+        def fetch(start):
+            return store._call("read", lambda: store.obstore.get_range(store._s3, path, start=start,
+                                                                        length=min(part, total - start)))
+
+        futures = [pool.submit(fetch, o) for o in starts[: a.concurrency]]
+        c = 0
+        for i, start in enumerate(starts):
+            data = futures[i].result()
+            futures[i] = None
+            if len(futures) < len(starts):
+                futures.append(pool.submit(fetch, starts[len(futures)]))
+            c = deliver(memoryview(data), start, nbytes, bufs, kid, a.verify, None, c, store.name, key)
+            del data
+
+    return get
+
+
+def tier_get_range(endpoint, bucket, buf, rbuf, a):
+    return tier_client(endpoint, bucket, buf, rbuf, a, get_range=True)
+
+
 def boto_crt(endpoint, bucket, buf, rbuf, a):
-    """s3transfer with the AWS CRT under it (pip install awscrt; boto3 falls back to classic without it)."""
-    import awscrt  # noqa: F401  (a clear ImportError when the CRT is missing)
+    """s3transfer's CRT transfer manager (awscrt) with boto3's session credentials. Built here and not
+    through TransferConfig(preferred_transfer_client="crt"): boto3 1.x makes its CRT client with
+    endpoint_url None and TLS on (boto3/crt.py), so against any endpoint but AWS's it resolves
+    <bucket>.s3.<region>.amazonaws.com and fails (here, offline: AWS_IO_DNS_INVALID_NAME; boto/boto3#4839)."""
+    import botocore.session
+    from botocore.config import Config
+    from s3transfer.crt import (
+        BotocoreCRTCredentialsWrapper,
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
+    )
 
-    return boto_transfer(endpoint, bucket, buf, rbuf, a, client="crt")
+    sess = botocore.session.Session()
+    creds = BotocoreCRTCredentialsWrapper(sess.get_credentials()).to_crt_credentials_provider()
+    crt = create_s3_crt_client("us-east-1", crt_credentials_provider=creds, use_ssl=endpoint.startswith("https"),
+                               part_size=a.part_mib * MIB)
+    tm = CRTTransferManager(crt, BotocoreCRTRequestSerializer(sess, {
+        "region_name": "us-east-1", "endpoint_url": endpoint, "config": Config(s3={"addressing_style": "path"})}))
+    mv = memoryview(buf)
+    sink = _sink(memoryview(rbuf))
+
+    def put(key):
+        tm.upload(io.BytesIO(mv), bucket, key).result()
+
+    def get(key):
+        tm.download(bucket, key, sink()).result()
+
+    return put, get, tm.shutdown
 
 
-VARIANTS = {"boto3-parts": boto_parts, "boto3-parts-mv": boto_parts_mv, "boto3-put-mv": boto_put_mv,
-            "obstore-writer": obstore_writer,
-            "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt,
-            "obstore": obstore_client}
+VARIANTS = {"kv-cache": tier_client, "kv-cache-get_range": tier_get_range, "boto3-parts": boto_parts,
+            "boto3-parts-mv": boto_parts_mv, "boto3-put-mv": boto_put_mv, "obstore-writer": obstore_writer,
+            "obstore": obstore_client, "boto3-s3transfer": boto_transfer, "boto3-crt": boto_crt}
 
 
 def run(variant, endpoint, bucket, a):
@@ -231,15 +340,17 @@ def run(variant, endpoint, bucket, a):
     put, get, close = VARIANTS[variant](endpoint, bucket, buf, rbuf, a)
     keys = [f"{variant}/e{i}" for i in range(a.entries)]
     put(f"{variant}/warm")
+    get(f"{variant}/warm")
     out = {}
+    lo = NetCounter("lo")
     for op, fn in (("write", put), ("read", get)):
-        c0, t0 = _cpu(), time.perf_counter()
+        n0, c0, t0 = lo.snapshot(), _cpu(), time.perf_counter()
         for k in keys:
             fn(k)
-        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        wall, cpu, n1 = time.perf_counter() - t0, _cpu() - c0, lo.snapshot()
         gib = a.entries * size / GIB
-        out[op] = (gib / wall, cpu / gib)
-    if rbuf[: 1 << 16] != buf[: 1 << 16]:
+        out[op] = (gib / wall, cpu / gib, (n1[0] - n0[0]) / GIB if n0 and n1 else float("nan"), gib)
+    if not variant.startswith("kv-cache") and rbuf[: 1 << 16] != buf[: 1 << 16]:
         raise SystemExit(f"{variant}: read back differs")
     close()
     return out
@@ -252,6 +363,9 @@ def main() -> None:
     p.add_argument("--entry-mib", type=int, default=64)
     p.add_argument("--part-mib", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--chunk-mib", type=int, default=16, help="the kv-cache rows' read buffer (--io-chunk-mb)")
+    p.add_argument("--verify", action="store_true", help="the kv-cache rows check every block's stamp")
+    p.add_argument("--repeat", type=int, default=1, help="run the variants this many times, in turn")
     p.add_argument("--variants", default=",".join(VARIANTS))
     a = p.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -261,14 +375,17 @@ def main() -> None:
     try:
         _boto_client(endpoint, 1).create_bucket(Bucket="kv-bench")
         print(f"{a.entries} x {a.entry_mib} MiB, parts {a.part_mib} MiB, {a.concurrency} in flight, {endpoint}")
-        for v in a.variants.split(","):
-            try:
-                r = run(v, endpoint, "kv-bench", a)
-            except Exception as exc:  # a client that cannot run here (the CRT against a 127.0.0.1 endpoint)
-                print(f"{v:18s} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                continue
-            print(f"{v:18s} write {r['write'][0]:6.3f} GiB/s {r['write'][1]:6.2f} CPU-s/GiB | "
-                  f"read {r['read'][0]:6.3f} GiB/s {r['read'][1]:6.2f} CPU-s/GiB", flush=True)
+        print(f"{'':18s}   per direction: GiB/s, CPU-s/GiB, loopback GiB / data GiB")
+        for _ in range(a.repeat):
+            for v in a.variants.split(","):
+                try:
+                    r = run(v, endpoint, "kv-bench", a)
+                except Exception as exc:  # a client that cannot run here
+                    print(f"{v:18s} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                    continue
+                w, rd = r["write"], r["read"]
+                print(f"{v:18s} write {w[0]:6.3f} GiB/s {w[1]:5.2f} CPU-s/GiB lo {w[2]:6.3f}/{w[3]:.3f} | "
+                      f"read {rd[0]:6.3f} GiB/s {rd[1]:5.2f} CPU-s/GiB lo {rd[2]:6.3f}/{rd[3]:.3f}", flush=True)
     finally:
         if srv is not None:
             srv.stop()

@@ -781,3 +781,145 @@ def test_s3_sweep_aborts_a_dead_runs_incomplete_multipart_uploads(moto):
     store.close()
     left = [u["Key"] for u in c.list_multipart_uploads(Bucket=bucket).get("Uploads") or []]
     assert left == [f"{other}/e.kv"]
+
+
+# ----------------------------------------------------------------------------- S3 reads into the read buffer
+def _s3(url: str, bucket: str, chunk: int = MIB, **kw):
+    from kv_cache.storage.s3 import S3Store
+
+    kw = {"part_bytes": 5 * MIB, "concurrency": 2, "workers": 1, **kw}
+    return S3Store(_bucket(url, bucket), url, "", chunk_bytes=chunk, **kw), WorkerBuffers(chunk, 7, 0)
+
+
+def _client(url: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
+@pytest.mark.parametrize(("chunk_mib", "concurrency"), [(1, 3), (8, 3), (8, 1), (16, 2)])
+def test_s3_reads_land_in_the_worker_read_buffer_in_order_with_verify(moto, monkeypatch, chunk_mib, concurrency):
+    """No ranged GET goes through a buffer of the client's: each chunk handed on is a view of the worker's
+    read buffer, verified there, in order, whether the buffer is smaller than a part (1 MiB) or larger
+    (8 and 16 MiB, a window of parts, more of them than are in flight); move_to out of S3 reads into the
+    same buffer."""
+    import obstore
+
+    from kv_cache.storage.base import padded
+
+    store, bufs = _s3(moto.url, f"direct{chunk_mib}-{concurrency}", chunk_mib * MIB, concurrency=concurrency)
+
+    def client_buffer(*a, **k):
+        raise AssertionError("a read went through obstore's own buffer")
+
+    for call in ("get", "get_range", "get_ranges"):
+        monkeypatch.setattr(obstore, call, client_buffer)
+    try:
+        for n in (0, 1000, 5 * MIB, 13 * MIB + 5, 21 * MIB):
+            store.write(f"e{n}", n, bufs)
+            seen = []
+
+            def on_chunk(c, mv, seen=seen):
+                assert mv.obj is bufs.read_mv.obj
+                seen.append((c, len(mv)))
+
+            res = store.read(f"e{n}", bufs, verify=True, on_chunk=on_chunk)
+            assert (res.nbytes, res.device_bytes) == (n, padded(n))
+            assert [c for c, _ in seen] == list(range(len(seen)))
+            assert sum(k for _, k in seen) == n and all(k == chunk_mib * MIB for _, k in seen[:-1])
+        ram = MemoryStore(64 * MIB)
+        store.move_to(f"e{13 * MIB + 5}", ram, bufs)
+        assert ram.read(f"e{13 * MIB + 5}", bufs, verify=True).nbytes == 13 * MIB + 5
+        ram.close()
+    finally:
+        store.close()
+        bufs.close()
+
+
+def test_s3_read_with_verify_finds_a_corrupted_a_truncated_and_a_missing_object(moto):
+    from kv_cache.storage.base import BLOCK, DataCorruption
+
+    store, bufs = _s3(moto.url, "corrupt")
+    c = _client(moto.url)
+    try:
+        for key in ("bad", "short", "gone"):
+            store.write(key, 6 * MIB, bufs)
+        path = store._object("bad")
+        body = bytearray(c.get_object(Bucket="corrupt", Key=path)["Body"].read())
+        body[5 * MIB + 3 * BLOCK + 8] ^= 0xFF  # the block index stamped in block 1283 (the second part's)
+        c.put_object(Bucket="corrupt", Key=path, Body=bytes(body))
+        with pytest.raises(DataCorruption, match="'bad' block 1283 does not carry its stamp"):
+            store.read("bad", bufs, verify=True)
+        assert store.read("bad", bufs).nbytes == 6 * MIB  # unchecked without --verify, and the store still reads
+        c.put_object(Bucket="corrupt", Key=store._object("short"), Body=bytes(body[: 4 * MIB]))
+        with pytest.raises(DataCorruption, match="ends"):
+            store.read("short", bufs, verify=True)
+        c.delete_object(Bucket="corrupt", Key=store._object("gone"))
+        with pytest.raises(KeyError):
+            store.read("gone", bufs, verify=True)
+    finally:
+        store.close()
+        bufs.close()
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_s3_throttled_ranged_gets_are_retried_per_part_and_counted(moto, status):
+    """Only the throttled part is asked again (after a backoff), not the whole entry: the ranged GETs the
+    server saw are the entry's parts plus one per throttled answer, and each is counted."""
+    from s3_faults import FaultProxy, ranged_gets
+
+    decide, seen = ranged_gets(status, every=3)
+    proxy = FaultProxy(moto.port, decide)
+    store, bufs = _s3(proxy.url, f"throttle{status}")
+    try:
+        store.write("e", 20 * MIB, bufs)
+        assert store.read("e", bufs, verify=True).nbytes == 20 * MIB
+        stats = store.remote_stats()
+        assert seen["failed"] >= 1 and proxy.answered[status] == seen["failed"]
+        assert stats["throttled_requests"] == seen["failed"] and stats["throttle_wait_s"] > 0
+        assert seen["ranged"] == 4 + seen["failed"]
+    finally:
+        store.close()
+        bufs.close()
+        proxy.stop()
+
+
+def test_s3_refused_ranged_get_is_eacces(moto):
+    from s3_faults import FaultProxy, ranged_gets
+
+    decide, _ = ranged_gets(403, every=1)
+    proxy = FaultProxy(moto.port, decide)
+    store, bufs = _s3(proxy.url, "denied")
+    try:
+        store.write("e", 6 * MIB, bufs)
+        with pytest.raises(OSError) as info:
+            store.read("e", bufs, verify=True)
+        assert info.value.errno == errno.EACCES and "refused the credentials" in str(info.value)
+    finally:
+        store.close()
+        bufs.close()
+        proxy.stop()
+
+
+def test_s3_connection_lost_mid_body_is_enotconn_counted_and_a_retry_reads_it(moto):
+    """A ranged GET whose connection drops halfway through its body: the read fails with ENOTCONN (what
+    the cache retries and the error policy counts), the loss is counted, and the read tried again gets
+    the entry whole."""
+    from s3_faults import FaultProxy, ranged_gets
+
+    decide, seen = ranged_gets("cut", every=2)
+    proxy = FaultProxy(moto.port, decide)
+    store, bufs = _s3(proxy.url, "cut")
+    try:
+        store.write("e", 12 * MIB, bufs)
+        with pytest.raises(OSError) as info:
+            store.read("e", bufs, verify=True)
+        assert info.value.errno == errno.ENOTCONN and "connection to the server lost" in str(info.value)
+        assert proxy.cut == 1 and store.remote_stats()["lost_connections"] == 1
+        seen["armed"] = False
+        assert store.read("e", bufs, verify=True).nbytes == 12 * MIB
+    finally:
+        store.close()
+        bufs.close()
+        proxy.stop()

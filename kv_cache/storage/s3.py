@@ -3,21 +3,21 @@
 One object per entry (per block in the block layout) under this run's own prefix (remote.py): writes
 stamp the entry part by part into the worker's ring of slots; an entry of one part is one obstore PUT, a
 larger one a multipart upload of ``part_bytes`` parts, ``concurrency`` of them in flight, through botocore's
-part calls (s3_multipart.py: a throttled part is sent again alone, counted); reads fetch ``part_bytes``
-ranged GETs, ``concurrency`` in flight, each copied chunk by chunk into the worker's read buffer (where
---verify checks the stamps) as soon as it and those before it have arrived.
+part calls (s3_multipart.py: a throttled part is sent again alone, counted); reads (s3_reads.py) fetch
+``part_bytes`` ranged GETs of a presigned URL, ``concurrency`` in flight, whose bodies are received straight
+into the worker's read buffer a chunk at a time (where --verify checks the stamps), with no buffer of
+their own.
 
-What is buffered besides the worker buffers is the client's: a part's request body is its slot's
+What is buffered besides the worker buffers is the client's, on writes: a part's request body is its slot's
 memoryview (no copy: a slot rewritten before its part is acknowledged would change the object, so the ring
-holds ``concurrency`` + 2 parts) and obstore returns each ranged GET in a buffer of its own (up to ``concurrency``
-per read; obstore 0.12 has no read into a caller's buffer), copied into the read buffer and freed. Nothing
-is generated per request.
+holds ``concurrency`` + 2 parts). Nothing is generated per request.
 
 Why obstore for reads and PUTs, botocore for parts: benchmarks/s3_clients.py, same moto server and
 workload (see the README).
 
-``device_ns`` is the time inside the client's calls (waiting for the network and the server, and the
-client's own work there); the stamping, the copies into the read buffer and the checks are ``host_ns``.
+``device_ns`` is the time inside the client's calls on writes (waiting for the network and the server, and
+the client's own work there) and the time waiting for the parts on reads; the stamping, the copies of a
+write moved in from another tier, the checks and the hand-on are ``host_ns``.
 Server throttling (503 SlowDown, 429) is retried here with backoff and counted (RemoteStats); a lost
 connection is an ENOTCONN the cache retries and the error policy counts; a refusal of the credentials
 mid-run is an EACCES, which stops the run.
@@ -26,6 +26,7 @@ mid-run is an EACCES, which stops the run.
 from __future__ import annotations
 
 import errno
+import platform
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -35,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from kv_cache.errors import StorageSetupError
 from kv_cache.storage.base import (
     BLOCK,
-    DataCorruption,
     IOAborted,
     IOResult,
     SizedStore,
@@ -50,13 +50,13 @@ from kv_cache.storage.remote import (
     RemoteStats,
     SlotRing,
     Throttled,
-    deliver,
     marker_json,
     new_run_name,
     stale_owner,
 )
 from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
 from kv_cache.storage.s3_multipart import PartWriter, Upload
+from kv_cache.storage.s3_reads import Connections, RangedReads
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
@@ -121,6 +121,9 @@ class S3Store(SizedStore):
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
         self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
+        self._reads = RangedReads(self._sign, self._pool, Connections(
+            self._setup_call("sign a request", lambda: self._sign(self.run_prefix + MARKER)),
+            workers * self.concurrency, 120.0), self.stats, self.part_bytes, self.concurrency, bucket, name)
         close_at_exit(self)
 
     # ------------------------------------------------------------------ info (as FileStore's)
@@ -163,8 +166,14 @@ class S3Store(SizedStore):
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
                 "endpoint": self.endpoint or "AWS", "bucket": self.bucket, "prefix": self.run_prefix,
-                "multipart_client": f"botocore {self._parts.version}", "part_bytes": self.part_bytes,
-                "concurrency": self.concurrency, **self.stats.as_dict()}
+                "multipart_client": f"botocore {self._parts.version}",
+                "read_client": f"http.client (Python {platform.python_version()}), presigned by obstore, into the read buffer",
+                "part_bytes": self.part_bytes, "concurrency": self.concurrency, **self.stats.as_dict()}
+
+    def _sign(self, path: str) -> str:
+        """The presigned GET URL of `path` (the client's own credentials and endpoint; good 15 minutes,
+        signed afresh for every read)."""
+        return self.obstore.sign(self._s3, "GET", path, timedelta(minutes=15))
 
     # ------------------------------------------------------------------ errors
     def _classify(self, what: str, exc: Exception) -> BaseException:
@@ -351,82 +360,20 @@ class S3Store(SizedStore):
         return path, nbytes, 0
 
     def _get(self, h: Any, offset: int, view: memoryview) -> tuple[int, int]:
-        n = len(view)
-        t = perf_counter_ns()
-        data = self._call(f"s3 read of {h}", lambda: self.obstore.get_range(self._s3, h, start=offset, length=n))
-        ns = perf_counter_ns() - t
-        mv = memoryview(data)
-        if len(mv) < n:
-            raise DataCorruption(f"{self.name}: object {h} ends at {offset + len(mv)}, expected {offset + n} bytes")
-        view[:] = mv
-        return n, ns
+        """Object bytes [offset, offset + len(view)) straight into `view` (s3_reads.py)."""
+        return self._reads.get(h, offset, view)
 
     def _end_read(self, h: Any) -> int:
         return 0
 
-    # ------------------------------------------------------------------ parallel ranged reads
     def read(self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False,
              on_chunk: ChunkSink | None = None) -> IOResult:
-        """The entry as ranged GETs of part_bytes, `concurrency` in flight, each copied chunk by chunk into
-        bufs.read_buf in order (verified there with --verify)."""
-        t0 = perf_counter_ns()
+        """The entry as ranged GETs of part_bytes, `concurrency` in flight, their bodies received straight
+        into bufs.read_buf a chunk at a time, each chunk verified there with --verify and handed on in
+        order (s3_reads.py)."""
         path, nbytes, _ = self._begin_read(key)
-        total = padded(nbytes)
-        part = self.part_bytes
-        starts = list(range(0, total, part))
-        kid = key_id(key) if verify else 0
-        wait_ns = 0
-        c = 0
-
-        def fetch(start: int) -> tuple[Any, int]:
-            t = perf_counter_ns()
-            data = self._call(f"s3 read of {path}", lambda: self.obstore.get_range(
-                self._s3, path, start=start, length=min(part, total - start)))
-            return data, perf_counter_ns() - t
-
-        futures = [self._pool.submit(fetch, s) for s in starts[: self.concurrency]]
-        nxt = len(futures)
-        try:
-            for i, start in enumerate(starts):
-                if stop is not None and stop.is_set():
-                    raise IOAborted(f"read of {key!r} aborted after {start} bytes", start)
-                t = perf_counter_ns()
-                data, _ns = futures[i].result()
-                wait_ns += perf_counter_ns() - t
-                futures[i] = None
-                if nxt < len(starts):
-                    futures.append(self._pool.submit(fetch, starts[nxt]))
-                    nxt += 1
-                body = memoryview(data)
-                want = min(part, total - start)
-                if len(body) < want:
-                    raise DataCorruption(f"{self.name}: object {path} ends at {start + len(body)}, expected {total}")
-                c = deliver(body[:want], start, nbytes, bufs, kid, verify, on_chunk, c, self.name, key)
-                del body, data
-        except IOAborted as e:  # the ranged GETs already under way still cross the wire: count their bytes
-            e.device_bytes += self._drain(futures)
-            e.device_ns = wait_ns
-            raise
-        finally:
-            for f in futures:
-                if f is not None:
-                    f.cancel()
-        t1 = perf_counter_ns()
-        return IOResult(nbytes, total, t1 - t0, wait_ns, t1 - t0 - wait_ns)
-
-    @staticmethod
-    def _drain(futures: list[Any]) -> int:
-        """Cancel the ranged GETs not started; wait for those under way and return the bytes they got."""
-        got = 0
-        for i, f in enumerate(futures):
-            if f is None or f.cancel():
-                continue
-            try:
-                got += len(memoryview(f.result()[0]))
-            except Exception:  # a failed part moved nothing worth counting
-                pass
-            futures[i] = None
-        return got
+        return self._reads.read(key, path, nbytes, padded(nbytes), bufs, key_id(key) if verify else 0, verify,
+                                on_chunk, stop)
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:
@@ -460,6 +407,7 @@ class S3Store(SizedStore):
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._parts.close()
+        self._reads.conns.close()
         for ring in self._rings:
             ring.close()
         forget_at_exit(self)
