@@ -83,3 +83,45 @@ def test_a_negative_shaping_is_refused_by_the_standard_run():
 
     with pytest.raises(UsageError, match="--tier-latency cannot be negative"):
         parse_settings(["--model", "llama3.1-8b", "--tier-latency", "-2"])
+
+
+def test_the_runs_stop_ends_a_hold_instead_of_sleeping_past_the_window(tmp_path):
+    # the stop comes while a chunk is held (set by the real store's put, after its bytes are written): the
+    # hold ends there and the write is abandoned, instead of sleeping out the chunk's 20 s at 819 B/s
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+
+    stop = threading.Event()
+
+    class StopsAfterItsPut(FileStore):
+        def _put(self, h, offset, view, first):
+            out = super()._put(h, offset, view, first)
+            stop.set()
+            return out
+
+    inner = StopsAfterItsPut(tmp_path, CHUNK, io_mode="buffered")
+    s = ShapedStore(inner, Shaping(bandwidth_gbps=CHUNK / 20 / 1e9), stop)
+    bufs = WorkerBuffers(CHUNK, 1, 0)
+    with pytest.raises(IOAborted):
+        s.write("k", 2 * CHUNK, bufs)
+    assert "k" not in inner  # the partial entry is dropped, as at any stop
+    lat = ShapedStore(FileStore(tmp_path / "l", CHUNK, io_mode="buffered"), Shaping(latency_ms=20_000.0), stop)
+    with pytest.raises(IOAborted):  # the latency hold is cut too (the stop is already set)
+        lat.write("k", CHUNK, bufs)
+    b = TokenBucket(1.0)
+    assert b.wait_until(b.reserve(10**9), stop) is False  # cut short: the caller aborts
+    assert TokenBucket(1.0).wait_until(0.0, stop) is True  # a deadline already passed is no cut
+    s.close()
+    lat.close()
+
+
+def test_the_builder_hands_the_runs_stop_to_each_shaped_store(tmp_path):
+    import threading
+
+    m = MemoryStore(1 << 20, slab_bytes=2 * BLOCK)
+    stop = threading.Event()
+    stores = TierSet([Tier("cpu", m, 1 << 20)], memory_store=m)
+    shape_tiers(stores, {"cpu": Shaping(bandwidth_gbps=1.0)}, stop=stop)
+    assert stores.tiers[0].store.stop is stop
+    stores.close()
