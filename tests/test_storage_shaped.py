@@ -125,3 +125,10 @@ def test_the_builder_hands_the_runs_stop_to_each_shaped_store(tmp_path):
     shape_tiers(stores, {"cpu": Shaping(bandwidth_gbps=1.0)}, stop=stop)
     assert stores.tiers[0].store.stop is stop
     stores.close()
+
+
+def test_the_stats_say_what_the_held_seconds_cover():
+    s = ShapedStore(MemoryStore(1 << 20, slab_bytes=2 * BLOCK), Shaping(bandwidth_gbps=1.0))
+    counted = s.stats()["held_counted"]
+    assert "from the tier's open" in counted and "summed over the I/O workers" in counted
+    s.close()

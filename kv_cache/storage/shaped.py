@@ -28,9 +28,12 @@ from typing import Any
 
 from kv_cache.storage.base import IOAborted, StoreBase
 
-__all__ = ["Shaping", "ShapedStore", "TokenBucket"]
+__all__ = ["HELD_COUNTED", "Shaping", "ShapedStore", "TokenBucket"]
 
 GB = 1e9
+HELD_COUNTED = ("read_held_s / write_held_s and the bytes: from the tier's open to when the results were taken "
+                "(warm-up, window and drain, not the window alone), held seconds summed over the I/O workers "
+                "(they can exceed the wall time)")
 _SLICE_S = 3600.0  # the longest single wait (a longer hold is waited in slices: Event.wait's timeout is bounded)
 
 
@@ -180,4 +183,5 @@ class ShapedStore(StoreBase):
         return {"bandwidth_gbps": self.shaping.bandwidth_gbps or None, "latency_ms": self.shaping.latency_ms or None,
                 "unit": "GB/s = 10^9 bytes/s", "read_held_s": self.read_bucket.slept_s,
                 "write_held_s": self.write_bucket.slept_s, "described": self.shaping.describe(),
-                "read_bytes": self.read_bucket.bytes, "write_bytes": self.write_bucket.bytes}
+                "read_bytes": self.read_bucket.bytes, "write_bytes": self.write_bucket.bytes,
+                "held_counted": HELD_COUNTED}
