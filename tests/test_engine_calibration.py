@@ -151,7 +151,11 @@ def test_console_line_quotes_every_entry_with_its_source_kind():
     line = engine_line(cal)
     assert "prefill_mfu 0.65 (FP8 runs: 0.426 of the FP8 peak, fitted on 2 MLPerf runs)" in line
     assert "MLPerf L40S llama3.1-8b fp8 +47% (outside 20%)" in line and "MLPerf H100 llama3.1-8b fp8 +15%," in line
-    assert f"error against {len(ROWS)} published (GPU, model) throughputs" in line
+    pairs = {(r["gpu"], r.get("measured_model") or r["model"]) for r in ROWS}
+    assert len(pairs) < len(ROWS)  # several entries share a pair: the line counts both, apart
+    assert f"error against {len(ROWS)} published throughputs of {len(pairs)} (GPU, model) pairs" in line
+    # the "within" bounds are scoped to the per-layer profiles, which are the only ones they bound
+    assert f"{len(LAYERS)} per-layer profiles (vidur) prefill within 15%, decode within 7%; end to end:" in line
     assert "vLLM H100 llama3.1-8b bf16" in line and "MLPerf H200 llama2-70b fp8" in line
     assert "decode steps at batch 1: vLLM H100 llama3.1-8b bf16 256 tokens" in line
     assert line.count("(outside 20%)") == sum(not r["within_20pct"] for r in WHOLE + STEPS)
