@@ -215,3 +215,21 @@ def test_bad_closed_loop_input_is_refused():
         closed_loop(GPU, EFF, M8, [(100, 10)] * 2, concurrency=1, chunk_tokens=8192, skip=1)
     with pytest.raises(ValueError):
         closed_loop(GPU, EFF, M8, [(10**7, 10)], concurrency=1, chunk_tokens=8192)
+
+
+def test_each_mlperf_entrys_output_per_sample_is_the_runs_tokens_over_its_samples():
+    # calibration.yaml derives the mean output of an MLPerf entry from its run's summary (quoted in the
+    # entry's note): Tokens per second / Samples per second; the workload and the published rate are those
+    import re
+
+    from kv_cache.serving.engine.calibration import _yaml
+
+    mlperf = [e for e in _yaml() if e.get("source_kind") == "MLPerf Inference results"]
+    assert len(mlperf) == 4
+    for e in mlperf:
+        found = re.search(r"Samples per second ([\d.]+), Tokens per second ([\d.]+) -> ([\d.]+) output tokens", e["note"])
+        assert found, e["id"]
+        samples, tokens, per_sample = map(float, found.groups())
+        assert round(tokens / samples, 2) == per_sample == e["workload"]["output_tokens"], e["id"]
+        assert e["published"]["output_tokens_per_s"] == tokens, e["id"]
+        assert e["source"].endswith("/Offline/performance/run_1/mlperf_log_summary.txt"), e["id"]
