@@ -132,3 +132,54 @@ def test_the_stats_say_what_the_held_seconds_cover():
     counted = s.stats()["held_counted"]
     assert "from the tier's open" in counted and "summed over the I/O workers" in counted
     s.close()
+
+
+class _OwnPath(MemoryStore):
+    """A store with its own whole-entry read and write (as the S3 and Redis tiers have), counting its calls."""
+
+    calls: list
+
+    def write(self, key, nbytes, bufs, stop=None):
+        self.calls.append("write")
+        return super().write(key, nbytes, bufs, stop)
+
+    def read(self, key, bufs, stop=None, verify=False, on_chunk=None):
+        self.calls.append("read")
+        return super().read(key, bufs, stop, verify=verify, on_chunk=on_chunk)
+
+
+def test_a_store_with_its_own_read_and_write_keeps_them_under_shaping():
+    # the wrapper must not swap an S3 / Redis tier's parallel or pipelined path for its chunk primitives
+    inner = _OwnPath(1 << 22, slab_bytes=2 * CHUNK)
+    inner.calls = []
+    s = ShapedStore(inner, Shaping(bandwidth_gbps=1000.0, latency_ms=2.0))
+    bufs = WorkerBuffers(CHUNK, 1, 0)
+    w = s.write("k", 3 * CHUNK, bufs)
+    r = s.read("k", bufs, verify=True)
+    assert inner.calls == ["write", "read"]
+    assert s.write_bucket.bytes == w.device_bytes > 0 and s.read_bucket.bytes == r.device_bytes > 0
+    assert w.device_ns >= 2_000_000 and r.device_ns >= 2_000_000  # the latency is device time
+    assert w.total_ns >= w.device_ns and r.total_ns >= r.device_ns
+    s.close()
+
+
+def test_a_write_through_its_own_path_cut_at_stop_is_not_kept():
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+
+    stop = threading.Event()
+
+    class StopsAfterWriting(_OwnPath):
+        def write(self, key, nbytes, bufs, stop_=None):
+            out = super().write(key, nbytes, bufs, stop_)
+            stop.set()
+            return out
+
+    inner = StopsAfterWriting(1 << 22, slab_bytes=2 * CHUNK)
+    inner.calls = []
+    s = ShapedStore(inner, Shaping(bandwidth_gbps=CHUNK / 20 / 1e9), stop)  # 20 s per chunk unless cut
+    with pytest.raises(IOAborted):
+        s.write("k", CHUNK, WorkerBuffers(CHUNK, 1, 0))
+    assert "k" not in inner
+    s.close()

@@ -11,6 +11,10 @@ wrapper holds each operation back until a token bucket allows it.
   at most one chunk of credit (no burst beyond that): over any stretch of time the direction moves at most
   `rate` bytes per second, and a real store slower than the rate is not slowed further.
 - `--tier-latency` is added once per operation (per entry read or written), before its first byte.
+- A store with its own whole-entry read or write (the S3 tier's parallel ranged GETs and part uploads, the
+  Redis tier's pipelines) keeps it: the wrapper calls it and paces the operation as one reservation of its
+  device bytes, instead of putting the store's chunk primitives in its place. Moves between tiers use the
+  primitives on both sides, paced per chunk.
 - The sleeps are part of the measured I/O time: they fall inside the primitives, so they count as device
   time (`IOResult.device_ns`) in every latency and bandwidth the run reports, as a slow device's would.
 - GB/s here are 10^9 bytes per second (the unit storage vendors quote), not GiB/s.
@@ -26,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kv_cache.storage.base import IOAborted, StoreBase
+from kv_cache.storage.base import IOAborted, IOResult, StoreBase
+from kv_cache.storage.buffers import WorkerBuffers
 
 __all__ = ["HELD_COUNTED", "Shaping", "ShapedStore", "TokenBucket"]
 
@@ -132,6 +137,37 @@ class ShapedStore(StoreBase):
     def _paced(self, bucket: TokenBucket, done: int, t0: int) -> None:
         if not bucket.wait_until(bucket.reserve(done, t0 / 1e9), self.stop):
             raise IOAborted(f"{self.name}: shaped hold cut short at stop")
+
+    # -- whole operations: the inner store's own, if it has one (module docstring) ---------------
+    def _own(self, op: str) -> bool:
+        return getattr(type(self.inner), op) is not getattr(StoreBase, op)
+
+    def _held(self, res: IOResult, extra: int, t0: int) -> IOResult:
+        held = time.perf_counter_ns() - t0 - res.total_ns  # the bucket's hold after the real operation
+        return res._replace(total_ns=res.total_ns + extra + held, device_ns=res.device_ns + extra + held)
+
+    def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
+        if not self._own("write"):
+            return super().write(key, nbytes, bufs, stop)
+        extra = self._delay(key)
+        t0 = time.perf_counter_ns()
+        res = self.inner.write(key, nbytes, bufs, stop)
+        try:
+            self._paced(self.write_bucket, res.device_bytes, t0)
+        except IOAborted:
+            self.inner.delete(key)  # abandoned at stop: not kept, as any aborted write
+            raise
+        return self._held(res, extra, t0)
+
+    def read(self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False,
+             on_chunk: Any = None) -> IOResult:
+        if not self._own("read"):
+            return super().read(key, bufs, stop, verify=verify, on_chunk=on_chunk)
+        extra = self._delay(key)
+        t0 = time.perf_counter_ns()
+        res = self.inner.read(key, bufs, stop, verify=verify, on_chunk=on_chunk)
+        self._paced(self.read_bucket, res.device_bytes, t0)
+        return self._held(res, extra, t0)
 
     # -- primitives: the inner store's, paced ---------------------------------------------------
     def _begin_write(self, key: str, nbytes: int) -> tuple[Any, int]:
