@@ -83,3 +83,103 @@ def test_a_negative_shaping_is_refused_by_the_standard_run():
 
     with pytest.raises(UsageError, match="--tier-latency cannot be negative"):
         parse_settings(["--model", "llama3.1-8b", "--tier-latency", "-2"])
+
+
+def test_the_runs_stop_ends_a_hold_instead_of_sleeping_past_the_window(tmp_path):
+    # the stop comes while a chunk is held (set by the real store's put, after its bytes are written): the
+    # hold ends there and the write is abandoned, instead of sleeping out the chunk's 20 s at 819 B/s
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+
+    stop = threading.Event()
+
+    class StopsAfterItsPut(FileStore):
+        def _put(self, h, offset, view, first):
+            out = super()._put(h, offset, view, first)
+            stop.set()
+            return out
+
+    inner = StopsAfterItsPut(tmp_path, CHUNK, io_mode="buffered")
+    s = ShapedStore(inner, Shaping(bandwidth_gbps=CHUNK / 20 / 1e9), stop)
+    bufs = WorkerBuffers(CHUNK, 1, 0)
+    with pytest.raises(IOAborted):
+        s.write("k", 2 * CHUNK, bufs)
+    assert "k" not in inner  # the partial entry is dropped, as at any stop
+    lat = ShapedStore(FileStore(tmp_path / "l", CHUNK, io_mode="buffered"), Shaping(latency_ms=20_000.0), stop)
+    with pytest.raises(IOAborted):  # the latency hold is cut too (the stop is already set)
+        lat.write("k", CHUNK, bufs)
+    b = TokenBucket(1.0)
+    assert b.wait_until(b.reserve(10**9), stop) is False  # cut short: the caller aborts
+    assert TokenBucket(1.0).wait_until(0.0, stop) is True  # a deadline already passed is no cut
+    s.close()
+    lat.close()
+
+
+def test_the_builder_hands_the_runs_stop_to_each_shaped_store(tmp_path):
+    import threading
+
+    m = MemoryStore(1 << 20, slab_bytes=2 * BLOCK)
+    stop = threading.Event()
+    stores = TierSet([Tier("cpu", m, 1 << 20)], memory_store=m)
+    shape_tiers(stores, {"cpu": Shaping(bandwidth_gbps=1.0)}, stop=stop)
+    assert stores.tiers[0].store.stop is stop
+    stores.close()
+
+
+def test_the_stats_say_what_the_held_seconds_cover():
+    s = ShapedStore(MemoryStore(1 << 20, slab_bytes=2 * BLOCK), Shaping(bandwidth_gbps=1.0))
+    counted = s.stats()["held_counted"]
+    assert "from the tier's open" in counted and "summed over the I/O workers" in counted
+    s.close()
+
+
+class _OwnPath(MemoryStore):
+    """A store with its own whole-entry read and write (as the S3 and Redis tiers have), counting its calls."""
+
+    calls: list
+
+    def write(self, key, nbytes, bufs, stop=None):
+        self.calls.append("write")
+        return super().write(key, nbytes, bufs, stop)
+
+    def read(self, key, bufs, stop=None, verify=False, on_chunk=None):
+        self.calls.append("read")
+        return super().read(key, bufs, stop, verify=verify, on_chunk=on_chunk)
+
+
+def test_a_store_with_its_own_read_and_write_keeps_them_under_shaping():
+    # the wrapper must not swap an S3 / Redis tier's parallel or pipelined path for its chunk primitives
+    inner = _OwnPath(1 << 22, slab_bytes=2 * CHUNK)
+    inner.calls = []
+    s = ShapedStore(inner, Shaping(bandwidth_gbps=1000.0, latency_ms=2.0))
+    bufs = WorkerBuffers(CHUNK, 1, 0)
+    w = s.write("k", 3 * CHUNK, bufs)
+    r = s.read("k", bufs, verify=True)
+    assert inner.calls == ["write", "read"]
+    assert s.write_bucket.bytes == w.device_bytes > 0 and s.read_bucket.bytes == r.device_bytes > 0
+    assert w.device_ns >= 2_000_000 and r.device_ns >= 2_000_000  # the latency is device time
+    assert w.total_ns >= w.device_ns and r.total_ns >= r.device_ns
+    s.close()
+
+
+def test_a_write_through_its_own_path_cut_at_stop_is_not_kept():
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+
+    stop = threading.Event()
+
+    class StopsAfterWriting(_OwnPath):
+        def write(self, key, nbytes, bufs, stop_=None):
+            out = super().write(key, nbytes, bufs, stop_)
+            stop.set()
+            return out
+
+    inner = StopsAfterWriting(1 << 22, slab_bytes=2 * CHUNK)
+    inner.calls = []
+    s = ShapedStore(inner, Shaping(bandwidth_gbps=CHUNK / 20 / 1e9), stop)  # 20 s per chunk unless cut
+    with pytest.raises(IOAborted):
+        s.write("k", CHUNK, WorkerBuffers(CHUNK, 1, 0))
+    assert "k" not in inner
+    s.close()

@@ -204,7 +204,8 @@ def _shaped_line(results: Results, tier: str) -> list[str]:
     if not st:
         return []
     return [f"  Shaped: {st.get('described')}; held back {st.get('read_held_s', 0.0):.2f} s reading, "
-            f"{st.get('write_held_s', 0.0):.2f} s writing (since the tiers opened; the sleeps are in the latencies)"]
+            f"{st.get('write_held_s', 0.0):.2f} s writing (since the tiers opened, summed over the I/O workers; "
+            "the sleeps are in the latencies)"]
 
 
 def tier_sections(results: Results) -> list[str]:

@@ -39,16 +39,18 @@ def open_cache(tiers: TierSettings, storage: StorageSettings, eviction: Eviction
     if not stores.tiers:
         return None
     if io_trace_log is None:  # trace mode logs operations instead of doing them: nothing to shape
-        shape_tiers(stores, {tier: Shaping(gbps, ms) for tier, (gbps, ms) in storage.tier_shaping().items()})
+        shape_tiers(stores, {tier: Shaping(gbps, ms) for tier, (gbps, ms) in storage.tier_shaping().items()},
+                    stop=stop)
     return MultiTierCache(stores.tiers, eviction, metrics, bytes_per_token, stop, tracer=stores.tracer,
                           retries=storage.io_retries, verify=storage.verify, on_fault=on_fault)
 
 
-def shape_tiers(stores: TierSet, shaping: Shaping | Mapping[str, Shaping]) -> None:
+def shape_tiers(stores: TierSet, shaping: Shaping | Mapping[str, Shaping],
+                stop: threading.Event | None = None) -> None:
     """Wrap each shaped offload tier's store in a ShapedStore (its own read and write buckets): `shaping` is
     {tier name (cpu, storage): its Shaping}, or one Shaping for the storage tier alone. Inactive shapings
     and the GPU tier are left as they are; each wrapped tier is noted in `stores.notes` and kept in
-    `stores.shaped` (tier name -> the wrapper, for its stats)."""
+    `stores.shaped` (tier name -> the wrapper, for its stats). `stop` (the run's) ends every hold."""
     wanted = {TierName.STORAGE: shaping} if isinstance(shaping, Shaping) else \
         {TierName.of(name): s for name, s in shaping.items()}
     for tier in stores.tiers:
@@ -56,7 +58,7 @@ def shape_tiers(stores: TierSet, shaping: Shaping | Mapping[str, Shaping]) -> No
         if how is None or not how.active or tier.kind is TierName.GPU or tier.store is None \
                 or isinstance(tier.store, ShapedStore):
             continue
-        tier.store = ShapedStore(tier.store, how)
+        tier.store = ShapedStore(tier.store, how, stop)
         stores.shaped[tier.stat_name] = tier.store
         what = "storage tier" if tier.kind is TierName.STORAGE else "cpu (DRAM) tier"
         stores.notes.append(f"the {what}'s real I/O is shaped: {how.describe()} "

@@ -322,10 +322,13 @@ def engine_line(cal: dict[str, Any]) -> str:
     fp8 = cal.get("fp8_compute_efficiency")
     fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs)"
                 if fp8 else "")
+    pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
+    # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
     return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}{fp8_text}, decode_hbm_efficiency "
-            f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published (GPU, model) "
-            f"throughputs (specs/calibration.yaml): prefill within {cal['max_abs_prefill_error']:.0%}, decode "
-            f"within {cal['max_abs_decode_error']:.0%} ({layers} per-layer profiles, vidur){ends}{pair}")
+            f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published throughputs of "
+            f"{pairs} (GPU, model) pairs (specs/calibration.yaml): {layers} per-layer profiles (vidur) prefill "
+            f"within {cal['max_abs_prefill_error']:.0%}, decode within {cal['max_abs_decode_error']:.0%}"
+            f"{ends}{pair}")
 
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
