@@ -82,10 +82,12 @@ def start_moto(port: int | None = None, auth_after: int | None = None) -> Server
     return Server(f"http://127.0.0.1:{port}", port, proc, tmp)
 
 
-def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool = False) -> Server | None:
+def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool = False,
+                unix: bool = False) -> Server | None:
     """A redis-server on 127.0.0.1 with no persistence, its working dir a temporary directory. `tls`: it
     speaks only TLS, with a self-signed certificate made here by openssl (the URL is rediss://, with
-    ssl_cert_reqs=none)."""
+    ssl_cert_reqs=none). `unix`: it listens on a unix socket in that directory too, and the URL is its
+    unix:// one."""
     if missing(REDIS):
         return None
     port = port or free_port()
@@ -101,6 +103,9 @@ def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool
         args += ["--tls-port", str(port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert,
                  "--tls-auth-clients", "no"]
         url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
+    if unix:
+        args += ["--unixsocket", os.path.join(tmp, "redis.sock")]
+        url = f"unix://{os.path.join(tmp, 'redis.sock')}?db=0"
     if maxmemory:
         args += ["--maxmemory", maxmemory, "--maxmemory-policy", "noeviction"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
