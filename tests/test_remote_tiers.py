@@ -923,3 +923,30 @@ def test_s3_connection_lost_mid_body_is_enotconn_counted_and_a_retry_reads_it(mo
         store.close()
         bufs.close()
         proxy.stop()
+
+
+def test_s3_reads_reuse_kept_alive_connections_whose_descriptors_are_above_1023(moto):
+    """A server that keeps connections alive (the fault proxy, as AWS, MinIO and RGW do): each read finds
+    its connection idle in the pool and checks it for an EOF first. That check was a select(), which
+    refuses a descriptor above 1023 (ValueError: filedescriptor out of range), so every read after the
+    first failed in a process with that many files or sockets open (many workers, many connections)."""
+    from s3_faults import FaultProxy, ranged_gets
+
+    decide, seen = ranged_gets(503, every=1)
+    seen["armed"] = False  # nothing is throttled: the proxy only keeps its connections alive
+    proxy = FaultProxy(moto.port, decide)
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the sockets made next are above 1023
+    store, bufs = _s3(proxy.url, "manyfds")
+    try:
+        store.write("e", 11 * MIB, bufs)
+        for _ in range(3):
+            assert store.read("e", bufs, verify=True).nbytes == 11 * MIB
+        idle = [c.sock.fileno() for c in store._reads.conns._idle if c.sock is not None]
+        assert idle and min(idle) > 1023, idle  # the connections were kept, and reused above 1023
+        assert store.remote_stats()["lost_connections"] == 0
+    finally:
+        store.close()
+        bufs.close()
+        proxy.stop()
+        for fd in held:
+            os.close(fd)

@@ -64,7 +64,7 @@ class Connections:
         with self._lock:
             conn = self._idle.pop() if self._idle else self._new()
         sock = conn.sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:  # EOF (or junk) on an idle connection
+        if sock is not None and _readable(sock):  # EOF (or junk) on an idle connection
             conn.close()
         return conn
 
@@ -77,6 +77,14 @@ class Connections:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _readable(sock: Any) -> bool:
+    """Whether `sock` has something to read now (poll, not select: select refuses a descriptor above 1023,
+    which a run with many workers and connections, or a process with many files open, has)."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _status_error(status: int, body: bytes, what: str, bucket: str, name: str, path: str, start: int
