@@ -950,3 +950,37 @@ def test_s3_reads_reuse_kept_alive_connections_whose_descriptors_are_above_1023(
         proxy.stop()
         for fd in held:
             os.close(fd)
+
+
+def test_s3_over_https_behind_a_private_ca_trusts_aws_ca_bundle_in_every_client(monkeypatch):
+    """An https endpoint whose certificate a private CA signed (a self-hosted MinIO): AWS_CA_BUNDLE names
+    it. botocore (the part calls) always read it; obstore and the reads' http.client connections did not, so
+    the run stopped at start with "the server cannot be reached". Now all three trust it: an entry of one
+    part (obstore PUT), a multipart one (botocore) and their ranged GETs (http.client over TLS)."""
+    _need_s3()
+    why = servers.missing(servers.MOTO) or (None if servers.shutil.which("openssl") else "openssl is missing")
+    if why:
+        pytest.skip(why)
+    srv = servers.start_moto(tls=True)
+    try:
+        monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"])
+        import boto3
+
+        boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").create_bucket(Bucket="tls")
+        from kv_cache.storage.s3 import S3Store
+
+        store = S3Store("tls", srv.url, "runs", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        bufs = WorkerBuffers(MIB, 7, 0)
+        for n in (1000, 12 * MIB + 5):
+            store.write(f"e{n}", n, bufs)
+            assert store.read(f"e{n}", bufs, verify=True).nbytes == n
+        assert store._reads.conns.context is not None
+        store.close()
+        bufs.close()
+        monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"] + ".missing")
+        from kv_cache.errors import StorageSetupError
+
+        with pytest.raises(StorageSetupError, match="cannot read the CA bundle"):
+            S3Store("tls", srv.url, "runs", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+    finally:
+        srv.stop()

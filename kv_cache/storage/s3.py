@@ -54,7 +54,7 @@ from kv_cache.storage.remote import (
     new_run_name,
     stale_owner,
 )
-from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
+from kv_cache.storage.s3_client import abort_uploads, ca_bundle, classify, credentials, import_obstore, region
 from kv_cache.storage.s3_multipart import PartWriter, Upload
 from kv_cache.storage.s3_reads import Connections, RangedReads
 
@@ -97,6 +97,14 @@ class S3Store(SizedStore):
                                    "pool_max_idle_per_host": str(max(16, workers * self.concurrency))}
         if endpoint and endpoint.startswith("http://"):
             options["allow_http"] = True
+        ca = ca_bundle()
+        if ca:
+            try:
+                with open(ca, "rb") as fh:
+                    options["root_certificate"] = fh.read()
+            except OSError as e:
+                raise StorageSetupError(f"s3: cannot read the CA bundle {ca!r} (AWS_CA_BUNDLE): {e.strerror}").about(
+                    "s3_endpoint") from None
         kwargs: dict[str, Any] = {"region": region(), "client_options": options,
                                   "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}}
         if endpoint:
@@ -123,7 +131,7 @@ class S3Store(SizedStore):
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
         self._reads = RangedReads(self._sign, self._pool, Connections(
             self._setup_call("sign a request", lambda: self._sign(self.run_prefix + MARKER)),
-            workers * self.concurrency, 120.0), self.stats, self.part_bytes, self.concurrency, bucket, name)
+            workers * self.concurrency, 120.0, ca), self.stats, self.part_bytes, self.concurrency, bucket, name)
         close_at_exit(self)
 
     # ------------------------------------------------------------------ info (as FileStore's)

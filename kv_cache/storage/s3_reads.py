@@ -47,17 +47,26 @@ _NET_ERRORS = (OSError, http.client.HTTPException)
 
 class Connections:
     """HTTP(S) connections to one host, made once (``size`` of them, each connecting on first use and
-    kept alive while the server allows), lent to one part at a time."""
+    kept alive while the server allows), lent to one part at a time. https: one TLS context for all,
+    trusting the system's roots and `cafile` (the CA bundle boto3 and obstore are given)."""
 
-    def __init__(self, url: str, size: int, timeout: float):
+    def __init__(self, url: str, size: int, timeout: float, cafile: str | None = None):
         u = urlsplit(url)
         self.scheme, self.netloc, self.timeout = u.scheme, u.netloc, timeout
+        self.context = None
+        if self.scheme == "https":
+            import ssl  # noqa: PLC0415
+
+            self.context = ssl.create_default_context()
+            if cafile:
+                self.context.load_verify_locations(cafile=cafile)
         self._lock = threading.Lock()
         self._idle = [self._new() for _ in range(max(1, size))]
 
     def _new(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        return cls(self.netloc, timeout=self.timeout)
+        if self.context is not None:
+            return http.client.HTTPSConnection(self.netloc, timeout=self.timeout, context=self.context)
+        return http.client.HTTPConnection(self.netloc, timeout=self.timeout)
 
     def get(self) -> http.client.HTTPConnection:
         """An idle connection (a new one only if all are lent); one the server closed is reopened."""
