@@ -934,7 +934,11 @@ def test_s3_reads_reuse_kept_alive_connections_whose_descriptors_are_above_1023(
 
     decide, seen = ranged_gets(503, every=1)
     seen["armed"] = False  # nothing is throttled: the proxy only keeps its connections alive
+    import gc
+
     proxy = FaultProxy(moto.port, decide)
+    gc.collect()  # earlier tests' sockets closed now, not mid-test (a freed low descriptor would be reused)
+    gc.disable()
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the sockets made next are above 1023
     store, bufs = _s3(proxy.url, "manyfds")
     try:
@@ -950,6 +954,7 @@ def test_s3_reads_reuse_kept_alive_connections_whose_descriptors_are_above_1023(
         proxy.stop()
         for fd in held:
             os.close(fd)
+        gc.enable()
 
 
 def test_s3_over_https_behind_a_private_ca_trusts_aws_ca_bundle_in_every_client(monkeypatch):
