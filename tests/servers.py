@@ -67,25 +67,50 @@ def missing(binary: str) -> str | None:
     return None
 
 
-def start_moto(port: int | None = None, auth_after: int | None = None) -> Server | None:
+def _certificate(tmp: str) -> tuple[str, str, str]:
+    """A private CA and a certificate for 127.0.0.1 it signed (made by openssl, in `tmp`), as (ca.pem,
+    cert.pem, key.pem): a leaf of its own, since rustls (obstore) refuses a CA certificate as a server's."""
+    ca, ca_key = os.path.join(tmp, "ca.pem"), os.path.join(tmp, "ca-key.pem")
+    cert, key, csr = (os.path.join(tmp, n) for n in ("cert.pem", "key.pem", "cert.csr"))
+    ext = os.path.join(tmp, "leaf.ext")
+    with open(ext, "w", encoding="ascii") as fh:
+        fh.write("basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    for args in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kv-cache test CA", "-days", "1",
+                  "-keyout", ca_key, "-out", ca],
+                 ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", csr],
+                 ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+                  "-extfile", ext, "-out", cert]):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp)
+    return ca, cert, key
+
+
+def start_moto(port: int | None = None, auth_after: int | None = None, tls: bool = False) -> Server | None:
     """moto's S3 server on 127.0.0.1. Any access key is accepted, unless `auth_after` is given: then the
-    first `auth_after` requests are let through and every later one needs keys moto's IAM knows."""
+    first `auth_after` requests are let through and every later one needs keys moto's IAM knows. `tls`: it
+    speaks https with a self-signed certificate (made by openssl), whose file is ``extra["ca"]``."""
     if missing(MOTO):
         return None
     port = port or free_port()
     tmp = tempfile.mkdtemp(prefix="kvtest-moto-")
-    proc = subprocess.Popen([shutil.which(MOTO) or MOTO, "-H", "127.0.0.1", "-p", str(port)],
+    extra: list[str] = []
+    if tls:
+        ca, cert, key = _certificate(tmp)
+        extra = ["-c", cert, "-k", key]
+    proc = subprocess.Popen([shutil.which(MOTO) or MOTO, "-H", "127.0.0.1", "-p", str(port), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
                             env={**os.environ, "MOTO_PORT": str(port),
                                  **({"INITIAL_NO_AUTH_ACTION_COUNT": str(auth_after)} if auth_after is not None else {})})
     _wait_port(port, proc)
-    return Server(f"http://127.0.0.1:{port}", port, proc, tmp)
+    return Server(f"{'https' if tls else 'http'}://127.0.0.1:{port}", port, proc, tmp,
+                  {"ca": ca} if tls else {})
 
 
-def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool = False) -> Server | None:
+def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool = False,
+                unix: bool = False) -> Server | None:
     """A redis-server on 127.0.0.1 with no persistence, its working dir a temporary directory. `tls`: it
     speaks only TLS, with a self-signed certificate made here by openssl (the URL is rediss://, with
-    ssl_cert_reqs=none)."""
+    ssl_cert_reqs=none). `unix`: it listens on a unix socket in that directory too, and the URL is its
+    unix:// one."""
     if missing(REDIS):
         return None
     port = port or free_port()
@@ -101,6 +126,9 @@ def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool
         args += ["--tls-port", str(port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert,
                  "--tls-auth-clients", "no"]
         url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
+    if unix:
+        args += ["--unixsocket", os.path.join(tmp, "redis.sock")]
+        url = f"unix://{os.path.join(tmp, 'redis.sock')}?db=0"
     if maxmemory:
         args += ["--maxmemory", maxmemory, "--maxmemory-policy", "noeviction"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)

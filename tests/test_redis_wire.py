@@ -257,3 +257,26 @@ def test_a_read_and_a_write_allocate_nothing_of_a_values_size(store, bufs):
     finally:
         tracemalloc.stop()
     assert wrote < 256 * 1024 and read < 256 * 1024, (wrote, read)
+
+
+def test_a_unix_socket_url_round_trips_and_compares_no_interface():
+    """unix://PATH: the values go over the unix socket the same way; the tier names the socket (it showed
+    ``redis://?:?/0``) and has no interface towards its server (it watched loopback, which the socket's
+    traffic never crosses, and the audit graded the run SUSPECT at 0% of the tier's bytes received)."""
+    _need()
+    from kv_cache.host.netdev import NetCounter
+    from kv_cache.storage.kvstore import RedisStore
+
+    s = servers.start_redis(unix=True)
+    try:
+        store = RedisStore(s.url, MIB, pipeline=3, workers=1)
+        b = WorkerBuffers(MIB, 7, 0)
+        store.write("e", 5 * MIB + 3, b)
+        assert store.read("e", b, verify=True).nbytes == 5 * MIB + 3
+        assert store.cache_dir.startswith("unix://") and store.cache_dir.endswith("redis.sock?db=0")
+        assert store.endpoint_host is None and NetCounter.for_host(store.endpoint_host) is None
+        assert any("unix socket" in n for n in store.notes)
+        store.close()
+        b.close()
+    finally:
+        s.stop()

@@ -369,9 +369,10 @@ def test_s3_multipart_write_faults_keep_their_meaning(fault):
         pytest.skip(servers.missing(servers.MOTO))
     from kv_cache.storage.s3 import S3Store
 
-    srv = servers.start_moto(auth_after=4 if fault == "credentials-refused" else None)
+    srv = servers.start_moto(auth_after=6 if fault == "credentials-refused" else None)
     try:
-        bucket = _bucket(srv.url, "faults")  # then the sweep's listing and the marker: 3 requests let through
+        # then the sweep's listing, the marker, its read-back and botocore's HEAD of it: 5 requests let through
+        bucket = _bucket(srv.url, "faults")
         store = S3Store(bucket, srv.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
         if fault == "server-gone":
             srv.stop()
@@ -893,8 +894,10 @@ def test_s3_throttled_ranged_gets_are_retried_per_part_and_counted(moto, status)
     from s3_faults import FaultProxy, ranged_gets
 
     decide, seen = ranged_gets(status, every=3)
+    seen["armed"] = False  # the open's read-back of the marker is not counted
     proxy = FaultProxy(moto.port, decide)
     store, bufs = _s3(proxy.url, f"throttle{status}")
+    seen["armed"] = True
     try:
         store.write("e", 20 * MIB, bufs)
         assert store.read("e", bufs, verify=True).nbytes == 20 * MIB
@@ -911,9 +914,11 @@ def test_s3_throttled_ranged_gets_are_retried_per_part_and_counted(moto, status)
 def test_s3_refused_ranged_get_is_eacces(moto):
     from s3_faults import FaultProxy, ranged_gets
 
-    decide, _ = ranged_gets(403, every=1)
+    decide, seen = ranged_gets(403, every=1)
+    seen["armed"] = False  # refused from the first read on, not at the open's read-back of the marker
     proxy = FaultProxy(moto.port, decide)
     store, bufs = _s3(proxy.url, "denied")
+    seen["armed"] = True
     try:
         store.write("e", 6 * MIB, bufs)
         with pytest.raises(OSError) as info:
@@ -945,4 +950,144 @@ def test_s3_connection_lost_mid_body_is_enotconn_counted_and_a_retry_reads_it(mo
     finally:
         store.close()
         bufs.close()
+        proxy.stop()
+
+
+def test_s3_reads_reuse_kept_alive_connections_whose_descriptors_are_above_1023(moto):
+    """A server that keeps connections alive (the fault proxy, as AWS, MinIO and RGW do): each read finds
+    its connection idle in the pool and checks it for an EOF first. That check was a select(), which
+    refuses a descriptor above 1023 (ValueError: filedescriptor out of range), so every read after the
+    first failed in a process with that many files or sockets open (many workers, many connections)."""
+    from s3_faults import FaultProxy, ranged_gets
+
+    decide, seen = ranged_gets(503, every=1)
+    seen["armed"] = False  # nothing is throttled: the proxy only keeps its connections alive
+    import gc
+
+    proxy = FaultProxy(moto.port, decide)
+    gc.collect()  # earlier tests' sockets closed now, not mid-test (a freed low descriptor would be reused)
+    gc.disable()
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the sockets made next are above 1023
+    store, bufs = _s3(proxy.url, "manyfds")
+    try:
+        store.write("e", 11 * MIB, bufs)
+        for _ in range(3):
+            assert store.read("e", bufs, verify=True).nbytes == 11 * MIB
+        idle = [c.sock.fileno() for c in store._reads.conns._idle if c.sock is not None]
+        assert idle and min(idle) > 1023, idle  # the connections were kept, and reused above 1023
+        assert store.remote_stats()["lost_connections"] == 0
+    finally:
+        store.close()
+        bufs.close()
+        proxy.stop()
+        for fd in held:
+            os.close(fd)
+        gc.enable()
+
+
+def test_s3_over_https_behind_a_private_ca_trusts_aws_ca_bundle_in_every_client(monkeypatch):
+    """An https endpoint whose certificate a private CA signed (a self-hosted MinIO): AWS_CA_BUNDLE names
+    it. botocore (the part calls) always read it; obstore and the reads' http.client connections did not, so
+    the run stopped at start with "the server cannot be reached". Now all three trust it: an entry of one
+    part (obstore PUT), a multipart one (botocore) and their ranged GETs (http.client over TLS)."""
+    _need_s3()
+    why = servers.missing(servers.MOTO) or (None if servers.shutil.which("openssl") else "openssl is missing")
+    if why:
+        pytest.skip(why)
+    srv = servers.start_moto(tls=True)
+    try:
+        monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"])
+        import boto3
+
+        boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").create_bucket(Bucket="tls")
+        from kv_cache.storage.s3 import S3Store
+
+        store = S3Store("tls", srv.url, "runs", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        bufs = WorkerBuffers(MIB, 7, 0)
+        for n in (1000, 12 * MIB + 5):
+            store.write(f"e{n}", n, bufs)
+            assert store.read(f"e{n}", bufs, verify=True).nbytes == n
+        assert store._reads.conns.context is not None
+        store.close()
+        bufs.close()
+        monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"] + ".missing")
+        from kv_cache.errors import StorageSetupError
+
+        with pytest.raises(StorageSetupError, match="cannot read the CA bundle"):
+            S3Store("tls", srv.url, "runs", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+    finally:
+        srv.stop()
+
+
+def test_s3_a_read_path_that_cannot_verify_the_servers_certificate_is_a_setup_error(monkeypatch):
+    """obstore trusts the server (it made the listing and the marker), but the reads' http.client
+    connections do not (here: Python's TLS contexts load no CA file; elsewhere, a host whose OpenSSL has
+    no CA store while obstore carries its own roots). The store opened, and every read of the run failed
+    as a lost connection; now the open reads the marker back through the read path first: a one-line
+    StorageSetupError naming the TLS failure, and the marker is removed."""
+    import ssl
+
+    _need_s3()
+    why = servers.missing(servers.MOTO) or (None if servers.shutil.which("openssl") else "openssl is missing")
+    if why:
+        pytest.skip(why)
+    srv = servers.start_moto(tls=True)
+    try:
+        monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"])
+        import boto3
+
+        boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").create_bucket(Bucket="tls2")
+        from kv_cache.errors import StorageSetupError
+        from kv_cache.storage.s3 import S3Store
+
+        monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", lambda self, *a, **k: None)
+        with pytest.raises(StorageSetupError) as info:
+            S3Store("tls2", srv.url, "runs", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        msg = str(info.value)
+        assert "read path" in msg and "cannot be reached" in msg and "SSL" in msg and "\n" not in msg, msg
+        monkeypatch.undo()
+        monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"])
+        keys = boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").list_objects_v2(Bucket="tls2")
+        assert keys.get("KeyCount") == 0  # the marker was removed
+    finally:
+        srv.stop()
+
+
+def test_s3_close_retries_a_throttled_delete_and_leaves_nothing(moto):
+    """The run's objects are deleted at close in batches; a batch the server throttled was given up at
+    once, with the marker after it, so the run left everything it wrote on the server. Now the batch is
+    sent again after a backoff (counted), and nothing is left."""
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "closethrottled")
+    proxy = servers.start_throttler(moto.port, every=2, status=503, only="?delete")
+    try:
+        store = S3Store(bucket, proxy.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        bufs = _bufs()
+        for i in range(3):
+            store.write(f"e{i}", 2 * MIB, bufs)
+        proxy.count = 1  # the next batch delete is the 2nd counted: throttled; the one after it passes
+        store.close()
+        bufs.close()
+        assert _objects(moto.url, bucket) == []
+        assert proxy.throttled >= 1 and store.remote_stats()["throttled_requests"] == proxy.throttled
+    finally:
+        proxy.stop()
+
+
+def test_s3_a_read_path_refused_at_start_is_a_setup_error_and_leaves_no_marker(moto):
+    """Ranged GETs refused (403) while the listing and the marker PUT pass: the open's read-back of the
+    marker makes it a one-line setup error (exit 2) naming the read path, not a refusal on the run's first
+    read; the marker is removed."""
+    from s3_faults import FaultProxy, ranged_gets
+
+    from kv_cache.errors import StorageSetupError
+
+    decide, _ = ranged_gets(403, every=1)
+    proxy = FaultProxy(moto.port, decide)
+    try:
+        with pytest.raises(StorageSetupError, match="read path's connections .*credentials were refused"):
+            _s3(proxy.url, "deniedatstart")
+        assert _objects(moto.url, "deniedatstart") == []
+    finally:
         proxy.stop()

@@ -110,6 +110,9 @@ class RedisStore(SizedStore):
             f"redis: the server evicts keys on its own at maxmemory (maxmemory-policy {self.evicting}): entries "
             "it drops are read errors, not a full tier; set maxmemory-policy noeviction to have a full tier refuse "
             "writes (ENOSPC)"]
+        if self.endpoint_host is None:
+            self.notes.append("redis: the server is reached over a unix socket, which crosses no network interface: "
+                              "no interface's bytes are compared with the tier's")
         self.run_name = new_run_name()
         self._sweep()
         self._setup("write the marker", lambda: self._r.set(f"{self.run_name}:{MARKER}", marker_json()))
@@ -142,12 +145,16 @@ class RedisStore(SizedStore):
 
     def _where(self) -> str:
         kw = self._r.connection_pool.connection_kwargs
+        if kw.get("path"):  # a unix:// URL: the socket's path, not a host and port
+            return f"unix://{kw['path']}?db={kw.get('db', 0)}"
         return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
     @property
-    def endpoint_host(self) -> str:
-        """The server's host name (the network counters follow the interface towards it)."""
-        return str(self._r.connection_pool.connection_kwargs.get("host", "localhost"))
+    def endpoint_host(self) -> str | None:
+        """The server's host name (the network counters follow the interface towards it); None over a unix
+        socket, whose traffic crosses no interface (so no interface's bytes are compared with the tier's)."""
+        kw = self._r.connection_pool.connection_kwargs
+        return None if kw.get("path") else str(kw.get("host", "localhost"))
 
     def free_bytes(self) -> int | None:
         """maxmemory less used_memory (None: no maxmemory set, the tier is unbounded)."""

@@ -54,7 +54,7 @@ from kv_cache.storage.remote import (
     new_run_name,
     stale_owner,
 )
-from kv_cache.storage.s3_client import abort_uploads, classify, credentials, import_obstore, region
+from kv_cache.storage.s3_client import abort_uploads, ca_bundle, classify, credentials, import_obstore, region
 from kv_cache.storage.s3_multipart import PartWriter, Upload
 from kv_cache.storage.s3_reads import Connections, RangedReads
 
@@ -97,6 +97,14 @@ class S3Store(SizedStore):
                                    "pool_max_idle_per_host": str(max(16, workers * self.concurrency))}
         if endpoint and endpoint.startswith("http://"):
             options["allow_http"] = True
+        ca = ca_bundle()
+        if ca:
+            try:
+                with open(ca, "rb") as fh:
+                    options["root_certificate"] = fh.read()
+            except OSError as e:
+                raise StorageSetupError(f"s3: cannot read the CA bundle {ca!r} (AWS_CA_BUNDLE): {e.strerror}").about(
+                    "s3_endpoint") from None
         kwargs: dict[str, Any] = {"region": region(), "client_options": options,
                                   "retry_config": {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}}
         if endpoint:
@@ -119,12 +127,30 @@ class S3Store(SizedStore):
         self.run_name = new_run_name()
         self.run_prefix = f"{self.base_prefix}{self.run_name}/"
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
-        self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker_json()))
+        marker = marker_json()
+        self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker))
         self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
         self._reads = RangedReads(self._sign, self._pool, Connections(
             self._setup_call("sign a request", lambda: self._sign(self.run_prefix + MARKER)),
-            workers * self.concurrency, 120.0), self.stats, self.part_bytes, self.concurrency, bucket, name)
+            workers * self.concurrency, 120.0, ca), self.stats, self.part_bytes, self.concurrency, bucket, name)
         close_at_exit(self)
+        self._check_clients(len(marker))
+
+    def _check_clients(self, marker_bytes: int) -> None:
+        """Prove, before anything runs, the two clients the listing and the marker did not use: the reads'
+        connections (a ranged GET of the marker: TLS trust and the presigned URL) and botocore's part
+        calls (a HEAD of the marker: its own credential chain and CA bundle). Either failing used to show
+        only mid-run, as lost connections or refused writes; now it is a one-line setup error, exit 2, and
+        the marker is removed."""
+        path = self.run_prefix + MARKER
+        try:
+            self._setup_call("read through the read path's connections",
+                             lambda: self._reads.get(path, 0, memoryview(bytearray(marker_bytes))))
+            self._setup_call("reach the server through botocore's part calls", lambda: self._parts.call(
+                f"s3 HEAD of {path}", self._parts.client.head_object, Bucket=self.bucket, Key=path))
+        except StorageSetupError:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ info (as FileStore's)
     fs_type = "s3"
@@ -202,7 +228,9 @@ class S3Store(SizedStore):
             if e.errno == errno.EACCES:
                 why = "the credentials were refused"
             elif e.errno == errno.ENOTCONN:
-                why = "the server cannot be reached"
+                cause = e.__cause__ or e
+                why = "the server cannot be reached" + (f" ({type(cause).__name__}: {(str(cause).splitlines() or [''])[0]})"
+                                                        if "SSL" in type(cause).__name__ else "")
             else:
                 why = str(e).split(": ", 1)[-1]
             raise StorageSetupError(f"s3: cannot {what} in {where}: {why}").about("s3_endpoint") from None
@@ -399,10 +427,11 @@ class S3Store(SizedStore):
         finally:
             if got:
                 self._lock.release()
-        try:
+        try:  # a throttled delete is retried after backoffs (it used to leave the run's objects, marker too)
             for i in range(0, len(paths), 1000):
-                self.obstore.delete(self._s3, paths[i:i + 1000])
-            self.obstore.delete(self._s3, self.run_prefix + MARKER)
+                batch = paths[i:i + 1000]
+                self._call("s3 delete of the run's objects", lambda b=batch: self.obstore.delete(self._s3, b))
+            self._call("s3 delete of the marker", lambda: self.obstore.delete(self._s3, self.run_prefix + MARKER))
         except Exception:  # the server is gone: the next run's sweep removes what is left
             pass
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -44,6 +44,22 @@ def credentials() -> Any:
     return Boto3CredentialProvider(session)
 
 
+def ca_bundle() -> str | None:
+    """The CA bundle boto3 trusts for https endpoints (``AWS_CA_BUNDLE``, or ``ca_bundle`` in
+    ~/.aws/config): the part calls get it from botocore itself; obstore (``root_certificate``) and the reads'
+    http.client connections are given the same file, so a server behind a private CA (a self-hosted MinIO)
+    is trusted by all three clients or by none."""
+    path = os.environ.get("AWS_CA_BUNDLE") or None
+    if path is None:
+        try:
+            import boto3  # noqa: PLC0415
+
+            path = boto3.Session().get_config_variable("ca_bundle") or None
+        except Exception:  # boto3 missing, or a config it cannot read
+            path = None
+    return path
+
+
 def region() -> str:
     for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         if os.environ.get(var):

@@ -47,24 +47,33 @@ _NET_ERRORS = (OSError, http.client.HTTPException)
 
 class Connections:
     """HTTP(S) connections to one host, made once (``size`` of them, each connecting on first use and
-    kept alive while the server allows), lent to one part at a time."""
+    kept alive while the server allows), lent to one part at a time. https: one TLS context for all,
+    trusting the system's roots and `cafile` (the CA bundle boto3 and obstore are given)."""
 
-    def __init__(self, url: str, size: int, timeout: float):
+    def __init__(self, url: str, size: int, timeout: float, cafile: str | None = None):
         u = urlsplit(url)
         self.scheme, self.netloc, self.timeout = u.scheme, u.netloc, timeout
+        self.context = None
+        if self.scheme == "https":
+            import ssl  # noqa: PLC0415
+
+            self.context = ssl.create_default_context()
+            if cafile:
+                self.context.load_verify_locations(cafile=cafile)
         self._lock = threading.Lock()
         self._idle = [self._new() for _ in range(max(1, size))]
 
     def _new(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        return cls(self.netloc, timeout=self.timeout)
+        if self.context is not None:
+            return http.client.HTTPSConnection(self.netloc, timeout=self.timeout, context=self.context)
+        return http.client.HTTPConnection(self.netloc, timeout=self.timeout)
 
     def get(self) -> http.client.HTTPConnection:
         """An idle connection (a new one only if all are lent); one the server closed is reopened."""
         with self._lock:
             conn = self._idle.pop() if self._idle else self._new()
         sock = conn.sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:  # EOF (or junk) on an idle connection
+        if sock is not None and _readable(sock):  # EOF (or junk) on an idle connection
             conn.close()
         return conn
 
@@ -77,6 +86,14 @@ class Connections:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _readable(sock: Any) -> bool:
+    """Whether `sock` has something to read now (poll, not select: select refuses a descriptor above 1023,
+    which a run with many workers and connections, or a process with many files open, has)."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _status_error(status: int, body: bytes, what: str, bucket: str, name: str, path: str, start: int
