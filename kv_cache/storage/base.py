@@ -131,7 +131,9 @@ class StoreBase:
     def _commit(self, h: Any) -> int:  # pragma: no cover
         raise NotImplementedError
 
-    def _abort(self, h: Any) -> None:  # pragma: no cover
+    def _abort(self, h: Any) -> int | None:  # pragma: no cover
+        """Drop a write begun with _begin_write; a store that holds back what `_put` was given (S3's
+        parts) returns the bytes it never sent, so they are not counted as moved."""
         raise NotImplementedError
 
     def _begin_read(self, key: str) -> tuple[Any, int, int]:  # pragma: no cover
@@ -189,9 +191,8 @@ class StoreBase:
                 dev_bytes += b
                 dev_ns += ns
             dev_ns += self._commit(h)
-        except IOAborted as e:
-            self._abort(h)
-            e.device_bytes = dev_bytes
+        except IOAborted as e:  # a store whose _abort returns the bytes it never sent counts only the rest
+            e.device_bytes = dev_bytes - (self._abort(h) or 0)
             e.device_ns = dev_ns
             raise
         except BaseException:
@@ -313,10 +314,9 @@ class StoreBase:
             w_t += t2 - t
             wh = None
         except BaseException as e:
-            if wh is not None:
-                dst._abort(wh)
+            unsent = (dst._abort(wh) or 0) if wh is not None else 0  # bytes put but never sent (S3 parts)
             if isinstance(e, IOAborted):
-                e.device_bytes = r_bytes + w_bytes
+                e.device_bytes = r_bytes + w_bytes - unsent
                 e.device_ns = r_dev + w_dev
             self._end_read(h)
             raise

@@ -338,10 +338,13 @@ class S3Store(SizedStore):
                 return ns
         raise RuntimeError(f"{self.name}: entry {h.key!r} was removed or the store closed during its write")
 
-    def _abort(self, h: _Pending) -> None:
+    def _abort(self, h: _Pending) -> int:
+        """Drop the entry being written (its upload aborted, its object deleted); returns the bytes handed
+        to `_send` that never crossed the wire (an unsent single part, parts cancelled before they started)."""
+        unsent = len(h.single) if h.single is not None else 0
         upload, h.upload, h.single, h.slot = h.upload, None, None, None
         if upload is not None:
-            upload.abort()
+            unsent += upload.abort()
         with self._lock:
             mine = self._paths.get(h.key) == h.path
             if mine:
@@ -351,6 +354,7 @@ class S3Store(SizedStore):
             self.obstore.delete(self._s3, h.path)
         except Exception:
             pass
+        return unsent
 
     def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
         """Stamp the entry part by part into this thread's ring and send each part as it is stamped
@@ -371,9 +375,8 @@ class S3Store(SizedStore):
                 dev_ns += self._send(h, slot.write_mv[:n])
                 off += n
             dev_ns += self._commit(h)
-        except IOAborted as e:
-            self._abort(h)
-            e.device_bytes, e.device_ns = off, dev_ns
+        except IOAborted as e:  # only what was sent counts: the network carried that, not the stamped rest
+            e.device_bytes, e.device_ns = off - self._abort(h), dev_ns
             raise
         except BaseException:
             self._abort(h)

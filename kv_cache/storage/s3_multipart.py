@@ -124,7 +124,7 @@ class Upload:
 
     def __init__(self, owner: PartWriter, path: str, upload_id: str):
         self.owner, self.path, self.upload_id = owner, path, upload_id
-        self.flying: deque[Future] = deque()
+        self.flying: deque[tuple[Future, int]] = deque()  # (the part's future, its bytes)
         self.etags: list[str] = []
         self.sent = 0
 
@@ -134,7 +134,7 @@ class Upload:
                       Key=self.path, UploadId=self.upload_id, PartNumber=number, Body=body)["ETag"]
 
     def _settle_oldest(self) -> None:
-        self.etags.append(self.flying.popleft().result())
+        self.etags.append(self.flying.popleft()[0].result())
 
     def send(self, body: memoryview) -> int:
         """Start the next part (`body`, the slot's view) once fewer than `concurrency` are in flight;
@@ -144,7 +144,7 @@ class Upload:
             self._settle_oldest()
         ns = perf_counter_ns() - t
         self.sent += 1
-        self.flying.append(self.owner.pool.submit(self._part, self.sent, body))
+        self.flying.append((self.owner.pool.submit(self._part, self.sent, body), len(body)))
         return ns
 
     def complete(self) -> int:
@@ -158,12 +158,14 @@ class Upload:
                Bucket=o.bucket, Key=self.path, UploadId=self.upload_id, MultipartUpload={"Parts": parts})
         return perf_counter_ns() - t
 
-    def abort(self) -> None:
+    def abort(self) -> int:
         """Cancel the parts not started, wait for those under way, abort the upload (its parts freed on the
-        server; throttling retried). Never raises: what cannot be aborted now the next run's sweep aborts."""
-        for f in self.flying:
-            f.cancel()
-        for f in self.flying:
+        server; throttling retried); returns the bytes of the parts cancelled before they were sent (they
+        never crossed the wire). Never raises: what cannot be aborted now the next run's sweep aborts."""
+        unsent = sum(n for f, n in self.flying if f.cancel())
+        for f, _ in self.flying:
+            if f.cancelled():
+                continue
             try:
                 f.result()
             except BaseException:  # noqa: BLE001  (the failure being handled is the caller's)
@@ -175,3 +177,4 @@ class Upload:
                    Bucket=o.bucket, Key=self.path, UploadId=self.upload_id)
         except Exception:  # noqa: BLE001
             pass
+        return unsent

@@ -184,8 +184,8 @@ class ShapedStore(StoreBase):
     def _commit(self, h: Any) -> int:
         return self.inner._commit(h)
 
-    def _abort(self, h: Any) -> None:
-        self.inner._abort(h)
+    def _abort(self, h: Any) -> int | None:
+        return self.inner._abort(h)
 
     def _begin_read(self, key: str) -> tuple[Any, int, int]:
         extra = self._delay(key)
