@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TextIO
 
 from kv_cache.metrics.stats import CLAMP_MARK
@@ -109,11 +110,52 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         out.write(f"  WORK FLAG {r['tiers']} @ {r['sessions']}: {'; '.join(r['work']['flag_reasons'])}\n")
     warnings = results.get("warnings") or []
     if warnings:
-        out.write(f"\nWarnings ({len(warnings)}; cells marked ! above):\n")
-        for w in warnings:
+        lines = grouped_warnings(warnings, results["rungs"])
+        count = str(len(warnings)) if len(lines) == len(warnings) else f"{len(lines)} lines for {len(warnings)} warnings"
+        out.write(f"\nWarnings ({count}; cells marked ! above):\n")
+        for w in lines:
             out.write(f"  - {w}\n")
     out.write(f"\nMethod: {results['method']}\n")
     _answer(results, out)
+
+
+_CELL = re.compile(r"^(\S+) @ (\d+) sessions: ")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def grouped_warnings(warnings: list[str], rungs: list[dict[str, Any]]) -> list[str]:
+    """The console's warning lines: the warnings of one cell ("config @ N sessions: ...") that read the same once
+    their figures are ignored (one per replication) as one line, at the first one's place: its text, how many of
+    the cell's replications said it and the figures that differ. Any other warning as it is."""
+    reps = {(r.get("tiers"), r.get("sessions")): (r.get("replications") or {}).get("k") for r in rungs}
+    groups: dict[tuple[str, str], list[str]] = {}
+    order: list[tuple[str, str] | str] = []
+    for w in warnings:
+        m = _CELL.match(w)
+        if not m:
+            order.append(w)
+            continue
+        key = (m.group(0), _NUMBER.sub("#", w[m.end():]))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(w)
+    lines = []
+    for item in order:
+        if isinstance(item, str):
+            lines.append(item)
+            continue
+        texts = groups[item]
+        if len(texts) == 1:
+            lines.append(texts[0])
+            continue
+        m = _CELL.match(texts[0])
+        k = reps.get((m.group(1), int(m.group(2)))) if m else None
+        said = f"in {len(texts)} of the {k} replications" if k and len(texts) <= k else f"said {len(texts)} times"
+        figures = zip(*(_NUMBER.findall(t[len(item[0]):]) for t in texts), strict=True)
+        differ = "; ".join(" / ".join(f) for f in figures if len(set(f)) > 1)
+        lines.append(f"{texts[0]} ({said}{'; figures differ: ' + differ if differ else ''})")
+    return lines
 
 
 def _answer(results: dict[str, Any], out: TextIO) -> None:
