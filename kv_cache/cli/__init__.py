@@ -35,7 +35,7 @@ from kv_cache.cli.report_cmd import (
 from kv_cache.cli.resolve import resolve_run
 from kv_cache.cli.sessions import SessionsSettings, resolve_sessions
 from kv_cache.cli.stdout import StdStreams, install, tolerant_stdio
-from kv_cache.core.group import abort_peers
+from kv_cache.core.group import abort_peers, leave_after_lost_ranks
 from kv_cache.errors import ExitCode, KvCacheError, UsageError
 from kv_cache.settings.run import RunSettings
 from kv_cache.settings.validation import advisories
@@ -323,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     stdout and stderr are tolerant of a gone reader meanwhile (cli/stdout.py): `kv-cache ... | head` runs
     to its end, writes every file, and a command that would end 0 ends 141 (exits.after_output)."""
     with tolerant_stdio() as stdio:
-        return _main(list(sys.argv[1:] if argv is None else argv), stdio)
+        code = _main(list(sys.argv[1:] if argv is None else argv), stdio)
+    leave_after_lost_ranks(code)  # a survivor of a lost MPI rank exits without MPI_Finalize (it can hang)
+    return code
 
 
 def _main(argv: list[str], stdio: StdStreams) -> int:

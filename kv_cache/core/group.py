@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import uuid
 from typing import Any, Protocol
 
 from kv_cache.errors import ExitCode, KvCacheError, RanksLost
 
-__all__ = ["GroupBroken", "RankGroup", "abort_peers", "mpi_group", "open_group", "shared_filesystem_count",
+__all__ = ["GroupBroken", "RankGroup", "abort_peers", "leave_after_lost_ranks", "mpi_group", "open_group", "shared_filesystem_count",
            "shared_run_id"]
 
 _ACTIVE: list[MpiGroup] = []  # the MPI group of this process, once mpi_group made one
@@ -185,6 +186,21 @@ def abort_peers(code: int) -> None:
     would make `mpirun` exit 0 instead of the ranks' 4."""
     if _ACTIVE and code != ExitCode.RANKS_LOST:
         _ACTIVE[0].abort(code)
+
+
+def leave_after_lost_ranks(code: int) -> None:
+    """Under MPI with a rank lost (exit 4: only `mpirun --with-ft ulfm` lets a survivor get here), end this
+    process now with `code`, without MPI_Finalize: with a failed peer, Open MPI's Finalize can wait forever
+    (seen in CI: the survivor printed its one-line error, wrote what it had, and never exited, so mpirun
+    never ended). Called last, once every file is written and the streams are flushed."""
+    if not _ACTIVE or code != ExitCode.RANKS_LOST:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a gone reader or a closed stream: nothing more to say
+            pass
+    os._exit(code)
 
 
 def filesystem_id(path: str) -> str:
