@@ -18,6 +18,7 @@ from kv_cache.serving.engine.calibration import (
     end_to_end_tokens_per_s,
     fit_fp8_compute_efficiency,
     fp8_compute_efficiency,
+    gpu_checks,
 )
 from kv_cache.serving.engine.closed_loop import closed_loop
 from kv_cache.settings.sections import InferenceModelConfig
@@ -268,3 +269,47 @@ def test_each_mlperf_entrys_output_per_sample_is_the_runs_tokens_over_its_sample
         assert e["published"]["output_tokens_per_s"] == tokens, e["id"]
         scenario = "Server" if e["id"] == BF16_MLPERF else "Offline"
         assert e["source"].endswith(f"/{scenario}/performance/run_1/mlperf_log_summary.txt"), e["id"]
+
+
+# -- what the table says of a run's own GPU ----------------------------------------------------------------
+def test_a_gpu_with_16_bit_checks_all_within_20_percent_is_validated():
+    a100 = gpu_checks(ROWS, "a100", 2.0)
+    assert a100["status"] == "validated" and not a100["unvalidated"]
+    assert len(a100["checks"]) == len([r for r in LAYERS if r["gpu"] == "a100"]) and a100["precision"] == "16-bit"
+    assert "3 published checks: 3 within 20 %" in a100["statement"]
+
+
+def test_a_gpu_with_one_16_bit_check_outside_is_mixed_and_names_it():
+    h100 = gpu_checks(ROWS, "h100", 2.0)
+    here = [r for r in ROWS if r["gpu"] == "h100" and r["dtype"] in ("fp16", "bf16")]
+    out = [r for r in here if not r.get("within_20pct", True)]
+    assert h100["status"] == "mixed" and not h100["unvalidated"] and len(out) == 1
+    assert f"{len(here)} published checks: {len(here) - 1} within 20 %" in h100["statement"]
+    assert "1 outside (MLPerf deepseek-r1-distill-llama-8b bf16 +36%)" in h100["statement"]
+
+
+def test_a_gpu_whose_only_check_is_outside_is_unvalidated_and_says_so():
+    l40s = gpu_checks(ROWS, "l40s", 2.0)
+    assert l40s["status"] == "other_precision" and l40s["unvalidated"]
+    assert [c["within_20pct"] for c in l40s["checks"]] == [False]
+    assert "no check at 16-bit" in l40s["statement"] and "MLPerf llama3.1-8b fp8 +47%" in l40s["statement"]
+    assert "absolute figures (sessions held, throughput, TTFT) are unvalidated" in l40s["statement"]
+
+
+def test_a_gpu_with_no_entry_is_unchecked_and_one_with_other_precision_checks_within_is_not_flagged():
+    b200 = gpu_checks(ROWS, "b200", 2.0)
+    assert (b200["status"], b200["unvalidated"], b200["checks"]) == ("unchecked", True, [])
+    h200 = gpu_checks(ROWS, "h200", 2.0)  # FP8 MLPerf only, within 20 %: said, not flagged
+    assert h200["status"] == "other_precision" and not h200["unvalidated"] and "MLPerf llama2-70b fp8 -11%" in h200["statement"]
+
+
+def test_weights_other_than_2_bytes_match_no_entry():
+    # the sessions engine costs every run at the 16-bit rate, so 1-byte weights are not the FP8 entries' costing
+    h100 = gpu_checks(ROWS, "h100", 1.0)
+    assert h100["status"] == "other_precision" and h100["precision"] == "1-byte weights at the 16-bit rate"
+
+
+def test_the_console_line_ends_with_this_runs_gpu():
+    cal = {"prefill_mfu": 0.65, "decode_hbm_efficiency": 0.7, "this_pair": None, "entries": ROWS,
+           "max_abs_prefill_error": 0.15, "max_abs_decode_error": 0.07, "this_gpu": gpu_checks(ROWS, "l40s", 2.0)}
+    assert engine_line(cal).endswith("this run's GPU: " + cal["this_gpu"]["statement"])

@@ -140,6 +140,10 @@ def test_grid_run_prints_one_table_and_answer_per_cell(argv, tmp_path, capsys):
     assert data["rungs"] == data["grid"][0]["rungs"]  # the first cell is the document's own (readers keep working)
     cal = data["parameters"]["engine_calibration"]
     assert len(cal["entries"]) >= 3 and cal["max_abs_prefill_error"] <= 0.2 and cal["this_pair"] is None
+    # the L40S's only published check is outside 20 %: every cell says its absolute figures are unvalidated
+    assert cal["this_gpu"]["unvalidated"] and all(
+        c["warnings"][0].startswith("engine model unvalidated on this GPU: on L40S") for c in data["grid"])
+    assert out.count("engine model unvalidated on this GPU") >= 2
     assert data["parameters"]["dram_write_through"] is True
     # `kv-cache report` of the grid reprints every cell and the grid lines (it printed the first cell only)
     from argparse import Namespace

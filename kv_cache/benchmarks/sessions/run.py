@@ -32,7 +32,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.serving.engine.calibration import calibration_errors, constants
+from kv_cache.serving.engine.calibration import calibration_errors, constants, gpu_checks
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.storage.shaped import Shaping
@@ -296,6 +296,7 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "max_abs_decode_error": max(abs(r["decode_error"]) for r in layers),
         "this_pair": this[0] if this else None,
         "this_pair_published": [r for r in whole + steps if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)],
+        "this_gpu": gpu_checks(rows, ls.gpu_name, ls.efficiency.weight_bytes_per_param),
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"],
                         "compute_efficiency": r["compute_efficiency"]} for r in whole],
@@ -324,6 +325,8 @@ def engine_line(cal: dict[str, Any]) -> str:
                 if fp8 else "")
     pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
     # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
+    gpu = cal.get("this_gpu")
+    pair += f"; this run's GPU: {gpu['statement']}" if gpu else ""
     return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}{fp8_text}, decode_hbm_efficiency "
             f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published throughputs of "
             f"{pairs} (GPU, model) pairs (specs/calibration.yaml): {layers} per-layer profiles (vidur) prefill "
@@ -333,7 +336,22 @@ def engine_line(cal: dict[str, Any]) -> str:
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
            done_rungs: list[dict[str, Any]]) -> tuple[dict[str, Any], bool, str | None]:
-    """One cell's ladder: (body, interrupted, storage error)."""
+    """One cell's ladder: (body, interrupted, storage error); its warnings lead with the engine model's
+    (engine_gpu_warning), whichever way the ladder ended."""
+    body, interrupted, error = _climb_ladder(s, ls, scripts, out, done_rungs)
+    body["warnings"] = engine_gpu_warning(ls) + list(body.get("warnings") or [])
+    return body, interrupted, error
+
+
+def engine_gpu_warning(ls: LadderSettings) -> list[str]:
+    """A warning when no published check of the roofline on this run's GPU is within 20 %
+    (calibration.gpu_checks): the run's absolute figures then rest on constants no run of that GPU supports."""
+    this = gpu_checks(calibration_errors(ls.efficiency), ls.gpu_name, ls.efficiency.weight_bytes_per_param)
+    return [f"engine model unvalidated on this GPU: {this['statement']}"] if this["unvalidated"] else []
+
+
+def _climb_ladder(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
+                  done_rungs: list[dict[str, Any]]) -> tuple[dict[str, Any], bool, str | None]:
     ladder, tiers = list(s.ladder), list(s.tiers)
     try:
         body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed), out,

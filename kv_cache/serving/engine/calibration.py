@@ -56,6 +56,7 @@ __all__ = [
     "exact_compute_efficiency",
     "fit_fp8_compute_efficiency",
     "fp8_compute_efficiency",
+    "gpu_checks",
 ]
 
 BAND = 0.20  # the error the tests hold each claimed entry within
@@ -332,7 +333,7 @@ def _layer_row(e: CalibrationEntry, eff: roofline.Efficiency) -> dict[str, Any]:
         "decode_published_tokens_per_s": e.decode_tokens_per_s,
         "decode_modelled_tokens_per_s": round(decode, 1),
         "decode_error": round(decode / e.decode_tokens_per_s - 1, 4),
-        "kind": e.kind, "source_kind": e.source_kind,
+        "kind": e.kind, "source_kind": e.source_kind, "dtype": "fp16",  # vidur profiles in torch.float16
     }
 
 
@@ -387,3 +388,63 @@ def calibration_errors(eff: roofline.Efficiency) -> list[dict[str, Any]]:
     decode-step and end-to-end entries ``error``; every row has ``kind`` and ``source_kind``."""
     key = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, eff.weight_bytes_per_param)
     return [dict(r) for r in _rows(key)]
+
+
+# fp16 and bf16 share the tensor cores' dense rate and 2 bytes per element: one precision class to the roofline
+_CLASS = {"fp16": "16-bit", "bf16": "16-bit", "fp8": "fp8"}
+
+
+def _errors(row: dict[str, Any]) -> list[float]:
+    return [row["prefill_error"], row["decode_error"]] if row["kind"] == "layer_profile" else [row["error"]]
+
+
+def _check_text(row: dict[str, Any]) -> str:
+    errs = " / ".join(f"{x:+.0%}" for x in _errors(row))
+    what = {"layer_profile": "prefill / decode ",
+            "decode_step": f"decode step at {row.get('context_tokens', 0):,} tokens "}.get(row["kind"], "")
+    return f"{row['source_kind'].split(' ')[0]} {row.get('measured_model') or row['model']} {row['dtype']} {what}{errs}"
+
+
+def gpu_checks(rows: list[dict[str, Any]], gpu: str, weight_bytes_per_param: float) -> dict[str, Any]:
+    """What the published table says of the roofline on one run's GPU at the run's precision: the entries on
+    that GPU, and ``status`` (the sessions engine costs every run at the 16-bit dense rate: 2-byte weights are
+    the table's 16-bit entries; other weight sizes match no entry, as the FP8 entries are costed at the FP8
+    rate):
+
+    - ``validated``: every check at this precision on this GPU is within 20 %;
+    - ``mixed``: some within 20 %, some outside;
+    - ``outside``: every check at this precision is outside 20 %;
+    - ``other_precision``: no check at this precision, only at another;
+    - ``unchecked``: no published entry on this GPU.
+
+    ``unvalidated`` is true where no check on this GPU, at any precision, is within 20 % (outside, or
+    unchecked, or only other-precision checks that are all outside): the run's absolute figures then rest on
+    constants that no published run of this GPU supports, and the run says so. ``statement`` is the sentence."""
+    mine = [r for r in rows if r["gpu"] == gpu]
+    w = float(weight_bytes_per_param)
+    cls = "16-bit" if w == 2.0 else f"{w:g}-byte weights at the 16-bit rate"
+    here = [r for r in mine if _CLASS.get(r["dtype"]) == cls]
+    within = [r for r in here if all(abs(x) <= BAND for x in _errors(r))]
+    others = [r for r in mine if r not in here]
+    g = gpu.upper()
+    if not mine:
+        status, text = "unchecked", f"on {g} the roofline has no published check: this run's absolute figures are unvalidated"
+    elif not here:
+        status = "other_precision"
+        text = (f"on {g} the roofline has no check at {cls}; at other precisions: "
+                + ", ".join(_check_text(r) for r in others))
+    else:
+        status = "validated" if len(within) == len(here) else "mixed" if within else "outside"
+        out = [r for r in here if r not in within]
+        text = (f"on {g} at {cls} the roofline has {len(here)} published check{'s' * (len(here) > 1)}: "
+                f"{len(within)} within 20 %" + (f" ({', '.join(_check_text(r) for r in within)})" if within else "")
+                + (f"; {len(out)} outside ({', '.join(_check_text(r) for r in out)})" if out else ""))
+    unvalidated = not any(all(abs(x) <= BAND for x in _errors(r)) for r in mine)
+    if unvalidated and mine:
+        text += ("; no check on this GPU is within 20 %: this run's absolute figures (sessions held, throughput, "
+                 "TTFT) are unvalidated")
+    return {"gpu": gpu, "precision": cls, "status": status, "unvalidated": unvalidated,
+            "checks": [{"kind": r["kind"], "source_kind": r["source_kind"], "model": r.get("measured_model") or r["model"],
+                        "dtype": r["dtype"], "errors": _errors(r),
+                        "within_20pct": all(abs(x) <= BAND for x in _errors(r))} for r in mine],
+            "statement": text}
