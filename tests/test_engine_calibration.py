@@ -18,6 +18,7 @@ from kv_cache.serving.engine.calibration import (
     end_to_end_tokens_per_s,
     fit_fp8_compute_efficiency,
     fp8_compute_efficiency,
+    fp8_leave_one_out,
     gpu_checks,
 )
 from kv_cache.serving.engine.closed_loop import closed_loop
@@ -57,7 +58,7 @@ def test_roofline_within_20_percent_of_each_published_per_layer_figure(row):
 
 @pytest.mark.parametrize("row", WHOLE + STEPS, ids=_id)
 def test_each_end_to_end_and_decode_step_entry_is_where_the_table_says(row):
-    # an entry the table holds within 20 % is; one it records outside (the L40S FP8 run) is outside, so the
+    # an entry the table holds within 20 % is; one it records outside (FlexAI's BF16 run) is outside, so the
     # claim in calibration.yaml and README stays true either way
     if row["held_within_20pct"]:
         assert abs(row["error"]) <= 0.20, row
@@ -72,11 +73,11 @@ def test_the_vllm_entries_are_held_within_20_percent():
     assert all(r["held_within_20pct"] and abs(r["error"]) <= 0.20 for r in vllm)
 
 
-def test_the_mlperf_entries_but_the_l40s_fp8_and_the_bf16_one_are_held_within_20_percent():
+def test_the_mlperf_entries_but_the_bf16_one_are_held_within_20_percent():
     mlperf = [r for r in WHOLE if r["source_kind"] == "MLPerf Inference results"]
     assert len(mlperf) == 5
     outside = [(r["gpu"], r["measured_model"], r["dtype"]) for r in mlperf if not r["held_within_20pct"]]
-    assert outside == [("l40s", "llama3.1-8b", "fp8"), ("h100", "deepseek-r1-distill-llama-8b", "bf16")]
+    assert outside == [("h100", "deepseek-r1-distill-llama-8b", "bf16")]
     assert all(abs(r["error"]) <= 0.20 for r in mlperf if r["held_within_20pct"])
 
 
@@ -95,7 +96,7 @@ def test_the_bf16_mlperf_run_is_an_independent_check_of_the_bf16_constants():
     assert e.dtype == "bf16" and row["compute_efficiency"] == EFF.prefill_mfu == 0.65
     c = constants()["fp8_compute_efficiency"]
     assert e.id not in c.fitted_on + c.held_out
-    assert row["error"] == 0.3626 and not row["within_20pct"]
+    assert row["error"] == 0.3623 and not row["within_20pct"]
     # its concurrency is Little's law on the run's own summary: completed samples/s x mean latency
     note = next(x["note"] for x in _yaml() if x.get("id") == BF16_MLPERF)
     samples = float(re.search(r"Samples per second ([\d.]+)", note).group(1))
@@ -107,13 +108,34 @@ def test_the_bf16_mlperf_run_is_an_independent_check_of_the_bf16_constants():
         assert end_to_end_tokens_per_s(variant, EFF)[0] / e.published_tokens_per_s - 1 > 0.20
 
 
+def test_no_decode_efficiency_holds_the_flexai_run_and_vllms_long_context_decode_step_together():
+    # both measure Llama 3.1 8B's decode on one H100 in BF16 (FlexAI: vLLM 0.7.3; the vLLM blog's fit: vLLM
+    # v0.19.1): within 20 % of FlexAI needs decode_hbm_efficiency <= 0.61, within 20 % of the 125k-token
+    # decode step >= 0.65. So no roofline constant holds both: the two published measurements of the same GPU
+    # work disagree with each other, not only with the model. FlexAI's is the one that disagrees with the
+    # table's other H100 16-bit entries (vidur's kernels, vLLM's decode steps and its end-to-end run).
+    e = next(x for x in ENTRIES if isinstance(x, EndToEndEntry) and x.id == BF16_MLPERF)
+    step = next(x for x in ENTRIES if getattr(x, "kind", "") == "decode_step" and x.context_tokens == 125000)
+
+    def flexai(d: float) -> float:
+        return end_to_end_tokens_per_s(e, dataclasses.replace(EFF, decode_hbm_efficiency=d))[0] / e.published_tokens_per_s - 1
+
+    def vllm(d: float) -> float:
+        at = dataclasses.replace(EFF, decode_hbm_efficiency=d)
+        return 1.0 / roofline.decode_step_seconds(GPU, at, M8, 1, step.context_tokens) / (1000.0 / step.published_ms) - 1
+
+    assert flexai(0.61) <= 0.20 < flexai(0.615) and vllm(0.652) >= -0.20 > vllm(0.648)
+    for d in (k / 1000 for k in range(400, 1001, 5)):
+        assert not (abs(flexai(d)) <= 0.20 and abs(vllm(d)) <= 0.20), d
+
+
 def test_bf16_errors_are_those_of_the_bf16_calibration():
     # the FP8 constant leaves every BF16 figure as it was (prefill_mfu 0.65, decode_hbm_efficiency 0.70)
     errors = [(r["prefill_error"], r["decode_error"]) for r in LAYERS]
     assert errors == [(-0.0197, 0.0187), (-0.0389, 0.0165), (-0.1521, -0.0245), (-0.0713, 0.0706)]
     assert [r["error"] for r in STEPS] == [-0.06, -0.1397]
     bf16 = [r for r in WHOLE if r["dtype"] == "bf16"]
-    assert [r["error"] for r in bf16] == [-0.0596, 0.3626]
+    assert [r["error"] for r in bf16] == [-0.0596, 0.3623]
     assert all(r["compute_efficiency"] == 0.65 for r in bf16)
 
 
@@ -121,35 +143,52 @@ def test_the_fp8_compute_efficiency_is_the_fit_the_yaml_describes():
     # recompute it: each fitted entry's exact efficiency by bisection, then their geometric mean
     c = constants()["fp8_compute_efficiency"]
     fit, exact = fit_fp8_compute_efficiency(EFF)
-    assert fit == c.value == fp8_compute_efficiency() == 0.426
+    assert fit == c.value == fp8_compute_efficiency() == 0.419
     ids = {e.id for e in ENTRIES if isinstance(e, EndToEndEntry)}
     assert set(c.fitted_on) | set(c.held_out) <= ids and not set(c.fitted_on) & set(c.held_out)
-    # the fit is on NVIDIA's TensorRT-LLM runs only; the vLLM runs are held out
-    assert all("nvidia" in i for i in c.fitted_on) and all("redhat" in i for i in c.held_out)
+    # the fit is on every FP8 run of the table (NVIDIA's TensorRT-LLM and Red Hat's vLLM runs)
+    fp8_ids = {e.id for e in ENTRIES if isinstance(e, EndToEndEntry) and e.dtype == "fp8"}
+    assert set(c.fitted_on) == fp8_ids and len(fp8_ids) == 4 and c.held_out == ()
     fp8 = {r["source"]: r for r in WHOLE if r["dtype"] == "fp8"}
-    assert all(r["compute_efficiency"] == 0.426 for r in fp8.values())
+    assert all(r["compute_efficiency"] == 0.419 for r in fp8.values())
     for e in ENTRIES:
         if isinstance(e, EndToEndEntry) and e.id in exact:
             # at its exact efficiency the entry reproduces; the table's error follows from the ratio
             at, _ = end_to_end_tokens_per_s(e, EFF, exact[e.id])
             assert at == pytest.approx(e.published_tokens_per_s, rel=1e-6)
-    assert exact["mlperf-v5.1-redhat-l40s-llama3.1-8b"] < 0.8 * c.value  # why the L40S run is outside
+    # the L40S run reached the lowest share of its peak, the H200 run the highest: the fit's two ends
+    assert min(exact, key=exact.get) == "mlperf-v5.1-redhat-l40s-llama3.1-8b"
+    assert max(exact, key=exact.get) == "mlperf-v4.1-nvidia-h200-llama2-70b"
 
 
-def test_no_single_fp8_efficiency_holds_both_the_h200_and_the_l40s_runs():
-    # each entry's modelled throughput rises with the efficiency; at 0.355 the H200 run is already more than
-    # 20 % slow and the L40S run still more than 20 % fast, so below it the H200 run is out of the band and
-    # above it the L40S run is: why the L40S entry is recorded outside, not fitted into the band
+def test_the_fp8_fits_out_of_sample_errors_are_those_the_yaml_quotes():
+    # each FP8 run left out of the fit in turn: its error at the other three's geometric mean
+    c = constants()["fp8_compute_efficiency"]
+    loo = fp8_leave_one_out(EFF)
+    assert loo == dict(c.leave_one_out)
+    assert loo == {"mlperf-v4.1-nvidia-h200-llama2-70b": -0.2219, "mlperf-v4.1-nvidia-h100-llama2-70b": 0.03,
+                   "mlperf-v5.1-redhat-h100-llama3.1-8b": -0.0301, "mlperf-v5.1-redhat-l40s-llama3.1-8b": 0.2466}
+    # out of sample the two ends are outside 20 %, the middle two within: what README and yaml say
+    assert [abs(x) > 0.20 for x in loo.values()] == [True, False, False, True]
+
+
+def test_the_fp8_runs_are_held_together_only_by_the_per_operator_roofline(monkeypatch):
+    # with the linear layers and the attention costed as separate kernels (iteration_cost), efficiencies
+    # about 0.405-0.425 hold all four FP8 runs within 20 %; costing a whole iteration as the larger of its
+    # compute and memory times (the roofline before), no efficiency held the H200 and the L40S runs together
     by_id = {e.id: e for e in ENTRIES if isinstance(e, EndToEndEntry) and e.id}
-    h200, l40s = by_id["mlperf-v4.1-nvidia-h200-llama2-70b"], by_id["mlperf-v5.1-redhat-l40s-llama3.1-8b"]
-    assert end_to_end_tokens_per_s(h200, EFF, 0.355)[0] / h200.published_tokens_per_s - 1 < -0.20
-    assert end_to_end_tokens_per_s(l40s, EFF, 0.355)[0] / l40s.published_tokens_per_s - 1 > 0.20
-    low, high = (end_to_end_tokens_per_s(l40s, EFF, f)[0] for f in (0.3, 0.4))
-    assert low < high  # monotone in the efficiency
-    # the claim itself, on a grid of efficiencies from 0.20 to 0.80 of the FP8 peak: never both within 20 %
-    for f in (k / 100 for k in range(20, 81)):
-        errors = [end_to_end_tokens_per_s(e, EFF, f)[0] / e.published_tokens_per_s - 1 for e in (h200, l40s)]
-        assert not all(abs(x) <= 0.20 for x in errors), (f, errors)
+    fp8 = [by_id[i] for i in constants()["fp8_compute_efficiency"].fitted_on]
+
+    def errors(runs: list[EndToEndEntry], f: float) -> list[float]:
+        return [end_to_end_tokens_per_s(e, EFF, f)[0] / e.published_tokens_per_s - 1 for e in runs]
+
+    assert all(abs(x) <= 0.20 for x in errors(fp8, 0.419))
+    assert not all(abs(x) <= 0.20 for x in errors(fp8, 0.39)) and not all(abs(x) <= 0.20 for x in errors(fp8, 0.44))
+    monkeypatch.setattr(roofline.IterationCost, "seconds", property(lambda c: max(c.compute_s, c.memory_s)))
+    ends = [by_id["mlperf-v4.1-nvidia-h200-llama2-70b"], by_id["mlperf-v5.1-redhat-l40s-llama3.1-8b"]]
+    for f in (k / 100 for k in range(20, 81, 2)):
+        both = errors(ends, f)
+        assert not all(abs(x) <= 0.20 for x in both), (f, both)
 
 
 def test_a_decode_step_is_the_published_fit_at_its_context():
@@ -181,10 +220,12 @@ def test_console_line_quotes_every_entry_with_its_source_kind():
            "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in LAYERS),
            "max_abs_decode_error": max(abs(r["decode_error"]) for r in LAYERS),
            "end_to_end": [{**r, "model": r["measured_model"]} for r in WHOLE], "decode_steps": STEPS,
-           "fp8_compute_efficiency": {"value": 0.426, "fitted_on": ["a", "b"]}}
+           "fp8_compute_efficiency": {"value": 0.419, "fitted_on": ["a", "b", "c", "d"],
+                                      "leave_one_out_errors": {"a": -0.2219, "b": 0.03, "c": -0.03, "d": 0.2466}}}
     line = engine_line(cal)
-    assert "prefill_mfu 0.65 (FP8 runs: 0.426 of the FP8 peak, fitted on 2 MLPerf runs)" in line
-    assert "MLPerf L40S llama3.1-8b fp8 +47% (outside 20%)" in line and "MLPerf H100 llama3.1-8b fp8 +15%," in line
+    assert ("prefill_mfu 0.65 (FP8 runs: 0.419 of the FP8 peak, fitted on 4 MLPerf runs; each left out of the "
+            "fit: -22% to +25%)") in line
+    assert "MLPerf L40S llama3.1-8b fp8 +18%," in line and "MLPerf H100 llama3.1-8b fp8 -2%," in line
     assert "MLPerf H100 deepseek-r1-distill-llama-8b bf16 +36% (outside 20%)" in line
     pairs = {(r["gpu"], r.get("measured_model") or r["model"]) for r in ROWS}
     assert len(pairs) < len(ROWS)  # several entries share a pair: the line counts both, apart
@@ -217,14 +258,25 @@ def test_a_long_prompt_is_prefilled_in_chunks():
     assert run.seconds == pytest.approx(sum(roofline.iteration_seconds(GPU, EFF, M8, [c], 0, 0) for c in chunks))
 
 
-def test_a_large_batch_runs_at_the_compute_roofline():
-    # 512 short requests in flight on a 70B model at TP 4: every iteration compute-bound, so output tokens/s
-    # is the compute rate over the FLOPs of each request's input and output tokens (attention < 1 % here)
+def _large_batch_rate(gpu, compute: float, kv_bytes_per_token: float, m70) -> float:
+    """Output tokens/s of (200 in, 300 out) requests at 512 in flight on a 70B model at TP 4, where every
+    iteration's linear layers are compute-bound and its attention memory-bound (its KV reads are 34 x its
+    FLOPs' time here): the two add, so per request 2 x active x 499 tokens (200 prefilled, 299 decode
+    steps) at the compute rate, plus its KV read at the bandwidth (200 written, then the contexts 201..499)."""
+    linear = 2 * m70.active_params * 499 / (4 * gpu.peak_dense_tflops * 1e12 * compute)
+    kv = kv_bytes_per_token * (200 + (201 + 499) * 299 / 2) / (4 * gpu.hbm_bandwidth_gbs * 1e9 * EFF.decode_hbm_efficiency)
+    return 300 / (linear + kv)  # every request's work runs in the shared iterations, one part after another
+
+
+def test_a_large_batch_pays_its_linear_compute_and_its_attention_reads():
     m70 = MODEL_CONFIGS["llama3.1-70b-instruct"]
     run = closed_loop(GPU, EFF, m70, [(200, 300)] * 3072, concurrency=512, chunk_tokens=8192, tp=4, skip=1024)
-    rate = 4 * GPU.peak_dense_tflops * 1e12 * EFF.prefill_mfu / (2 * m70.active_params * 500 / 300)
     assert run.max_running == 512
+    rate = _large_batch_rate(GPU, EFF.prefill_mfu, roofline.kv_bytes_per_token(m70), m70)
     assert run.output_tokens_per_s == pytest.approx(rate, rel=0.03)
+    # the linear compute alone would be more than 10 % faster: the attention's KV reads are not hidden under it
+    compute_only = 4 * GPU.peak_dense_tflops * 1e12 * EFF.prefill_mfu / (2 * m70.active_params * 499 / 300)
+    assert run.output_tokens_per_s < 0.9 * compute_only
 
 
 def test_admission_stops_where_hbm_cannot_hold_the_final_contexts():
@@ -240,7 +292,12 @@ def test_fp8_runs_a_compute_bound_run_at_its_own_efficiency_of_twice_the_peak():
                               spread=0.0, concurrency=512, requests=3072, steady_state=True)
     fp8, _ = end_to_end_tokens_per_s(dataclasses.replace(big, dtype="fp8"), EFF)
     bf16, running = end_to_end_tokens_per_s(big, EFF)
-    assert running == 512 and fp8 / bf16 == pytest.approx(2.0 * fp8_compute_efficiency() / EFF.prefill_mfu, rel=0.03)
+    m70 = MODEL_CONFIGS["llama3.1-70b-instruct"]
+    kvb = roofline.kv_bytes_per_token(m70)  # bf16 KV; FP8 KV is 1 byte per element: half
+    fast = dataclasses.replace(GPU, peak_dense_tflops=2 * GPU.peak_dense_tflops)
+    expected = _large_batch_rate(fast, fp8_compute_efficiency(), kvb / 2, m70) / _large_batch_rate(
+        GPU, EFF.prefill_mfu, kvb, m70)
+    assert running == 512 and fp8 / bf16 == pytest.approx(expected, rel=0.03)
 
 
 def test_bad_closed_loop_input_is_refused():
@@ -288,19 +345,28 @@ def test_a_gpu_with_one_16_bit_check_outside_is_mixed_and_names_it():
     assert "1 outside (MLPerf deepseek-r1-distill-llama-8b bf16 +36%)" in h100["statement"]
 
 
-def test_a_gpu_whose_only_check_is_outside_is_unvalidated_and_says_so():
-    l40s = gpu_checks(ROWS, "l40s", 2.0)
-    assert l40s["status"] == "other_precision" and l40s["unvalidated"]
-    assert [c["within_20pct"] for c in l40s["checks"]] == [False]
-    assert "no check at 16-bit" in l40s["statement"] and "MLPerf llama3.1-8b fp8 +47%" in l40s["statement"]
-    assert "absolute figures (sessions held, throughput, TTFT) are unvalidated" in l40s["statement"]
+def test_a_gpu_whose_checks_at_the_runs_precision_are_all_outside_is_unvalidated_and_says_so():
+    l40s_row = next(r for r in WHOLE if r["gpu"] == "l40s")
+    bf16 = gpu_checks([{**l40s_row, "dtype": "bf16", "error": 0.4682, "within_20pct": False}], "l40s", 2.0)
+    assert bf16["status"] == "outside" and bf16["unvalidated"] and "0 within 20 %; 1 outside" in bf16["statement"]
+    assert "MLPerf llama3.1-8b bf16 +47%" in bf16["statement"]
+    assert bf16["statement"].endswith("no check on this GPU at 16-bit is within 20 %: this run's absolute figures "
+                                      "(sessions held, throughput, TTFT) are unvalidated")
 
 
-def test_a_gpu_with_no_entry_is_unchecked_and_one_with_other_precision_checks_within_is_not_flagged():
+def test_a_gpu_checked_only_at_another_precision_is_unvalidated_at_this_one():
+    # the H200's and L40S's only checks are FP8 MLPerf runs (within 20 %, in the FP8 fit): a 16-bit run on
+    # either rests on constants no 16-bit run of that GPU supports, and says so, with the FP8 figures
+    for gpu, text in (("h200", "MLPerf llama2-70b fp8 -17%"), ("l40s", "MLPerf llama3.1-8b fp8 +18%")):
+        this = gpu_checks(ROWS, gpu, 2.0)
+        assert this["status"] == "other_precision" and this["unvalidated"], gpu
+        assert "no check at 16-bit; at other precisions: " + text in this["statement"]
+        assert "no check on this GPU at 16-bit is within 20 %" in this["statement"]
+
+
+def test_a_gpu_with_no_entry_is_unchecked():
     b200 = gpu_checks(ROWS, "b200", 2.0)
     assert (b200["status"], b200["unvalidated"], b200["checks"]) == ("unchecked", True, [])
-    h200 = gpu_checks(ROWS, "h200", 2.0)  # FP8 MLPerf only, within 20 %: said, not flagged
-    assert h200["status"] == "other_precision" and not h200["unvalidated"] and "MLPerf llama2-70b fp8 -11%" in h200["statement"]
 
 
 def test_weights_other_than_2_bytes_match_no_entry():

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from kv_cache.serving.engine import roofline as g
@@ -114,6 +115,20 @@ def test_model_too_big_raises_a_clear_error():
         g.hbm_kv_capacity_bytes(H100, EFF, MODEL_CONFIGS["llama3.1-70b-instruct"])  # 141.2 GB of weights
 
 
+def test_an_iteration_pays_its_compute_bound_linear_layers_and_its_memory_bound_attention():
+    # a 2,048-token first prefill (no cache) beside 64 decodes over 100k-token contexts: the linear layers are
+    # compute-bound (2 x 8.03e9 x 2,112 FLOPs against 16.06 GB of weights), the attention memory-bound
+    # (6.4M tokens of KV against few FLOPs), and the two kinds of kernel run one after the other
+    rate, bandwidth = 989e12 * 0.5, 3350e9 * 0.8
+    cost = g.iteration_cost(H100, EFF, LLAMA8, [(2048, 0)], 64, 6_400_000)
+    linear = max(2 * 8.03e9 * (2048 + 64) / rate, 16.06e9 / bandwidth)
+    attention_flops = 4 * 32 * 32 * 128 * (2048 * (0 + 2049 / 2) + 6_400_000)
+    attention = max(attention_flops / rate, 131072 * (2048 + 6_400_000) / bandwidth)
+    assert attention == pytest.approx(131072 * (2048 + 6_400_000) / bandwidth)  # memory-bound
+    assert cost.seconds == pytest.approx(linear + attention)
+    assert cost.seconds > max(cost.compute_s, cost.memory_s) * 1.05  # more than the whole-iteration max
+
+
 def test_iteration_decode_only_is_memory_bound_and_equals_a_decode_step():
     cost = g.iteration_cost(H100, EFF, LLAMA8, [], 1, 1000)
     assert not cost.compute_bound
@@ -136,7 +151,11 @@ def test_iteration_with_a_prefill_chunk_is_compute_bound():
     assert cost.bytes_moved == pytest.approx(moved)
     assert cost.compute_s == pytest.approx(flops / (989e12 * 0.5))
     assert cost.memory_s == pytest.approx(moved / (3350e9 * 0.8))
-    assert cost.compute_bound and cost.seconds == cost.compute_s
+    assert cost.compute_bound and cost.seconds == pytest.approx(cost.compute_s)
+    # both of its parts are compute-bound: the linear layers' FLOPs, and the chunk's attention FLOPs over its
+    # 2,048 cached + 8,192 new tokens exceed the time to read the KV
+    assert cost.linear_s == pytest.approx(2 * 8.03e9 * (8192 + 32) / (989e12 * 0.5))
+    assert cost.attention_s == pytest.approx((flops - 2 * 8.03e9 * (8192 + 32)) / (989e12 * 0.5))
     assert g.iteration_seconds(H100, EFF, LLAMA8, [(8192, 2048)], 32, 320000, tp=2) == pytest.approx(
         cost.seconds / 2
     )
@@ -163,3 +182,33 @@ def test_iteration_sums_several_prefill_chunks_and_empty_costs_nothing():
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_costing_per_kernel_kind_adds_at_most_the_kv_read_time_to_the_whole_iteration_roofline():
+    # max(a, b) + max(c, d) >= max(a + c, b + d), and the excess is at most the attention's KV time: so
+    # against the roofline before it (the larger of the whole iteration's compute and memory times) an
+    # iteration is never faster and is slower by at most the time to read the KV it touches, itself at most
+    # the KV HBM holds. The bound the README quotes for its sessions runs on an 18 GiB H100.
+    rng = np.random.default_rng(7)
+    bandwidth = H100.hbm_bandwidth_gbs * 1e9 * EFF.decode_hbm_efficiency
+    for _ in range(2000):
+        chunks = [(int(rng.integers(1, 9000)), int(rng.integers(0, 200000))) for _ in range(int(rng.integers(0, 3)))]
+        batch = int(rng.integers(0, 300))
+        context = float(rng.integers(0, 3_000_000)) if batch else 0.0
+        cost = g.iteration_cost(H100, EFF, LLAMA8, chunks, batch, context)
+        old = max(cost.compute_s, cost.memory_s)
+        kv_s = g.kv_bytes_per_token(LLAMA8) * (context + sum(n + c for n, c in chunks)) / bandwidth
+        assert old - 1e-12 <= cost.seconds <= old + kv_s + 1e-12
+
+
+def test_the_bound_the_readme_quotes_for_its_18_gib_h100_runs():
+    # benchmarks/sessions_laptop.yaml's llama8b-kv1 (Llama 3.1 8B with one KV head) on an 18 GiB H100: the
+    # KV HBM holds takes 0.57 ms to read, the weights 6.8 ms
+    kv1 = dataclasses.replace(LLAMA8, kv_heads=1, total_params_b=8.03)
+    small = dataclasses.replace(H100, hbm_gb=18.0)
+    bandwidth = H100.hbm_bandwidth_gbs * 1e9 * 0.70
+    eff = InferenceModelConfig()
+    assert g.hbm_kv_capacity_tokens(small, eff, kv1) // 512 * 512 == 81408  # in whole 512-token blocks
+    assert g.hbm_kv_capacity_bytes(small, eff, kv1) / 1e9 == pytest.approx(1.33, abs=0.01)
+    assert g.hbm_kv_capacity_bytes(small, eff, kv1) / bandwidth * 1e3 == pytest.approx(0.57, abs=0.01)
+    assert g.weight_bytes(kv1, eff) / bandwidth * 1e3 == pytest.approx(6.8, abs=0.1)

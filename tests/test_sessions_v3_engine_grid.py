@@ -118,6 +118,16 @@ def test_grid_resolves_every_model_and_gpu_cell(argv):
     assert resolve(argv("--model", "micro", "--gpu", "l40s")).grid == ()
 
 
+def test_a_gpu_no_published_run_supports_leads_each_cells_warnings(argv):
+    from kv_cache.benchmarks.sessions.run import engine_gpu_warning
+
+    s = resolve(argv("--models", "micro", "--gpus", "b200,h100"))
+    b200, h100 = (engine_gpu_warning(c) for c in s.grid)
+    assert b200 == ["engine model unvalidated on this GPU: on B200 the roofline has no published check: this "
+                    "run's absolute figures are unvalidated"]
+    assert h100 == []  # the H100 has 16-bit checks within 20 %
+
+
 def test_grid_names_the_bad_cell_before_anything_runs(argv):
     with pytest.raises(UsageError, match="unknown model 'nope'"):
         resolve(argv("--models", "micro,nope", "--gpus", "l40s"))
@@ -140,10 +150,11 @@ def test_grid_run_prints_one_table_and_answer_per_cell(argv, tmp_path, capsys):
     assert data["rungs"] == data["grid"][0]["rungs"]  # the first cell is the document's own (readers keep working)
     cal = data["parameters"]["engine_calibration"]
     assert len(cal["entries"]) >= 3 and cal["max_abs_prefill_error"] <= 0.2 and cal["this_pair"] is None
-    # the L40S's only published check is outside 20 %: every cell says its absolute figures are unvalidated
-    assert cal["this_gpu"]["unvalidated"] and all(
-        c["warnings"][0].startswith("engine model unvalidated on this GPU: on L40S") for c in data["grid"])
-    assert out.count("engine model unvalidated on this GPU") >= 2
+    # the L40S's one check is an FP8 run: a 16-bit run on it says so on the Engine model line, and every
+    # cell's warnings open with it
+    assert cal["this_gpu"]["gpu"] == "l40s" and cal["this_gpu"]["unvalidated"]
+    assert "this run's GPU: on L40S the roofline has no check at 16-bit; at other precisions: MLPerf" in out
+    assert all(c["warnings"][0].startswith("engine model unvalidated on this GPU: on L40S") for c in data["grid"])
     assert data["parameters"]["dram_write_through"] is True
     # `kv-cache report` of the grid reprints every cell and the grid lines (it printed the first cell only)
     from argparse import Namespace

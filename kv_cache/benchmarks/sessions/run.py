@@ -70,7 +70,8 @@ __all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
 METHOD = (
     "Closed loop: each of N session slots issues its next turn only after the previous answer completed and "
     "its pause elapsed; a finished session is replaced by the next one. Compute is modelled (roofline per "
-    "continuous-batching iteration, HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
+    "continuous-batching iteration: its linear layers, then its attention, each the larger of its compute and "
+    "memory times; HBM = GPU memory - weights, block prefix cache with LRU); offload tiers "
     "are real: evicted blocks are written to DRAM / files, found blocks are read back. 95 % CIs: rates over "
     "fine bins of the measured window, circular block bootstrap (block length from the data), t interval on its "
     "standard error, clamped at 0 (or, with --replications K, t-interval across K seeded replications, every figure from all K); "
@@ -290,7 +291,8 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
     fp8 = constants()["fp8_compute_efficiency"]
     return {
         "fp8_compute_efficiency": {"value": fp8.value, "fitted_on": list(fp8.fitted_on),
-                                   "held_out": list(fp8.held_out), "method": fp8.method},
+                                   "held_out": list(fp8.held_out), "method": fp8.method,
+                                   "leave_one_out_errors": dict(fp8.leave_one_out)},
         "prefill_mfu": ls.efficiency.prefill_mfu, "decode_hbm_efficiency": ls.efficiency.decode_hbm_efficiency,
         "max_abs_prefill_error": max(abs(r["prefill_error"]) for r in layers),
         "max_abs_decode_error": max(abs(r["decode_error"]) for r in layers),
@@ -321,8 +323,10 @@ def engine_line(cal: dict[str, Any]) -> str:
         f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['context_tokens']:,} tokens "
         f"{r['error']:+.0%}" + ("" if r["within_20pct"] else " (outside 20%)") for r in steps) if steps else ""
     fp8 = cal.get("fp8_compute_efficiency")
-    fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs)"
-                if fp8 else "")
+    loo = list((fp8 or {}).get("leave_one_out_errors", {}).values())
+    loo_text = f"; each left out of the fit: {min(loo):+.0%} to {max(loo):+.0%}" if loo else ""
+    fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs"
+                f"{loo_text})" if fp8 else "")
     pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
     # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
     gpu = cal.get("this_gpu")

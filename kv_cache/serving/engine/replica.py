@@ -3,7 +3,8 @@
 What is modelled (time that elapses in real time, no GPU needed):
 - HBM holds the model weights and a block-level prefix cache of KV (LRU over unpinned blocks);
 - continuous batching: every iteration runs a chunk of prefill tokens and one decode token for every
-  running request, and lasts the roofline time of that batch (compute- or bandwidth-bound);
+  running request, and lasts the roofline time of that batch (its linear layers', then its attention's,
+  each compute- or bandwidth-bound: roofline.iteration_cost);
 What is real: blocks evicted from HBM are written to the offload tiers (CPU DRAM arena, files under the
 cache directory) by I/O workers, and blocks found there are read back before prefill, with the I/O time
 delaying that request (the GPU keeps serving the others meanwhile).

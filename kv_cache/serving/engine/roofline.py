@@ -195,16 +195,22 @@ def hbm_kv_capacity_tokens(gpu: GPUSpec, eff: Efficiency, model: ModelConfig, tp
 
 @dataclass(frozen=True)
 class IterationCost:
-    """The roofline of one continuous-batching iteration."""
+    """The roofline of one continuous-batching iteration, per operator kind: the linear layers (matrix
+    multiplies over every token of the iteration, reading the weights once) and the attention (each
+    request's score / value products, reading its KV) run as separate kernels, one after the other, and each
+    lasts the larger of its compute and its memory time. ``compute_s`` / ``memory_s`` are the whole
+    iteration's (for ``compute_bound``)."""
 
     flops: float
     bytes_moved: float
     compute_s: float  # flops / (tp x peak x mfu)
     memory_s: float  # bytes_moved / (tp x bandwidth x efficiency)
+    linear_s: float = 0.0  # max(linear FLOPs / rate, weight bytes / bandwidth)
+    attention_s: float = 0.0  # max(attention FLOPs / rate, KV bytes / bandwidth)
 
     @property
     def seconds(self) -> float:
-        return max(self.compute_s, self.memory_s)
+        return self.linear_s + self.attention_s
 
     @property
     def compute_bound(self) -> bool:
@@ -224,11 +230,18 @@ def iteration_cost(
     ``decode_batch_size`` decoding requests (their contexts summing to ``decode_context_tokens``) by one
     token each.
 
-    - FLOPs = ``sum(prefill_flops(new, cached)) + decode_flops(batch, decode_context_tokens)``;
+    - FLOPs = ``sum(prefill_flops(new, cached)) + decode_flops(batch, decode_context_tokens)``: the linear
+      part ``2 x active_params`` per token of the iteration, the rest attention;
       ``compute_s = FLOPs / (tp x peak_dense_tflops x 1e12 x prefill_mfu)``;
-    - bytes = ``weight_bytes`` (read once per iteration) ``+ kv_bytes_per_token x (decode_context_tokens +
-      sum(cached + new))`` (each decoding request's KV is read; each prefill chunk reads its cached KV and
-      writes its new KV); ``memory_s = bytes / (tp x hbm_bandwidth_gbs x 1e9 x decode_hbm_efficiency)``.
+    - bytes = ``weight_bytes`` (read once per iteration, by the linear layers) ``+ kv_bytes_per_token x
+      (decode_context_tokens + sum(cached + new))`` (by the attention: each decoding request's KV is read;
+      each prefill chunk reads its cached KV and writes its new KV);
+      ``memory_s = bytes / (tp x hbm_bandwidth_gbs x 1e9 x decode_hbm_efficiency)``;
+    - seconds = ``max(linear FLOPs / rate, weight bytes / bandwidth) + max(attention FLOPs / rate, KV bytes
+      / bandwidth)``: the two kinds of kernel run one after the other (as vidur composes an iteration from
+      its operators' profiled times), so an iteration whose linear layers are compute-bound (a prefill
+      chunk) and whose attention is memory-bound (many decodes over long contexts) pays both. Where both
+      parts are bound the same way this is ``max(compute_s, memory_s)``.
 
     An empty iteration costs 0.
     """
@@ -236,26 +249,29 @@ def iteration_cost(
     _check_tokens(decode_batch_size, "decode_batch_size")
     _check_tokens(decode_context_tokens, "decode_context_tokens")
     flops = 0.0
+    tokens = 0.0  # tokens through the linear layers
     kv_tokens = 0.0
-    work = False
     for new, cached in prefill_tokens_with_cached:
         _check_tokens(new, "new_tokens")
         _check_tokens(cached, "cached_tokens")
         if new == 0:
             continue
-        work = True
         flops += prefill_flops(model, new, cached)
+        tokens += new
         kv_tokens += new + cached
     if decode_batch_size > 0:
-        work = True
         flops += decode_flops(model, decode_batch_size, decode_context_tokens)
+        tokens += decode_batch_size
         kv_tokens += decode_context_tokens
-    if not work:
+    if tokens == 0:
         return IterationCost(0.0, 0.0, 0.0, 0.0)
-    moved = weight_bytes(model, eff) + kv_bytes_per_token(model) * kv_tokens
-    compute_s = flops / (tp * gpu.peak_dense_tflops * 1e12 * eff.prefill_mfu)
-    memory_s = moved / (tp * gpu.hbm_bandwidth_gbs * 1e9 * eff.decode_hbm_efficiency)
-    return IterationCost(flops, moved, compute_s, memory_s)
+    rate = tp * gpu.peak_dense_tflops * 1e12 * eff.prefill_mfu
+    bandwidth = tp * gpu.hbm_bandwidth_gbs * 1e9 * eff.decode_hbm_efficiency
+    linear_flops = 2.0 * model.active_params * tokens
+    weights, kv = weight_bytes(model, eff), kv_bytes_per_token(model) * kv_tokens
+    return IterationCost(flops, weights + kv, flops / rate, (weights + kv) / bandwidth,
+                         linear_s=max(linear_flops / rate, weights / bandwidth),
+                         attention_s=max((flops - linear_flops) / rate, kv / bandwidth))
 
 
 def iteration_seconds(
@@ -267,7 +283,8 @@ def iteration_seconds(
     decode_context_tokens: float,
     tp: int = 1,
 ) -> float:
-    """Seconds of one continuous-batching iteration: ``max(compute_s, memory_s)`` of ``iteration_cost``."""
+    """Seconds of one continuous-batching iteration: ``iteration_cost(...).seconds``, its linear layers'
+    roofline time plus its attention's."""
     cost = iteration_cost(
         gpu, eff, model, prefill_tokens_with_cached, decode_batch_size, decode_context_tokens, tp
     )
