@@ -406,6 +406,30 @@ def test_the_parents_handler_passes_each_signal_on_and_never_raises(capsys):
     assert capsys.readouterr().err == "kv-cache: the processes have ended; writing the merged results first\n"
 
 
+def test_after_a_signal_the_parent_ignores_stop_signals_to_its_exit():
+    # a Python handler left installed is put back to SIG_DFL by the interpreter's shutdown, so a late Ctrl-C
+    # there killed the finished parent (status -2, CI saw it); once a signal came, restore() ignores them
+    from kv_cache.benchmarks.standard.processes import _ParentSignals
+    from kv_cache.host.signals import STOP_SIGNALS
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        quiet = _ParentSignals()
+        quiet.install()
+        quiet.restore()  # no signal came: the previous handlers are back
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+        late = _ParentSignals()
+        late.install()
+        late.collecting = False
+        late(signal.SIGINT, None)
+        late.restore()
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in late._previous)
+        assert signal.SIGINT in late._previous
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pauses", [(0.3,), (0.0, 0.3, 0.7)], ids=["one-sigint-0.3s-after", "three-sigints"])
 def test_a_signal_after_the_window_changes_nothing(tmp_path, pauses):

@@ -301,7 +301,8 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "this_gpu": gpu_checks(rows, ls.gpu_name, ls.efficiency.weight_bytes_per_param),
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"],
-                        "compute_efficiency": r["compute_efficiency"]} for r in whole],
+                        "compute_efficiency": r["compute_efficiency"],
+                        "contradicted_by": r.get("contradicted_by")} for r in whole],
         "decode_steps": [{"gpu": r["gpu"], "model": r["model"], "source_kind": r["source_kind"], "dtype": r["dtype"],
                           "context_tokens": r["context_tokens"], "error": r["error"],
                           "within_20pct": r["within_20pct"]} for r in steps],
@@ -318,7 +319,9 @@ def engine_line(cal: dict[str, Any]) -> str:
     layers = len(cal["entries"]) - len(whole) - len(steps)
     ends = "; end to end: " + ", ".join(
         f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['error']:+.0%}"
-        + ("" if r["within_20pct"] else " (outside 20%)") for r in whole) if whole else ""
+        + ("" if r["within_20pct"] else " (outside 20%)")
+        + (" (contradicted by a published run of the same work)" if r.get("contradicted_by") else "")
+        for r in whole) if whole else ""
     ends += "; decode steps at batch 1: " + ", ".join(
         f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['context_tokens']:,} tokens "
         f"{r['error']:+.0%}" + ("" if r["within_20pct"] else " (outside 20%)") for r in steps) if steps else ""

@@ -223,8 +223,10 @@ class _ParentSignals:
     """The parent's SIGINT / SIGTERM / SIGHUP handler: passes each signal on to the ranks still running (each counts
     it as a one-process run counts its own: the first ends a window still open, a later one after the
     window cuts the drain short) and never raises. Once no rank runs, a signal only says that the merged
-    document is being written. The previous handlers come back at the end unless a signal came (then a
-    late one must not kill the exit either)."""
+    document is being written. The previous handlers come back at the end unless a signal came: then the
+    stop signals are ignored from there to the exit, since a late one must not kill the exit either (a
+    Python handler left in place would not do: the interpreter's shutdown puts SIG_DFL back under it, and a
+    SIGINT in that moment ended the process with status -2 after everything was written)."""
 
     def __init__(self) -> None:
         self.seen = 0
@@ -237,9 +239,8 @@ class _ParentSignals:
             self._previous = catch_stop_signals(self)
 
     def restore(self) -> None:
-        if not self.seen:
-            for sig, old in self._previous.items():
-                signal.signal(sig, old)
+        for sig, old in self._previous.items():
+            signal.signal(sig, signal.SIG_IGN if self.seen else old)
 
     def ended(self, pid: int | None) -> None:
         self.ranks.pop(pid, None)

@@ -126,6 +126,9 @@ class EndToEndEntry:
     id: str = ""  # the name a `kind: constant` fit refers to it by
     params_b: float = 0.0  # the measured model's parameter count where it differs from the table's model
     measured_model: str = ""  # the model the source ran, where the table's `model` stands in for it
+    # a published measurement of the same work that no value of the roofline's constants holds within 20 %
+    # together with this one (calibration.yaml `contradicted_by`; a test proves it): "" for none
+    contradicted_by: str = ""
     kind: str = "end_to_end"
 
 
@@ -176,7 +179,7 @@ def _end_to_end_entry(e: dict[str, Any]) -> EndToEndEntry:
         prefill_chunk_tokens=int(w["prefill_chunk_tokens"]),
         published_tokens_per_s=float(e["published"]["output_tokens_per_s"]),
         held_within_band=bool(e["held_within_20pct"]), id=e.get("id", ""), params_b=float(e.get("params_b", 0.0)),
-        measured_model=e.get("measured_model", e["model"]),
+        measured_model=e.get("measured_model", e["model"]), contradicted_by=str(e.get("contradicted_by", "")),
     )
 
 
@@ -370,6 +373,7 @@ def _end_to_end_row(e: EndToEndEntry, eff: roofline.Efficiency) -> dict[str, Any
         "error": round(error, 4),
         "held_within_20pct": e.held_within_band,
         "within_20pct": abs(error) <= BAND,
+        "contradicted_by": e.contradicted_by or None,
     }
 
 
