@@ -379,3 +379,21 @@ def test_the_console_line_ends_with_this_runs_gpu():
     cal = {"prefill_mfu": 0.65, "decode_hbm_efficiency": 0.7, "this_pair": None, "entries": ROWS,
            "max_abs_prefill_error": 0.15, "max_abs_decode_error": 0.07, "this_gpu": gpu_checks(ROWS, "l40s", 2.0)}
     assert engine_line(cal).endswith("this run's GPU: " + cal["this_gpu"]["statement"])
+
+
+def test_gpu_checks_of_a_respecified_builtin_gpu_do_not_vouch_for_it():
+    # a config file's `gpus: {h100: {peak_dense_tflops: 400}}` keeps the name but not the GPU the table's
+    # checks were costed with: none applies, and the run is unvalidated; HBM size alone (--gpu-mem-gb) changes
+    # no check, and a GPU the table does not know stays `unchecked` whatever its spec
+    h100 = gpu_specs()["h100"]
+    plain = gpu_checks(ROWS, "h100", 2.0, h100)
+    assert plain["status"] == "mixed" and not plain["unvalidated"] and plain["respecified"] == ""
+    smaller = gpu_checks(ROWS, "h100", 2.0, dataclasses.replace(h100, hbm_gb=18.0))
+    assert smaller == plain
+    slow = gpu_checks(ROWS, "h100", 2.0, dataclasses.replace(h100, peak_dense_tflops=400.0))
+    assert slow["status"] == "respecified" and slow["unvalidated"]
+    assert slow["respecified"] == "peak_dense_tflops 400 (the checks' 989)"
+    assert "not the table's" in slow["statement"] and slow["statement"].endswith("are unvalidated")
+    assert len(slow["checks"]) == len(plain["checks"])
+    new = gpu_checks(ROWS, "mi300x", 2.0, dataclasses.replace(h100, name="MI300X", hbm_gb=192.0))
+    assert new["status"] == "unchecked" and new["unvalidated"] and new["respecified"] == ""
