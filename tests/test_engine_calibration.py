@@ -405,3 +405,12 @@ def test_gpu_checks_of_a_respecified_builtin_gpu_do_not_vouch_for_it():
     assert len(slow["checks"]) == len(plain["checks"])
     new = gpu_checks(ROWS, "mi300x", 2.0, dataclasses.replace(h100, name="MI300X", hbm_gb=192.0))
     assert new["status"] == "unchecked" and new["unvalidated"] and new["respecified"] == ""
+
+
+def test_a_runs_weight_size_does_not_recost_the_16_bit_profiles():
+    # vidur's profiles measured fp16 kernels: a run at weight_bytes_per_param 1 (a config file's choice) once
+    # costed them with 1-byte weights, and its Engine model line read "decode within 114%"; every entry is
+    # costed at its own precision, so the table's errors do not depend on the run's weight size
+    one = calibration_errors(dataclasses.replace(EFF, weight_bytes_per_param=1.0))
+    assert one == calibration_errors(EFF)
+    assert max(abs(r["decode_error"]) for r in one if r["kind"] == "layer_profile") <= 0.20

@@ -237,8 +237,11 @@ def _model(name: str) -> ModelConfig:
 
 
 def modelled_tokens_per_s(entry: CalibrationEntry, eff: roofline.Efficiency) -> tuple[float, float]:
-    """The roofline's (prefill, decode) tokens per second for a layer entry's work (see the module doc)."""
+    """The roofline's (prefill, decode) tokens per second for a layer entry's work (see the module doc), at
+    the profile's 2-byte (fp16) weights whatever ``eff.weight_bytes_per_param`` a run sets: the profile
+    measured 16-bit kernels."""
     gpu, model = gpu_specs()[entry.gpu], _model(entry.model)
+    eff = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, 2.0)
     n = entry.prefill_tokens
     prefill_s = roofline.prefill_seconds(gpu, eff, model, n, 0, tp=entry.tp) - roofline.attention_flops(
         model, n, 0) / (entry.tp * gpu.peak_dense_tflops * 1e12 * eff.prefill_mfu)
