@@ -12,6 +12,7 @@ from kv_cache.benchmarks.sessions.run import engine_line
 from kv_cache.serving.engine import roofline
 from kv_cache.serving.engine.calibration import (
     EndToEndEntry,
+    _at_precision,
     calibration_entries,
     calibration_errors,
     constants,
@@ -135,8 +136,26 @@ def test_no_decode_efficiency_holds_the_flexai_run_and_vllms_long_context_decode
         return 1.0 / roofline.decode_step_seconds(GPU, at, M8, 1, step.context_tokens) / (1000.0 / step.published_ms) - 1
 
     assert flexai(0.61) <= 0.20 < flexai(0.615) and vllm(0.652) >= -0.20 > vllm(0.648)
+    # the README's and the yaml's figures: the modelled decode step at the run's 22 requests of ~514 tokens of
+    # context each (222 in + half of 584 out) is 7.5 ms (not the 6.9 ms of the weights alone), and the
+    # run's 10.23 ms per output token over it is the entry's +36 %
+    gpu, model, at = _at_precision(e, EFF)
+    assert model.bytes_per_token == 131072 and at.weight_bytes_per_param == 2.0
+    step_ms = roofline.decode_step_seconds(gpu, at, model, 22, 22 * 514) * 1e3
+    assert round(step_ms, 1) == 7.5 and 10.23 / step_ms - 1 == pytest.approx(0.36, abs=0.01)
     for d in (k / 1000 for k in range(400, 1001, 5)):
         assert not (abs(flexai(d)) <= 0.20 and abs(vllm(d)) <= 0.20), d
+
+    # the same from the decode steps alone, without the closed loop's mapping of a Server run (Poisson
+    # arrivals) onto synchronized identical requests: the run's own 10.23 ms per output token against the
+    # modelled step at 22 x ~514 tokens needs at most 0.614, the 125k-token step at least 0.651
+    def tpot(d: float) -> float:
+        step_s = roofline.decode_step_seconds(gpu, dataclasses.replace(at, decode_hbm_efficiency=d), model, 22, 22 * 514)
+        return 10.23e-3 / step_s - 1
+
+    assert tpot(0.614) <= 0.20 < tpot(0.616) and vllm(0.651) >= -0.20 > vllm(0.650)
+    for d in (k / 1000 for k in range(400, 1001, 1)):
+        assert not (abs(tpot(d)) <= 0.20 and abs(vllm(d)) <= 0.20), d
 
 
 def test_bf16_errors_are_those_of_the_bf16_calibration():
@@ -390,3 +409,30 @@ def test_the_console_line_ends_with_this_runs_gpu():
     cal = {"prefill_mfu": 0.65, "decode_hbm_efficiency": 0.7, "this_pair": None, "entries": ROWS,
            "max_abs_prefill_error": 0.15, "max_abs_decode_error": 0.07, "this_gpu": gpu_checks(ROWS, "l40s", 2.0)}
     assert engine_line(cal).endswith("this run's GPU: " + cal["this_gpu"]["statement"])
+
+
+def test_gpu_checks_of_a_respecified_builtin_gpu_do_not_vouch_for_it():
+    # a config file's `gpus: {h100: {peak_dense_tflops: 400}}` keeps the name but not the GPU the table's
+    # checks were costed with: none applies, and the run is unvalidated; HBM size alone (--gpu-mem-gb) changes
+    # no check, and a GPU the table does not know stays `unchecked` whatever its spec
+    h100 = gpu_specs()["h100"]
+    plain = gpu_checks(ROWS, "h100", 2.0, h100)
+    assert plain["status"] == "mixed" and not plain["unvalidated"] and plain["respecified"] == ""
+    smaller = gpu_checks(ROWS, "h100", 2.0, dataclasses.replace(h100, hbm_gb=18.0))
+    assert smaller == plain
+    slow = gpu_checks(ROWS, "h100", 2.0, dataclasses.replace(h100, peak_dense_tflops=400.0))
+    assert slow["status"] == "respecified" and slow["unvalidated"]
+    assert slow["respecified"] == "peak_dense_tflops 400 (the checks' 989)"
+    assert "not the table's" in slow["statement"] and slow["statement"].endswith("are unvalidated")
+    assert len(slow["checks"]) == len(plain["checks"])
+    new = gpu_checks(ROWS, "mi300x", 2.0, dataclasses.replace(h100, name="MI300X", hbm_gb=192.0))
+    assert new["status"] == "unchecked" and new["unvalidated"] and new["respecified"] == ""
+
+
+def test_a_runs_weight_size_does_not_recost_the_16_bit_profiles():
+    # vidur's profiles measured fp16 kernels: a run at weight_bytes_per_param 1 (a config file's choice) once
+    # costed them with 1-byte weights, and its Engine model line read "decode within 114%"; every entry is
+    # costed at its own precision, so the table's errors do not depend on the run's weight size
+    one = calibration_errors(dataclasses.replace(EFF, weight_bytes_per_param=1.0))
+    assert one == calibration_errors(EFF)
+    assert max(abs(r["decode_error"]) for r in one if r["kind"] == "layer_profile") <= 0.20

@@ -128,6 +128,31 @@ def test_a_gpu_no_published_run_supports_leads_each_cells_warnings(argv):
     assert h100 == []  # the H100 has 16-bit checks within 20 %
 
 
+def test_report_reprints_each_cells_engine_model_line(argv):
+    # `kv-cache report` printed the warnings but not the Engine model line, so a saved run's roofline error
+    # and what the table holds for its GPU were only in the JSON; it reprints the line the run printed, one
+    # per cell (named) for a grid, none for a document without engine_calibration
+    from kv_cache.benchmarks.sessions.run import engine_calibration, engine_line
+    from kv_cache.cli.report_cmd import _engine_lines
+
+    s = resolve(argv("--models", "micro", "--gpus", "b200,h100"))
+    cells = [{"parameters": {"model": "micro", "num_gpus": 1, "gpu": c.gpu_name,
+                             "engine_calibration": engine_calibration(c)}} for c in s.grid]
+    out = io.StringIO()
+    _engine_lines({"grid": cells, **cells[0]}, out)
+    lines = out.getvalue().splitlines()
+    assert lines == [f"[micro on 1 x {g}] " + engine_line(c["parameters"]["engine_calibration"])
+                     for g, c in zip(("b200", "h100"), cells, strict=True)]
+    assert "this run's GPU: on B200 the roofline has no published check" in lines[0]
+    one = io.StringIO()
+    _engine_lines(cells[1], one)
+    assert one.getvalue() == engine_line(cells[1]["parameters"]["engine_calibration"]) + "\n"
+    none = io.StringIO()
+    _engine_lines({"parameters": {"model": "micro"}}, none)
+    _engine_lines({"parameters": {"engine_calibration": {"prefill_mfu": 0.65}}}, none)  # an older document
+    assert none.getvalue() == ""
+
+
 def test_grid_names_the_bad_cell_before_anything_runs(argv):
     with pytest.raises(UsageError, match="unknown model 'nope'"):
         resolve(argv("--models", "micro,nope", "--gpus", "l40s"))
@@ -165,6 +190,7 @@ def test_grid_run_prints_one_table_and_answer_per_cell(argv, tmp_path, capsys):
     assert report_command(Namespace(result=str(tmp_path / "s.json"), plots=None), [], report) == 0
     text = report.getvalue()
     assert text.count("SESSIONS HELD") == 2 and "micro2 on 1 x l40s:" in text and "Grid (one answer" in text
+    assert text.count("this run's GPU: on L40S the roofline has no check at 16-bit") == 2  # each cell's line
 
 
 # -- the AIPerf agentic-code trace and the article's pace transform ------------------------------------

@@ -92,6 +92,7 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
     if isinstance(doc, SessionsDocument):
         from kv_cache.render.sessions import print_grid, print_partial, print_table  # noqa: PLC0415
 
+        _engine_lines(results, out)
         if results.get("grid") and results.get("summary"):  # every cell, not only the first one
             print_grid(results["grid"], results.get("method", ""), out)
         elif results.get("summary"):
@@ -109,6 +110,26 @@ def report_command(args: argparse.Namespace, argv: list[str], out: TextIO | None
     if args.plots:
         emit_plots(results, args.plots, out)
     return 0
+
+
+def _engine_lines(results: dict[str, Any], out: TextIO) -> None:
+    """A sessions document's `Engine model:` line(s), as the run printed them (one per grid cell, named):
+    the roofline's error on the published table and what it holds for the run's GPU. A document without
+    parameters.engine_calibration (older, or partial) prints none."""
+    from kv_cache.benchmarks.sessions.run import engine_line  # noqa: PLC0415
+
+    cells = results.get("grid") or [results]
+    for cell in cells:
+        p = cell.get("parameters") or {}
+        cal = p.get("engine_calibration")
+        if not isinstance(cal, dict):
+            continue
+        try:
+            line = engine_line(cal)
+        except (KeyError, TypeError, ValueError):  # a document written before a key it needs existed
+            continue
+        name = f"[{p.get('model')} on {p.get('num_gpus')} x {p.get('gpu')}] " if len(cells) > 1 else ""
+        out.write(name + line + "\n")
 
 
 def _foreign_report(doc: MlperfToolDocument | HarnessSummaryDocument, plots_dir: str | None, out: TextIO) -> int:

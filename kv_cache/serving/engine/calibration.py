@@ -240,8 +240,11 @@ def _model(name: str) -> ModelConfig:
 
 
 def modelled_tokens_per_s(entry: CalibrationEntry, eff: roofline.Efficiency) -> tuple[float, float]:
-    """The roofline's (prefill, decode) tokens per second for a layer entry's work (see the module doc)."""
+    """The roofline's (prefill, decode) tokens per second for a layer entry's work (see the module doc), at
+    the profile's 2-byte (fp16) weights whatever ``eff.weight_bytes_per_param`` a run sets: the profile
+    measured 16-bit kernels."""
     gpu, model = gpu_specs()[entry.gpu], _model(entry.model)
+    eff = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, 2.0)
     n = entry.prefill_tokens
     prefill_s = roofline.prefill_seconds(gpu, eff, model, n, 0, tp=entry.tp) - roofline.attention_flops(
         model, n, 0) / (entry.tp * gpu.peak_dense_tflops * 1e12 * eff.prefill_mfu)
@@ -427,7 +430,18 @@ def _check_text(row: dict[str, Any]) -> str:
     return f"{row['source_kind'].split(' ')[0]} {row.get('measured_model') or row['model']} {row['dtype']} {what}{errs}"
 
 
-def gpu_checks(rows: list[dict[str, Any]], gpu: str, weight_bytes_per_param: float) -> dict[str, Any]:
+def _respecified(gpu: str, spec: GPUSpec | None) -> str:
+    """What of the run's GPU spec differs from the built-in one the table's checks were costed with (the
+    rates the roofline divides by; HBM size, e.g. ``--gpu-mem-gb``, changes no check), or ''."""
+    base = gpu_specs().get(gpu)
+    if spec is None or base is None:
+        return ""
+    return ", ".join(f"{f} {getattr(spec, f):g} (the checks' {getattr(base, f):g})"
+                     for f in ("peak_dense_tflops", "hbm_bandwidth_gbs") if getattr(spec, f) != getattr(base, f))
+
+
+def gpu_checks(rows: list[dict[str, Any]], gpu: str, weight_bytes_per_param: float,
+               spec: GPUSpec | None = None) -> dict[str, Any]:
     """What the published table says of the roofline on one run's GPU at the run's precision: the entries on
     that GPU, and ``status`` (the sessions engine costs every run at the 16-bit dense rate: 2-byte weights are
     the table's 16-bit entries; other weight sizes match no entry, as the FP8 entries are costed at the FP8
@@ -437,7 +451,9 @@ def gpu_checks(rows: list[dict[str, Any]], gpu: str, weight_bytes_per_param: flo
     - ``mixed``: some within 20 %, some outside;
     - ``outside``: every check at this precision is outside 20 %;
     - ``other_precision``: no check at this precision, only at another;
-    - ``unchecked``: no published entry on this GPU.
+    - ``unchecked``: no published entry on this GPU;
+    - ``respecified``: ``spec`` (the run's GPU, e.g. a config file's ``gpus:`` overlay) has another dense
+      rate or HBM bandwidth than the built-in GPU of that name the checks were costed with: none applies.
 
     ``unvalidated`` is true where no check on this GPU at the run's precision is within 20 % (``outside``,
     ``other_precision``, ``unchecked``): the run's absolute figures then rest on constants no published run of
@@ -461,11 +477,16 @@ def gpu_checks(rows: list[dict[str, Any]], gpu: str, weight_bytes_per_param: flo
         text = (f"on {g} at {cls} the roofline has {len(here)} published check{'s' * (len(here) > 1)}: "
                 f"{len(within)} within 20 %" + (f" ({', '.join(_check_text(r) for r in within)})" if within else "")
                 + (f"; {len(out)} outside ({', '.join(_check_text(r) for r in out)})" if out else ""))
+    changed = _respecified(gpu, spec)
+    if changed:
+        status, within = "respecified", []
+        text = (f"this run's {g} is not the table's: {changed}; the roofline's published checks of the "
+                f"built-in {g} do not apply to it")
     unvalidated = not within
     if unvalidated and mine:
         text += (f"; no check on this GPU at {cls} is within 20 %: this run's absolute figures (sessions held, "
                  "throughput, TTFT) are unvalidated")
-    return {"gpu": gpu, "precision": cls, "status": status, "unvalidated": unvalidated,
+    return {"gpu": gpu, "precision": cls, "status": status, "unvalidated": unvalidated, "respecified": changed,
             "checks": [{"kind": r["kind"], "source_kind": r["source_kind"], "model": r.get("measured_model") or r["model"],
                         "dtype": r["dtype"], "errors": _errors(r),
                         "within_20pct": all(abs(x) <= BAND for x in _errors(r))} for r in mine],
