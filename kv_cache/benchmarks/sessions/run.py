@@ -298,7 +298,7 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "max_abs_decode_error": max(abs(r["decode_error"]) for r in layers),
         "this_pair": this[0] if this else None,
         "this_pair_published": [r for r in whole + steps if (r["gpu"], r["model"]) == (ls.gpu_name, ls.model_name)],
-        "this_gpu": gpu_checks(rows, ls.gpu_name, ls.efficiency.weight_bytes_per_param, ls.gpu),
+        "this_gpu": this_gpu(ls),
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"],
                         "compute_efficiency": r["compute_efficiency"],
@@ -350,11 +350,16 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
     return body, interrupted, error
 
 
+def this_gpu(ls: LadderSettings) -> dict[str, Any]:
+    """parameters.engine_calibration.this_gpu: what the published table holds for this run's GPU at its
+    precision (calibration.gpu_checks)."""
+    return gpu_checks(calibration_errors(ls.efficiency), ls.gpu_name, ls.efficiency.weight_bytes_per_param, ls.gpu)
+
+
 def engine_gpu_warning(ls: LadderSettings) -> list[str]:
-    """A warning when no published check of the roofline on this run's GPU is within 20 %
-    (calibration.gpu_checks): the run's absolute figures then rest on constants no run of that GPU supports."""
-    this = gpu_checks(calibration_errors(ls.efficiency), ls.gpu_name, ls.efficiency.weight_bytes_per_param,
-                      ls.gpu)
+    """A warning when no published check of the roofline on this run's GPU is within 20 % (this_gpu): the
+    run's absolute figures then rest on constants no run of that GPU supports."""
+    this = this_gpu(ls)
     return [f"engine model unvalidated on this GPU: {this['statement']}"] if this["unvalidated"] else []
 
 
