@@ -72,7 +72,9 @@ def _guarded_main(argv: list[str] | None, prog: str = "kv-cache") -> int:
             from kv_cache.cli.wrapper import main as cli_main  # noqa: PLC0415  (the guarded import)
         else:
             from kv_cache.cli import main as cli_main  # noqa: PLC0415  (the guarded import)
+        from kv_cache.host.signals import exit_follows  # noqa: PLC0415
 
+        exit_follows()  # this process exits when the command returns: a run ignores late signals to the exit
         code = cli_main(argv)
         sys.stdout.flush()  # inside the guard: a closed pipe shows here, not in the interpreter's exit
         return code

@@ -185,14 +185,20 @@ def test_enospc_from_a_neighbour_gives_exit_3_with_path_and_free_space(tmp_path)
 
 
 def test_tiny_tmpfs_with_auto_capacity_refuses_entries_larger_than_the_tier(tmp_path):
+    """An automatic capacity too small for one entry is refused up front (exit 2, one line, nothing left),
+    as an explicit one there is; it used to start, then stop with exit 3 and a FAIL document for a run that
+    never ran."""
     mnt = _tiny_tmpfs(tmp_path)
     try:
         proc = _run(_cmd(tmp_path, mnt))
+        left = _run_dirs(mnt)
     finally:
         _umount(mnt)
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    line = next(line for line in proc.stderr.splitlines() if "run stopped by a storage error" in line)
-    assert "more than the whole storage tier" in line
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _last_line(proc)
+    assert line.startswith(f"kv-cache: error: --cache-dir {mnt} has 0.004 GiB (4.0 MiB) free on tmpfs: the automatic")
+    assert "too small for one entry of 0.012 GiB" in line and "Traceback" not in proc.stderr
+    assert left == [] and not (tmp_path / "r.json").exists()
     print(f"[fault] auto capacity on a 4 MiB tmpfs: exit {proc.returncode}: {line}")
 
 

@@ -119,21 +119,38 @@ def test_the_cache_never_waits_for_a_gpu_with_room(monkeypatch, bufs):
             s.close()
 
 
-def test_an_entry_larger_than_one_gpus_share_is_refused_at_start():
+def test_an_entry_larger_than_one_gpus_share_skips_the_gpu_tier(bufs):
+    """The MLPerf tool's waterfall: an entry that cannot fit one GPU's share goes to the next tier that can
+    hold it (it used to be refused at start, exit 2, where the reference runs). The keep-back for several
+    groups is of the largest entry that does fit a GPU; the skips are counted per tier."""
     store, _ = make(ndev=4, per_device=64 * KIB, tp=2)
     assert gpu_tier_limit(store, 64 * KIB) == 2 * 64 * KIB - 64 * KIB
-    with pytest.raises(StorageSetupError, match="too small for the largest entry") as refused:
-        gpu_tier_limit(store, 64 * KIB + 1)
-    from kv_cache.cli import explain
-
-    assert explain(refused.value).startswith("--gpu-mem-gb is too small for the largest entry: one GPU's share")
+    assert gpu_tier_limit(store, 64 * KIB + 1) == 2 * 64 * KIB - 64 * KIB  # larger ones never land there
     sim = SimulatedGPUStore(128 * KIB, TransferModel("h100", "PCIe", 64.0, 3350.0), slab_bytes=SLAB)
     try:
         sim.groups, sim.capacity_per_device = 2, 64 * KIB
-        with pytest.raises(StorageSetupError, match="too small for the largest entry"):
-            gpu_tier_limit(sim, 80 * KIB)
+        assert gpu_tier_limit(sim, 80 * KIB) == 128 * KIB - 64 * KIB
     finally:
         sim.close()
+    store, _ = make(ndev=1, per_device=64 * KIB)
+    cache, lower = _cache(store, gpu_tier_limit(store, 96 * KIB))
+    cache.tiers[0].max_entry = store.capacity_per_device
+    try:
+        assert cache.allocate("big", 1, 96 * KIB, bufs)[0] == "cpu"  # larger than the GPU: the next tier
+        assert cache.allocate("small", 1, 32 * KIB, bufs)[0] == "gpu"
+        assert cache.allocate("big", 1, 96 * KIB, bufs)[0] == "cpu"  # present already: not a new skip
+        usage = cache.usage()
+        assert usage["gpu"]["skipped_entries"] == 1 and usage["cpu"]["skipped_entries"] == 0
+        assert cache.metrics.snapshot_counters()["gpu_skipped_entries"] == 1
+        from kv_cache.results.measurement import tier_skips
+
+        counts, notes = tier_skips(usage)
+        assert counts == {"gpu": 1}
+        assert notes == ["the GPU tier (6.1e-05 GiB per GPU) was skipped by 1 entries larger than its share: "
+                         "each went to the next tier that could hold it (the MLPerf tool's waterfall)"]
+    finally:
+        for s in lower:
+            s.close()
 
 
 def _concurrent_writes(store, n_bytes=64 * KIB):
@@ -429,8 +446,8 @@ def test_the_simulated_tier_counts_tensor_parallelism_once(tp, bufs):
 
 
 def test_a_gpu_tier_clamped_below_the_largest_entry_says_it_was_clamped(bufs):
-    """A simulated tier the memory budget clamped below the largest entry: the refusal names the clamp,
-    so it does not just say "raise --gpu-mem-gb" (which the budget would clamp again)."""
+    """A simulated tier the memory budget clamped below the largest entry: the run goes on (the largest
+    entries skip the tier, the waterfall), and the tier's size says it was clamped."""
     from kv_cache.host.memlimit import MemoryLimit
     from kv_cache.serving.tiers import TierSet, build_tiers, open_gpu_store
 
@@ -440,8 +457,9 @@ def test_a_gpu_tier_clamped_below_the_largest_entry_says_it_was_clamped(bufs):
                                                                     source="test"), 0)
     try:
         assert stores.gpu_store.clamped and stores.sizes["gpu_mem_gb"]["clamped"]
-        with pytest.raises(StorageSetupError, match=r"\(clamped: 90% of .*free memory for it"):
-            build_tiers(tiers, None, None, stores.gpu_store, 64 << 20, storage_tier=False)
+        built = build_tiers(tiers, None, None, stores.gpu_store, 64 << 20, storage_tier=False)
+        assert built[0].name == "gpu" and built[0].max_entry < (64 << 20)
+        assert "90% of" in stores.sizes["gpu_mem_gb"]["clamped"]
     finally:
         stores.close()
 

@@ -104,10 +104,29 @@ def test_the_cli_refuses_that_in_one_line_with_exit_2(tmp_path, capsys):
     assert "lower --cpu-mem-gb" in err[-1] and not (tmp_path / "r.json").exists()
 
 
-def test_an_explicit_capacity_beyond_the_free_space_is_refused_with_the_numbers(tmp_path, monkeypatch):
+def test_an_explicit_capacity_beyond_the_free_space_is_clamped_with_a_note(tmp_path, monkeypatch):
+    """The seed README's "capped" BurstGPT line gives --storage-capacity-gb 100 where less is free: the
+    reference runs it, so this tool clamps it to the automatic capacity, says so, and runs."""
+    monkeypatch.setattr(FileStore, "free_bytes", lambda self: 3 * GIB)
+    settings = TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=100.0)
+    tier_set = TierSet(tiers=[])
+    try:
+        open_tiers(settings, StorageSettings(chunk_bytes=MIB), None, tier_set, workers=1, largest_entry=64 * MIB)
+        expected = 0.9 * 3 * GIB - 64 * MIB
+        assert tier_set.tiers[-1].limit == expected
+        size = tier_set.sizes["storage_capacity_gb"]
+        assert size["asked"] == 100.0 and size["effective"] == expected / GIB and "free space" in size["clamped"]
+        note = [n for n in tier_set.notes if n.startswith("storage capacity: 100 GiB is more than the 3.000 GiB")]
+        assert len(note) == 1 and "clamped to 2.638 GiB" in note[0] and "--strict-memory refuses" in note[0]
+    finally:
+        tier_set.close()
+
+
+def test_an_explicit_capacity_beyond_the_free_space_is_refused_under_strict_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(FileStore, "free_bytes", lambda self: 40 * MIB)
     with pytest.raises(StorageSetupError) as err:
-        _open(TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=1.0))
+        _open(TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=1.0,
+                           strict_memory=True))
     assert err.value.setting == "storage_capacity_gb"
     assert str(err.value).startswith("1 GiB is more than the 0.039 GiB (40.0 MiB) free on the filesystem of")
     assert "give at most 0.039" in str(err.value)
@@ -115,7 +134,8 @@ def test_an_explicit_capacity_beyond_the_free_space_is_refused_with_the_numbers(
 
 def test_ranks_sharing_the_filesystem_count_together(tmp_path, monkeypatch):
     monkeypatch.setattr(FileStore, "free_bytes", lambda self: 3 * GIB)
-    settings = TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=2.0)
+    settings = TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=2.0,
+                            strict_memory=True)
     tier_set = TierSet(tiers=[])
     with pytest.raises(StorageSetupError, match=r"2 GiB x 2 ranks on that filesystem = 4.000 GiB .*give at most 1.5"):
         try:

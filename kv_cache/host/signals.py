@@ -11,9 +11,30 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "catch_stop_signals"]
+__all__ = ["STOP_SIGNALS", "catch_stop_signals", "exit_follows", "ignore_to_exit", "process_exits_after_run"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_EXIT_FOLLOWS = [False]  # set by the process's entry point: the run is the last thing before the exit
+
+
+def exit_follows() -> None:
+    """The process's entry point (launcher.py) says the process exits once the command returns: a run then
+    ignores stop signals from its results to the exit (`ignore_to_exit`), instead of putting back handlers
+    that the interpreter's shutdown replaces with SIG_DFL (a Ctrl-C in that moment ended a finished run
+    with status -2). Called in-process (tests, a library), a run puts the previous handlers back."""
+    _EXIT_FOLLOWS[0] = True
+
+
+def process_exits_after_run() -> bool:
+    return _EXIT_FOLLOWS[0]
+
+
+def ignore_to_exit(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """Ignore the stop signals from here to the process's exit (main thread only); a SIGHUP already
+    ignored (nohup) stays so."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def catch_stop_signals(handler: Callable[..., Any] | int,

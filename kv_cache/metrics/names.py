@@ -37,6 +37,11 @@ def tier_deletions(tier: str) -> str:
     return f"{tier}_deletions"
 
 
+def tier_skips(tier: str) -> str:
+    """New entries that skipped one tier, larger than its share (``tier``: its statistics name)."""
+    return f"{tier}_skipped_entries"
+
+
 def block_hits_in(tier: str) -> str:
     """Block-layout hits served by one tier (``tier``: its statistics name)."""
     return f"block_hits_{tier}"

@@ -210,6 +210,49 @@ def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
     return out
 
 
+def tier_skips(usage: dict[str, dict[str, float]]) -> tuple[dict[str, int], list[str]]:
+    """Entries that skipped an upper tier, larger than its share (one GPU's, or the whole tier), over the
+    whole run, per tier (MLPerf name), and the note for each tier skipped: the waterfall put them in the
+    next tier that could hold them, as the MLPerf tool does."""
+    words = {"gpu": "GPU", "cpu": "CPU"}
+    counts: dict[str, int] = {}
+    notes: list[str] = []
+    for name, u in usage.items():
+        n = int(u.get("skipped_entries", 0) or 0)
+        if name == TierName.STORAGE.legacy or n <= 0:
+            continue
+        counts[name] = n
+        per_entry = u.get("max_entry_bytes", math.inf)
+        share = (f"{per_entry / GIB:.3g} GiB per GPU" if name == "gpu" and not math.isinf(per_entry)
+                 else f"{min(per_entry, u['limit_bytes']) / GIB:.3g} GiB")
+        notes.append(f"the {words.get(name, name)} tier ({share}) was skipped by {n} entries larger than its "
+                     "share: each went to the next tier that could hold it (the MLPerf tool's waterfall)")
+    return counts, notes
+
+
+def offered_load(outcome: Any, rate: float, window_s: float, notes: list[str]) -> dict[str, Any]:
+    """The open loop's load as really offered: `offered_request_rate` is the arrivals the generator offered
+    (admitted or rejected) per second of the window, `requested_request_rate` the --request-rate given. When
+    the loop could not dispatch arrivals as fast as they were due, the ones it fell behind by are counted
+    in `arrivals_not_offered`, and a note says the generator saturated."""
+    if not rate:
+        return {"offered_request_rate": None}
+    offered = outcome.requests_issued + outcome.requests_rejected
+    missed = int(getattr(outcome, "arrivals_not_offered", 0) or 0)
+    out: dict[str, Any] = {"offered_request_rate": offered / window_s if window_s > 0 else 0.0,
+                           "requested_request_rate": rate, "arrivals_offered": offered,
+                           "arrivals_not_offered": missed,
+                           "generator_saturated": missed > 0}
+    if missed:
+        note = (f"the open-loop generator saturated: --request-rate {rate:g} asked for about {rate * window_s:.4g} "
+                f"arrivals in the {window_s:.2f} s window; the loop offered {offered} "
+                f"({out['offered_request_rate']:.4g}/s) and {missed} fell due while it was behind (not offered, "
+                f"not rejected); offered_request_rate is the rate really offered")
+        if note not in notes:
+            notes.append(note)
+    return out
+
+
 CENSORED_NOTE = ("requests started on a worker or in modelled generation when the run stopped: each latency is "
                  "only known to exceed stop - submission (the value given), so they are kept out of the latency "
                  "percentiles; requests still queued are counted in requests_abandoned_at_stop")

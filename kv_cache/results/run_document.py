@@ -243,7 +243,8 @@ def _window(record: RunRecord) -> dict[str, Any]:
         "requests_abandoned_at_stop": outcome.requests_abandoned,
         "requests_failed": outcome.requests_failed,
         "requests_rejected": outcome.requests_rejected,
-        "offered_request_rate": record.settings.driver.request_rate or None,
+        **meas.offered_load(outcome, record.settings.driver.request_rate, record.metrics.window_seconds,
+                            record.notes),
         "final_active_users": outcome.final_active_users,
         **meas.in_flight_at_stop(outcome),
     }
@@ -251,6 +252,8 @@ def _window(record: RunRecord) -> dict[str, Any]:
 
 def measurement(record: RunRecord) -> dict[str, Any]:
     metrics = record.metrics
+    skips, skip_notes = meas.tier_skips(record.usage)
+    record.notes.extend(n for n in skip_notes if n not in record.notes)
     name = record.blockdev.name if record.blockdev is not None else None
     return {
         "tool": f"kv-cache {__version__}",
@@ -270,6 +273,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         **meas.storage_errors(metrics, record.settings.storage.io_retries,
                               record.settings.storage.max_storage_errors, record.settings.storage.verify),
         "storage_fill": meas.storage_fill(record.usage),
+        "tier_skipped_entries": skips,
         "notes": record.notes,
         "storage_location": _storage_location(record.file_store),
         **({"tier_backends": dict(record.tier_backends)} if record.tier_backends else {}),

@@ -132,6 +132,9 @@ class MultiTierCache:
         self.entries: dict[str, Entry] = {}
         self._cond = threading.Condition(threading.Lock())
         self._by_name = {t.name: t for t in tiers}
+        # entries that skipped a tier because they are larger than its share (one GPU's, or the whole tier):
+        # the waterfall put them in the next tier that could hold them; counted over the whole run, per tier
+        self.skipped: dict[str, int] = dict.fromkeys((t.name for t in tiers[:-1]), 0)
 
     # -- public API ---------------------------------------------------------------------------
     def tier(self, name: str) -> Tier:
@@ -161,6 +164,8 @@ class MultiTierCache:
                 if existing is not None:
                     return existing.location, spent, False
                 plan: list[_Step] = []
+                if give_up is None:
+                    self._count_skips(nbytes)
                 tier = self._place(nbytes, plan)
                 if tier is not None:
                     entry = Entry(key=key, size=nbytes, tokens=tokens, location=tier.name,
@@ -193,6 +198,15 @@ class MultiTierCache:
             self._cond.notify_all()
         self._record(tier, "write", res, end, cause, tokens, key)
         return tier.name, spent + res.total_ns, True
+
+    def _count_skips(self, nbytes: int) -> None:
+        """Count the upper tiers this new entry can never be placed in (larger than one GPU's share or
+        than the whole tier): it skips them, as in the MLPerf tool's waterfall. Called with the lock held."""
+        for tier in self.tiers[:-1]:
+            cost = tier.cost(nbytes)
+            if cost > tier.max_entry or cost > tier.limit:
+                self.skipped[tier.name] += 1
+                self.metrics.count(names.tier_skips(tier.stat_name))
 
     def _refuse_too_large(self, key: str, nbytes: int) -> None:
         last = self.tiers[-1]
@@ -285,7 +299,8 @@ class MultiTierCache:
         with self._cond:
             return {
                 t.name: {"used_bytes": t.used, "limit_bytes": t.limit, "entries": len(t.lru), "peak_bytes": t.peak,
-                         "evictions": t.evictions}
+                         "evictions": t.evictions, "skipped_entries": self.skipped.get(t.name, 0),
+                         "max_entry_bytes": t.max_entry}
                 for t in self.tiers
             }
 

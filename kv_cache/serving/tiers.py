@@ -139,20 +139,13 @@ def gpu_groups(tiers: TierSettings) -> int:
 
 def gpu_tier_limit(store: SimulatedGPUStore | DeviceStore, largest_entry: int) -> float:
     """The GPU tier's capacity as the cache accounts it. An entry must fit in one GPU (each GPU of its
-    group): one larger than a GPU's share is refused here, before anything runs. With several groups,
-    (groups - 1) x the largest entry's footprint is kept back, so that whenever the cache admits an entry
-    some group has room for it (fragmentation across GPUs cannot leave it waiting)."""
+    group): one larger than a GPU's share skips the tier and goes to the next one that can hold it (the
+    MLPerf tool's waterfall; the cache counts the skips, `Tier.max_entry`). With several groups,
+    (groups - 1) x the footprint of the largest entry that fits a GPU is kept back, so that whenever the
+    cache admits an entry some group has room for it (fragmentation across GPUs cannot leave it waiting)."""
     per_gpu = getattr(store, "capacity_per_device", store.capacity_bytes)
     groups = getattr(store, "groups", 1)
-    need = store.footprint(largest_entry) if largest_entry > 0 else 0
-    if need > per_gpu:
-        clamped = getattr(store, "clamped", None)
-        share = f"{per_gpu / GIB:.3f} GiB" + (f" (clamped: {clamped})" if clamped else "")
-        raise StorageSetupError(
-            f"is too small for the largest entry: one GPU's share of the GPU tier is {share}, the largest entry "
-            f"{need / GIB:.3f} GiB (1/--tensor-parallel of the model's KV for the longest context), which could "
-            "never be placed; " + ("free memory for it, " if clamped else "raise --gpu-mem-gb, ")
-            + "raise --tensor-parallel, shorten the contexts, or --gpu-mem-gb 0 (no GPU tier)").about("gpu_mem_gb")
+    need = min(store.footprint(largest_entry), per_gpu) if largest_entry > 0 else 0
     return max(0, store.capacity_bytes - (groups - 1) * need)
 
 
@@ -231,6 +224,7 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     if isinstance(tier_set.gpu_store, SimulatedGPUStore):
         other_bytes += tier_set.gpu_store.capacity_bytes
     fs = None
+    capacity_clamp: float | None = None
     if storage_tier:
         fs = tier_set.file_store = _open_file_store(tiers, storage, tier_set, workers)
         if fs.fs_type in RAM_FILESYSTEMS:
@@ -238,7 +232,7 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             # before the CPU tier is allocated (and touched): a tmpfs tier with no room is refused up front
             check_ram_room(tiers, fs, limit, other_bytes, largest_entry)
         if tiers.storage_capacity_gb > 0 and fs.free_bytes() is not None:
-            check_free_space(tiers, fs, sharers)
+            capacity_clamp = check_free_space(tiers, fs, sharers, largest_entry, tier_set.notes)
     _open_memory_store(tiers, storage, tier_set, workers, limit, other_bytes)
     # Ranks of this run on the filesystem, or live runs found there (which may be those ranks): the larger.
     runs = max(sharers, 1 + len(found.live)) if found is not None else sharers
@@ -253,12 +247,15 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
     if not storage_tier:
         return
     storage_limit = tier_set.tiers[-1].limit
+    if capacity_clamp is not None:
+        storage_limit = tier_set.tiers[-1].limit = capacity_clamp
     in_ram = False
     if tiers.storage_capacity_gb <= 0 and fs.free_bytes() is None:  # a bucket, a server without maxmemory
         tier_set.notes.append(f"storage capacity (auto): unbounded, {fs.cache_dir} reports no free space; "
                               "give --storage-capacity-gb to bound it")
     elif tiers.storage_capacity_gb <= 0:
         by_free = auto_capacity(fs.free_bytes(), largest_entry, runs)
+        check_auto_capacity(fs, storage_limit, largest_entry, runs)
         in_ram = ram_room is not None and storage_limit < by_free
         tier_set.notes.append(
             f"storage capacity (auto): {storage_limit / GIB:.2f} GiB = {AUTO_FRACTION:.0%} of "
@@ -281,7 +278,22 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         return
     tier_set.sizes["storage_capacity_gb"] = tier_size(
         tiers.storage_capacity_gb, storage_limit,
-        f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram else None)
+        f"{fs.fs_type} is RAM: within the memory budget left after the RAM tiers" if in_ram
+        else "more than the free space: the automatic capacity" if capacity_clamp is not None else None)
+
+
+def check_auto_capacity(fs: FileStore, capacity: float, largest_entry: int, runs: int) -> None:
+    """The automatic capacity must hold the largest entry: otherwise the run could store nothing in its
+    storage tier and would stop on its first write (exit 3, a FAIL document for a run that never ran).
+    Refused up front instead (exit 2, one line), as an explicit capacity there is."""
+    if largest_entry <= 0 or capacity >= largest_entry:
+        return
+    free = fs.free_bytes() or 0
+    raise StorageSetupError(
+        f"{fs.cache_dir} has {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) free on {fs.fs_type}: the automatic "
+        f"storage capacity ({AUTO_FRACTION:.0%} of it / {runs} run(s) or rank(s), less the largest entry) is "
+        f"{capacity / GIB:.3f} GiB, too small for one entry of {largest_entry / GIB:.3f} GiB; free space there, put "
+        "--cache-dir elsewhere, or use a smaller model or shorter contexts").about("cache_dir")
 
 
 def _open_trace_tiers(tiers: TierSettings, io_trace_log: str, tier_set: TierSet) -> None:
@@ -321,26 +333,43 @@ def check_ram_room(tiers: TierSettings, fs: FileStore, limit: MemoryLimit, other
     ).about("cache_dir")
 
 
-def check_free_space(tiers: TierSettings, fs: FileStore, sharers: int = 1) -> None:
-    """An explicit --storage-capacity-gb is a hard limit the tier fills: refuse it (exit 2, before anything
-    runs) when it, times the ranks of this run on that filesystem, is more than the filesystem's free space
-    (measured after the leftovers sweep, in a run directory that holds nothing yet), as such a run can only
-    end in ENOSPC."""
+def check_free_space(tiers: TierSettings, fs: FileStore, sharers: int = 1, largest_entry: int = 0,
+                     notes: list[str] | None = None) -> float | None:
+    """An explicit --storage-capacity-gb is a hard limit the tier fills. When it, times the ranks of this
+    run on that filesystem, is more than the filesystem's free space (measured after the leftovers sweep,
+    in a run directory that holds nothing yet), the run could only end in ENOSPC: it is clamped to what
+    the automatic capacity would take there, with a warning and a note (returns the clamped bytes), as
+    --cpu-mem-gb is clamped to the memory there is; under --strict-memory it is refused (exit 2, before
+    anything runs). Returns None when it fits.
+
+    The refusal carries `most`, the capacity that fits in this rank's unit: under several ranks the flag
+    is a total the ranks split, and the run's refusal (run.py `_with_rank_share`) gives the total."""
     asked = tiers.storage_capacity_gb * GIB
     free = fs.free_bytes()
     total = asked * max(1, sharers)
     if total <= free:
-        return
+        return None
     ranks = f" x {sharers} ranks on that filesystem = {total / GIB:.3f} GiB" if sharers > 1 else ""
     # a remote tier (Redis: maxmemory less used_memory) has no filesystem and no --cache-dir
     where = (f"on the server {fs.cache_dir} ({fs.fs_type} maxmemory less used_memory)" if getattr(fs, "io_mode", None) == "network"
              else f"on the filesystem of {tiers.cache_dir} ({fs.fs_type})")
-    raise StorageSetupError(
-        f"{tiers.storage_capacity_gb:g} GiB{ranks} is more than the {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) "
-        f"free {where}: the capacity is a hard limit the tier "
-        f"fills, so the run would stop on ENOSPC; give at most {math.floor(free / max(1, sharers) / GIB * 1000) / 1000:.3f}, or leave it out "
-        f"(automatic: {AUTO_FRACTION:.0%} of the free space)"
-    ).about("storage_capacity_gb")
+    most = math.floor(free / max(1, sharers) / GIB * 1000) / 1000
+    said = f"{tiers.storage_capacity_gb:g} GiB{ranks} is more than the {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) free {where}"
+    clamped = auto_capacity(free, largest_entry, sharers)
+    if tiers.strict_memory or clamped < largest_entry:  # strict, or no room for one entry even clamped
+        exc = StorageSetupError(
+            f"{said}: the capacity is a hard limit the tier fills, so the run would stop on ENOSPC; give at most "
+            f"{most:.3f}, or leave it out (automatic: {AUTO_FRACTION:.0%} of the free space)"
+        ).about("storage_capacity_gb")
+        exc.most = most
+        raise exc
+    message = (f"storage capacity: {said}; clamped to {clamped / GIB:.3f} GiB"
+               + f" (what the automatic capacity takes: {AUTO_FRACTION:.0%} of the free space less the largest "
+               "entry), as a run that fills the filesystem can only end in ENOSPC; --strict-memory refuses instead")
+    log.warning(message)
+    if notes is not None:
+        notes.append(message)
+    return clamped
 
 
 def _open_memory_store(tiers: TierSettings, storage: StorageSettings, tier_set: TierSet, workers: int,

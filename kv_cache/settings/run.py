@@ -164,8 +164,9 @@ class TierSettings:
     cpu_mem_gb: float = setting(32.0, split=SPLIT, flag=Flag("--cpu-mem-gb", type=float, help="CPU tier budget, GiB."))
     strict_memory: bool = setting(False, flag=Flag(
         "--strict-memory", action="store_true",
-        help="Refuse (exit 2) a --cpu-mem-gb (or --gpu-mem-gb) that does not fit in the memory this process "
-             "may use (or a GPU has free), instead of clamping it with a warning."))  # a host-RAM tier that does not fit is refused
+        help="Refuse (exit 2) a size larger than the room there is, instead of clamping it with a warning and "
+             "a note: --cpu-mem-gb or --gpu-mem-gb beyond the memory this process may use (or a GPU has free), "
+             "--storage-capacity-gb beyond the free space, and I/O worker buffers beyond the memory budget."))  # a host-RAM tier that does not fit is refused
     cache_dir: str | None = setting(None, flag=Flag(
         "--cache-dir", type=str,
         help="Directory of the storage tier (default: a fresh temp dir)."))  # None = a fresh temporary directory

@@ -10,6 +10,8 @@ import random
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -19,6 +21,16 @@ class PoissonArrivals:
             raise ValueError(f"arrival rate must be > 0, got {rate}")
         self.rate = rate
         self.rng = random.Random(f"kv-cache-arrivals:{seed}")
+        self._counts = np.random.default_rng([0x6B76, seed & 0xFFFFFFFF])  # skip(): its own stream
+
+    def skip(self, seconds: float) -> int:
+        """How many arrivals of the process fall in `seconds` (a Poisson count of mean rate x seconds):
+        those a generator that fell behind its clock by that long did not offer. Drawn from a stream of
+        its own, so the gaps and picks a seed gives stay the same."""
+        mean = self.rate * max(0.0, seconds)
+        if mean <= 0:
+            return 0
+        return int(self._counts.poisson(mean)) if mean < 1e15 else int(round(mean))
 
     def gap_s(self) -> float:
         """Seconds to the next arrival (exponential with mean 1/rate)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import resource
 import signal
@@ -29,7 +30,7 @@ from kv_cache.errors import RunOutcome, StorageError, StorageSetupError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
-from kv_cache.host.signals import STOP_SIGNALS, catch_stop_signals
+from kv_cache.host.signals import STOP_SIGNALS, catch_stop_signals, ignore_to_exit, process_exits_after_run
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
@@ -110,7 +111,11 @@ def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = Non
     try:
         return execute(settings, out, group=group, interrupts=handler)[1]
     finally:
-        if not handler.seen:  # once stopping, a late signal must not kill the exit either: keep ours
+        if previous and (handler.seen or process_exits_after_run()):
+            # from the results to the exit a signal changes nothing: ignored (not our Python handler, which
+            # the interpreter's shutdown would put back to SIG_DFL under a late Ctrl-C: status -2)
+            ignore_to_exit(tuple(previous))
+        else:
             for sig, old in previous.items():
                 signal.signal(sig, old)
 
@@ -176,6 +181,11 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
             results.setdefault("measurement", {}).setdefault("notes", []).append(
                 "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
                 "but the ranks' windows were not closed together")
+        late = run.outcome.signal_after_window_s if run.outcome is not None else None
+        if late is not None:
+            results.setdefault("measurement", {}).setdefault("notes", []).append(
+                f"a stop signal arrived at {late:.3f} s, once the {settings.driver.duration} s window was complete: "
+                "the window is whole and the run complete")
         if run.outcome is not None and run.outcome.drain_cut:
             measurement = results.setdefault("measurement", {})
             measurement["requests_abandoned_at_drain_cut"] = run.outcome.requests_abandoned_at_cut
@@ -210,9 +220,10 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
 
 
 def _with_rank_share(exc: StorageSetupError, settings: RunSettings) -> StorageSetupError:
-    """A refusal about a size that ranks split (--gpu-mem-gb, --cpu-mem-gb, ...): the size it speaks of is
-    this rank's share of the total given, which the message then says (the same flags run as one process
-    would not be refused)."""
+    """A refusal about a size that ranks split (--gpu-mem-gb, --storage-capacity-gb, ...): the size it
+    speaks of is this rank's share of the total given, which the message then says (the same flags run as
+    one process would not be refused). Its advice ("give at most X", `exc.most`, in this rank's unit) is
+    put in the flag's own unit, the total over the ranks, so that following it gives each rank X."""
     setting = getattr(exc, "setting", None)
     total = (settings.rank_totals or {}).get(setting) if setting else None
     if settings.flags_per_rank or not total:
@@ -221,7 +232,14 @@ def _with_rank_share(exc: StorageSetupError, settings: RunSettings) -> StorageSe
     if share == total:
         return exc
     flag = "--" + setting.replace("_", "-")
-    out = StorageSetupError(f"{exc} (under several ranks {flag} {total:g} is the total: this rank's share is "
+    text = str(exc)
+    most = getattr(exc, "most", None)
+    ranks = max(1, settings.mpi_world_size)
+    if most is not None and f"give at most {most:.3f}" in text:
+        text = text.replace(f"give at most {most:.3f}",
+                            f"give at most {math.floor(most * ranks * 1000) / 1000:.3f} in all ({ranks} ranks x "
+                            f"{most:.3f})")
+    out = StorageSetupError(f"{text} (under several ranks {flag} {total:g} is the total: this rank's share is "
                             f"{share:g})")
     return out.about(setting)
 

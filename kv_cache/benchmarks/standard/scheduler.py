@@ -11,7 +11,10 @@ Two ways to offer load:
   and its think time elapsed;
 - open loop (`request_rate > 0`): Poisson arrivals at the given rate, each from a user drawn from the
   seeded arrival generator; an arrival that finds `admission_limit` requests already queued is rejected
-  and counted (never silently dropped).
+  and counted (never silently dropped). When the loop cannot dispatch arrivals as fast as they are due
+  (a rate above what one process generates), it does not fall behind without end: arrivals more than
+  LAG_LIMIT_NS late are counted as not offered (a Poisson count over the lag), the generator jumps to the
+  clock, and the run still ends on time; `offered_request_rate` is then the rate really offered.
 A load shape (core/autoscale.py) may change the number of active users at every monitor tick.
 """
 
@@ -46,6 +49,8 @@ from kv_cache.workload.users import User
 
 log = logging.getLogger("kv_cache")
 
+LAG_LIMIT_NS = 10_000_000  # an open-loop arrival handled later than this behind its time: the generator saturated
+
 
 @dataclass(frozen=True)
 class DriverOptions:
@@ -77,6 +82,10 @@ class DriverOutcome:
     requests_abandoned: int
     requests_failed: int
     requests_rejected: int = 0
+    # open loop: arrivals the generator could not offer in time (the loop fell more than LAG_LIMIT_NS behind
+    # the process's clock), and how many times it jumped to the clock
+    arrivals_not_offered: int = 0
+    generator_saturations: int = 0
     timeline: list[dict] = field(default_factory=list)
     plans: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     fatal_error: str | None = None
@@ -91,6 +100,7 @@ class DriverOutcome:
     # an I/O call) were abandoned, counted in requests_abandoned and censored at the stop like the others
     drain_cut: bool = False
     requests_abandoned_at_cut: int = 0
+    signal_after_window_s: float | None = None  # a stop signal that landed after the window was complete
 
 
 class Driver:
@@ -136,6 +146,8 @@ class Driver:
         self._lock = threading.Lock()
         self._worker = threading.local()  # per worker: the shift of its last plan's end (_without_standin)
         self.issued = self.completed = self.abandoned = self.failed = self.rejected = self.in_flight = 0
+        self.not_offered = self.saturations = 0
+        self.signal_after_window_s: float | None = None  # a stop signal that came once the window was complete
         self._cycles_done = 0
         self.timeline: list[dict] = []
         self._plans: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
@@ -214,7 +226,13 @@ class Driver:
     def _on_arrive(self, when: int, _: object) -> None:
         user = self.users.users[self._arrivals.pick(self.users.active)]
         self._admit(user.next_request, when)
-        self.loop.push(when + max(1, int(self._arrivals.gap_s() * 1e9)), "arrive")
+        nxt = when + max(1, int(self._arrivals.gap_s() * 1e9))
+        now = self.loop.clock()
+        if now - nxt > LAG_LIMIT_NS:  # the loop fell behind the arrivals: those due meanwhile were not offered
+            self.not_offered += self._arrivals.skip((now - nxt) / 1e9)
+            self.saturations += 1
+            nxt = now
+        self.loop.push(nxt, "arrive")
 
     def _on_result(self, end_ns: int, plan: RequestPlan, outcome: Outcome) -> None:
         """A worker finished a plan: its answer is generated (modelled time), then it completes."""
@@ -343,7 +361,12 @@ class Driver:
             while stop is None:
                 stop = self._step()
         except KeyboardInterrupt:
-            stop = Stop("interrupted")
+            now = self.loop.clock()
+            if stop is None and now >= self.deadline:  # the window was complete: a late signal changes nothing
+                self.signal_after_window_s = (now - self.t0) / 1e9
+                stop = Stop("duration", self.deadline)
+            elif stop is None:
+                stop = Stop("interrupted")
         finally:
             self._window_closing()
             end = stop.at_ns if stop is not None and stop.at_ns is not None else self.loop.clock()
@@ -363,11 +386,13 @@ class Driver:
         return DriverOutcome(
             stop_reason=stop.reason, window_s=self.metrics.window_seconds, requests_issued=self.issued,
             requests_completed=self.completed, requests_abandoned=self.abandoned, requests_failed=self.failed,
-            requests_rejected=self.rejected, timeline=self.timeline, plans=dict(self._plans),
+            requests_rejected=self.rejected, arrivals_not_offered=self.not_offered,
+            generator_saturations=self.saturations, timeline=self.timeline, plans=dict(self._plans),
             fatal_error=self.loop.alarm, final_active_users=self.users.active,
             requests_in_flight_at_stop=len(settled[1]), requests_finished_after_stop=settled[0],
             censored_ns=settled[1], peers_lost=self.peers_lost,
             drain_cut=bool(self._cut_plans), requests_abandoned_at_cut=len(self._cut_plans),
+            signal_after_window_s=self.signal_after_window_s,
         )
 
     def _window_closing(self) -> None:

@@ -1,0 +1,182 @@
+"""The load generator keeps its word ("Drop-in again", issue 27 item 4-5): the event loop hands control
+back however many events are due, an open loop faster than the loop can dispatch ends on time and counts
+what it could not offer, and a signal that lands once the window is complete changes nothing."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from kv_cache.benchmarks.standard.execute import Timing
+from kv_cache.benchmarks.standard.scheduler import LAG_LIMIT_NS, Driver, DriverOptions
+from kv_cache.core.events import CLOCK_EVERY, SLICE_NS, EventLoop
+from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.results.measurement import offered_load
+from kv_cache.workload.arrivals import PoissonArrivals
+from kv_cache.workload.request import Phase, RequestPlan
+
+S = 1_000_000_000
+
+
+class TickingClock:
+    """Every read of the clock moves it on by `step` ns: a loop that never looks at it never ends."""
+
+    def __init__(self, step: int) -> None:
+        self.t, self.step = 0, step
+
+    def __call__(self) -> int:
+        self.t += self.step
+        return self.t
+
+
+class User:
+    def __init__(self, uid: str) -> None:
+        self.user_id, self.n = uid, 0
+
+    def next_request(self) -> RequestPlan:
+        self.n += 1
+        return RequestPlan(user_id=self.user_id, request_id=f"{self.user_id}-{self.n}", seq=self.n,
+                           qos_level="interactive", priority=1, context_tokens=100, generate_tokens=1,
+                           phase=Phase.PREFILL, cache_key=f"{self.user_id}-{self.n}")
+
+    def think_time(self) -> float:
+        return 0.0
+
+    def has_next(self) -> bool:
+        return True
+
+    def first_wake_s(self) -> float:
+        return 0.0
+
+    def restart(self) -> None:
+        self.n = 0
+
+
+class HeldPool:
+    """Takes jobs and never runs them (a worker pool stuck behind slow storage)."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    def submit(self, job, priority: int = 0) -> None:
+        self.jobs.append(job)
+
+    def qsize(self) -> int:
+        return len(self.jobs)
+
+    def start(self):
+        return self
+
+    def drain(self) -> int:
+        n, self.jobs = len(self.jobs), []
+        return n
+
+    def close(self, cut=None) -> bool:
+        return True
+
+
+def _driver(clock, **opts) -> Driver:
+    metrics = RunMetrics()
+    d = Driver([User("a"), User("b")], cache=SimpleNamespace(bytes_per_token=1, usage=dict), metrics=metrics,
+               options=DriverOptions(**opts), stop=threading.Event(), clock=clock)
+    d.pool = HeldPool()
+    d.loop.wait = lambda until: setattr(clock, "t", max(clock.t, until))  # sleeping moves the fake clock on
+    return d
+
+
+def test_run_due_hands_control_back_when_handlers_keep_events_due():
+    """A handler that schedules another due event each time (an arrival gap floored at 1 ns at a rate of
+    1e12/s): run_due used to dispatch them forever. It now returns within about one slice of the clock."""
+    clock = TickingClock(1000)
+    loop = EventLoop(clock=clock)
+    seen = []
+
+    def again(when, _):
+        seen.append(when)
+        loop.push(when + 1, "again")
+
+    loop.handlers["again"] = again
+    loop.push(0, "again")
+    assert loop.run_due(now=10 * S, horizon=10 * S) is None
+    # the clock is read once every CLOCK_EVERY events: the slice's 2 ms pass after that many reads
+    assert len(seen) == CLOCK_EVERY * (SLICE_NS // 1000)
+    assert loop.next_time() == len(seen)  # the rest stay queued for the next step
+
+
+def test_an_open_loop_above_what_the_loop_dispatches_ends_on_time_and_says_what_it_offered():
+    """--request-rate 1e12 against a loop whose clock moves 2 us per read: the window ends at its deadline
+    (it used to run until killed), the arrivals the loop fell behind by are counted as not offered, and
+    the offered rate is what was really offered, not the rate asked."""
+    d = _driver(TickingClock(2000), duration_s=0.05, request_rate=1e12, admission_limit=50)
+    out = d.run()
+    assert out.stop_reason == "duration" and out.window_s == 0.05
+    assert out.generator_saturations > 0 and out.arrivals_not_offered > 1e9  # ~5e10 due in 0.05 s
+    offered = out.requests_issued + out.requests_rejected
+    assert 0 < offered < 1e6 and out.requests_issued == 50  # the admission queue held 50, never ran
+    notes: list[str] = []
+    load = offered_load(out, 1e12, out.window_s, notes)
+    assert load["offered_request_rate"] == offered / 0.05 and load["requested_request_rate"] == 1e12
+    assert load["generator_saturated"] and load["arrivals_not_offered"] == out.arrivals_not_offered
+    assert len(notes) == 1 and notes[0].startswith("the open-loop generator saturated: --request-rate 1e+12")
+
+
+def test_an_open_loop_the_loop_keeps_up_with_offers_every_arrival():
+    """A rate the loop keeps up with: nothing is counted as not offered (the lag bound is not a cap)."""
+    d = _driver(TickingClock(100), duration_s=0.2, request_rate=200.0, admission_limit=10_000)
+    out = d.run()
+    assert out.arrivals_not_offered == 0 and out.generator_saturations == 0
+    ref = PoissonArrivals(200.0, 0)
+    t, expected = 0.0, 0
+    while True:
+        ref.pick(2)
+        t += ref.gap_s()
+        if t > 0.2:
+            break
+        expected += 1
+    assert out.requests_issued in (expected, expected + 1)  # the seed's arrivals, all offered
+    assert offered_load(out, 200.0, out.window_s, [])["generator_saturated"] is False
+    assert LAG_LIMIT_NS > 0
+
+
+def test_poisson_skip_counts_do_not_change_the_seeds_gaps():
+    a, b = PoissonArrivals(1e6, 7), PoissonArrivals(1e6, 7)
+    assert a.skip(0.5) > 0 and a.skip(0.0) == 0 and a.skip(-1.0) == 0
+    assert [a.gap_s() for _ in range(5)] == [b.gap_s() for _ in range(5)]
+    assert PoissonArrivals(1e18, 0).skip(10.0) == 10**19  # beyond numpy's Poisson: the mean
+
+
+def test_a_signal_once_the_window_is_complete_leaves_it_complete():
+    """Ctrl-C in the last milliseconds of a window already complete (10.04 s of 10 s) used to give
+    "INCOMPLETE: interrupted after 100 %" and exit 130: the window is whole, the run complete."""
+    clock = TickingClock(1000)
+    d = _driver(clock, duration_s=0.01)
+    step = d._step
+
+    def interrupted_after_the_deadline():
+        if clock.t >= d.deadline:
+            raise KeyboardInterrupt
+        return step()
+
+    d._step = interrupted_after_the_deadline
+    d._idle_end = lambda: None
+    out = d.run()
+    assert out.stop_reason == "duration" and out.window_s == 0.01
+    assert out.signal_after_window_s is not None and out.signal_after_window_s >= 0.01
+
+
+def test_a_signal_inside_the_window_still_interrupts_it():
+    clock = TickingClock(1000)
+    d = _driver(clock, duration_s=10.0)
+    calls = []
+
+    def interrupted_at_once():
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    d._step = interrupted_at_once
+    out = d.run()
+    assert out.stop_reason == "interrupted" and out.signal_after_window_s is None and out.window_s < 10.0
+
+
+def test_timing_type_is_the_executors():  # the fake pool never runs plans: nothing else is needed of it
+    assert Timing(1, 1, None).storage_ns == 1
