@@ -146,7 +146,7 @@ def test_an_entry_larger_than_one_gpus_share_skips_the_gpu_tier(bufs):
 
         counts, notes = tier_skips(usage)
         assert counts == {"gpu": 1}
-        assert notes == ["the GPU tier (6.1e-05 GiB per GPU) was skipped by 1 entries larger than its share: "
+        assert notes == ["the GPU tier (6.1e-05 GiB per GPU) was skipped by 1 entry larger than its share: "
                          "each went to the next tier that could hold it (the MLPerf tool's waterfall)"]
     finally:
         for s in lower:

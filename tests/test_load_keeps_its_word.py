@@ -4,6 +4,7 @@ what it could not offer, and a signal that lands once the window is complete cha
 
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 
@@ -180,3 +181,87 @@ def test_a_signal_inside_the_window_still_interrupts_it():
 
 def test_timing_type_is_the_executors():  # the fake pool never runs plans: nothing else is needed of it
     assert Timing(1, 1, None).storage_ns == 1
+
+
+# -- long preparation phases say where they are (item 3) -------------------------------------------------
+def test_a_preparation_line_has_its_total_rate_and_time_left():
+    from kv_cache.benchmarks.standard.phases import progress_line
+
+    gib = 1 << 30
+    assert progress_line("prepopulation", 879, int(549.38 * gib), 625 * gib, 298.9) == (
+        "prepopulation: 879 entries, 549.38 of 625.00 GiB (87.9 %), 1.84 GiB/s, 41 s left (298.9 s)")
+    assert progress_line("fill", 3, 2 * gib, None, 4.0) == "fill: 3 entries, 2.00 GiB, 0.50 GiB/s (4.0 s)"
+    assert progress_line("fill", 0, 0, gib, 0.0) == "fill: 0 entries, 0.00 of 1.00 GiB (0.0 %), 0.00 GiB/s (0.0 s)"
+
+
+def test_a_phase_that_writes_more_than_the_tiers_hold_warns_how_much_is_evicted():
+    from kv_cache.benchmarks.standard.phases import over_capacity_warning
+
+    gib = 1 << 30
+    tiers = [SimpleNamespace(limit=2 * gib), SimpleNamespace(limit=60.5 * gib)]
+    said = over_capacity_warning("pre-population", 625 * gib, tiers)
+    assert said == ("WARNING: pre-population writes 625.00 GiB, 10.0x the 62.50 GiB the tiers hold: about 562.50 GiB "
+                    "(90 %) of it is evicted as soon as it is written (the window then finds only the last entries "
+                    "written)")
+    assert over_capacity_warning("pre-population", 62 * gib, tiers) is None
+    assert over_capacity_warning("pre-population", 625 * gib, [SimpleNamespace(limit=float("inf"))]) is None
+
+
+def test_a_ranks_capacity_refusal_advises_the_total_the_flag_takes():
+    """Under ranks --storage-capacity-gb is a total the ranks split: the refusal's "give at most" speaks in
+    it (2 ranks x 1.5), where it used to give one rank's figure (following it gave half the room)."""
+    from kv_cache.benchmarks.standard.processes import rank_settings
+    from kv_cache.benchmarks.standard.run import _with_rank_share
+    from kv_cache.cli import explain, parse_settings
+    from kv_cache.errors import StorageSetupError
+
+    share = rank_settings(parse_settings(["--num-users", "4", "--storage-capacity-gb", "4", "--processes", "2",
+                                          "--strict-memory"]), 0, 2)
+    exc = StorageSetupError("2 GiB x 2 ranks on that filesystem = 4.000 GiB is more than the 3.000 GiB free ...; "
+                            "give at most 1.500, or leave it out").about("storage_capacity_gb")
+    exc.most = 1.5
+    said = explain(_with_rank_share(exc, share))
+    assert "give at most 3.000 in all (2 ranks x 1.500), or leave it out" in said
+    assert said.endswith("(under several ranks --storage-capacity-gb 4 is the total: this rank's share is 2)")
+
+
+# -- every end of a run is the same end (item 5) -------------------------------------------------------
+MICRO = ("model_configs:\n  micro:\n    name: Micro test model\n    num_layers: 1\n    hidden_dim: 512\n"
+         "    num_heads: 4\n    kv_heads: 1\n    dtype: float16\n")
+
+
+def test_stop_signals_from_results_written_to_the_exit_change_nothing(tmp_path):
+    """SIGINT after "Results written" (the run removing its files, the interpreter shutting down) ended 3
+    of 7 finished runs with status -2. Here SIGINT comes every few milliseconds from that line to the exit:
+    the status is the run's own (0) and its files are gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "micro.yaml").write_text(MICRO)
+    cmd = [sys.executable, str(root / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"), "--model", "micro",
+           "--num-users", "4", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode",
+           "none", "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "r.json"), "--io-chunk-mb", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    sent = 0
+    try:
+        for line in proc.stdout:
+            if line.startswith("Results written to"):
+                break
+        while proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGINT)
+                sent += 1
+            except ProcessLookupError:
+                break
+            time.sleep(0.002)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and sent >= 1
+    assert json.loads((tmp_path / "r.json").read_text())["measurement"]["stop_reason"] == "duration"
+    assert not list((tmp_path / "cache").glob("kv-cache-run-*"))

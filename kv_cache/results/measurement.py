@@ -225,7 +225,8 @@ def tier_skips(usage: dict[str, dict[str, float]]) -> tuple[dict[str, int], list
         per_entry = u.get("max_entry_bytes", math.inf)
         share = (f"{per_entry / GIB:.3g} GiB per GPU" if name == "gpu" and not math.isinf(per_entry)
                  else f"{min(per_entry, u['limit_bytes']) / GIB:.3g} GiB")
-        notes.append(f"the {words.get(name, name)} tier ({share}) was skipped by {n} entries larger than its "
+        what = "1 entry" if n == 1 else f"{n} entries"
+        notes.append(f"the {words.get(name, name)} tier ({share}) was skipped by {what} larger than its "
                      "share: each went to the next tier that could hold it (the MLPerf tool's waterfall)")
     return counts, notes
 

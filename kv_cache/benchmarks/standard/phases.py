@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,20 +18,28 @@ from typing import TextIO
 from kv_cache.core import pool as pools
 from kv_cache.core.pool import Stream
 from kv_cache.metrics.recorder import GIB
-from kv_cache.serving.cache import MultiTierCache
+from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.storage.buffers import WorkerBuffers
 from kv_cache.workload.rag import RagCorpus, RagDocument
 
 log = logging.getLogger("kv_cache.benchmarks.standard.phases")
 
 
+REPORT_EVERY_S = 10.0  # a progress line at least this often (when an entry completes), whatever the volume
+
+
 def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: Callable[[int], int], threads: int,
          chunk_bytes: int, seed: int, stop: threading.Event, label: str, out: TextIO,
-         target_bytes: int | None = None) -> dict:
-    """Write entries from `items` with `threads` writers until the items or `target_bytes` run out."""
+         target_bytes: int | None = None, total_bytes: int | None = None) -> dict:
+    """Write entries from `items` with `threads` writers until the items or `target_bytes` run out.
+
+    Progress: a line every tenth of the volume (at least 1 GiB) or every REPORT_EVERY_S, with the total
+    (`target_bytes`, or `total_bytes` when the items are a known set), the rate so far and, once the rate is
+    known, the time left."""
     lock = threading.Lock()
-    state = {"bytes": 0, "entries": 0, "next_report": 0, "failed": False}
-    report_every = max(GIB, (target_bytes or 0) // 10)
+    total = target_bytes or total_bytes
+    state = {"bytes": 0, "entries": 0, "next_report": 0, "last_report": 0.0, "failed": False}
+    report_every = max(GIB, (total or 0) // 10)
     t0 = time.perf_counter()
 
     def next_item() -> tuple[str, int] | None:
@@ -43,11 +52,12 @@ def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: C
         with lock:
             state["bytes"] += size
             state["entries"] += 1
-            if state["bytes"] >= state["next_report"]:
-                state["next_report"] += report_every
-                total = f" / {target_bytes / GIB:.1f} GiB" if target_bytes else ""
-                out.write(f"  {label}: {state['entries']} entries, {state['bytes'] / GIB:.2f} GiB{total}"
-                          f" ({time.perf_counter() - t0:.1f} s)\n")
+            now = time.perf_counter() - t0
+            if state["bytes"] >= state["next_report"] or now - state["last_report"] >= REPORT_EVERY_S:
+                while state["next_report"] <= state["bytes"]:
+                    state["next_report"] += report_every
+                state["last_report"] = now
+                out.write(f"  {progress_line(label, state['entries'], state['bytes'], total, now)}\n")
                 out.flush()
 
     def writer(bufs: WorkerBuffers) -> None:
@@ -68,6 +78,28 @@ def fill(cache: MultiTierCache, items: Iterator[tuple[str, int]], entry_bytes: C
     seconds = time.perf_counter() - t0
     return {"entries": state["entries"], "bytes": state["bytes"], "gib": state["bytes"] / GIB, "seconds": seconds,
             "gib_per_sec": state["bytes"] / GIB / seconds if seconds > 0 else 0.0}
+
+
+def progress_line(label: str, entries: int, done: int, total: int | None, seconds: float) -> str:
+    """`prepopulation: 879 entries, 549.38 of 625.00 GiB (87.9 %), 1.84 GiB/s, 41 s left (298.9 s)`."""
+    rate = done / GIB / seconds if seconds > 0 else 0.0
+    if not total:
+        return f"{label}: {entries} entries, {done / GIB:.2f} GiB, {rate:.2f} GiB/s ({seconds:.1f} s)"
+    left = f", {max(0.0, (total - done) / GIB / rate):.0f} s left" if rate > 0 else ""
+    return (f"{label}: {entries} entries, {done / GIB:.2f} of {total / GIB:.2f} GiB ({min(100.0, 100 * done / total):.1f} %), "
+            f"{rate:.2f} GiB/s{left} ({seconds:.1f} s)")
+
+
+def over_capacity_warning(label: str, total: int, tiers: list[Tier]) -> str | None:
+    """The start-of-phase warning when a phase writes more than the tiers can hold: that much of it is
+    evicted (deleted from the last tier) as soon as it is written. None when it fits or a tier is unbounded."""
+    room = sum(t.limit for t in tiers)
+    if math.isinf(room) or total <= room:
+        return None
+    over = total - room
+    return (f"WARNING: {label} writes {total / GIB:.2f} GiB, {total / max(room, 1):.1f}x the {room / GIB:.2f} GiB the "
+            f"tiers hold: about {over / GIB:.2f} GiB ({100 * over / total:.0f} %) of it is evicted as soon as it is "
+            "written (the window then finds only the last entries written)")
 
 
 def precondition_items() -> Iterator[tuple[str, int]]:

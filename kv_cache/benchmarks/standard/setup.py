@@ -12,7 +12,13 @@ import os
 import threading
 from typing import Any, TextIO
 
-from kv_cache.benchmarks.standard.phases import fill, ingest_rag, precondition_items, prepopulation_items
+from kv_cache.benchmarks.standard.phases import (
+    fill,
+    ingest_rag,
+    over_capacity_warning,
+    precondition_items,
+    prepopulation_items,
+)
 from kv_cache.benchmarks.standard.scheduler import DriverOptions
 from kv_cache.core import pool as pools
 from kv_cache.errors import StorageError
@@ -96,13 +102,25 @@ def _phases(settings: RunSettings, cache: MultiTierCache, tiers: list[Tier], fac
         else:
             threads = settings.driver.precondition_threads or os.cpu_count() or 4
             out.write(f"Preconditioning: writing {target / GIB:.2f} GiB sequentially with {threads} threads...\n")
+            warning = over_capacity_warning("preconditioning", target, tiers)
+            if warning:  # by design without --precondition-size-gb (twice the storage tier: it then evicts)
+                out.write(warning + "\n")
             phases["preconditioning"] = fill(cache, precondition_items(), entry_bytes, threads, chunk, seed, stop,
                                              "preconditioning", out, target_bytes=target)
+            if warning:
+                phases["preconditioning"]["over_capacity"] = warning.removeprefix("WARNING: ")
     if settings.driver.decode_only:
         count = factory.decode_only_entries
-        out.write(f"Decode-only: pre-populating {count} entries of 2048 tokens (not counted)...\n")
+        total = count * entry_bytes(2048)
+        out.write(f"Decode-only: pre-populating {count} entries of 2048 tokens, {total / GIB:.2f} GiB (not counted)...\n")
+        warning = over_capacity_warning("pre-population", total, tiers)
+        if warning:
+            out.write(warning + "\n")
+            log.warning(warning.removeprefix("WARNING: "))
         phases["prepopulation"] = fill(cache, prepopulation_items(count), entry_bytes, os.cpu_count() or 4, chunk,
-                                       seed, stop, "prepopulation", out)
+                                       seed, stop, "prepopulation", out, total_bytes=total)
+        if warning:
+            phases["prepopulation"]["over_capacity"] = warning.removeprefix("WARNING: ")
     if factory.rag is not None:
         docs = build_documents(settings.workload.rag_num_docs, cfg.rag, settings.model, seed)
         phases["rag_ingestion"] = ingest_rag(cache, factory.rag, docs, entry_bytes, chunk, seed, stop, out)
