@@ -239,7 +239,8 @@ def offered_load(outcome: Any, rate: float, window_s: float, notes: list[str]) -
     if not rate:
         return {"offered_request_rate": None}
     offered = outcome.requests_issued + outcome.requests_rejected
-    missed = int(getattr(outcome, "arrivals_not_offered", 0) or 0)
+    missed = getattr(outcome, "arrivals_not_offered", 0) or 0
+    missed = int(missed) if missed < 2**53 else float(missed)  # a JSON number every reader can hold
     out: dict[str, Any] = {"offered_request_rate": offered / window_s if window_s > 0 else 0.0,
                            "requested_request_rate": rate, "arrivals_offered": offered,
                            "arrivals_not_offered": missed,

@@ -292,8 +292,9 @@ def check_auto_capacity(fs: FileStore, capacity: float, largest_entry: int, runs
     raise StorageSetupError(
         f"{fs.cache_dir} has {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) free on {fs.fs_type}: the automatic "
         f"storage capacity ({AUTO_FRACTION:.0%} of it / {runs} run(s) or rank(s), less the largest entry) is "
-        f"{capacity / GIB:.3f} GiB, too small for one entry of {largest_entry / GIB:.3f} GiB; free space there, put "
-        "--cache-dir elsewhere, or use a smaller model or shorter contexts").about("cache_dir")
+        f"{capacity / GIB:.3f} GiB, too small for one entry of {largest_entry / GIB:.3f} GiB (the longest context's "
+        "entry, or one I/O chunk if larger); free space there, put --cache-dir elsewhere, or use a smaller model, "
+        "shorter contexts or a smaller --io-chunk-mb").about("cache_dir")
 
 
 def _open_trace_tiers(tiers: TierSettings, io_trace_log: str, tier_set: TierSet) -> None:

@@ -30,7 +30,7 @@ class PoissonArrivals:
         mean = self.rate * max(0.0, seconds)
         if mean <= 0:
             return 0
-        return int(self._counts.poisson(mean)) if mean < 1e15 else int(round(mean))
+        return int(self._counts.poisson(mean)) if mean < 1e15 else round(mean)
 
     def gap_s(self) -> float:
         """Seconds to the next arrival (exponential with mean 1/rate)."""
