@@ -56,7 +56,7 @@ def test_a_run_stopped_in_a_later_cycle_reports_the_whole_file(tmp_path):
     assert st["replayed"] == {"rows_sent": 5, "passes": 3, "passes_complete": 2}
     assert (f"{src.path} (mooncake): 12 rows read (the whole file): 2 used, 10 skipped: malformed 6 (bad_json 4, "
             "bad_value:input_length 2); absurd 2 (absurd_value:output_length 2); beyond the context window 2; "
-            "replayed 5 rows over 3 passes (2 complete)") in _console(src)
+            "5 rows sent to the load generator over 3 passes (2 complete)") in _console(src)
 
 
 def test_a_run_that_ends_in_its_first_pass_says_the_file_was_not_read_whole(tmp_path):
@@ -68,7 +68,7 @@ def test_a_run_that_ends_in_its_first_pass_says_the_file_was_not_read_whole(tmp_
     st = src.summary()
     assert (st["rows"], st["complete"], st["replayed"]) == (7, False, {"rows_sent": 7, "passes": 1,
                                                                        "passes_complete": 0})
-    assert "7 rows read (not the whole file: the run stopped reading it there): 7 used, 0 skipped; replayed 7 rows " \
+    assert "7 rows read (not the whole file: the run stopped reading it there): 7 used, 0 skipped; 7 rows sent to the load generator " \
            "in 1 pass (not complete)" in _console(src)
 
 
@@ -91,7 +91,7 @@ def test_burstgpt_files_count_failed_and_malformed_rows_apart(tmp_path):
                                                                    {"rows_sent": 2, "passes": 2, "passes_complete": 2})
     text = _console(*srcs)
     assert ("5 rows read (the whole file): 2 used, 3 skipped: malformed 1 (bad_value:Request tokens 1); absurd 1 "
-            "(absurd_value:Response tokens 1); failed requests 1; replayed 4 rows over 2 passes (2 complete)") in text
+            "(absurd_value:Response tokens 1); failed requests 1; 4 rows sent to the load generator over 2 passes (2 complete)") in text
     assert "2 rows read (the whole file): 1 used, 1 skipped: malformed 1 (zero_input 1)" in text
 
 
@@ -126,7 +126,7 @@ def test_sharegpt_sessions_count_their_turns_and_passes(tmp_path, monkeypatch):
     assert st["skipped_by_kind"]["malformed"] == 3
     assert st["replayed"] == {"rows_sent": 7, "passes": 3, "passes_complete": 2}
     assert ("6 rows read (the whole file): 3 used, 3 skipped: malformed 3 (missing_field:conversations 1, no_turns 1, "
-            "not_an_object 1); replayed 7 rows over 3 passes (2 complete)") in _console(src)
+            "not_an_object 1); 7 rows sent to the load generator over 3 passes (2 complete)") in _console(src)
 
 
 def test_sharegpt_stopped_at_its_conversation_limit_says_so(tmp_path, monkeypatch):
