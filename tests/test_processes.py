@@ -359,6 +359,29 @@ def test_before_the_parent_is_gone_a_barrier_waits_and_messages_go_to_it():
     os.close(r)
 
 
+def test_a_rank_whose_exit_hangs_after_the_parent_died_is_ended(monkeypatch):
+    """The parent dies while it reads this rank's document: the queue's feeder thread would block the exit
+    for ever. The watch drops what is queued, and a rank still there after the grace is ended with its status."""
+    from kv_cache.benchmarks.standard import processes
+
+    class Results:
+        cancelled = 0
+
+        def cancel_join_thread(self):
+            Results.cancelled += 1
+
+    ended = []
+    monkeypatch.setattr(processes, "_hard_exit", ended.append)
+    r, w = os.pipe()
+    g = ProcessGroup(1, 2, threading.Barrier(2), {}, Results())
+    g.leave(3)  # its run is over; the parent still lives
+    g.watch_parent(r, grace_s=60, poll_s=0.01, exit_grace_s=0.05)
+    os.close(w)
+    _wait_for(lambda: ended, timeout_s=10)
+    assert ended == [3] and Results.cancelled >= 1
+    os.close(r)
+
+
 def test_the_merge_command_names_the_rank_files():
     from kv_cache.benchmarks.standard.processes import merge_command
 

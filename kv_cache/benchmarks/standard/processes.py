@@ -56,7 +56,7 @@ from kv_cache.settings.ranks import rank_share
 from kv_cache.settings.run import RunSettings
 from kv_cache.storage.backends.gpu_real import PROCESSES_INDEX
 
-__all__ = ["PARENT_GONE_BARRIER_S", "GroupBroken", "ProcessGroup", "merge_command", "rank_settings", "run_processes",
+__all__ = ["EXIT_GRACE_S", "PARENT_GONE_BARRIER_S", "GroupBroken", "ProcessGroup", "merge_command", "rank_settings", "run_processes",
            "verdict_line", "with_missing_ranks"]
 
 log = logging.getLogger("kv_cache")
@@ -64,6 +64,11 @@ log = logging.getLogger("kv_cache")
 PARENT_GONE_BARRIER_S = 30.0  # once the parent is gone, the longest a rank waits at a barrier for the others
 # (counted from the later of its arrival and the parent's death): ranks that close one window arrive within
 # their drains of each other; a rank lost meanwhile can no longer be seen by anyone else
+
+
+EXIT_GRACE_S = 10.0  # once the parent is gone, how long a rank whose run is over may take to exit before its
+# watch ends it (os._exit: its results file is written by then)
+_hard_exit = os._exit  # (a test replaces it)
 
 
 def merge_command(output: str, n: int) -> str:
@@ -92,35 +97,48 @@ class ProcessGroup:
         self.parent_gone = threading.Event()  # the parent process died: nobody reads the results queue
         self.parent_gone_at: float | None = None  # time.monotonic() when this rank saw it
         self._waiting_since: float | None = None  # time.monotonic() this rank entered the barrier it is in
+        self._left: tuple[int, float] | None = None  # (exit status, when) once its run is over (leave)
 
     def __getstate__(self) -> dict[str, Any]:  # (sent to a rank: its watch starts there, afresh)
-        return {**self.__dict__, "parent_gone": None, "parent_gone_at": None, "_waiting_since": None}
+        return {**self.__dict__, "parent_gone": None, "parent_gone_at": None, "_waiting_since": None, "_left": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, parent_gone=threading.Event())
 
-    def watch_parent(self, sentinel: Any, grace_s: float = PARENT_GONE_BARRIER_S, poll_s: float = 0.2) -> None:
+    def watch_parent(self, sentinel: Any, grace_s: float = PARENT_GONE_BARRIER_S, poll_s: float = 0.2,
+                     exit_grace_s: float = EXIT_GRACE_S) -> None:
         """Watch the parent in a daemon thread: `sentinel` (multiprocessing's parent sentinel: readable at
         EOF, when the parent is gone) becoming ready sets `parent_gone`; from then on a barrier this rank
         waits at longer than `grace_s` (from the later of its arrival and the parent's death) is broken, so
-        a rank lost after the parent cannot hold the others for ever."""
-        threading.Thread(target=self._watch, args=(sentinel, grace_s, poll_s), name="kv-cache-parent-watch",
+        a rank lost after the parent cannot hold the others for ever; and a rank whose run is over (`leave`)
+        but still here `exit_grace_s` later is ended."""
+        threading.Thread(target=self._watch, args=(sentinel, grace_s, poll_s, exit_grace_s), name="kv-cache-parent-watch",
                          daemon=True).start()
 
-    def _watch(self, sentinel: Any, grace_s: float, poll_s: float) -> None:
+    def _watch(self, sentinel: Any, grace_s: float, poll_s: float, exit_grace_s: float) -> None:
         wait_ready([sentinel])
         self.parent_gone_at = time.monotonic()
         self.parent_gone.set()
+        self._drop_queued()
         log.warning("process %d: the parent process is gone; this process goes on without it (its window runs to "
                     "its end; a barrier waits at most %.0f s for the others), writes its own results file and exits "
                     "(merge the processes' files with `%s`)", self.rank, grace_s,
                     merge_command(self.merged_output or "X.json", self.size))
+        broken = False
         while True:
+            now = time.monotonic()
             since = self._waiting_since
-            if since is not None and time.monotonic() - max(since, self.parent_gone_at) >= grace_s:
+            if not broken and since is not None and now - max(since, self.parent_gone_at) >= grace_s:
                 log.warning("process %d: waited %.0f s at a barrier since the parent is gone; breaking it",
                             self.rank, grace_s)
                 self._barrier.abort()
+                broken = True
+            left = self._left
+            if left is not None and now - max(left[1], self.parent_gone_at) >= exit_grace_s:
+                # still here after its run was over and written: its exit waits on something only the parent
+                # could end (the queue's feeder thread, blocked on a pipe nobody reads any more)
+                log.warning("process %d: exiting now (its results file is written)", self.rank)
+                _hard_exit(left[0])
                 return
             time.sleep(poll_s)
 
@@ -174,13 +192,19 @@ class ProcessGroup:
         if not self.parent_gone.is_set():
             self._results.put((self.rank, kind, payload))
 
-    def leave(self) -> None:
-        """Before the exit: when the parent is gone, what is left on the results queue is dropped (its feeder
-        thread would wait for ever for a reader to empty the pipe)."""
+    def leave(self, code: int = 0) -> None:
+        """Before the exit with status `code`: when the parent is gone, what is left on the results queue is
+        dropped (its feeder thread would wait for ever for a reader to empty the pipe), and should the exit
+        still hang (the parent died while it read this rank's document), the watch ends the process after
+        EXIT_GRACE_S."""
+        self._left = (code, time.monotonic())
         if self.parent_gone.is_set():
-            cancel = getattr(self._results, "cancel_join_thread", None)
-            if cancel is not None:
-                cancel()
+            self._drop_queued()
+
+    def _drop_queued(self) -> None:
+        cancel = getattr(self._results, "cancel_join_thread", None)
+        if cancel is not None:
+            cancel()
 
     def abort(self) -> None:
         self._barrier.abort()
@@ -268,7 +292,7 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
         group.report(ERROR, InternalError(f"internal error in process {group.rank}: {type(exc).__name__}: {exc} "
                                           "(a bug; the traceback is in the log)"))
         code = 1
-    group.leave()
+    group.leave(code)
     raise SystemExit(code)  # (not os._exit: the results queue's feeder thread must flush)
 
 
