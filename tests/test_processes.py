@@ -265,6 +265,130 @@ def test_sigterm_to_the_parent_stops_the_ranks_and_merges_what_they_measured(tmp
     assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))
 
 
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_killed_parent_leaves_no_process_and_rank_files_that_merge(tmp_path):
+    """SIGKILL of the `--processes 2` parent once both windows are open: the ranks finish their windows,
+    write their own files (a note naming the merge command), and every process of the run (ranks, the
+    manager, multiprocessing's resource tracker) is gone within a bounded time, none left orphaned; the
+    command the note names merges the files (exit 0), nothing missing."""
+    out, err = (tmp_path / "stdout").open("w"), (tmp_path / "stderr").open("w")  # (the ranks outlive the
+    proc = subprocess.Popen(_processes_cmd(tmp_path, duration="2"), stdout=out, stderr=err,  # parent: no pipes)
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        _wait_for(lambda: all(next((tmp_path / "cache").glob(f"rank{r}/kv-cache-run-*/*.npy"), None)
+                              for r in range(2)))
+        family = _children(proc.pid)
+        assert len(family) >= 3  # two ranks and the manager
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        _wait_for(lambda: not any(_running(p) for p in family), timeout_s=90)
+    finally:
+        proc.kill()
+        for p in _children(proc.pid):
+            os.kill(p, signal.SIGKILL)
+    stderr = (tmp_path / "stderr").read_text()
+    ranks = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
+    assert [d["stop_reason"] for d in ranks] == ["duration", "duration"], stderr[-3000:]
+    command = f"kv-cache merge --allow-missing-ranks --output {tmp_path / 'X.json'} {tmp_path / 'X_rank*.json'}"
+    for d in ranks:
+        assert any(command in note and "no merged document was written" in note for note in d["measurement"]["notes"])
+    assert command in stderr
+    assert not (tmp_path / "X.json").exists()
+    assert not list((tmp_path / "cache").glob("rank*/kv-cache-run-*"))  # each rank removed its files
+    merge = subprocess.run([sys.executable, str(ROOT / "kv-cache.py"), *command.split()[1:-1],
+                            *map(str, sorted(tmp_path.glob("X_rank*.json")))], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert merge.returncode == 0, merge.stderr[-3000:]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["ranks"] == 2 and merged["missing_ranks"] == [] and merged["world_size"] == 2
+    assert merged["totals"]["requests_completed"] == sum(d["requests_completed"] for d in ranks)
+
+
+def test_after_the_parent_is_gone_a_barrier_is_not_waited_on_for_ever():
+    """Rank 0 at a barrier that rank 1 (lost after the parent) never reaches: once the parent sentinel
+    reads EOF, the watch breaks the barrier after the grace, and the rank gets GroupBroken saying why; its
+    messages for the parent are dropped from then on."""
+    barrier, results = threading.Barrier(2), queue.Queue()
+    r, w = os.pipe()
+    g = ProcessGroup(0, 2, barrier, {}, results, progress=True, merged_output="/x/X.json")
+    g.watch_parent(r, grace_s=0.3, poll_s=0.02)
+    os.close(w)  # the parent is gone
+    assert g.parent_gone.wait(10)
+    with pytest.raises(GroupBroken, match="parent process is gone"):
+        g.barrier()
+    g.report("outcome", None)
+    g.observer().tick(None)
+    assert results.empty()
+    os.close(r)
+
+
+def test_before_the_parent_is_gone_a_barrier_waits_and_messages_go_to_it():
+    barrier, results = threading.Barrier(2), queue.Queue()
+    r, w = os.pipe()
+    g = ProcessGroup(0, 2, barrier, {}, results, merged_output="/x/X.json")
+    g.watch_parent(r, grace_s=0.05, poll_s=0.01)
+    other = threading.Thread(target=lambda: (time.sleep(0.3), barrier.wait()))
+    other.start()
+    g.barrier()  # no grace applies while the parent lives
+    other.join()
+    g.report("outcome", 1)
+    assert results.get_nowait() == (0, "outcome", 1) and not g.parent_gone.is_set()
+    os.close(w)
+    os.close(r)
+
+
+def test_a_rank_whose_exit_hangs_after_the_parent_died_is_ended(monkeypatch):
+    """The parent dies while it reads this rank's document: the queue's feeder thread would block the exit
+    for ever. The watch drops what is queued, and a rank still there after the grace is ended with its status."""
+    from kv_cache.benchmarks.standard import processes
+
+    class Results:
+        cancelled = 0
+
+        def cancel_join_thread(self):
+            Results.cancelled += 1
+
+    ended = []
+    monkeypatch.setattr(processes, "_hard_exit", ended.append)
+    r, w = os.pipe()
+    g = ProcessGroup(1, 2, threading.Barrier(2), {}, Results())
+    g.leave(3)  # its run is over; the parent still lives
+    g.watch_parent(r, grace_s=60, poll_s=0.01, exit_grace_s=0.05)
+    os.close(w)
+    _wait_for(lambda: ended, timeout_s=10)
+    assert ended == [3] and Results.cancelled >= 1
+    os.close(r)
+
+
+def test_the_merge_command_names_the_rank_files():
+    from kv_cache.benchmarks.standard.processes import merge_command
+
+    assert merge_command("/r/X.json", 2) == "kv-cache merge --allow-missing-ranks --output /r/X.json /r/X_rank*.json"
+    assert merge_command("/r.d/X", 2) == "kv-cache merge --allow-missing-ranks --output /r.d/X /r.d/X_rank*"
+
+
 # -- the parent's console: ticks totalled over the ranks, the banner, the verdict ----------------------------
 
 class Shown:

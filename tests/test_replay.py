@@ -92,7 +92,15 @@ def test_burstgpt_directory_and_replay_cycles(quick_settings, sink, tmp_path, cy
                          sink)
     assert results["measurement"]["stop_reason"] == "trace complete"
     assert results["summary"]["total_requests"] == 8 * cycles
-    assert [s["path"].endswith("a.csv") for s in results["trace_replay"]["stats"]] == [True, False]
+    stats = results["trace_replay"]["stats"]
+    assert [s["path"].endswith("a.csv") for s in stats] == [True, False]
+    # each file's own rows (not the last pass's), and its passes apart
+    assert [(s["rows"], s["complete"]) for s in stats] == [(5, True), (3, True)]
+    assert [s["replayed"] for s in stats] == [{"rows_sent": 5 * cycles, "passes": cycles, "passes_complete": cycles},
+                                              {"rows_sent": 3 * cycles, "passes": cycles, "passes_complete": cycles}]
+    passes = "in 1 pass (complete)" if cycles == 1 else f"over {cycles} passes ({cycles} complete)"
+    assert f"a.csv (burstgpt): 5 rows read (the whole file): 5 used, 0 skipped; {5 * cycles} rows sent to the load generator {passes}" \
+        in sink.getvalue()
 
 
 @pytest.mark.slow

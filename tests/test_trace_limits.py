@@ -38,7 +38,8 @@ def test_skipped_rows_are_on_the_console(tmp_path):
     list(src)
     text = "\n".join(trace_rows({"trace_replay": {"stats": [src.stats.to_dict()]}}))
     assert "### TRACE ROWS ###" in text
-    assert "2 rows replayed, 2 skipped (absurd_value:output_length: 1, beyond_context_window: 1)" in text
+    assert ("4 rows read (the whole file): 2 used, 2 skipped: absurd 1 (absurd_value:output_length 1); beyond the "
+            "context window 1") in text
     assert trace_rows in SECTIONS
 
 

@@ -16,6 +16,7 @@ from kv_cache.render import catalogue_section
 from kv_cache.render.measurement_section import measurement
 from kv_cache.results import blocklatency
 from kv_cache.storage.tiername import TierName
+from kv_cache.workload.traces.model import skip_kind
 
 LINE = "=" * 80
 TIERS = tuple(TierName)
@@ -344,20 +345,56 @@ def validation(results: Results) -> list[str]:
             f"  read/write ratio: benchmark {rw['benchmark']:.2f} vs trace {rw['trace']:.2f} (informational)"]
 
 
+_SKIP_KIND_WORDS = {"malformed": "malformed", "absurd": "absurd", "beyond_context_window": "beyond the context window",
+                    "beyond_max_conversations": "beyond the conversation limit", "failed_request": "failed requests",
+                    "other": "other"}
+
+
 def trace_rows(results: Results) -> list[str]:
-    """Each replayed trace file: rows used, rows skipped and why (malformed, absurd, beyond the window)."""
+    """Each replayed trace file: its own rows and skips, by kind (malformed, absurd, beyond the window,
+    ...) with the reasons of each, from the pass that read the whole file (or the furthest one, said so);
+    then what the run replayed of it over every pass."""
     replay = results.get("trace_replay")
     if not replay or not replay.get("stats"):
         return []
     lines = ["", "### TRACE ROWS ###"]
     for st in replay.get("stats", []):
-        skipped = st.get("skipped_malformed", 0) + st.get("skipped_other", 0)
-        line = f"  {st.get('path')} ({st.get('format')}): {st.get('rows', 0)} rows replayed, {skipped} skipped"
-        reasons = st.get("skipped_reasons") or {}
-        if reasons:
-            line += " (" + ", ".join(f"{k}: {v}" for k, v in reasons.items()) + ")"
-        lines.append(line)
+        lines.append(f"  {st.get('path')} ({st.get('format')}): {_file_rows(st)}{_replayed(st.get('replayed'))}")
     return lines
+
+
+def _file_rows(st: dict[str, Any]) -> str:
+    """`10 rows read: 2 used, 8 skipped (malformed 8: bad_json 8)`, of the whole file or of what was read."""
+    rows = int(st.get("rows", 0))
+    skipped = int(st.get("skipped_malformed", 0)) + int(st.get("skipped_other", 0))
+    reasons: dict[str, int] = st.get("skipped_reasons") or {}
+    by_kind: dict[str, dict[str, int]] = {}
+    for reason, count in reasons.items():  # (a reason of no known kind is a malformed row's)
+        by_kind.setdefault(skip_kind(reason, True), {})[reason] = int(count)
+    counts = st.get("skipped_by_kind") or {kind: sum(r.values()) for kind, r in by_kind.items()}
+    parts = [f"{_SKIP_KIND_WORDS.get(kind, kind)} {n:,}"
+             + (f" ({', '.join(f'{r} {c:,}' for r, c in by_kind[kind].items())})"
+                if set(by_kind.get(kind, ())) - {kind} else "")
+             for kind, n in counts.items() if n]
+    if not st.get("complete", True):
+        whole = "not the whole file: the run stopped reading it there"
+    elif st.get("stopped_at"):
+        whole = f"up to the {st['stopped_at'].replace('_', ' ')} limit: the rest of the file was not read"
+    else:
+        whole = "the whole file"
+    text = f"{rows + skipped:,} rows read ({whole}): {rows:,} used, {skipped:,} skipped"
+    return text + (f": {'; '.join(parts)}" if parts else "")
+
+
+def _replayed(tally: dict[str, Any] | None) -> str:
+    """`; 25 rows sent to the load generator over 3 passes (2 complete)` (the generator may hold the last
+    one still when the window ends: `measurement.requests_issued` says what was issued)."""
+    if not tally:
+        return ""
+    passes, done = int(tally.get("passes", 0)), int(tally.get("passes_complete", 0))
+    over = f"in {passes} pass ({'complete' if done else 'not complete'})" if passes == 1 else \
+        f"over {passes} passes ({done} complete)"
+    return f"; {int(tally.get('rows_sent', 0)):,} rows sent to the load generator {over}"
 
 
 def phases(results: Results) -> list[str]:

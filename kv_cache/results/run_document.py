@@ -308,5 +308,6 @@ def trace_replay(settings: RunSettings, trace: TraceReplay) -> dict[str, Any]:
         "sessions": len(trace.sessions) if trace.sessions is not None else None,
         "kv_block_tokens": settings.workload.kv_block_tokens,
         "trace_block_tokens": trace.sources[0].block_tokens,
-        "stats": [src.stats.to_dict() for src in trace.sources],
+        "stats": [src.summary() for src in trace.sources],  # per file: its own rows and skips, and what was
+        # replayed of it over every pass (`replayed`)
     }

@@ -15,7 +15,6 @@ its blocks up in order (present = load, absent = compute and store).
 from __future__ import annotations
 
 import glob
-import itertools
 import os
 import random
 from collections.abc import Iterator
@@ -24,7 +23,14 @@ from kv_cache.settings.pacing import ThinkTime
 from kv_cache.workload.grouping import group_sessions
 from kv_cache.workload.qos import draw_qos_level
 from kv_cache.workload.request import Phase, RequestPlan, phase_for_context
-from kv_cache.workload.traces import TraceError, TraceRequest, TraceSource, kv_block_keys, open_trace
+from kv_cache.workload.traces import (
+    ReplayTally,
+    TraceError,
+    TraceRequest,
+    TraceSource,
+    kv_block_keys,
+    open_trace,
+)
 
 
 def resolve_burst_paths(path: str) -> list[str]:
@@ -111,6 +117,8 @@ class OpenLoopTrace:
             produced = 0
             for source in self.sources:
                 last = 0.0
+                tally = source.replay
+                tally.passes += 1
                 for req in source:
                     if self.max_requests and self.rows >= self.max_requests:
                         return
@@ -118,7 +126,9 @@ class OpenLoopTrace:
                     last = max(last, t)
                     self.rows += 1
                     produced += 1
+                    tally.rows += 1
                     yield offset + last, self.planner.plan(req, cycle)
+                tally.passes_complete += 1
                 offset += last  # the next file (or pass) continues where this one ended
             if produced == 0:
                 return
@@ -129,8 +139,9 @@ class SessionUser:
     """One trace session replayed closed-loop (a `kv_cache.workload.users.User`)."""
 
     def __init__(self, turns: list[TraceRequest], planner: TracePlanner, think: ThinkTime, speedup: float,
-                 seed: int) -> None:
+                 seed: int, tally: ReplayTally | None = None) -> None:
         self.turns = turns
+        self.tally = tally  # what is replayed of the session's file (its first row's), when known
         self.planner = planner
         self.think = think
         self.speedup = speedup
@@ -157,6 +168,8 @@ class SessionUser:
         req = self.turns[self.cursor]
         self.cursor += 1
         self.requests_issued += 1
+        if self.tally is not None:
+            self.tally.session_turn(self.cycle, self.cursor == 1, self.cursor == len(self.turns))
         return self.planner.plan(req, self.cycle)
 
     def think_time(self) -> float:
@@ -167,7 +180,20 @@ class SessionUser:
 
 def load_sessions(sources: list[TraceSource], planner: TracePlanner, think: ThinkTime, speedup: float, seed: int,
                   max_requests: int) -> list[SessionUser]:
-    """One closed-loop user per session (sessions may interleave in the file), turns in trace order."""
-    grouped = group_sessions(itertools.chain.from_iterable(sources), infer_sessionless=False,
-                             max_rows=max_requests)
-    return [SessionUser(g.rows, planner, think, speedup, seed) for g in grouped.sessions]
+    """One closed-loop user per session (sessions may interleave in the file), turns in trace order. What
+    each user replays is counted in the `replay` tally of the file its session starts in."""
+    first_file: dict[str | None, int] = {}  # session id -> the source its first row came from
+
+    def rows() -> Iterator[TraceRequest]:
+        for i, source in enumerate(sources):
+            for req in source:
+                first_file.setdefault(req.session_id, i)
+                yield req
+
+    grouped = group_sessions(rows(), infer_sessionless=False, max_rows=max_requests)
+    users = []
+    for g in grouped.sessions:
+        tally = sources[first_file.get(g.rows[0].session_id, 0)].replay
+        tally.sessions += 1
+        users.append(SessionUser(g.rows, planner, think, speedup, seed, tally))
+    return users

@@ -14,6 +14,12 @@ terminal's Ctrl-C reaches the parent alone, which passes each signal on to every
 counts them as one process would); its own handler stays until the merged document is written, and
 whether the run was interrupted is the ranks' word (a rank whose window completed was not), so a signal
 after the window never changes the status nor loses the merged document.
+
+A parent that dies (SIGKILL, OOM kill) leaves nothing behind: each rank watches multiprocessing's parent
+sentinel (a pipe whose end the parent holds: EOF means it is gone), finishes its window, writes its own
+`X_rank<r>.json` with a note naming the `kv-cache merge` command that merges them, and exits; after the
+parent's death no rank waits at a barrier more than PARENT_GONE_BARRIER_S (no one is left to break it for
+a lost rank); the manager process (the ranks' shared dict) watches the same sentinel and exits with it.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_ready
 from multiprocessing.managers import SyncManager
 from typing import Any
 
@@ -43,13 +51,31 @@ from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.run_document import INTERRUPTED_EARLY
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
+from kv_cache.results.write import write_document
 from kv_cache.settings.ranks import rank_share
 from kv_cache.settings.run import RunSettings
 from kv_cache.storage.backends.gpu_real import PROCESSES_INDEX
 
-__all__ = ["GroupBroken", "ProcessGroup", "rank_settings", "run_processes", "verdict_line", "with_missing_ranks"]
+__all__ = ["EXIT_GRACE_S", "PARENT_GONE_BARRIER_S", "GroupBroken", "ProcessGroup", "merge_command", "rank_settings", "run_processes",
+           "verdict_line", "with_missing_ranks"]
 
 log = logging.getLogger("kv_cache")
+
+PARENT_GONE_BARRIER_S = 30.0  # once the parent is gone, the longest a rank waits at a barrier for the others
+# (counted from the later of its arrival and the parent's death): ranks that close one window arrive within
+# their drains of each other; a rank lost meanwhile can no longer be seen by anyone else
+
+
+EXIT_GRACE_S = 10.0  # once the parent is gone, how long a rank whose run is over may take to exit before its
+# watch ends it (os._exit: its results file is written by then)
+_hard_exit = os._exit  # (a test replaces it)
+
+
+def merge_command(output: str, n: int) -> str:
+    """The command that merges the rank files of a `--processes n` run whose parent did not."""
+    stem, dot, ext = output.rpartition(".")
+    pattern = f"{stem}_rank*.{ext}" if dot and "/" not in ext else f"{output}_rank*"
+    return f"kv-cache merge --allow-missing-ranks --output {output} {pattern}"
 
 
 class ProcessGroup:
@@ -61,58 +87,155 @@ class ProcessGroup:
     gather_waits = False  # a rank's document goes on the queue: an interrupted rank sends its own too
 
     def __init__(self, rank: int, size: int, barrier: Any, shared: Any, results: Any,
-                 progress: bool = False) -> None:
+                 progress: bool = False, merged_output: str | None = None) -> None:
         self.rank, self.size = rank, size
         self._barrier, self._shared, self._results = barrier, shared, results
         self._rounds = 0
         self.progress = progress  # the parent shows progress: send it this rank's ticks
         self.console: io.StringIO | None = None  # this rank's console (its report stays in its document)
+        self.merged_output = merged_output  # where the parent writes the merged document (X.json)
+        self.parent_gone = threading.Event()  # the parent process died: nobody reads the results queue
+        self.parent_gone_at: float | None = None  # time.monotonic() when this rank saw it
+        self._waiting_since: float | None = None  # time.monotonic() this rank entered the barrier it is in
+        self._left: tuple[int, float] | None = None  # (exit status, when) once its run is over (leave)
+
+    def __getstate__(self) -> dict[str, Any]:  # (sent to a rank: its watch starts there, afresh)
+        return {**self.__dict__, "parent_gone": None, "parent_gone_at": None, "_waiting_since": None, "_left": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, parent_gone=threading.Event())
+
+    def watch_parent(self, sentinel: Any, grace_s: float = PARENT_GONE_BARRIER_S, poll_s: float = 0.2,
+                     exit_grace_s: float = EXIT_GRACE_S) -> None:
+        """Watch the parent in a daemon thread: `sentinel` (multiprocessing's parent sentinel: readable at
+        EOF, when the parent is gone) becoming ready sets `parent_gone`; from then on a barrier this rank
+        waits at longer than `grace_s` (from the later of its arrival and the parent's death) is broken, so
+        a rank lost after the parent cannot hold the others for ever; and a rank whose run is over (`leave`)
+        but still here `exit_grace_s` later is ended."""
+        threading.Thread(target=self._watch, args=(sentinel, grace_s, poll_s, exit_grace_s), name="kv-cache-parent-watch",
+                         daemon=True).start()
+
+    def _watch(self, sentinel: Any, grace_s: float, poll_s: float, exit_grace_s: float) -> None:
+        wait_ready([sentinel])
+        self.parent_gone_at = time.monotonic()
+        self.parent_gone.set()
+        self._drop_queued()
+        log.warning("process %d: the parent process is gone; this process goes on without it (its window runs to "
+                    "its end; a barrier waits at most %.0f s for the others), writes its own results file and exits "
+                    "(merge the processes' files with `%s`)", self.rank, grace_s,
+                    merge_command(self.merged_output or "X.json", self.size))
+        broken = False
+        while True:
+            now = time.monotonic()
+            since = self._waiting_since
+            if not broken and since is not None and now - max(since, self.parent_gone_at) >= grace_s:
+                log.warning("process %d: waited %.0f s at a barrier since the parent is gone; breaking it",
+                            self.rank, grace_s)
+                self._barrier.abort()
+                broken = True
+            left = self._left
+            if left is not None and now - max(left[1], self.parent_gone_at) >= exit_grace_s:
+                # still here after its run was over and written: its exit waits on something only the parent
+                # could end (the queue's feeder thread, blocked on a pipe nobody reads any more)
+                log.warning("process %d: exiting now (its results file is written)", self.rank)
+                _hard_exit(left[0])
+                return
+            time.sleep(poll_s)
 
     def barrier(self) -> None:
+        self._waiting_since = time.monotonic()
         try:
             self._barrier.wait()
         except threading.BrokenBarrierError:
-            raise GroupBroken("another process of this run failed or was lost") from None
+            why = ("the parent process is gone and another process did not reach the barrier"
+                   if self.parent_gone.is_set() else "another process of this run failed or was lost")
+            raise GroupBroken(why) from None
+        finally:
+            self._waiting_since = None
 
     def allgather(self, obj: Any) -> list[Any]:
         self._rounds += 1
-        self._shared[(self._rounds, self.rank)] = obj
-        self.barrier()
-        return [self._shared[(self._rounds, r)] for r in range(self.size)]
+        try:
+            self._shared[(self._rounds, self.rank)] = obj
+            self.barrier()
+            return [self._shared[(self._rounds, r)] for r in range(self.size)]
+        except (OSError, EOFError):  # the manager process is gone: it ends with the parent
+            raise GroupBroken("the parent process is gone (its shared state with it)") from None
 
     def gather(self, obj: Any) -> None:
-        """Send this rank's document to the parent, which merges; no rank writes the merged document."""
+        """Send this rank's document to the parent, which merges; no rank writes the merged document. When
+        the parent is gone, nobody will: the rank's own file (already written) gets a note saying so and
+        naming the command that merges the files."""
+        if self.parent_gone.is_set():
+            self._note_no_merge(obj)
+            return None
         self._results.put((self.rank, DOC, obj))
         return None
 
+    def _note_no_merge(self, doc: dict[str, Any]) -> None:
+        command = merge_command(self.merged_output or "X.json", self.size)
+        note = (f"the parent process of this --processes {self.size} run was gone before this process's results "
+                f"could be merged: no merged document was written; merge the processes' files with `{command}`")
+        path = doc.get("_source")
+        data = {k: v for k, v in doc.items() if k != "_source"}
+        data.setdefault("measurement", {}).setdefault("notes", []).append(note)
+        if path and os.path.exists(path):  # (its own file, just written: replaced, not kept as .1)
+            try:
+                write_document(path, data, keep=False)
+            except OSError as exc:
+                log.error("process %d: could not add the note to %s (%s)", self.rank, path, exc)
+        log.warning("process %d: %s", self.rank, note)
+
     def report(self, kind: str, payload: Any) -> None:
-        """How this rank ended, for the parent: (OUTCOME, RunOutcome) or (ERROR, a KvCacheError)."""
-        self._results.put((self.rank, kind, payload))
+        """How this rank ended, for the parent: (OUTCOME, RunOutcome) or (ERROR, a KvCacheError); nothing
+        once the parent is gone."""
+        if not self.parent_gone.is_set():
+            self._results.put((self.rank, kind, payload))
+
+    def leave(self, code: int = 0) -> None:
+        """Before the exit with status `code`: when the parent is gone, what is left on the results queue is
+        dropped (its feeder thread would wait for ever for a reader to empty the pipe), and should the exit
+        still hang (the parent died while it read this rank's document), the watch ends the process after
+        EXIT_GRACE_S."""
+        self._left = (code, time.monotonic())
+        if self.parent_gone.is_set():
+            self._drop_queued()
+
+    def _drop_queued(self) -> None:
+        cancel = getattr(self._results, "cancel_join_thread", None)
+        if cancel is not None:
+            cancel()
 
     def abort(self) -> None:
         self._barrier.abort()
 
     # RankConsole (core/observe.py): the parent shows the banner and the progress of every rank
     def observer(self) -> RunObserver | None:
-        return _TickSender(self._results, self.rank) if self.progress else None
+        return _TickSender(self._results, self.rank, self.parent_gone) if self.progress else None
 
     def announce(self, sizes: Mapping[str, Mapping[str, Any]]) -> None:
+        if self.parent_gone.is_set():
+            return
         banner = self.console.getvalue() if self.console is not None else ""
         self._results.put((self.rank, BANNER, (banner, {k: dict(v) for k, v in sizes.items()})))
 
 
 class _TickSender:
     """A rank's progress observer: each tick goes to the parent on the results queue (a put hands it to
-    the queue's feeder thread; the scheduler thread does not wait), then one END when the window is over."""
+    the queue's feeder thread; the scheduler thread does not wait), then one END when the window is over.
+    Nothing once the parent is gone."""
 
-    def __init__(self, results: Any, rank: int) -> None:
+    def __init__(self, results: Any, rank: int, parent_gone: threading.Event | None = None) -> None:
         self._results, self._rank = results, rank
+        self._gone = parent_gone if parent_gone is not None else threading.Event()
 
     def tick(self, tick: Tick) -> None:
-        self._results.put((self._rank, TICK, tick))
+        if not self._gone.is_set():
+            self._results.put((self._rank, TICK, tick))
 
     def done(self) -> None:
-        self._results.put((self._rank, TICKS_END, None))
+        if not self._gone.is_set():
+            self._results.put((self._rank, TICKS_END, None))
 
 
 DOC, OUTCOME, ERROR = "doc", "outcome", "error"  # what a rank puts on the results queue
@@ -140,11 +263,14 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
     """One rank: run, then tell the parent how it ended. A known error goes to the parent as it is (it is
     the parent's to report); anything else is a bug: its traceback is logged here and the parent reports an
     internal error (never a usage error)."""
-    if mp.parent_process() is not None:  # signals come from the parent, once each (a terminal's Ctrl-C
+    parent = mp.parent_process()
+    if parent is not None:  # signals come from the parent, once each (a terminal's Ctrl-C
         os.setpgrp()  # reaches the parent only, which passes it on)
         signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group's log lines must not stop it
     if setup_logging is not None:  # a spawned process starts with no logging set up
         setup_logging(settings.outputs.log_level)
+    if parent is not None:
+        group.watch_parent(parent.sentinel)  # a parent that dies: finish the window, write, exit
     group.console = io.StringIO()
     try:
         outcome = run_benchmark(settings, group.console, group=group)  # (its report stays in its document)
@@ -157,6 +283,8 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
     except KvCacheError as exc:
         group.abort()  # the others must not wait for this one at a barrier
         group.report(ERROR, exc)
+        if group.parent_gone.is_set():  # (no parent to say it)
+            log.error("process %d: %s", group.rank, exc)
         code = 1
     except BaseException as exc:  # noqa: BLE001  (a bug: reported as such, with its traceback)
         log.exception("process %d: internal error", group.rank)
@@ -164,6 +292,7 @@ def _child(settings: RunSettings, group: ProcessGroup, setup_logging: Callable[[
         group.report(ERROR, InternalError(f"internal error in process {group.rank}: {type(exc).__name__}: {exc} "
                                           "(a bug; the traceback is in the log)"))
         code = 1
+    group.leave(code)
     raise SystemExit(code)  # (not os._exit: the results queue's feeder thread must flush)
 
 
@@ -181,12 +310,13 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     n = settings.driver.processes
     ctx = mp.get_context("spawn")
     manager = SyncManager(ctx=ctx)
-    manager.start(_ignore_interrupts)  # a terminal's Ctrl-C must not end the ranks' shared dict
+    manager.start(_manager_init)  # a terminal's Ctrl-C must not end the ranks' shared dict; a dead parent does
     progress = settings.outputs.log_level.upper() not in QUIET_LEVELS
     barrier, shared, results = ctx.Barrier(n), manager.dict(), ctx.Queue()
     procs = [ctx.Process(target=_child, name=f"kv-cache-rank{r}",
                          args=(rank_settings(settings, r, n),
-                               ProcessGroup(r, n, barrier, shared, results, progress=progress),
+                               ProcessGroup(r, n, barrier, shared, results, progress=progress,
+                                            merged_output=settings.outputs.output),
                                setup_logging)) for r in range(n)]
     out.write(f"Running {n} processes ({settings.workload.num_users} users split between them); results per process "
               f"beside {settings.outputs.output}\n")
@@ -208,9 +338,20 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
         signals.restore()
 
 
-def _ignore_interrupts() -> None:
-    """The manager process ignores SIGINT: the parent decides when the run ends, and shuts it down."""
+def _manager_init() -> None:
+    """The manager process ignores SIGINT: the parent decides when the run ends, and shuts it down. A parent
+    that cannot (SIGKILL, OOM kill) closes its end of the parent sentinel: the manager then exits at once
+    rather than live on as an orphan (the ranks need it only to set up, before the window)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), name="kv-cache-parent-watch",
+                         daemon=True).start()
+
+
+def _exit_with_parent(sentinel: Any) -> None:
+    wait_ready([sentinel])
+    os._exit(0)
 
 
 def _ignore_signals() -> None:

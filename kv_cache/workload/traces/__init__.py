@@ -11,12 +11,13 @@ from __future__ import annotations
 from . import formats
 from .blocks import block_reuse, kv_block_keys
 from .detect import detect_format
-from .model import TraceError, TraceRequest, TraceStats
+from .model import ReplayTally, TraceError, TraceRequest, TraceStats
 from .source import TraceSource, open_trace
 
 __all__ = [
     "BLOCK_TOKENS",
     "FORMATS",
+    "ReplayTally",
     "TraceError",
     "TraceRequest",
     "TraceSource",

@@ -58,6 +58,24 @@ class TraceRequest:
     kind: str = "request"
 
 
+# Why rows were skipped, by kind: a reason (TraceStats.skipped_reasons) belongs to the first kind whose
+# test holds; every other reason counted as malformed is "malformed", any other "other".
+SKIP_KINDS: tuple[tuple[str, str], ...] = (
+    ("absurd", "absurd_value:"),  # a token count no request could have (over 1e9)
+    ("beyond_context_window", "beyond_context_window"),  # input + output over max_trace_context_tokens
+    ("beyond_max_conversations", "beyond_max_conversations"),  # the conversation limit
+    ("failed_request", "failed_request"),  # BurstGPT rows of failed requests
+)
+
+
+def skip_kind(reason: str, malformed: bool) -> str:
+    """The kind of a skip reason: absurd, beyond_context_window, ..., else malformed (or other)."""
+    for kind, prefix in SKIP_KINDS:
+        if reason.startswith(prefix):
+            return kind
+    return "malformed" if malformed else "other"
+
+
 @dataclass
 class TraceStats:
     """What a pass over a trace saw; filled while the source is iterated (reset at each new pass)."""
@@ -83,13 +101,23 @@ class TraceStats:
     subagents: int = 0  # weka: sub-agent entries flattened into child sessions
     think_time_unknown: int = 0  # aiperf: think times dropped because the next turn was too far ahead
     complete: bool = False  # the whole trace was read (not stopped by max_rows / an early break)
+    stopped_at: str | None = None  # a limit that ended the reading before the end of the file (sharegpt:
+    # "max_conversations"), the pass then complete
+    skipped_by_kind: dict[str, int] = field(default_factory=dict)  # skip_kind of each skipped row
 
     def skip(self, reason: str, malformed: bool = True) -> None:
         self.skipped_reasons[reason] = self.skipped_reasons.get(reason, 0) + 1
+        kind = skip_kind(reason, malformed)
+        self.skipped_by_kind[kind] = self.skipped_by_kind.get(kind, 0) + 1
         if malformed:
             self.skipped_malformed += 1
         else:
             self.skipped_other += 1
+
+    @property
+    def read(self) -> int:
+        """Rows read: used plus skipped."""
+        return self.rows + self.skipped
 
     @property
     def skipped(self) -> int:
@@ -113,6 +141,8 @@ class TraceStats:
             "skipped_malformed": self.skipped_malformed,
             "skipped_other": self.skipped_other,
             "skipped_reasons": dict(sorted(self.skipped_reasons.items())),
+            "skipped_by_kind": {kind: self.skipped_by_kind.get(kind, 0)
+                                for kind in ("malformed", *(k for k, _ in SKIP_KINDS), "other")},
             "sessions": self.sessions,
             "turns_max": self.turns_max,
             "total_input_tokens": self.total_input_tokens,
@@ -128,4 +158,32 @@ class TraceStats:
             "subagents": self.subagents,
             "think_time_unknown": self.think_time_unknown,
             "complete": self.complete,
+            "stopped_at": self.stopped_at,
         }
+
+
+@dataclass
+class ReplayTally:
+    """What the run replayed of one trace file, over every pass (`--replay-cycles`): the rows it sent to
+    the load generator, the passes it started and the passes it sent to their end. (The file's own rows and
+    skips are its TraceStats: one pass, the whole file.)"""
+
+    rows: int = 0  # rows of this file sent to the run, all passes together
+    passes: int = 0  # passes over the file started
+    passes_complete: int = 0  # passes whose every row was sent
+    sessions: int = 0  # closed-loop replay: the sessions of this file (one user each)
+    _done: dict[int, int] = field(default_factory=dict)  # pass -> sessions that sent their last turn in it
+
+    def session_turn(self, cycle: int, first: bool, last: bool) -> None:
+        """A closed-loop session of this file sent a turn of pass `cycle` (its first / last of the pass)."""
+        self.rows += 1
+        if first:
+            self.passes = max(self.passes, cycle + 1)
+        if last:
+            done = self._done[cycle] = self._done.get(cycle, 0) + 1
+            if done >= self.sessions:
+                self.passes_complete += 1
+                del self._done[cycle]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows_sent": self.rows, "passes": self.passes, "passes_complete": self.passes_complete}

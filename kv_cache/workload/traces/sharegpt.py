@@ -109,6 +109,7 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
     used = 0
     for n, item in enumerate(iter_json_array(path, stats)):
         if opts.max_conversations and used >= opts.max_conversations:
+            stats.stopped_at = "max_conversations"  # (the rest of the file is not read)
             return
         if not isinstance(item, dict):
             stats.skip("not_an_object")

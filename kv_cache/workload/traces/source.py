@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from . import formats
 from ._options import Options
 from .detect import detect_format
-from .model import TraceError, TraceRequest, TraceStats
+from .model import ReplayTally, TraceError, TraceRequest, TraceStats
 from .tokenizer import CHOICES
 
 
@@ -17,6 +18,10 @@ class TraceSource:
     """An iterable of ``TraceRequest`` read lazily from the trace (one line / CSV row / array item / WEKA
     file at a time). Each iteration re-reads the trace and starts a fresh ``stats`` (filled as it goes;
     final once the iteration ends). A pass that yields no row raises TraceError.
+
+    ``whole_stats`` is what the file holds, whatever pass the run was in when it stopped: the first pass
+    read to the end, else the pass that read furthest (its ``complete`` false). ``replay`` is what the
+    replay sent of the file over every pass (updated by the replayer, workload/replay.py).
     """
 
     def __init__(self, path: Path, fmt: str, max_rows: int, options: Options) -> None:
@@ -26,11 +31,27 @@ class TraceSource:
         self.options = options
         self.block_tokens: int | None = formats.get(fmt).block_tokens
         self.stats = TraceStats(format=fmt, path=str(path), block_tokens=self.block_tokens)
+        self._whole: TraceStats | None = None  # the best pass before the current one (whole_stats)
+        self.replay = ReplayTally()
+
+    @property
+    def whole_stats(self) -> TraceStats:
+        """The file's own rows and skips: the first pass read to its end, else the one that read furthest."""
+        best = self._whole
+        current = self.stats
+        if best is None or (not best.complete and (current.complete or current.read > best.read)):
+            return current
+        return best
+
+    def summary(self) -> dict[str, Any]:
+        """The file's stats (``whole_stats``) with what was replayed of it over the passes (``replayed``)."""
+        return {**self.whole_stats.to_dict(), "replayed": self.replay.to_dict()}
 
     def __repr__(self) -> str:
         return f"TraceSource({str(self.path)!r}, format={self.format!r}, max_rows={self.max_rows})"
 
     def __iter__(self) -> Iterator[TraceRequest]:
+        self._whole = self.whole_stats  # (the pass before this one, when it is the best so far)
         stats = TraceStats(format=self.format, path=str(self.path), block_tokens=self.block_tokens)
         self.stats = stats
         reader = formats.get(self.format).read(self.path, stats, self.options)
