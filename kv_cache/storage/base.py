@@ -171,6 +171,9 @@ class StoreBase:
         kid = key_id(key)
         chunk = bufs.chunk_bytes
         total = padded(nbytes)
+        marks = getattr(bufs, "marks", None)  # chunk completion times: the window's edge (metrics/recorder.py)
+        if marks is not None:
+            marks.begin()
         h, dev_ns = self._begin_write(key, nbytes)
         dev_bytes = 0
         try:
@@ -184,6 +187,8 @@ class StoreBase:
                 b, ns = self._put(h, off, mv if n == chunk else mv[:n], off == 0)
                 dev_bytes += b
                 dev_ns += ns
+                if marks is not None:
+                    marks.add(dev_bytes)
                 off += n
                 n = min(chunk, total - off)
             if total == 0:  # an empty entry still gets its header (file) / its slot (memory)
@@ -215,6 +220,9 @@ class StoreBase:
         extension for tests and consumers) sees each chunk while it is in ``read_buf``.
         """
         t0 = perf_counter_ns()
+        marks = getattr(bufs, "marks", None)
+        if marks is not None:
+            marks.begin()
         h, nbytes, dev_ns = self._begin_read(key)
         dev_bytes = 0
         try:
@@ -231,6 +239,8 @@ class StoreBase:
                 b, ns = self._get(h, off, mv if n == chunk else mv[:n])
                 dev_bytes += b
                 dev_ns += ns
+                if marks is not None:
+                    marks.add(dev_bytes)
                 if verify:
                     bad = bufs.check_stamp(kid, off // BLOCK, n // BLOCK)
                     if bad >= 0:
@@ -271,6 +281,9 @@ class StoreBase:
         w_t = 0
         r_dev = w_dev = 0
         r_bytes = w_bytes = 0
+        marks = getattr(bufs, "marks", None)
+        if marks is not None:
+            marks.begin()
         t = perf_counter_ns()
         h, nbytes, ns = self._begin_read(key)
         r_dev += ns
@@ -305,6 +318,8 @@ class StoreBase:
                 w_dev += ns
                 t = perf_counter_ns()
                 w_t += t - t2
+                if marks is not None:
+                    marks.add(r_bytes + w_bytes)
                 off += n
                 c += 1
                 n = min(chunk, total - off)

@@ -9,6 +9,8 @@ request.  ``read_buf`` receives data read back; :meth:`check_stamp` verifies it.
 from __future__ import annotations
 
 import mmap
+from array import array
+from time import perf_counter_ns
 
 import numpy as np
 
@@ -41,6 +43,61 @@ def _aligned_map(nbytes: int) -> mmap.mmap:
         except OSError:  # THP unsupported here: 4 KiB pages it is
             pass
     return mm
+
+
+MARKS = 256  # chunk completions kept per operation (a ring): enough for any late stop of a few seconds
+
+
+class ChunkMarks:
+    """When each chunk of the current operation completed, and the bytes moved by then: the measured
+    in-window part of an operation that straddles the window's end or is aborted after it.
+
+    A ring of ``MARKS`` (time, cumulative bytes) pairs in two preallocated ``array('q')``; ``begin`` at
+    the start of an operation, ``add`` after each chunk (one clock read and two stores: nothing is
+    allocated per chunk).  ``bytes_by(t)`` is the bytes moved by chunks that completed by ``t``.  Only one
+    thread (the worker owning the buffers) touches it.
+    """
+
+    __slots__ = ("_t", "_b", "count", "seq")
+
+    def __init__(self) -> None:
+        self._t = array("q", bytes(8 * MARKS))
+        self._b = array("q", bytes(8 * MARKS))
+        self.count = 0
+        self.seq = 0  # operations begun: a demotion's read and write records share one (one operation)
+
+    def begin(self) -> None:
+        self.count = 0
+        self.seq += 1
+
+    def add(self, cumulative_bytes: int) -> None:
+        i = self.count % MARKS
+        self._t[i] = perf_counter_ns()
+        self._b[i] = cumulative_bytes
+        self.count += 1
+
+    @property
+    def total(self) -> int:
+        """Bytes at the last mark (0 without one)."""
+        return self._b[(self.count - 1) % MARKS] if self.count else 0
+
+    def bytes_by(self, t_ns: int) -> int | None:
+        """Bytes moved by the chunks completed at or before ``t_ns``; None without a mark (the store does
+        not mark its chunks). Older marks than the ring holds: the oldest kept mark's bytes less the chunk
+        that led to it is an upper bound, used then."""
+        if not self.count:
+            return None
+        n = min(self.count, MARKS)
+        last = self.count - 1
+        for k in range(n):  # newest first: the window's end is usually near the end of the operation
+            i = (last - k) % MARKS
+            if self._t[i] <= t_ns:
+                return self._b[i]
+        if self.count <= MARKS:
+            return 0
+        oldest = (last - n + 1) % MARKS
+        before = self._b[(oldest + 1) % MARKS] - self._b[oldest] if n > 1 else 0
+        return max(0, self._b[oldest] - before)
 
 
 class WorkerBuffers:
@@ -76,6 +133,7 @@ class WorkerBuffers:
                 0, np.iinfo(np.uint64).max, size=m, dtype=np.uint64, endpoint=True
             )
         self.read_buf.fill(0)  # fault the read pages in now, not inside the first timed read
+        self.marks = ChunkMarks()  # chunk completion times of the current operation (window accounting)
 
         # Stamp machinery, all preallocated.  The (block, 2) uint64 views cover the first 16 bytes of
         # every block; the stamps are built in a small contiguous scratch and copied in one strided
