@@ -298,8 +298,8 @@ def check_window(f: IntegrityFacts) -> dict[str, Any]:
 
 def _preload_status(path: str) -> tuple[str, str]:
     if path.startswith("("):  # a form without a library path: -x LD_PRELOAD, a wrapper command
-        inner = path.strip("()")
-        return (INVALID if any(w in inner for w in ("eatmydata", "nocache")) else SUSPECT), inner
+        inner = path.strip("()")  # -x LD_PRELOAD: a library was preloaded, which one is not recorded
+        return (INVALID if any(w in inner for w in ("eatmydata", "nocache")) else UNVERIFIABLE), inner
     name = os.path.basename(path)
     for shim, what in KNOWN_SHIMS.items():
         if name.startswith(shim):
@@ -366,7 +366,9 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
         if f.source == "kv-cache merge":
             return _finding("page_cache", NA, f"block device {f.block_device or '?'}: a merge holds no counters over "
                             "the run; each rank's own document checks them (per_rank)", **nums)
-        return _finding("page_cache", UNVERIFIABLE, "no block-device, process or cgroup counters recorded", **nums)
+        where = (f"block device {f.block_device}: no counters over the run recorded (block device, process or "
+                 "cgroup)" if f.block_device else "no block-device, process or cgroup counters recorded")
+        return _finding("page_cache", UNVERIFIABLE, where, **nums)
     if f.read_bytes is None:
         return _finding("page_cache", UNVERIFIABLE, "the storage tier's bytes read are not recorded", **nums)
     other = None
@@ -584,7 +586,8 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
                               (m.get("device_limit") or {}).get("source")) if m.get("device_limit") else None)
     workers = _int(m.get("io_workers"))
     if merged and workers is None:
-        per = [r.get("io_workers") for r in (m.get("per_rank") or {}).values() if isinstance(r, dict)]
+        rows = m.get("per_rank") or {}
+        per = [r.get("io_workers") for r in (rows.values() if isinstance(rows, dict) else rows) if isinstance(r, dict)]
         workers = sum(per) if per and all(isinstance(x, int) for x in per) else None
     closed = not params.get("request_rate") and not params.get("trace_paths")
     other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in ("gpu", "cpu"))
