@@ -191,6 +191,11 @@ def storage_capacity_bytes(usage: dict[str, dict[str, float]]) -> float | None:
     return None if math.isinf(limit) else limit
 
 
+VERIFY_CHECKED = ("file and RAM tiers: every byte of every block read (its 16-byte stamp, key and block index, and "
+                  "the 4080 payload bytes after it, compared with the fill written); remote tiers (S3, Redis): "
+                  "the stamps of every block")
+
+
 def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: bool) -> dict[str, Any]:
     """Storage errors per tier and operation (failed for good, and retried), the policy, --verify's count."""
     table = metrics.storage_error_table()
@@ -203,7 +208,8 @@ def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: b
             "fatal_errors": ["ENOSPC", "EROFS", "EDQUOT", "EACCES", "EPERM"],
             "max_storage_errors": max_errors,
         },
-        "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches},
+        "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches,
+                   **({"checked": VERIFY_CHECKED} if verify else {})},
     }
 
 

@@ -233,6 +233,7 @@ class StoreBase:
             off = 0
             c = 0
             n = min(chunk - _lead(self, chunk), total)
+            leads = (_lead(self, chunk) // BLOCK, 0) if _lead(self, chunk) else (0,)
             while off < total:
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"read of {key!r} aborted after {off} bytes", dev_bytes)
@@ -247,6 +248,15 @@ class StoreBase:
                         raise DataCorruption(
                             f"{self.name}: entry {key!r} block {off // BLOCK + bad} "
                             f"(byte {off + bad * BLOCK}) does not carry its stamp"
+                        )
+                    # every other byte of each block against the payload (laid out by this store, or by a
+                    # tier without lead that the entry was demoted from)
+                    bad = bufs.check_payload(off // BLOCK, n // BLOCK, leads)
+                    if bad >= 0:
+                        raise DataCorruption(
+                            f"{self.name}: entry {key!r} block {off // BLOCK + bad} "
+                            f"(bytes {off + bad * BLOCK + 16}-{off + (bad + 1) * BLOCK - 1}) differs from the "
+                            "payload written"
                         )
                 if on_chunk is not None:
                     on_chunk(c, mv[: min(n, nbytes - off)])
