@@ -172,12 +172,25 @@ def _text(rows: list[tuple[str, dict[str, Any]]], overall: str, out: TextIO) -> 
         out.write(f"{name}: {block['verdict'].upper()} ({block['source']}{where}){bw}\n")
         for c in block["checks"]:
             out.write(f"  [{c['status']}] {c['check']}: {c['reason']}\n")
+            if c["check"] == "page_cache" and "counted_read_bytes" in c["numbers"]:
+                out.write("      " + _side_by_side(c["numbers"]) + "\n")
         for rank, v in (block.get("per_rank") or {}).items():
             out.write(f"  rank {rank}: {v['verdict']}" + "".join(f"; {r}" for r in v["reasons"]) + "\n")
     kinds = (integ.OK, integ.SUSPECT, integ.UNVERIFIABLE, integ.INVALID)
     counts = {v: sum(1 for _, b in rows if b["verdict"] == v) for v in kinds}
     out.write(f"Overall: {overall.upper()} ({len(rows)} file(s): "
               + ", ".join(f"{counts[k]} {k}" for k in kinds) + ")\n")
+
+
+def _side_by_side(n: dict[str, Any]) -> str:
+    """The page-cache check's three figures: counted, process, device (GiB read / written), and its source."""
+    def gib(v: Any) -> str:
+        return f"{v / 2**30:.3f}" if isinstance(v, (int, float)) else "-"
+    return (f"read GiB: counted {gib(n.get('counted_read_bytes'))}, process {gib(n.get('process_read_bytes'))}, "
+            f"device {gib(n.get('device_read_bytes'))}; written GiB: counted {gib(n.get('counted_write_bytes'))}, "
+            f"process {gib(n.get('process_write_bytes'))}, device {gib(n.get('device_write_bytes'))}; "
+            f"source: {n.get('source')}" + (f"; other I/O on the device {gib(n['other_io_bytes'])} GiB"
+                                            if n.get("other_io_bytes") is not None else ""))
 
 
 def audit_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None) -> int:

@@ -95,6 +95,8 @@ class IntegrityFacts:
     device_write_bytes: float | None = None
     process_read_bytes: float | None = None  # /proc/<pid>/io over the run, summed over processes
     process_write_bytes: float | None = None
+    process_run_read_bytes: float | None = None  # the same counters over the block device's interval
+    process_run_write_bytes: float | None = None
     cgroup_read_bytes: float | None = None  # the run's own cgroup, its storage device only
     cgroup_write_bytes: float | None = None
     cgroup_source: str | None = None
@@ -372,9 +374,10 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
     if f.read_bytes is None:
         return _finding("page_cache", UNVERIFIABLE, "the storage tier's bytes read are not recorded", **nums)
     other = None
-    if f.device_read_bytes is not None and f.process_read_bytes is not None:
-        other = max(0.0, f.device_read_bytes - f.process_read_bytes) + max(
-            0.0, (f.device_write_bytes or 0) - (f.process_write_bytes or 0))
+    pr = f.process_run_read_bytes if f.process_run_read_bytes is not None else f.process_read_bytes
+    pw = f.process_run_write_bytes if f.process_run_write_bytes is not None else f.process_write_bytes
+    if f.device_read_bytes is not None and pr is not None:
+        other = max(0.0, f.device_read_bytes - pr) + max(0.0, (f.device_write_bytes or 0) - (pw or 0))
         nums["other_io_bytes"] = other  # what the device moved for anyone else
     if not f.read_bytes:
         return _finding("page_cache", OK, "no storage reads to serve from memory", **nums)
@@ -612,6 +615,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         mapped_recorded=bool(libs.get("recorded")),
         device_read_bytes=_num(bd.get("bytes_read")), device_write_bytes=_num(bd.get("bytes_written")),
         process_read_bytes=_num(pio.get("read_bytes")), process_write_bytes=_num(pio.get("write_bytes")),
+        process_run_read_bytes=_num(pio.get("run_read_bytes")), process_run_write_bytes=_num(pio.get("run_write_bytes")),
         cgroup_read_bytes=_num(cg.get("read_bytes")), cgroup_write_bytes=_num(cg.get("write_bytes")),
         cgroup_source=cg.get("source"),
         io_mode=m.get("io_mode"), fsync=m.get("fsync"), filesystem=m.get("filesystem"),
