@@ -496,7 +496,9 @@ def audit_facts(f: IntegrityFacts, ceiling: float = DEFAULT_CEILING) -> dict[str
     verdict = OK if worst == NA else worst
     window = next(c for c in checks if c["check"] == "window")["numbers"]
     return {"verdict": verdict, "source": f.source,
-            "reasons": [f"{c['check']}: {c['reason']}" for c in checks if c["status"] in (SUSPECT, INVALID, UNVERIFIABLE)],
+            # the worst first: the one sentence a console line quotes is the one that decided the verdict
+            "reasons": [f"{c['check']}: {c['reason']}" for c in sorted(checks, key=lambda c: -_RANK[c["status"]])
+                        if c["status"] in (SUSPECT, INVALID, UNVERIFIABLE)],
             "corrected_read_gib_per_s": window.get("corrected_read_gib_per_s"),
             "reported_read_gib_per_s": window.get("reported_read_gib_per_s"),
             "checks": checks}
