@@ -60,3 +60,20 @@ def test_sysfs_gives_the_model_and_the_trained_link(tmp_path):
     assert d == Drive("nvme0n1", "SAMSUNG MZTLD15THEPB-00AGG", None, None, 5, 4)
     assert d.limit() == pytest.approx(15.752)
     assert sysfs_drive("nope", str(tmp_path / "block")) is None
+
+
+def test_an_fsync_only_write_p50_above_the_drive_is_flagged():
+    """The MLPerf tool's write 'device' time is the fsync alone: a median implying more than the drive (17.4
+    GB/s on a 14.5 GB/s drive) is suspect, more than twice it or than the link ceiling impossible."""
+    from kv_cache.results import integrity as integ  # noqa: PLC0415
+
+    def facts(p50_ms: float, limit: float | None = 14.5) -> integ.IntegrityFacts:
+        return integ.IntegrityFacts(source="mlperf-tool", read_bytes=0.0, write_bytes=100 * 1.74e9, write_ops=100,
+                                    write_device_p95_ms=1000.0, write_device_p50_ms=p50_ms,
+                                    write_device_is_fsync_only=True, device_limit_gbs=limit)
+    c = integ.check_device_time(facts(100.0))
+    assert c["status"] == integ.SUSPECT and c["numbers"]["write_p50_implied_gb_per_s"] == pytest.approx(17.4)
+    assert "the fsync alone: the flush path" in c["reason"] and "above the device's 14.5 GB/s" in c["reason"]
+    assert integ.check_device_time(facts(40.0))["status"] == integ.INVALID  # 43.5 GB/s: twice the drive
+    assert integ.check_device_time(facts(100.0, None))["status"] == integ.OK  # no limit known: possible
+    assert integ.check_device_time(facts(0.01, None))["status"] == integ.INVALID  # 174 TB/s: above any link

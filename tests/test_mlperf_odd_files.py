@@ -219,5 +219,5 @@ def test_a_rank_or_trial_with_no_file_at_all_is_named_from_world_size_and_metada
                                                                                         "trials": 2}}))
     assert main(["merge", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "Option 1: 1 trial(s) x 3 rank(s)" in out and "missing rank(s) 1, 2" in out
+    assert "Option 1: 1 of 2 trial(s) x 3 rank(s)" in out and "missing rank(s) 1, 2" in out
     assert "trial(s) 1: no rank file at all (not in the score)" in out

@@ -75,6 +75,8 @@ class IntegrityFacts:
     ops_scope: str = "tier"  # "tier": the storage tier's own counts; "all tiers": every tier's (a lower bound)
     read_device_p95_ms: float | None = None
     write_device_p95_ms: float | None = None
+    read_device_p50_ms: float | None = None
+    write_device_p50_ms: float | None = None
     write_device_is_fsync_only: bool = False
     reported_read_gibs: float | None = None
     reported_write_gibs: float | None = None
@@ -186,7 +188,24 @@ def check_device_time(f: IntegrityFacts, ceiling: float = DEFAULT_CEILING) -> di
             reasons.append(f"{op} device P95 {p95:.3g} ms for {mean / 1e6:.0f} MB per operation = "
                            f"{rate / 1e9:.0f} GB/s, above the {ceiling / 1e9:.0f} GB/s ceiling{what}"
                            + (" (a lower bound: its operation count covers every tier)" if lower else ""))
-        elif lower:
+        elif p50 := (f.read_device_p50_ms if op == "read" else f.write_device_p50_ms):
+            # the median operation: above the link ceiling is impossible; above the device's limit, suspect (the
+            # median operation may be smaller than the mean), twice it impossible
+            rate50 = mean / (p50 / 1000.0) if p50 > 0 else float("inf")
+            nums[f"{op}_device_p50_ms"] = p50
+            nums[f"{op}_p50_implied_gb_per_s"] = rate50 / 1e9 if rate50 != float("inf") else "inf"
+            what = " (the fsync alone: the flush path)" if op == "write" and f.write_device_is_fsync_only else ""
+            limit = f.device_limit_gbs * 1e9 if f.device_limit_gbs else None
+            if rate50 > ceiling or (limit and rate50 > 2 * limit):
+                status = INVALID
+                bound = ceiling if rate50 > ceiling else 2 * limit
+                reasons.append(f"{op} device P50 {p50:.3g} ms for {mean / 1e6:.0f} MB per operation = "
+                               f"{rate50 / 1e9:.1f} GB/s{what}, more than {bound / 1e9:.1f} GB/s can deliver")
+            elif limit and rate50 > limit * (1 + DEVICE_LIMIT_TOLERANCE):
+                status = _worse(status, SUSPECT)
+                reasons.append(f"{op} device P50 {p50:.3g} ms for {mean / 1e6:.0f} MB per operation = "
+                               f"{rate50 / 1e9:.1f} GB/s{what}, above the device's {limit / 1e9:g} GB/s")
+        if lower and status not in (INVALID,):
             status = _worse(status, UNVERIFIABLE)
             reasons.append(f"read: {ops} operations counted over every tier ({f.other_tier_read_bytes / GIB:.3g} GiB "
                            f"read from the faster ones), so {rate / 1e9:.3g} GB/s per operation is a lower bound "
@@ -604,6 +623,8 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         read_ops=_int(cs.get("tier_storage_read_ops")), write_ops=_int(cs.get("tier_storage_write_ops")),
         read_device_p95_ms=_num(cs.get("storage_read_device_p95_ms")),
         write_device_p95_ms=_num(cs.get("storage_write_device_p95_ms")),
+        read_device_p50_ms=_num(cs.get("storage_read_device_p50_ms")),
+        write_device_p50_ms=_num(cs.get("storage_write_device_p50_ms")),
         reported_read_gibs=_num(cs.get("tier_storage_read_bandwidth_gbps")),
         reported_write_gibs=_num(cs.get("tier_storage_write_bandwidth_gbps")),
         bandwidth_rows=_bandwidth_rows(cs), other_tier_read_bytes=other,
@@ -656,6 +677,8 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
         other_tier_read_bytes=other, bandwidth_rows=_bandwidth_rows(cs),
         read_device_p95_ms=v.read_device_p95_ms,
         write_device_p95_ms=v.write_device_p95_ms, write_device_is_fsync_only=True,
+        read_device_p50_ms=_num(cs.get("storage_read_device_p50_ms")),
+        write_device_p50_ms=_num(cs.get("storage_write_device_p50_ms")),
         reported_read_gibs=v.read_gibps, reported_write_gibs=v.write_gibps,
         summed_storage_s=v.storage_io_s if v.storage_io_s is not None else _num(s.get("total_storage_io_time")),
         e2e_p95_s=v.e2e_p95_ms / 1000 if v.e2e_p95_ms is not None else None, e2e_max_s=max(e2e) if e2e else None,
