@@ -97,3 +97,22 @@ def test_remote_and_ram_tiers_say_why_the_check_does_not_apply():
     counted = integ.check_page_cache(_facts(io_mode="network", net_interface="lo", net_received_bytes=2e9,
                                             net_expected_bytes=1.1e9))
     assert counted["status"] == integ.OK and "no block device or page cache on the client" in counted["reason"]
+
+
+def test_a_cgroup_of_the_runs_own_counts_its_device_v1_and_v2(tmp_path):
+    from kv_cache.host.procio import cgroup_io  # noqa: PLC0415
+
+    v1 = tmp_path / "blkio" / "kv"
+    v1.mkdir(parents=True)
+    (v1 / "blkio.throttle.io_service_bytes").write_text("253:0 Read 4096\n253:0 Write 8192\n8:0 Read 7\nTotal 12288\n")
+    (v1 / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (tmp_path / "v1.cgroup").write_text("7:blkio:/kv\n4:memory:/x\n")
+    got = cgroup_io("253:0", str(tmp_path), str(tmp_path / "v1.cgroup"))
+    assert got["read_bytes"] == 4096 and got["write_bytes"] == 8192 and got["own"]
+    v2 = tmp_path / "run"
+    v2.mkdir()
+    (v2 / "io.stat").write_text("8:0 rbytes=1 wbytes=2\n253:0 rbytes=300 wbytes=400 rios=1 wios=1\n")
+    (v2 / "cgroup.procs").write_text(f"{os.getpid()}\n1\n")  # a process outside the run: not its own
+    (tmp_path / "v2.cgroup").write_text("0::/run\n")
+    got = cgroup_io("253:0", str(tmp_path), str(tmp_path / "v2.cgroup"))
+    assert (got["read_bytes"], got["write_bytes"], got["own"]) == (300, 400, False)

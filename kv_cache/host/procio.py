@@ -53,13 +53,13 @@ def _own(procs_file: Path) -> bool:
     return bool(pids)
 
 
-def cgroup_io(dev: str | None, root: str = CGROUP_ROOT) -> dict[str, Any] | None:
+def cgroup_io(dev: str | None, root: str = CGROUP_ROOT, proc_cgroup: str = "/proc/self/cgroup") -> dict[str, Any] | None:
     """This process's cgroup counters for device `dev` ("major:minor"): {"read_bytes", "write_bytes",
     "source", "own"}; None without a cgroup that counts I/O."""
     if not dev:
         return None
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = Path(proc_cgroup).read_text().splitlines()
     except OSError:
         return None
     for line in lines:
