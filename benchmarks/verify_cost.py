@@ -6,6 +6,11 @@ Each run: pure storage (GPU 0, generation none), the given model and users, `--d
 Throughput = summary.cache_stats tier_{storage,cpu}_read_bandwidth_gbps (GiB/s of the measured window).
 
     python benchmarks/verify_cost.py /tmp/verify-bench --pairs 3 --duration 6
+    python benchmarks/verify_cost.py --micro            # the checks alone, in memory, per chunk size
+
+--micro times WorkerBuffers.check_stamp (16 bytes per 4 KiB block) and check_payload (the other 4080 bytes:
+numpy not_equal against the fill into a preallocated array) on a read buffer that holds what a write laid
+out, best of 5 x 20 calls per chunk size; GiB/s of chunk bytes checked per second on one core.
 """
 
 from __future__ import annotations
@@ -39,7 +44,35 @@ def one_run(directory: Path, verify: bool, args: argparse.Namespace) -> dict[str
             "cpu_s_per_gib": res["measurement"]["cpu_seconds_per_gib"]}
 
 
+def micro() -> None:
+    import time  # noqa: PLC0415
+
+    from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415
+
+    for mib in (1, 4, 16, 64):
+        b = WorkerBuffers(mib << 20, 1, 0)
+        b.stamp(7, 0, b.nblocks)
+        b.read_buf[:] = b.write_buf
+        for name, call in (("stamps", lambda b=b: b.check_stamp(7, 0, b.nblocks)),
+                           ("payload", lambda b=b: b.check_payload(0, b.nblocks, (0,)))):
+            assert call() == -1
+            best = min(_timed(call, 20, time.perf_counter) for _ in range(5))
+            print(f"{mib:3d} MiB chunk, {name:7s}: {best * 1e3:7.3f} ms per chunk = "
+                  f"{(mib << 20) / best / 2**30:6.2f} GiB/s", flush=True)
+        b.close()
+
+
+def _timed(call, n: int, clock) -> float:
+    t = clock()
+    for _ in range(n):
+        call()
+    return (clock() - t) / n
+
+
 def main() -> None:
+    if "--micro" in sys.argv[1:]:
+        micro()
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path)
     p.add_argument("--pairs", type=int, default=3)

@@ -58,7 +58,7 @@ def test_audit_reads_a_rank_file_with_no_summary(tmp_path):
     path.write_text(json.dumps(data))
     [(name, block)] = audit_path(str(path))
     assert block["source"] == "mlperf-tool" and block["verdict"] != "ok"
-    assert {c["check"]: c["status"] for c in block["checks"]}["window"] == "unknown"
+    assert {c["check"]: c["status"] for c in block["checks"]}["window"] == "unverifiable"
     # and inside a run directory it is audited, not skipped
     _rank_dir(tmp_path / "run", data)
     assert len(audit_path(str(tmp_path / "run"))) == 1
@@ -145,9 +145,12 @@ def test_audit_of_a_merge_names_its_block_device_instead_of_saying_there_is_none
 
     merged = {"measurement": {"block_device": {"name": "vda"}, "window_seconds": 5.0}, "summary": {"cache_stats": {}}}
     finding = integ.check_page_cache(integ.facts_from_ours(merged))
-    assert finding["status"] == "unknown" and finding["reason"].startswith("block device vda: this document holds")
+    assert finding["status"] == "unverifiable" and finding["reason"].startswith("block device vda: no counters")
+    merged["merged_from"] = ["r0.json", "r1.json"]  # a merge: its ranks' documents check the counters
+    finding = integ.check_page_cache(integ.facts_from_ours(merged))
+    assert finding["status"] == "n/a" and finding["reason"].startswith("block device vda: a merge holds no counters")
     bare = integ.check_page_cache(integ.facts_from_ours({"measurement": {}, "summary": {"cache_stats": {}}}))
-    assert bare["reason"] == "no block device under the storage tier (network or RAM filesystem)"
+    assert bare["status"] == "unverifiable" and bare["reason"] == "no block-device, process or cgroup counters recorded"
 
 
 def test_audit_says_what_a_sessions_document_or_a_harness_summary_is(tmp_path, capsys):
@@ -216,5 +219,5 @@ def test_a_rank_or_trial_with_no_file_at_all_is_named_from_world_size_and_metada
                                                                                         "trials": 2}}))
     assert main(["merge", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "Option 1: 1 trial(s) x 3 rank(s)" in out and "missing rank(s) 1, 2" in out
+    assert "Option 1: 1 of 2 trial(s) x 3 rank(s)" in out and "missing rank(s) 1, 2" in out
     assert "trial(s) 1: no rank file at all (not in the score)" in out

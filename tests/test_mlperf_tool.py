@@ -101,7 +101,8 @@ def test_a_missing_rank_is_named_not_averaged_as_zero(tmp_path, capsys):
     assert line.strip().startswith("trial 1: 1 rank(s)") and line.endswith("missing rank(s) 1")
     o1 = json.loads(out.read_text())["options"]["1"]
     assert o1["per_trial"]["1"]["missing_ranks"] == [1]
-    assert o1["trials_left_out"] == [1] and o1["trials_counted"] == [0] and not o1["incomplete"]
+    assert o1["trials_left_out"] == [1] and o1["trials_counted"] == [0] and not o1["no_complete_trial"]
+    assert o1["incomplete"]  # a rank is missing: the score says INCOMPLETE even with a complete trial scored
     t0 = _cs(R0)["tier_storage_read_bandwidth_gbps"] + _cs(R1)["tier_storage_read_bandwidth_gbps"]
     assert o1["read_gibps"] == pytest.approx(t0)  # the complete trial alone, not a short sum averaged in
 
@@ -213,3 +214,21 @@ def test_report_and_merge_of_the_harness_summary(tmp_path, capsys):
     assert main(["merge", str(path)]) == 0  # its figures, and ours from the rank files beside it
     out = capsys.readouterr().out
     assert "mlpstorage harness summary" in out and "MLPerf Storage Rules section 6 score" in out
+
+
+def test_expected_ranks_and_trials_come_from_the_harness_summary_too(tmp_path, capsys):
+    """One published rank file beside a summary.json that says 32 ranks and 3 trials (no metadata): every
+    missing rank and trial is named, and the score says INCOMPLETE."""
+    run = tmp_path / "run"
+    (run / "option_1" / "trial_0" / "rank_0").mkdir(parents=True)
+    shutil.copy(next((RUN / "option_1" / "trial_0" / "rank_0").glob("*.json")), run / "option_1" / "trial_0" / "rank_0")
+    (run / "summary.json").write_text(json.dumps({"schema_version": "1.0", "total_ranks": 32, "trials_per_option": 3,
+                                                 "options": {"1": {"rank_count": 32, "trial_count": 3}}}))
+    out = tmp_path / "score.json"
+    assert main(["merge", str(run), "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Option 1: 1 of 3 trial(s) x 32 rank(s)" in text and "INCOMPLETE" in text
+    assert "trial(s) 1, 2: no rank file at all" in text
+    assert "missing rank(s) " + ", ".join(map(str, range(1, 32))) in text
+    o1 = json.loads(out.read_text())["options"]["1"]
+    assert o1["incomplete"] and o1["per_trial"]["0"]["missing_ranks"] == list(range(1, 32))

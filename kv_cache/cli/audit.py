@@ -34,6 +34,11 @@ def add_audit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ceiling-gbs", type=float, default=integ.DEFAULT_CEILING / 1e9, metavar="GB/s",
                    help="fastest a single operation can move bytes; a device time implying more is impossible "
                         "(default 128: twice a PCIe Gen5 x16 link)")
+    p.add_argument("--device-limit-gbs", type=float, default=None, metavar="GB/s",
+                   help="the storage device's (or its link's) rated bandwidth, decimal GB/s: a storage bandwidth "
+                        "above it is invalid, with the excess stated (default: a run's own measurement.device_limit)")
+    p.add_argument("--devices", default=None, metavar="YAML",
+                   help="a host's drives and links (host/devices.py): the limit of the host each result names")
     p.add_argument("--json", action="store_true", help="print one JSON object (per-file integrity blocks, overall "
                                                        "verdict) instead of the text")
 
@@ -90,11 +95,13 @@ def mlperf_params(path: Path) -> dict[str, Any]:
     return {**params, **({"host": host} if host else {})}
 
 
-def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
-    """The integrity block of one file (None: neither tool's results)."""
+def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = None) -> dict[str, Any] | None:
+    """The integrity block of one file (None: neither tool's results). `limit`: (GB/s, its source)."""
     raw = _read_json(path)
     if _is_mlperf_rank(raw):
-        return integ.audit_facts(integ.facts_from_mlperf_tool(raw, mlperf_params(path)), ceiling)
+        params = mlperf_params(path)
+        return integ.audit_facts(integ.facts_from_mlperf_tool(raw, params, _limit_for(limit, params.get("host"))),
+                                 ceiling)
     if isinstance(raw, dict) and "schema_version" in raw:
         typed = load(raw)
         if typed.kind == "mlperf-harness-summary":
@@ -106,25 +113,38 @@ def audit_file(path: Path, ceiling: float) -> dict[str, Any] | None:
         if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
-        block = integ.audit_facts(integ.facts_from_ours(doc), ceiling)
+        host = (doc.get("run_parameters") or {}).get("host")
+        block = integ.audit_facts(integ.facts_from_ours(doc, _limit_for(limit, host)), ceiling)
         carried = doc.get("integrity") or {}
         if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too
-            block["per_rank"] = carried["per_rank"]
-            block["reasons"] += carried.get("reasons") or []
-            block["verdict"] = integ.worst_verdict([block["verdict"], carried.get("verdict", integ.OK)])
-            if block["verdict"] == integ.UNKNOWN:
-                block["verdict"] = integ.OK
+            per_rank = {int(r): v for r, v in carried["per_rank"].items() if str(r).isdigit()}
+            block = integ.merged_integrity(per_rank, block)
         return block
     return None
 
 
-def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING) -> list[tuple[str, dict[str, Any]]]:
+_DEVICES: dict[str, Any] = {}
+
+
+def _limit_for(limit: tuple[float, str] | None, host: str | None) -> tuple[float, str] | None:
+    """--device-limit-gbs, else the --devices YAML's limit for `host` (its only host when it names one)."""
+    if limit is not None:
+        return limit
+    table = _DEVICES.get("table")
+    if table is None:
+        return None
+    from kv_cache.host.devices import limit_of_host
+    return limit_of_host(table, host)
+
+
+def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING,
+               limit: tuple[float, str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """(file, integrity block) for PATH: the file itself, or every result under a directory."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")
     if p.is_file():
-        block = audit_file(p, ceiling)
+        block = audit_file(p, ceiling, limit)
         if block is None:
             raise DocumentError(f"{path}: neither a kv-cache result nor a rank file of the MLPerf tool")
         return [(str(p), block)]
@@ -133,7 +153,7 @@ def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING) -> list[tuple[
         if f.name.endswith("_metadata.json") or f.name.endswith("cluster_info.json"):
             continue
         try:
-            block = audit_file(f, ceiling)
+            block = audit_file(f, ceiling, limit)
         except DocumentError:
             continue
         if block is not None:
@@ -152,18 +172,41 @@ def _text(rows: list[tuple[str, dict[str, Any]]], overall: str, out: TextIO) -> 
         out.write(f"{name}: {block['verdict'].upper()} ({block['source']}{where}){bw}\n")
         for c in block["checks"]:
             out.write(f"  [{c['status']}] {c['check']}: {c['reason']}\n")
+            if c["check"] == "page_cache" and "counted_read_bytes" in c["numbers"]:
+                out.write("      " + _side_by_side(c["numbers"]) + "\n")
         for rank, v in (block.get("per_rank") or {}).items():
             out.write(f"  rank {rank}: {v['verdict']}" + "".join(f"; {r}" for r in v["reasons"]) + "\n")
-    counts = {v: sum(1 for _, b in rows if b["verdict"] == v) for v in (integ.OK, integ.SUSPECT, integ.INVALID)}
-    out.write(f"Overall: {overall.upper()} ({len(rows)} file(s): {counts['ok']} ok, {counts['suspect']} suspect, "
-              f"{counts['invalid']} invalid)\n")
+    kinds = (integ.OK, integ.SUSPECT, integ.UNVERIFIABLE, integ.INVALID)
+    counts = {v: sum(1 for _, b in rows if b["verdict"] == v) for v in kinds}
+    out.write(f"Overall: {overall.upper()} ({len(rows)} file(s): "
+              + ", ".join(f"{counts[k]} {k}" for k in kinds) + ")\n")
+
+
+def _side_by_side(n: dict[str, Any]) -> str:
+    """The page-cache check's three figures: counted, process, device (GiB read / written), and its source."""
+    def gib(v: Any) -> str:
+        return f"{v / 2**30:.3f}" if isinstance(v, (int, float)) else "-"
+    return (f"read GiB: counted {gib(n.get('counted_read_bytes'))}, process {gib(n.get('process_read_bytes'))}, "
+            f"device {gib(n.get('device_read_bytes'))}; written GiB: counted {gib(n.get('counted_write_bytes'))}, "
+            f"process {gib(n.get('process_write_bytes'))}, device {gib(n.get('device_write_bytes'))}; "
+            f"source: {n.get('source')}" + (f"; other I/O on the device {gib(n['other_io_bytes'])} GiB"
+                                            if n.get("other_io_bytes") is not None else ""))
 
 
 def audit_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None) -> int:
     out = out or sys.stdout
     if args.ceiling_gbs <= 0:
         raise UsageError(f"--ceiling-gbs {args.ceiling_gbs:g}: give a positive rate in GB/s, e.g. 128")
-    rows = [row for path in args.paths for row in audit_path(path, args.ceiling_gbs * 1e9)]
+    limit = None
+    if args.device_limit_gbs is not None:
+        if args.device_limit_gbs <= 0:
+            raise UsageError(f"--device-limit-gbs {args.device_limit_gbs:g}: give a positive rate in GB/s, e.g. 14.5")
+        limit = (args.device_limit_gbs, f"--device-limit-gbs {args.device_limit_gbs:g}")
+    _DEVICES.clear()
+    if args.devices:
+        from kv_cache.host.devices import load_devices
+        _DEVICES["table"] = load_devices(args.devices)
+    rows = [row for path in args.paths for row in audit_path(path, args.ceiling_gbs * 1e9, limit)]
     overall = integ.worst_verdict([b["verdict"] for _, b in rows])
     if args.json:
         out.write(json.dumps({"verdict": overall, "files": {n: b for n, b in rows}}, indent=2) + "\n")

@@ -24,7 +24,15 @@ from kv_cache.metrics.timeseries import TimeSeries
 from kv_cache.storage.tiername import TierName
 
 if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not import it
+    from typing import Protocol
+
     from kv_cache.storage.base import IOResult
+
+    class ChunkProgress(Protocol):  # storage/buffers.py ChunkMarks
+        total: int
+        seq: int
+
+        def bytes_by(self, t_ns: int) -> int | None: ...
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
 GIB = float(1 << 30)
@@ -99,6 +107,11 @@ class RunMetrics:
         self.storage_errors: dict[tuple[str, str, str], int] = defaultdict(int)
         self.storage_retries: dict[tuple[str, str], int] = defaultdict(int)
         self.verify_mismatches = 0
+        # The window's edge, measured: operations that straddle its end or are aborted after it, the bytes
+        # of theirs counted in the window (chunks completed by its end) and those left out; operations of a
+        # store that marks no chunk times are counted whole and named here ("unmeasured").
+        self.edge: dict[str, int] = defaultdict(int)
+        self._edge_seen: set[tuple[int, int]] = set()
         # Bounded-memory distributions (HdrHistogram) beside the per-operation lists above:
         # (tier, op, "total" | "device" | "host") and ("request", "e2e", "total").
         self.histograms: dict[tuple[str, str, str], object] = {}
@@ -136,15 +149,40 @@ class RunMetrics:
         self.__init__()
 
     # -- recording ----------------------------------------------------------------------------
-    def record_io(self, tier: str, op: str, res: IOResult, end_ns: int, cause: str) -> bool:
-        """Record one storage operation; returns False if it completed after the window."""
+    def _edge_bytes(self, nbytes: int, marks: ChunkProgress | None) -> int:
+        """The part of `nbytes` that moved by the window's end, from the operation's chunk marks (bytes
+        of the chunks completed by then, in proportion to what the marks cover); the whole of it (and
+        counted as unmeasured) when the store marks no chunk."""
+        done = marks.bytes_by(self.window_end_ns) if marks is not None and self.window_end_ns is not None else None
+        if marks is not None:
+            seen = (id(marks), marks.seq)
+            if seen in self._edge_seen:  # the write half of a demotion already counted as an operation
+                self.edge["edge_ops"] -= 1
+            self._edge_seen.add(seen)
+        self.edge["edge_ops"] += 1
+        if done is None:
+            self.edge["unmeasured_ops"] += 1
+            self.edge["unmeasured_bytes"] += nbytes
+            return nbytes
+        marked = marks.total
+        inside = nbytes if marked <= 0 or done >= marked else int(nbytes * done / marked)
+        self.edge["counted_bytes"] += inside
+        self.edge["excluded_bytes"] += nbytes - inside
+        return inside
+
+    def record_io(self, tier: str, op: str, res: IOResult, end_ns: int, cause: str,
+                  marks: ChunkProgress | None = None) -> bool:
+        """Record one storage operation; returns False if it completed after the window. `marks`: the
+        operation's chunk completion times (storage/buffers.py ChunkMarks), so that one which straddles the
+        window's end adds only the chunks completed inside it."""
         with self._lock:
             if not self._in_window(end_ns):
                 self.late[f"{tier}_{op}_bytes"] += res.nbytes
                 self.late[f"{tier}_{op}_device_bytes"] += res.device_bytes
                 self.late[f"{tier}_{op}_ops"] += 1
                 if self._in_window(end_ns - res.total_ns):
-                    self.io[(tier, op)].partial_bytes += res.nbytes
+                    self.edge["straddling_ops"] += 1
+                    self.io[(tier, op)].partial_bytes += self._edge_bytes(res.nbytes, marks)
                 return False
             s = self.io[(tier, op)]
             s.total_ns.append(res.total_ns)
@@ -169,13 +207,26 @@ class RunMetrics:
             h = self.histograms[(a, b, kind)] = new_histogram()
         record(h, value_ns)
 
-    def record_aborted(self, tier: str, op: str, device_bytes: int) -> None:
-        """An operation abandoned at stop: the bytes it moved before stopping count for bandwidth."""
+    def record_aborted(self, tier: str, op: str, device_bytes: int, marks: ChunkProgress | None = None) -> None:
+        """An operation abandoned at stop: the bytes it moved inside the window count for bandwidth (those
+        of its chunks completed by the window's end, from `marks`; all of them when the window is open)."""
         with self._lock:
             self.late[f"{tier}_{op}_aborted_device_bytes"] += device_bytes
             self.late[f"{tier}_{op}_aborted_ops"] += 1
-            if self.window_start_ns is not None:
+            if self.window_start_ns is None:
+                return
+            if self.window_end_ns is None:
                 self.io[(tier, op)].partial_bytes += device_bytes
+                return
+            self.edge["aborted_ops"] += 1
+            self.io[(tier, op)].partial_bytes += self._edge_bytes(device_bytes, marks)
+
+    def edge_record(self) -> dict[str, int]:
+        """The window's edge as measured (see `edge`), JSON-ready."""
+        with self._lock:
+            keys = ("edge_ops", "straddling_ops", "aborted_ops", "counted_bytes", "excluded_bytes", "unmeasured_ops",
+                    "unmeasured_bytes")
+            return {k: int(self.edge.get(k, 0)) for k in keys}
 
     def count(self, name: str, n: float = 1, end_ns: int | None = None) -> None:
         """Add to a counter if the event (now, unless end_ns is given) lies inside the window."""
@@ -347,6 +398,7 @@ class RunMetrics:
                 "storage_errors": {f"{t}/{o}/{k}": n for (t, o, k), n in sorted(self.storage_errors.items())},
                 "storage_retries": {f"{t}/{o}": n for (t, o), n in sorted(self.storage_retries.items())},
                 "verify_mismatches": self.verify_mismatches,
+                "edge": dict(self.edge),
             }
 
     def absorb_state(self, state: dict) -> None:
@@ -382,6 +434,7 @@ class RunMetrics:
             for key, n in state.get("storage_retries", {}).items():
                 self.storage_retries[_pair(key)] += n
             self.verify_mismatches += state.get("verify_mismatches", 0)
+            _add(self.edge, state.get("edge", {}))
 
     def absorb_samples(self, tier: str, op: str, part: str, values_ns) -> None:
         """Append per-operation samples (ns) of another recorder to one of this one's lists."""

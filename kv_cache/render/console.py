@@ -91,8 +91,13 @@ def _criterion(c: dict[str, Any]) -> str:
 
 def storage_assessment(results: Results) -> list[str]:
     health = _cache_stats(results)["storage_health"]
+    block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
+    integ = str(block.get("verdict", "ok")).lower()
+    # the integrity beside PASS on the same line when it is not OK, with the first reason in one sentence
+    beside = (f" - but integrity {integ.upper()}: {(block.get('reasons') or ['see kv-cache audit'])[0]}"
+              if integ not in ("ok", "n/a") else "")
     return ["", f"### STORAGE PERFORMANCE ASSESSMENT: {health['overall_status']} "
-                f"{_mark(health['overall_status'] == 'PASS')} ###",
+                f"{_mark(health['overall_status'] == 'PASS')} ###{beside}",
             f"  Criteria Passed: {health['passed_count']}/{health['total_count']}",
             *(_criterion(c) for c in health["criteria"]), *integrity_line(results)]
 

@@ -74,7 +74,12 @@ def headline(results: dict[str, Any]) -> list[tuple[str, str]]:
         return rows or [("sessions", "no completed ladder")]
     s = results.get("summary") or {}
     cs = s.get("cache_stats") or {}
-    return [("storage read", _fmt(cs.get("tier_storage_read_bandwidth_gbps"), "GiB/s")),
+    block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
+    verdict = results.get("verdict") or ("PASS" if results.get("overall_passed") else "FAIL")
+    integ = str(block.get("verdict", "not recorded")).upper()
+    return [("verdict", str(verdict)),
+            ("integrity", integ + (f": {'; '.join(block['reasons'])}" if block.get("reasons") else "")),
+            ("storage read", _fmt(cs.get("tier_storage_read_bandwidth_gbps"), "GiB/s")),
             ("storage write", _fmt(cs.get("tier_storage_write_bandwidth_gbps"), "GiB/s")),
             ("storage read device P95", _fmt(cs.get("storage_read_device_p95_ms"), "ms")),
             ("storage write device P95", _fmt(cs.get("storage_write_device_p95_ms"), "ms")),

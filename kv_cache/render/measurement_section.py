@@ -200,5 +200,8 @@ def storage_error_lines(meas: dict) -> list[str]:
         lines.append(f"  WARNING: {fill['warning']}")
     verify = meas.get("verify") or {}
     if verify.get("enabled"):
-        lines.append(f"  --verify: {verify.get('mismatches', 0)} reads did not carry the stamps written")
+        lines.append(f"  --verify: {verify.get('mismatches', 0)} reads differed from the bytes written"
+                     + (f" ({verify['checked']})" if verify.get("checked") else ""))
+        if verify.get("mismatches"):
+            lines.append("  --verify: the integrity verdict is INVALID (kv-cache audit: verify)")
     return lines

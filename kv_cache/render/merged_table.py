@@ -6,7 +6,19 @@ from typing import Any
 
 from kv_cache.results.merge import FROM_HISTOGRAMS, PRECISION
 
-__all__ = ["merged_table"]
+__all__ = ["integrity_sentence", "merged_table"]
+
+
+def integrity_sentence(results: dict[str, Any]) -> str:
+    """`Verdict PASS; integrity INVALID: <the first reason>` - the verdict and the integrity in one line,
+    wherever PASS is printed (the reasons in full: kv-cache audit)."""
+    verdict = results.get("verdict") or ("PASS" if results.get("overall_passed") else "FAIL")
+    block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
+    integ = str(block.get("verdict", "not recorded")).upper()
+    reasons = block.get("reasons") or []
+    why = f": {reasons[0]}" + (f" (+{len(reasons) - 1} more: kv-cache audit)" if len(reasons) > 1 else "") \
+        if reasons else ""
+    return f"Verdict {verdict}; integrity {integ}{why}"
 
 
 def merged_table(doc: dict[str, Any]) -> str:
@@ -26,12 +38,15 @@ def merged_table(doc: dict[str, Any]) -> str:
         lines.append(f"  percentiles of some lists from the {FROM_HISTOGRAMS} ({PRECISION})")
     if doc.get("missing_ranks"):
         lines.append(f"  MISSING rank(s): {', '.join(map(str, doc['missing_ranks']))}")
+    lines.append("  " + integrity_sentence(doc))
+    per_rank = ((doc.get("integrity") or {}).get("per_rank") or {})
     lines.append(f"  {'rank':>4} {'window s':>9} {'requests':>8} {'read GiB/s':>10} {'write GiB/s':>11} "
-                 f"{'e2e P95 ms':>10}  host / file")
+                 f"{'e2e P95 ms':>10} {'integrity':>12}  host / file")
     for r in doc["per_rank"]:
+        integ = str((per_rank.get(str(r["rank"])) or {}).get("verdict", "-"))
         lines.append(f"  {r['rank']:>4} {r['window_seconds'] or 0.0:>9.3f} {r['requests']:>8} "
                      f"{r['storage_read_gibps'] or 0.0:>10.3f} {r['storage_write_gibps'] or 0.0:>11.3f} "
-                     f"{r['e2e_p95_ms'] or 0.0:>10.2f}  {r.get('host') or '-'}: {r['file']}")
+                     f"{r['e2e_p95_ms'] or 0.0:>10.2f} {integ.upper():>12}  {r.get('host') or '-'}: {r['file']}")
     for x in doc.get("ranks_not_to_average") or []:  # whether each rank counts (rank_status), said with the table
         lines.append(f"  not to average: rank {x['rank']} {x['status']}: {x['reason']}")
     return "\n".join(lines) + "\n"

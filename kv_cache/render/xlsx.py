@@ -116,7 +116,10 @@ def write_spreadsheet(results: dict[str, Any], path: str) -> Written:
     summary = results.get("summary") or {}
     params = run_parameter_columns(results)
     metrics = metric_columns(summary)
-    row = {**params, **metrics}
+    block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
+    # the verdict beside the integrity, as everywhere PASS is printed (appended: the reference's columns first)
+    row = {**params, **metrics, "verdict": results.get("verdict") or ("PASS" if results.get("overall_passed") else "FAIL"),
+           "integrity": block.get("verdict"), "integrity_reasons": "; ".join(block.get("reasons") or [])}
     try:
         import openpyxl
     except ImportError:

@@ -50,7 +50,7 @@ from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
 from kv_cache.results import measurement as meas
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument
-from kv_cache.results.integrity import merged_integrity
+from kv_cache.results.integrity import audit_facts, facts_from_ours, merged_integrity
 from kv_cache.results.parameters import merged_settings_split
 from kv_cache.results.rank_files import (
     MergeError,
@@ -197,6 +197,9 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
                                                          "storage_throughput_tokens_per_sec")}},
         "rag_stats": s.get("rag_stats"), "usage": _usage(cs), "_window": doc.window, "_run_id": doc.run_id,
         "_integrity": d.get("integrity"),
+        "_verify": (d.get("measurement") or {}).get("verify") or {},
+        "_edge": isinstance((d.get("measurement") or {}).get("window_edge"), dict),
+        "_process_io": (d.get("measurement") or {}).get("process_io"),
         "_params": doc.parameters,
         "_trace_paths": (d.get("trace_replay") or {}).get("paths"),
         "_storage_location": _storage_of(doc.measurement or {}),
@@ -387,6 +390,12 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
                         "counters": metrics.snapshot_counters(), "errors": int(sum(metrics.errors.values())),
                         "errors_by_kind": dict(metrics.errors), "first_error": metrics.first_error,
                         "storage": {str(x["rank"]): x["storage"] for x in rows},
+                        "process_io": _summed_process_io(rows),
+                        # summed over the ranks; None when a rank's document predates the record
+                        "window_edge": ({**metrics.edge_record(), "method": "the ranks' window_edge summed"}
+                                        if all(x["_edge"] for x in rows) else None),
+                        "verify": {"enabled": any(x["_verify"].get("enabled") for x in rows),
+                                   "mismatches": metrics.verify_mismatches},
                         "stop_reason": "; ".join(sorted({str(x["stop_reason"]) for x in rows})),
                         "notes": [f"merge of {len(rows)} rank(s); window: {window['kind']}"]},
         "time_series": {"bucket_seconds": 1.0, "note": SERIES_NOTE + "; merged: the ranks' rows summed, "
@@ -401,10 +410,22 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     duration = float(merged["run_parameters"].get("duration") or 0.0)
     fraction = min(fractions) if fractions else window_fraction(w, duration)
     incomplete = [x["rank"] for x in rows if x.get("verdict") == INCOMPLETE]
-    merged["integrity"] = merged_integrity({x["rank"]: x["_integrity"] for x in rows})
+    # the checks recomputed from the merged counters, with each rank's own verdict (interposers, page cache)
+    merged["integrity"] = merged_integrity({x["rank"]: x["_integrity"] for x in rows},
+                                           audit_facts(facts_from_ours(merged)))
     conclude_merge(merged, missing, world, fraction, incomplete, ended)
     merged["ranks_not_to_average"] = ranks_not_to_average(rows, merged["lost_ranks"])
     return merged
+
+
+def _summed_process_io(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks' /proc/<pid>/io bytes summed (every rank a process of its own); None when one lacks them."""
+    blocks = [x["_process_io"] for x in rows]
+    if not blocks or not all(isinstance(b, dict) for b in blocks):
+        return None
+    return {"read_bytes": sum(int(b.get("read_bytes") or 0) for b in blocks),
+            "write_bytes": sum(int(b.get("write_bytes") or 0) for b in blocks), "processes": len(blocks),
+            "source": "the ranks' /proc/<pid>/io read_bytes/write_bytes over their windows, summed"}
 
 
 def run_totals(rows: Sequence[dict[str, Any]], split: dict[str, Any] | None, world: int) -> dict[str, Any]:

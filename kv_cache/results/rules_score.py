@@ -32,7 +32,7 @@ import numpy as np
 from kv_cache.errors import DocumentError
 from kv_cache.results.documents import MlperfToolDocument, RunDocument, load
 from kv_cache.results.merge import MergeError, merge_documents
-from kv_cache.results.mlperf_tool import harness_place
+from kv_cache.results.mlperf_tool import harness_place, is_harness_summary
 from kv_cache.results.verdict import COMPLETE, rank_status
 
 __all__ = ["SUM_KEYS", "find_harness_files", "format_score", "is_harness_dir", "rules_score"]
@@ -131,8 +131,30 @@ def _run_meta(path: str, cache: dict[str, tuple[int | None, int | None]]) -> tup
             ranks = next((v for v in (args.get("num_processes"), data.get("num_processes"))
                           if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
             trials = args.get("trials") if isinstance(args.get("trials"), int) and args["trials"] > 0 else None
+        # the harness's summary.json says how many ranks and trials it ran too (a run whose metadata is
+        # missing, or gives no num_processes): the larger of the two counts is expected
+        ranks, trials = _max_of(ranks, _summary_count(run_dir, "total_ranks", "rank_count")), _max_of(
+            trials, _summary_count(run_dir, "trials_per_option", "trial_count"))
         cache[run_dir] = (ranks, trials)
     return cache[run_dir]
+
+
+def _max_of(a: int | None, b: int | None) -> int | None:
+    return max(x for x in (a, b) if x) if (a or b) else None
+
+
+def _summary_count(run_dir: str, top: str, per_option: str) -> int | None:
+    """A count the harness's `summary.json` in `run_dir` records (its top-level key, or the largest of its
+    options'); None without the file."""
+    try:
+        data = json.loads(Path(run_dir, "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not is_harness_summary(data):
+        return None
+    counts = [data.get(top)] + [o.get(per_option) for o in data["options"].values() if isinstance(o, dict)]
+    counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c > 0]
+    return max(counts) if counts else None
 
 
 def _spread(values: Sequence[float]) -> dict[str, Any]:
@@ -197,7 +219,10 @@ def _option(option: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
                              "trials_counted": [int(t) for t in counted],
                              "trials_left_out": [int(t) for t in per_trial if t not in counted],
                              "trials_without_files": sorted(set(range(trials_expected)) - set(trials)),
-                             "incomplete": not complete}
+                             "trials_expected": trials_expected,
+                             "no_complete_trial": not complete}
+    # INCOMPLETE whenever a rank or a trial is missing, even with a complete trial scored
+    score["incomplete"] = not complete or bool(score["trials_left_out"] or score["trials_without_files"])
     for k in SUM_KEYS:
         sums = [per_trial[t][k] for t in counted if per_trial[t][k] is not None]
         score[k] = statistics.fmean(sums) if sums else None
@@ -247,7 +272,8 @@ def format_score(score: dict[str, Any]) -> str:
     lines = ["MLPerf Storage Rules section 6 score (per option: sums over ranks within a trial, mean over trials;"
              " device P95 = max over ranks and trials)"]
     for key, s in score["options"].items():
-        lines += ["", f"Option {key}: {s['trials']} trial(s) x {s['ranks_expected']} rank(s); files: "
+        of = (f" of {s['trials_expected']}" if s.get("trials_expected", s["trials"]) != s["trials"] else "")
+        lines += ["", f"Option {key}: {s['trials']}{of} trial(s) x {s['ranks_expected']} rank(s); files: "
                       f"{', '.join(s['formats']) or 'none readable'}"]
         if s["trials_left_out"]:
             lines.append(f"  trial(s) {', '.join(map(str, s['trials_left_out']))} left out of the score: ranks missing "
@@ -255,8 +281,11 @@ def format_score(score: dict[str, Any]) -> str:
         if s.get("trials_without_files"):
             lines.append(f"  trial(s) {', '.join(map(str, s['trials_without_files']))}: no rank file at all "
                          "(not in the score)")
-        if s["incomplete"]:
+        if s.get("no_complete_trial", s["incomplete"]):
             lines.append("  INCOMPLETE: no trial has every rank; the sums below are of the ranks there are")
+        elif s["incomplete"]:
+            lines.append(f"  INCOMPLETE: {s.get('trials_expected', s['trials'])} trial(s) x {s['ranks_expected']} "
+                         "rank(s) expected, some missing (named here); the score is of the complete trials only")
         lines.append(f"  {'figure':<44} {'score':>14} {'trial min':>12} {'trial max':>12} {'spread':>8}")
         for k, label in (("read_gibps", "aggregate storage read bandwidth, GiB/s"),
                          ("write_gibps", "aggregate storage write bandwidth, GiB/s"),

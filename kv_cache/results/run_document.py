@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kv_cache import __version__
 from kv_cache.core.autoscale import summarise
+from kv_cache.host.devices import sysfs_limit
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
@@ -98,6 +99,7 @@ class RunRecord:
     run_id: str | None = None  # shared by every rank of this run (core/group.py shared_run_id)
     tier_sizes: dict[str, Any] = field(default_factory=dict)  # TierSet.sizes: asked and in force
     tier_backends: dict[str, str] = field(default_factory=dict)  # TierSet.backend_names(): tier -> backend
+    process_io: dict[str, Any] | None = None  # host/procio.py IOSnapshot.delta(): this process's storage bytes
     # tier -> its ShapedStore.stats() at the end (--tier-bandwidth / --tier-latency): only the shaped tiers
     tier_shaping: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -263,9 +265,12 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         **_window(record),
         "counters": dict(metrics.snapshot_counters()),
         "after_window": meas.after_window(metrics),
+        "window_edge": meas.window_edge(metrics),
         "achieved_queue_depth": meas.queue_depth(metrics),
         **meas.host_cost(metrics, record.rusage0),
         "block_device": meas.block_device(metrics, name, record.disk_before, record.disk_after),
+        "process_io": record.process_io,
+        "device_limit": _device_limit(record.settings, name),
         "entry_size_mib": meas.entry_size_mib(record.entry_sizes),
         "errors": int(sum(metrics.errors.values())),
         "errors_by_kind": dict(metrics.errors),
@@ -279,6 +284,16 @@ def measurement(record: RunRecord) -> dict[str, Any]:
         **({"tier_backends": dict(record.tier_backends)} if record.tier_backends else {}),
         **({"tier_shaping": dict(record.tier_shaping)} if record.tier_shaping else {}),
     }
+
+
+def _device_limit(settings: RunSettings, device: str | None) -> dict[str, Any]:
+    """measurement.device_limit: --device-limit-gbs, else the drive's PCIe link from sysfs, else why none."""
+    given = getattr(settings.storage, "device_limit_gbs", 0.0) or 0.0
+    if given > 0:
+        return {"gb_per_s": float(given), "source": f"--device-limit-gbs {given:g}"}
+    if device is None:
+        return {"gb_per_s": None, "source": None, "note": "no block device under the storage tier: no limit known"}
+    return sysfs_limit(device)
 
 
 def _storage_location(fs: StorageTierStore | None) -> dict[str, Any]:

@@ -183,20 +183,21 @@ class MultiTierCache:
             with self._cond:
                 self._cond.wait(0.01)
         try:
+            _begin_marks(bufs)
             res = self._write_when_room(tier, key, nbytes, bufs)
         except BaseException as exc:
             with self._cond:
                 tier.used -= tier.cost(nbytes)
                 self.entries.pop(key, None)
                 self._cond.notify_all()
-            self._note_failure(tier, "write", exc)
+            self._note_failure(tier, "write", exc, bufs)
             raise
         end = time.perf_counter_ns()
         with self._cond:
             entry.writing = False
             tier.lru[key] = entry
             self._cond.notify_all()
-        self._record(tier, "write", res, end, cause, tokens, key)
+        self._record(tier, "write", res, end, cause, tokens, key, bufs)
         return tier.name, spent + res.total_ns, True
 
     def _count_skips(self, nbytes: int) -> None:
@@ -255,10 +256,11 @@ class MultiTierCache:
             tier = self._by_name[entry.location]
             tier.lru.move_to_end(key)
         try:
+            _begin_marks(bufs)
             res = self._retrying(tier, "read", key, entry.size,
                                  lambda: tier.store.read(key, bufs, self.stop, verify=self.verify))
         except BaseException as exc:
-            self._note_failure(tier, "read", exc)
+            self._note_failure(tier, "read", exc, bufs)
             if isinstance(exc, Exception) and not isinstance(exc, IOAborted):
                 self.metrics.count(names.CACHE_MISSES)  # a read that failed found nothing: a miss, never a hit
             raise
@@ -268,7 +270,7 @@ class MultiTierCache:
                 if entry.readers == 0:
                     self._cond.notify_all()
         end = time.perf_counter_ns()
-        counted = self._record(tier, "read", res, end, cause, entry.tokens, key)
+        counted = self._record(tier, "read", res, end, cause, entry.tokens, key, bufs)
         if counted:
             self.metrics.count(names.CACHE_HITS)
         return CacheRead(tier.name, res.total_ns, res.nbytes, counted)
@@ -402,6 +404,7 @@ class MultiTierCache:
                 continue
             dst = step.dst
             try:
+                _begin_marks(bufs)
                 read_res, write_res = self._move_when_room(step.src, dst, entry, bufs)
             except BaseException as exc:
                 # The entry is dropped (not half-kept): its reservation in dst is returned, the source
@@ -417,7 +420,7 @@ class MultiTierCache:
                     pass
                 if isinstance(exc, OSError):
                     exc = describe(exc, dst.stat_name, "demote", dst.store, entry.key, entry.size)
-                self._note_failure(dst, "demote", exc)
+                self._note_failure(dst, "demote", exc, bufs)
                 if isinstance(exc, Exception) and not isinstance(exc, (OSError, IOAborted)) and self.on_fault:
                     self.on_fault(self._lost_entry_fault(exc, dst, entry))
                 if isinstance(exc, (IOAborted, StoreFull, OSError)):
@@ -430,8 +433,8 @@ class MultiTierCache:
                 dst.lru[entry.key] = entry
                 dst.lru.move_to_end(entry.key, last=False)  # it was the LRU entry above: oldest below
                 self._cond.notify_all()
-            self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key)
-            self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key)
+            self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key, bufs)
+            self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key, bufs)
             self.metrics.count(names.EVICTIONS)
             if dst.kind is TierName.CPU:
                 self.metrics.count(names.OFFLOADS_CPU)
@@ -441,10 +444,11 @@ class MultiTierCache:
         return spent
 
     # -- accounting ---------------------------------------------------------------------------
-    def _record(self, tier: Tier, op: str, res: IOResult, end_ns: int, cause: str, tokens: int, key: str = "") -> bool:
+    def _record(self, tier: Tier, op: str, res: IOResult, end_ns: int, cause: str, tokens: int, key: str = "",
+                bufs: WorkerBuffers | None = None) -> bool:
         if self.tracer is not None:
             self.tracer.log(op, res.nbytes, tier.name, key, cause)
-        ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause)
+        ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause, getattr(bufs, "marks", None))
         if ok and tier.kind is TierName.STORAGE:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
@@ -489,9 +493,9 @@ class MultiTierCache:
                     continue
                 raise describe(exc, tier.stat_name, op, tier.store, key, nbytes) from exc
 
-    def _note_failure(self, tier: Tier, op: str, exc: BaseException) -> None:
+    def _note_failure(self, tier: Tier, op: str, exc: BaseException, bufs: WorkerBuffers | None = None) -> None:
         if isinstance(exc, IOAborted):
-            self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes)
+            self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes, getattr(bufs, "marks", None))
             return
         if not isinstance(exc, Exception):
             return
@@ -503,3 +507,11 @@ class MultiTierCache:
         if isinstance(exc, OSError) and self.on_fault is not None:
             fault = exc if isinstance(exc, StorageFault) else describe(exc, tier.stat_name, op, tier.store, "", None)
             self.on_fault(fault)
+
+
+def _begin_marks(bufs: WorkerBuffers | None) -> None:
+    """Forget the previous operation's chunk marks: a store that marks none (S3, Redis, GDS) then leaves
+    none, and its operation at the window's edge is counted whole and named unmeasured (metrics/recorder.py)."""
+    marks = getattr(bufs, "marks", None)
+    if marks is not None:
+        marks.begin()

@@ -81,7 +81,12 @@ class StorageSettings:
     max_storage_errors: int = _STORAGE.max_storage_errors  # tolerated storage errors; one more stops the run
     verify: bool = setting(False, flag=Flag(
         "--verify", action="store_true", group=_ENGINE,
-        help="Check every read's per-block stamps against what was written (mismatches counted)."))
+        help="Compare every byte of every block read with the payload written (mismatches counted; any makes "
+             "the integrity verdict invalid)."))
+    device_limit_gbs: float = setting(0.0, flag=Flag(
+        "--device-limit-gbs", type=float, metavar="GB/s", group=_ENGINE,
+        help="The storage device's (or its link's) rated bandwidth, decimal GB/s: a storage bandwidth above it "
+             "makes the integrity verdict invalid (default: the PCIe link from sysfs where known)."))
     # A tier as slow as the user's (storage/shaped.py): an offload tier's real reads and writes held to a rate
     # per direction (a token bucket each; a total the ranks share) and an added latency per operation. The two
     # flags are parsed by settings/shaping.py: a bare number is the storage tier's, TIER=VALUE,... names tiers.

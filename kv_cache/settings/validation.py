@@ -213,6 +213,9 @@ def conflicting_features(args: Any) -> list[str]:
     request_rate = getattr(args, "request_rate", _DEFAULTS["request_rate"])
     if getattr(args, "enable_autoscaling", _DEFAULTS["enable_autoscaling"]) and isinstance(request_rate, (int, float)) and request_rate > 0:
         errors.append("--enable-autoscaling scales closed-loop users; it cannot be combined with --request-rate")
+    limit = getattr(args, "device_limit_gbs", None)
+    if limit is not None and limit < 0:
+        errors.append(f"--device-limit-gbs {limit:g}: give the device's rated GB/s, a positive number (e.g. 14.5)")
     if getattr(args, "gds", False) and getattr(args, "verify", False):
         errors.append("--gds reads land in GPU memory, where --verify cannot check their stamps; drop one of them")
     return errors

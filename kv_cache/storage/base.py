@@ -171,6 +171,9 @@ class StoreBase:
         kid = key_id(key)
         chunk = bufs.chunk_bytes
         total = padded(nbytes)
+        marks = getattr(bufs, "marks", None)  # chunk completion times: the window's edge (metrics/recorder.py)
+        if marks is not None:
+            marks.begin()
         h, dev_ns = self._begin_write(key, nbytes)
         dev_bytes = 0
         try:
@@ -184,6 +187,8 @@ class StoreBase:
                 b, ns = self._put(h, off, mv if n == chunk else mv[:n], off == 0)
                 dev_bytes += b
                 dev_ns += ns
+                if marks is not None:
+                    marks.add(dev_bytes)
                 off += n
                 n = min(chunk, total - off)
             if total == 0:  # an empty entry still gets its header (file) / its slot (memory)
@@ -215,6 +220,9 @@ class StoreBase:
         extension for tests and consumers) sees each chunk while it is in ``read_buf``.
         """
         t0 = perf_counter_ns()
+        marks = getattr(bufs, "marks", None)
+        if marks is not None:
+            marks.begin()
         h, nbytes, dev_ns = self._begin_read(key)
         dev_bytes = 0
         try:
@@ -225,18 +233,30 @@ class StoreBase:
             off = 0
             c = 0
             n = min(chunk - _lead(self, chunk), total)
+            leads = (_lead(self, chunk) // BLOCK, 0) if _lead(self, chunk) else (0,)
             while off < total:
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"read of {key!r} aborted after {off} bytes", dev_bytes)
                 b, ns = self._get(h, off, mv if n == chunk else mv[:n])
                 dev_bytes += b
                 dev_ns += ns
+                if marks is not None:
+                    marks.add(dev_bytes)
                 if verify:
                     bad = bufs.check_stamp(kid, off // BLOCK, n // BLOCK)
                     if bad >= 0:
                         raise DataCorruption(
                             f"{self.name}: entry {key!r} block {off // BLOCK + bad} "
                             f"(byte {off + bad * BLOCK}) does not carry its stamp"
+                        )
+                    # every other byte of each block against the payload (laid out by this store, or by a
+                    # tier without lead that the entry was demoted from)
+                    bad = bufs.check_payload(off // BLOCK, n // BLOCK, leads)
+                    if bad >= 0:
+                        raise DataCorruption(
+                            f"{self.name}: entry {key!r} block {off // BLOCK + bad} "
+                            f"(bytes {off + bad * BLOCK + 16}-{off + (bad + 1) * BLOCK - 1}) differs from the "
+                            "payload written"
                         )
                 if on_chunk is not None:
                     on_chunk(c, mv[: min(n, nbytes - off)])
@@ -271,6 +291,9 @@ class StoreBase:
         w_t = 0
         r_dev = w_dev = 0
         r_bytes = w_bytes = 0
+        marks = getattr(bufs, "marks", None)
+        if marks is not None:
+            marks.begin()
         t = perf_counter_ns()
         h, nbytes, ns = self._begin_read(key)
         r_dev += ns
@@ -305,6 +328,8 @@ class StoreBase:
                 w_dev += ns
                 t = perf_counter_ns()
                 w_t += t - t2
+                if marks is not None:
+                    marks.add(r_bytes + w_bytes)
                 off += n
                 c += 1
                 n = min(chunk, total - off)

@@ -1,14 +1,17 @@
 """Per-worker I/O buffers: allocated once per run, page aligned, never shared between threads.
 
-``write_buf`` is filled once with incompressible bytes; before each chunk is stored, :meth:`stamp` writes
-(key id, block index) into the first 16 bytes of every 4 KiB block, which makes every block on the
-device unique (no dedup or compression can flatter it) without generating or copying payload per
-request.  ``read_buf`` receives data read back; :meth:`check_stamp` verifies it.
+``write_buf`` is filled once with incompressible bytes (the same in every worker); before each chunk is
+stored, :meth:`stamp` writes (key id, block index) into the first 16 bytes of every 4 KiB block, which
+makes every block on the device unique (no dedup or compression can flatter it) without generating or
+copying payload per request.  ``read_buf`` receives data read back; :meth:`check_stamp` verifies its
+stamps and :meth:`check_payload` every other byte of each block against the fill (--verify).
 """
 
 from __future__ import annotations
 
 import mmap
+from array import array
+from time import perf_counter_ns
 
 import numpy as np
 
@@ -43,6 +46,61 @@ def _aligned_map(nbytes: int) -> mmap.mmap:
     return mm
 
 
+MARKS = 256  # chunk completions kept per operation (a ring): enough for any late stop of a few seconds
+
+
+class ChunkMarks:
+    """When each chunk of the current operation completed, and the bytes moved by then: the measured
+    in-window part of an operation that straddles the window's end or is aborted after it.
+
+    A ring of ``MARKS`` (time, cumulative bytes) pairs in two preallocated ``array('q')``; ``begin`` at
+    the start of an operation, ``add`` after each chunk (one clock read and two stores: nothing is
+    allocated per chunk).  ``bytes_by(t)`` is the bytes moved by chunks that completed by ``t``.  Only one
+    thread (the worker owning the buffers) touches it.
+    """
+
+    __slots__ = ("_t", "_b", "count", "seq")
+
+    def __init__(self) -> None:
+        self._t = array("q", bytes(8 * MARKS))
+        self._b = array("q", bytes(8 * MARKS))
+        self.count = 0
+        self.seq = 0  # operations begun: a demotion's read and write records share one (one operation)
+
+    def begin(self) -> None:
+        self.count = 0
+        self.seq += 1
+
+    def add(self, cumulative_bytes: int) -> None:
+        i = self.count % MARKS
+        self._t[i] = perf_counter_ns()
+        self._b[i] = cumulative_bytes
+        self.count += 1
+
+    @property
+    def total(self) -> int:
+        """Bytes at the last mark (0 without one)."""
+        return self._b[(self.count - 1) % MARKS] if self.count else 0
+
+    def bytes_by(self, t_ns: int) -> int | None:
+        """Bytes moved by the chunks completed at or before ``t_ns``; None without a mark (the store does
+        not mark its chunks). Older marks than the ring holds: the oldest kept mark's bytes less the chunk
+        that led to it is an upper bound, used then."""
+        if not self.count:
+            return None
+        n = min(self.count, MARKS)
+        last = self.count - 1
+        for k in range(n):  # newest first: the window's end is usually near the end of the operation
+            i = (last - k) % MARKS
+            if self._t[i] <= t_ns:
+                return self._b[i]
+        if self.count <= MARKS:
+            return 0
+        oldest = (last - n + 1) % MARKS
+        before = self._b[(oldest + 1) % MARKS] - self._b[oldest] if n > 1 else 0
+        return max(0, self._b[oldest] - before)
+
+
 class WorkerBuffers:
     """One pair of aligned chunk buffers for one I/O worker thread.
 
@@ -67,8 +125,10 @@ class WorkerBuffers:
         self.write_mv = memoryview(self._write_mm)
         self.read_mv = memoryview(self._read_mm)
 
-        # Incompressible fill, once: numpy default_rng(SeedSequence([seed, worker_id])).
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed & _MASK64, self.worker_id & _MASK64]))
+        # Incompressible fill, once: numpy default_rng(SeedSequence([seed])), the same in every worker's buffer,
+        # so that a reader knows the payload any worker wrote (--verify compares every byte with it); every
+        # block on the device is still unique by its stamp, and a worker already reuses its fill per entry.
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed & _MASK64]))
         words = self.write_buf.view(_U64)
         for i in range(0, words.size, _FILL_WORDS):
             m = min(_FILL_WORDS, words.size - i)
@@ -76,6 +136,7 @@ class WorkerBuffers:
                 0, np.iinfo(np.uint64).max, size=m, dtype=np.uint64, endpoint=True
             )
         self.read_buf.fill(0)  # fault the read pages in now, not inside the first timed read
+        self.marks = ChunkMarks()  # chunk completion times of the current operation (window accounting)
 
         # Stamp machinery, all preallocated.  The (block, 2) uint64 views cover the first 16 bytes of
         # every block; the stamps are built in a small contiguous scratch and copied in one strided
@@ -90,6 +151,11 @@ class WorkerBuffers:
         self._expect = np.empty(self.nblocks, dtype=_U64)
         self._ok = np.empty(self.nblocks, dtype=np.bool_)
         self._ok2 = np.empty(self.nblocks, dtype=np.bool_)
+        # --verify's payload comparison: the fill itself (the write buffer less its stamps) as (block, word)
+        # views, and a preallocated result array (1 byte per 8 compared): nothing is allocated per chunk.
+        self._w_body = w64[:, 2:]
+        self._r_body = r64[:, 2:]
+        self._diff = np.empty((self.nblocks, BLOCK // 8 - 2), dtype=np.bool_)
 
     # ------------------------------------------------------------------ stamping
     def stamp(self, kid: int, first_block: int, nblocks: int) -> None:
@@ -121,10 +187,46 @@ class WorkerBuffers:
             return -1
         return int(np.argmin(ok))
 
+    def _body_differs(self, at: int, pos: int, run: int) -> bool:
+        d = self._diff[:run]
+        np.not_equal(self._r_body[at:at + run], self._w_body[pos:pos + run], out=d)
+        return bool(d.any())
+
+    def _grid_differs(self, first_block: int, nblocks: int, lead_blocks: int) -> int:
+        """First block of read_buf[:nblocks] whose bytes after the stamp are not the fill at the position a
+        writer with `lead_blocks` of lead put entry block first_block + i (its first chunk holds
+        nblocks - lead blocks, the next ones whole chunks); -1 if all match."""
+        nb, b, end = self.nblocks, first_block, first_block + nblocks
+        while b < end:
+            if b < nb - lead_blocks:
+                pos, run = b, min(end, nb - lead_blocks) - b
+            else:
+                pos = (b + lead_blocks) % nb
+                run = min(end - b, nb - pos)
+            if self._body_differs(b - first_block, pos, run):
+                d = self._diff[:run]
+                return b - first_block + int(np.argmax(d.any(axis=1)))
+            b += run
+        return -1
+
+    def check_payload(self, first_block: int, nblocks: int, leads: tuple[int, ...] = (0,)) -> int:
+        """Index of the first block of read_buf[:nblocks] (entry blocks first_block...) whose 4080 bytes after
+        the stamp differ from the payload written; -1 if every byte matches. `leads`: the writers' lead
+        blocks that can have laid the entry out (the reading store's first, then another tier's an entry
+        can have been demoted from): a block matches when it is the fill at one of those positions."""
+        if not 0 <= nblocks <= self.nblocks:
+            raise ValueError(f"nblocks {nblocks} outside 0..{self.nblocks}")
+        bad = -1
+        for lead in leads:
+            bad = self._grid_differs(first_block, nblocks, lead)
+            if bad < 0:
+                return -1
+        return bad
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Unmap the buffers (the object is unusable afterwards). Safe to call twice."""
-        for name in ("write_buf", "read_buf", "write_mv", "read_mv", "_w_pair", "_r_pair"):
+        for name in ("write_buf", "read_buf", "write_mv", "read_mv", "_w_pair", "_r_pair", "_w_body", "_r_body"):
             obj = self.__dict__.pop(name, None)
             if isinstance(obj, memoryview):
                 obj.release()

@@ -47,6 +47,7 @@ from kv_cache.core.observe import RankTicks, RunObserver, Tick
 from kv_cache.errors import InternalError, KvCacheError, RanksLost, RunOutcome
 from kv_cache.host.signals import catch_stop_signals
 from kv_cache.render.banner import ranks_lines
+from kv_cache.render.merged_table import integrity_sentence
 from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.run_document import INTERRUPTED_EARLY
@@ -563,7 +564,8 @@ def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrup
         health = ((merged.get("summary") or {}).get("cache_stats") or {}).get("storage_health") or {}
         failed = [c["name"] for c in health.get("criteria", []) if not c.get("passed")]
         why = f" (failed: {'; '.join(failed)})" if verdict != "PASS" and failed else ""
-        return f"STORAGE PERFORMANCE ASSESSMENT (merged, {n} processes): {verdict}{why}"
+        return (f"STORAGE PERFORMANCE ASSESSMENT (merged, {n} processes): {verdict}{why}\n"
+                f"  {integrity_sentence(merged)}")
     why = []
     if interrupted:
         why.append(f"interrupted after {float(merged.get('window_fraction', 0.0)) * 100:.0f} % of the "

@@ -30,6 +30,7 @@ from kv_cache.errors import RunOutcome, StorageError, StorageSetupError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
+from kv_cache.host.procio import IOSnapshot, process_io
 from kv_cache.host.signals import STOP_SIGNALS, catch_stop_signals, ignore_to_exit, process_exits_after_run
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
@@ -273,6 +274,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         run.group.announce(stores.sizes)
     blockdev = BlockDeviceCounter.for_path(str(stores.file_store.run_dir)) if stores.file_store is not None else None
     before = blockdev.snapshot() if blockdev else None
+    run_io0 = process_io()
     net = NetCounter.for_host(getattr(stores.file_store, "endpoint_host", None))  # a remote tier's server
     run_phases(settings, cache, tiers, factory, workers, run.stop, out, run.phases)
     net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
@@ -281,6 +283,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
+    proc_io = IOSnapshot(blockdev.name if blockdev else None)  # this process's (and its cgroup's) bytes, window
     driver = Driver(users, cache, run.metrics, driver_options(settings, workers, record_plans), run.stop,
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
@@ -293,13 +296,17 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     finally:
         traced = tracer.stop() if tracer is not None else None
     after = blockdev.snapshot() if blockdev else None
+    process_bytes = proc_io.delta()
+    if process_bytes is not None and run_io0 is not None and (run_io1 := process_io()) is not None:
+        # over the block device's own interval too, so that device - process is the other I/O on it
+        process_bytes.update(run_read_bytes=run_io1[0] - run_io0[0], run_write_bytes=run_io1[1] - run_io0[1])
     results = build_results(RunRecord(
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
         run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
-        tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
+        tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}, process_io=process_bytes))
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
         results["measurement"]["remote_tier"] = {

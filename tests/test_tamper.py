@@ -1,0 +1,184 @@
+"""The tamper suite: real documents of three kinds (a standard run, a merged run of 2 processes, a rank file in
+the MLPerf tool's shape under its harness layout; tests/fixtures/integrity/make.py), each changed one way a
+skeptic would, and audited. Every tampered copy is invalid or unverifiable; the clean ones are OK."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kv_cache.cli.audit import audit_path
+from kv_cache.results import integrity as integ
+
+FX = Path(__file__).parent / "fixtures" / "integrity"
+RUN, MERGED = json.loads((FX / "run.json").read_text()), json.loads((FX / "merged.json").read_text())
+TOOL_DIR = FX / "mlperf_run"
+TOOL_RANK = next(TOOL_DIR.rglob("kvcache_results_*.json"))
+NOT_OK = (integ.INVALID, integ.UNVERIFIABLE)
+
+
+def _cs(d):
+    return d["summary"]["cache_stats"]
+
+
+def _m(d):
+    return d["measurement"]
+
+
+def _set(path: str, value):
+    def change(d):
+        *head, last = path.split(".")
+        node = d
+        for k in head:
+            node = node[k]
+        if value is _DROP:
+            node.pop(last)
+        else:
+            node[last] = value(node[last]) if callable(value) else value
+    return change
+
+
+_DROP = object()
+
+# (name, change, the check that must catch it)
+OURS = [
+    ("bandwidth set to 1000 GiB/s", _set("summary.cache_stats.tier_storage_read_bandwidth_gbps", 1000.0), "bandwidth"),
+    ("window cut to 0.1 s", _set("measurement.window_seconds", 0.1), "bandwidth"),
+    ("both windows cut to 0.1 s", lambda d: (_set("measurement.window_seconds", 0.1)(d),
+                                             _set("summary.elapsed_time", 0.1)(d)), "bandwidth"),
+    ("bytes read doubled", _set("summary.cache_stats.tier_storage_kv_bytes_read_gb", lambda v: 2 * v), "bandwidth"),
+    ("device P95 0.001 ms", _set("summary.cache_stats.storage_read_device_p95_ms", 0.001), "device_time"),
+    ("storage read ops removed", _set("summary.cache_stats.tier_storage_read_ops", _DROP), "device_time"),
+    ("150 operations in flight at the edge", _set("measurement.window_edge.edge_ops", 150), "window"),
+    ("queue depth 150 on 4 workers", _set("measurement.achieved_queue_depth.read", 150.0), "window"),
+    ("150 requests in flight from 4 users", _set("measurement.requests_in_flight_at_stop", 150), "window"),
+    ("window edge record removed", _set("measurement.window_edge", _DROP), "window"),
+    ("edge bytes above the bytes counted", _set("measurement.window_edge.counted_bytes", 1 << 40), "window"),
+    ("--verify mismatches", _set("measurement.verify.mismatches", 11), "verify"),
+    ("verify record removed", _set("measurement.verify", _DROP), "verify"),
+    ("process read bytes a quarter", _set("measurement.process_io.read_bytes", lambda v: v // 4), "page_cache"),
+    ("every counter removed", lambda d: (_set("measurement.process_io", _DROP)(d),
+                                         _set("measurement.block_device", {})(d)), "page_cache"),
+    ("tmpfs", lambda d: _m(d).update(filesystem="tmpfs", filesystem_kind="memory"), "io_setup"),
+    ("an fsync shim mapped", _set("measurement.process_libraries.interposers",
+                                  [{"path": "/x/libeatmydata.so", "symbols": ["fsync", "fdatasync"]}]), "interposers"),
+    ("mapped libraries removed", _set("measurement.process_libraries", _DROP), "interposers"),
+]
+
+MERGE = [
+    ("bandwidth set to 1000 GiB/s", _set("summary.cache_stats.tier_storage_read_bandwidth_gbps", 1000.0), "bandwidth"),
+    ("window cut to 0.1 s", _set("measurement.window_seconds", 0.1), "bandwidth"),
+    ("device P95 0.001 ms", _set("summary.cache_stats.storage_read_device_p95_ms", 0.001), "device_time"),
+    ("--verify mismatches", _set("measurement.verify.mismatches", 3), "verify"),
+    ("window edge record removed", _set("measurement.window_edge", None), "window"),
+    ("process read bytes a tenth", _set("measurement.process_io.read_bytes", lambda v: v // 10), "page_cache"),
+    ("a rank's verdict invalid", _set("integrity.per_rank.1", {"verdict": "invalid", "reasons": ["x"]}), None),
+    ("a rank's verdict removed", _set("integrity.per_rank.1", {"reasons": []}), None),
+]
+
+
+def _audit_doc(tmp_path: Path, doc: dict, limit=None) -> dict:
+    p = tmp_path / "doc.json"
+    p.write_text(json.dumps(doc))
+    (_, block), = audit_path(str(p), limit=limit)
+    return block
+
+
+def _status(block: dict, check: str) -> str:
+    return next(c["status"] for c in block["checks"] if c["check"] == check)
+
+
+@pytest.mark.parametrize("doc", [RUN, MERGED], ids=["run", "merged"])
+def test_clean_documents_of_ours_are_ok(tmp_path, doc):
+    block = _audit_doc(tmp_path, doc)
+    assert block["verdict"] == integ.OK, block["reasons"]
+
+
+@pytest.mark.parametrize(("name", "change", "check"), OURS, ids=[t[0] for t in OURS])
+def test_a_tampered_run_is_not_ok(tmp_path, name, change, check):
+    doc = copy.deepcopy(RUN)
+    change(doc)
+    block = _audit_doc(tmp_path, doc)
+    assert block["verdict"] in NOT_OK, (name, block["reasons"])
+    assert _status(block, check) in NOT_OK, (name, block["reasons"])
+
+
+@pytest.mark.parametrize(("name", "change", "check"), MERGE, ids=[t[0] for t in MERGE])
+def test_a_tampered_merge_is_not_ok(tmp_path, name, change, check):
+    doc = copy.deepcopy(MERGED)
+    change(doc)
+    block = _audit_doc(tmp_path, doc)
+    assert block["verdict"] in NOT_OK, (name, block["reasons"])
+    if check:
+        assert _status(block, check) in NOT_OK, (name, block["reasons"])
+
+
+def test_a_device_limit_below_the_bandwidth_is_invalid(tmp_path):
+    block = _audit_doc(tmp_path, RUN, limit=(0.01, "a 10 MB/s drive"))
+    assert block["verdict"] == integ.INVALID
+    assert any("above the 0.01 GB/s limit" in r for r in block["reasons"])
+
+
+def _tool_copy(tmp_path: Path) -> tuple[Path, Path, Path]:
+    run = tmp_path / "mlperf_run"
+    shutil.copytree(TOOL_DIR, run)
+    rank = next(run.rglob("kvcache_results_*.json"))
+    meta = next(run.rglob("*_metadata.json"))
+    return run, rank, meta
+
+
+def _edit(path: Path, change) -> None:
+    d = json.loads(path.read_text())
+    change(d)
+    path.write_text(json.dumps(d))
+
+
+TOOL_RANK_TAMPER = [
+    ("bandwidth set to 1000 GiB/s", _set("summary.cache_stats.tier_storage_read_bandwidth_gbps", 1000.0), "bandwidth"),
+    ("elapsed cut to 0.1 s", _set("summary.elapsed_time", 0.1), "bandwidth"),
+    ("device P95 0.000001 ms", _set("summary.cache_stats.storage_read_device_p95_ms", 1e-6), "device_time"),
+    ("read_iops removed", _set("summary.cache_stats.read_iops", _DROP), "device_time"),
+    ("bytes moved to the CPU tier", _set("summary.cache_stats.tier_cpu_kv_bytes_read_gb", 0.01), "bandwidth"),
+    ("storage time x100", _set("total_storage_io_latency", lambda v: 100 * v), "window"),
+    ("end-to-end latencies longer than the window", _set("end_to_end_latencies", [30.0]), "window"),
+]
+
+TOOL_META_TAMPER = [
+    ("LD_PRELOAD as an environment mapping", lambda d: d["args"].update(
+        mpi_params={"env": {"LD_PRELOAD": "/opt/libnofadvise.so"}}), "interposers"),
+    ("-x LD_PRELOAD with no value", lambda d: d["args"].update(mpi_params="-x LD_PRELOAD --bind-to none"),
+     "interposers"),
+    ("an eatmydata wrapper", lambda d: d["commands"][0].update(
+        command=d["commands"][0]["command"].replace("python3 mlperf_wrapper.py", "eatmydata python3 mlperf_wrapper.py")),
+     "interposers"),
+]
+
+
+def test_the_clean_tool_rank_file_is_ok():
+    (_, block), = audit_path(str(TOOL_DIR))
+    assert block["verdict"] == integ.OK, block["reasons"]
+
+
+@pytest.mark.parametrize(("name", "change", "check"), TOOL_RANK_TAMPER, ids=[t[0] for t in TOOL_RANK_TAMPER])
+def test_a_tampered_tool_rank_file_is_not_ok(tmp_path, name, change, check):
+    run, rank, _ = _tool_copy(tmp_path)
+    _edit(rank, change)
+    (_, block), = audit_path(str(run))
+    assert block["verdict"] in NOT_OK and _status(block, check) in NOT_OK, (name, block["reasons"])
+
+
+@pytest.mark.parametrize(("name", "change", "check"), TOOL_META_TAMPER, ids=[t[0] for t in TOOL_META_TAMPER])
+def test_a_tampered_tool_metadata_is_not_ok(tmp_path, name, change, check):
+    run, _, meta = _tool_copy(tmp_path)
+    _edit(meta, change)
+    (_, block), = audit_path(str(run))
+    assert block["verdict"] in NOT_OK and _status(block, check) in NOT_OK, (name, block["reasons"])
+
+
+def test_the_suite_has_at_least_twelve_distinct_tamperings():
+    names = {n for n, *_ in OURS + MERGE + TOOL_RANK_TAMPER + TOOL_META_TAMPER}
+    assert len(names) >= 12

@@ -1,0 +1,101 @@
+"""The window's edge, measured: an operation that straddles the window's end adds only its chunks completed
+by then, an aborted one only what moved inside the window, however late the stop (metrics/recorder.py,
+storage/buffers.py ChunkMarks). Deterministic: the window is closed by the store's own stop checks."""
+
+import math
+import threading
+import time
+
+import pytest
+
+from kv_cache.metrics.recorder import RunMetrics
+from kv_cache.serving.cache import MultiTierCache, Tier
+from kv_cache.settings.sections import EvictionConfig
+from kv_cache.storage.base import IOAborted
+from kv_cache.storage.buffers import MARKS, ChunkMarks
+from kv_cache.storage.files import FileStore
+
+KIB = 1024
+CHUNK = 64 * KIB
+
+
+class LateStop(threading.Event):
+    """A stop event that closes the metrics' window at its `close_at`-th check (the scheduler's deadline,
+    passed while the operation kept going) and is set only at its `stop_at`-th check (the late stop)."""
+
+    def __init__(self, metrics: RunMetrics, close_at: int, stop_at: int | None):
+        super().__init__()
+        self.metrics, self.close_at, self.stop_at, self.calls = metrics, close_at, stop_at, 0
+
+    def is_set(self) -> bool:
+        self.calls += 1
+        if self.calls == self.close_at:
+            self.metrics.close_window(time.perf_counter_ns())
+        return self.stop_at is not None and self.calls >= self.stop_at
+
+
+def test_marks_give_the_bytes_of_chunks_completed_by_a_time():
+    m = ChunkMarks()
+    m.begin()
+    assert m.bytes_by(10**18) is None  # no mark: the store did not mark its chunks
+    m.add(100)
+    t = time.perf_counter_ns()
+    m.add(200)
+    assert m.bytes_by(t) == 100 and m.bytes_by(10**18) == 200 and m.bytes_by(0) == 0 and m.total == 200
+
+
+def test_marks_ring_bounds_an_older_time_from_above():
+    m = ChunkMarks()
+    m.begin()
+    for i in range(1, MARKS + 11):
+        m.add(i * 10)
+    # the 10 oldest marks are gone: the oldest kept is 110 bytes; before it, at most 100
+    assert m.bytes_by(0) == 100
+
+
+def _cache(tmp_path, metrics, stop):
+    fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
+    return fs, MultiTierCache([Tier("nvme", fs, math.inf)], EvictionConfig(), metrics, KIB, stop=stop)
+
+
+def test_an_aborted_write_after_a_late_stop_adds_only_its_chunks_inside_the_window(tmp_path, bufs):
+    metrics = RunMetrics()
+    metrics.open_window()
+    stop = LateStop(metrics, close_at=3, stop_at=17)  # window ends after 2 chunks; the stop comes 14 later
+    fs, cache = _cache(tmp_path, metrics, stop)
+    with pytest.raises(IOAborted):
+        cache.allocate("k", 32, 32 * CHUNK, bufs)
+    s = metrics.tier_op("storage", "write")
+    edge = metrics.edge_record()
+    moved = metrics.late["storage_write_aborted_device_bytes"]
+    assert moved >= 15 * CHUNK  # it really moved 16 chunks (the first holds the header) before the stop
+    assert s.partial_bytes == 2 * CHUNK  # two of them inside the window: the rest is left out
+    assert edge["aborted_ops"] == 1 and edge["edge_ops"] == 1 and edge["counted_bytes"] == 2 * CHUNK
+    assert edge["excluded_bytes"] == moved - 2 * CHUNK and edge["unmeasured_ops"] == 0
+    fs.close()
+
+
+def test_a_read_straddling_the_end_adds_its_chunks_completed_by_then(tmp_path, bufs):
+    metrics = RunMetrics()
+    metrics.open_window()
+    fs, cache = _cache(tmp_path, metrics, None)
+    cache.allocate("k", 8, 8 * CHUNK, bufs)
+    cache.stop = LateStop(metrics, close_at=4, stop_at=None)  # the window ends after 3 of its 9 chunks
+    res = cache.read("k", bufs)
+    assert not res.in_window
+    s = metrics.tier_op("storage", "read")
+    assert s.ops == 0 and 0 < s.partial_bytes < 8 * CHUNK
+    marks = bufs.marks
+    assert s.partial_bytes == int(8 * CHUNK * marks._b[2] / marks.total)  # 3 chunks' share of the entry
+    assert metrics.edge_record()["straddling_ops"] == 1
+    fs.close()
+
+
+def test_a_store_without_marks_is_counted_whole_and_named_unmeasured():
+    metrics = RunMetrics()
+    metrics.open_window(0)
+    metrics.close_window(1000)
+    metrics.record_aborted("storage", "read", 3 * CHUNK, None)
+    assert metrics.tier_op("storage", "read").partial_bytes == 3 * CHUNK
+    edge = metrics.edge_record()
+    assert edge["unmeasured_ops"] == 1 and edge["unmeasured_bytes"] == 3 * CHUNK
