@@ -114,6 +114,7 @@ def test_reference_defaults():
         "gpu_type": "h100",
         "gds": False,
         "verify": False,
+        "device_limit_gbs": 0.0,  # ours: no limit given (sysfs's link, where known)
         "strict_memory": False,
         "processes": 1,
         "start_delay": 0.0,  # ours: the settle time (mlperf_wrapper.py: 90)

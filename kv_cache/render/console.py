@@ -95,7 +95,7 @@ def storage_assessment(results: Results) -> list[str]:
     integ = str(block.get("verdict", "ok")).lower()
     # the integrity beside PASS on the same line when it is not OK, with the first reason in one sentence
     beside = (f" - but integrity {integ.upper()}: {(block.get('reasons') or ['see kv-cache audit'])[0]}"
-              if integ not in ("ok", "n/a") else "")
+              if integ not in ("ok", "n/a") and health["overall_status"] == "PASS" else "")
     return ["", f"### STORAGE PERFORMANCE ASSESSMENT: {health['overall_status']} "
                 f"{_mark(health['overall_status'] == 'PASS')} ###{beside}",
             f"  Criteria Passed: {health['passed_count']}/{health['total_count']}",

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kv_cache.results.mlperf_tool import rank_view
+from kv_cache.storage.tiername import TierName
 
 OK, SUSPECT, INVALID, UNVERIFIABLE, NA = "ok", "suspect", "invalid", "unverifiable", "n/a"
 UNKNOWN = UNVERIFIABLE  # the earlier name
@@ -49,7 +50,8 @@ WINDOW_TOLERANCE = 0.05  # span beyond the window (or bytes from outside it) tha
 IN_FLIGHT_TOLERANCE = 0.05  # summed device time / window above the workers by more: impossible
 DEVICE_SHARE_MIN = 0.9  # bytes the device / process / cgroup saw / counted reads under this: served from memory
 DEVICE_LIMIT_TOLERANCE = 0.02  # above a device's rated GB/s by more: impossible
-TIERS = ("gpu", "cpu", "storage")
+TIERS = tuple(str(t) for t in TierName)  # gpu, cpu, storage
+FASTER_TIERS = tuple(str(t) for t in TierName if t is not TierName.STORAGE)
 # No-op shims and what they defeat; allocators are interposed too, but touch no I/O call.
 KNOWN_SHIMS = {"libeatmydata": "turns fsync/fdatasync/sync into no-ops (writes end in the page cache)",
                "eatmydata": "turns fsync/fdatasync/sync into no-ops (writes end in the page cache)",
@@ -614,7 +616,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         per = [r.get("io_workers") for r in (rows.values() if isinstance(rows, dict) else rows) if isinstance(r, dict)]
         workers = sum(per) if per and all(isinstance(x, int) for x in per) else None
     closed = not params.get("request_rate") and not params.get("trace_paths")
-    other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in ("gpu", "cpu"))
+    other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
     return IntegrityFacts(
         source="kv-cache merge" if merged else "kv-cache", window_s=window,
         window_alt_s=_num(summary.get("elapsed_time")), workers=workers, workers_meaning="I/O workers",
@@ -667,7 +669,7 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
     e2e += [m / 1000 for q in qos.values() if isinstance(q, dict)
             for m in [(q.get("latency_ms") if isinstance(q.get("latency_ms"), dict) else {}).get("max")]
             if isinstance(m, (int, float)) and not isinstance(m, bool)]
-    other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in ("gpu", "cpu"))
+    other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
     return IntegrityFacts(
         source="mlperf-tool", window_s=v.elapsed_s, workers=params.get("num_users"),
         workers_meaning="users (one request in flight each)",

@@ -154,6 +154,11 @@ class StoreBase:
     def close(self) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    # Whether this store lays an entry out as write() does from the worker's fill (so a reader can compare
+    # every payload byte); a remote tier writes from its own slots (storage/remote.py SlotRing): False there,
+    # and an entry moved out of it is checked by its stamps only (`_stamps_only`).
+    keeps_fill_layout = True
+
     def _account(self, res: IOResult, op: str) -> IOResult:
         """The result of one finished ``op`` ("read" or "write") on this store, as reported.  The
         identity here; a store whose data path is modelled (the simulated GPU tier) swaps its measured
@@ -171,6 +176,9 @@ class StoreBase:
         kid = key_id(key)
         chunk = bufs.chunk_bytes
         total = padded(nbytes)
+        foreign = self.__dict__.get("_stamps_only")
+        if foreign:
+            foreign.discard(key)  # written afresh from the fill
         marks = getattr(bufs, "marks", None)  # chunk completion times: the window's edge (metrics/recorder.py)
         if marks is not None:
             marks.begin()
@@ -234,6 +242,7 @@ class StoreBase:
             c = 0
             n = min(chunk - _lead(self, chunk), total)
             leads = (_lead(self, chunk) // BLOCK, 0) if _lead(self, chunk) else (0,)
+            payload = verify and key not in self.__dict__.get("_stamps_only", ())
             while off < total:
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"read of {key!r} aborted after {off} bytes", dev_bytes)
@@ -251,7 +260,7 @@ class StoreBase:
                         )
                     # every other byte of each block against the payload (laid out by this store, or by a
                     # tier without lead that the entry was demoted from)
-                    bad = bufs.check_payload(off // BLOCK, n // BLOCK, leads)
+                    bad = bufs.check_payload(off // BLOCK, n // BLOCK, leads) if payload else -1
                     if bad >= 0:
                         raise DataCorruption(
                             f"{self.name}: entry {key!r} block {off // BLOCK + bad} "
@@ -348,6 +357,8 @@ class StoreBase:
         t = perf_counter_ns()
         r_dev += self._end_read(h)
         r_t += perf_counter_ns() - t
+        if not self.keeps_fill_layout or key in self.__dict__.get("_stamps_only", ()):
+            dst.__dict__.setdefault("_stamps_only", set()).add(key)  # its bytes are not our fill's layout
         self.delete(key)
         return (
             self._account(IOResult(nbytes, r_bytes, r_t, r_dev, r_t - r_dev), "read"),

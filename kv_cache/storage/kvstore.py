@@ -80,6 +80,8 @@ def _refusal(what: str, text: str) -> OSError:
 class RedisStore(SizedStore):
     """Entries as chunked keys under this run's namespace (see the module docstring)."""
 
+    keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+
     def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "nvme"):
         self.redis, self.hiredis = _import_redis()
         self.name = name

@@ -82,6 +82,8 @@ class _Pending:
 class S3Store(SizedStore):
     """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
 
+    keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
                  concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "nvme"):
         self.obstore, s3_class = import_obstore()

@@ -121,6 +121,7 @@ class ShapedStore(StoreBase):
         self._latency_s = shaping.latency_ms / 1e3
         self.name = inner.name
         self.lead_bytes = inner.lead_bytes
+        self.keeps_fill_layout = getattr(inner, "keeps_fill_layout", True)
 
     def __getattr__(self, attr: str) -> Any:  # only called for what this wrapper does not define
         return getattr(self.__dict__["inner"], attr)
