@@ -38,6 +38,7 @@ MEASUREMENT_KEYS = {
     "errors_by_kind", "first_error", "notes", "storage_errors", "storage_errors_total", "storage_retries_total",
     "storage_error_policy", "verify", "storage_fill", "requests_in_flight_at_stop", "storage_location",
     "requests_finished_after_stop", "censored_latency_ms", "window_wallclock", "process_libraries",
+    "tier_skipped_entries",  # the waterfall's skips per upper tier ({} when none skipped)
 }
 
 
