@@ -519,3 +519,21 @@ def test_a_gpu_tier_that_keeps_room_back_says_so():
     assert note.startswith("GPU tier: the cache fills 0.100 of its 0.800 GiB (13 %): 0.700 GiB (7 x 0.100 GiB")
     one = types.SimpleNamespace(capacity_bytes=gib, capacity_per_device=gib, groups=1, footprint=lambda n: n)
     assert gpu_reserve_note(one, gpu_tier_limit(one, 2 * gib)) is None
+
+
+def test_an_entry_above_the_large_entry_ratio_of_a_tier_is_counted_as_a_skip(bufs):
+    """The waterfall places no entry larger than large_entry_limit_ratio (0.95) of an upper tier there; one
+    between 0.95 and 1.0 of the CPU tier skipped it uncounted (the count only looked at the whole tier)."""
+    cpu = MemoryStore(1 << 20, slab_bytes=SLAB, name="cpu")
+    nvme = MemoryStore(4 << 20, slab_bytes=SLAB, name="nvme")
+    metrics = RunMetrics()
+    metrics.open_window()
+    cache = MultiTierCache([Tier("cpu", cpu, 1 << 20), Tier("nvme", nvme, float("inf"))],
+                           EvictionConfig(large_entry_limit_ratio=0.95), metrics, bytes_per_token=KIB)
+    try:
+        assert cache.allocate("a", 1, 1000 * KIB, bufs)[0] == "nvme"  # 0.98 of the tier
+        assert cache.allocate("b", 1, 64 * KIB, bufs)[0] == "cpu"
+        assert cache.usage()["cpu"]["skipped_entries"] == 1
+    finally:
+        cpu.close()
+        nvme.close()
