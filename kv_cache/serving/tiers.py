@@ -378,6 +378,11 @@ def check_free_space(tiers: TierSettings, fs: FileStore, sharers: int = 1, large
     most = math.floor(free / max(1, sharers) / GIB * 1000) / 1000
     said = f"{tiers.storage_capacity_gb:g} GiB{ranks} is more than the {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) free {where}"
     clamped = auto_capacity(free, largest_entry, sharers)
+    if largest_entry > 0 and most * GIB < largest_entry:  # no capacity that fits there holds one entry
+        raise StorageSetupError(
+            f"{said}, and no capacity that fits there holds one entry of {largest_entry / GIB:.3f} GiB (the longest "
+            "context's entry, or one I/O chunk if larger); free space there, put --cache-dir elsewhere, or use a "
+            "smaller model, shorter contexts or a smaller --io-chunk-mb").about("storage_capacity_gb")
     if tiers.strict_memory or clamped < largest_entry:  # strict, or no room for one entry even clamped
         exc = StorageSetupError(
             f"{said}: the capacity is a hard limit the tier fills, so the run would stop on ENOSPC; give at most "
