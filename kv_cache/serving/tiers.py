@@ -295,6 +295,15 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             log.warning(message)
             tier_set.notes.append(message)
             storage_limit = tier_set.tiers[-1].limit = ram_room
+        if 0 < largest_entry and tier_set.tiers[-1].cost(largest_entry) > storage_limit:
+            # the user's capacity: it runs (the reference runs it), but the first entry larger than the tier
+            # stops the run with a storage error (exit 3): say so before anything runs
+            message = (f"storage capacity: {storage_limit / GIB:.3f} GiB is smaller than the largest entry "
+                       f"({largest_entry / GIB:.3f} GiB: the longest context's entry, or one I/O chunk if larger); "
+                       "the first entry larger than the storage tier stops the run with a storage error; give a "
+                       "larger --storage-capacity-gb, a smaller model or shorter contexts")
+            log.warning(message)
+            tier_set.notes.append(message)
     if math.isinf(storage_limit):  # unbounded (a bucket): no size decided, none to show
         return
     tier_set.sizes["storage_capacity_gb"] = tier_size(
