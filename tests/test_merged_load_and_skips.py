@@ -86,3 +86,20 @@ def test_the_run_mode_of_a_rank_says_the_rate_of_the_whole_run():
         "Poisson arrivals at 1e+12 req/s in all (5e+11 per rank of 2)")
     assert run_mode(settings(5e11, {"request_rate": 1e12}, per_rank=True)).endswith("Poisson arrivals at 5e+11 req/s")
     assert run_mode(settings(5.0, None, world=1)).endswith("Poisson arrivals at 5 req/s")
+
+
+def test_compare_notes_a_run_whose_generator_saturated():
+    """Two runs of the same --request-rate 1e12: one offered 3.35e4/s, the other 7.9e4/s; compare's workload
+    check (the flags) saw no difference and said nothing of it."""
+    from kv_cache.render.compare import offered_load_notes
+
+    def doc(offered, saturated):
+        return {"measurement": {"requested_request_rate": 1e12, "offered_request_rate": offered,
+                                "generator_saturated": saturated}}
+
+    notes = offered_load_notes([doc(33510.5, True), doc(78941.0, True)])
+    assert notes == ["offered load: A=3.351e+04/s of 1e+12 asked (generator saturated), B=7.894e+04/s of 1e+12 "
+                     "asked (generator saturated) (an open-loop generator saturated: the runs were not offered the "
+                     "load asked, so the comparison is of the loads really offered)"]
+    assert offered_load_notes([doc(10.0, False), doc(9.9, False)]) == []
+    assert offered_load_notes([{"measurement": {"offered_request_rate": None}}, doc(5.0, False)]) == []
