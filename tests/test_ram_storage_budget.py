@@ -176,7 +176,7 @@ def test_an_explicit_capacity_smaller_than_the_largest_entry_warns_before_the_ru
         assert tier_set.tiers[-1].limit == 64 * MIB
         note = [n for n in tier_set.notes if "smaller than the largest entry" in n]
         assert note == [note[0]] and note[0].startswith("storage capacity: 0.062 GiB is smaller than the largest "
-                                                        "entry (0.571 GiB")
+                                                        "entry the users may write (0.571 GiB")
     finally:
         tier_set.close()
     tier_set = TierSet(tiers=[])

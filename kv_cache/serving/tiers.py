@@ -298,10 +298,10 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         if 0 < largest_entry and tier_set.tiers[-1].cost(largest_entry) > storage_limit:
             # the user's capacity: it runs (the reference runs it), but the first entry larger than the tier
             # stops the run with a storage error (exit 3): say so before anything runs
-            message = (f"storage capacity: {storage_limit / GIB:.3f} GiB is smaller than the largest entry "
-                       f"({largest_entry / GIB:.3f} GiB: the longest context's entry, or one I/O chunk if larger); "
-                       "the first entry larger than the storage tier stops the run with a storage error; give a "
-                       "larger --storage-capacity-gb, a smaller model or shorter contexts")
+            message = (f"storage capacity: {storage_limit / GIB:.3f} GiB is smaller than the largest entry the "
+                       f"users may write ({largest_entry / GIB:.3f} GiB: the longest context's entry, or one I/O "
+                       "chunk if larger); an entry larger than the storage tier, if one is written, stops the run "
+                       "with a storage error; give a larger --storage-capacity-gb, a smaller model or shorter contexts")
             log.warning(message)
             tier_set.notes.append(message)
     if math.isinf(storage_limit):  # unbounded (a bucket): no size decided, none to show
