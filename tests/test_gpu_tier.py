@@ -502,3 +502,38 @@ def test_an_allocation_that_fails_after_the_check_is_a_one_line_refusal(monkeypa
     monkeypatch.setattr(FakeDevice, "alloc", bug)
     with pytest.raises(TypeError):
         gpu_real_backend._open(_request(gpu_mem_gb=0.001, num_gpus=1))
+
+
+def test_a_gpu_tier_that_keeps_room_back_says_so():
+    """--num-gpus 8 --gpu-mem-gb 0.1 with entries larger than one GPU's share: the keep-back against
+    fragmentation is one GPU's share per other group, so the 0.8 GiB tier the banner shows fills 0.1 GiB;
+    a note says it (it said nothing). One group keeps nothing back, and says nothing."""
+    from kv_cache.serving.tiers import gpu_reserve_note
+
+    gib = 1 << 30
+    eight = types.SimpleNamespace(capacity_bytes=8 * gib // 10, capacity_per_device=gib // 10, groups=8,
+                                  footprint=lambda n: n)
+    limit = gpu_tier_limit(eight, gib)  # the largest entry, 1 GiB, skips the tier
+    assert limit == pytest.approx(gib / 10)
+    note = gpu_reserve_note(eight, limit)
+    assert note.startswith("GPU tier: the cache fills 0.100 of its 0.800 GiB (13 %): 0.700 GiB (7 x 0.100 GiB")
+    one = types.SimpleNamespace(capacity_bytes=gib, capacity_per_device=gib, groups=1, footprint=lambda n: n)
+    assert gpu_reserve_note(one, gpu_tier_limit(one, 2 * gib)) is None
+
+
+def test_an_entry_above_the_large_entry_ratio_of_a_tier_is_counted_as_a_skip(bufs):
+    """The waterfall places no entry larger than large_entry_limit_ratio (0.95) of an upper tier there; one
+    between 0.95 and 1.0 of the CPU tier skipped it uncounted (the count only looked at the whole tier)."""
+    cpu = MemoryStore(1 << 20, slab_bytes=SLAB, name="cpu")
+    nvme = MemoryStore(4 << 20, slab_bytes=SLAB, name="nvme")
+    metrics = RunMetrics()
+    metrics.open_window()
+    cache = MultiTierCache([Tier("cpu", cpu, 1 << 20), Tier("nvme", nvme, float("inf"))],
+                           EvictionConfig(large_entry_limit_ratio=0.95), metrics, bytes_per_token=KIB)
+    try:
+        assert cache.allocate("a", 1, 1000 * KIB, bufs)[0] == "nvme"  # 0.98 of the tier
+        assert cache.allocate("b", 1, 64 * KIB, bufs)[0] == "cpu"
+        assert cache.usage()["cpu"]["skipped_entries"] == 1
+    finally:
+        cpu.close()
+        nvme.close()

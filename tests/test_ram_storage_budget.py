@@ -147,3 +147,41 @@ def test_ranks_sharing_the_filesystem_count_together(tmp_path, monkeypatch):
         assert fits.tiers[-1].limit == 2 * GIB
     finally:
         fits.close()
+
+
+def test_a_capacity_beyond_a_free_space_smaller_than_one_entry_says_so_not_give_at_most(tmp_path, monkeypatch):
+    """--storage-capacity-gb 1 on a 64 MiB tmpfs with entries of 0.57 GiB: the refusal said 'give at most
+    0.062, or leave it out', and both are refused again (no entry fits). It now says no capacity there fits."""
+    monkeypatch.setattr(FileStore, "free_bytes", lambda self: 64 * MIB)
+    settings = TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=1.0)
+    tier_set = TierSet(tiers=[])
+    try:
+        with pytest.raises(StorageSetupError) as err:
+            open_tiers(settings, StorageSettings(chunk_bytes=MIB), None, tier_set, workers=1,
+                       largest_entry=585 * MIB)
+    finally:
+        tier_set.close()
+    assert err.value.setting == "storage_capacity_gb" and "give at most" not in str(err.value)
+    assert "no capacity that fits there holds one entry of 0.571 GiB" in str(err.value)
+
+
+def test_an_explicit_capacity_smaller_than_the_largest_entry_warns_before_the_run(tmp_path, monkeypatch):
+    """--storage-capacity-gb 0.06 with entries up to 0.57 GiB ran, and its first large entry stopped it
+    (exit 3, 'more than the whole storage tier') without a word before: a warning and a note now say so."""
+    monkeypatch.setattr(FileStore, "free_bytes", lambda self: 3 * GIB)
+    settings = TierSettings(gpu_mem_gb=0.0, cpu_mem_gb=0.0, cache_dir=str(tmp_path), storage_capacity_gb=0.0625)
+    tier_set = TierSet(tiers=[])
+    try:
+        open_tiers(settings, StorageSettings(chunk_bytes=MIB), None, tier_set, workers=1, largest_entry=585 * MIB)
+        assert tier_set.tiers[-1].limit == 64 * MIB
+        note = [n for n in tier_set.notes if "smaller than the largest entry" in n]
+        assert note == [note[0]] and note[0].startswith("storage capacity: 0.062 GiB is smaller than the largest "
+                                                        "entry the users may write (0.571 GiB")
+    finally:
+        tier_set.close()
+    tier_set = TierSet(tiers=[])
+    try:  # one that holds the largest entry says nothing
+        open_tiers(settings, StorageSettings(chunk_bytes=MIB), None, tier_set, workers=1, largest_entry=MIB)
+        assert not [n for n in tier_set.notes if "smaller than the largest entry" in n]
+    finally:
+        tier_set.close()

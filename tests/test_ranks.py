@@ -165,8 +165,12 @@ def test_two_real_processes_each_offer_half_the_rate(quick_settings, tmp_path):
             "--request-rate", "2"]
     assert main(argv) == 0
     docs = [json.loads((tmp_path / f"X_rank{r}.json").read_text()) for r in range(2)]
-    assert [d["measurement"]["offered_request_rate"] for d in docs] == [1.0, 1.0]
-    assert sum(d["measurement"]["offered_request_rate"] for d in docs) == 2.0  # the flag, not 2 x it
+    assert [d["measurement"]["requested_request_rate"] for d in docs] == [1.0, 1.0]
+    assert sum(d["measurement"]["requested_request_rate"] for d in docs) == 2.0  # the flag, not 2 x it
+    for d in docs:  # offered_request_rate: the arrivals really offered (a Poisson count) over the window
+        m = d["measurement"]
+        assert m["offered_request_rate"] == m["arrivals_offered"] / m["window_seconds"]
+    assert json.loads((tmp_path / "X.json").read_text())["measurement"]["requested_request_rate"] == 2.0
     assert [d["run_parameters"]["settings_split"]["totals"]["request_rate"] for d in docs] == [2.0, 2.0]
     assert [d["run_parameters"]["settings_split"]["rank_share"]["num_users"] for d in docs] == [2, 2]
     merged = json.loads((tmp_path / "X.json").read_text())["settings_split"]

@@ -39,6 +39,7 @@ MEASUREMENT_KEYS = {
     "storage_error_policy", "verify", "storage_fill", "requests_in_flight_at_stop", "storage_location",
     "requests_finished_after_stop", "censored_latency_ms", "window_wallclock", "process_libraries",
     "window_edge", "process_io", "device_limit",
+    "tier_skipped_entries",  # the waterfall's skips per upper tier ({} when none skipped)
 }
 
 

@@ -109,3 +109,29 @@ def test_a_delay_past_the_duration_limit_is_a_one_line_error(capsys, tmp_path, m
     assert main(["--end-delay", "1e12"]) == 2  # (time.sleep would raise OverflowError on it)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--end-delay exceeds" in err and "got 1e+12" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_end_delay_ends_on_a_signal_although_the_run_ignores_them_to_its_exit(sig):
+    """After its results a CLI run ignores stop signals to the process's exit (host/signals.py ignore_to_exit),
+    and the end delay that follows said 'Ctrl-C ends the wait' but waited its 20 s out (90 s under
+    mlperf_wrapper.py). The wait now ends on SIGINT or SIGTERM, and the signals are ignored again after it."""
+    import time
+
+    from kv_cache.host.signals import ignore_to_exit
+
+    saved = {s: signal.getsignal(s) for s in settle.WAIT_SIGNALS}
+    ignore_to_exit(settle.WAIT_SIGNALS)
+    try:
+        def sleep(_seconds):
+            os.kill(os.getpid(), sig)
+            for _ in range(1000):  # the handler runs in the main thread at its next check: within these 10 s
+                time.sleep(0.01)
+
+        out, err = io.StringIO(), io.StringIO()
+        assert settle.around(lambda: 0, 0, 20, out=out, err=err, sleep=sleep) == 0
+        assert "end delay cut short" in err.getvalue()
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in settle.WAIT_SIGNALS)
+    finally:
+        for s, old in saved.items():
+            signal.signal(s, old)

@@ -8,9 +8,12 @@ run's results are already written, and its exit status stands.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from kv_cache.errors import ExitCode
@@ -18,14 +21,34 @@ from kv_cache.errors import ExitCode
 __all__ = ["around"]
 
 
+WAIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what ends a wait (Ctrl-C, a harness's kill)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt for the wait, whatever they were before, which is put back
+    after: once its results are written a run ignores stop signals to the process's exit (host/signals.py
+    ignore_to_exit), and the end delay's "Ctrl-C ends the wait" then waited its 90 s out under mlperf_wrapper."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in WAIT_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def wait(seconds: float, what: str, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Wait `seconds` (none when 0), saying so on `out`; False when a Ctrl-C cut the wait short."""
+    """Wait `seconds` (none when 0), saying so on `out`; False when a Ctrl-C (or SIGTERM) cut the wait short."""
     if seconds <= 0:
         return True
     try:  # (from the announcement on: a Ctrl-C right after it is the wait's too)
-        out.write(f"Waiting {seconds:g} s {what} (the Rules' settle time; Ctrl-C ends the wait)\n")
-        out.flush()
-        sleep(seconds)
+        with _interruptible():
+            out.write(f"Waiting {seconds:g} s {what} (the Rules' settle time; Ctrl-C ends the wait)\n")
+            out.flush()
+            sleep(seconds)
     except KeyboardInterrupt:
         return False
     return True

@@ -115,12 +115,36 @@ def processes_of(doc: dict[str, Any]) -> int | None:
 def layout_notes(docs: list[dict[str, Any]]) -> list[str]:
     """'A: 1 process, B: 2 processes (...)' when the runs ran on different numbers of processes: not a
     workload difference (the totals are what is asked for), but a reader should know."""
+    return _process_notes(docs) + offered_load_notes(docs)
+
+
+def _process_notes(docs: list[dict[str, Any]]) -> list[str]:
     counts = [processes_of(d) for d in docs]
     if any(c is None for c in counts) or len(set(counts)) < 2:
         return []
     return ["processes: " + ", ".join(f"{_letter(i)}={c} process{'es' if c != 1 else ''}"
                                        for i, c in enumerate(counts))
             + " (not a workload difference: each offered the totals given)"]
+
+
+def offered_load_notes(docs: list[dict[str, Any]]) -> list[str]:
+    """'offered load: A=3.35e+04/s of 1e+12 asked (generator saturated), B=...' when an open loop's generator
+    saturated in any of the runs: the same --request-rate then offered different loads, which the
+    workload check (the flags given) cannot see."""
+    cells, saturated = [], False
+    for i, d in enumerate(docs):
+        m = d.get("measurement") or {}
+        asked, offered = m.get("requested_request_rate"), m.get("offered_request_rate")
+        if not asked or offered is None:
+            cells.append(f"{_letter(i)}=closed loop or not recorded")
+            continue
+        saturated = saturated or bool(m.get("generator_saturated"))
+        cells.append(f"{_letter(i)}={offered:.4g}/s of {asked:.4g} asked"
+                     + (" (generator saturated)" if m.get("generator_saturated") else ""))
+    if not saturated:
+        return []
+    return ["offered load: " + ", ".join(cells) + " (an open-loop generator saturated: the runs were not offered "
+            "the load asked, so the comparison is of the loads really offered)"]
 
 
 def merged_workload(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -249,22 +249,75 @@ def tier_skips(usage: dict[str, dict[str, float]]) -> tuple[dict[str, int], list
     return counts, notes
 
 
-def offered_load(outcome: Any, rate: float, window_s: float, notes: list[str]) -> dict[str, Any]:
+def merged_tier_skips(ranks: Sequence[tuple[int, dict[str, Any] | None]]) -> tuple[dict[str, int], list[str]]:
+    """The merged document's `tier_skipped_entries` (each tier's skips summed over the ranks) and a note per
+    tier skipped, naming each rank's count (each rank's own document names its tier's share)."""
+    words = {"gpu": "GPU", "cpu": "CPU"}
+    counts: dict[str, int] = {}
+    by_rank: dict[str, list[str]] = {}
+    for rank, skips in ranks:
+        for name, n in (skips or {}).items():
+            if n:
+                counts[name] = counts.get(name, 0) + int(n)
+                by_rank.setdefault(name, []).append(f"rank {rank}: {int(n)}")
+    notes = [f"the {words.get(name, name)} tier was skipped by {'1 entry' if n == 1 else f'{n} entries'} larger "
+             f"than its share over the ranks ({', '.join(by_rank[name])}): each went to the next tier that could "
+             "hold it (the MLPerf tool's waterfall; each rank's document names its share)"
+             for name, n in counts.items()]
+    return counts, notes
+
+
+def _json_count(n: float) -> int | float:
+    """A count as a JSON number every reader can hold: an int up to 2^53, a float beyond."""
+    return int(n) if n < 2**53 else float(n)
+
+
+def _rate_flag(rate: float, total_rate: float | None) -> str:
+    if total_rate and total_rate != rate:  # several ranks: the flag is the total they split
+        return f"this rank's share ({rate:g}/s) of --request-rate {total_rate:g}"
+    return f"--request-rate {rate:g}"
+
+
+def merged_offered_load(ranks: Sequence[tuple[int, dict[str, Any]]], window_s: float,
+                        notes: list[str]) -> dict[str, Any]:
+    """The merged open loop's load: each rank's `offered_load` figures summed (`requested_request_rate`: the
+    ranks' shares of --request-rate summed, the flag's total when no rank is missing), `generator_saturated`
+    when any rank's was, with a note naming the ranks. `ranks`: (rank, measurement) of each rank document; {} for a closed loop."""
+    loads = [(rank, m) for rank, m in ranks if m.get("requested_request_rate")]
+    if not loads:
+        return {}
+    offered = sum(int(m.get("arrivals_offered") or 0) for _, m in loads)
+    missed = _json_count(sum(m.get("arrivals_not_offered") or 0 for _, m in loads))
+    requested = sum(float(m["requested_request_rate"]) for _, m in loads)
+    saturated = [rank for rank, m in loads if m.get("generator_saturated")]
+    out: dict[str, Any] = {"requested_request_rate": requested, "arrivals_offered": offered,
+                           "arrivals_not_offered": missed, "generator_saturated": bool(saturated)}
+    if saturated:
+        rate = offered / window_s if window_s > 0 else 0.0
+        notes.append(f"the open-loop generator saturated on rank(s) {', '.join(map(str, saturated))}: --request-rate "
+                     f"{requested:g} asked for about {requested * window_s:.4g} arrivals in the {window_s:.2f} s "
+                     f"window; the ranks offered {offered} ({rate:.4g}/s) and {missed} fell due while they were "
+                     "behind (not offered, not rejected); offered_request_rate is the rate really offered")
+    return out
+
+
+def offered_load(outcome: Any, rate: float, window_s: float, notes: list[str],
+                 total_rate: float | None = None) -> dict[str, Any]:
     """The open loop's load as really offered: `offered_request_rate` is the arrivals the generator offered
-    (admitted or rejected) per second of the window, `requested_request_rate` the --request-rate given. When
+    (admitted or rejected) per second of the window, `requested_request_rate` the --request-rate given (this
+    rank's share of it under several ranks; `total_rate`: the flag's total, which the note then names). When
     the loop could not dispatch arrivals as fast as they were due, the ones it fell behind by are counted
     in `arrivals_not_offered`, and a note says the generator saturated."""
     if not rate:
         return {"offered_request_rate": None}
     offered = outcome.requests_issued + outcome.requests_rejected
-    missed = getattr(outcome, "arrivals_not_offered", 0) or 0
-    missed = int(missed) if missed < 2**53 else float(missed)  # a JSON number every reader can hold
+    missed = _json_count(getattr(outcome, "arrivals_not_offered", 0) or 0)
     out: dict[str, Any] = {"offered_request_rate": offered / window_s if window_s > 0 else 0.0,
                            "requested_request_rate": rate, "arrivals_offered": offered,
                            "arrivals_not_offered": missed,
                            "generator_saturated": missed > 0}
     if missed:
-        note = (f"the open-loop generator saturated: --request-rate {rate:g} asked for about {rate * window_s:.4g} "
+        note = (f"the open-loop generator saturated: {_rate_flag(rate, total_rate)} asked for about {rate * window_s:.4g} "
                 f"arrivals in the {window_s:.2f} s window; the loop offered {offered} "
                 f"({out['offered_request_rate']:.4g}/s) and {missed} fell due while it was behind (not offered, "
                 f"not rejected); offered_request_rate is the rate really offered")

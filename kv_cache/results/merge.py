@@ -212,6 +212,9 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "_depth": doc.measurement.get("achieved_queue_depth") or {},
         "_remote": doc.measurement.get("remote_tier"),
         "_shaping": doc.measurement.get("tier_shaping"),
+        "_skips": doc.measurement.get("tier_skipped_entries"),
+        "_load": {k: doc.measurement.get(k) for k in ("requested_request_rate", "arrivals_offered",
+                                                      "arrivals_not_offered", "generator_saturated")},
         "_closing_broke": any(CLOSING_BARRIER_BROKE in str(n) for n in doc.measurement.get("notes") or []),
     }
 
@@ -406,6 +409,12 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         **harness,
         **rank_facts(rows),
     }
+    # what each rank's measurement says of the load it offered and the tiers its entries skipped, for the run
+    notes = merged["measurement"]["notes"]
+    merged["measurement"].update(meas.merged_offered_load([(x["rank"], x["_load"]) for x in rows], w, notes))
+    skips, skip_notes = meas.merged_tier_skips([(x["rank"], x["_skips"]) for x in rows])
+    merged["measurement"]["tier_skipped_entries"] = skips
+    notes.extend(skip_notes)
     fractions = [float(x["window_fraction"]) for x in rows if x.get("window_fraction") is not None]
     duration = float(merged["run_parameters"].get("duration") or 0.0)
     fraction = min(fractions) if fractions else window_fraction(w, duration)

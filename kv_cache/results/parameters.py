@@ -24,8 +24,14 @@ def run_mode(settings: RunSettings) -> str:
         parts.append("DECODE-ONLY (reads of pre-populated entries)")
     else:
         parts.append("standard (prefill+decode)")
-    if settings.driver.request_rate > 0:
-        parts.append(f"open loop, Poisson arrivals at {settings.driver.request_rate:g} req/s")
+    rate = settings.driver.request_rate
+    if rate > 0:
+        total = (settings.rank_totals or {}).get("request_rate") if not settings.flags_per_rank else None
+        if total and total != rate:  # several ranks split the flag's total: it is what the run offers
+            parts.append(f"open loop, Poisson arrivals at {total:g} req/s in all ({rate:g} per rank of "
+                         f"{max(1, settings.mpi_world_size)})")
+        else:
+            parts.append(f"open loop, Poisson arrivals at {rate:g} req/s")
     else:
         parts.append("closed loop")
     if settings.driver.enable_autoscaling:

@@ -236,6 +236,13 @@ def _storage_setup(record: RunRecord) -> dict[str, Any]:
     }
 
 
+def _total(settings: RunSettings, name: str) -> Any:
+    """The total given for a setting the ranks split (None: one process, or flags given per rank)."""
+    if settings.flags_per_rank or not settings.rank_totals:
+        return None
+    return settings.rank_totals.get(name)
+
+
 def _window(record: RunRecord) -> dict[str, Any]:
     outcome = record.outcome
     return {
@@ -246,7 +253,7 @@ def _window(record: RunRecord) -> dict[str, Any]:
         "requests_failed": outcome.requests_failed,
         "requests_rejected": outcome.requests_rejected,
         **meas.offered_load(outcome, record.settings.driver.request_rate, record.metrics.window_seconds,
-                            record.notes),
+                            record.notes, _total(record.settings, "request_rate")),
         "final_active_users": outcome.final_active_users,
         **meas.in_flight_at_stop(outcome),
     }

@@ -202,10 +202,12 @@ class MultiTierCache:
 
     def _count_skips(self, nbytes: int) -> None:
         """Count the upper tiers this new entry can never be placed in (larger than one GPU's share or
-        than the whole tier): it skips them, as in the MLPerf tool's waterfall. Called with the lock held."""
+        than the share of the tier one entry may take, `large_entry_limit_ratio` of it, as `_ensure_space`
+        places them): it skips them, as in the MLPerf tool's waterfall. Called with the lock held."""
+        ratio = self.policy.large_entry_limit_ratio
         for tier in self.tiers[:-1]:
             cost = tier.cost(nbytes)
-            if cost > tier.max_entry or cost > tier.limit:
+            if cost > tier.max_entry or cost > tier.limit * ratio:
                 self.skipped[tier.name] += 1
                 self.metrics.count(names.tier_skips(tier.stat_name))
 

@@ -199,6 +199,23 @@ def largest_entry(settings: RunSettings) -> int:
     return max(settings.storage.chunk_bytes, longest * per_token)
 
 
+def gpu_reserve_note(store: SimulatedGPUStore | DeviceStore, limit: float) -> str | None:
+    """The note when the GPU tier holds less than its GPUs' memory (`gpu_tier_limit`'s reserve against
+    fragmentation over several groups): the banner's "GPU Memory" is the GPUs' memory, the cache fills only
+    `limit`. With --num-gpus 8 --gpu-mem-gb 0.1 and entries larger than one GPU's share, the reserve is one
+    GPU's share per other group, and the 0.8 GiB tier held 0.1 GiB without a word."""
+    total = store.capacity_bytes
+    if limit >= total:
+        return None
+    per_gpu = getattr(store, "capacity_per_device", total)
+    groups = getattr(store, "groups", 1)
+    kept = total - limit
+    return (f"GPU tier: the cache fills {limit / GIB:.3f} of its {total / GIB:.3f} GiB ({100 * limit / total:.0f} %): "
+            f"{kept / GIB:.3f} GiB ({groups - 1} x {kept / max(1, groups - 1) / GIB:.3f} GiB, the largest entry one "
+            f"GPU of {per_gpu / GIB:.3f} GiB holds) is kept back so that an entry always finds a group of GPUs "
+            "with room for it; shorter contexts or a larger --gpu-mem-gb keep less back")
+
+
 def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str | None,
                tier_set: TierSet, workers: int = 8, largest_entry: int = 0, other_bytes: int = 0,
                sharers: int = 1, storage_tier: bool = True, last_ram_fraction: float = 1.0) -> None:
@@ -244,6 +261,10 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
         ram_room = max(0, ram_budget_bytes(limit, other_bytes) - cpu_bytes)
     tier_set.tiers = build_tiers(tiers, fs, tier_set.memory_store, tier_set.gpu_store, largest_entry, runs,
                                  ram_room, storage_tier=storage_tier, last_ram_fraction=last_ram_fraction)
+    if tier_set.gpu_store is not None:
+        note = gpu_reserve_note(tier_set.gpu_store, tier_set.tiers[0].limit)
+        if note:
+            tier_set.notes.append(note)
     if not storage_tier:
         return
     storage_limit = tier_set.tiers[-1].limit
@@ -274,6 +295,15 @@ def open_tiers(tiers: TierSettings, storage: StorageSettings, io_trace_log: str 
             log.warning(message)
             tier_set.notes.append(message)
             storage_limit = tier_set.tiers[-1].limit = ram_room
+        if 0 < largest_entry and tier_set.tiers[-1].cost(largest_entry) > storage_limit:
+            # the user's capacity: it runs (the reference runs it), but the first entry larger than the tier
+            # stops the run with a storage error (exit 3): say so before anything runs
+            message = (f"storage capacity: {storage_limit / GIB:.3f} GiB is smaller than the largest entry the "
+                       f"users may write ({largest_entry / GIB:.3f} GiB: the longest context's entry, or one I/O "
+                       "chunk if larger); an entry larger than the storage tier, if one is written, stops the run "
+                       "with a storage error; give a larger --storage-capacity-gb, a smaller model or shorter contexts")
+            log.warning(message)
+            tier_set.notes.append(message)
     if math.isinf(storage_limit):  # unbounded (a bucket): no size decided, none to show
         return
     tier_set.sizes["storage_capacity_gb"] = tier_size(
@@ -357,6 +387,11 @@ def check_free_space(tiers: TierSettings, fs: FileStore, sharers: int = 1, large
     most = math.floor(free / max(1, sharers) / GIB * 1000) / 1000
     said = f"{tiers.storage_capacity_gb:g} GiB{ranks} is more than the {free / GIB:.3f} GiB ({free / (1 << 20):.1f} MiB) free {where}"
     clamped = auto_capacity(free, largest_entry, sharers)
+    if largest_entry > 0 and most * GIB < largest_entry:  # no capacity that fits there holds one entry
+        raise StorageSetupError(
+            f"{said}, and no capacity that fits there holds one entry of {largest_entry / GIB:.3f} GiB (the longest "
+            "context's entry, or one I/O chunk if larger); free space there, put --cache-dir elsewhere, or use a "
+            "smaller model, shorter contexts or a smaller --io-chunk-mb").about("storage_capacity_gb")
     if tiers.strict_memory or clamped < largest_entry:  # strict, or no room for one entry even clamped
         exc = StorageSetupError(
             f"{said}: the capacity is a hard limit the tier fills, so the run would stop on ENOSPC; give at most "
