@@ -79,6 +79,16 @@ class StorageSettings:
         help="Skip the fdatasync per written entry."))  # fdatasync once per written entry
     io_retries: int = _STORAGE.io_retries  # retries after a transient error (EIO, ENOTCONN, EAGAIN)
     max_storage_errors: int = _STORAGE.max_storage_errors  # tolerated storage errors; one more stops the run
+    remote_grace_s: float = setting(_STORAGE.remote_grace_s, flag=Flag(
+        "--remote-grace-s", type=float, default=None, group=_REMOTE,
+        help="Seconds a remote tier's operation may still wait on its server after the run's stop (the "
+             "window's end); then it is abandoned as 'the server stopped answering' and the run ends with its "
+             "results (exit 3). Config: storage.remote_grace_s (default 10)."))
+    remote_failover_s: float = setting(_STORAGE.remote_failover_s, flag=Flag(
+        "--remote-failover-s", type=float, default=None, group=_REMOTE,
+        help="Seconds a lost remote server is retried (exponential backoff with jitter, counted) before the "
+             "run stops (exit 3): a Sentinel or cluster failover is ridden through. Config: "
+             "storage.remote_failover_s (default 30)."))
     verify: bool = setting(False, flag=Flag(
         "--verify", action="store_true", group=_ENGINE,
         help="Check every read's per-block stamps against what was written (mismatches counted)."))

@@ -24,7 +24,7 @@ from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_wo
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
-from kv_cache.host.signals import catch_stop_signals
+from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
 from kv_cache.metrics.recorder import GIB
 from kv_cache.render.console import integrity_line
 from kv_cache.render.sessions import print_grid, print_table
@@ -200,6 +200,7 @@ def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str
 
 
 def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs are still written
+    ABANDON_IO.set()  # a remote operation waiting on a frozen server gives up now
     raise KeyboardInterrupt
 
 
