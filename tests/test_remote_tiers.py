@@ -760,6 +760,65 @@ def test_the_results_record_no_redis_password(tmp_path):
     assert f"redis://:***@127.0.0.1:{srv.port}/0" in json.loads(text)["run_parameters"]["command"]
 
 
+@pytest.mark.parametrize("arg", [
+    "redis://:s3cr3t-pw@host:6379/0", "redis://user:s3cr3t-pw@host:6379/0", "rediss://default:s3cr3t-pw@h:1/0",
+    "redis://host:6379/0?password=s3cr3t-pw", "redis://host:6379/0?db=1&password=s3cr3t-pw&protocol=2",
+    "--redis-url=redis://h:1/0?PASSWORD=s3cr3t-pw", "https://h/o?X-Amz-Signature=s3cr3t-pw&X-Amz-Expires=900",
+    "redis://user:s3cr3t-pw@h:1/0?password=s3cr3t-pw"])
+def test_every_form_of_a_url_credential_is_redacted(arg):
+    from kv_cache.settings.run import redacted_argv
+
+    out = redacted_argv(["kv-cache", arg])[1]
+    assert "s3cr3t-pw" not in out and "***" in out, out
+    assert out.split("***")[0] == arg.split("s3cr3t-pw")[0]  # what comes before the secret is kept
+
+
+def test_a_password_in_the_redis_urls_query_is_not_recorded(tmp_path):
+    """`--redis-url redis://host:port/0?password=PW` (redis-py's query form) was written in clear in
+    run_parameters.command, while the userinfo forms were masked."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    import redis
+
+    srv = servers.start_redis()
+    try:
+        redis.Redis.from_url(srv.url).config_set("requirepass", "s3cr3t-qpw")
+        proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url",
+                         f"redis://127.0.0.1:{srv.port}/0?password=s3cr3t-qpw", duration=1))
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "r.json").read_text()
+    assert "s3cr3t-qpw" not in text + proc.stdout + proc.stderr
+    assert "?password=***" in json.loads(text)["run_parameters"]["command"]
+
+
+@pytest.mark.parametrize("where", ["environment", "credentials-file"])
+def test_s3_keys_from_the_environment_or_the_aws_config_files_are_never_written(where, moto, tmp_path):
+    """The S3 tier's keys come from the environment or ~/.aws/credentials (boto3's chain): neither the
+    results, nor the console, nor the log carries them (the tier records the endpoint, scheme, TLS and CA)."""
+    bucket = _bucket(moto.url, "keys")
+    secret = "s3cr3t-" + where
+    env = _env()
+    if where == "environment":
+        env["AWS_SECRET_ACCESS_KEY"] = secret
+    else:
+        creds = tmp_path / "credentials"
+        creds.write_text(f"[default]\naws_access_key_id = AKIDTEST\naws_secret_access_key = {secret}\n")
+        env.pop("AWS_ACCESS_KEY_ID")
+        env.pop("AWS_SECRET_ACCESS_KEY")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
+    proc = subprocess.run(_cmd(tmp_path, "--storage-backend", "s3", "--s3-endpoint", moto.url, "--s3-bucket", bucket,
+                               "--s3-part-mb", "5", duration=1), capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "r.json").read_text()
+    assert secret not in text + proc.stdout + proc.stderr
+    rt = json.loads(text)["measurement"]["remote_tier"]
+    assert rt["scheme"] == "http" and rt["tls"] == {"on": False}
+
+
 def test_a_key_the_server_dropped_is_a_read_error_not_a_verify_mismatch():
     """A server whose maxmemory-policy evicts (allkeys-lru, common for caches) drops the run's keys
     silently: a read found None and counted it as a --verify mismatch. Now the open says the server

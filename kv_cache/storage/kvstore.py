@@ -546,10 +546,9 @@ class RedisStore(SizedStore):
 
     def removal_command(self) -> str:
         """The shell command that removes this run's keys (and marker) from the server."""
-        url = redacted_argv([self.url])[0]
-        return (f"redis-cli -u '{url}' --scan --pattern '{self.run_name}:*' | xargs -r redis-cli -u '{url}' unlink"
-                " (give the password where the URL shows ***)" if "***" in url else
-                f"redis-cli -u '{url}' --scan --pattern '{self.run_name}:*' | xargs -r redis-cli -u '{url}' unlink")
+        url = redacted_argv([self._where() if self.scheme == "unix" else self.url])[0]
+        cmd = f"redis-cli -u '{url}' --scan --pattern '{self.run_name}:*' | xargs -r redis-cli -u '{url}' unlink"
+        return cmd + (" (with the password where the URL shows ***)" if "***" in url else "")
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where()}, run={self.run_name!r})"

@@ -221,7 +221,7 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
         return meas.storage_location(None, None)
     remote = ls.remote.storage_backend
     if remote != "file":  # a remote tier: the server, no path
-        where = ls.remote.redis_url if remote == "redis" else f"s3://{ls.remote.s3_bucket}/{ls.remote.s3_prefix}"
+        where = redacted_argv([ls.remote.redis_url or ""])[0] if remote == "redis" else f"s3://{ls.remote.s3_bucket}/{ls.remote.s3_prefix}"
         return {"cache_dir": where, "mount_point": None, "filesystem": remote, "filesystem_kind": meas.REMOTE,
                 "mount_source": ls.remote.s3_endpoint if remote == "s3" else None, "block_device": None,
                 "io_mode": "network", "io_mode_reason": "a remote storage tier (--storage-backend)"}
