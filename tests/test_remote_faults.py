@@ -227,3 +227,74 @@ def test_a_failover_is_ridden_through_and_counted(kind, tmp_path):
     assert rt["outages"] >= 1 and rt["failover_retries"] > 0 and rt["failover_gave_up"] == 0
     assert rt["longest_outage_s"] > 0 and rt["stopped_answering"] == 0
     assert res["measurement"]["storage_errors_total"] == 0
+
+
+# ----------------------------------------------------------------------------- labels
+def test_a_rank_stopped_before_its_window_is_not_blamed_on_an_older_kv_cache():
+    """After interrupted ranks the merge said their files were "written by a kv-cache older than the merge
+    of recorders", though the same kv-cache wrote them: it names the rank that stopped early, and why."""
+    from kv_cache.results.documents import RunDocument
+    from kv_cache.results.rank_files import MergeError, check_one_run
+
+    full = {"run_id": "r1", "world_size": 2, "run_parameters": {"mpi_rank": 0, "mpi_world_size": 2},
+            "recorder": {}, "rank_status": "complete"}
+    early = {"run_id": "r1", "world_size": 2, "run_parameters": {"mpi_rank": 1, "mpi_world_size": 2},
+             "rank_status": "incomplete", "rank_status_reason": "interrupted before the measured window"}
+    with pytest.raises(MergeError) as info:
+        check_one_run([RunDocument(full, "rank0.json"), RunDocument(early, "rank1.json")])
+    msg = str(info.value)
+    assert "older" not in msg and "rank1.json: rank 1 stopped before its measured window" in msg
+    assert "interrupted before the measured window" in msg and "--allow-missing-ranks" in msg
+    old = {k: v for k, v in early.items() if not k.startswith("rank_status")}  # a file of an older kv-cache
+    with pytest.raises(MergeError, match="older than the merge of recorders"):
+        check_one_run([RunDocument(full, "rank0.json"), RunDocument(old, "rank1.json")])
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_verify_mismatch_names_the_remote_tier_by_its_backend(kind, monkeypatch):
+    """--verify's errors named the S3 and Redis tiers `nvme:`, the file tier's name."""
+    from test_remote_tiers import CREDS, _bufs
+
+    from kv_cache.storage.base import DataCorruption
+
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    srv = _server(kind)
+    try:
+        bufs = _bufs()
+        if kind == "redis":
+            import redis
+
+            from kv_cache.storage.kvstore import RedisStore
+
+            store = RedisStore(srv.url, 1 << 20, workers=1)
+            store.write("e", 1 << 20, bufs)
+            redis.Redis.from_url(srv.url).setrange(f"{store._base('e')}:0", 8192, b"\0" * 4096)  # block 2
+        else:
+            import boto3
+
+            from kv_cache.storage.s3 import S3Store
+
+            store = S3Store(_bucket(srv.url, "labels"), srv.url, "", part_bytes=5 << 20, concurrency=1, workers=1,
+                            chunk_bytes=1 << 20)
+            store.write("e", 1 << 20, bufs)
+            boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").put_object(
+                Bucket="labels", Key=store._object("e"), Body=b"\0" * (1 << 20))
+        with pytest.raises(DataCorruption) as info:
+            store.read("e", bufs, verify=True)
+        assert str(info.value).startswith(f"{kind}: entry 'e' block ") and "nvme" not in str(info.value)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("backend, says", [("s3", "S3 object requests"), ("redis", "Redis/Valkey key requests"),
+                                           ("file", "file I/O operations on the cache directory")])
+def test_the_storage_sections_header_says_what_the_tiers_io_is(backend, says):
+    from kv_cache.render import console
+
+    results = {"summary": {"elapsed_time": 2.0, "cache_stats": {}},
+               "measurement": {"tier_backends": {"storage": backend}}}
+    header = next(line for line in console.tier_sections(results) if line.startswith("### STORAGE"))
+    assert says in header

@@ -90,7 +90,7 @@ def _refusal(what: str, text: str) -> OSError:
 class RedisStore(SizedStore):
     """Entries as chunked keys under this run's namespace (see the module docstring)."""
 
-    def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "nvme",
+    def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "redis",
                  grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
         self.redis, self.hiredis = _import_redis()
         self.deadline = RunDeadline(grace_s, failover_s)

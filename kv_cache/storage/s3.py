@@ -89,7 +89,7 @@ class S3Store(SizedStore):
     """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
-                 concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "nvme",
+                 concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "s3",
                  grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
         self.obstore, s3_class = import_obstore()
         self.deadline = RunDeadline(grace_s, failover_s)
