@@ -652,14 +652,25 @@ def test_the_tier_bytes_include_operations_aborted_at_the_stop():
     assert net["received_over_tool"] == 1.01 and net["other_traffic"] is False
 
 
-def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redis_server, tmp_path):
+def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redis_server, quick_settings,
+                                                                            monkeypatch):
     """The interface was read before the preconditioning phase, whose writes the tier's bytes leave out:
-    a quiet loopback showed twice the tier's bytes and was flagged as shared."""
-    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--precondition",
-                     "--precondition-size-gb", "0.05"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    net = _network_checked(json.loads((tmp_path / "r.json").read_text()))["network"]
-    assert net["received_over_tool"] < 1.10 and net["other_traffic"] is False, net
+    a quiet loopback showed twice the tier's bytes and was flagged as shared. The counters are read after
+    the phases now. (Checked by the order of the calls, not by the loopback's bytes: on a shared host the
+    loopback carries other processes' traffic too, 7.9 times the tier's in one run of this test.)"""
+    import io
+
+    from kv_cache.benchmarks.standard import run as run_mod
+    from kv_cache.host.netdev import NetCounter
+
+    calls: list[str] = []
+    phases, snapshot = run_mod.run_phases, NetCounter.snapshot
+    monkeypatch.setattr(run_mod, "run_phases", lambda *a, **k: (calls.append("phases"), phases(*a, **k))[1])
+    monkeypatch.setattr(NetCounter, "snapshot", lambda self: (calls.append("snapshot"), snapshot(self))[1])
+    settings = quick_settings("--storage-backend", "redis", "--redis-url", redis_server.url, "--precondition",
+                              "--precondition-size-gb", "0.02", "--duration", "1")
+    run_mod.run_benchmark(settings, io.StringIO())
+    assert calls[:2] == ["phases", "snapshot"], calls  # the window's counters start after preconditioning
 
 
 def test_a_sessions_rung_moves_blocks_through_redis_behind_dram(redis_server, tmp_path):
