@@ -298,3 +298,15 @@ def test_the_storage_sections_header_says_what_the_tiers_io_is(backend, says):
                "measurement": {"tier_backends": {"storage": backend}}}
     header = next(line for line in console.tier_sections(results) if line.startswith("### STORAGE"))
     assert says in header
+
+
+def test_the_grace_and_the_failover_budget_come_from_the_flags_over_the_config(tmp_path):
+    from kv_cache.cli import parse_settings
+
+    config = tmp_path / "c.yaml"
+    config.write_text("storage:\n  remote_grace_s: 4\n  remote_failover_s: 7\n")
+    assert (parse_settings([]).storage.remote_grace_s, parse_settings([]).storage.remote_failover_s) == (10.0, 30.0)
+    s = parse_settings(["--config", str(config)]).storage
+    assert (s.remote_grace_s, s.remote_failover_s) == (4.0, 7.0)
+    s = parse_settings(["--config", str(config), "--remote-grace-s", "2.5", "--remote-failover-s", "60"]).storage
+    assert (s.remote_grace_s, s.remote_failover_s) == (2.5, 60.0)
