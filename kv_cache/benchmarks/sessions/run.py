@@ -393,8 +393,9 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     started = datetime.now()
     interrupted, storage_error = False, None
     if threading.current_thread() is threading.main_thread():
-        # a lost terminal keeps the rungs measured, as Ctrl-C does (a SIGHUP ignored under nohup stays so)
-        catch_stop_signals(_interrupt, (signal.SIGTERM, signal.SIGHUP))
+        # a lost terminal keeps the rungs measured, as Ctrl-C does (a SIGHUP ignored under nohup stays so);
+        # Ctrl-C itself also abandons a remote tier's waits on a frozen server (ABANDON_IO)
+        catch_stop_signals(_interrupt, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     cells: list[dict[str, Any]] = []
     for cell_ls in s.grid or (s.ladder_settings,):
         ls = dataclasses.replace(cell_ls, block_tokens=ls0.block_tokens,
