@@ -238,8 +238,17 @@ def test_a_tls_server_round_trips_through_the_same_path():
         store.write("e", 5 * MIB + 3, b)
         assert store.read("e", b, verify=True).nbytes == 5 * MIB + 3
         assert store._tls.wire.vector is False  # the SSL socket's path was the one taken
+        rt = store.remote_stats()  # recorded as it is: TLS on, the certificate not verified (ssl_cert_reqs=none)
+        assert rt["scheme"] == "rediss" and rt["endpoint"].startswith("rediss://")
+        assert rt["tls"]["on"] is True and rt["tls"]["verify"] is False and rt["tls"]["cert_reqs"] == "none"
         store.close()
         b.close()
+        from kv_cache.errors import StorageSetupError
+
+        with pytest.raises(StorageSetupError) as info:  # verified against the system's CAs: a self-signed one fails
+            RedisStore(s.url.replace("ssl_cert_reqs=none", "ssl_cert_reqs=required"), MIB, pipeline=3, workers=1)
+        msg = str(info.value)
+        assert "TLS certificate failed verification" in msg and "cannot be reached" not in msg, msg
     finally:
         s.stop()
 
