@@ -310,3 +310,16 @@ def test_the_grace_and_the_failover_budget_come_from_the_flags_over_the_config(t
     assert (s.remote_grace_s, s.remote_failover_s) == (4.0, 7.0)
     s = parse_settings(["--config", str(config), "--remote-grace-s", "2.5", "--remote-failover-s", "60"]).storage
     assert (s.remote_grace_s, s.remote_failover_s) == (2.5, 60.0)
+
+
+def test_the_console_reports_the_outages_and_tls_as_they_were():
+    from kv_cache.render.measurement_section import remote_lines
+
+    rt = {"backend": "redis", "client": "c", "outages": 1, "failover_retries": 70, "failover_wait_s": 83.2,
+          "longest_outage_s": 20.16, "failover_gave_up": 0, "stopped_answering": 0, "abandoned_at_stop_signal": 0,
+          "scheme": "rediss", "tls": {"on": True, "verify": False, "cert_reqs": "none", "ca": None}}
+    text = "\n".join(remote_lines(rt))
+    assert "Server lost 1 time(s): 70 request(s) sent again" in text and "longest outage 20.2 s" in text
+    assert "TLS (rediss): the server's certificate NOT verified" in text
+    quiet = "\n".join(remote_lines({"backend": "s3", "client": "c", "scheme": "http", "tls": {"on": False}}))
+    assert "Server lost" not in quiet and "TLS" not in quiet
