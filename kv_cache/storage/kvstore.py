@@ -17,7 +17,9 @@ worker's read buffer, chunk by chunk, where --verify checks the stamps in place:
 buffered beyond the worker buffers (and one 64 KiB scratch per thread for the reply headers).
 
 A ``maxmemory`` refusal (OOM) is the tier being full: ENOSPC, which stops the run as a full disk does. A lost
-connection is an ENOTCONN the cache retries and the error policy counts.
+connection is sent again after backoffs within the failover budget, then EHOSTDOWN (remote.py
+RemoteStats.failover); an operation still waiting on a frozen server past the run's deadline is abandoned
+(the Watchdog shuts the pool's sockets down) as ETIMEDOUT, at a stop signal as IOAborted (RunDeadline).
 """
 
 from __future__ import annotations

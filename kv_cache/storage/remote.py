@@ -1,6 +1,7 @@
 """What the remote storage tiers (S3 objects, Redis/Valkey keys) share: the run's own namespace with its
-marker, the sweep of a killed run's leftovers, server throttling retried with backoff and counted, and
-lost connections raised as the transient OSErrors the cache retries and the error policy counts.
+marker, the sweep of a killed run's leftovers, server throttling retried with backoff and counted, lost
+connections sent again with exponential backoff and jitter within a failover budget (RemoteStats.failover),
+and the deadline every operation has, tied to the run's stop (RunDeadline, Watchdog).
 
 A remote run owns one namespace, ``<prefix>kv-cache-run-<date>-<time>-<pid>-<4 hex>/`` (the run directory's
 name), holding a marker (``.kv-cache-run``, the same JSON as a run directory's) and the entries. At the end

@@ -19,8 +19,10 @@ workload (see the README).
 the client's own work there) and the time waiting for the parts on reads; the stamping, the copies of a
 write moved in from another tier, the checks and the hand-on are ``host_ns``.
 Server throttling (503 SlowDown, 429) is retried here with backoff and counted (RemoteStats); a lost
-connection is an ENOTCONN the cache retries and the error policy counts; a refusal of the credentials
-mid-run is an EACCES, which stops the run.
+connection is sent again after backoffs within the failover budget, then EHOSTDOWN; a refusal of the
+credentials mid-run is an EACCES, which stops the run. Every call the workers make waits within the run's
+deadline (RunDeadline: obstore's and botocore's calls on pool threads, which cannot be interrupted, the
+reads' sockets shut down by the Watchdog), so a frozen server holds the run no longer than its stop + grace.
 """
 
 from __future__ import annotations

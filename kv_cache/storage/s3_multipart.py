@@ -9,8 +9,8 @@ slot stays untouched until its part is acknowledged, retries included. botocore'
 only knows bytes and files, so it is off (this module builds every call's parameters itself), and its
 default CRC32 of every body is off too (``request_checksum_calculation="when_required"``: S3 asks for
 none on these calls). botocore's own retries are off (one attempt) so that every failure surfaces here:
-throttling is retried with backoff, a lost connection is an ENOTCONN (counted, retried by the cache),
-refused credentials an EACCES (the run stops). A failed upload is aborted, so it leaves no incomplete
+throttling is retried with backoff, a lost connection sent again after backoffs within the failover
+budget (counted; then EHOSTDOWN), refused credentials an EACCES (the run stops). A failed upload is aborted, so it leaves no incomplete
 upload behind (and a killed run's are aborted by the next run's sweep).
 """
 

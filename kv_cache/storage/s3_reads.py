@@ -14,7 +14,8 @@ then the window moves on.
 Per part: a 503 SlowDown / 429 is retried after a backoff and counted (RemoteStats); a 403 / 401 is an
 EACCES, a 404 a KeyError (a missing bucket FileNotFoundError), a 416 or a body shorter than asked a
 DataCorruption, any other status an EIO; a connection refused, reset, timed out or closed mid-body is an
-ENOTCONN (counted as a lost connection; the cache retries the read). ``device_ns`` is the time the read
+ENOTCONN (counted as a lost connection; a request that got no answer is sent again within the failover
+budget, a body cut part way fails the read, which the cache retries). ``device_ns`` is the time the read
 waits for its parts (the network and the server), ``host_ns`` the checks, the hand-on and the bookkeeping.
 A read stopped between windows still counts the bytes its parts under way received: they are read to
 their end (into the window, which is discarded) before the read returns.
