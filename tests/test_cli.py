@@ -124,6 +124,7 @@ def test_reference_defaults():
         # ours: the remote storage tiers (--storage-backend s3 | redis)
         "storage_backend": "file", "s3_endpoint": None, "s3_bucket": None, "s3_prefix": "", "s3_part_mb": 8,
         "s3_concurrency": 4, "redis_url": None, "redis_pipeline": 8,
+        "remote_grace_s": None, "remote_failover_s": None,  # None: the config's storage section (10 s, 30 s)
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's

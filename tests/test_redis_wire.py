@@ -188,16 +188,17 @@ def test_a_stop_between_round_trips_counts_the_bytes_moved(store, bufs):
     assert info.value.device_bytes == 3 * MIB and info.value.device_ns > 0
 
 
-def test_a_connection_lost_mid_value_is_enotconn_and_counted(bufs):
+def test_a_connection_lost_mid_value_is_retried_within_the_failover_budget_and_counted(bufs):
     """The server killed while a 64 MiB value streams in (more than the kernel's socket buffers hold): the
-    read sees the connection close part way, raises ENOTCONN (the cache's retried, counted error) and the
-    lost connection is counted; the next operation finds the server gone the same way."""
+    read sees the connection close part way, the round trip is sent again after backoffs (each counted)
+    until the failover budget is spent, then EHOSTDOWN (the run stops); the next operation finds the
+    budget spent and the server still gone at once."""
     _need()
     from kv_cache.storage.kvstore import RedisStore
 
     s = servers.start_redis()
     try:
-        store = RedisStore(s.url, 64 * MIB, pipeline=1, workers=1)
+        store = RedisStore(s.url, 64 * MIB, pipeline=1, workers=1, failover_s=0.3)
         store.write("big", 64 * MIB, bufs)
         got = []
 
@@ -209,11 +210,14 @@ def test_a_connection_lost_mid_value_is_enotconn_and_counted(bufs):
 
         with pytest.raises(OSError) as info:
             store.read("big", bufs, verify=True, on_chunk=kill_at_first)
-        assert info.value.errno == errno.ENOTCONN and "connection to the server lost" in str(info.value)
-        assert 0 < len(got) < 64 and store.stats.reconnects == 1
+        assert info.value.errno == errno.EHOSTDOWN and "connection to the server lost" in str(info.value)
+        assert "failover budget (0.3 s" in str(info.value)
+        stats = store.remote_stats()
+        assert 0 < len(got) < 64 and stats["outages"] == 1 and stats["failover_gave_up"] == 1
+        assert stats["lost_connections"] == stats["failover_retries"] + 1 > 1
         with pytest.raises(OSError) as info:
             store.read("big", bufs)
-        assert info.value.errno == errno.ENOTCONN and store.stats.reconnects == 2
+        assert info.value.errno == errno.EHOSTDOWN and store.remote_stats()["failover_gave_up"] == 2
         store.close()
     finally:
         s.stop()
@@ -234,8 +238,17 @@ def test_a_tls_server_round_trips_through_the_same_path():
         store.write("e", 5 * MIB + 3, b)
         assert store.read("e", b, verify=True).nbytes == 5 * MIB + 3
         assert store._tls.wire.vector is False  # the SSL socket's path was the one taken
+        rt = store.remote_stats()  # recorded as it is: TLS on, the certificate not verified (ssl_cert_reqs=none)
+        assert rt["scheme"] == "rediss" and rt["endpoint"].startswith("rediss://")
+        assert rt["tls"]["on"] is True and rt["tls"]["verify"] is False and rt["tls"]["cert_reqs"] == "none"
         store.close()
         b.close()
+        from kv_cache.errors import StorageSetupError
+
+        with pytest.raises(StorageSetupError) as info:  # verified against the system's CAs: a self-signed one fails
+            RedisStore(s.url.replace("ssl_cert_reqs=none", "ssl_cert_reqs=required"), MIB, pipeline=3, workers=1)
+        msg = str(info.value)
+        assert "TLS certificate failed verification" in msg and "cannot be reached" not in msg, msg
     finally:
         s.stop()
 

@@ -362,8 +362,8 @@ def test_s3_part_uploads_send_the_slot_itself_not_a_copy(moto):
 
 @pytest.mark.parametrize("fault", ["server-gone", "credentials-refused"])
 def test_s3_multipart_write_faults_keep_their_meaning(fault):
-    """The part calls' errors mean what obstore's do: a server gone is ENOTCONN (counted, the cache
-    retries it), refused credentials an EACCES (the run stops)."""
+    """The part calls' errors mean what obstore's do: a server gone is retried within the failover budget
+    (counted), then EHOSTDOWN (the run stops); refused credentials an EACCES (the run stops)."""
     _need_s3()
     if servers.missing(servers.MOTO):
         pytest.skip(servers.missing(servers.MOTO))
@@ -373,15 +373,22 @@ def test_s3_multipart_write_faults_keep_their_meaning(fault):
     try:
         # then the sweep's listing, the marker, its read-back and botocore's HEAD of it: 5 requests let through
         bucket = _bucket(srv.url, "faults")
-        store = S3Store(bucket, srv.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
+        store = S3Store(bucket, srv.url, "", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB,
+                        failover_s=0.3)
         if fault == "server-gone":
             srv.stop()
         bufs = _bufs()
         with pytest.raises(OSError) as info:
             store.write("e", 12 * MIB, bufs)
-        want = errno.ENOTCONN if fault == "server-gone" else errno.EACCES
+        want = errno.EHOSTDOWN if fault == "server-gone" else errno.EACCES
         assert info.value.errno == want and "part" in str(info.value), info.value  # a part call's error
-        assert store.remote_stats()["lost_connections"] == (1 if fault == "server-gone" else 0)
+        stats = store.remote_stats()
+        if fault == "server-gone":  # sent again after backoffs until the budget was spent, each loss counted
+            # (the parts in flight each give up: how many started before the first failed is the scheduler's)
+            assert stats["outages"] == 1 and stats["failover_gave_up"] >= 1
+            assert stats["lost_connections"] >= stats["failover_retries"] + 1 > 1
+        else:
+            assert stats["lost_connections"] == 0
         store.close()
         bufs.close()
     finally:
@@ -536,7 +543,8 @@ def test_a_server_lost_mid_run_stops_it_with_exit_3_and_results(backend, tmp_pat
             extra = ["--s3-endpoint", _bucket(srv.url, "lost") and srv.url, "--s3-bucket", "lost", "--s3-part-mb", "5"]
         else:
             extra = ["--redis-url", srv.url]
-        proc = subprocess.Popen(_cmd(tmp_path, "--storage-backend", backend, *extra, duration=30),
+        proc = subprocess.Popen(_cmd(tmp_path, "--storage-backend", backend, *extra, "--remote-failover-s", "1",
+                                     duration=30),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
         deadline = time.monotonic() + 30
         while _stored(backend, srv) < 3 and time.monotonic() < deadline:  # the run is writing
@@ -548,9 +556,9 @@ def test_a_server_lost_mid_run_stops_it_with_exit_3_and_results(backend, tmp_pat
     assert proc.returncode == 3, err[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["measurement"]["stop_reason"] == "storage error"
-    assert res["measurement"]["storage_retries_total"] > 0
-    assert res["measurement"]["remote_tier"]["lost_connections"] > 0
-    assert "ENOTCONN" in err and "Traceback" not in err
+    rt = res["measurement"]["remote_tier"]
+    assert rt["lost_connections"] > 0 and rt["failover_retries"] > 0 and rt["failover_gave_up"] > 0
+    assert "EHOSTDOWN" in err and "failover budget" in err and "Traceback" not in err
     line = next(line for line in err.splitlines() if "storage error" in line)
     print(f"[fault] {backend} server lost mid-run: exit 3: {line}")
 
@@ -644,14 +652,25 @@ def test_the_tier_bytes_include_operations_aborted_at_the_stop():
     assert net["received_over_tool"] == 1.01 and net["other_traffic"] is False
 
 
-def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redis_server, tmp_path):
+def test_the_interface_bytes_start_at_the_window_not_before_preconditioning(redis_server, quick_settings,
+                                                                            monkeypatch):
     """The interface was read before the preconditioning phase, whose writes the tier's bytes leave out:
-    a quiet loopback showed twice the tier's bytes and was flagged as shared."""
-    proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url", redis_server.url, "--precondition",
-                     "--precondition-size-gb", "0.05"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    net = _network_checked(json.loads((tmp_path / "r.json").read_text()))["network"]
-    assert net["received_over_tool"] < 1.10 and net["other_traffic"] is False, net
+    a quiet loopback showed twice the tier's bytes and was flagged as shared. The counters are read after
+    the phases now. (Checked by the order of the calls, not by the loopback's bytes: on a shared host the
+    loopback carries other processes' traffic too, 7.9 times the tier's in one run of this test.)"""
+    import io
+
+    from kv_cache.benchmarks.standard import run as run_mod
+    from kv_cache.host.netdev import NetCounter
+
+    calls: list[str] = []
+    phases, snapshot = run_mod.run_phases, NetCounter.snapshot
+    monkeypatch.setattr(run_mod, "run_phases", lambda *a, **k: (calls.append("phases"), phases(*a, **k))[1])
+    monkeypatch.setattr(NetCounter, "snapshot", lambda self: (calls.append("snapshot"), snapshot(self))[1])
+    settings = quick_settings("--storage-backend", "redis", "--redis-url", redis_server.url, "--precondition",
+                              "--precondition-size-gb", "0.02", "--duration", "1")
+    run_mod.run_benchmark(settings, io.StringIO())
+    assert calls[:2] == ["phases", "snapshot"], calls  # the window's counters start after preconditioning
 
 
 def test_a_sessions_rung_moves_blocks_through_redis_behind_dram(redis_server, tmp_path):
@@ -750,6 +769,65 @@ def test_the_results_record_no_redis_password(tmp_path):
     text = (tmp_path / "r.json").read_text()
     assert "s3cr3t-pw" not in text and "s3cr3t-pw" not in proc.stdout
     assert f"redis://:***@127.0.0.1:{srv.port}/0" in json.loads(text)["run_parameters"]["command"]
+
+
+@pytest.mark.parametrize("arg", [
+    "redis://:s3cr3t-pw@host:6379/0", "redis://user:s3cr3t-pw@host:6379/0", "rediss://default:s3cr3t-pw@h:1/0",
+    "redis://host:6379/0?password=s3cr3t-pw", "redis://host:6379/0?db=1&password=s3cr3t-pw&protocol=2",
+    "--redis-url=redis://h:1/0?PASSWORD=s3cr3t-pw", "https://h/o?X-Amz-Signature=s3cr3t-pw&X-Amz-Expires=900",
+    "redis://user:s3cr3t-pw@h:1/0?password=s3cr3t-pw"])
+def test_every_form_of_a_url_credential_is_redacted(arg):
+    from kv_cache.settings.run import redacted_argv
+
+    out = redacted_argv(["kv-cache", arg])[1]
+    assert "s3cr3t-pw" not in out and "***" in out, out
+    assert out.split("***")[0] == arg.split("s3cr3t-pw")[0]  # what comes before the secret is kept
+
+
+def test_a_password_in_the_redis_urls_query_is_not_recorded(tmp_path):
+    """`--redis-url redis://host:port/0?password=PW` (redis-py's query form) was written in clear in
+    run_parameters.command, while the userinfo forms were masked."""
+    _need_redis()
+    why = servers.missing(servers.REDIS)
+    if why:
+        pytest.skip(why)
+    import redis
+
+    srv = servers.start_redis()
+    try:
+        redis.Redis.from_url(srv.url).config_set("requirepass", "s3cr3t-qpw")
+        proc = _run(_cmd(tmp_path, "--storage-backend", "redis", "--redis-url",
+                         f"redis://127.0.0.1:{srv.port}/0?password=s3cr3t-qpw", duration=1))
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "r.json").read_text()
+    assert "s3cr3t-qpw" not in text + proc.stdout + proc.stderr
+    assert "?password=***" in json.loads(text)["run_parameters"]["command"]
+
+
+@pytest.mark.parametrize("where", ["environment", "credentials-file"])
+def test_s3_keys_from_the_environment_or_the_aws_config_files_are_never_written(where, moto, tmp_path):
+    """The S3 tier's keys come from the environment or ~/.aws/credentials (boto3's chain): neither the
+    results, nor the console, nor the log carries them (the tier records the endpoint, scheme, TLS and CA)."""
+    bucket = _bucket(moto.url, "keys")
+    secret = "s3cr3t-" + where
+    env = _env()
+    if where == "environment":
+        env["AWS_SECRET_ACCESS_KEY"] = secret
+    else:
+        creds = tmp_path / "credentials"
+        creds.write_text(f"[default]\naws_access_key_id = AKIDTEST\naws_secret_access_key = {secret}\n")
+        env.pop("AWS_ACCESS_KEY_ID")
+        env.pop("AWS_SECRET_ACCESS_KEY")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
+    proc = subprocess.run(_cmd(tmp_path, "--storage-backend", "s3", "--s3-endpoint", moto.url, "--s3-bucket", bucket,
+                               "--s3-part-mb", "5", duration=1), capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "r.json").read_text()
+    assert secret not in text + proc.stdout + proc.stderr
+    rt = json.loads(text)["measurement"]["remote_tier"]
+    assert rt["scheme"] == "http" and rt["tls"] == {"on": False}
 
 
 def test_a_key_the_server_dropped_is_a_read_error_not_a_verify_mismatch():
@@ -936,7 +1014,11 @@ def test_s3_connection_lost_mid_body_is_enotconn_counted_and_a_retry_reads_it(mo
     the entry whole."""
     from s3_faults import FaultProxy, ranged_gets
 
-    decide, seen = ranged_gets("cut", every=2)
+    every_2nd, seen = ranged_gets("cut", every=2)
+
+    def decide(method: str, headers: dict, n: int):  # one cut only: the read's other parts may or may not
+        return None if seen["failed"] else every_2nd(method, headers, n)  # start before it winds up (load)
+
     proxy = FaultProxy(moto.port, decide)
     store, bufs = _s3(proxy.url, "cut")
     try:
@@ -1044,7 +1126,8 @@ def test_s3_a_read_path_that_cannot_verify_the_servers_certificate_is_a_setup_er
         with pytest.raises(StorageSetupError) as info:
             S3Store("tls2", srv.url, "runs", part_bytes=5 * MIB, concurrency=2, workers=1, chunk_bytes=MIB)
         msg = str(info.value)
-        assert "read path" in msg and "cannot be reached" in msg and "SSL" in msg and "\n" not in msg, msg
+        assert "read path" in msg and "TLS certificate failed verification" in msg and "CERTIFICATE_VERIFY_FAILED" in msg
+        assert "cannot be reached" not in msg and "\n" not in msg, msg
         monkeypatch.undo()
         monkeypatch.setenv("AWS_CA_BUNDLE", srv.extra["ca"])
         keys = boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").list_objects_v2(Bucket="tls2")

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("botocore")
 
+from kv_cache.storage.remote import RemoteStats, RunDeadline  # noqa: E402
 from kv_cache.storage.s3_multipart import Upload  # noqa: E402
 
 MIB = 1 << 20
@@ -36,8 +37,9 @@ class _Client:
 def test_abort_returns_the_bytes_of_the_parts_it_cancelled_before_they_were_sent():
     client = _Client()
     pool = ThreadPoolExecutor(1)  # one part in flight at a time: the others wait in the queue
-    owner = SimpleNamespace(concurrency=4, pool=pool, client=client, bucket="b",
-                            call=lambda what, fn, *a, **k: fn(*a, **k))
+    owner = SimpleNamespace(concurrency=4, pool=pool, client=client, bucket="b", deadline=RunDeadline(),
+                            stats=RemoteStats(), call=lambda what, fn, *a, **k: fn(*a, **k),
+                            attempts=lambda what, fn, *a, **k: fn(*a, **k))
     up = Upload(owner, "obj", "id")
     body = memoryview(bytearray(3 * MIB))
     for n in (MIB, 2 * MIB, 3 * MIB):

@@ -169,9 +169,17 @@ def _storage(args: argparse.Namespace, config: BenchConfig) -> StorageSettings:
         io_mode=args.io_mode if args.io_mode is not None else storage.io_mode,
         io_workers=args.io_workers if args.io_workers is not None else storage.io_workers,
         io_retries=storage.io_retries, max_storage_errors=storage.max_storage_errors,
+        remote_grace_s=_given(args, "remote_grace_s", storage.remote_grace_s),
+        remote_failover_s=_given(args, "remote_failover_s", storage.remote_failover_s),
         verify=bool(getattr(args, "verify", StorageSettings.verify)),
         **shaping_fields(getattr(args, "tier_bandwidth", None), getattr(args, "tier_latency", None)),
     )
+
+
+def _given(args: argparse.Namespace, name: str, configured: float) -> float:
+    """A flag given on the command line (as a float), else the config file's value."""
+    value = getattr(args, name, None)
+    return float(value) if value is not None else float(configured)
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSettings:

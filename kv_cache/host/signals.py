@@ -8,12 +8,19 @@ point is to outlive the terminal) stays ignored: the run goes on to the end of i
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "catch_stop_signals", "exit_follows", "ignore_to_exit", "process_exits_after_run"]
+__all__ = ["ABANDON_IO", "STOP_SIGNALS", "catch_stop_signals", "exit_follows", "ignore_to_exit",
+           "process_exits_after_run"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# Set by a run's stop signal (Ctrl-C in the window, or the second one after it): the remote tiers' operations
+# waiting on a server give up at once (storage/remote.py RunDeadline), so a frozen server cannot hold a stop;
+# cleared when a run takes the signals over (catch_stop_signals).
+ABANDON_IO = threading.Event()
 
 _EXIT_FOLLOWS = [False]  # set by the process's entry point: the run is the last thing before the exit
 
@@ -42,6 +49,7 @@ def catch_stop_signals(handler: Callable[..., Any] | int,
     """Install `handler` for each of `signals` (main thread only) and return the previous handlers, to
     restore; a SIGHUP ignored at the time (nohup) is left ignored and not in the returned dict."""
     previous: dict[int, Any] = {}
+    ABANDON_IO.clear()
     for sig in signals:
         if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
             continue

@@ -184,6 +184,22 @@ TIER_TITLES = {
 }
 
 
+REMOTE_STORAGE_TITLES = {
+    "s3": "### STORAGE PERFORMANCE (storage tier only: S3 object requests to the server, over the network) ###",
+    "redis": "### STORAGE PERFORMANCE (storage tier only: Redis/Valkey key requests to the server, over the network) ###",
+}
+
+
+def tier_title(results: Results, tier: str) -> str:
+    """A tier section's header; the storage tier's says what its I/O is: files on the cache directory, or
+    requests to a remote server (measurement.tier_backends)."""
+    backends = results.get("measurement", {}).get("tier_backends") or {}
+    backend = backends.get(str(TierName.STORAGE)) if isinstance(backends, dict) else None
+    if tier == TierName.STORAGE and backend in REMOTE_STORAGE_TITLES:
+        return REMOTE_STORAGE_TITLES[backend]
+    return TIER_TITLES[tier]
+
+
 def _tier_op_line(cs: dict[str, Any], window: float, tier: str, op: str) -> str | None:
     word = "written" if op == "write" else "read"
     gib = cs.get(f"tier_{tier}_kv_bytes_{word}_gb", 0.0)
@@ -223,7 +239,7 @@ def tier_sections(results: Results) -> list[str]:
     for tier in TIERS:
         body = [line for op in OPS if (line := _tier_op_line(cs, window, tier, op)) is not None]
         if body or tier == TierName.STORAGE:
-            lines += ["", TIER_TITLES[tier], *(body or ["  No storage-tier I/O in the measured window"])]
+            lines += ["", tier_title(results, tier), *(body or ["  No storage-tier I/O in the measured window"])]
             lines += _shaped_line(results, tier)
     if _gpu_mark(results) and any(line == TIER_TITLES[TierName.GPU] for line in lines):
         lines.append("  (GPU: simulated tier, device time modelled from the host link, not measured)")

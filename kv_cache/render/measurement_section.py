@@ -68,6 +68,16 @@ def remote_lines(rt: dict[str, Any] | None) -> list[str]:
     lines = [f"  Remote tier: {rt.get('backend')} via {rt.get('client')}; throttled requests "
              f"{rt.get('throttled_requests', 0)} (backoff {rt.get('throttle_wait_s', 0):.2f} s), lost connections "
              f"{rt.get('lost_connections', 0)}"]
+    if rt.get("outages") or rt.get("stopped_answering") or rt.get("abandoned_at_stop_signal"):
+        lines.append(f"  Server lost {rt.get('outages', 0)} time(s): {rt.get('failover_retries', 0)} request(s) sent "
+                     f"again after backoffs ({rt.get('failover_wait_s', 0):.2f} s), longest outage "
+                     f"{rt.get('longest_outage_s', 0):.1f} s, {rt.get('failover_gave_up', 0)} given up at the failover "
+                     f"budget; {rt.get('stopped_answering', 0)} abandoned past the deadline (the server stopped "
+                     f"answering), {rt.get('abandoned_at_stop_signal', 0)} at a stop signal")
+    tls = rt.get("tls")
+    if isinstance(tls, dict) and tls.get("on"):
+        lines.append(f"  TLS ({rt.get('scheme')}): the server's certificate "
+                     + ("verified" if tls.get("verify") else "NOT verified") + (f", CA {tls['ca']}" if tls.get("ca") else ""))
     tool = (net.get("tool_bytes_read", 0) + net.get("tool_bytes_written", 0)) / GIB
     if "bytes_received" in net:
         lines.append(f"  Interface {net['interface']} saw: {net['bytes_received'] / GIB:.3f} GiB received, "

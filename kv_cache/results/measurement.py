@@ -205,7 +205,7 @@ def storage_errors(metrics: RunMetrics, retries: int, max_errors: int, verify: b
         "storage_retries_total": sum(c["retried"] for ops in table.values() for c in ops.values()),
         "storage_error_policy": {
             "transient_errors_retried": ["EIO", "ENOTCONN", "EAGAIN"], "retries": retries,
-            "fatal_errors": ["ENOSPC", "EROFS", "EDQUOT", "EACCES", "EPERM"],
+            "fatal_errors": ["ENOSPC", "EROFS", "EDQUOT", "EACCES", "EPERM", "ETIMEDOUT", "EHOSTDOWN"],
             "max_storage_errors": max_errors,
         },
         "verify": {"enabled": verify, "mismatches": metrics.verify_mismatches,

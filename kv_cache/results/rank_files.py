@@ -143,6 +143,15 @@ def check_one_run(docs: Sequence[RunDocument], allow_missing: bool = False) -> l
     if missing and not allow_missing:
         raise MergeError(f"rank(s) {', '.join(map(str, missing))} of {size} missing (run "
                          f"{docs[0].run_id or 'without a run id'}); give every rank's file")
+    # a rank stopped before its measured window (interrupted, a storage error while preconditioning) writes
+    # its document without a recorder: it measured nothing, and the kv-cache that wrote it is this one
+    early = [d for d in docs if not d.mergeable and d.data.get("rank_status")]
+    if early:
+        raise MergeError("; ".join(f"{d.source}: rank {rank_of(d, 0)} stopped before its measured window "
+                                   f"({d.data.get('rank_status')}: {d.data.get('rank_status_reason') or 'no reason given'})"
+                                   for d in early)
+                         + ": it measured nothing to merge; merge the other ranks' files without it "
+                           "(--allow-missing-ranks)")
     not_mergeable = [str(d.source) for d in docs if not d.mergeable]
     if not_mergeable:
         raise MergeError(f"{', '.join(not_mergeable)}: no `recorder` block (written by a kv-cache older than the "

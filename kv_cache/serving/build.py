@@ -38,6 +38,9 @@ def open_cache(tiers: TierSettings, storage: StorageSettings, eviction: Eviction
                storage_tier=storage_tier, last_ram_fraction=last_ram_fraction)
     if not stores.tiers:
         return None
+    watch = getattr(stores.file_store, "watch", None)
+    if watch is not None:  # a remote tier: its operations' deadline is tied to the run's stop (storage/remote.py)
+        watch(stop)
     if io_trace_log is None:  # trace mode logs operations instead of doing them: nothing to shape
         shape_tiers(stores, {tier: Shaping(gbps, ms) for tier, (gbps, ms) in storage.tier_shaping().items()},
                     stop=stop)

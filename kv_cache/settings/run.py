@@ -79,6 +79,16 @@ class StorageSettings:
         help="Skip the fdatasync per written entry."))  # fdatasync once per written entry
     io_retries: int = _STORAGE.io_retries  # retries after a transient error (EIO, ENOTCONN, EAGAIN)
     max_storage_errors: int = _STORAGE.max_storage_errors  # tolerated storage errors; one more stops the run
+    remote_grace_s: float = setting(_STORAGE.remote_grace_s, flag=Flag(
+        "--remote-grace-s", type=float, default=None, group=_REMOTE,
+        help="Seconds a remote tier's operation may still wait on its server after the run's stop (the "
+             "window's end); then it is abandoned as 'the server stopped answering' and the run ends with its "
+             "results (exit 3). Config: storage.remote_grace_s (default 10)."))
+    remote_failover_s: float = setting(_STORAGE.remote_failover_s, flag=Flag(
+        "--remote-failover-s", type=float, default=None, group=_REMOTE,
+        help="Seconds a lost remote server is retried (exponential backoff with jitter, counted) before the "
+             "run stops (exit 3): a Sentinel or cluster failover is ridden through. Config: "
+             "storage.remote_failover_s (default 30)."))
     verify: bool = setting(False, flag=Flag(
         "--verify", action="store_true", group=_ENGINE,
         help="Compare every byte of every block read with the payload written (mismatches counted; any makes "
@@ -373,7 +383,22 @@ def defaults() -> dict[str, Any]:
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@", re.IGNORECASE)
 
 
+# a secret in a URL's query (redis-py takes ?password=...; a presigned S3 URL carries a signature and a token)
+_QUERY_SECRET = re.compile(r"([?&;](?:password|passwd|pass|pwd|secret|token|auth|access_key|secret_key|ssl_password|"
+                           r"x-amz-signature|x-amz-credential|x-amz-security-token|sig|signature)=)[^&;#\s]+",
+                           re.IGNORECASE)
+
+
+def redacted(text: str) -> str:
+    """`text` with every credential a URL can carry replaced by ``***``: the password of its userinfo
+    (``redis://:PASSWORD@host``, ``redis://user:PASSWORD@host``) and the value of a secret query parameter
+    (``?password=...``, ``&token=...``, a presigned URL's signature)."""
+    return _QUERY_SECRET.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
+
+
 def redacted_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """The command line as results record it: a URL's password (``redis://:PASSWORD@host``, the way
-    --redis-url carries one) replaced by ``***``, so a results file shared or submitted carries none."""
-    return [_URL_PASSWORD.sub(r"\1***@", a) for a in argv]
+    """The command line as results record it, every argument redacted (a URL's password in its userinfo
+    or its query replaced by ``***``), so a results file shared or submitted carries none. Credentials
+    given in the environment or the AWS config files are never written (the remote tiers record the
+    endpoint, the scheme and the CA file, not the keys)."""
+    return [redacted(a) for a in argv]

@@ -155,6 +155,8 @@ class StorageConfig:
     io_workers: int = _int(0)  # 0 = auto
     io_retries: int = _int(3)  # tries again after a transient error (EIO, ENOTCONN, EAGAIN), per operation
     max_storage_errors: int = _int(10)  # storage errors left after retries that a run tolerates; then exit 3
+    remote_grace_s: float = _num(10.0)  # a remote tier's operation still unanswered this long after the stop: abandoned
+    remote_failover_s: float = _num(30.0)  # a lost remote server is retried this long (backoff, jitter); then exit 3
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,11 @@ from typing import Any
 
 # Errors that may go away if the operation is tried again (a flaky device, a FUSE daemon restarting).
 TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ENOTCONN, errno.EAGAIN})
-# Errors after which continuing would measure nothing meaningful: the run stops at the first one.
-FATAL_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM})
+# Errors after which continuing would measure nothing meaningful: the run stops at the first one. ETIMEDOUT
+# and EHOSTDOWN: a remote tier's server stopped answering past the run's deadline, or stayed lost for the
+# whole failover budget (storage/remote.py).
+FATAL_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ETIMEDOUT,
+                          errno.EHOSTDOWN})
 
 
 def errno_name(exc: BaseException) -> str:

@@ -17,12 +17,15 @@ worker's read buffer, chunk by chunk, where --verify checks the stamps in place:
 buffered beyond the worker buffers (and one 64 KiB scratch per thread for the reply headers).
 
 A ``maxmemory`` refusal (OOM) is the tier being full: ENOSPC, which stops the run as a full disk does. A lost
-connection is an ENOTCONN the cache retries and the error policy counts.
+connection is sent again after backoffs within the failover budget, then EHOSTDOWN (remote.py
+RemoteStats.failover); an operation still waiting on a frozen server past the run's deadline is abandoned
+(the Watchdog shuts the pool's sockets down) as ETIMEDOUT, at a stop signal as IOAborted (RunDeadline).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import threading
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
@@ -42,20 +45,29 @@ from kv_cache.storage.base import (
 )
 from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
+    FAILOVER_S,
+    GRACE_S,
     MARKER,
     RemoteStats,
+    RunDeadline,
     SlotRing,
+    Watchdog,
     hand_on,
     lost_connection,
     marker_json,
     new_run_name,
     stale_owner,
+    tls_refused,
+    tls_verification_failure,
 )
 from kv_cache.storage.resp import Wire, WireGarbled, WireLost, WireRefused, get_commands, set_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
+
+
+log = logging.getLogger(__name__)
 
 
 def _import_redis():
@@ -82,8 +94,10 @@ class RedisStore(SizedStore):
 
     keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
 
-    def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "nvme"):
+    def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "redis",
+                 grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
         self.redis, self.hiredis = _import_redis()
+        self.deadline = RunDeadline(grace_s, failover_s)
         self.name = name
         self.url = url
         self.chunk_bytes = int(chunk_bytes)
@@ -96,6 +110,7 @@ class RedisStore(SizedStore):
         self._chunks: dict[str, int] = {}  # key -> chunk keys it has on the server (created, not deleted)
         self._closed = False
         self.swept: list[str] = []
+        self.leftovers: str | None = None  # what close() could not remove, and how to
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
 
@@ -118,7 +133,18 @@ class RedisStore(SizedStore):
         self.run_name = new_run_name()
         self._sweep()
         self._setup("write the marker", lambda: self._r.set(f"{self.run_name}:{MARKER}", marker_json()))
+        self._watchdog = Watchdog(self.deadline, self._reap, "redis")
+        self.deadline.opening = False  # from here on a lost server is retried within the failover budget
         close_at_exit(self)
+
+    def watch(self, stop) -> None:
+        """The run's stop event: an operation still waiting on the server `grace_s` after it is abandoned."""
+        self.deadline.watch(stop)
+
+    def _reap(self) -> None:
+        """Shut every connection down (the Watchdog, once an operation is past its deadline): a thread
+        blocked in a socket call on a frozen server returns at once."""
+        self._r.connection_pool.disconnect(inuse_connections=True)
 
     # ------------------------------------------------------------------ info (as FileStore's)
     fs_type = "redis"
@@ -149,7 +175,28 @@ class RedisStore(SizedStore):
         kw = self._r.connection_pool.connection_kwargs
         if kw.get("path"):  # a unix:// URL: the socket's path, not a host and port
             return f"unix://{kw['path']}?db={kw.get('db', 0)}"
-        return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+        return f"{self.scheme}://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+    @property
+    def scheme(self) -> str:
+        """rediss (TLS), redis or unix: how the server is reached, as the URL said."""
+        pool = self._r.connection_pool
+        if pool.connection_kwargs.get("path"):
+            return "unix"
+        return "rediss" if issubclass(pool.connection_class, self.redis.SSLConnection) else "redis"
+
+    def tls(self) -> dict[str, Any]:
+        """TLS as the connections use it: on or off, the certificate verified or not, the CA trusted."""
+        if self.scheme != "rediss":
+            return {"on": False}
+        kw = self._r.connection_pool.connection_kwargs
+        reqs = kw.get("ssl_cert_reqs", "required")
+        reqs = getattr(reqs, "name", reqs)
+        verify = str(reqs).lower() not in ("none", "cert_none", "0")
+        return {"on": True, "verify": verify, "cert_reqs": str(reqs).lower(),
+                "ca": kw.get("ssl_ca_certs") or kw.get("ssl_ca_path") or ("the system's default CA store" if verify
+                                                                          else None),
+                "check_hostname": bool(kw.get("ssl_check_hostname", verify))}
 
     @property
     def endpoint_host(self) -> str | None:
@@ -176,16 +223,34 @@ class RedisStore(SizedStore):
     def remote_stats(self) -> dict[str, Any]:
         redis_py = f"redis-py {self.redis.__version__}" + (" + hiredis" if self.hiredis else "")
         return {"backend": "redis", "client": f"{redis_py} (connections, control commands) and kv-cache's RESP code "
-                "(SET/GET values)", "parsing": self.parsing, "endpoint": self._where(), "prefix": f"{self.run_name}:",
+                "(SET/GET values)", "parsing": self.parsing, "endpoint": self._where(), "scheme": self.scheme, "tls": self.tls(),
+                "prefix": f"{self.run_name}:",
                 "chunk_bytes": self.chunk_bytes, "pipeline": self.pipeline, **self.stats.as_dict()}
 
     # ------------------------------------------------------------------ errors
     def _call(self, what: str, fn):
+        """`fn()` as an operation of the run: abandoned past its deadline or at a stop signal
+        (RunDeadline), a lost connection sent again within the failover budget (RemoteStats.failover)."""
+        first = self.deadline.begin()
+        try:
+            return self.stats.failover(lambda: self._once(what, fn), what, self.deadline)
+        finally:
+            if first:
+                self.deadline.end()
+
+    def _once(self, what: str, fn):
         try:
             return fn()
         except (self.redis.ConnectionError, self.redis.TimeoutError, WireLost) as exc:
+            state = self.deadline.state()
+            if state is not None:  # the Watchdog shut the socket: the deadline passed, or a stop signal
+                self.stats.abandoned(state)
+                raise self.deadline.error(what, state) from exc
             if isinstance(exc, self.redis.AuthenticationError):
                 raise OSError(errno.EACCES, f"{what}: the server refused the credentials ({exc})") from exc
+            tls = tls_verification_failure(exc)
+            if tls is not None:
+                raise tls_refused(what, tls) from exc
             self.stats.lost()
             raise lost_connection(what, exc) from exc
         except (self.redis.ResponseError, WireRefused) as exc:
@@ -228,10 +293,12 @@ class RedisStore(SizedStore):
 
     def _setup(self, what: str, fn):
         try:
-            return self._call(f"redis {what}", fn)
+            return self._once(f"redis {what}", fn)
         except OSError as e:
             why = {errno.EACCES: "the credentials were refused", errno.ENOTCONN: "the server cannot be reached"}.get(
                 e.errno, (e.strerror or str(e)).split(": ", 1)[-1])
+            if "TLS certificate failed verification" in (e.strerror or ""):
+                why = e.strerror.split(": ", 1)[-1]
             raise StorageSetupError(f"redis: cannot {what} at {self._where()}: {why}").about("redis_url") from None
 
     def _gone(self, k: str) -> OSError:
@@ -324,7 +391,7 @@ class RedisStore(SizedStore):
             self._sizes.pop(h[0], None)
         if n:
             try:
-                self._r.unlink(*self._chunk_keys(h[0], n))
+                self._call(f"redis delete of {h[0]!r}", lambda: self._r.unlink(*self._chunk_keys(h[0], n)))
             except Exception:  # the server is gone: the next run's sweep removes them
                 pass
 
@@ -459,17 +526,33 @@ class RedisStore(SizedStore):
         finally:
             if got:
                 self._lock.release()
+        self.deadline.closing()
+        keys = [k for key, n in chunks.items() for k in self._chunk_keys(key, n)]
+        left, why = len(keys), ""
         try:
-            keys = [k for key, n in chunks.items() for k in self._chunk_keys(key, n)]
+            if self.deadline.dead:
+                raise OSError(errno.ETIMEDOUT, "the server had stopped answering")
             for i in range(0, len(keys), 1000):
-                self._r.unlink(*keys[i:i + 1000])
-            self._r.unlink(f"{self.run_name}:{MARKER}")
-        except Exception:  # the server is gone: the next run's sweep removes what is left
-            pass
+                self._call("redis delete of the run's keys", lambda b=keys[i:i + 1000]: self._r.unlink(*b))
+                left -= len(keys[i:i + 1000])
+            self._call("redis delete of the marker", lambda: self._r.unlink(f"{self.run_name}:{MARKER}"))
+        except Exception as exc:  # the server is gone: the next run's sweep removes what is left
+            why = str(exc) if not isinstance(exc, OSError) or not exc.strerror else exc.strerror
+            self.leftovers = (f"{self.name}: left {left} key(s) of this run and its marker on {self._where()} ({why}): "
+                              f"the next run on this server removes them, or now: {self.removal_command()}")
+            log.warning("%s", self.leftovers)
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.close()
         for slot in self._slots:
             slot.close()
         self._r.close()
         forget_at_exit(self)
+
+    def removal_command(self) -> str:
+        """The shell command that removes this run's keys (and marker) from the server."""
+        url = redacted_argv([self._where() if self.scheme == "unix" else self.url])[0]
+        cmd = f"redis-cli -u '{url}' --scan --pattern '{self.run_name}:*' | xargs -r redis-cli -u '{url}' unlink"
+        return cmd + (" (with the password where the URL shows ***)" if "***" in url else "")
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where()}, run={self.run_name!r})"

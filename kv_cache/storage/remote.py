@@ -1,6 +1,7 @@
 """What the remote storage tiers (S3 objects, Redis/Valkey keys) share: the run's own namespace with its
-marker, the sweep of a killed run's leftovers, server throttling retried with backoff and counted, and
-lost connections raised as the transient OSErrors the cache retries and the error policy counts.
+marker, the sweep of a killed run's leftovers, server throttling retried with backoff and counted, lost
+connections sent again with exponential backoff and jitter within a failover budget (RemoteStats.failover),
+and the deadline every operation has, tied to the run's stop (RunDeadline, Watchdog).
 
 A remote run owns one namespace, ``<prefix>kv-cache-run-<date>-<time>-<pid>-<4 hex>/`` (the run directory's
 name), holding a marker (``.kv-cache-run``, the same JSON as a run directory's) and the entries. At the end
@@ -14,12 +15,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import secrets
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kv_cache.host.rundir import (
     MARKER,
@@ -31,16 +34,23 @@ from kv_cache.host.rundir import (
     owner_alive,
     process_start,
 )
-from kv_cache.storage.base import BLOCK, DataCorruption
+from kv_cache.host.signals import ABANDON_IO
+from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
-__all__ = ["MARKER", "RemoteStats", "SlotRing", "Throttled", "deliver", "hand_on", "lost_connection", "marker_json", "new_run_name",
-           "stale_owner"]
+__all__ = ["FAILOVER_S", "GRACE_S", "MARKER", "DaemonPool", "RemoteStats", "RunDeadline", "SlotRing", "Throttled", "Watchdog", "deliver",
+           "hand_on", "lost_connection", "marker_json", "new_run_name", "stale_owner", "tls_refused",
+           "tls_verification_failure"]
 
 BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # waits before each retry of a throttled request (then EAGAIN)
+GRACE_S = 10.0  # an operation still waiting on the server this long after the run's stop is abandoned
+FAILOVER_S = 30.0  # a lost server is retried this long (backoff with jitter) before the run stops
+FAILOVER_FIRST_S, FAILOVER_MAX_S = 0.05, 2.0  # the first retry's backoff, doubled up to this
+CLOSE_AFTER_SIGNAL_S = 1.0  # after a stop signal, the store's clean-up waits this long on its server
+POLL_S = 0.2  # how often a wait on the server looks at the run's stop, its deadline and a stop signal
 
 
 def new_run_name() -> str:
@@ -72,8 +82,42 @@ def stale_owner(name: str, marker: bytes | None) -> str | None:
     return None if owner_alive(info) else f"its process {info.get('pid')} on this host is gone"
 
 
+_TLS_WORDS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate", "UnknownIssuer",
+              "NotValidForName", "self-signed certificate", "self signed certificate", "certificate has expired",
+              "Hostname mismatch", "BadSignature", "CaUsedAsEndEntity")
+
+
+def tls_verification_failure(exc: BaseException) -> str | None:
+    """The first line of a TLS certificate verification failure somewhere in `exc`'s chain (Python's
+    ssl, rustls through obstore, urllib3 through botocore, redis-py), None when it is not one."""
+    import ssl  # noqa: PLC0415
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        if isinstance(e, ssl.SSLCertVerificationError) or any(w in text for w in _TLS_WORDS):
+            lines = [ln for ln in text.splitlines() if any(w in ln for w in _TLS_WORDS)] or text.splitlines() or [""]
+            return f"{type(e).__name__}: {lines[0].strip()}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def tls_refused(what: str, why: str) -> OSError:
+    """A server whose TLS certificate failed verification: EACCES (a refusal the run stops at, named as
+    what it is, not as a server that cannot be reached, nor retried as a lost connection)."""
+    return OSError(errno.EACCES, f"{what}: the server's TLS certificate failed verification ({why})")
+
+
 def lost_connection(what: str, exc: BaseException) -> OSError:
-    """A lost or refused connection as the transient OSError (ENOTCONN) the cache retries."""
+    """A lost or refused connection as the transient OSError (ENOTCONN) the cache retries; a TLS
+    certificate that failed verification is an EACCES naming it (tls_refused)."""
+    tls = tls_verification_failure(exc)
+    if tls is not None:
+        err = tls_refused(what, tls)
+        err.__cause__ = exc
+        return err
     first = (str(exc).splitlines() or [""])[0]
     err = OSError(errno.ENOTCONN, f"{what}: connection to the server lost ({type(exc).__name__}: {first})")
     err.__cause__ = exc
@@ -84,6 +128,174 @@ class Throttled(Exception):
     """The server asked the client to slow down (S3 503 SlowDown, HTTP 429)."""
 
 
+class RunDeadline:
+    """When a remote operation stops waiting on its server, tied to the run (not to a socket timeout).
+
+    Until the run's stop event is set (the window's end, a storage error, a signal) an operation waits as
+    long as the server takes. From the moment the stop is seen (or the operation started, if later: the
+    clean-up after the window) it has `grace_s` more; past that it is abandoned, counted as "the server
+    stopped answering", and raised as ETIMEDOUT, which stops the run with its results (exit 3). A stop
+    signal (Ctrl-C: host.signals.ABANDON_IO) abandons it at once, as IOAborted (the stop's doing, not the
+    server's). The store's Watchdog looks every POLL_S, so the stop's time is known to that precision, and
+    a thread blocked in a socket call is released by the store's reaper (its sockets shut down)."""
+
+    def __init__(self, grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
+        self.grace_s, self.failover_s = float(grace_s), float(failover_s)
+        self.stop: threading.Event | None = None
+        self._stop_at: float | None = None
+        self._ops: dict[int, float] = {}  # thread id -> start of the operation it is in (monotonic)
+        self._lock = threading.Lock()
+        self.dead = False  # an operation was abandoned past its deadline: every later one fails at once
+        self.opening = True  # while the store opens: no failover (a server not reached then is a setup error)
+        self._closing_at: float | None = None  # the store's clean-up began (its own, shorter bound)
+
+    def watch(self, stop: threading.Event | None) -> None:
+        """The run's stop event (serving/build.py open_cache hands it over once the tiers are open)."""
+        self.stop = stop
+
+    def stop_seen(self) -> float | None:
+        """The monotonic time the stop was first seen set (None: not set)."""
+        if self._stop_at is None and self.stop is not None and self.stop.is_set():
+            self._stop_at = time.monotonic()
+        return self._stop_at
+
+    def begin(self) -> bool:
+        """This thread starts an operation (False: it is already in one, which keeps its start)."""
+        me = threading.get_ident()
+        with self._lock:
+            if me in self._ops:
+                return False
+            self._ops[me] = time.monotonic()
+            return True
+
+    def end(self) -> None:
+        with self._lock:
+            self._ops.pop(threading.get_ident(), None)
+
+    def closing(self) -> None:
+        """The store's clean-up starts: its requests get `grace_s` (CLOSE_AFTER_SIGNAL_S after a stop
+        signal), then what is left is left for the next run's sweep."""
+        self._closing_at = time.monotonic()
+
+    def _state(self, start: float | None) -> str | None:
+        if self.dead:
+            return "expired"
+        at = self.stop_seen()
+        now = time.monotonic()
+        if self._closing_at is not None:
+            limit = CLOSE_AFTER_SIGNAL_S if ABANDON_IO.is_set() else self.grace_s
+            expired = now >= max(self._closing_at, start or 0.0) + limit
+        elif ABANDON_IO.is_set():
+            return "interrupted"
+        else:
+            expired = at is not None and now >= max(at, start or at) + self.grace_s
+        if expired:
+            self.dead = True
+            return "expired"
+        return None
+
+    def state(self) -> str | None:
+        """For this thread's operation: "interrupted" (a stop signal), "expired" (its grace after the stop
+        is past), or None (keep waiting)."""
+        with self._lock:
+            start = self._ops.get(threading.get_ident())
+        return self._state(start)
+
+    def overdue(self) -> bool:
+        """Whether some operation under way must not wait any longer (the Watchdog then reaps)."""
+        with self._lock:
+            starts = list(self._ops.values())
+        return any(self._state(s) is not None for s in starts)
+
+    def stopping(self) -> bool:
+        return ABANDON_IO.is_set() or self.stop_seen() is not None
+
+    def error(self, what: str, state: str) -> BaseException:
+        if state == "interrupted":
+            return IOAborted(f"{what}: abandoned at the stop signal (the server had not answered)")
+        if self._closing_at is not None and ABANDON_IO.is_set():
+            bound = f"{CLOSE_AFTER_SIGNAL_S:g} s into the clean-up after a stop signal"
+        else:
+            bound = f"{self.grace_s:g} s after the run's stop (--remote-grace-s)"
+        return OSError(errno.ETIMEDOUT, f"{what}: the server stopped answering: no reply {bound}; the operation "
+                       "was abandoned")
+
+    def check(self, what: str) -> None:
+        """Raise the abandonment if this thread's operation must not wait any longer."""
+        state = self.state()
+        if state is not None:
+            raise self.error(what, state)
+
+    def result(self, future: Any, what: str, stats: RemoteStats | None = None) -> Any:
+        """`future.result()`, given up (check) once the deadline passes or a stop signal comes."""
+        import concurrent.futures  # noqa: PLC0415
+
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except concurrent.futures.TimeoutError:
+                state = self.state()
+                if state is not None:
+                    if stats is not None:
+                        stats.abandoned(state)
+                    raise self.error(what, state) from None
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to `seconds` in this thread's operation; False when its deadline or a stop signal cut
+        it short (a backoff that outlasts the run's stop still ends at the stop + grace)."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            if ABANDON_IO.wait(min(left, POLL_S)) or self.state() is not None:
+                return False
+
+
+class DaemonPool(ThreadPoolExecutor):
+    """A ThreadPoolExecutor whose threads are daemons, left out of the join concurrent.futures makes at the
+    interpreter's exit: a thread blocked in a client call on a frozen server (obstore's, botocore's: calls
+    that cannot be interrupted from Python) must hold neither the run's end nor the process's exit. (A
+    pool's threads inherit the daemon flag of the thread that starts them: the main thread, closing the
+    store, would otherwise start threads that the exit joins.)"""
+
+    def _adjust_thread_count(self) -> None:
+        if self._idle_semaphore.acquire(timeout=0):  # an idle thread takes the job (the steady state)
+            return
+        if len(self._threads) >= self._max_workers:
+            return
+        spawner = threading.Thread(target=super()._adjust_thread_count, daemon=True)  # its thread: a daemon
+        spawner.start()
+        spawner.join()
+        import concurrent.futures.thread as cft  # noqa: PLC0415
+
+        for t in list(self._threads):
+            cft._threads_queues.pop(t, None)
+
+
+class Watchdog:
+    """One thread per remote store: notes the run's stop when it comes, and while an operation under way
+    must not wait any longer (RunDeadline.overdue) calls `reap()` (shut the store's sockets down), so a
+    thread blocked in a socket call on a frozen server returns at once."""
+
+    def __init__(self, deadline: RunDeadline, reap, name: str):
+        self.deadline, self.reap = deadline, reap
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"kv-{name}-watchdog", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.closed.wait(POLL_S):
+            if self.deadline.overdue():
+                try:
+                    self.reap()
+                except Exception:  # noqa: BLE001  (a socket already gone)
+                    pass
+
+    def close(self) -> None:
+        self.closed.set()
+
+
 @dataclass
 class RemoteStats:
     """Counters of a remote store, for the results (measurement.remote_tier)."""
@@ -91,7 +303,15 @@ class RemoteStats:
     throttled: int = 0  # requests the server throttled (each retried after a backoff)
     throttle_wait_s: float = 0.0  # time spent in those backoffs
     throttle_gave_up: int = 0  # operations still throttled after every backoff (raised as EAGAIN)
-    reconnects: int = 0  # operations that failed on a lost connection (raised as ENOTCONN, retried above)
+    reconnects: int = 0  # requests that failed on a lost connection (each retried within the failover budget)
+    stopped_answering: int = 0  # operations abandoned past the run's deadline (stop + grace): ETIMEDOUT
+    abandoned_at_signal: int = 0  # operations abandoned at a stop signal while waiting on the server
+    outages: int = 0  # times the server was lost (a lost connection after a success, or at the first request)
+    failover_retries: int = 0  # requests sent again after a lost connection, after a backoff with jitter
+    failover_wait_s: float = 0.0  # time spent in those backoffs (all threads)
+    longest_outage_s: float = 0.0  # the longest time from a loss to the next success
+    failover_gave_up: int = 0  # requests still failing when the failover budget was spent (EHOSTDOWN)
+    _outage_since: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def backoff(self, call, what: str):
@@ -116,10 +336,77 @@ class RemoteStats:
         with self._lock:
             self.reconnects += 1
 
+    def abandoned(self, state: str) -> None:
+        with self._lock:
+            if state == "interrupted":
+                self.abandoned_at_signal += 1
+            else:
+                self.stopped_answering += 1
+
+    def failover(self, call, what: str, deadline: RunDeadline):
+        """`call()`, sent again after a backoff with jitter (doubling from FAILOVER_FIRST_S up to
+        FAILOVER_MAX_S, each wait drawn in [half, whole]) while it raises a lost connection (ENOTCONN),
+        until the server answers or the failover budget (deadline.failover_s, counted from the loss, shared
+        by every thread) is spent: then EHOSTDOWN, which stops the run. The retries also end at the
+        operation's deadline (the run's stop + grace: ETIMEDOUT, the server stopped answering) and at a stop
+        signal (IOAborted)."""
+        if deadline.opening:
+            return call()
+        wait = FAILOVER_FIRST_S
+        while True:
+            state = deadline.state()
+            if state is not None:
+                self.abandoned(state)
+                raise deadline.error(what, state)
+            try:
+                out = call()
+            except OSError as exc:
+                if exc.errno != errno.ENOTCONN:
+                    raise
+                state = deadline.state()
+                if state is not None:  # the reaper shut the socket at the deadline or a stop signal
+                    self.abandoned(state)
+                    raise deadline.error(what, state) from exc
+                now = time.monotonic()
+                with self._lock:
+                    if self._outage_since is None:
+                        self._outage_since = now
+                        self.outages += 1
+                    down = now - self._outage_since
+                left = deadline.failover_s - down
+                if left <= 0:
+                    with self._lock:
+                        self.failover_gave_up += 1
+                    raise OSError(errno.EHOSTDOWN, f"{exc.strerror}; the server did not answer for {down:.1f} s, "
+                                  f"the failover budget ({deadline.failover_s:g} s, --remote-failover-s) is spent"
+                                  ) from exc
+                pause = min(left, wait / 2 + random.uniform(0, wait / 2))
+                wait = min(FAILOVER_MAX_S, wait * 2)
+                t = time.monotonic()
+                slept = deadline.sleep(pause)
+                with self._lock:
+                    self.failover_retries += 1
+                    self.failover_wait_s += time.monotonic() - t
+                if not slept:
+                    state = deadline.state() or "expired"
+                    self.abandoned(state)
+                    raise deadline.error(what, state) from exc
+                continue
+            if self._outage_since is not None:
+                with self._lock:
+                    if self._outage_since is not None:
+                        self.longest_outage_s = max(self.longest_outage_s, time.monotonic() - self._outage_since)
+                        self._outage_since = None
+            return out
+
     def as_dict(self) -> dict[str, float | int]:
         with self._lock:
             return {"throttled_requests": self.throttled, "throttle_wait_s": round(self.throttle_wait_s, 3),
-                    "throttled_gave_up": self.throttle_gave_up, "lost_connections": self.reconnects}
+                    "throttled_gave_up": self.throttle_gave_up, "lost_connections": self.reconnects,
+                    "outages": self.outages, "failover_retries": self.failover_retries,
+                    "failover_wait_s": round(self.failover_wait_s, 3),
+                    "longest_outage_s": round(self.longest_outage_s, 3), "failover_gave_up": self.failover_gave_up,
+                    "stopped_answering": self.stopped_answering, "abandoned_at_stop_signal": self.abandoned_at_signal}
 
 
 class SlotRing:

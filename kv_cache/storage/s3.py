@@ -19,16 +19,18 @@ workload (see the README).
 the client's own work there) and the time waiting for the parts on reads; the stamping, the copies of a
 write moved in from another tier, the checks and the hand-on are ``host_ns``.
 Server throttling (503 SlowDown, 429) is retried here with backoff and counted (RemoteStats); a lost
-connection is an ENOTCONN the cache retries and the error policy counts; a refusal of the credentials
-mid-run is an EACCES, which stops the run.
+connection is sent again after backoffs within the failover budget, then EHOSTDOWN; a refusal of the
+credentials mid-run is an EACCES, which stops the run. Every call the workers make waits within the run's
+deadline (RunDeadline: obstore's and botocore's calls on pool threads, which cannot be interrupted, the
+reads' sockets shut down by the Watchdog), so a frozen server holds the run no longer than its stop + grace.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import platform
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
@@ -46,10 +48,15 @@ from kv_cache.storage.base import (
 )
 from kv_cache.storage.files import file_name
 from kv_cache.storage.remote import (
+    FAILOVER_S,
+    GRACE_S,
     MARKER,
+    DaemonPool,
     RemoteStats,
+    RunDeadline,
     SlotRing,
     Throttled,
+    Watchdog,
     marker_json,
     new_run_name,
     stale_owner,
@@ -63,6 +70,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.buffers import WorkerBuffers
 
 ENTRY_SUFFIX = ".kv"
+log = logging.getLogger(__name__)
 
 
 class _Pending:
@@ -85,8 +93,10 @@ class S3Store(SizedStore):
     keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
-                 concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "nvme"):
+                 concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "s3",
+                 grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
         self.obstore, s3_class = import_obstore()
+        self.deadline = RunDeadline(grace_s, failover_s)
         self._tls = threading.local()
         self._rings: list[SlotRing] = []
         self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
@@ -120,7 +130,10 @@ class S3Store(SizedStore):
             raise StorageSetupError(f"s3: cannot configure the client for bucket {bucket!r}: {e}").about(
                 "s3_bucket") from None
         # multipart writes' part calls (before anything is written: a missing boto3 is a setup error)
-        self._parts = PartWriter(bucket, endpoint, self.stats, self.concurrency, max(2, workers * self.concurrency))
+        self._parts = PartWriter(bucket, endpoint, self.stats, self.concurrency, max(2, workers * self.concurrency),
+                                 self.deadline)
+        self._calls = DaemonPool(workers + 2, thread_name_prefix="kv-s3-call")  # obstore's calls, waited
+        # for within the run's deadline (RunDeadline.result): a frozen server cannot hold a worker past it
         self.swept: list[str] = []
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
@@ -131,12 +144,21 @@ class S3Store(SizedStore):
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
         marker = marker_json()
         self._setup_call("write the marker", lambda: self.obstore.put(self._s3, self.run_prefix + MARKER, marker))
-        self._pool = ThreadPoolExecutor(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
+        self._pool = DaemonPool(max(2, workers * self.concurrency), thread_name_prefix="kv-s3")
         self._reads = RangedReads(self._sign, self._pool, Connections(
             self._setup_call("sign a request", lambda: self._sign(self.run_prefix + MARKER)),
-            workers * self.concurrency, 120.0, ca), self.stats, self.part_bytes, self.concurrency, bucket, name)
+            workers * self.concurrency, 120.0, ca), self.stats, self.part_bytes, self.concurrency, bucket, name,
+            self.deadline)
+        self.leftovers: str | None = None  # what close() could not remove, and how to
         close_at_exit(self)
         self._check_clients(len(marker))
+        self._watchdog = Watchdog(self.deadline, self._reads.conns.reap, "s3")
+        self.deadline.opening = False  # from here on a lost server is retried within the failover budget
+        self.ca = ca
+
+    def watch(self, stop) -> None:
+        """The run's stop event: an operation still waiting on the server `grace_s` after it is abandoned."""
+        self.deadline.watch(stop)
 
     def _check_clients(self, marker_bytes: int) -> None:
         """Prove, before anything runs, the two clients the listing and the marker did not use: the reads'
@@ -148,7 +170,7 @@ class S3Store(SizedStore):
         try:
             self._setup_call("read through the read path's connections",
                              lambda: self._reads.get(path, 0, memoryview(bytearray(marker_bytes))))
-            self._setup_call("reach the server through botocore's part calls", lambda: self._parts.call(
+            self._setup_call("reach the server through botocore's part calls", lambda: self._parts.setup_call(
                 f"s3 HEAD of {path}", self._parts.client.head_object, Bucket=self.bucket, Key=path))
         except StorageSetupError:
             self.close()
@@ -193,10 +215,24 @@ class S3Store(SizedStore):
 
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
-                "endpoint": self.endpoint or "AWS", "bucket": self.bucket, "prefix": self.run_prefix,
+                "endpoint": self.endpoint or "AWS", "scheme": self.scheme, "tls": self.tls(),
+                "bucket": self.bucket, "prefix": self.run_prefix,
                 "multipart_client": f"botocore {self._parts.version}",
                 "read_client": f"http.client (Python {platform.python_version()}), presigned by obstore, into the read buffer",
                 "part_bytes": self.part_bytes, "concurrency": self.concurrency, **self.stats.as_dict()}
+
+    @property
+    def scheme(self) -> str:
+        """https or http: how the endpoint is reached (AWS itself: https)."""
+        return "http" if self.endpoint and self.endpoint.startswith("http://") else "https"
+
+    def tls(self) -> dict[str, Any]:
+        """TLS as the three clients use it: on or off, the certificate always verified (none of them is
+        told otherwise), and the CA trusted: AWS_CA_BUNDLE / ca_bundle, else each client's default roots."""
+        if self.scheme != "https":
+            return {"on": False}
+        return {"on": True, "verify": True, "ca": getattr(self, "ca", None) or
+                "the default roots (obstore: its bundled webpki roots; botocore: certifi; reads: the system's)"}
 
     def _sign(self, path: str) -> str:
         """The presigned GET URL of `path` (the client's own credentials and endpoint; good 15 minutes,
@@ -208,8 +244,10 @@ class S3Store(SizedStore):
         """An obstore error as what the run does with it (s3_client.classify)."""
         return classify(self.obstore, self.bucket, self.stats, what, exc)
 
-    def _call(self, what: str, fn):
-        """`fn()` with throttling retried after backoffs, and obstore's errors classified."""
+    def _call(self, what: str, fn, failover: bool = True):
+        """`fn()` with throttling retried after backoffs, and obstore's errors classified; as an operation of
+        the run (`failover`): run on a pool thread and waited for within the run's deadline, a lost
+        connection sent again within the failover budget (RemoteStats.failover)."""
         def once():
             try:
                 return fn()
@@ -217,17 +255,35 @@ class S3Store(SizedStore):
                 raise
             except Exception as exc:
                 raise self._classify(what, exc) from exc
-        return self.stats.backoff(once, what)
+
+        def attempt():
+            return self.stats.backoff(once, what)
+        if not failover:
+            return attempt()
+        def waited():
+            try:
+                future = self._calls.submit(attempt)
+            except RuntimeError:  # the interpreter is exiting (close at exit): in this thread
+                return attempt()
+            return self.deadline.result(future, what, self.stats)
+        first = self.deadline.begin()
+        try:
+            return self.stats.failover(waited, what, self.deadline)
+        finally:
+            if first:
+                self.deadline.end()
 
     def _setup_call(self, what: str, fn):
         """A call made while opening: any failure is a one-line StorageSetupError (exit 2)."""
         where = f"s3://{self.bucket}" + (f" at {self.endpoint}" if self.endpoint else "")
         try:
-            return self._call(f"s3 {what}", fn)
+            return self._call(f"s3 {what}", fn, failover=False)
         except (KeyError, FileNotFoundError):
             raise StorageSetupError(f"s3: bucket {self.bucket!r} not found {where}").about("s3_bucket") from None
         except OSError as e:
-            if e.errno == errno.EACCES:
+            if e.errno == errno.EACCES and "TLS certificate failed verification" in (e.strerror or ""):
+                why = e.strerror.split(": ", 1)[-1]
+            elif e.errno == errno.EACCES:
                 why = "the credentials were refused"
             elif e.errno == errno.ENOTCONN:
                 cause = e.__cause__ or e
@@ -352,9 +408,9 @@ class S3Store(SizedStore):
             if mine:
                 del self._paths[h.key]
                 self._sizes.pop(h.key, None)
-        try:
-            self.obstore.delete(self._s3, h.path)
-        except Exception:
+        try:  # within the run's deadline: a frozen server cannot hold the abort either
+            self._call(f"s3 delete of {h.path}", lambda: self.obstore.delete(self._s3, h.path))
+        except (Exception, IOAborted):
             pass
         return unsent
 
@@ -432,19 +488,43 @@ class S3Store(SizedStore):
         finally:
             if got:
                 self._lock.release()
+        self.deadline.closing()
+        left, uploads, why = len(paths), 0, ""
         try:  # a throttled delete is retried after backoffs (it used to leave the run's objects, marker too)
+            if self.deadline.dead:
+                raise OSError(errno.ETIMEDOUT, "the server had stopped answering")
             for i in range(0, len(paths), 1000):
                 batch = paths[i:i + 1000]
                 self._call("s3 delete of the run's objects", lambda b=batch: self.obstore.delete(self._s3, b))
+                left -= len(batch)
             self._call("s3 delete of the marker", lambda: self.obstore.delete(self._s3, self.run_prefix + MARKER))
-        except Exception:  # the server is gone: the next run's sweep removes what is left
-            pass
+            # the multipart uploads this run started and did not finish (a write abandoned on a fault, a part
+            # thread left on a frozen server): aborted, or S3 keeps (and bills) their parts
+            uploads = self._call("s3 abort of the run's multipart uploads",
+                                 lambda: abort_uploads(self.bucket, self.endpoint, self.run_prefix)) or 0
+        except Exception as exc:  # the server is gone: the next run's sweep removes what is left
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.leftovers = (f"{self.name}: left {left} object(s) of this run, its marker and any multipart upload "
+                              f"under s3://{self.bucket}/{self.run_prefix} ({why}): the next run on this bucket removes "
+                              f"them, or now: {self.removal_command()}")
+            log.warning("%s", self.leftovers)
+        if uploads:
+            log.info("s3: aborted %d multipart upload(s) the run had left unfinished", uploads)
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._calls.shutdown(wait=False, cancel_futures=True)
         self._parts.close()
         self._reads.conns.close()
         for ring in self._rings:
             ring.close()
         forget_at_exit(self)
+
+    def removal_command(self) -> str:
+        """The shell commands that remove what this run left in the bucket (objects, unfinished uploads)."""
+        ep = f" --endpoint-url {self.endpoint}" if self.endpoint else ""
+        return (f"aws s3 rm --recursive s3://{self.bucket}/{self.run_prefix}{ep}; aws s3api list-multipart-uploads "
+                f"--bucket {self.bucket} --prefix {self.run_prefix}{ep} (then abort-multipart-upload each)")
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self.bucket!r}, prefix={self.run_prefix!r}, endpoint={self.endpoint!r})"

@@ -10,7 +10,13 @@ import re
 from typing import Any
 
 from kv_cache.errors import StorageSetupError
-from kv_cache.storage.remote import RemoteStats, Throttled, lost_connection
+from kv_cache.storage.remote import (
+    RemoteStats,
+    Throttled,
+    lost_connection,
+    tls_refused,
+    tls_verification_failure,
+)
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _LOST_WORDS = ("HTTP error", "error sending request", "connect", "onnection", "reset", "Broken pipe", "timed out",
@@ -90,6 +96,9 @@ def classify(obstore: Any, bucket: str, stats: RemoteStats, what: str, exc: Exce
         return FileNotFoundError(errno.ENOENT, f"{what}: bucket {bucket!r} not found")
     if status == 404 or (ex is not None and isinstance(exc, ex.NotFoundError)):
         return KeyError(what)
+    tls = tls_verification_failure(exc)
+    if tls is not None:
+        return tls_refused(what, tls)
     if status is None and any(w in text for w in _LOST_WORDS):
         stats.lost()
         return lost_connection(what, exc)
@@ -107,8 +116,9 @@ def abort_uploads(bucket: str, endpoint: str | None, prefix: str) -> int | None:
     except ImportError:
         return None
     try:
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=region(),
-                              config=Config(s3={"addressing_style": "path"} if endpoint else {}))
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=region(),  # one attempt per call: a
+                              config=Config(s3={"addressing_style": "path"} if endpoint else {},  # failure is
+                                            retries={"total_max_attempts": 1}, connect_timeout=5))  # None
         aborted = 0
         for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
             for up in page.get("Uploads") or []:

@@ -9,8 +9,8 @@ slot stays untouched until its part is acknowledged, retries included. botocore'
 only knows bytes and files, so it is off (this module builds every call's parameters itself), and its
 default CRC32 of every body is off too (``request_checksum_calculation="when_required"``: S3 asks for
 none on these calls). botocore's own retries are off (one attempt) so that every failure surfaces here:
-throttling is retried with backoff, a lost connection is an ENOTCONN (counted, retried by the cache),
-refused credentials an EACCES (the run stops). A failed upload is aborted, so it leaves no incomplete
+throttling is retried with backoff, a lost connection sent again after backoffs within the failover
+budget (counted; then EHOSTDOWN), refused credentials an EACCES (the run stops). A failed upload is aborted, so it leaves no incomplete
 upload behind (and a killed run's are aborted by the next run's sweep).
 """
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import errno
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from time import perf_counter_ns
 from typing import Any
 
 from kv_cache.errors import StorageSetupError
-from kv_cache.storage.remote import RemoteStats, Throttled, lost_connection
+from kv_cache.storage.remote import DaemonPool, RemoteStats, RunDeadline, Throttled, lost_connection
 from kv_cache.storage.s3_client import region
 
 _THROTTLE_CODES = ("SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded")
@@ -88,24 +88,49 @@ def classify_boto(stats: RemoteStats, bucket: str, what: str, exc: Exception) ->
 
 
 class PartWriter:
-    """The store's part calls: one botocore client and one thread pool for the parts in flight."""
+    """The store's part calls: one botocore client and one thread pool for the parts in flight (and the
+    control calls, so that a worker waits on each within the run's deadline, RunDeadline.result)."""
 
-    def __init__(self, bucket: str, endpoint: str | None, stats: RemoteStats, concurrency: int, threads: int):
+    def __init__(self, bucket: str, endpoint: str | None, stats: RemoteStats, concurrency: int, threads: int,
+                 deadline: RunDeadline | None = None):
         self.bucket, self.stats, self.concurrency = bucket, stats, max(1, concurrency)
+        self.deadline = deadline or RunDeadline()
         self.client = part_client(endpoint, threads)
         from botocore import __version__  # noqa: PLC0415  (importable: part_client checked)
 
         self.version = __version__
-        self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="kv-s3-part")
+        self.pool = DaemonPool(max(1, threads), thread_name_prefix="kv-s3-part")  # (never holds the exit)
+
+    def _once(self, what: str, fn, args: tuple, kwargs: dict) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise classify_boto(self.stats, self.bucket, what, exc) from exc
+
+    def setup_call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
+        """A call made while the store opens, in this thread: throttling retried, no failover (a server
+        that cannot be reached then is a setup error)."""
+        return self.stats.backoff(lambda: self._once(what, fn, args, kwargs), what)
+
+    def attempts(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` in this thread, throttling retried after backoffs, a lost connection sent
+        again within the failover budget (both counted), other errors classified."""
+        first = self.deadline.begin()
+        try:
+            return self.stats.failover(lambda: self.stats.backoff(lambda: self._once(what, fn, args, kwargs), what),
+                                       what, self.deadline)
+        finally:
+            if first:
+                self.deadline.end()
 
     def call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)`, throttling retried after backoffs (counted), other errors classified."""
-        def once():
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:
-                raise classify_boto(self.stats, self.bucket, what, exc) from exc
-        return self.stats.backoff(once, what)
+        """`attempts` on the pool, waited for within the run's deadline (a frozen server cannot hold the
+        calling worker past it)."""
+        try:
+            future = self.pool.submit(self.attempts, what, fn, *args, **kwargs)
+        except RuntimeError:  # the interpreter is exiting (close at exit): in this thread
+            return self.attempts(what, fn, *args, **kwargs)
+        return self.deadline.result(future, what, self.stats)
 
     def begin(self, path: str) -> Upload:
         """A new multipart upload of the object `path`."""
@@ -130,11 +155,12 @@ class Upload:
 
     def _part(self, number: int, body: memoryview) -> str:
         o = self.owner
-        return o.call(f"s3 write of part {number} of {self.path}", o.client.upload_part, Bucket=o.bucket,
+        return o.attempts(f"s3 write of part {number} of {self.path}", o.client.upload_part, Bucket=o.bucket,
                       Key=self.path, UploadId=self.upload_id, PartNumber=number, Body=body)["ETag"]
 
     def _settle_oldest(self) -> None:
-        self.etags.append(self.flying.popleft()[0].result())
+        self.etags.append(self.owner.deadline.result(self.flying.popleft()[0], f"s3 write of a part of {self.path}",
+                                                     self.owner.stats))
 
     def send(self, body: memoryview) -> int:
         """Start the next part (`body`, the slot's view) once fewer than `concurrency` are in flight;
@@ -167,9 +193,10 @@ class Upload:
             if f.cancelled():
                 continue
             try:
-                f.result()
+                self.owner.deadline.result(f, f"s3 write of a part of {self.path}")
             except BaseException:  # noqa: BLE001  (the failure being handled is the caller's)
-                pass
+                if self.owner.deadline.state() is not None:  # abandoned: the parts still under way are left
+                    break
         self.flying.clear()
         o = self.owner
         try:

@@ -14,7 +14,8 @@ then the window moves on.
 Per part: a 503 SlowDown / 429 is retried after a backoff and counted (RemoteStats); a 403 / 401 is an
 EACCES, a 404 a KeyError (a missing bucket FileNotFoundError), a 416 or a body shorter than asked a
 DataCorruption, any other status an EIO; a connection refused, reset, timed out or closed mid-body is an
-ENOTCONN (counted as a lost connection; the cache retries the read). ``device_ns`` is the time the read
+ENOTCONN (counted as a lost connection; a request that got no answer is sent again within the failover
+budget, a body cut part way fails the read, which the cache retries). ``device_ns`` is the time the read
 waits for its parts (the network and the server), ``host_ns`` the checks, the hand-on and the bookkeeping.
 A read stopped between windows still counts the bytes its parts under way received: they are read to
 their end (into the window, which is discarded) before the read returns.
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, IOResult
-from kv_cache.storage.remote import RemoteStats, Throttled, lost_connection
+from kv_cache.storage.remote import POLL_S, RemoteStats, RunDeadline, Throttled, lost_connection
 
 if TYPE_CHECKING:  # pragma: no cover
     from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,7 @@ class Connections:
                 self.context.load_verify_locations(cafile=cafile)
         self._lock = threading.Lock()
         self._idle = [self._new() for _ in range(max(1, size))]
+        self._lent: set[http.client.HTTPConnection] = set()
 
     def _new(self) -> http.client.HTTPConnection:
         if self.context is not None:
@@ -72,6 +74,7 @@ class Connections:
         """An idle connection (a new one only if all are lent); one the server closed is reopened."""
         with self._lock:
             conn = self._idle.pop() if self._idle else self._new()
+            self._lent.add(conn)
         sock = conn.sock
         if sock is not None and _readable(sock):  # EOF (or junk) on an idle connection
             conn.close()
@@ -79,7 +82,22 @@ class Connections:
 
     def put(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
+            self._lent.discard(conn)
             self._idle.append(conn)
+
+    def reap(self) -> None:
+        """Shut down the sockets of the connections lent out (a part blocked on a frozen server returns)."""
+        import socket  # noqa: PLC0415
+
+        with self._lock:
+            lent = list(self._lent)
+        for conn in lent:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         with self._lock:
@@ -134,8 +152,10 @@ class RangedReads:
     object; ``pool`` runs the parts; ``connections`` is the host's connection pool."""
 
     def __init__(self, sign: Callable[[str], str], pool: ThreadPoolExecutor, connections: Connections,
-                 stats: RemoteStats, part_bytes: int, concurrency: int, bucket: str, name: str):
+                 stats: RemoteStats, part_bytes: int, concurrency: int, bucket: str, name: str,
+                 deadline: RunDeadline | None = None):
         self.sign, self.pool, self.conns, self.stats = sign, pool, connections, stats
+        self.deadline = deadline or RunDeadline()
         self.part_bytes, self.concurrency = part_bytes, concurrency
         self.bucket, self.name = bucket, name
 
@@ -179,7 +199,12 @@ class RangedReads:
                 conn.close()
             self.conns.put(conn)
             raise _status_error(resp.status, body, what, self.bucket, self.name, path, start)
-        return self.stats.backoff(once, what)
+        first = self.deadline.begin()
+        try:
+            return self.stats.failover(lambda: self.stats.backoff(once, what), what, self.deadline)
+        finally:
+            if first:
+                self.deadline.end()
 
     def _fill(self, resp: http.client.HTTPResponse, view: memoryview, rd: _Read, what: str) -> None:
         """Receive exactly len(view) bytes of the body into `view` (zero copy: recv_into the buffer)."""
@@ -266,8 +291,13 @@ class RangedReads:
                     rd.cond.notify_all()
                 while True:  # parts are sent as those before them finish, `concurrency` in flight
                     with rd.cond:
-                        rd.cond.wait_for(lambda w=w: rd.left[w] == 0 or rd.error is not None or (
-                            len(futures) < len(parts) and len(futures) - rd.finished < self.concurrency))
+                        while not rd.cond.wait_for(lambda w=w: rd.left[w] == 0 or rd.error is not None or (
+                                len(futures) < len(parts) and len(futures) - rd.finished < self.concurrency),
+                                POLL_S):
+                            state = self.deadline.state()  # a frozen server: given up at the deadline
+                            if state is not None:
+                                self.stats.abandoned(state)
+                                raise self.deadline.error(f"s3 read of {label or path}", state)
                         err, full = rd.error, rd.left[w] == 0
                         free = min(self.concurrency - len(futures) + rd.finished, len(parts) - len(futures))
                     if err is not None:
@@ -286,7 +316,10 @@ class RangedReads:
                 rd.cond.notify_all()
             for f in futures:
                 if not f.cancel():
-                    f.result()  # (never raises: _part keeps its error) the read buffer is ours again
+                    try:  # (_part keeps its error) the read buffer is ours again, or the parts were reaped
+                        self.deadline.result(f, f"s3 read of {label or path}")
+                    except BaseException:  # noqa: BLE001  (abandoned: the reaper shut their sockets)
+                        break
             if isinstance(exc, IOAborted):
                 exc.device_bytes, exc.device_ns = rd.got, wait_ns
             raise

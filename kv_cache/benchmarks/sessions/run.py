@@ -24,7 +24,7 @@ from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_wo
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
-from kv_cache.host.signals import catch_stop_signals
+from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
 from kv_cache.metrics.recorder import GIB
 from kv_cache.render.console import integrity_line
 from kv_cache.render.sessions import print_grid, print_table
@@ -200,6 +200,7 @@ def rung_eta(done: int, total: int, elapsed_s: float, ls: LadderSettings) -> str
 
 
 def _interrupt(signum, frame):  # SIGTERM stops like Ctrl-C: the finished rungs are still written
+    ABANDON_IO.set()  # a remote operation waiting on a frozen server gives up now
     raise KeyboardInterrupt
 
 
@@ -220,7 +221,7 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
         return meas.storage_location(None, None)
     remote = ls.remote.storage_backend
     if remote != "file":  # a remote tier: the server, no path
-        where = ls.remote.redis_url if remote == "redis" else f"s3://{ls.remote.s3_bucket}/{ls.remote.s3_prefix}"
+        where = redacted_argv([ls.remote.redis_url or ""])[0] if remote == "redis" else f"s3://{ls.remote.s3_bucket}/{ls.remote.s3_prefix}"
         return {"cache_dir": where, "mount_point": None, "filesystem": remote, "filesystem_kind": meas.REMOTE,
                 "mount_source": ls.remote.s3_endpoint if remote == "s3" else None, "block_device": None,
                 "io_mode": "network", "io_mode_reason": "a remote storage tier (--storage-backend)"}
@@ -392,8 +393,9 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     started = datetime.now()
     interrupted, storage_error = False, None
     if threading.current_thread() is threading.main_thread():
-        # a lost terminal keeps the rungs measured, as Ctrl-C does (a SIGHUP ignored under nohup stays so)
-        catch_stop_signals(_interrupt, (signal.SIGTERM, signal.SIGHUP))
+        # a lost terminal keeps the rungs measured, as Ctrl-C does (a SIGHUP ignored under nohup stays so);
+        # Ctrl-C itself also abandons a remote tier's waits on a frozen server (ABANDON_IO)
+        catch_stop_signals(_interrupt, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     cells: list[dict[str, Any]] = []
     for cell_ls in s.grid or (s.ladder_settings,):
         ls = dataclasses.replace(cell_ls, block_tokens=ls0.block_tokens,

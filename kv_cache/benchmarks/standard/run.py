@@ -31,7 +31,13 @@ from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.host.procio import IOSnapshot, process_io
-from kv_cache.host.signals import STOP_SIGNALS, catch_stop_signals, ignore_to_exit, process_exits_after_run
+from kv_cache.host.signals import (
+    ABANDON_IO,
+    STOP_SIGNALS,
+    catch_stop_signals,
+    ignore_to_exit,
+    process_exits_after_run,
+)
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.banner import print_banner
 from kv_cache.render.progress import make_progress
@@ -90,11 +96,13 @@ class Interrupts:
                 sys.stderr.write("kv-cache: the measured window is over; finishing the results and clean-up "
                                  "first (a second Ctrl-C abandons the requests still in flight)\n")
             elif not self.drain_cut.is_set():
+                ABANDON_IO.set()  # a remote operation waiting on a frozen server gives up now
                 self.drain_cut.set()
                 sys.stderr.write("kv-cache: abandoning the requests still in flight; writing the results and "
                                  "removing the run's files\n")
             return
         if self.seen == 1:
+            ABANDON_IO.set()  # a remote operation waiting on a frozen server gives up now (within 0.2 s)
             raise KeyboardInterrupt
         sys.stderr.write("kv-cache: stopping; writing the results and removing the run's files first\n")
 

