@@ -85,7 +85,7 @@ _ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed",
 # What each rank's measurement says of how it measured: the merged measurement holds a fact once when every
 # rank says the same, else None there and each rank's value under measurement.per_rank.
 FACTS = ("run_dir", "filesystem", "filesystem_kind", "io_mode", "chunk_bytes", "fsync", "io_workers", "timed",
-         "run_mode", "tier_backends")
+         "device_timer", "run_mode", "tier_backends")
 # Per-rank measurement figures that add up across ranks.
 COUNTS = ("requests_issued", "requests_rejected", "requests_failed", "process_cpu_seconds", "offered_request_rate")
 CLOSING_BARRIER_BROKE = "closing barrier"  # in a rank's measurement note (benchmarks/standard/run.py)

@@ -284,6 +284,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
+        results["measurement"]["device_timer"] = {"timer": "python", "description": "perf_counter_ns() around "
+                                                  "the remote client's calls"}
         results["measurement"]["remote_tier"] = {
             **stores.file_store.remote_stats(),
             "network": meas.network(run.metrics, net.name if net else None, net_before,
