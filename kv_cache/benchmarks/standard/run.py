@@ -21,7 +21,13 @@ from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged, write_outputs
 from kv_cache.benchmarks.standard.scheduler import Driver, DriverOutcome
-from kv_cache.benchmarks.standard.setup import driver_options, io_worker_count, run_phases, start_tracing
+from kv_cache.benchmarks.standard.setup import (
+    choose_io_workers,
+    driver_options,
+    io_worker_count,
+    run_phases,
+    start_tracing,
+)
 from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.core.observe import RankConsole
@@ -230,7 +236,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    workers = io_worker_count(settings)
+    workers = io_worker_count(settings)  # the most it may be: the RAM tiers keep room for their buffers
     buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     run.run_id = shared_run_id(run.group)
@@ -241,6 +247,12 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     except StorageSetupError as exc:
         raise _with_rank_share(exc, settings) from exc.__cause__
     stores, tiers = run.stores, run.stores.tiers
+    try:  # the preparation phase's probe of the storage tier, when --io-workers is 0
+        choice = choose_io_workers(settings, stores.file_store, stores.notes, run.stop)
+    except StorageSetupError as exc:
+        raise _with_rank_share(exc, settings) from exc.__cause__
+    workers = min(workers, choice.count)
+    out.write(choice.line() + "\n")
     rag = RagCorpus(cfg.rag) if settings.workload.enable_rag else None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None
@@ -282,6 +294,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
         run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
+    if "measurement" in results:
+        results["measurement"]["io_workers_choice"] = choice.as_dict()
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
         results["measurement"]["device_timer"] = {"timer": "python", "description": "perf_counter_ns() around "

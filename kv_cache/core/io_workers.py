@@ -1,0 +1,283 @@
+"""How many I/O workers a run uses, and why: sized to the device, bounded by what the buffers cost.
+
+- ``--io-workers N`` sets the count exactly (bounded only by memory, below).
+- Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
+  PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
+  Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
+  (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
+  PROBE_FRACTION of the best write rate, or that for reads, whichever is larger. A run shorter than 60 s
+  probes for less (probe_seconds).
+  The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
+  two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
+  count is one per user up to DEFAULT_MAX_WORKERS, as before.
+- Memory: each worker holds a read and a write buffer of one chunk. The buffers may take at most
+  WORKER_MEMORY_FRACTION of what the run's RAM tiers may use (serving/tiers.py ram_budget_bytes); a count
+  beyond that is clamped with a warning and a note, or refused (exit 2) under --strict-memory.
+
+The run reports the count, how it was chosen and the probe's figures (measurement.io_workers_choice).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kv_cache.core.pool import DEFAULT_MAX_WORKERS, Stream, buffer_id
+from kv_cache.errors import StorageSetupError
+from kv_cache.host.memlimit import MemoryLimit
+from kv_cache.storage.buffers import WorkerBuffers
+
+log = logging.getLogger("kv_cache")
+
+PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
+PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
+CONFIRM_PAIRS = 2  # alternating pairs per step-down check
+MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
+PROBE_RUN_SHARE = 0.005  # a step's share of the run's duration (0.3 s from a 60 s run up)
+PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
+WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
+MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
+RESERVE_BYTES = 256 << 20
+GIB = float(1 << 30)
+
+
+@dataclass
+class WorkerChoice:
+    """The count and how it was chosen (JSON: `as_dict`)."""
+
+    count: int
+    how: str  # "--io-workers", "probe", "one per user (no storage tier to probe)", ...
+    probe: list[dict[str, float]] = field(default_factory=list)  # [{"workers", "gibps", "seconds"}]
+    clamped: str | None = None  # why the memory budget capped it (None: it did not)
+    memory_cap: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "how": self.how, "probe": self.probe, "probe_fraction": PROBE_FRACTION,
+                "clamped": self.clamped, "memory_cap": self.memory_cap}
+
+    def line(self) -> str:
+        """The console's account of it."""
+        text = f"I/O workers: {self.count} ({self.how}"
+        if self.probe:
+            text += "; " + probe_text(self.probe)
+        text += ")"
+        return text + (f"; {self.clamped}" if self.clamped else "")
+
+
+def probe_seconds(duration_s: float) -> float:
+    """Each probe step's length: PROBE_SECONDS, less for a short run (PROBE_RUN_SHARE of its duration per
+    step, at least 20 ms), so a 2-second check is not mostly probe."""
+    return min(PROBE_SECONDS, max(0.02, PROBE_RUN_SHARE * float(duration_s or 0)))
+
+
+def probe_text(rows: list[dict[str, float]]) -> str:
+    """'probe GiB/s write/read 1: 0.40/0.90, 2: ...'."""
+    first = [r for r in rows if not r.get("confirm")]
+    text = "probe GiB/s write/read " + ", ".join(
+        f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}" for r in first)
+    for r in rows:
+        if r.get("confirm"):
+            key = "write_gibps" if "write_gibps" in r else "read_gibps"
+            text += f"; {r['workers']} vs {r['vs']}: {r[key]:.2f} vs {r['vs_' + key]:.2f}"
+    return text
+
+
+def buffer_bytes(workers: int, chunk_bytes: int) -> int:
+    """What `workers` workers' buffers hold: a read and a write buffer of one chunk each."""
+    return 2 * chunk_bytes * max(0, workers)
+
+
+def memory_cap(chunk_bytes: int, limit: MemoryLimit) -> int:
+    """The most workers whose buffers fit in WORKER_MEMORY_FRACTION of the RAM budget (at least 1)."""
+    if chunk_bytes <= 0:
+        return 1 << 30
+    budget = max(0, int(MEMORY_FRACTION * limit.available) - RESERVE_BYTES)
+    return max(1, int(WORKER_MEMORY_FRACTION * budget) // buffer_bytes(1, chunk_bytes))
+
+
+def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, notes: list[str],
+            flag: str = "--io-workers") -> tuple[int, str | None]:
+    """`requested` workers, or the most that fit (with a warning and a note); refused under `strict`."""
+    cap = memory_cap(chunk_bytes, limit)
+    if requested <= cap:
+        return requested, None
+    need = buffer_bytes(requested, chunk_bytes)
+    room = (f"{requested} I/O workers need {need / GIB:.2f} GiB of buffers (2 x {chunk_bytes >> 20} MiB each), "
+            f"more than {WORKER_MEMORY_FRACTION:.0%} of the memory the run may use ({MEMORY_FRACTION:.0%} of "
+            f"{limit.describe()}, less {RESERVE_BYTES >> 20} MiB reserve)")
+    if strict:
+        raise StorageSetupError(f"{requested} ({room}); give at most {cap}").about("io_workers")
+    message = f"{flag} {room}; clamped to {cap}"
+    log.warning(message)
+    notes.append(message)
+    return cap, message
+
+
+def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[float, float]:
+    """`n` threads calling op(i, k) -> bytes until `seconds` have passed and each has done at least
+    MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: each thread's first operation
+    (a burst into whatever cache the device has) is not counted; each thread's rate is the bytes of its
+    later operations over the time they took, and the step's rate the sum of the threads'."""
+    spans = [(0, 0.0, 0.0)] * n  # (bytes after the first operation, its end, the last one's end)
+    errors: list[BaseException] = []
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    def work(i: int) -> None:
+        k, first_end, moved = 0, 0.0, 0
+        try:
+            while k < MIN_OPS or time.perf_counter() < deadline:
+                if stop is not None and stop.is_set():
+                    break
+                b = op(i, k)
+                if k == 0:
+                    first_end = time.perf_counter()
+                else:
+                    moved += b
+                k += 1
+            spans[i] = (moved, first_end, time.perf_counter())
+        except BaseException as exc:  # noqa: BLE001  (raised after the join)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"kv-probe-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    rate = sum(b / (t1 - t0) for b, t0, t1 in spans if b and t1 > t0)
+    return rate / GIB, time.perf_counter() - start
+
+
+def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PROBE_COUNTS,
+          seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
+          directions: tuple[str, ...] = ("write", "read")) -> list[dict[str, float]]:
+    """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
+    "read_gibps", "seconds"}].
+
+    Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
+    MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
+    from its own offset), so the reads meet data written before them, as a run's do. Rates are steady
+    state (see _timed). The entries are deleted afterwards."""
+    bufs = WorkerBuffers(chunk_bytes, seed, buffer_id(Stream.PROBE, 0))
+    nbytes = chunk_bytes - 4096  # one chunk-sized syscall with the header (file tier)
+    written: set[str] = set()
+    rows: list[dict[str, float]] = []
+    lock = threading.Lock()
+
+    def write(i: int, k: int) -> int:
+        key = f"kv-cache-probe-{i}-{k % 2}"
+        with lock:
+            written.add(key)
+        return store.write(key, nbytes, bufs).nbytes
+
+    try:
+        for n in counts:
+            if stop is not None and stop.is_set():
+                break
+            gibps, elapsed = _timed(n, seconds, write, stop)
+            rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
+        keys = sorted(written)
+        for row in rows:
+            if stop is not None and stop.is_set() or not keys or "read" not in directions:
+                break
+            n = int(row["workers"])
+            gibps, elapsed = _timed(n, seconds, lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
+                                    stop)
+            row["read_gibps"] = gibps
+            row["seconds"] = round(row["seconds"] + elapsed, 3)
+    finally:
+        for key in written:
+            try:
+                store.delete(key)
+            except Exception:  # noqa: BLE001  (a probe entry left behind is removed with the run dir)
+                pass
+        bufs.close()
+    return rows
+
+
+def confirm_smaller(store: Any, chunk_bytes: int, seed: int, count: int, key: str, seconds: float,
+                    stop: threading.Event | None = None, pairs: int = CONFIRM_PAIRS) -> tuple[int, list[dict]]:
+    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, measured in
+    alternating pairs (half, count, half, count: the same drift in both), take the half. Returns the
+    count and the pairs' figures ({"workers", key, "vs"})."""
+    seen: list[dict] = []
+    while count > 1 and not (stop is not None and stop.is_set()):
+        half = count // 2
+        rates: dict[int, list[float]] = {half: [], count: []}
+        for _ in range(pairs):
+            for n in (half, count):
+                rows = probe(store, chunk_bytes, seed, (n,), seconds, stop,
+                             directions=("write",) if key == "write_gibps" else ("write", "read"))
+                if rows and key in rows[0]:
+                    rates[n].append(rows[0][key])
+        if not rates[half] or not rates[count]:
+            break
+        lo, hi = sum(rates[half]) / len(rates[half]), sum(rates[count]) / len(rates[count])
+        seen.append({"workers": half, "vs": count, key: lo, f"vs_{key}": hi})
+        if lo < PROBE_FRACTION * hi:
+            break
+        count = half
+    return count, seen
+
+
+def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = PROBE_FRACTION) -> int:
+    """The smallest probed count whose `key` rate is at least `fraction` of the best one."""
+    rated = [r for r in rows if key in r]
+    if not rated:
+        return 1
+    best = max(r[key] for r in rated)
+    return min(int(r["workers"]) for r in rated if r[key] >= fraction * best)
+
+
+def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
+           notes: list[str], store: Any = None, seed: int = 0,
+           stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS) -> WorkerChoice:
+    """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
+    probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory."""
+    cap = memory_cap(chunk_bytes, mem)
+    if io_workers:
+        count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes)
+        how = "--io-workers"
+        rows: list[dict[str, float]] = []
+    else:
+        counts = tuple(c for c in PROBE_COUNTS if c <= cap) or (1,)
+        why_not = "no storage tier to probe" if store is None or chunk_bytes <= 0 else ""
+        rows = []
+        if not why_not:
+            try:
+                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop)
+            except OSError as exc:  # the run's own phases meet the same error and report it as theirs
+                why_not = f"the probe failed: {exc}"
+                notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
+    if not io_workers and (why_not or not rows):
+        count, clamped = bounded(max(1, min(users, DEFAULT_MAX_WORKERS)), chunk_bytes, mem, False, notes, "auto:")
+        how = f"one per user up to {DEFAULT_MAX_WORKERS} ({why_not or 'the probe was stopped'})"
+    elif not io_workers:
+        w, r = smallest_reaching(rows, "write_gibps"), smallest_reaching(rows, "read_gibps")
+        count = max(w, r)
+        if count > 1:  # the larger one checked against its half in alternating pairs (noise guard)
+            count, pairs = confirm_smaller(store, chunk_bytes, seed, count, "write_gibps" if w >= r else "read_gibps",
+                                           probe_seconds, stop)
+            rows = [*rows, *({"confirm": True, **p} for p in pairs)]
+        clamped = (f"the memory budget limited the probe to {counts[-1]} workers" if counts[-1] < PROBE_COUNTS[-1]
+                   else None)
+        how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
+               "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
+               f"while the half reached {PROBE_FRACTION:.0%} of it in alternating pairs")
+    if limit_allocs > 0 and count > limit_allocs:
+        count = limit_allocs
+        how += f", at most --max-concurrent-allocs {limit_allocs}"
+    return WorkerChoice(max(1, count), how, rows, clamped, cap)
+
+
+def provisional(io_workers: int, users: int, chunk_bytes: int, mem: MemoryLimit, strict: bool) -> int:
+    """The most workers the run may end up with (what the RAM tiers' budget keeps room for before the
+    probe runs): --io-workers bounded by memory, else the probe's largest count (or one per user)."""
+    if io_workers:
+        return bounded(io_workers, chunk_bytes, mem, strict, [])[0]
+    return min(max(PROBE_COUNTS[-1], min(users, DEFAULT_MAX_WORKERS)), memory_cap(chunk_bytes, mem))
