@@ -55,5 +55,14 @@ def test_the_probe_measures_the_tier_and_leaves_nothing_behind(tmp_path):
         notes: list[str] = []
         c = iw.choose(0, users=20, limit_allocs=3, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=notes,
                       store=store, probe_seconds=0.02)
-        assert 1 <= c.count <= 3 and c.how.startswith("probe") and len(c.probe) == len(iw.PROBE_COUNTS)
+        first = [r for r in c.probe if not r.get("confirm")]
+        assert 1 <= c.count <= 3 and c.how.startswith("probe") and len(first) == len(iw.PROBE_COUNTS)
         assert "probe GiB/s write/read 1:" in c.line()
+
+
+def test_a_short_run_is_not_probed_and_says_so():
+    notes: list[str] = []
+    c = iw.choose(0, users=5, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=notes,
+                  store=object(), probe_seconds=iw.probe_seconds(10))
+    assert c.count == 5 and "not probed" in c.how and c.probe == []
+    assert iw.probe_seconds(60) == iw.PROBE_SECONDS

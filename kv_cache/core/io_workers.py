@@ -5,8 +5,9 @@
   PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
   Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
-  PROBE_FRACTION of the best write rate, or that for reads, whichever is larger. A run shorter than 60 s
-  probes for less (probe_seconds).
+  PROBE_FRACTION of the best write rate, or that for reads, whichever is larger; then halved while half
+  the count keeps PROBE_FRACTION of its rate, measured in alternating pairs (the machine may be noisy).
+  A run shorter than PROBE_MIN_RUN_S is not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
   two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
   count is one per user up to DEFAULT_MAX_WORKERS, as before.
@@ -36,7 +37,7 @@ PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
 PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
 CONFIRM_PAIRS = 2  # alternating pairs per step-down check
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
-PROBE_RUN_SHARE = 0.005  # a step's share of the run's duration (0.3 s from a 60 s run up)
+PROBE_MIN_RUN_S = 30  # shorter runs are not probed: one worker per user up to DEFAULT_MAX_WORKERS
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
 WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
@@ -68,9 +69,10 @@ class WorkerChoice:
 
 
 def probe_seconds(duration_s: float) -> float:
-    """Each probe step's length: PROBE_SECONDS, less for a short run (PROBE_RUN_SHARE of its duration per
-    step, at least 20 ms), so a 2-second check is not mostly probe."""
-    return min(PROBE_SECONDS, max(0.02, PROBE_RUN_SHARE * float(duration_s or 0)))
+    """Each probe step's length: PROBE_SECONDS; 0 (no probe) for a run shorter than PROBE_MIN_RUN_S, whose
+    window the probe (several seconds, more where each thread's three operations take longer) would
+    rival."""
+    return PROBE_SECONDS if float(duration_s or 0) >= PROBE_MIN_RUN_S else 0.0
 
 
 def probe_text(rows: list[dict[str, float]]) -> str:
@@ -246,7 +248,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         rows: list[dict[str, float]] = []
     else:
         counts = tuple(c for c in PROBE_COUNTS if c <= cap) or (1,)
-        why_not = "no storage tier to probe" if store is None or chunk_bytes <= 0 else ""
+        why_not = ("no storage tier to probe" if store is None or chunk_bytes <= 0 else
+                   f"a run shorter than {PROBE_MIN_RUN_S} s is not probed" if probe_seconds <= 0 else "")
         rows = []
         if not why_not:
             try:
