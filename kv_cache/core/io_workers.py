@@ -120,27 +120,24 @@ def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, 
 
 def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[float, float]:
     """`n` threads calling op(i, k) -> bytes until `seconds` have passed and each has done at least
-    MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: each thread's first operation
-    (a burst into whatever cache the device has) is not counted; each thread's rate is the bytes of its
-    later operations over the time they took, and the step's rate the sum of the threads'."""
-    spans = [(0, 0.0, 0.0)] * n  # (bytes after the first operation, its end, the last one's end)
+    MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: from the moment every thread has
+    finished its first operation (a burst into whatever cache the device has) to the moment the first
+    thread stopped, the bytes of the operations that ended in between over its length; where that span is
+    empty, the bytes after each thread's first operation over the time from the first such end to the
+    last thread's end."""
+    ends: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # per thread: (end time, bytes) per op
     errors: list[BaseException] = []
     start = time.perf_counter()
     deadline = start + seconds
 
     def work(i: int) -> None:
-        k, first_end, moved = 0, 0.0, 0
+        mine = ends[i]
         try:
-            while k < MIN_OPS or time.perf_counter() < deadline:
+            while len(mine) < MIN_OPS or time.perf_counter() < deadline:
                 if stop is not None and stop.is_set():
                     break
-                b = op(i, k)
-                if k == 0:
-                    first_end = time.perf_counter()
-                else:
-                    moved += b
-                k += 1
-            spans[i] = (moved, first_end, time.perf_counter())
+                b = op(i, len(mine))
+                mine.append((time.perf_counter(), b))
         except BaseException as exc:  # noqa: BLE001  (raised after the join)
             errors.append(exc)
 
@@ -151,8 +148,16 @@ def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[fl
         t.join()
     if errors:
         raise errors[0]
-    rate = sum(b / (t1 - t0) for b, t0, t1 in spans if b and t1 > t0)
-    return rate / GIB, time.perf_counter() - start
+    took = time.perf_counter() - start
+    if any(len(e) < 2 for e in ends):
+        return 0.0, took
+    t0, t1 = max(e[0][0] for e in ends), min(e[-1][0] for e in ends)
+    if t1 > t0:
+        moved = sum(b for e in ends for t, b in e if t0 < t <= t1)
+        return moved / GIB / (t1 - t0), took
+    first, last = min(e[0][0] for e in ends), max(e[-1][0] for e in ends)
+    moved = sum(b for e in ends for _, b in e[1:])
+    return (moved / GIB / (last - first) if last > first else 0.0), took
 
 
 def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PROBE_COUNTS,
