@@ -78,6 +78,32 @@ def file_name(key: str) -> str:
     return safe + ".npy"
 
 
+# Each thread's own totals of the data syscalls and their device time, for --enable-latency-tracing's
+# comparison with the kernel's figures for the same syscalls: [preadv calls, ns, pwritev calls, ns,
+# fdatasync calls, ns]. Per thread, so the hot path takes no lock; `syscall_totals` adds them up.
+_TOTALS = threading.local()
+_ALL_TOTALS: list[list[int]] = []
+_TOTALS_LOCK = threading.Lock()
+
+
+def _totals() -> list[int]:
+    t = getattr(_TOTALS, "v", None)
+    if t is None:
+        t = _TOTALS.v = [0, 0, 0, 0, 0, 0]
+        with _TOTALS_LOCK:
+            _ALL_TOTALS.append(t)
+    return t
+
+
+def syscall_totals() -> dict[str, tuple[int, int]]:
+    """{"preadv" | "pwritev" | "fdatasync": (calls, ns)} of every FileStore in this process so far, as
+    timed by the tool (:mod:`.timedio`); differences of two snapshots give a span's."""
+    with _TOTALS_LOCK:
+        rows = [list(t) for t in _ALL_TOTALS]
+    s = [sum(r[i] for r in rows) for i in range(6)]
+    return {"preadv": (s[0], s[1]), "pwritev": (s[2], s[3]), "fdatasync": (s[4], s[5])}
+
+
 def _advance(iov: list[memoryview], n: int) -> list[memoryview]:
     out = []
     for b in iov:
@@ -250,7 +276,7 @@ class FileStore(SizedStore):
         """One pwritev of ``iov`` (``total`` bytes) at ``offset``; short writes are completed.  The time is
         the syscalls' own, taken where they are made (:mod:`.timedio`)."""
         n, ns = _tio.pwritev(fd, iov, offset)
-        done = n
+        done, calls = n, 1
         while done < total:  # rare: a short write (signal, quota, fs limits)
             if n <= 0:
                 raise OSError(errno.EIO, f"pwritev made no progress at offset {offset + done}")
@@ -258,6 +284,10 @@ class FileStore(SizedStore):
             n, more = _tio.pwritev(fd, iov, offset + done)
             ns += more
             done += n
+            calls += 1
+        t = _totals()
+        t[2] += calls
+        t[3] += ns
         return done, ns
 
     @staticmethod
@@ -266,13 +296,17 @@ class FileStore(SizedStore):
         short reads are completed."""
         total = len(view)
         n, ns = _tio.preadv(fd, view, offset)
-        done = n
+        done, calls = n, 1
         while done < total:  # rare: a short read (signal) or a file shorter than recorded
             if n <= 0:
                 raise DataCorruption(f"{path}: file ends at {offset + done}, expected {offset + total} bytes")
             n, more = _tio.preadv(fd, view[done:], offset + done)
             ns += more
             done += n
+            calls += 1
+        t = _totals()
+        t[0] += calls
+        t[1] += ns
         return done, ns
 
     # ------------------------------------------------------------------ primitives
@@ -317,7 +351,11 @@ class FileStore(SizedStore):
         fd = h.fd
         ns = 0
         if self.fsync:
-            ns += _tio.fdatasync(fd)
+            sync_ns = _tio.fdatasync(fd)
+            ns += sync_ns
+            t = _totals()
+            t[4] += 1
+            t[5] += sync_ns
         if not self._direct and _HAVE_FADVISE:
             t = perf_counter_ns()
             os.posix_fadvise(fd, 0, 0, _FADV_DONTNEED)

@@ -55,6 +55,7 @@ from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.settings.ranks import setting_value
 from kv_cache.settings.run import RunSettings
+from kv_cache.storage.files import syscall_totals
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -272,6 +273,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # so is their (and the set-up's) client CPU
     tracer, why = start_tracing(settings, blockdev, out)
+    tool0 = syscall_totals()  # the tool's own per-syscall times over the traced span
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
@@ -286,6 +288,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         outcome = run.outcome = driver.run()
     finally:
         traced = tracer.stop() if tracer is not None else None
+        tool1 = syscall_totals()
     after = blockdev.snapshot() if blockdev else None
     results = build_results(RunRecord(
         settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
@@ -306,7 +309,9 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                                     net.snapshot() if net else None, cpu_before)}
         results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
-        results["block_latency"] = block_latency(traced, why, os.getpid())
+        results["block_latency"] = block_latency(traced, why, os.getpid(),
+                                                 {k: (tool1[k][0] - tool0[k][0], tool1[k][1] - tool0[k][1])
+                                                  for k in tool1})
     return results
 
 
