@@ -34,10 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+# The same figures --enable-latency-tracing records (host/blocktrace.py): the exact mean (avg) and
+# log-linear lhists per decade; no printf per event, whose cost would land inside the tool's bracket.
 BPF = r"""
-tracepoint:syscalls:sys_enter_preadv, tracepoint:syscalls:sys_enter_preadv2 /pid == $1/ { @s[tid] = nsecs; }
-tracepoint:syscalls:sys_exit_preadv, tracepoint:syscalls:sys_exit_preadv2 /pid == $1 && @s[tid]/ {
-  printf("%d\n", nsecs - @s[tid]); delete(@s[tid]); }
+tracepoint:syscalls:sys_enter_preadv, tracepoint:syscalls:sys_enter_preadv2 /pid == $1/ { @rs[tid] = nsecs; }
+tracepoint:syscalls:sys_exit_preadv, tracepoint:syscalls:sys_exit_preadv2 /pid == $1 && @rs[tid]/ {
+  LOGLINEAR delete(@rs[tid]); }
+END { clear(@rs); }
 """
 LAUNCH = ('mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; '
           'mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug 2>/dev/null; '
@@ -83,8 +86,11 @@ def _timers():
 def _trace_start(out: Path) -> subprocess.Popen | None:
     if os.geteuid() != 0 or subprocess.run(["which", "bpftrace"], capture_output=True).returncode:
         return None
+    from kv_cache.host.blocktrace import SCRIPT  # noqa: PLC0415
+
+    line = next(ln for ln in SCRIPT.splitlines() if "@vfs_read_avg_ns" in ln).strip()
     script = out.with_suffix(".bt")
-    script.write_text(BPF)
+    script.write_text(BPF.replace("LOGLINEAR", line[: line.rindex("delete(")]))
     p = subprocess.Popen(["unshare", "-m", "sh", "-c", LAUNCH, "sh", "-o", str(out), str(script), str(os.getpid())],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     for _ in range(200):  # bpftrace writes "Attaching N probes..." first
@@ -97,11 +103,18 @@ def _trace_start(out: Path) -> subprocess.Popen | None:
     return p
 
 
-def _trace_stop(p: subprocess.Popen, out: Path) -> np.ndarray:
+def _trace_stop(p: subprocess.Popen, out: Path) -> dict:
+    from kv_cache.host.bpftrace_hist import parse_output, quantile_value, total  # noqa: PLC0415
+    from kv_cache.results.blocklatency import log_linear  # noqa: PLC0415
+
     p.send_signal(2)
     p.wait(timeout=30)
-    vals = [int(x) for x in out.read_text().split() if x.isdigit()]
-    return np.asarray(vals, dtype=np.int64)
+    maps = {k.lstrip("@"): v for k, v in parse_output(out.read_text()).items()}
+    ll = log_linear(maps, "vfs_read")
+    if not total(ll) or not isinstance(maps.get("vfs_read_avg_ns"), int):
+        return {"n": 0}
+    return {"n": total(ll), "mean_us": maps["vfs_read_avg_ns"] / 1e3, "p50_us": quantile_value(ll, 0.5),
+            "p95_us": quantile_value(ll, 0.95)}
 
 
 def phase(path: str, size: int, chunk: int, workers: int, seconds: float, timer, busy: bool):
@@ -174,10 +187,10 @@ def main() -> int:
                     out = tmp / f"trace-{w}-{name}-{busy}.txt"
                     tr = _trace_start(out)
                     ours = phase(path, size, chunk, w, a.seconds, timers[name], busy)
-                    kern = _trace_stop(tr, out) if tr is not None else np.zeros(0, np.int64)
+                    kern = _trace_stop(tr, out) if tr is not None else {"n": 0}
                     row = {"workers": w, "busy_thread": busy, "timer": name, "tool": stats(ours),
-                           "kernel": stats(kern)}
-                    if len(kern):
+                           "kernel": kern}
+                    if kern["n"]:
                         row["error_pct"] = {k: 100 * (row["tool"][k] / row["kernel"][k] - 1)
                                             for k in ("mean_us", "p50_us", "p95_us")}
                     rows.append(row)
