@@ -66,3 +66,10 @@ def test_a_short_run_is_not_probed_and_says_so():
                   store=object(), probe_seconds=iw.probe_seconds(10))
     assert c.count == 5 and "not probed" in c.how and c.probe == []
     assert iw.probe_seconds(60) == iw.PROBE_SECONDS
+
+
+def test_a_closed_loop_run_gets_at_most_one_probed_worker_per_user(tmp_path):
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        c = iw.choose(0, users=2, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
+                      store=store, probe_seconds=0.01, demand=1)
+    assert c.count == 1 and ("one per user" in c.how or c.how.startswith("probe"))

@@ -243,9 +243,12 @@ def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = 
 
 def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
            notes: list[str], store: Any = None, seed: int = 0,
-           stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS) -> WorkerChoice:
+           stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
+           demand: int = 0) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
-    probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory."""
+    probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory. `demand`
+    (> 0): the most requests that can be in flight at once (closed loop: one per user), above which a
+    probed count adds only buffers."""
     cap = memory_cap(chunk_bytes, mem)
     if io_workers:
         count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes)
@@ -277,6 +280,9 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
                "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
                f"while the half reached {PROBE_FRACTION:.0%} of it in alternating pairs")
+        if 0 < demand < count:
+            count = demand
+            how += f"; at most {demand}, one per user (a closed-loop user has one request in flight)"
     if limit_allocs > 0 and count > limit_allocs:
         count = limit_allocs
         how += f", at most --max-concurrent-allocs {limit_allocs}"

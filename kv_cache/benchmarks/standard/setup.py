@@ -45,7 +45,16 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str],
     return io_workers.choose(settings.storage.io_workers, settings.workload.num_users,
                              settings.driver.max_concurrent_allocs, io_chunk_bytes(settings), mem,
                              settings.tiers.strict_memory, notes, store=store, seed=settings.effective_seed,
-                             stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration))
+                             stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration),
+                             demand=closed_loop_demand(settings))
+
+
+def closed_loop_demand(settings: RunSettings) -> int:
+    """The most requests a closed-loop run has in flight (one per user), or 0 where it is not bounded so:
+    an open loop (--request-rate), autoscaling (users come and go) or a trace replay."""
+    if settings.driver.request_rate or settings.driver.enable_autoscaling or getattr(settings.workload, "trace_paths", None):
+        return 0
+    return settings.workload.num_users
 
 
 def io_chunk_bytes(settings: RunSettings) -> int:
