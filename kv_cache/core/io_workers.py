@@ -101,7 +101,7 @@ def memory_cap(chunk_bytes: int, limit: MemoryLimit) -> int:
 
 
 def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, notes: list[str],
-            flag: str = "--io-workers") -> tuple[int, str | None]:
+            flag: str = "--io-workers", quiet: bool = False) -> tuple[int, str | None]:
     """`requested` workers, or the most that fit (with a warning and a note); refused under `strict`."""
     cap = memory_cap(chunk_bytes, limit)
     if requested <= cap:
@@ -111,10 +111,11 @@ def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, 
             f"more than {WORKER_MEMORY_FRACTION:.0%} of the memory the run may use ({MEMORY_FRACTION:.0%} of "
             f"{limit.describe()}, less {RESERVE_BYTES >> 20} MiB reserve)")
     if strict:
-        raise StorageSetupError(f"{requested} ({room}); give at most {cap}").about("io_workers")
+        raise StorageSetupError(f"{requested}: {room} (--strict-memory); give at most {cap}").about("io_workers")
     message = f"{flag} {room}; clamped to {cap}"
-    log.warning(message)
-    notes.append(message)
+    if not quiet:
+        log.warning(message)
+        notes.append(message)
     return cap, message
 
 
@@ -293,5 +294,5 @@ def provisional(io_workers: int, users: int, chunk_bytes: int, mem: MemoryLimit,
     """The most workers the run may end up with (what the RAM tiers' budget keeps room for before the
     probe runs): --io-workers bounded by memory, else the probe's largest count (or one per user)."""
     if io_workers:
-        return bounded(io_workers, chunk_bytes, mem, strict, [])[0]
+        return bounded(io_workers, chunk_bytes, mem, strict, [], quiet=True)[0]
     return min(max(PROBE_COUNTS[-1], min(users, DEFAULT_MAX_WORKERS)), memory_cap(chunk_bytes, mem))
