@@ -7,8 +7,9 @@ same drift of a shared machine in both):
 - kv-cache: `pure_storage.py` (FileStore + WorkerBuffers: the CLI's data path, nothing else), P processes
   of QD/P threads; CPU = each process's own CPU over its timed phase (getrusage), summed;
 - fio: one job file of QD pvsync jobs (processes), the same bs, direct=1 on ext4 and 0 on /dev/shm, one
-  fsync per written file; CPU = fio's usr+sys (GNU time, the whole run, its read prewrite included with
-  its bytes).
+  fsync per written file; CPU = fio's usr+sys (GNU time, the whole run: start-up, file layout and the
+  read prewrite included, with its bytes), and its timed jobs' own (fio's usr_cpu + sys_cpu over each
+  job's runtime, per GiB of the direction), which compares with kv-cache's timed-phase figure.
 
 Prints GiB/s and CPU-s/GiB for both, their ratio (goal: kv-cache <= 2x fio on O_DIRECT), and the per-core
 ceiling the measured CPU cost implies: 1 / (CPU-s/GiB) GiB/s per busy core, and the cores (processes,
@@ -58,7 +59,18 @@ def fio(op: str, d: Path, qd: int, a, logs: Path, n: int) -> dict:
     if str(d).startswith("/dev/shm"):
         job = job.replace("direct=1", "direct=0")
     r = B.run_fio(job, f"{n:02d}-fio-{op}", logs)
-    return {"gibps": r[f"{op}_gibps"], "cpu_s_per_gib": r["cpu_seconds_per_gib"]}
+    return {"gibps": r[f"{op}_gibps"], "cpu_s_per_gib": r["cpu_seconds_per_gib"],
+            "job_cpu_s_per_gib": fio_job_cpu(Path(r["json"]), op)}
+
+
+def fio_job_cpu(path: Path, op: str) -> float | None:
+    """fio's own CPU accounting of its timed jobs (usr_cpu + sys_cpu, % of each job's runtime), per GiB
+    they moved in `op`: like kv-cache's figure, without fio's start-up and file layout."""
+    d = json.loads(path.read_text())
+    jobs = [j for j in d["jobs"] if j[op]["io_bytes"]]
+    cpu = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1000 for j in jobs)
+    moved = sum(j[op]["io_bytes"] for j in jobs) / B.GIB
+    return cpu / moved if moved else None
 
 
 def main() -> int:
@@ -89,13 +101,16 @@ def main() -> int:
                        "kv_gibps": median([x["gibps"] for x in k]), "fio_gibps": median([x["gibps"] for x in f]),
                        "kv_cpu_s_per_gib": median([x["cpu_s_per_gib"] for x in k]),
                        "fio_cpu_s_per_gib": median([x["cpu_s_per_gib"] for x in f]),
+                       "fio_job_cpu_s_per_gib": median([x["job_cpu_s_per_gib"] for x in f]),
                        "pairs": {"kv": k, "fio": f}}
                 row["ratio"] = row["kv_cpu_s_per_gib"] / row["fio_cpu_s_per_gib"]
+                row["ratio_jobs"] = row["kv_cpu_s_per_gib"] / row["fio_job_cpu_s_per_gib"]
                 row["kv_gibps_per_core"] = 1 / row["kv_cpu_s_per_gib"]
                 rows.append(row)
                 print(f"{d} {op:5} procs {procs}: GiB/s kv {row['kv_gibps']:.2f} fio {row['fio_gibps']:.2f} | "
                       f"CPU-s/GiB kv {row['kv_cpu_s_per_gib']:.4f} fio {row['fio_cpu_s_per_gib']:.4f} "
-                      f"ratio {row['ratio']:.2f} | kv {row['kv_gibps_per_core']:.1f} GiB/s per core, "
+                      f"(its jobs' own {row['fio_job_cpu_s_per_gib']:.4f}) ratio {row['ratio']:.2f} "
+                      f"(to the jobs' {row['ratio_jobs']:.2f}) | kv {row['kv_gibps_per_core']:.1f} GiB/s per core, "
                       f"{70 / row['kv_gibps_per_core']:.1f} cores for 70 GiB/s", flush=True)
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
