@@ -111,7 +111,12 @@ def _trace_stop(p: subprocess.Popen, out: Path) -> dict:
     from kv_cache.results.blocklatency import log_linear  # noqa: PLC0415
 
     p.send_signal(2)
-    p.wait(timeout=30)
+    try:
+        p.wait(timeout=120)  # it prints its maps on SIGINT: slow on a loaded machine
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return {"n": 0}
     maps = {k.lstrip("@"): v for k, v in parse_output(out.read_text()).items()}
     ll = log_linear(maps, "vfs_read")
     if not total(ll) or not isinstance(maps.get("vfs_read_avg_ns"), int):
@@ -171,6 +176,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--chunk-kb", type=int, default=256)
     ap.add_argument("--file-mib", type=int, default=512)
+    ap.add_argument("--busy", default="no,yes", help="phases without / with the busy thread (no,yes)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     timers = _timers()
@@ -184,7 +190,7 @@ def main() -> int:
         os.fsync(f.fileno())
     rows = []
     try:
-        for busy in (False, True):
+        for busy in (b == "yes" for b in a.busy.split(",")):
             for w in (int(x) for x in a.workers.split(",")):
                 for name in a.timers.split(","):
                     out = tmp / f"trace-{w}-{name}-{busy}.txt"

@@ -16,6 +16,7 @@ re-takes the GIL before the next (the stop ``clock_gettime`` comes after the GIL
 
 from __future__ import annotations
 
+import importlib
 import os
 from time import perf_counter_ns
 
@@ -27,9 +28,9 @@ if os.environ.get("KV_CACHE_PURE_TIMER", "") not in ("", "0"):
     _why_python = "KV_CACHE_PURE_TIMER is set"
 else:
     try:
-        from kv_cache.storage import _timedio as _c  # type: ignore[attr-defined, no-redef]
+        _c = importlib.import_module("kv_cache.storage._timedio")
     except ImportError as e:  # the C helper did not build (no compiler or headers at install)
-        _why_python = f"the C helper kv_cache.storage._timedio is not built ({e})"
+        _why_python = f"the C helper is not built ({e})"
 
 if _c is not None:
     TIMER = "c"
