@@ -1,7 +1,7 @@
 """Latency distributions in bounded memory: HdrHistogram (the `hdrhistogram` package), mergeable across
 ranks and runs.
 
-One histogram covers 1 ns .. 1 hour in nanoseconds at 3 significant digits, in a fixed ~270 KiB counts
+One histogram covers 1 ns .. 1 hour in nanoseconds at 3 significant digits, in a fixed 264 KiB counts
 array however many values it holds: a 24-hour run does not grow it. Precision: 3 significant digits give
 2048 sub-buckets per power of two, so a value's bucket is at most 1/1024 of it wide (and 1 ns wide below
 2048 ns); a percentile read back is the top of its bucket, within 0.1 % of the exact (nearest-rank)

@@ -4,7 +4,7 @@
 there are at most `cap` of them, and past that a uniform random sample of `cap` of them (Vitter's
 algorithm R, seeded: the same run keeps the same sample). With ``histogram=True`` it also records every
 value into an HdrHistogram (metrics/histograms.py: within 0.1 %), which gives the percentiles once the
-reservoir is a sample. Its memory is bounded by `cap` (8 bytes a value) plus the histogram (~270 KiB),
+reservoir is a sample. Its memory is bounded by `cap` (8 bytes a value) plus the histogram (264 KiB),
 whatever the run's length; `recent` adds a ring of the last values, for "since a mark" views.
 """
 
