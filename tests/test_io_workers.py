@@ -73,3 +73,17 @@ def test_a_closed_loop_run_gets_at_most_one_probed_worker_per_user(tmp_path):
         c = iw.choose(0, users=2, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
                       store=store, probe_seconds=0.01, demand=1)
     assert c.count == 1 and ("one per user" in c.how or c.how.startswith("probe"))
+
+
+def test_a_probe_that_meets_a_storage_error_falls_back_and_leaves_the_error_to_the_run():
+    class Failing:
+        def write(self, key, nbytes, bufs):
+            raise OSError(30, "Read-only file system")
+
+        def delete(self, key):
+            raise OSError(30, "Read-only file system")
+
+    notes: list[str] = []
+    c = iw.choose(0, users=3, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=notes,
+                  store=Failing(), probe_seconds=0.01)
+    assert c.count == 3 and "the probe failed" in c.how and "Read-only" in notes[0]

@@ -37,7 +37,7 @@ PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
 PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
 CONFIRM_PAIRS = 2  # alternating pairs per step-down check
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
-PROBE_MIN_RUN_S = 30  # shorter runs are not probed: one worker per user up to DEFAULT_MAX_WORKERS
+PROBE_MIN_RUN_S = 60  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
 WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
@@ -263,19 +263,20 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         if not why_not:
             try:
                 rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop)
+                w, r = smallest_reaching(rows, "write_gibps"), smallest_reaching(rows, "read_gibps")
+                picked = max(w, r)
+                if picked > 1 and rows:  # the larger one checked against its half in alternating pairs
+                    picked, pairs = confirm_smaller(store, chunk_bytes, seed, picked,
+                                                    "write_gibps" if w >= r else "read_gibps", probe_seconds, stop)
+                    rows = [*rows, *({"confirm": True, **p} for p in pairs)]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
-                why_not = f"the probe failed: {exc}"
+                why_not, rows = f"the probe failed: {exc}", []
                 notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
     if not io_workers and (why_not or not rows):
         count, clamped = bounded(max(1, min(users, DEFAULT_MAX_WORKERS)), chunk_bytes, mem, False, notes, "auto:")
         how = f"one per user up to {DEFAULT_MAX_WORKERS} ({why_not or 'the probe was stopped'})"
     elif not io_workers:
-        w, r = smallest_reaching(rows, "write_gibps"), smallest_reaching(rows, "read_gibps")
-        count = max(w, r)
-        if count > 1:  # the larger one checked against its half in alternating pairs (noise guard)
-            count, pairs = confirm_smaller(store, chunk_bytes, seed, count, "write_gibps" if w >= r else "read_gibps",
-                                           probe_seconds, stop)
-            rows = [*rows, *({"confirm": True, **p} for p in pairs)]
+        count = picked
         clamped = (f"the memory budget limited the probe to {counts[-1]} workers" if counts[-1] < PROBE_COUNTS[-1]
                    else None)
         how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
