@@ -68,11 +68,11 @@ class WorkerChoice:
         return text + (f"; {self.clamped}" if self.clamped else "")
 
 
-def probe_seconds(duration_s: float) -> float:
-    """Each probe step's length: PROBE_SECONDS; 0 (no probe) for a run shorter than PROBE_MIN_RUN_S, whose
-    window the probe (several seconds, more where each thread's three operations take longer) would
-    rival."""
-    return PROBE_SECONDS if float(duration_s or 0) >= PROBE_MIN_RUN_S else 0.0
+def probe_seconds(duration_s: float, max_requests: int = 0) -> float:
+    """Each probe step's length: PROBE_SECONDS; 0 (no probe) for a run shorter than PROBE_MIN_RUN_S, or
+    one that ends after --max-requests (its length unknown), whose window the probe (several seconds, more
+    where each thread's three operations take longer) could rival."""
+    return PROBE_SECONDS if float(duration_s or 0) >= PROBE_MIN_RUN_S and not max_requests else 0.0
 
 
 def probe_text(rows: list[dict[str, float]]) -> str:
@@ -258,7 +258,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     else:
         counts = tuple(c for c in PROBE_COUNTS if c <= cap) or (1,)
         why_not = ("no storage tier to probe" if store is None or chunk_bytes <= 0 else
-                   f"a run shorter than {PROBE_MIN_RUN_S} s is not probed" if probe_seconds <= 0 else "")
+                   f"a run shorter than {PROBE_MIN_RUN_S} s, or ended by --max-requests, is not probed"
+                   if probe_seconds <= 0 else "")
         rows = []
         if not why_not:
             try:

@@ -45,7 +45,8 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str],
     return io_workers.choose(settings.storage.io_workers, settings.workload.num_users,
                              settings.driver.max_concurrent_allocs, io_chunk_bytes(settings), mem,
                              settings.tiers.strict_memory, notes, store=store, seed=settings.effective_seed,
-                             stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration),
+                             stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration,
+                                                                    settings.driver.max_requests),
                              demand=closed_loop_demand(settings))
 
 
