@@ -65,7 +65,7 @@ def test_a_short_run_is_not_probed_and_says_so():
     c = iw.choose(0, users=5, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=notes,
                   store=object(), probe_seconds=iw.probe_seconds(10))
     assert c.count == 5 and "not probed" in c.how and c.probe == []
-    assert iw.probe_seconds(60) == iw.PROBE_SECONDS
+    assert iw.probe_seconds(120) == iw.PROBE_SECONDS and iw.probe_seconds(300, max_requests=10) == 0
 
 
 def test_a_closed_loop_run_gets_at_most_one_probed_worker_per_user(tmp_path):

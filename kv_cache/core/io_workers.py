@@ -37,7 +37,7 @@ PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
 PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
 CONFIRM_PAIRS = 2  # alternating pairs per step-down check
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
-PROBE_MIN_RUN_S = 60  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
+PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
 WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
@@ -245,11 +245,12 @@ def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = 
 def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
            notes: list[str], store: Any = None, seed: int = 0,
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
-           demand: int = 0) -> WorkerChoice:
+           demand: int = 0, ranks: int = 1) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
     probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory. `demand`
     (> 0): the most requests that can be in flight at once (closed loop: one per user), above which a
-    probed count adds only buffers."""
+    probed count adds only buffers. `ranks` > 1: several ranks of one run (MPI, --processes) are not
+    probed: their probes would measure each other, and a rank waiting at a barrier meanwhile."""
     cap = memory_cap(chunk_bytes, mem)
     if io_workers:
         count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes)
@@ -258,6 +259,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     else:
         counts = tuple(c for c in PROBE_COUNTS if c <= cap) or (1,)
         why_not = ("no storage tier to probe" if store is None or chunk_bytes <= 0 else
+                   f"{ranks} ranks: not probed (their probes would measure each other)" if ranks > 1 else
                    f"a run shorter than {PROBE_MIN_RUN_S} s, or ended by --max-requests, is not probed"
                    if probe_seconds <= 0 else "")
         rows = []

@@ -249,7 +249,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         raise _with_rank_share(exc, settings) from exc.__cause__
     stores, tiers = run.stores, run.stores.tiers
     try:  # the preparation phase's probe of the storage tier, when --io-workers is 0
-        choice = choose_io_workers(settings, stores.file_store, stores.notes, run.stop)
+        choice = choose_io_workers(settings, stores.file_store, stores.notes, run.stop,
+                                   ranks=2 if run.group is not None else 1)
     except StorageSetupError as exc:
         raise _with_rank_share(exc, settings) from exc.__cause__
     workers = min(workers, choice.count)

@@ -37,8 +37,8 @@ def io_worker_count(settings: RunSettings) -> int:
     return max(1, min(most, limit) if limit > 0 else most)
 
 
-def choose_io_workers(settings: RunSettings, store: Any, notes: list[str],
-                      stop: threading.Event) -> io_workers.WorkerChoice:
+def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop: threading.Event,
+                      ranks: int = 1) -> io_workers.WorkerChoice:
     """The run's I/O worker count and how it was chosen (a probe of `store`, the storage tier, when
     --io-workers is 0), in the preparation phase before the window."""
     mem = process_memory_limit(settings.tiers.host_ranks)
@@ -47,7 +47,7 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str],
                              settings.tiers.strict_memory, notes, store=store, seed=settings.effective_seed,
                              stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration,
                                                                     settings.driver.max_requests),
-                             demand=closed_loop_demand(settings))
+                             demand=closed_loop_demand(settings), ranks=ranks)
 
 
 def closed_loop_demand(settings: RunSettings) -> int:
