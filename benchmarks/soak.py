@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """One-hour soak of the real CLI (run by hand, never in CI): samples the run's RSS every `--interval`
-seconds from /proc/<pid>/status and says whether memory grows over the run.
+seconds from /proc/<pid>/status and says whether memory grows over the run, with the 24-hour projection of
+that growth.
 
-    python benchmarks/soak.py /mnt/nvme                  # 3600 s, 10 s samples
-    python benchmarks/soak.py /tmp/soak --duration 120   # a short check
+    python benchmarks/soak.py /mnt/nvme                  # 3600 s, 60 s samples
+    python benchmarks/soak.py /tmp/soak --duration 120 --interval 10   # a short check
+    python benchmarks/soak.py /tmp/soak -- --request-rate 20 --io-workers 2   # flags after -- go to kv-cache
 
 Writes `--out` (default soak_<time>.json): every sample (s, RSS MiB), the run's exit status and its
 results' peak RSS, requests and errors; prints first / last / max RSS and the least-squares growth of RSS
@@ -37,11 +39,13 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def growth_mib_per_hour(samples: list[tuple[float, float]], until_s: float | None = None) -> float | None:
+def growth_mib_per_hour(samples: list[tuple[float, float]], until_s: float | None = None,
+                        whole: bool = False) -> float | None:
     """Least-squares RSS growth over the second half of the samples taken up to `until_s` (the run's
-    duration: the clean-up after it frees the tiers and would read as a fall)."""
+    duration: the clean-up after it frees the tiers and would read as a fall); `whole`: from the second
+    sample on (the first is the interpreter starting)."""
     kept = [s for s in samples if until_s is None or s[0] <= until_s]
-    half = kept[len(kept) // 2:]
+    half = kept[1:] if whole else kept[len(kept) // 2:]
     if len(half) < 3:
         return None
     t, r = np.array(half).T
@@ -52,19 +56,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path)
     p.add_argument("--duration", type=int, default=3600)
-    p.add_argument("--interval", type=float, default=10.0)
+    p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("--model", default="llama3.1-8b")
     p.add_argument("--users", type=int, default=16)
     p.add_argument("--cpu-mem-gb", type=float, default=2.0)
     p.add_argument("--out", type=Path, default=Path(f"soak_{datetime.now():%Y%m%d_%H%M%S}.json"))
-    args = p.parse_args()
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.extra = extra  # more kv-cache flags, after --
     args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results_path = Path(tmp) / "r.json"
         cmd = [sys.executable, "-m", "kv_cache", "--model", args.model, "--num-users", str(args.users),
                "--duration", str(args.duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", str(args.cpu_mem_gb),
                "--generation-mode", "realistic", "--seed", "1", "--cache-dir", str(Path(tmp) / "cache"),
-               "--output", str(results_path)]
+               "--output", str(results_path), *args.extra]
         log = open(Path(tmp) / "console.log", "w")  # noqa: SIM115  (closed below)
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         t0 = time.monotonic()
@@ -83,13 +90,19 @@ def main() -> None:
         "rss_first_mib": samples[0][1] if samples else None, "rss_last_mib": samples[-1][1] if samples else None,
         "rss_max_mib": max((r for _, r in samples), default=None),
         "growth_second_half_mib_per_hour": growth_mib_per_hour(samples, args.duration),
+        "growth_whole_run_mib_per_hour": growth_mib_per_hour(samples, args.duration, whole=True),
         "results_peak_rss_mib": meas.get("peak_rss_mib"), "requests_completed": results.get("requests_completed"),
         "storage_errors_total": meas.get("storage_errors_total"),
     }
+    g = summary["growth_second_half_mib_per_hour"]
+    summary["projected_24h_rss_mib"] = (summary["rss_last_mib"] + g * (24 - args.duration / 3600)
+                                        if g is not None and summary["rss_last_mib"] is not None else None)
     args.out.write_text(json.dumps(summary, indent=1))
     print(f"exit {proc.returncode}; RSS first {summary['rss_first_mib']}, last {summary['rss_last_mib']}, max "
           f"{summary['rss_max_mib']} MiB; growth over the second half {summary['growth_second_half_mib_per_hour']}"
-          f" MiB/h; results peak RSS {summary['results_peak_rss_mib']} MiB; written to {args.out}")
+          f" MiB/h (whole run {summary['growth_whole_run_mib_per_hour']}); projected at 24 h "
+          f"{summary['projected_24h_rss_mib']} MiB; results peak RSS {summary['results_peak_rss_mib']} MiB; "
+          f"written to {args.out}")
 
 
 if __name__ == "__main__":

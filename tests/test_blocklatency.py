@@ -66,3 +66,25 @@ def test_sheets_hold_figures_and_every_bucket():
 def test_device_size_falls_back_when_unknown():
     assert blocktrace.device_gib(None) == 1024
     assert blocktrace.device_gib("no-such-device") == 1024
+
+
+def test_syscall_figures_carry_the_kernels_mean_log_linear_percentiles_and_the_tools_mean():
+    from kv_cache.host.bpftrace_hist import parse_output
+    from kv_cache.results.blocklatency import block_latency
+
+    text = """@vfs_read_us:
+[64, 128)             10 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+
+@vfs_read_avg_ns: 105000
+@vfs_read_ll1:
+[100, 110)             9 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+[150, 160)             1 |@@@@@                                               |
+"""
+    maps = {k.lstrip("@"): v for k, v in parse_output(text).items()}
+    bl = block_latency(maps, None, 1, {"preadv": (10, 10 * 115_500), "pwritev": (0, 0), "fdatasync": (0, 0)})
+    f = bl["figures"]["preadv syscall"]
+    assert f["mean_ms"] == 0.105 and f["tool_mean_ms"] == 0.1155
+    assert round(f["tool_mean_error_pct"], 6) == 10.0
+    # p50: the 5th of 10 values, inside [100, 110): 100 + 10 x 5/9 us; a power-of-two bucket says [64, 128)
+    assert abs(f["p50_ms"] - (100 + 10 * 5 / 9) / 1000) < 1e-12 and f["p50_ms_bucket"] == [0.064, 0.128]
+    assert 0.150 <= f["p95_ms"] <= 0.160

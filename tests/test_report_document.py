@@ -29,7 +29,7 @@ TOP_KEYS = {
 HARNESS_KEYS = {"overall_passed", "total_requests", "avg_latency_ms", "p99_latency_ms", "throughput_req_per_sec",
                 "storage_throughput_mbps", "cache_hit_rate"}
 MEASUREMENT_KEYS = {
-    "tool", "timed", "run_mode", "io_mode", "direct_io", "chunk_bytes", "fsync", "io_workers", "run_dir",
+    "tool", "timed", "device_timer", "run_mode", "io_mode", "direct_io", "chunk_bytes", "fsync", "io_workers", "run_dir",
     "filesystem", "filesystem_kind", "storage_capacity_bytes", "cpu_tier_bytes", "gpu_tier", "storage_gds",
     "window_seconds", "stop_reason",
     "requests_issued", "requests_abandoned_at_stop", "requests_failed", "requests_rejected",

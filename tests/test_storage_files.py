@@ -94,18 +94,18 @@ def test_single_chunk_read_buf_equals_stamped_write_buf(store, bufs):
 def test_data_syscalls_cover_the_chunk_grid_of_the_file(store, bufs, nbytes, monkeypatch):
     """Every pwritev/preadv covers [k*chunk, (k+1)*chunk) of the file (the last one less), like fio bs=chunk."""
     calls = []
-    real_w, real_r = os.pwritev, os.preadv
+    real_w, real_r = files_mod._tio.pwritev, files_mod._tio.preadv  # the timed syscalls (C or Python)
 
     def pwritev(fd, iov, off):
         calls.append(("w", off, sum(len(v) for v in iov)))
         return real_w(fd, iov, off)
 
-    def preadv(fd, iov, off):
-        calls.append(("r", off, sum(len(v) for v in iov)))
-        return real_r(fd, iov, off)
+    def preadv(fd, view, off):
+        calls.append(("r", off, len(view)))
+        return real_r(fd, view, off)
 
-    monkeypatch.setattr(files_mod.os, "pwritev", pwritev)
-    monkeypatch.setattr(files_mod.os, "preadv", preadv)
+    monkeypatch.setattr(files_mod._tio, "pwritev", pwritev)
+    monkeypatch.setattr(files_mod._tio, "preadv", preadv)
     store.write("grid", nbytes, bufs)
     store.read("grid", bufs, verify=True)
     file_bytes = FileStore.file_bytes(nbytes)
@@ -210,7 +210,7 @@ def test_stop_event_aborts_and_leaves_no_file(store, bufs, stop_after_first):
 
 
 def test_write_error_removes_partial_file(store, bufs, monkeypatch):
-    real = os.pwritev
+    real = files_mod._tio.pwritev
     calls = {"n": 0}
 
     def failing(fd, iov, off):
@@ -219,38 +219,38 @@ def test_write_error_removes_partial_file(store, bufs, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, iov, off)
 
-    monkeypatch.setattr(files_mod.os, "pwritev", failing)
+    monkeypatch.setattr(files_mod._tio, "pwritev", failing)
     with pytest.raises(OSError) as ei:
         store.write("k", 3 * CHUNK, bufs)
     assert ei.value.errno == errno.ENOSPC
     assert "k" not in store and not store.path_of("k").exists()
-    monkeypatch.setattr(files_mod.os, "pwritev", real)
+    monkeypatch.setattr(files_mod._tio, "pwritev", real)
     store.write("k", 10, bufs)
     store.read("k", bufs, verify=True)
 
 
 def test_short_writes_are_completed(store, bufs, monkeypatch, expected_bytes, read_all):
-    real = os.pwritev
+    real = files_mod._tio.pwritev
 
     def short(fd, iov, off):  # at most one block per call
         first = iov[0] if len(iov[0]) else iov[1]
         return real(fd, [first[:BLOCK]], off)
 
-    monkeypatch.setattr(files_mod.os, "pwritev", short)
+    monkeypatch.setattr(files_mod._tio, "pwritev", short)
     store.write("k", 2 * CHUNK + 5, bufs)
-    monkeypatch.setattr(files_mod.os, "pwritev", real)
+    monkeypatch.setattr(files_mod._tio, "pwritev", real)
     got, _ = read_all(store, "k", bufs)
     assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5, lead=BLOCK))
 
 
 def test_short_reads_are_completed(store, bufs, monkeypatch, expected_bytes, read_all):
     store.write("k", 2 * CHUNK + 5, bufs)
-    real = os.preadv
+    real = files_mod._tio.preadv
 
-    def short(fd, iov, off):
-        return real(fd, [iov[0][:BLOCK]], off)
+    def short(fd, view, off):
+        return real(fd, view[:BLOCK], off)
 
-    monkeypatch.setattr(files_mod.os, "preadv", short)
+    monkeypatch.setattr(files_mod._tio, "preadv", short)
     got, _ = read_all(store, "k", bufs)
     assert np.array_equal(got, expected_bytes(bufs, "k", 2 * CHUNK + 5, lead=BLOCK))
 
@@ -381,18 +381,18 @@ def test_fs_type(tmp_path):
 def test_full_chunks_reuse_the_worker_buffer_and_argument_list(store, bufs, monkeypatch):
     """The per-chunk path hands the kernel the preallocated buffer itself: no slice, no new iov list."""
     seen = []
-    real_w, real_r = os.pwritev, os.preadv
+    real_w, real_r = files_mod._tio.pwritev, files_mod._tio.preadv
 
     def pwritev(fd, iov, off):
         seen.append(("w", id(iov), [id(v) for v in iov], sum(len(v) for v in iov)))
         return real_w(fd, iov, off)
 
-    def preadv(fd, iov, off):
-        seen.append(("r", id(iov), [id(v) for v in iov], sum(len(v) for v in iov)))
-        return real_r(fd, iov, off)
+    def preadv(fd, view, off):  # reads take the view itself: no argument list at all
+        seen.append(("r", 0, [id(view)], len(view)))
+        return real_r(fd, view, off)
 
-    monkeypatch.setattr(files_mod.os, "pwritev", pwritev)
-    monkeypatch.setattr(files_mod.os, "preadv", preadv)
+    monkeypatch.setattr(files_mod._tio, "pwritev", pwritev)
+    monkeypatch.setattr(files_mod._tio, "preadv", preadv)
     store.write("k", 6 * CHUNK, bufs)
     store.read("k", bufs)
     for kind, mv in (("w", bufs.write_mv), ("r", bufs.read_mv)):
@@ -419,3 +419,39 @@ def test_streaming_memory_does_not_grow_with_entry_size(store, bufs):
     finally:
         tracemalloc.stop()
     assert peaks[1] < 64 * 1024 and peaks[1] <= peaks[0] + 8 * 1024, peaks
+
+
+def test_the_timer_says_what_it_is_and_both_time_the_same_syscalls(tmp_path):
+    """The C helper and the Python fallback give the same bytes and a positive duration; the fallback
+    names itself as one (what the run's device_timer and console line report)."""
+    import importlib
+    import subprocess
+    import sys
+
+    from kv_cache.storage import timedio
+
+    info = timedio.timer_info()
+    assert info["timer"] in ("c", "python") and info["description"]
+    out = subprocess.run([sys.executable, "-c", "from kv_cache.storage import timedio as t; print(t.TIMER);"
+                          "print(t.TIMER_DESCRIPTION)"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "KV_CACHE_PURE_TIMER": "1"}).stdout.splitlines()
+    assert out[0] == "python" and "fallback" in out[1] and "GIL" in out[1]
+    impls = [timedio]
+    try:
+        impls.append(importlib.import_module("kv_cache.storage._timedio"))
+    except ImportError:
+        pass
+    for i, t in enumerate(impls):
+        path = str(tmp_path / f"f{i}")
+        fd, ns = t.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        assert fd >= 0 and ns >= 0
+        n, ns = t.pwritev(fd, [b"abcd", memoryview(b"efgh")], 0)
+        assert (n, ns > 0) == (8, True)
+        buf = bytearray(8)
+        n, ns = t.preadv(fd, buf, 0)
+        assert (n, bytes(buf), ns > 0) == (8, b"abcdefgh", True)
+        assert t.fdatasync(fd) > 0 and t.close(fd) >= 0
+        with pytest.raises(FileNotFoundError):
+            t.open(str(tmp_path / "missing" / "x"), os.O_RDONLY)
+        with pytest.raises(OSError):
+            t.preadv(fd, buf, 0)  # closed

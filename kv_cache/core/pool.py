@@ -27,6 +27,7 @@ class Stream(IntEnum):
     FILL = 100_000  # preconditioning and decode-only pre-population
     RAG_INGEST = 200_000  # RAG document ingestion
     ENGINE_IO = 300_000  # the sessions engine's block loads and offloads
+    PROBE = 400_000  # the I/O worker count's probe of the storage tier (core/io_workers.py)
 
 
 def buffer_id(stream: Stream, index: int) -> int:
@@ -35,7 +36,7 @@ def buffer_id(stream: Stream, index: int) -> int:
 
 DEFAULT_MAX_WORKERS = 32  # I/O workers when --io-workers is 0: one per unit of demand (user) up to this many
 POOL_NAMES = {Stream.REQUESTS: "kv-io", Stream.FILL: "kv-fill", Stream.RAG_INGEST: "kv-rag",
-              Stream.ENGINE_IO: "kv-sess-io"}  # thread-name prefix of each pool kind
+              Stream.ENGINE_IO: "kv-sess-io", Stream.PROBE: "kv-probe"}  # thread-name prefix of each pool kind
 
 
 def worker_count(io_workers: int, demand: int, limit: int = 0) -> int:

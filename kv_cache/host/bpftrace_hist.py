@@ -136,3 +136,20 @@ def bucket_text(b: dict | None, unit: str = "") -> str:
     if hi is None:
         return f">= {lo}{unit}"
     return f"[{lo}, {hi}){unit}"
+
+
+def quantile_value(buckets: list[dict], q: float) -> float | None:
+    """The q-quantile (0 < q <= 1) of a histogram, interpolated linearly inside the bucket holding it
+    (for log-linear buckets, within a bucket's width, 1-10 % of its value); None when it is empty or the
+    quantile falls in an unbounded bucket."""
+    n = total(buckets)
+    if n == 0:
+        return None
+    seen = 0
+    for b in sorted(buckets, key=lambda b: float("-inf") if b["low"] is None else b["low"]):
+        if seen + b["count"] >= q * n:
+            if b["low"] is None or b["high"] is None:
+                return None
+            return b["low"] + (b["high"] - b["low"]) * (q * n - seen) / b["count"]
+        seen += b["count"]
+    return None

@@ -19,6 +19,7 @@ import numpy as np
 
 from kv_cache.metrics.histograms import decode, new_histogram, record
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
+from kv_cache.metrics.reservoir import RECENT, SAMPLE_CAP, LatencySamples
 from kv_cache.metrics.stats import mean, percentile, percentiles
 from kv_cache.metrics.timeseries import TimeSeries
 from kv_cache.storage.tiername import TierName
@@ -38,28 +39,42 @@ PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.
 GIB = float(1 << 30)
 
 
-def percentiles_ms(samples_ns: array | list, keys: dict[str, float] = PERCENTILES) -> dict[str, float]:
+def percentiles_ms(samples_ns: LatencySamples | array | list,
+                   keys: dict[str, float] = PERCENTILES) -> dict[str, float]:
     """The ``keys`` percentiles of nanosecond samples, in milliseconds ({} when there is none)."""
     if len(samples_ns) == 0:
         return {}
-    values = percentiles(samples_ns, list(keys.values()))
+    if isinstance(samples_ns, LatencySamples):
+        values = samples_ns.percentiles(list(keys.values()))
+    else:
+        values = percentiles(samples_ns, list(keys.values()))
     return {k: v / 1e6 for k, v in zip(keys, values, strict=True)}
 
 
-def mean_ms(samples_ns: array | list) -> float:
-    """Mean of nanosecond samples in milliseconds (0.0 when there is none)."""
+def mean_ms(samples_ns: LatencySamples | array | list) -> float:
+    """Mean of nanosecond samples in milliseconds (0.0 when there is none; exact for LatencySamples)."""
     if len(samples_ns) == 0:
         return 0.0
+    if isinstance(samples_ns, LatencySamples):
+        return samples_ns.mean() / 1e6
     return mean(samples_ns) / 1e6
+
+
+def _op_list(recent: int = 0):
+    return lambda: LatencySamples(SAMPLE_CAP, recent=recent)
+
+
+def _request_list(cap: int = SAMPLE_CAP, histogram: bool = True):
+    return lambda: LatencySamples(cap, histogram=histogram)
 
 
 @dataclass
 class TierOpStats:
-    """One tier x one direction: per-operation timings and byte counts."""
+    """One tier x one direction: per-operation timings (bounded: metrics/reservoir.py) and byte counts."""
 
-    total_ns: array = field(default_factory=lambda: array("q"))
-    device_ns: array = field(default_factory=lambda: array("q"))
-    host_ns: array = field(default_factory=lambda: array("q"))
+    total_ns: LatencySamples = field(default_factory=_op_list(RECENT))
+    device_ns: LatencySamples = field(default_factory=_op_list())
+    host_ns: LatencySamples = field(default_factory=_op_list())
     ops: int = 0
     bytes: int = 0
     device_bytes: int = 0
@@ -76,28 +91,38 @@ class TierOpStats:
 
 @dataclass
 class RequestStats:
-    e2e_ns: array = field(default_factory=lambda: array("q"))
-    storage_ns: array = field(default_factory=lambda: array("q"))
-    generation_ns: array = field(default_factory=lambda: array("q"))
-    prefill_ns: array = field(default_factory=lambda: array("q"))
-    decode_ns: array = field(default_factory=lambda: array("q"))
+    """Per-request latencies: count, exact sum and max, a bounded list and a histogram each."""
+
+    e2e_ns: LatencySamples = field(default_factory=_request_list())
+    storage_ns: LatencySamples = field(default_factory=_request_list())
+    generation_ns: LatencySamples = field(default_factory=_request_list())
+    prefill_ns: LatencySamples = field(default_factory=_request_list())
+    decode_ns: LatencySamples = field(default_factory=_request_list())
     completed: int = 0
     tokens_generated: int = 0
     context_tokens: int = 0
 
 
 class RunMetrics:
-    """Thread-safe recorder for one measured window."""
+    """Thread-safe recorder for one measured window.
 
-    def __init__(self) -> None:
+    Its memory does not grow with the run's length: each per-operation and per-request list keeps at most
+    `sample_cap` values (a uniform reservoir beyond, metrics/reservoir.py), with exact counts, sums and
+    maxima, and HdrHistograms (within 0.1 %) for the percentiles once a list samples. A merge of ranks
+    builds one with a larger cap (results/merge.py EXACT_CAP) and no per-request histograms."""
+
+    def __init__(self, sample_cap: int = SAMPLE_CAP, request_histograms: bool = True) -> None:
+        self.sample_cap = sample_cap
+        self._request_histograms = request_histograms
         self._lock = threading.Lock()
         self.window_start_ns: int | None = None
         self.window_end_ns: int | None = None
-        self.io: dict[tuple[str, str], TierOpStats] = defaultdict(TierOpStats)
+        self.io: dict[tuple[str, str], TierOpStats] = defaultdict(self._new_op_stats)
         self.io_by_cause: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])  # ops, bytes
         self.counters: dict[str, float] = defaultdict(int)
-        self.requests = RequestStats()
-        self.qos_e2e_ns: dict[str, array] = defaultdict(lambda: array("q"))
+        new_list = _request_list(sample_cap, request_histograms)
+        self.requests = RequestStats(*(new_list() for _ in range(5)))
+        self.qos_e2e_ns: dict[str, LatencySamples] = defaultdict(new_list)
         self.late = defaultdict(int)  # work that finished after the window closed
         # per turn number: [requests, context tokens, bytes read, bytes written] (context growth per turn)
         self.turns: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -144,9 +169,13 @@ class RunMetrics:
     def _in_window(self, end_ns: int) -> bool:
         return self.window_start_ns is not None and (self.window_end_ns is None or end_ns <= self.window_end_ns)
 
+    def _new_op_stats(self) -> TierOpStats:
+        cap = self.sample_cap
+        return TierOpStats(LatencySamples(cap, recent=RECENT), LatencySamples(cap), LatencySamples(cap))
+
     def reset(self) -> None:
         """Forget everything recorded so far (used after warm-up phases)."""
-        self.__init__()
+        self.__init__(self.sample_cap, self._request_histograms)
 
     # -- recording ----------------------------------------------------------------------------
     def _edge_bytes(self, nbytes: int, marks: ChunkProgress | None) -> int:
@@ -192,6 +221,8 @@ class RunMetrics:
             s.bytes += res.nbytes
             s.device_bytes += res.device_bytes
             s.busy_ns += res.device_ns
+            if s.total_ns.count > s.total_ns.cap:  # the lists now sample: percentiles from the histograms
+                self.subsampled.add((tier, op))
             c = self.io_by_cause[(tier, op, cause)]
             c[0] += 1
             c[1] += res.nbytes
@@ -334,7 +365,7 @@ class RunMetrics:
             s = self.io.get((tier, op))
             if s is None or len(s.total_ns) <= start:
                 return None
-            arr = np.frombuffer(s.total_ns, dtype=np.int64)[start:].copy()
+            arr = s.total_ns.since(start)  # the last RECENT at most, once the list samples
         return percentile(arr, 95) / 1e6
 
     def close_bucket(self, now_ns: int, gauges: dict[str, float] | None = None) -> dict:
@@ -390,7 +421,7 @@ class RunMetrics:
                 "requests": {"completed": self.requests.completed,
                              "tokens_generated": self.requests.tokens_generated,
                              "context_tokens": self.requests.context_tokens},
-                "qos_e2e_ns": {level: list(v) for level, v in sorted(self.qos_e2e_ns.items())},
+                "qos_e2e_ns": {level: v.values.tolist() for level, v in sorted(self.qos_e2e_ns.items())},
                 "late": dict(self.late),
                 "turns": {str(t): list(v) for t, v in sorted(self.turns.items())},
                 "errors": dict(self.errors),
@@ -421,7 +452,7 @@ class RunMetrics:
             self.requests.tokens_generated += r.get("tokens_generated", 0)
             self.requests.context_tokens += r.get("context_tokens", 0)
             for level, values in state.get("qos_e2e_ns", {}).items():
-                self.qos_e2e_ns[level].frombytes(_int64_bytes(values))
+                self.qos_e2e_ns[level].frombytes(_int64_bytes(values))  # (a rank's reservoir, bounded)
             _add(self.late, state.get("late", {}))
             for turn, values in state.get("turns", {}).items():
                 t = self.turns[int(turn)]

@@ -7,6 +7,10 @@ users). Rows are flat dicts, so they go straight into the results JSON and into 
 
     t_s, seconds, requests, <tier>_<op>_ops, <tier>_<op>_bytes, <tier>_<op>_gibps,
     <tier>_<op>_p50_ms / _p95_ms / _p99_ms (only when the bucket had operations), plus the gauges.
+
+Bounded for long runs: past MAX_ROWS rows, neighbouring rows are joined two by two (their counts and bytes
+added, GiB/s recomputed, percentiles the higher of the two (an upper bound), gauges time-weighted), so a
+24-hour run keeps at most MAX_ROWS rows of 2**k seconds each (`seconds` says how long each row lasted).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from hdrh.histogram import HdrHistogram
 from kv_cache.metrics.histograms import new_histogram, percentiles_ms, record
 
 GIB = float(1 << 30)
+MAX_ROWS = 4096  # rows kept: beyond, neighbouring rows are joined two by two (1 s rows up to ~68 min)
+_SUMMED = ("_ops", "_bytes")
 
 
 @dataclass
@@ -88,7 +94,40 @@ class TimeSeries:
         row = bucket_row(t_s, seconds, closed, gauges)
         closed.clear()
         self.rows.append(row)
+        if len(self.rows) > MAX_ROWS:
+            self.rows = coarsen(self.rows)
         return row
+
+
+def join_rows(a: dict, b: dict) -> dict:
+    """Two consecutive rows as one lasting both: counts and bytes added, GiB/s from them, percentiles the
+    higher (an upper bound of the joined bucket's), other figures (gauges) weighted by each row's time."""
+    sa, sb = float(a.get("seconds") or 0.0), float(b.get("seconds") or 0.0)
+    total = sa + sb
+    out: dict = {"t_s": b.get("t_s"), "seconds": round(total, 3)}
+    for key in dict.fromkeys([*a, *b]):
+        if key in ("t_s", "seconds") or key.endswith("_gibps"):
+            continue
+        va, vb = a.get(key), b.get(key)
+        if not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):
+            out[key] = vb if vb is not None else va
+        elif key == "requests" or key.endswith(_SUMMED):
+            out[key] = va + vb
+        elif key.endswith("_ms"):
+            out[key] = max(va, vb)
+        else:
+            out[key] = (va * sa + vb * sb) / total if total > 0 else vb
+    for key in [k for k in out if k.endswith("_bytes") and f"{k[:-6]}_gibps" in a | b]:
+        out[f"{key[:-6]}_gibps"] = out[key] / GIB / total if total > 0 else 0.0
+    return out
+
+
+def coarsen(rows: list[dict]) -> list[dict]:
+    """Rows joined two by two (an odd last row stays as it is): half as many, each twice as long."""
+    out = [join_rows(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)]
+    if len(rows) % 2:
+        out.append(rows[-1])
+    return out
 
 
 def merge_rows(ranks_rows: list[list[dict]]) -> list[dict]:

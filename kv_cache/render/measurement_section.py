@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from kv_cache.core.io_workers import probe_text
 from kv_cache.metrics.recorder import GIB
 from kv_cache.results.measurement import RAM_BACKED, filesystem_kind
 
@@ -151,6 +152,17 @@ def _backends_line(backends: dict[str, str] | None) -> list[str]:
     return ["  Tier backends: " + ", ".join(f"{tier} {name}" for tier, name in backends.items())]
 
 
+def _workers_line(choice: dict | None) -> list[str]:
+    """How the I/O worker count was chosen (core/io_workers.py), with the probe's figures."""
+    if not isinstance(choice, dict):
+        return []
+    text = f"  I/O workers: {choice.get('count')} ({choice.get('how')}"
+    if choice.get("probe"):
+        text += "; " + probe_text(choice["probe"])
+    text += ")"
+    return [text + (f"; {choice['clamped']}" if choice.get("clamped") else "")]
+
+
 def measurement(results: Results) -> list[str]:
     meas = results.get("measurement", {})
     if not meas:
@@ -165,6 +177,7 @@ def measurement(results: Results) -> list[str]:
     lines = ["", "### MEASUREMENT (what was timed and how) ###",
              *storage_lines(meas),
              f"  Timed: {meas.get('timed')}",
+             *_workers_line(meas.get("io_workers_choice")),
              *_block_device_line(meas.get("block_device") or {}), *remote_lines(meas.get("remote_tier")),
              f"  Achieved storage queue depth (device-busy time / window): read {depth.get('read', 0):.2f},"
              f" write {depth.get('write', 0):.2f}",

@@ -13,7 +13,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from kv_cache.host.bpftrace_hist import quantile_bucket, total
+from kv_cache.host.bpftrace_hist import quantile_bucket, quantile_value, total
+
+# The syscall figures' names in the tool's own totals (storage/files.py syscall_totals)
+TOOL_SYSCALL = {"vfs_read_us": "preadv", "vfs_write_us": "pwritev", "fsync_us": "fdatasync"}
+LOG_LINEAR = 5  # <name>_ll0 .. _ll4: one lhist per decade (host/blocktrace.py)
+
+
+def log_linear(maps: dict[str, Any], base: str) -> list[dict]:
+    """The log-linear buckets of one syscall figure (its per-decade lhists, in us), as one histogram."""
+    out: list[dict] = []
+    for i in range(LOG_LINEAR):
+        out += [b for b in maps.get(f"{base}_ll{i}") or [] if b["low"] is not None and b["high"] is not None]
+    return out
+
+
+def _syscall_figures(maps: dict[str, Any], name: str, tool: dict[str, Any] | None) -> dict[str, Any]:
+    """A syscall figure's exact mean and log-linear percentiles (the kernel's), and the tool's mean for
+    the same syscalls over the same span, with the difference."""
+    base = name[: -len("_us")]
+    out: dict[str, Any] = {}
+    avg = maps.get(f"{base}_avg_ns")
+    if isinstance(avg, int):
+        out["mean_ms"] = avg / 1e6
+    ll = log_linear(maps, base)
+    if total(ll):
+        for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
+            v = quantile_value(ll, q)
+            out[key] = None if v is None else v / 1000
+        out["percentiles"] = "log-linear lhist buckets (1-10 % wide), interpolated inside the bucket"
+    calls_ns = (tool or {}).get(TOOL_SYSCALL.get(name, ""))
+    if calls_ns and calls_ns[0]:
+        out["tool_count"] = int(calls_ns[0])
+        out["tool_mean_ms"] = calls_ns[1] / calls_ns[0] / 1e6
+        if out.get("mean_ms"):
+            out["tool_mean_error_pct"] = 100 * (out["tool_mean_ms"] / out["mean_ms"] - 1)
+    return out
+
 
 # (label, map, key prefix for keyed maps, what it counts)
 FIGURES = (
@@ -46,8 +82,11 @@ def _ms(b: dict | None) -> list[float | None] | None:
     return [None if b["low"] is None else b["low"] / 1000, None if b["high"] is None else b["high"] / 1000]
 
 
-def block_latency(maps: dict[str, Any] | None, reason: str | None, pid: int | None = None) -> dict[str, Any]:
-    """The results block: per figure the count and the p50/p95 buckets in ms, plus the raw histograms."""
+def block_latency(maps: dict[str, Any] | None, reason: str | None, pid: int | None = None,
+                  tool: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results block: per figure the count and the p50/p95 buckets in ms, plus the raw histograms;
+    the syscall figures also the kernel's exact mean (`mean_ms`), log-linear percentiles, and the tool's
+    mean for the same syscalls (`tool_mean_ms`, from `tool`: {"preadv": (calls, ns), ...} over the span)."""
     if maps is None:
         return {"enabled": True, "available": False, "reason": reason}
     figures = {}
@@ -58,6 +97,8 @@ def block_latency(maps: dict[str, Any] | None, reason: str | None, pid: int | No
                               "p50_ms_bucket": _ms(quantile_bucket(buckets, 0.5)),
                               "p95_ms_bucket": _ms(quantile_bucket(buckets, 0.95)),
                               "p99_ms_bucket": _ms(quantile_bucket(buckets, 0.99))}
+            if name in TOOL_SYSCALL:
+                figures[label].update(_syscall_figures(maps, name, tool))
     return {"enabled": True, "available": True, "tool": "bpftrace", "pid": pid,
             "filter": "block requests this process inserted or issued; its own syscalls",
             "resolution": "power-of-two buckets: a percentile is the bucket holding it, [low, high) ms",
@@ -86,10 +127,15 @@ def report_lines(results: dict[str, Any]) -> list[str]:
     for label, f in bl["figures"].items():
         lines.append(f"  {label}: {f['count']} ({f['counts']}), p50 in {_range(f['p50_ms_bucket'])},"
                      f" p95 in {_range(f['p95_ms_bucket'])}, p99 in {_range(f['p99_ms_bucket'])}")
+        if "mean_ms" in f:
+            p = " ".join(f"{k[:-3]} {f[k]:.3f}" for k in ("p50_ms", "p95_ms") if f.get(k) is not None)
+            tool = (f", tool's mean {f['tool_mean_ms']:.3f} ms ({f['tool_mean_error_pct']:+.1f} %)"
+                    if "tool_mean_error_pct" in f else "")
+            lines.append(f"    kernel: mean {f['mean_ms']:.3f} ms, {p} ms (log-linear){tool}")
     cs = (results.get("summary") or {}).get("cache_stats") or {}
     for op in ("read", "write"):
         if f"storage_{op}_device_p50_ms" in cs:
-            lines.append(f"  Tool's storage {op} device time per KV entry (all its syscalls, timed in Python):"
+            lines.append(f"  Tool's storage {op} device time per KV entry (all its syscalls, see Timed):"
                          f" p50 {cs[f'storage_{op}_device_p50_ms']:.2f} ms, p95 {cs[f'storage_{op}_device_p95_ms']:.2f} ms")
     return lines
 

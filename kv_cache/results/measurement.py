@@ -13,11 +13,12 @@ import numpy as np
 from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import percentile
+from kv_cache.storage import timedio
 from kv_cache.storage.shaped import Shaping
 from kv_cache.storage.tiername import TierName
 
-TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry; "
-         "host = the rest of the operation (block stamping, bookkeeping); total = both "
+TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close syscalls of each entry, "
+         f"timer: {timedio.TIMER_DESCRIPTION}; host = the rest of the operation (block stamping, bookkeeping); total = both "
          "(time.perf_counter_ns). RAM tier: device = the memcpy. GPU tier: see gpu_tier.timed (simulated: "
          "device = modelled copy time; real: CUDA events).")
 REMOTE_TIERS = ("s3", "redis")  # storage tiers spoken to over the network, not through a filesystem

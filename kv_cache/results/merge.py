@@ -85,7 +85,7 @@ _ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed",
 # What each rank's measurement says of how it measured: the merged measurement holds a fact once when every
 # rank says the same, else None there and each rank's value under measurement.per_rank.
 FACTS = ("run_dir", "filesystem", "filesystem_kind", "io_mode", "chunk_bytes", "fsync", "io_workers", "timed",
-         "run_mode", "tier_backends")
+         "device_timer", "run_mode", "tier_backends")
 # Per-rank measurement figures that add up across ranks.
 COUNTS = ("requests_issued", "requests_rejected", "requests_failed", "process_cpu_seconds", "offered_request_rate")
 CLOSING_BARRIER_BROKE = "closing barrier"  # in a rank's measurement note (benchmarks/standard/run.py)
@@ -126,7 +126,7 @@ def _absorb(metrics: RunMetrics, lists: _Lists, doc: dict[str, Any], exact_cap: 
                 metrics.absorb_samples(tier, op, part, block["values"])
         elif not exact and lists.exact.get((tier, op), True):
             s = metrics.io[(tier, op)]
-            del s.total_ns[:], s.device_ns[:], s.host_ns[:]  # from here on the histograms
+            s.total_ns.clear(), s.device_ns.clear(), s.host_ns.clear()  # from here on the histograms
             metrics.subsampled.add((tier, op))
         lists.exact[(tier, op)] = exact
 
@@ -243,7 +243,7 @@ def _op_block(metrics: RunMetrics, tier: str, op: str, part: str) -> dict[str, A
         return {"count": int(h.get_total_count()), "mean": h.get_mean_value() / 1e6,
                 **{k: ps[q] / 1e6 for k, q in PERCENTILES.items()}, "max": h.get_max_value() / 1e6,
                 "samples": int(h.get_total_count()), "method": FROM_HISTOGRAMS, "precision": PRECISION}
-    values = np.frombuffer(getattr(s, f"{part}_ns"), dtype=np.int64)
+    values = getattr(s, f"{part}_ns").array()
     if not len(values):
         return {"count": 0}
     return {"count": len(values), "mean": float(values.mean()) / 1e6, **metrics.op_percentiles_ms(tier, op, part),
@@ -262,7 +262,7 @@ def _latencies(metrics: RunMetrics) -> dict[str, Any]:
     out: dict[str, Any] = {}
     r = metrics.requests
     for name, block in (("e2e", "end_to_end"), ("storage", "storage_io"), ("generation", "generation")):
-        b = _block(np.frombuffer(getattr(r, f"{name}_ns"), dtype=np.int64) / 1e6)
+        b = _block(getattr(r, f"{name}_ns").array() / 1e6)
         out[block] = {**b, "method": EXACT} if b["count"] else b
     for tier, op in _OP_LISTS:
         for part in ("total", "device"):
@@ -290,7 +290,7 @@ def merge_documents(docs: Iterable[dict[str, Any] | str | RunDocument], allow_mi
     in_memory = not any(isinstance(d, (str, os.PathLike)) for d in items)
     heads = [rank_doc(d) for d in items] if in_memory else []
     missing = check_one_run(heads, allow_missing) if in_memory else []
-    metrics, lists, rows, seen = RunMetrics(), _Lists(), [], []
+    metrics, lists, rows, seen = RunMetrics(EXACT_CAP, request_histograms=False), _Lists(), [], []
     inputs = None
     for i, item in enumerate(items):
         doc = heads[i] if in_memory else rank_doc(item)

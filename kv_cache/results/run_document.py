@@ -267,6 +267,7 @@ def measurement(record: RunRecord) -> dict[str, Any]:
     return {
         "tool": f"kv-cache {__version__}",
         "timed": meas.TIMED,
+        "device_timer": meas.timedio.timer_info(),
         "run_mode": run_mode(record.settings),
         **_storage_setup(record),
         **_window(record),

@@ -22,10 +22,13 @@ __all__ = ["SAMPLE_CAP", "latency_samples", "window_wallclock"]
 SAMPLE_CAP = 200_000  # per list (beyond, a merge takes its percentiles from the HdrHistograms): 16 MiB-class operations at ~2 GiB/s give ~40k per 300 s run
 
 
-def _bounded(values, cap: int) -> tuple[list[int], int]:
-    n = len(values)
-    stride = max(1, -(-n // cap))
-    return list(values[::stride]), stride
+def _bounded(samples, cap: int) -> tuple[list[int], int]:
+    """The list's held values (a reservoir once it samples) as at most `cap`; `stride` > 1 says it is not
+    every operation's (count / values kept, rounded up)."""
+    held = samples.values
+    step = max(1, -(-len(held) // cap))
+    values = held[::step].tolist() if step > 1 else held.tolist()
+    return values, max(1, -(-len(samples) // max(1, len(values))))
 
 
 def latency_samples(metrics: RunMetrics, cap: int = SAMPLE_CAP) -> dict[str, Any]:
@@ -37,7 +40,7 @@ def latency_samples(metrics: RunMetrics, cap: int = SAMPLE_CAP) -> dict[str, Any
             for part, arr in (("total", s.total_ns), ("device", s.device_ns), ("host", s.host_ns)):
                 if not len(arr):
                     continue
-                values, stride = _bounded(arr, cap)
+                values, stride = _bounded(arr, cap)  # (arr: a LatencySamples, bounded itself)
                 out[f"{tier}_{op}_{part}_ns"] = {"values": values, "count": len(arr), "stride": stride}
     return out
 

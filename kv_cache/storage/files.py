@@ -17,7 +17,9 @@ The first payload chunk is ``chunk - 4096`` bytes (``lead_bytes``), so each data
 ``bs=chunk``, never straddling the chunk grid the filesystem allocated the file on.
 
 ``device_ns`` is the sum of the durations of exactly those syscalls (plus the unlink of a replaced
-entry); everything else is ``host_ns``.  The stamped chunk buffers are page aligned (mmap), so O_DIRECT
+entry); everything else is ``host_ns``.  The data syscalls, open, fdatasync and close are timed where they
+are made, in C with the GIL released (:mod:`.timedio`; a Python fallback where the helper did not build,
+which the run reports).  The stamped chunk buffers are page aligned (mmap), so O_DIRECT
 needs no bounce copy.
 """
 
@@ -37,6 +39,7 @@ from kv_cache.errors import StorageSetupError
 from kv_cache.host.blockdev import mount_info
 from kv_cache.host.rundir import RunDir
 from kv_cache.settings.sections import IO_MODES
+from kv_cache.storage import timedio as _tio
 from kv_cache.storage.base import (
     BLOCK,
     DataCorruption,
@@ -75,6 +78,32 @@ def file_name(key: str) -> str:
     return safe + ".npy"
 
 
+# Each thread's own totals of the data syscalls and their device time, for --enable-latency-tracing's
+# comparison with the kernel's figures for the same syscalls: [preadv calls, ns, pwritev calls, ns,
+# fdatasync calls, ns]. Per thread, so the hot path takes no lock; `syscall_totals` adds them up.
+_TOTALS = threading.local()
+_ALL_TOTALS: list[list[int]] = []
+_TOTALS_LOCK = threading.Lock()
+
+
+def _totals() -> list[int]:
+    t = getattr(_TOTALS, "v", None)
+    if t is None:
+        t = _TOTALS.v = [0, 0, 0, 0, 0, 0]
+        with _TOTALS_LOCK:
+            _ALL_TOTALS.append(t)
+    return t
+
+
+def syscall_totals() -> dict[str, tuple[int, int]]:
+    """{"preadv" | "pwritev" | "fdatasync": (calls, ns)} of every FileStore in this process so far, as
+    timed by the tool (:mod:`.timedio`); differences of two snapshots give a span's."""
+    with _TOTALS_LOCK:
+        rows = [list(t) for t in _ALL_TOTALS]
+    s = [sum(r[i] for r in rows) for i in range(6)]
+    return {"preadv": (s[0], s[1]), "pwritev": (s[2], s[3]), "fdatasync": (s[4], s[5])}
+
+
 def _advance(iov: list[memoryview], n: int) -> list[memoryview]:
     out = []
     for b in iov:
@@ -102,12 +131,11 @@ class _Write:
 
 
 class _Read:
-    __slots__ = ("fd", "path", "iov")
+    __slots__ = ("fd", "path")
 
     def __init__(self, fd: int, path: str):
         self.fd = fd
         self.path = path
-        self.iov: list[memoryview] = []
 
 
 class FileStore(SizedStore):
@@ -245,37 +273,40 @@ class FileStore(SizedStore):
     # ------------------------------------------------------------------ syscall loops
     @staticmethod
     def _pwritev_all(fd: int, iov: list[memoryview], offset: int, total: int) -> tuple[int, int]:
-        """One pwritev of ``iov`` (``total`` bytes) at ``offset``; short writes are completed."""
-        t = perf_counter_ns()
-        n = os.pwritev(fd, iov, offset)
-        ns = perf_counter_ns() - t
-        done = n
+        """One pwritev of ``iov`` (``total`` bytes) at ``offset``; short writes are completed.  The time is
+        the syscalls' own, taken where they are made (:mod:`.timedio`)."""
+        n, ns = _tio.pwritev(fd, iov, offset)
+        done, calls = n, 1
         while done < total:  # rare: a short write (signal, quota, fs limits)
             if n <= 0:
                 raise OSError(errno.EIO, f"pwritev made no progress at offset {offset + done}")
             iov = _advance(iov, n)
-            t = perf_counter_ns()
-            n = os.pwritev(fd, iov, offset + done)
-            ns += perf_counter_ns() - t
+            n, more = _tio.pwritev(fd, iov, offset + done)
+            ns += more
             done += n
+            calls += 1
+        t = _totals()
+        t[2] += calls
+        t[3] += ns
         return done, ns
 
     @staticmethod
-    def _preadv_all(fd: int, iov: list[memoryview], offset: int, path: str) -> tuple[int, int]:
-        """One preadv into ``iov`` (a single view) at ``offset``; short reads are completed."""
-        view = iov[0]
+    def _preadv_all(fd: int, view: memoryview, offset: int, path: str) -> tuple[int, int]:
+        """One preadv into ``view`` at ``offset`` (no argument list: the helper takes the view itself);
+        short reads are completed."""
         total = len(view)
-        t = perf_counter_ns()
-        n = os.preadv(fd, iov, offset)
-        ns = perf_counter_ns() - t
-        done = n
+        n, ns = _tio.preadv(fd, view, offset)
+        done, calls = n, 1
         while done < total:  # rare: a short read (signal) or a file shorter than recorded
             if n <= 0:
                 raise DataCorruption(f"{path}: file ends at {offset + done}, expected {offset + total} bytes")
-            t = perf_counter_ns()
-            n = os.preadv(fd, [view[done:]], offset + done)
-            ns += perf_counter_ns() - t
+            n, more = _tio.preadv(fd, view[done:], offset + done)
+            ns += more
             done += n
+            calls += 1
+        t = _totals()
+        t[0] += calls
+        t[1] += ns
         return done, ns
 
     # ------------------------------------------------------------------ primitives
@@ -298,9 +329,8 @@ class FileStore(SizedStore):
                 except FileNotFoundError:
                     pass
                 ns += perf_counter_ns() - t
-            t = perf_counter_ns()
-            h.fd = os.open(path, self._flags_w, 0o644)
-            ns += perf_counter_ns() - t
+            h.fd, t = _tio.open(path, self._flags_w, 0o644)
+            ns += t
             if self._closed:  # close() ran meanwhile: do not leave a file behind it
                 raise RuntimeError(f"{self.name}: store closed during write")
         except BaseException:
@@ -321,17 +351,17 @@ class FileStore(SizedStore):
         fd = h.fd
         ns = 0
         if self.fsync:
-            t = perf_counter_ns()
-            os.fdatasync(fd)
-            ns += perf_counter_ns() - t
+            sync_ns = _tio.fdatasync(fd)
+            ns += sync_ns
+            t = _totals()
+            t[4] += 1
+            t[5] += sync_ns
         if not self._direct and _HAVE_FADVISE:
             t = perf_counter_ns()
             os.posix_fadvise(fd, 0, 0, _FADV_DONTNEED)
             ns += perf_counter_ns() - t
         h.fd = -1
-        t = perf_counter_ns()
-        os.close(fd)
-        ns += perf_counter_ns() - t
+        ns += _tio.close(fd)
         with self._lock:
             if not self._closed and self._files.get(h.key) == h.path:
                 self._sizes[h.key] = h.nbytes
@@ -360,13 +390,10 @@ class FileStore(SizedStore):
         with self._lock:
             nbytes = self._sizes[key]  # KeyError if not stored
             path = self._files[key]
-        ns = 0
-        t = perf_counter_ns()
         try:
-            fd = os.open(path, self._flags_r)
+            fd, ns = _tio.open(path, self._flags_r)
         except FileNotFoundError:
             raise KeyError(key) from None
-        ns += perf_counter_ns() - t
         if not self._direct and _HAVE_FADVISE:
             t = perf_counter_ns()
             try:
@@ -378,23 +405,16 @@ class FileStore(SizedStore):
         return _Read(fd, path), nbytes, ns
 
     def _get(self, h: _Read, offset: int, view: memoryview) -> tuple[int, int]:
-        iov = h.iov
-        if iov:
-            iov[0] = view
-        else:
-            iov.append(view)
-        return self._preadv_all(h.fd, iov, HEADER_BYTES + offset, h.path)
+        return self._preadv_all(h.fd, view, HEADER_BYTES + offset, h.path)
 
     def _end_read(self, h: _Read) -> int:
         if h.fd < 0:
             return 0
         fd, h.fd = h.fd, -1
-        t = perf_counter_ns()
         try:
-            os.close(fd)
+            return _tio.close(fd)
         except OSError:
-            pass
-        return perf_counter_ns() - t
+            return 0
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:

@@ -22,7 +22,13 @@ from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged, write_outputs
 from kv_cache.benchmarks.standard.scheduler import Driver, DriverOutcome
-from kv_cache.benchmarks.standard.setup import driver_options, io_worker_count, run_phases, start_tracing
+from kv_cache.benchmarks.standard.setup import (
+    choose_io_workers,
+    driver_options,
+    io_worker_count,
+    run_phases,
+    start_tracing,
+)
 from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.core.observe import RankConsole
@@ -57,6 +63,7 @@ from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.settings.ranks import setting_value
 from kv_cache.settings.run import RunSettings
+from kv_cache.storage.files import syscall_totals
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -257,7 +264,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
-    workers = io_worker_count(settings)
+    workers = io_worker_count(settings)  # the most it may be: the RAM tiers keep room for their buffers
     buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     run.run_id = shared_run_id(run.group)
@@ -268,6 +275,13 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     except StorageSetupError as exc:
         raise _with_rank_share(exc, settings) from exc.__cause__
     stores, tiers = run.stores, run.stores.tiers
+    try:  # the preparation phase's probe of the storage tier, when --io-workers is 0
+        choice = choose_io_workers(settings, stores.file_store, stores.notes, run.stop,
+                                   ranks=2 if run.group is not None else 1)
+    except StorageSetupError as exc:
+        raise _with_rank_share(exc, settings) from exc.__cause__
+    workers = min(workers, choice.count)
+    out.write(choice.line() + "\n")
     rag = RagCorpus(cfg.rag) if settings.workload.enable_rag else None
     factory = UserFactory(settings, rag)
     trace = build_trace_workload(settings, sources) if sources else None
@@ -288,6 +302,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # so is their (and the set-up's) client CPU
     tracer, why = start_tracing(settings, blockdev, out)
+    tool0 = syscall_totals()  # the tool's own per-syscall times over the traced span
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
@@ -303,6 +318,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         outcome = run.outcome = driver.run()
     finally:
         traced = tracer.stop() if tracer is not None else None
+        tool1 = syscall_totals()
     after = blockdev.snapshot() if blockdev else None
     process_bytes = proc_io.delta()
     if process_bytes is not None and run_io0 is not None and (run_io1 := process_io()) is not None:
@@ -315,15 +331,21 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
         run_id=run.run_id, tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}, process_io=process_bytes))
+    if "measurement" in results:
+        results["measurement"]["io_workers_choice"] = choice.as_dict()
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
+        results["measurement"]["device_timer"] = {"timer": "python", "description": "perf_counter_ns() around "
+                                                  "the remote client's calls"}
         results["measurement"]["remote_tier"] = {
             **stores.file_store.remote_stats(),
             "network": meas.network(run.metrics, net.name if net else None, net_before,
                                     net.snapshot() if net else None, cpu_before)}
         results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
-        results["block_latency"] = block_latency(traced, why, os.getpid())
+        results["block_latency"] = block_latency(traced, why, os.getpid(),
+                                                 {k: (tool1[k][0] - tool0[k][0], tool1[k][1] - tool0[k][1])
+                                                  for k in tool1})
     return results
 
 

@@ -20,10 +20,11 @@ from kv_cache.benchmarks.standard.phases import (
     prepopulation_items,
 )
 from kv_cache.benchmarks.standard.scheduler import DriverOptions
-from kv_cache.core import pool as pools
+from kv_cache.core import io_workers
 from kv_cache.errors import StorageError
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.blocktrace import BlockTracer, device_gib
+from kv_cache.host.memlimit import process_memory_limit
 from kv_cache.metrics.recorder import GIB
 from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.settings.run import RunSettings
@@ -32,8 +33,35 @@ from kv_cache.workload.rag import build_documents
 log = logging.getLogger("kv_cache")
 
 def io_worker_count(settings: RunSettings) -> int:
-    return pools.worker_count(settings.storage.io_workers, settings.workload.num_users,
-                              settings.driver.max_concurrent_allocs)
+    """The most I/O workers this run may use (the RAM budget keeps room for their buffers): --io-workers
+    bounded by memory (refused under --strict-memory), else the probe's largest count; see
+    core/io_workers.py, whose `choose` then gives the count itself once the tiers are open."""
+    mem = process_memory_limit(settings.tiers.host_ranks)
+    most = io_workers.provisional(settings.storage.io_workers, settings.workload.num_users,
+                                  io_chunk_bytes(settings), mem, settings.tiers.strict_memory)
+    limit = settings.driver.max_concurrent_allocs
+    return max(1, min(most, limit) if limit > 0 else most)
+
+
+def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop: threading.Event,
+                      ranks: int = 1) -> io_workers.WorkerChoice:
+    """The run's I/O worker count and how it was chosen (a probe of `store`, the storage tier, when
+    --io-workers is 0), in the preparation phase before the window."""
+    mem = process_memory_limit(settings.tiers.host_ranks)
+    return io_workers.choose(settings.storage.io_workers, settings.workload.num_users,
+                             settings.driver.max_concurrent_allocs, io_chunk_bytes(settings), mem,
+                             settings.tiers.strict_memory, notes, store=store, seed=settings.effective_seed,
+                             stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration,
+                                                                    settings.driver.max_requests),
+                             demand=closed_loop_demand(settings), ranks=ranks)
+
+
+def closed_loop_demand(settings: RunSettings) -> int:
+    """The most requests a closed-loop run has in flight (one per user), or 0 where it is not bounded so:
+    an open loop (--request-rate), autoscaling (users come and go) or a trace replay."""
+    if settings.driver.request_rate or settings.driver.enable_autoscaling or getattr(settings.workload, "trace_paths", None):
+        return 0
+    return settings.workload.num_users
 
 
 def io_chunk_bytes(settings: RunSettings) -> int:

@@ -14,8 +14,8 @@ from kv_cache.metrics.recorder import RunMetrics
 
 def io_share(metrics: RunMetrics) -> float | None:
     r = metrics.requests
-    e2e = sum(r.e2e_ns)
-    return sum(r.storage_ns) / e2e if e2e > 0 else None
+    e2e = r.e2e_ns.sum
+    return r.storage_ns.sum / e2e if e2e > 0 else None
 
 
 register(Metric(

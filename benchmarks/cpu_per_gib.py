@@ -1,0 +1,121 @@
+"""CPU-seconds per GiB: kv-cache's storage engine against fio on the same device (run by hand).
+
+For each directory (ext4: O_DIRECT; /dev/shm: buffered, as kv-cache runs there), each direction (write,
+read) and each process count (1, 4), runs in alternating pairs (kv-cache, fio, kv-cache, fio, ...: the
+same drift of a shared machine in both):
+
+- kv-cache: `pure_storage.py` (FileStore + WorkerBuffers: the CLI's data path, nothing else), P processes
+  of QD/P threads; CPU = each process's own CPU over its timed phase (getrusage), summed;
+- fio: one job file of QD pvsync jobs (processes), the same bs, direct=1 on ext4 and 0 on /dev/shm, one
+  fsync per written file; CPU = fio's usr+sys (GNU time, the whole run: start-up, file layout and the
+  read prewrite included, with its bytes), and its timed jobs' own (fio's usr_cpu + sys_cpu over each
+  job's runtime, per GiB of the direction), which compares with kv-cache's timed-phase figure.
+
+Prints GiB/s and CPU-s/GiB for both, their ratio (goal: kv-cache <= 2x fio on O_DIRECT), and the per-core
+ceiling the measured CPU cost implies: 1 / (CPU-s/GiB) GiB/s per busy core, and the cores (processes,
+where one process is GIL-bound near one core) needed for 70 GiB/s.
+
+    python benchmarks/cpu_per_gib.py /tmp /dev/shm --qd 8 --duration 8 --pairs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _bench as B  # noqa: E402
+
+from kv_cache.metrics.stats import median  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MIB = 1 << 20
+
+
+def kv(op: str, d: Path, procs: int, qd: int, a) -> dict:
+    per = max(1, qd // procs)
+    cmds = [[sys.executable, str(HERE / "pure_storage.py"), op, str(d), "--workers", str(per), "--chunk-mb",
+             str(a.chunk_mb), "--duration", str(a.duration), "--min-mib", str(a.entry_mib), "--max-mib",
+             str(a.entry_mib), "--io-mode", "direct" if not str(d).startswith("/dev/shm") else "buffered",
+             "--seed", str(i), "--files-per-worker", "2"] for i in range(procs)]
+    ps = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in cmds]
+    outs = [json.loads(p.communicate()[0]) for p in ps]
+    moved = sum(o["bytes"] for o in outs) / B.GIB
+    cpu = sum(o["cpu_seconds"] for o in outs)
+    return {"gibps": sum(o["gibps"] for o in outs), "cpu_s_per_gib": cpu / moved if moved else None}
+
+
+def fio(op: str, d: Path, qd: int, a, logs: Path, n: int) -> dict:
+    chunk = a.chunk_mb * MIB
+    size = a.entry_mib * MIB
+    job = B.fio_jobfile(op, qd=qd, chunk=chunk, duration=a.duration, directory=str(d), size_range=(size, size),
+                        prewrite=op == "read")
+    if str(d).startswith("/dev/shm"):
+        job = job.replace("direct=1", "direct=0")
+    r = B.run_fio(job, f"{n:02d}-fio-{op}", logs)
+    return {"gibps": r[f"{op}_gibps"], "cpu_s_per_gib": r["cpu_seconds_per_gib"],
+            "job_cpu_s_per_gib": fio_job_cpu(Path(r["json"]), op)}
+
+
+def fio_job_cpu(path: Path, op: str) -> float | None:
+    """fio's own CPU accounting of its timed jobs (usr_cpu + sys_cpu, % of each job's runtime), per GiB
+    they moved in `op`: like kv-cache's figure, without fio's start-up and file layout."""
+    d = json.loads(path.read_text())
+    jobs = [j for j in d["jobs"] if j[op]["io_bytes"]]
+    cpu = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1000 for j in jobs)
+    moved = sum(j[op]["io_bytes"] for j in jobs) / B.GIB
+    return cpu / moved if moved else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--qd", type=int, default=8)
+    ap.add_argument("--procs", default="1,4")
+    ap.add_argument("--chunk-mb", type=int, default=16)
+    ap.add_argument("--entry-mib", type=int, default=256)
+    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    B.require_tools()
+    logs = Path(tempfile.mkdtemp(prefix="kv-cpu-logs-"))
+    rows, n = [], 0
+    for d in a.dirs:
+        for op in ("write", "read"):
+            for procs in (int(p) for p in a.procs.split(",")):
+                k, f = [], []
+                for _ in range(a.pairs):
+                    with tempfile.TemporaryDirectory(dir=d, prefix="kv-cpu-") as t:
+                        k.append(kv(op, Path(t), procs, a.qd, a))
+                    with tempfile.TemporaryDirectory(dir=d, prefix="fio-cpu-") as t:
+                        n += 1
+                        f.append(fio(op, Path(t), a.qd, a, logs, n))
+                row = {"dir": str(d), "op": op, "procs": procs, "qd": a.qd,
+                       "kv_gibps": median([x["gibps"] for x in k]), "fio_gibps": median([x["gibps"] for x in f]),
+                       "kv_cpu_s_per_gib": median([x["cpu_s_per_gib"] for x in k]),
+                       "fio_cpu_s_per_gib": median([x["cpu_s_per_gib"] for x in f]),
+                       "fio_job_cpu_s_per_gib": median([x["job_cpu_s_per_gib"] for x in f]),
+                       "pairs": {"kv": k, "fio": f}}
+                row["ratio"] = row["kv_cpu_s_per_gib"] / row["fio_cpu_s_per_gib"]
+                row["ratio_jobs"] = row["kv_cpu_s_per_gib"] / row["fio_job_cpu_s_per_gib"]
+                row["kv_gibps_per_core"] = 1 / row["kv_cpu_s_per_gib"]
+                rows.append(row)
+                print(f"{d} {op:5} procs {procs}: GiB/s kv {row['kv_gibps']:.2f} fio {row['fio_gibps']:.2f} | "
+                      f"CPU-s/GiB kv {row['kv_cpu_s_per_gib']:.4f} fio {row['fio_cpu_s_per_gib']:.4f} "
+                      f"(its jobs' own {row['fio_job_cpu_s_per_gib']:.4f}) ratio {row['ratio']:.2f} "
+                      f"(to the jobs' {row['ratio_jobs']:.2f}) | kv {row['kv_gibps_per_core']:.1f} GiB/s per core, "
+                      f"{70 / row['kv_gibps_per_core']:.1f} cores for 70 GiB/s", flush=True)
+    if a.out:
+        a.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""How many I/O workers a run uses, and why: sized to the device, bounded by what the buffers cost.
+
+- ``--io-workers N`` sets the count exactly (bounded only by memory, below).
+- Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
+  PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
+  Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
+  (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
+  PROBE_FRACTION of the best write rate, or that for reads, whichever is larger; then halved while half
+  the count keeps PROBE_FRACTION of its rate, measured in alternating pairs (the machine may be noisy).
+  A run shorter than PROBE_MIN_RUN_S is not probed (the probe would rival its window).
+  The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
+  two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
+  count is one per user up to DEFAULT_MAX_WORKERS, as before.
+- Memory: each worker holds a read and a write buffer of one chunk. The buffers may take at most
+  WORKER_MEMORY_FRACTION of what the run's RAM tiers may use (serving/tiers.py ram_budget_bytes); a count
+  beyond that is clamped with a warning and a note, or refused (exit 2) under --strict-memory.
+
+The run reports the count, how it was chosen and the probe's figures (measurement.io_workers_choice).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kv_cache.core.pool import DEFAULT_MAX_WORKERS, Stream, buffer_id
+from kv_cache.errors import StorageSetupError
+from kv_cache.host.memlimit import MemoryLimit
+from kv_cache.storage.buffers import WorkerBuffers
+
+log = logging.getLogger("kv_cache")
+
+PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
+PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
+CONFIRM_PAIRS = 2  # alternating pairs per step-down check
+MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
+PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
+PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
+WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
+MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
+RESERVE_BYTES = 256 << 20
+GIB = float(1 << 30)
+
+
+@dataclass
+class WorkerChoice:
+    """The count and how it was chosen (JSON: `as_dict`)."""
+
+    count: int
+    how: str  # "--io-workers", "probe", "one per user (no storage tier to probe)", ...
+    probe: list[dict[str, float]] = field(default_factory=list)  # [{"workers", "gibps", "seconds"}]
+    clamped: str | None = None  # why the memory budget capped it (None: it did not)
+    memory_cap: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "how": self.how, "probe": self.probe, "probe_fraction": PROBE_FRACTION,
+                "clamped": self.clamped, "memory_cap": self.memory_cap}
+
+    def line(self) -> str:
+        """The console's account of it."""
+        text = f"I/O workers: {self.count} ({self.how}"
+        if self.probe:
+            text += "; " + probe_text(self.probe)
+        text += ")"
+        return text + (f"; {self.clamped}" if self.clamped else "")
+
+
+def probe_seconds(duration_s: float, max_requests: int = 0) -> float:
+    """Each probe step's length: PROBE_SECONDS; 0 (no probe) for a run shorter than PROBE_MIN_RUN_S, or
+    one that ends after --max-requests (its length unknown), whose window the probe (several seconds, more
+    where each thread's three operations take longer) could rival."""
+    return PROBE_SECONDS if float(duration_s or 0) >= PROBE_MIN_RUN_S and not max_requests else 0.0
+
+
+def probe_text(rows: list[dict[str, float]]) -> str:
+    """'probe GiB/s write/read 1: 0.40/0.90, 2: ...'."""
+    first = [r for r in rows if not r.get("confirm")]
+    text = "probe GiB/s write/read " + ", ".join(
+        f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}" for r in first)
+    for r in rows:
+        if r.get("confirm"):
+            key = "write_gibps" if "write_gibps" in r else "read_gibps"
+            text += f"; {r['workers']} vs {r['vs']}: {r[key]:.2f} vs {r['vs_' + key]:.2f}"
+    return text
+
+
+def buffer_bytes(workers: int, chunk_bytes: int) -> int:
+    """What `workers` workers' buffers hold: a read and a write buffer of one chunk each."""
+    return 2 * chunk_bytes * max(0, workers)
+
+
+def memory_cap(chunk_bytes: int, limit: MemoryLimit) -> int:
+    """The most workers whose buffers fit in WORKER_MEMORY_FRACTION of the RAM budget (at least 1)."""
+    if chunk_bytes <= 0:
+        return 1 << 30
+    budget = max(0, int(MEMORY_FRACTION * limit.available) - RESERVE_BYTES)
+    return max(1, int(WORKER_MEMORY_FRACTION * budget) // buffer_bytes(1, chunk_bytes))
+
+
+def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, notes: list[str],
+            flag: str = "--io-workers", quiet: bool = False) -> tuple[int, str | None]:
+    """`requested` workers, or the most that fit (with a warning and a note); refused under `strict`."""
+    cap = memory_cap(chunk_bytes, limit)
+    if requested <= cap:
+        return requested, None
+    need = buffer_bytes(requested, chunk_bytes)
+    room = (f"{requested} I/O workers need {need / GIB:.2f} GiB of buffers (2 x {chunk_bytes >> 20} MiB each), "
+            f"more than {WORKER_MEMORY_FRACTION:.0%} of the memory the run may use ({MEMORY_FRACTION:.0%} of "
+            f"{limit.describe()}, less {RESERVE_BYTES >> 20} MiB reserve)")
+    if strict:
+        raise StorageSetupError(f"{requested}: {room} (--strict-memory); give at most {cap}").about("io_workers")
+    message = f"{flag} {room}; clamped to {cap}"
+    if not quiet:
+        log.warning(message)
+        notes.append(message)
+    return cap, message
+
+
+def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[float, float]:
+    """`n` threads calling op(i, k) -> bytes until `seconds` have passed and each has done at least
+    MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: from the moment every thread has
+    finished its first operation (a burst into whatever cache the device has) to the moment the first
+    thread stopped, the bytes of the operations that ended in between over its length; where that span is
+    empty, the bytes after each thread's first operation over the time from the first such end to the
+    last thread's end."""
+    ends: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # per thread: (end time, bytes) per op
+    errors: list[BaseException] = []
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    def work(i: int) -> None:
+        mine = ends[i]
+        try:
+            while len(mine) < MIN_OPS or time.perf_counter() < deadline:
+                if stop is not None and stop.is_set():
+                    break
+                b = op(i, len(mine))
+                mine.append((time.perf_counter(), b))
+        except BaseException as exc:  # noqa: BLE001  (raised after the join)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"kv-probe-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    took = time.perf_counter() - start
+    if any(len(e) < 2 for e in ends):
+        return 0.0, took
+    t0, t1 = max(e[0][0] for e in ends), min(e[-1][0] for e in ends)
+    if t1 > t0:
+        moved = sum(b for e in ends for t, b in e if t0 < t <= t1)
+        return moved / GIB / (t1 - t0), took
+    first, last = min(e[0][0] for e in ends), max(e[-1][0] for e in ends)
+    moved = sum(b for e in ends for _, b in e[1:])
+    return (moved / GIB / (last - first) if last > first else 0.0), took
+
+
+def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PROBE_COUNTS,
+          seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
+          directions: tuple[str, ...] = ("write", "read")) -> list[dict[str, float]]:
+    """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
+    "read_gibps", "seconds"}].
+
+    Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
+    MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
+    from its own offset), so the reads meet data written before them, as a run's do. Rates are steady
+    state (see _timed). The entries are deleted afterwards."""
+    bufs = WorkerBuffers(chunk_bytes, seed, buffer_id(Stream.PROBE, 0))
+    nbytes = chunk_bytes - 4096  # one chunk-sized syscall with the header (file tier)
+    written: set[str] = set()
+    rows: list[dict[str, float]] = []
+    lock = threading.Lock()
+
+    def write(i: int, k: int) -> int:
+        key = f"kv-cache-probe-{i}-{k % 2}"
+        with lock:
+            written.add(key)
+        return store.write(key, nbytes, bufs).nbytes
+
+    try:
+        for n in counts:
+            if stop is not None and stop.is_set():
+                break
+            gibps, elapsed = _timed(n, seconds, write, stop)
+            rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
+        keys = sorted(written)
+        for row in rows:
+            if stop is not None and stop.is_set() or not keys or "read" not in directions:
+                break
+            n = int(row["workers"])
+            gibps, elapsed = _timed(n, seconds, lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
+                                    stop)
+            row["read_gibps"] = gibps
+            row["seconds"] = round(row["seconds"] + elapsed, 3)
+    finally:
+        for key in written:
+            try:
+                store.delete(key)
+            except Exception:  # noqa: BLE001  (a probe entry left behind is removed with the run dir)
+                pass
+        bufs.close()
+    return rows
+
+
+def confirm_smaller(store: Any, chunk_bytes: int, seed: int, count: int, key: str, seconds: float,
+                    stop: threading.Event | None = None, pairs: int = CONFIRM_PAIRS) -> tuple[int, list[dict]]:
+    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, measured in
+    alternating pairs (half, count, half, count: the same drift in both), take the half. Returns the
+    count and the pairs' figures ({"workers", key, "vs"})."""
+    seen: list[dict] = []
+    while count > 1 and not (stop is not None and stop.is_set()):
+        half = count // 2
+        rates: dict[int, list[float]] = {half: [], count: []}
+        for _ in range(pairs):
+            for n in (half, count):
+                rows = probe(store, chunk_bytes, seed, (n,), seconds, stop,
+                             directions=("write",) if key == "write_gibps" else ("write", "read"))
+                if rows and key in rows[0]:
+                    rates[n].append(rows[0][key])
+        if not rates[half] or not rates[count]:
+            break
+        lo, hi = sum(rates[half]) / len(rates[half]), sum(rates[count]) / len(rates[count])
+        seen.append({"workers": half, "vs": count, key: lo, f"vs_{key}": hi})
+        if lo < PROBE_FRACTION * hi:
+            break
+        count = half
+    return count, seen
+
+
+def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = PROBE_FRACTION) -> int:
+    """The smallest probed count whose `key` rate is at least `fraction` of the best one."""
+    rated = [r for r in rows if key in r]
+    if not rated:
+        return 1
+    best = max(r[key] for r in rated)
+    return min(int(r["workers"]) for r in rated if r[key] >= fraction * best)
+
+
+def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
+           notes: list[str], store: Any = None, seed: int = 0,
+           stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
+           demand: int = 0, ranks: int = 1) -> WorkerChoice:
+    """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
+    probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory. `demand`
+    (> 0): the most requests that can be in flight at once (closed loop: one per user), above which a
+    probed count adds only buffers. `ranks` > 1: several ranks of one run (MPI, --processes) are not
+    probed: their probes would measure each other, and a rank waiting at a barrier meanwhile."""
+    cap = memory_cap(chunk_bytes, mem)
+    if io_workers:
+        count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes)
+        how = "--io-workers"
+        rows: list[dict[str, float]] = []
+    else:
+        counts = tuple(c for c in PROBE_COUNTS if c <= cap) or (1,)
+        why_not = ("no storage tier to probe" if store is None or chunk_bytes <= 0 else
+                   f"{ranks} ranks: not probed (their probes would measure each other)" if ranks > 1 else
+                   f"a run shorter than {PROBE_MIN_RUN_S} s, or ended by --max-requests, is not probed"
+                   if probe_seconds <= 0 else "")
+        rows = []
+        if not why_not:
+            try:
+                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop)
+                w, r = smallest_reaching(rows, "write_gibps"), smallest_reaching(rows, "read_gibps")
+                picked = max(w, r)
+                if picked > 1 and rows:  # the larger one checked against its half in alternating pairs
+                    picked, pairs = confirm_smaller(store, chunk_bytes, seed, picked,
+                                                    "write_gibps" if w >= r else "read_gibps", probe_seconds, stop)
+                    rows = [*rows, *({"confirm": True, **p} for p in pairs)]
+            except OSError as exc:  # the run's own phases meet the same error and report it as theirs
+                why_not, rows = f"the probe failed: {exc}", []
+                notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
+    if not io_workers and (why_not or not rows):
+        count, clamped = bounded(max(1, min(users, DEFAULT_MAX_WORKERS)), chunk_bytes, mem, False, notes, "auto:")
+        how = f"one per user up to {DEFAULT_MAX_WORKERS} ({why_not or 'the probe was stopped'})"
+    elif not io_workers:
+        count = picked
+        clamped = (f"the memory budget limited the probe to {counts[-1]} workers" if counts[-1] < PROBE_COUNTS[-1]
+                   else None)
+        how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
+               "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
+               f"while the half reached {PROBE_FRACTION:.0%} of it in alternating pairs")
+        if 0 < demand < count:
+            count = demand
+            how += f"; at most {demand}, one per user (a closed-loop user has one request in flight)"
+    if limit_allocs > 0 and count > limit_allocs:
+        count = limit_allocs
+        how += f", at most --max-concurrent-allocs {limit_allocs}"
+    return WorkerChoice(max(1, count), how, rows, clamped, cap)
+
+
+def provisional(io_workers: int, users: int, chunk_bytes: int, mem: MemoryLimit, strict: bool) -> int:
+    """The most workers the run may end up with (what the RAM tiers' budget keeps room for before the
+    probe runs): --io-workers bounded by memory, else the probe's largest count (or one per user)."""
+    if io_workers:
+        return bounded(io_workers, chunk_bytes, mem, strict, [], quiet=True)[0]
+    return min(max(PROBE_COUNTS[-1], min(users, DEFAULT_MAX_WORKERS)), memory_cap(chunk_bytes, mem))

@@ -1,0 +1,89 @@
+"""The I/O worker count: --io-workers exactly, the probe's smallest count at 95 % of the best, and the
+memory its buffers cost (clamped with a note, refused under --strict-memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kv_cache.core import io_workers as iw
+from kv_cache.errors import StorageSetupError
+from kv_cache.host.memlimit import MemoryLimit
+from kv_cache.storage.files import FileStore
+
+MIB = 1 << 20
+GIB = 1 << 30
+BIG = MemoryLimit(64 * GIB, "test")
+
+
+def test_io_workers_is_exact_when_it_fits():
+    notes: list[str] = []
+    c = iw.choose(7, users=100, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=notes)
+    assert (c.count, c.how, c.clamped, notes) == (7, "--io-workers", None, [])
+
+
+def test_a_count_whose_buffers_do_not_fit_is_clamped_with_a_note_or_refused_under_strict():
+    mem = MemoryLimit(4 * GIB, "test")
+    cap = iw.memory_cap(16 * MIB, mem)
+    # half of 90 % of 4 GiB less 256 MiB reserve, in 32 MiB (read + write buffer) workers
+    assert cap == int(0.5 * (int(0.9 * 4 * GIB) - 256 * MIB)) // (32 * MIB) == 53
+    notes: list[str] = []
+    c = iw.choose(100_000, users=1, limit_allocs=0, chunk_bytes=16 * MIB, mem=mem, strict=False, notes=notes)
+    assert c.count == cap and c.clamped and "clamped to 53" in notes[0] and "100000 I/O workers" in notes[0]
+    with pytest.raises(StorageSetupError) as ei:
+        iw.choose(100_000, users=1, limit_allocs=0, chunk_bytes=16 * MIB, mem=mem, strict=True, notes=[])
+    assert ei.value.setting == "io_workers" and "give at most 53" in str(ei.value)
+    assert iw.provisional(100_000, 1, 16 * MIB, mem, False) == cap
+
+
+def test_smallest_count_reaching_95_percent_of_the_best():
+    rows = [{"workers": 1, "write_gibps": 0.5, "read_gibps": 0.8}, {"workers": 2, "write_gibps": 0.96,
+            "read_gibps": 1.0}, {"workers": 4, "write_gibps": 1.0, "read_gibps": 1.9},
+            {"workers": 8, "write_gibps": 0.97, "read_gibps": 2.0}]
+    assert iw.smallest_reaching(rows, "write_gibps") == 2  # 0.96 >= 0.95 x 1.0
+    assert iw.smallest_reaching(rows, "read_gibps") == 4  # 1.9 = 0.95 x 2.0
+    # adversarial: a best reached only at the largest count is taken, not the first plateau
+    rows2 = [{"workers": w, "read_gibps": g} for w, g in ((1, 1.0), (2, 1.0), (4, 1.0), (8, 3.0))]
+    assert iw.smallest_reaching(rows2, "read_gibps") == 8
+
+
+def test_the_probe_measures_the_tier_and_leaves_nothing_behind(tmp_path):
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(1, 2), seconds=0.05)
+        assert [r["workers"] for r in rows] == [1, 2]
+        assert all(r["write_gibps"] > 0 and r["read_gibps"] > 0 for r in rows)
+        assert store.keys() == [] and not list(store.run_dir.glob("*.npy"))
+        notes: list[str] = []
+        c = iw.choose(0, users=20, limit_allocs=3, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=notes,
+                      store=store, probe_seconds=0.02)
+        first = [r for r in c.probe if not r.get("confirm")]
+        assert 1 <= c.count <= 3 and c.how.startswith("probe") and len(first) == len(iw.PROBE_COUNTS)
+        assert "probe GiB/s write/read 1:" in c.line()
+
+
+def test_a_short_run_is_not_probed_and_says_so():
+    notes: list[str] = []
+    c = iw.choose(0, users=5, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=notes,
+                  store=object(), probe_seconds=iw.probe_seconds(10))
+    assert c.count == 5 and "not probed" in c.how and c.probe == []
+    assert iw.probe_seconds(120) == iw.PROBE_SECONDS and iw.probe_seconds(300, max_requests=10) == 0
+
+
+def test_a_closed_loop_run_gets_at_most_one_probed_worker_per_user(tmp_path):
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        c = iw.choose(0, users=2, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
+                      store=store, probe_seconds=0.01, demand=1)
+    assert c.count == 1 and ("one per user" in c.how or c.how.startswith("probe"))
+
+
+def test_a_probe_that_meets_a_storage_error_falls_back_and_leaves_the_error_to_the_run():
+    class Failing:
+        def write(self, key, nbytes, bufs):
+            raise OSError(30, "Read-only file system")
+
+        def delete(self, key):
+            raise OSError(30, "Read-only file system")
+
+    notes: list[str] = []
+    c = iw.choose(0, users=3, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=notes,
+                  store=Failing(), probe_seconds=0.01)
+    assert c.count == 3 and "the probe failed" in c.how and "Read-only" in notes[0]
