@@ -274,19 +274,22 @@ def evidence_text(rungs: list[dict[str, Any]]) -> str:
     turns each (rung, replication) measured and the window that would give the median one enough (the rule of
     kv_cache/metrics/slo_fit.py: >= MIN_RUNG_TURNS over a rung's replications, >= MIN_CELL_TURNS in each;
     turns grow with the window in proportion once it holds a few loaded turn cycles)."""
-    cells = [c for cfg in dict.fromkeys(r["tiers"] for r in rungs)
-             for c in fit_cells([r for r in rungs if r["tiers"] == cfg])]
-    k = max(1, max((c.replication for c in cells), default=0) + 1)
+    k = max((len(_p90s(r)) for r in rungs), default=1)
     need = max(MIN_CELL_TURNS, math.ceil(MIN_RUNG_TURNS / k))
-    turns = sorted(c.turns for c in cells)
-    window = max((float(r.get("window_s") or 0.0) for r in rungs), default=0.0)
+    turns, wanted = [], []  # every cell's returning turns; the window each short one would need
+    for r in rungs:
+        for c in fit_cells([r]):
+            turns.append(c.turns)
+            if 0 < c.turns < need and r.get("window_s"):
+                wanted.append(float(r["window_s"]) * need / c.turns)
+    turns.sort()
     span = f"{turns[0]}-{turns[-1]}" if turns and turns[0] != turns[-1] else (f"{turns[0]}" if turns else "0")
-    lacking = [t for t in turns if 0 < t < need]
     text = (f"not enough evidence: {span} returning turns per cell (one rung's replication; {need} needed, "
             f"{MIN_RUNG_TURNS} per rung)")
-    if lacking and window > 0:
-        median = lacking[len(lacking) // 2]
-        suggested = max(window, 10 * math.ceil(window * need / median / 10))
+    if wanted:
+        requested = max(float((r.get("window_plan") or {}).get("requested_window_s") or r.get("window_s") or 0.0)
+                        for r in rungs)
+        suggested = max(requested, 10 * math.ceil(sorted(wanted)[len(wanted) // 2] / 10))
         return text + f"; about --window {suggested:g} would give {need}"
     return text + ("; the cells short of it measured no returning turn: a --window several loaded turn cycles "
                    "long is needed, or pauses over sessions.human_threshold_s")

@@ -22,6 +22,7 @@ from kv_cache import __version__
 from kv_cache.benchmarks.sessions.answer import answer, refine_ladder
 from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
+from kv_cache.benchmarks.sessions.steady_state import MAX_PLANNED_WINDOW_FACTOR, plan_window, planned_cycle
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.host.signals import catch_stop_signals
@@ -116,17 +117,23 @@ class RungProgress:
 
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
-              rungs: list[dict[str, Any]]) -> dict[str, Any]:
+              rungs: list[dict[str, Any]], plan: bool = False) -> dict[str, Any]:
     """One (config, sessions) cell: `replications` seeded runs merged, appended to `rungs` before its last
-    line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`."""
+    line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`.
+    `plan` (an answer run): the window is planned from the loaded turn cycle measured at the rung below
+    (steady_state.plan_window: >= 3 cycles, within [--window, 4 x --window]) and the warm-up lasts one."""
     reps = []
     line = ""
+    cycle, from_rung = planned_cycle(rungs, tier, n) if plan else (None, None)
+    window = plan_window(ls.window_s, cycle)
     for k in range(replications):
         out.write(line + f"  {progress.label()} running {tier:<13} {n:>5} sessions"
-                  + (f" (replication {k + 1})" if replications > 1 else "") + " ...")
+                  + (f" (replication {k + 1})" if replications > 1 else "")
+                  + (f", window {window:.0f} s (3 planned cycles)" if window != ls.window_s and k == 0 else "")
+                  + " ...")
         out.flush()
-        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
-        rung = RungRun(lsk, tier, n, supply(lsk.seed))
+        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
+        rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
         result = rung.run()
         if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
             rungs.append(result)
@@ -140,6 +147,11 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
         t = result["throughput_tokens_per_s_per_gpu"]
         line = f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n"
     cell = merge_replications(reps)
+    cell["window_plan"] = {"requested_window_s": ls.window_s, "window_s": window, "planned_cycle_s": cycle,
+                           "planned_from_rung": from_rung,
+                           "rule": "with --slo-ttft-p90: the window holds >= 3 loaded turn cycles planned from the "
+                                   "rung below (its measured cycle x the ratio of sessions), within [--window, "
+                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; else --window"}
     if replications > 1:
         raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
     rungs.append(cell)
@@ -171,20 +183,21 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         out.write("DRAM offload: write-through (every computed block stored on completion, as vLLM's "
                   "offloading connector)\n")
     progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
+    plan = slo_ttft_p90_s is not None  # an answer run plans each rung's window from the loaded turn cycle
     for tier in tiers:
         if not auto_start:
             for n in ladder:
-                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
+                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan)
             continue
         history: list[tuple[int, float]] = []
         while (n := auto_next_rung(history, auto_start)) is not None:
-            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
+            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan)
             history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
     body: dict[str, Any] = {}
     if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
         progress.total = None
         refine_ladder(rungs, tiers, slo_ttft_p90_s,
-                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs))
+                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan))
         body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
