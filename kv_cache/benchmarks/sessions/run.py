@@ -380,7 +380,7 @@ def _climb_ladder(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
                   done_rungs: list[dict[str, Any]]) -> tuple[dict[str, Any], bool, str | None]:
     ladder, tiers = list(s.ladder), list(s.tiers)
     try:
-        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed), out,
+        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed, work control included
         flag_work_equivalence(done_rungs)
