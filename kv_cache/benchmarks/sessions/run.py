@@ -33,7 +33,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.serving.engine.calibration import calibration_errors, constants, gpu_checks
+from kv_cache.serving.engine.calibration import calibration_errors, constants, gpu_checks, leave_one_out
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.storage.shaped import Shaping
@@ -315,11 +315,17 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"],
                         "compute_efficiency": r["compute_efficiency"],
-                        "contradicted_by": r.get("contradicted_by")} for r in whole],
+                        "contradicted_by": r.get("contradicted_by"), "input_tokens": r["input_tokens"],
+                        "ttft_error": r.get("ttft_error")} for r in whole],
         "decode_steps": [{"gpu": r["gpu"], "model": r["model"], "source_kind": r["source_kind"], "dtype": r["dtype"],
                           "context_tokens": r["context_tokens"], "error": r["error"],
                           "within_20pct": r["within_20pct"]} for r in steps],
         "entries": rows,
+        "leave_one_out": leave_one_out(ls.efficiency),
+        "leave_one_out_method": "each entry's error with it left out of the fit of the constant its kind "
+                                "calibrates (prefill_mfu: vidur's prefill profiles; decode_hbm_efficiency: their "
+                                "decode steps; fp8_compute_efficiency: the four FP8 runs); an entry in no fit "
+                                "is out of sample as it is (serving/engine/calibration.py leave_one_out)",
     }
 
 
@@ -344,6 +350,17 @@ def engine_line(cal: dict[str, Any]) -> str:
     fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs"
                 f"{loo_text})" if fp8 else "")
     pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
+    loo = cal.get("leave_one_out") or []
+
+    def span(fit: str) -> str:
+        v = [r["out_of_sample"] for r in loo if r["fit"] == fit]
+        return f"{min(v):+.0%} to {max(v):+.0%}" if v else "-"
+    ttft = [r for r in cal.get("end_to_end", []) if r.get("ttft_error") is not None]
+    oos = (f"; out of sample (each entry left out of its constant's fit): prefill {span('prefill_mfu')}, decode "
+           f"{span('decode_hbm_efficiency')}, FP8 {span('fp8_compute_efficiency')}, the rest in no fit"
+           + "".join(f", long-input TTFT ({r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} "
+                     f"{r['dtype']}, median at ~{r['input_tokens']:,.0f} tokens) {r['ttft_error']:+.0%}" for r in ttft)
+           ) if loo else ""
     # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
     gpu = cal.get("this_gpu")
     pair += f"; this run's GPU: {gpu['statement']}" if gpu else ""
@@ -351,7 +368,7 @@ def engine_line(cal: dict[str, Any]) -> str:
             f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published throughputs of "
             f"{pairs} (GPU, model) pairs (specs/calibration.yaml): {layers} per-layer profiles (vidur) prefill "
             f"within {cal['max_abs_prefill_error']:.0%}, decode within {cal['max_abs_decode_error']:.0%}"
-            f"{ends}{pair}")
+            f"{ends}{oos}{pair}")
 
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
