@@ -2,16 +2,20 @@
 
 With ``--slo-ttft-p90 S`` the ladder's coarse rungs bracket each configuration's SLO crossing (the last rung
 whose p90 TTFT of returning turns meets S, the first one that misses it). ``next_refinement`` bisects that
-bracket on session counts (a bounded number of extra rungs, until it is at most max(1, 10 %) wide), and
-``crossing`` interpolates between the two neighbours on a log-log scale (log p90 linear in log sessions,
-the shape of a queue's latency climbing with load) to the session count where p90 = S.
+bracket on session counts (a bounded number of extra rungs, until it is at most max(1, 10 %) wide).
 
-The crossing is computed per replication (replication k of every rung and every configuration runs with
-the same seed, so the same sessions): its estimate and 95 % interval are the t-interval across the K
-replications' crossings, and the ratio between configurations is the paired ratio of the replications'
-crossings (geometric mean, t-interval on the logs). The throughput plateau (the rungs whose interval
-overlaps the peak's) and its knee (the session count where the curve first reaches 90 % of the plateau,
-interpolated) are reported beside the answer, never called capacity.
+The figure comes from every cell, not from the bracket: ``kv_cache.metrics.slo_fit.estimate`` fits log p90
+on log sessions over every (rung, replication) with the evidence (>= 36 returning turns per rung, the
+binomial interval of a p90; >= 10 per replication), weighted by their returning turns, with an isotonic
+(monotone) regression and a monotone cubic between its blocks; the crossing is where the fit reaches S, and
+it is censored only when the fit stays on one side of S over the whole ladder (then a bound, saying why).
+Its 95 % interval is a residual bootstrap whose draws every configuration shares (replication k of every
+configuration replays the same sessions), so the ratio between configurations is paired. Without the
+evidence the sentence says "not enough evidence", the turns per cell and the --window that would give
+enough, and gives no figure. Each replication's own first-miss crossing is kept beside it for comparison.
+The throughput plateau (the rungs whose interval overlaps the peak's) and its knee (the session count
+where the curve first reaches 90 % of the plateau, interpolated) are reported beside the answer, never
+called capacity.
 """
 
 from __future__ import annotations

@@ -80,7 +80,9 @@ METHOD = (
     "from the data); ratios: CI of the ratio of mean throughputs (paired across replications when K > 1). "
     "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
     "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO; the answer: "
-    "the SLO bracket bisected (up to 3 extra rungs) and the crossing log-log interpolated per replication."
+    "the SLO bracket bisected (up to 3 extra rungs), then a monotone fit of log p90 on log sessions over every "
+    "cell with the evidence (>= 36 returning turns per rung), its crossing, and a paired residual bootstrap "
+    "interval (metrics/slo_fit.py)."
 )
 
 
