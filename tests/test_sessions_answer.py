@@ -314,3 +314,31 @@ def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_repl
     assert ", ".join(f"{v:.1f}" for v in tier["per_replication"]) in line
     none_line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("none"))
     assert ", <4, " in none_line  # the censored replication as the bound it is, not "4.0"
+
+
+def test_no_figure_in_the_sentence_goes_without_its_interval_or_a_bound():
+    # issue 29 item 3: "with dram, 1 x H100 hold 6.7 sessions ...; without a tier, 6.8: x1.00" printed bare
+    # figures from 1-2 turns; every figure now carries its interval or says it is a bound
+    import re
+
+    scenarios = [
+        [cell("none", n, 8.0) for n in (4, 8, 12, 16)] + [cell("dram", n, 14.0) for n in (4, 8, 12, 16)],
+        [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 1.0) for n in (4, 8)],
+        [cell("none", n, 8.0) for n in (4, 8, 12, 16)] + [cell("dram", n, 300.0) for n in (4, 8, 12, 16)],
+        [cell("none", n, 8.0, k=1) for n in (4, 8, 12)] + [cell("dram", n, 10.0, k=1) for n in (4, 8, 12)],
+    ]
+    short = copy.deepcopy(scenarios[0])
+    for r in short:
+        r["replications"]["ttft_return_n"] = [1, 2, 1]
+        r["window_s"] = 8.0
+    scenarios.append(short)
+    for rungs in scenarios:
+        sentence = answer(rungs, 2.0, 1, "h100")[0].split(" [flags:")[0]
+        sentence = re.sub(r" \[[^\]]*\]", " []", sentence)  # an interval
+        for fixed in (r"\d+ x H100", r"p90", r"<= \d+ s", r"--window \d+", r"\d+ needed", r"\d+ per rung",
+                      r"[\d-]+ returning turns", r"would give \d+"):
+            sentence = re.sub(fixed, "#", sentence)  # the GPUs, the SLO, the evidence: not figures
+        for m in re.finditer(r"x?\d+(\.\d+)?", sentence):
+            bounded = re.search(r"(at least|fewer than|at most) $", sentence[: m.start()]) is not None
+            assert bounded or sentence[m.end():].startswith(" []") or sentence[m.end():].startswith(" sessions []"), \
+                (m.group(), sentence)
