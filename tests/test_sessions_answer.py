@@ -207,15 +207,17 @@ def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys
     data = json.loads((tmp_path / "s.json").read_text())
     assert data["parameters"]["replications"] == 3  # the default when an answer is asked for
     assert all(r["replications"]["k"] == 3 for r in data["rungs"])
-    assert isinstance(data["answer"], str) and data["answer"].startswith("without a tier, 1 x L40S hold ")
     c = data["answer_detail"]["configs"]["none"]
-    assert c["status"] in ("interpolated", "censored_high", "censored_low") and "throughput" in c
+    # issue 29: with the evidence rule a 1.5 s window may leave the 1-session rung short (then no figure)
+    assert c["status"] in ("interpolated", "censored_high", "censored_low", "not_enough_evidence") and "throughput" in c
+    head = "not enough evidence: " if c["status"] == "not_enough_evidence" else "without a tier, 1 x L40S hold "
+    assert isinstance(data["answer"], str) and data["answer"].startswith(head)
     sessions = [r["sessions"] for r in data["rungs"]]
     assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
     if c["status"] == "interpolated":
         assert len(sessions) > 2  # the bracket [1, 8] was bisected
     printed = capsys.readouterr().out
-    assert printed.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+    assert printed.rstrip().splitlines()[-3].startswith("Answer: " + head)
     assert "not interpolated: the answer below interpolates and is the figure to quote" in printed
 
 
