@@ -344,3 +344,16 @@ def test_no_figure_in_the_sentence_goes_without_its_interval_or_a_bound():
             bounded = re.search(r"(at least|fewer than|at most) $", sentence[: m.start()]) is not None
             assert bounded or sentence[m.end():].startswith(" []") or sentence[m.end():].startswith(" sessions []"), \
                 (m.group(), sentence)
+
+
+def test_a_bound_whose_far_side_lacks_evidence_says_so_with_a_window():
+    # the 8 s run: 4 sessions had 4-5 returning turns per replication, 8 and 16 (planned 32 s windows) had
+    # enough and missed the SLO: "fewer than 8" is a bound, but because of the evidence, not the ladder
+    rungs = [dict(cell("none", n, 4.0, k=2), window_s=w) for n, w in ((4, 8.0), (8, 32.0), (16, 32.0))]
+    rungs[0]["replications"]["ttft_return_n"] = [5, 4]
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    c = d["configs"]["none"]
+    assert c["status"] == "censored_low" and c["fit"]["censored_by_missing_evidence"]
+    assert "the rungs below it (4) lack the evidence" in c["flags"][0]
+    assert "fewer than 8" in sentence and "beyond the bound: not enough evidence: 4-5 returning turns per cell" in sentence
+    assert "about --window 40 would give 18" in sentence

@@ -87,6 +87,7 @@ class Crossing:
     rungs_short: list[float] = field(default_factory=list)  # rungs without the evidence (turns)
     turns_per_cell: list[int] = field(default_factory=list)
     draws: np.ndarray | None = None
+    short_beyond: bool = False  # censored on a side where rungs lack the evidence (not beyond the ladder)
     answered_draws: float = 0.0  # share of bootstrap draws that crossed inside the ladder
     fit: list[tuple[float, float]] = field(default_factory=list)  # (sessions, fitted p90) at block centres
     why: str = ""
@@ -96,6 +97,7 @@ class Crossing:
                 "low_is_bound": self.low_bound, "high_is_bound": self.high_bound,
                 "rungs_counted": self.rungs_counted, "rungs_short_of_evidence": self.rungs_short,
                 "turns_per_cell": self.turns_per_cell, "answered_draws": self.answered_draws,
+                "censored_by_missing_evidence": self.short_beyond,
                 "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit], "why": self.why}
 
 
@@ -278,12 +280,19 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         c.high = min(top, math.exp(mid + k * (hi_q - mid)))
         c.low_bound = c.low <= bottom * (1 + 1e-9) and bool(np.any(sts == "censored_low"))
         c.high_bound = c.high >= top * (1 - 1e-9) and bool(np.any(sts == "censored_high"))
+        above = [n for n in c.rungs_short if n > top]
+        below = [n for n in c.rungs_short if n < bottom]
         if c.status == "censored_high":
             c.why = (f"the fit stays under the SLO up to the top rung with the evidence ({top:g} sessions): "
-                     "the crossing lies above the ladder; extend --ladder")
+                     + (f"the rungs above it ({', '.join(f'{n:g}' for n in above)}) lack the evidence, so the "
+                        "crossing lies where nothing was measured well enough; a longer --window" if above else
+                        "the crossing lies above the ladder; extend --ladder"))
         elif c.status == "censored_low":
-            c.why = (f"the fit is over the SLO already at the lowest rung with the evidence ({bottom:g} "
-                     "sessions): the crossing lies below the ladder; start --ladder lower")
+            c.why = (f"the fit is over the SLO already at the lowest rung with the evidence ({bottom:g} sessions): "
+                     + (f"the rungs below it ({', '.join(f'{n:g}' for n in below)}) lack the evidence, so the "
+                        "crossing lies where nothing was measured well enough; a longer --window" if below else
+                        "the crossing lies below the ladder; start --ladder lower"))
+        c.short_beyond = bool(above) if c.status == "censored_high" else bool(below) if c.status == "censored_low" else False
     ratios: dict[tuple[str, str], dict[str, Any]] = {}
     for a in draws:
         for b in draws:

@@ -330,6 +330,13 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
         sentence = f"{'; '.join(parts)}; {base_text}, {_fmt(per[base])}: {tail}"
         if short:
             sentence += f" ({', '.join(short)}: {evidence_text([r for r in rungs if r['tiers'] in short])})"
+    # a bound whose far side lacks the evidence (not the ladder's end): say so, with the window that would do
+    beyond = [c for c in configs if (per[c].get("fit") or {}).get("censored_by_missing_evidence")]
+    if beyond and len(short) < len(configs):
+        for c in beyond:
+            cut = set(per[c]["fit"]["rungs_short_of_evidence"])
+            sentence += (f" ({c}, beyond the bound: "
+                         f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut])})")
     tags = sentence_flags(rungs, per)
     if tags:
         sentence += f" [flags: {'; '.join(tags)}]"
