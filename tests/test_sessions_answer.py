@@ -1,6 +1,7 @@
 """The capacity answer: bisection of the SLO bracket, log-log interpolation, replications' intervals, the
 sentence and its flags; the failure-mode flags of a rung that completed no turn (hand-made cells)."""
 
+import copy
 import json
 import math
 
@@ -206,41 +207,53 @@ def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys
     data = json.loads((tmp_path / "s.json").read_text())
     assert data["parameters"]["replications"] == 3  # the default when an answer is asked for
     assert all(r["replications"]["k"] == 3 for r in data["rungs"])
-    assert isinstance(data["answer"], str) and data["answer"].startswith("without a tier, 1 x L40S hold ")
     c = data["answer_detail"]["configs"]["none"]
-    assert c["status"] in ("interpolated", "censored_high", "censored_low") and "throughput" in c
+    # issue 29: with the evidence rule a 1.5 s window may leave the 1-session rung short (then no figure)
+    assert c["status"] in ("interpolated", "censored_high", "censored_low", "not_enough_evidence") and "throughput" in c
+    head = "not enough evidence: " if c["status"] == "not_enough_evidence" else "without a tier, 1 x L40S hold "
+    assert isinstance(data["answer"], str) and data["answer"].startswith(head)
     sessions = [r["sessions"] for r in data["rungs"]]
     assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
     if c["status"] == "interpolated":
         assert len(sessions) > 2  # the bracket [1, 8] was bisected
     printed = capsys.readouterr().out
-    assert printed.rstrip().splitlines()[-3].startswith("Answer: without a tier")
+    assert printed.rstrip().splitlines()[-3].startswith("Answer: " + head)
     assert "not interpolated: the answer below interpolates and is the figure to quote" in printed
 
 
-def test_a_rung_without_returning_turns_above_the_crossing_is_a_miss_not_a_gap():
-    rungs = [cell("none", 4, 8.0), cell("none", 16, 8.0)]
-    rungs[1]["ttft"]["return"]["p90_s"] = None
-    rungs[1]["replications"]["ttft_return_p90_s"] = [None, None, None]
+def test_a_rung_without_returning_turns_is_short_of_evidence_not_a_miss():
+    # issue 29: a rung with no returning turn says nothing about the p90 (it was counted as a miss, which
+    # placed the crossing at the rung below): it is left out of the fit and flagged
+    rungs = [cell("none", 4, 8.0), cell("none", 8, 8.0), cell("none", 16, 8.0)]
+    rungs[2]["ttft"]["return"]["p90_s"] = None
+    rungs[2]["replications"]["ttft_return_p90_s"] = [None, None, None]
     _, d = answer(rungs, 2.0, 1, "h200")
     c = d["configs"]["none"]
-    assert c["status"] == "interpolated" and c["sessions"] == 4.0 and c["bracket"] == [4, 16]
-    assert any("no returning turn completed at 16 sessions" in f for f in c["flags"])
-    assert next_refinement(rungs, 2.0) == 10
-    empty_low = [cell("none", 4, 8.0), cell("none", 16, 8.0)]
-    empty_low[0]["ttft"]["return"]["p90_s"] = None
-    empty_low[0]["replications"]["ttft_return_p90_s"] = [None, None, None]
-    low = answer(empty_low, 2.0, 1, "h200")[1]["configs"]["none"]
-    assert low["status"] == "censored_low"
-    assert any("no returning turn completed at the lowest rung (4 sessions)" in f for f in low["flags"])
-    # the sentence says it is a lower bound, and so is a ratio over it (it was "hold 25.0 ... 25.0: x1.00")
-    assert c["lower_bound"] is True
+    assert c["status"] == "censored_high" and c["sessions"] == 8.0  # p90 1.0 .. 2.0: met up to 8 sessions
+    assert c["fit"]["rungs_short_of_evidence"] == [16.0]
+    assert any("rungs short of evidence" in f and "16 sessions" in f for f in c["flags"])
+    assert next_refinement(rungs, 2.0) == 12  # the bisection still probes the rung above
+    # with one counted rung there is no fit: the sentence says so, gives no figure and a window to use
+    one_rung = [dict(r, window_s=20.0) for r in rungs[1:]]
+    sentence, d1 = answer(one_rung, 2.0, 1, "h200")
+    assert d1["configs"]["none"]["status"] == "not_enough_evidence" and d1["configs"]["none"]["sessions"] is None
+    assert sentence.startswith("not enough evidence: 0-33 returning turns per cell") and " hold " not in sentence
+    assert "measured no returning turn" in sentence
+    few = [dict(copy.deepcopy(r), window_s=8.0) for r in rungs]
+    for r in few:
+        r["replications"]["ttft_return_n"] = [2, 1, 4]
+    sentence, _ = answer(few, 2.0, 1, "h100")  # 8 s windows: p90s of 1-4 turns
+    assert sentence.startswith("not enough evidence: 0-4 returning turns per cell (one rung's replication; 12 "
+                               "needed, 36 per rung); about --window 50 would give 12")
     both = rungs + [dict(r, tiers="dram") for r in rungs]
-    sentence, d2 = answer(both, 2.0, 1, "h100")
-    assert "hold at least 4.0 sessions" in sentence and "without a tier, at least 4.0: x? (censored)" in sentence
-    one = [cell("none", n, 8.0, k=1) for n in (4, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 16)]
+    sentence, _ = answer(both, 2.0, 1, "h100")
+    assert "hold at least 8 (the SLO is met up to the top rung with the evidence)" in sentence
+    assert "without a tier, at least 8" in sentence and "x? (censored)" in sentence
+    one = [cell("none", n, 8.0, k=1) for n in (4, 8, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 8, 16)]
     _, d1 = answer(one, 2.0, 1, "h100")
-    assert any("one replication per rung: no interval" in f for f in d1["configs"]["dram"]["flags"])
+    assert d1["configs"]["dram"]["sessions_ci"]["low"] <= d1["configs"]["dram"]["sessions"]  # exact curve: no residual
+    assert any("one replication per rung: the interval rests on the fit's residuals" in f
+               for f in d1["configs"]["dram"]["flags"])
 
 
 def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
@@ -271,6 +284,12 @@ def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
     s = summarize(rungs, raw, None)
     assert any("no rung completed a turn" in f for f in s["configs"]["none"]["flags"])
     assert s["ratios"][0]["effective_capacity_ratio"] is None
+    # issue 29: the grid summary printed "effective capacity (sessions): none 2" for such a cell
+    from kv_cache.render.sessions import grid_cell_line
+
+    assert s["configs"]["none"]["effective_capacity_sessions"] is None
+    line = grid_cell_line({"parameters": {"model": "m", "num_gpus": 2, "gpu": "h100"}, "summary": s})
+    assert "none none measured (no rung completed a turn)" in line and "16" not in line
 
 
 def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_replications():
@@ -284,8 +303,11 @@ def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_repl
     rungs[0]["ttft"]["return"]["p90_s"]["estimate"] = sum(low) / 3
     sentence, detail = answer(rungs, 2.0, 1, "h100")
     assert detail["configs"]["none"]["per_replication_status"][1] == "censored_low"
-    method = detail["ratios"][0]["sessions_ratio"]["method"]
-    assert "censored" in method and "no replications" not in method  # there were 3: one is censored
+    # issue 29: one censored replication no longer removes the interval of the baseline and of the ratio
+    # (it did: "5.8: x1.45" bare): the fit over every cell crosses, and its bootstrap gives both intervals
+    ratio = detail["ratios"][0]["sessions_ratio"]
+    assert detail["configs"]["none"]["status"] == "interpolated" and detail["configs"]["none"]["sessions_ci"]
+    assert ratio["low"] < ratio["estimate"] < ratio["high"] and "paired" in ratio["method"]
     out = io.StringIO()
     _answer({"answer": sentence, "answer_detail": detail}, out)
     line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("dram+storage"))
@@ -294,3 +316,44 @@ def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_repl
     assert ", ".join(f"{v:.1f}" for v in tier["per_replication"]) in line
     none_line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("none"))
     assert ", <4, " in none_line  # the censored replication as the bound it is, not "4.0"
+
+
+def test_no_figure_in_the_sentence_goes_without_its_interval_or_a_bound():
+    # issue 29 item 3: "with dram, 1 x H100 hold 6.7 sessions ...; without a tier, 6.8: x1.00" printed bare
+    # figures from 1-2 turns; every figure now carries its interval or says it is a bound
+    import re
+
+    scenarios = [
+        [cell("none", n, 8.0) for n in (4, 8, 12, 16)] + [cell("dram", n, 14.0) for n in (4, 8, 12, 16)],
+        [cell("none", n, 300.0) for n in (4, 8)] + [cell("dram", n, 1.0) for n in (4, 8)],
+        [cell("none", n, 8.0) for n in (4, 8, 12, 16)] + [cell("dram", n, 300.0) for n in (4, 8, 12, 16)],
+        [cell("none", n, 8.0, k=1) for n in (4, 8, 12)] + [cell("dram", n, 10.0, k=1) for n in (4, 8, 12)],
+    ]
+    short = copy.deepcopy(scenarios[0])
+    for r in short:
+        r["replications"]["ttft_return_n"] = [1, 2, 1]
+        r["window_s"] = 8.0
+    scenarios.append(short)
+    for rungs in scenarios:
+        sentence = answer(rungs, 2.0, 1, "h100")[0].split(" [flags:")[0]
+        sentence = re.sub(r" \[[^\]]*\]", " []", sentence)  # an interval
+        for fixed in (r"\d+ x H100", r"p90", r"<= \d+ s", r"--window \d+", r"\d+ needed", r"\d+ per rung",
+                      r"[\d-]+ returning turns", r"would give \d+"):
+            sentence = re.sub(fixed, "#", sentence)  # the GPUs, the SLO, the evidence: not figures
+        for m in re.finditer(r"x?\d+(\.\d+)?", sentence):
+            bounded = re.search(r"(at least|fewer than|at most) $", sentence[: m.start()]) is not None
+            assert bounded or sentence[m.end():].startswith(" []") or sentence[m.end():].startswith(" sessions []"), \
+                (m.group(), sentence)
+
+
+def test_a_bound_whose_far_side_lacks_evidence_says_so_with_a_window():
+    # the 8 s run: 4 sessions had 4-5 returning turns per replication, 8 and 16 (planned 32 s windows) had
+    # enough and missed the SLO: "fewer than 8" is a bound, but because of the evidence, not the ladder
+    rungs = [dict(cell("none", n, 4.0, k=2), window_s=w) for n, w in ((4, 8.0), (8, 32.0), (16, 32.0))]
+    rungs[0]["replications"]["ttft_return_n"] = [5, 4]
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    c = d["configs"]["none"]
+    assert c["status"] == "censored_low" and c["fit"]["censored_by_missing_evidence"]
+    assert "the rungs below it (4) lack the evidence" in c["flags"][0]
+    assert "fewer than 8" in sentence and "beyond the bound: not enough evidence: 4-5 returning turns per cell" in sentence
+    assert "about --window 40 would give 18" in sentence

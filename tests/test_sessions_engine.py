@@ -4,6 +4,7 @@ bytes, DRAM fraction, replica assignment, the absolute-deadline clock, load poli
 import dataclasses
 import threading
 
+import numpy as np
 import pytest
 
 from kv_cache.benchmarks.sessions.ladder import RungRun, replica_of
@@ -298,10 +299,54 @@ def test_warmup_waits_a_turn_cycle_and_for_no_trend():
     d = StationarityDetector(min_s=3.0)
     steady_at = next(t for t, tok, ttft in ramp if d.add(t, tok, ttft))
     assert steady_at > 10.0  # not during the ramp, although the cycle (3 s) was over
-    assert d.last["throughput_z"] is not None and "Mann-Kendall" in d.rule(30.0)
+    assert d.last["relative_slope"] is not None and "Mann-Kendall" in d.rule(30.0)
     flat = StationarityDetector(min_s=6.0)
     assert next(t for t, tok, ttft in [(0.5 * k, 100.0 + (k % 3), [0.2]) for k in range(1, 60)]
                 if flat.add(t, tok, ttft)) >= 6.0  # at least one turn cycle even when steady from the start
+
+
+def _ticks(rng, turns_in_span, ramp, n_ticks=40):
+    """Per-tick turn counts over a warm-up of n_ticks ticks (0.25 s) whose latest half holds `turns_in_span`
+    turns on average: flat, or rising linearly by x`ramp` over that half (from 1 to ramp times the rate)."""
+    t = np.arange(1, n_ticks + 1) * 0.25
+    half = t > t[-1] / 2
+    base = turns_in_span / half.sum() / ((1 + ramp) / 2)
+    frac = np.clip((t - t[-1] / 2) / (t[-1] / 2), 0, 1)
+    rate = np.where(half, base * (1 + (ramp - 1) * frac), base)
+    return t, rng.poisson(rate)
+
+
+@pytest.mark.parametrize("turns", [16, 40, 100, 200])
+def test_the_warmup_test_detects_a_2x_ramp_at_real_turn_counts(turns):
+    # issue 29 item 4: the Mann-Kendall test over 8 sub-windows detected a 2x ramp 2.5-9 % of the time. The
+    # slope bound must call a 2x ramp over the tested span steady at most 20 % of the time at any turn count
+    # (by construction < 10 %; simulated here, 400 seeded warm-ups per count)
+    from kv_cache.benchmarks.sessions.steady_state import StationarityDetector
+
+    rng = np.random.default_rng(turns)
+    steady = 0
+    for _ in range(400):
+        t, counts = _ticks(rng, turns, 2.0)
+        d = StationarityDetector(min_s=float(t[-1]) - 1e-9, sessions=4)
+        verdicts = [d.add(float(ti), 100.0 * c, [], turns=float(c)) for ti, c in zip(t, counts, strict=True)]
+        steady += verdicts[-1]
+    assert steady / 400 <= 0.2
+
+
+def test_the_warmup_passes_a_flat_throughput_with_enough_turns_and_lasts_a_loaded_cycle():
+    from kv_cache.benchmarks.sessions.steady_state import StationarityDetector
+
+    rng = np.random.default_rng(1)
+    passed = 0
+    for _ in range(200):
+        t, counts = _ticks(rng, 600, 1.0)
+        d = StationarityDetector(min_s=float(t[-1]) - 1e-9, sessions=4)
+        passed += [d.add(float(ti), 100.0 * c, [], turns=float(c)) for ti, c in zip(t, counts, strict=True)][-1]
+    assert passed / 200 >= 0.8  # a flat throughput with 600 turns in the span is steady
+    # the loaded cycle measured so far holds it back: 64 slots, 2 turns per 0.25 s tick = a cycle of 8 s
+    d = StationarityDetector(min_s=1.0, sessions=64)
+    first = next((k * 0.25 for k in range(1, 200) if d.add(k * 0.25, 200.0, [], turns=2.0)), None)
+    assert first is not None and first >= 8.0
 
 
 def test_window_shorter_than_three_turn_cycles_is_flagged():

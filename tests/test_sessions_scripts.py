@@ -394,3 +394,25 @@ def test_mooncake_conversation_trace_first_200_rows(traces_dir):
         for t in s.turns[1:]:
             assert t.pause_kind is None and t.pause_before_s >= 0 and t.new_tokens >= 1
     assert sessions_from_trace(source, max_sessions=10) == scripts[:10]
+
+
+def test_replications_resample_a_traces_sessions_seeded():
+    # issue 29 item 5: replications cycled the trace in order (only the start and the pacing changed), so
+    # the interval left out the session-sample variance; with resample each seed draws its own sample
+    import itertools
+
+    from kv_cache.workload.session_supply import script_supply
+    from kv_cache.workload.sessions import SessionScript, Turn
+
+    trace = [SessionScript(f"s{i}", (Turn(1000 * (i + 1), 10, None, None),), block_tokens=512,
+                           shared_prefix_tokens=0) for i in range(20)]
+
+    def first(seed, resample, n=40):
+        return [s.session_id.split("#")[0] for s in itertools.islice(script_supply(trace, None, seed, resample)(), n)]
+
+    assert first(1, False)[:20] == [f"s{i}" for i in range(20)] and first(1, False) == first(2, False)
+    a, b = first(1, True), first(2, True)
+    assert a == first(1, True)  # seeded: every rung and configuration of a replication replays the same
+    assert a != b and len(set(a)) < 40  # another replication, another sample, drawn with replacement
+    ids = [s.session_id for s in itertools.islice(script_supply(trace, None, 1, True)(), 40)]
+    assert len(set(ids)) == 40  # a session drawn twice is two sessions

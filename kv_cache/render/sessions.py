@@ -87,6 +87,10 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
     for cfg, c in s["configs"].items():
         cap_ci = c.get("slo_capacity_sessions_ci") or c.get("peak_throughput_sessions_ci")
         cap_text = f" (replications: {_fmt_ci(cap_ci)})" if cap_ci else ""
+        if c.get("effective_capacity_sessions") is None:
+            out.write(f"  {cfg:<13} {_capacity_text(c)}"
+                      f"{'  [' + '; '.join(c['flags']) + ']' if c.get('flags') else ''}\n")
+            continue
         out.write(
             f"  {cfg:<13} {c['effective_capacity_sessions']:>6} sessions{cap_text}; throughput peak at "
             f"{c.get('peak_throughput_sessions', c['effective_capacity_sessions'])} sessions, "
@@ -164,19 +168,22 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
     detail = results.get("answer_detail")
     if not results.get("answer") or not detail:
         return
-    out.write(f"\nSessions held at p90 return TTFT <= {detail['slo_ttft_p90_s']:g} s (log-log interpolated "
-              "between the bracketing rungs; 95 % CI across replications):\n")
+    out.write(f"\nSessions held at p90 return TTFT <= {detail['slo_ttft_p90_s']:g} s (a monotone fit of log p90 "
+              "on log sessions over every cell with the evidence; 95 % CI by a paired bootstrap over "
+              "replications):\n")
     for cfg, c in detail["configs"].items():
         value = "-" if c["sessions"] is None else f"{c['sessions']:.1f}"
         ci = c.get("sessions_ci")
-        ci_text = f" [{ci['low']:.1f}, {ci['high']:.1f}]" if ci else ""
+        ci_text = (f" [{'<' if ci.get('low_is_bound') else ''}{ci['low']:.1f}, "
+                   f"{'>' if ci.get('high_is_bound') else ''}{ci['high']:.1f}]") if ci else ""
         br = c.get("bracket")
         t = c.get("throughput") or {}
         plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")
         reps = c.get("per_replication") or []
         # with K replications the figure is the mean of their crossings, which can lie outside the bracket of
         # the mean curve (the replications bracket it each on their own): say whose bracket it is
-        where = (f", mean curve between {br[0]} and {br[1]}; replications "
+        where = (f", mean curve between {br[0]} and {br[1]}; replications (their own first-miss crossings, "
+                 "for comparison) "
                  + ", ".join(_rep_crossing(v, st) for v, st in zip(reps, c.get("per_replication_status")
                                                                     or ["interpolated"] * len(reps), strict=False))
                  ) if br and len(reps) > 1 else (
@@ -275,6 +282,13 @@ def _storage_table(rungs: list[dict[str, Any]], out: TextIO) -> None:
         out.write(f"  {r['tiers']:<13} {r['sessions']:>5}  {'; '.join(parts)}\n")
 
 
+def _capacity_text(c: dict[str, Any]) -> str:
+    """A configuration's effective capacity for a one-line summary: never a figure no rung measured."""
+    if c.get("no_completed_turns") or c.get("effective_capacity_sessions") is None:
+        return "none measured (no rung completed a turn)"
+    return str(c["effective_capacity_sessions"])
+
+
 def grid_cell_line(cell: dict[str, Any]) -> str:
     """One grid cell in a line: its answer where one was asked for, else each configuration's capacity."""
     p, summary = cell["parameters"], cell.get("summary") or {}
@@ -282,7 +296,7 @@ def grid_cell_line(cell: dict[str, Any]) -> str:
     if isinstance(answer, dict):
         answer = answer.get("sentence") or answer.get("text")
     if not answer:
-        caps = ", ".join(f"{k} {c['effective_capacity_sessions']}" for k, c in (summary.get("configs") or {}).items())
+        caps = ", ".join(f"{k} {_capacity_text(c)}" for k, c in (summary.get("configs") or {}).items())
         answer = f"effective capacity (sessions): {caps or '-'}"
     return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
 

@@ -2,16 +2,20 @@
 
 With ``--slo-ttft-p90 S`` the ladder's coarse rungs bracket each configuration's SLO crossing (the last rung
 whose p90 TTFT of returning turns meets S, the first one that misses it). ``next_refinement`` bisects that
-bracket on session counts (a bounded number of extra rungs, until it is at most max(1, 10 %) wide), and
-``crossing`` interpolates between the two neighbours on a log-log scale (log p90 linear in log sessions,
-the shape of a queue's latency climbing with load) to the session count where p90 = S.
+bracket on session counts (a bounded number of extra rungs, until it is at most max(1, 10 %) wide).
 
-The crossing is computed per replication (replication k of every rung and every configuration runs with
-the same seed, so the same sessions): its estimate and 95 % interval are the t-interval across the K
-replications' crossings, and the ratio between configurations is the paired ratio of the replications'
-crossings (geometric mean, t-interval on the logs). The throughput plateau (the rungs whose interval
-overlaps the peak's) and its knee (the session count where the curve first reaches 90 % of the plateau,
-interpolated) are reported beside the answer, never called capacity.
+The figure comes from every cell, not from the bracket: ``kv_cache.metrics.slo_fit.estimate`` fits log p90
+on log sessions over every (rung, replication) with the evidence (>= 36 returning turns per rung, the
+binomial interval of a p90; >= 10 per replication), weighted by their returning turns, with an isotonic
+(monotone) regression and a monotone cubic between its blocks; the crossing is where the fit reaches S, and
+it is censored only when the fit stays on one side of S over the whole ladder (then a bound, saying why).
+Its 95 % interval is a residual bootstrap whose draws every configuration shares (replication k of every
+configuration replays the same sessions), so the ratio between configurations is paired. Without the
+evidence the sentence says "not enough evidence", the turns per cell and the --window that would give
+enough, and gives no figure. Each replication's own first-miss crossing is kept beside it for comparison.
+The throughput plateau (the rungs whose interval overlaps the peak's) and its knee (the session count
+where the curve first reaches 90 % of the plateau, interpolated) are reported beside the answer, never
+called capacity.
 """
 
 from __future__ import annotations
@@ -20,8 +24,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kv_cache.benchmarks.sessions.rung_results import mean_of
-from kv_cache.metrics.block_bootstrap import paired_ratio_ci
+from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS, Cell, Crossing, estimate
 
 __all__ = ["DEFAULT_ANSWER_REPLICATIONS", "MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
 
@@ -152,43 +155,58 @@ def plateau_and_knee(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "flags": flags}
 
 
-def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
-    """One configuration: its crossing (all K replications), bracket, flags, plateau and knee."""
+def fit_cells(cells: list[dict[str, Any]]) -> list[Cell]:
+    """The estimator's cells of one configuration: every (rung, replication) with its p90 return TTFT and the
+    returning turns behind it (a merged cell's `replications.ttft_return_n`; in documents from before it was
+    recorded, the rung's turns split evenly over the K)."""
+    out = []
+    for c in cells:
+        reps = c.get("replications")
+        if reps:
+            p90s = list(reps["ttft_return_p90_s"])
+            ns = reps.get("ttft_return_n") or [c["ttft"]["return"]["n"] // max(1, len(p90s))] * len(p90s)
+        else:
+            p = _p90_ci(c)
+            p90s, ns = [p["estimate"] if p else None], [c["ttft"]["return"]["n"]]
+        out += [Cell(c["sessions"], i, v, int(n) if v is not None else 0)
+                for i, (v, n) in enumerate(zip(p90s, ns, strict=False))]
+    return out
+
+
+def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> dict[str, Any]:
+    """One configuration: the fit's crossing and interval, the first-miss bracket and each replication's own
+    crossing (for comparison), flags, plateau and knee."""
     k = max(len(_p90s(c)) for c in cells)
-    value, status = crossing(_curve(cells), slo)
-    per_rep = [crossing(_curve(cells, i), slo) for i in range(k)] if k > 1 else [(value, status)]
-    reps_ok = [v for v, s in per_rep if s == "interpolated"]
-    ci = None
-    if status == "interpolated" and len(reps_ok) == k and k > 1:
-        ci = mean_of(reps_ok)
-        ci["method"] = f"t-interval across {k} replications' interpolated crossings"
-        value = ci["estimate"]  # the figure its interval belongs to (the mean curve's crossing may differ)
+    mean_value, mean_status = crossing(_curve(cells), slo)
+    per_rep = [crossing(_curve(cells, i), slo) for i in range(k)] if k > 1 else [(mean_value, mean_status)]
     flags = []
-    top, bottom = max(c["sessions"] for c in cells), min(c["sessions"] for c in cells)
-    if status == "censored_high":
-        flags.append(f"censored: the SLO is still met at the top rung ({top} sessions); extend --ladder")
-    elif status == "censored_low":
-        flags.append(f"censored: no rung meets the SLO, not even the lowest ({bottom} sessions); start --ladder lower")
-        if not _p90_ci(min(cells, key=lambda c: c["sessions"])):
-            flags.append(f"no returning turn completed at the lowest rung ({bottom} sessions): it counts as a miss, "
-                         "but the window may simply be too short to see one; use a longer --window")
-    elif status == "no data":
-        flags.append("no rung measured a returning turn: the answer needs them; use a --pace whose pauses exceed "
-                     "sessions.human_threshold_s and a longer --window")
-    elif status == "interpolated" and len(reps_ok) < k:
-        flags.append(f"crossing not significant: {k - len(reps_ok)} of {k} replications do not cross between rungs")
-    if status == "interpolated" and k == 1:
-        flags.append("one replication per rung: no interval on the crossing nor on the ratio "
-                     "(--replications 3 or more gives them)")
+    status = fit.status
+    value = fit.sessions if fit.sessions is not None else math.nan
+    ci = None
+    if status == "interpolated":
+        ci = {"estimate": fit.sessions, "low": fit.low, "high": fit.high, "low_is_bound": fit.low_bound,
+              "high_is_bound": fit.high_bound, "n": len(fit_cells(cells)), "confidence": 0.95,
+              "method": "isotonic fit of log p90 on log sessions over every cell (weighted by returning turns), "
+                        "monotone cubic between its blocks; paired residual bootstrap over replications "
+                        "(kv_cache/metrics/slo_fit.py)"}
+    if status in ("censored_high", "censored_low"):
+        flags.append(f"censored: {fit.why}")
+    elif status == "not_enough_evidence":
+        flags.append(f"not enough evidence: {fit.why}")
+    if fit.rungs_short and status != "not_enough_evidence":
+        flags.append(f"rungs short of evidence (< {MIN_RUNG_TURNS} returning turns over the replications, or "
+                     f"< {MIN_CELL_TURNS} in each): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
+                     "left out of the fit")
+    if status == "interpolated" and (fit.low_bound or fit.high_bound):
+        flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
+                     f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
+    if k == 1 and status == "interpolated":
+        flags.append("one replication per rung: the interval rests on the fit's residuals across rungs alone, "
+                     "not on replications (--replications 3 or more)")
     br = _bracket(_curve(cells), slo)
-    lower_bound = False
     if br is not None:
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
         met, miss = by_n.get(br[0]), by_n.get(br[1])
-        lower_bound = not miss
-        if not miss:
-            flags.append(f"no returning turn completed at {br[1]} sessions: the crossing is placed at {br[0]} "
-                         "sessions, the last rung meeting the SLO (a lower bound)")
         if met and met.get("high") is not None and met["high"] > slo:
             flags.append(f"SLO met only within its interval at {br[0]} sessions: p90 {met['estimate']:.2f} "
                          f"[{met['low']:.2f}, {met['high']:.2f}] s against {slo:g} s")
@@ -196,8 +214,10 @@ def _config_answer(cells: list[dict[str, Any]], slo: float) -> dict[str, Any]:
             flags.append(f"crossing not significant at {br[1]} sessions: p90 {miss['estimate']:.2f} "
                          f"[{miss['low']:.2f}, {miss['high']:.2f}] s reaches down to the SLO")
     return {"sessions": _num(value), "sessions_ci": ci, "status": status, "bracket": list(br) if br else None,
-            "lower_bound": lower_bound,
+            "lower_bound": status == "censored_high", "fit": fit.to_dict(),
             "per_replication": [_num(v) for v, _ in per_rep], "per_replication_status": [s for _, s in per_rep],
+            "per_replication_method": "each replication's own first-miss crossing, log-log interpolated (for "
+                                      "comparison: the figure is the fit's)",
             "flags": flags, "throughput": plateau_and_knee(cells)}
 
 
@@ -207,16 +227,19 @@ def _num(x: float) -> float | None:
 
 
 def _fmt(c: dict[str, Any]) -> str:
+    """A configuration's figure: the value with its interval (a bound where a draw crossed outside the
+    ladder), or the bound itself with why, or "not enough evidence"."""
+    counted = (c.get("fit") or {}).get("rungs_counted") or []
     if c["status"] == "censored_high":
-        return f"at least {c['sessions']:g}"
-    if c.get("lower_bound"):  # no returning turn measured above the bracket: the rung below, a lower bound
-        return f"at least {c['sessions']:.1f}"
+        return f"at least {c['sessions']:g} (the SLO is met up to the top rung with the evidence)"
     if c["status"] == "censored_low":
-        return f"fewer than {c['sessions']:g}"
-    if c["status"] == "no data":
-        return "an unknown number of"
+        return f"fewer than {c['sessions']:g} (the SLO is missed already at the lowest rung with the evidence)"
+    if c["status"] in ("not_enough_evidence", "no data") or c["sessions"] is None:
+        return "not enough evidence"
     ci = c["sessions_ci"]
-    return f"{c['sessions']:.1f} [{ci['low']:.1f}, {ci['high']:.1f}]" if ci else f"{c['sessions']:.1f}"
+    lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.1f}"
+    hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.1f}"
+    return f"{c['sessions']:.1f} [{lo}, {hi}]"
 
 
 # a's status, b's status -> what a / b is: "at least N" over anything below, or anything over "fewer than N",
@@ -227,57 +250,122 @@ _BOUNDS = {("censored_high", "interpolated"): "lower", ("interpolated", "censore
            ("censored_low", "censored_high"): "upper"}
 
 
-def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
-    """a's sessions over b's: paired across replications; a bound when one side is censored (or only a lower
-    bound, as "at least" at the top); else None."""
-    sa, sb = (("censored_high" if c.get("lower_bound") else c["status"]) for c in (a, b))
-    if sa != "interpolated" or sb != "interpolated":
-        bound = _BOUNDS.get((sa, sb))
-        if bound is None or not a["sessions"] or not b["sessions"]:
-            return None
-        return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1, "bound": bound,
-                "method": f"a {bound} bound: one configuration's crossing is censored by the ladder"}
-    if a["sessions_ci"] and b["sessions_ci"]:
-        return paired_ratio_ci(a["per_replication"], b["per_replication"]).to_dict()
-    k = max(len(a["per_replication"]), len(b["per_replication"]))
-    why = ("no replications: no interval" if k < 2 else
-           "no interval: some replications' crossings are censored by the ladder (per_replication_status)")
-    return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1,
-            "method": f"ratio of single crossings ({why})"}
+def _ratio(a: dict[str, Any], b: dict[str, Any], fitted: dict[str, Any] | None) -> dict[str, Any] | None:
+    """a's sessions over b's: the paired bootstrap ratio of the fits; a bound when one side is censored; else
+    None (both censored the same way, or not enough evidence)."""
+    sa, sb = a["status"], b["status"]
+    if sa == sb == "interpolated" and fitted is not None:
+        return dict(fitted)
+    bound = _BOUNDS.get((sa, sb))
+    if bound is None or not a["sessions"] or not b["sessions"]:
+        return None
+    return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1, "bound": bound,
+            "method": f"a {bound} bound: one configuration's crossing lies outside the ladder"}
 
 
-def _fmt_ratio(r: dict[str, Any] | None) -> str:
+def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
     if r is None:
-        return "x? (censored)"
+        return f"x? ({why})"
     if r.get("bound"):
         return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
-    if r.get("low") is None:
-        return f"x{r['estimate']:.2f}"
-    return f"x{r['estimate']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
+    lo = f"<{r['low']:.2f}" if r.get("low_is_bound") else f"{r['low']:.2f}"
+    hi = f">{r['high']:.2f}" if r.get("high_is_bound") else f"{r['high']:.2f}"
+    return f"x{r['estimate']:.2f} [{lo}, {hi}]"
+
+
+def evidence_text(rungs: list[dict[str, Any]]) -> str:
+    """"not enough evidence: 4-12 returning turns per cell ...; about --window 240 would give 40": the returning
+    turns each (rung, replication) measured and the window that would give the median one enough (the rule of
+    kv_cache/metrics/slo_fit.py: >= MIN_RUNG_TURNS over a rung's replications, >= MIN_CELL_TURNS in each;
+    turns grow with the window in proportion once it holds a few loaded turn cycles)."""
+    k = max((len(_p90s(r)) for r in rungs), default=1)
+    need = max(MIN_CELL_TURNS, math.ceil(MIN_RUNG_TURNS / k))
+    turns, wanted = [], []  # every cell's returning turns; the window each short one would need
+    for r in rungs:
+        for c in fit_cells([r]):
+            turns.append(c.turns)
+            if 0 < c.turns < need and r.get("window_s"):
+                wanted.append(float(r["window_s"]) * need / c.turns)
+    turns.sort()
+    span = f"{turns[0]}-{turns[-1]}" if turns and turns[0] != turns[-1] else (f"{turns[0]}" if turns else "0")
+    text = (f"not enough evidence: {span} returning turns per cell (one rung's replication; {need} needed, "
+            f"{MIN_RUNG_TURNS} per rung)")
+    if wanted:
+        requested = max(float((r.get("window_plan") or {}).get("requested_window_s") or r.get("window_s") or 0.0)
+                        for r in rungs)
+        suggested = max(requested, 10 * math.ceil(sorted(wanted)[len(wanted) // 2] / 10))
+        return text + f"; about --window {suggested:g} would give {need}"
+    return text + ("; the cells short of it measured no returning turn: a --window several loaded turn cycles "
+                   "long is needed, or pauses over sessions.human_threshold_s")
 
 
 def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) -> tuple[str, dict[str, Any]]:
     """The one-sentence answer and its structured detail (per configuration and each ratio to the baseline:
-    `none` when it ran, else the first configuration)."""
+    `none` when it ran, else the first configuration). Every figure carries its interval or a bound, and the
+    sentence ends with the flags that qualify it; without the evidence, it says so and gives no figure."""
     configs = list(dict.fromkeys(r["tiers"] for r in rungs))
-    per = {cfg: _config_answer([r for r in rungs if r["tiers"] == cfg], slo) for cfg in configs}
+    by_cfg = {cfg: [r for r in rungs if r["tiers"] == cfg] for cfg in configs}
+    fits, fitted_ratios = estimate({cfg: fit_cells(cells) for cfg, cells in by_cfg.items()}, slo)
+    per = {cfg: _config_answer(by_cfg[cfg], slo, fits[cfg]) for cfg in configs}
     base = "none" if "none" in configs else configs[0]
     others = [c for c in configs if c != base]
-    ratios = {c: _ratio(per[c], per[base]) for c in others}
+    ratios = {c: _ratio(per[c], per[base], fitted_ratios.get((c, base))) for c in others}
     for c, r in ratios.items():
         if r and r.get("low") is not None and r["low"] <= 1.0 <= r["high"]:
             per[c]["flags"].append(f"ratio to {base} not significant: its interval contains 1")
     slo_text = f"at p90 return TTFT <= {slo:g} s"
     base_text = "without a tier" if base == "none" else f"with {base}"
     head = f"{gpus} x {gpu_name.upper()} hold"
-    if not others:
+    short = [cfg for cfg in configs if per[cfg]["status"] in ("not_enough_evidence", "no data")]
+    if len(short) == len(configs):
+        sentence = evidence_text(rungs)
+    elif not others:
         sentence = f"{base_text}, {head} {_fmt(per[base])} sessions {slo_text}"
     else:
+        def why(c: str) -> str:
+            return "not enough evidence" if c in short or base in short else "censored"
         parts = [f"with {c}, {head} {_fmt(per[c])} sessions {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
                  for i, c in enumerate(others)]
-        tail = ", ".join(_fmt_ratio(ratios[c]) + (f" ({c})" if len(others) > 1 else "") for c in others)
+        tail = ", ".join(_fmt_ratio(ratios[c], why(c)) + (f" ({c})" if len(others) > 1 else "") for c in others)
         sentence = f"{'; '.join(parts)}; {base_text}, {_fmt(per[base])}: {tail}"
+        if short:
+            sentence += f" ({', '.join(short)}: {evidence_text([r for r in rungs if r['tiers'] in short])})"
+    # a bound whose far side lacks the evidence (not the ladder's end): say so, with the window that would do
+    beyond = [c for c in configs if (per[c].get("fit") or {}).get("censored_by_missing_evidence")]
+    if beyond and len(short) < len(configs):
+        for c in beyond:
+            cut = set(per[c]["fit"]["rungs_short_of_evidence"])
+            sentence += (f" ({c}, beyond the bound: "
+                         f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut])})")
+    tags = sentence_flags(rungs, per)
+    if tags:
+        sentence += f" [flags: {'; '.join(tags)}]"
     detail = {"slo_ttft_p90_s": slo, "baseline": base, "configs": per,
               "ratios": [{"config": c, "baseline": base, "sessions_ratio": ratios[c]} for c in others],
+              "evidence_rule": {"min_returning_turns_per_rung": MIN_RUNG_TURNS,
+                                "min_returning_turns_per_replication": MIN_CELL_TURNS,
+                                "why": "the distribution-free 95 % interval of a p90 (order statistics, binomial) "
+                                       f"has its upper end inside the sample only from {MIN_RUNG_TURNS} values; "
+                                       f"below {MIN_CELL_TURNS} a p90 is the sample's maximum"},
+              "flags_in_sentence": tags,
               "method": __doc__.split("\n\n", 1)[1].replace("\n", " ").strip()}
     return sentence, detail
+
+
+def sentence_flags(rungs: list[dict[str, Any]], per: dict[str, dict[str, Any]]) -> list[str]:
+    """Every flag that qualifies the answer, in a few words each (their whole text is in answer_detail):
+    the configurations' (censored, short of evidence, interval at the ladder's end, ratio not significant,
+    one replication, an SLO met only within its interval) and the rungs' (windows under 3 turn cycles,
+    warm-ups not detected)."""
+    tags = []
+    for cfg, c in per.items():
+        for f in c["flags"]:
+            head = f.split(":")[0].split(" (")[0]
+            tags.append(f"{cfg} {head}")
+    few = sum(1 for r in rungs if any("turn cycles" in f and "< 3" in f for f in r.get("flags", [])))
+    if few:
+        tags.append(f"windows under 3 turn cycles at {few} of {len(rungs)} rungs")
+    nowarm = sum(1 for r in rungs if any(f.startswith("no stationary warm-up") for f in r.get("flags", [])))
+    if nowarm:
+        tags.append(f"no stationary warm-up detected at {nowarm} of {len(rungs)} rungs")
+    return list(dict.fromkeys(tags))

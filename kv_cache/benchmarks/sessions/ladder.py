@@ -143,9 +143,10 @@ class RungRun:
 
     def __init__(
         self, ls: LadderSettings, tiers: str, sessions: int, scripts: Callable[[], Iterator[SessionScript]],
-        shape: LoadShape | None = None,
+        shape: LoadShape | None = None, planned_cycle_s: float | None = None,
     ) -> None:
         self.ls = ls
+        self.planned_cycle_s = planned_cycle_s  # the loaded turn cycle expected (planned from the rung below)
         self.tiers = tiers
         self.sessions = sessions
         # A rung holds its session count; another shape may move it at monitor ticks (slots join or leave
@@ -300,7 +301,7 @@ class RungRun:
         done = self.completed[self._done_at:]
         self._done_at = len(self.completed)
         tokens = sum(r.input_tokens + r.output_tokens for _, r in done)
-        if self.warmup.add((when - self.t0) / 1e9, tokens, ttfts):
+        if self.warmup.add((when - self.t0) / 1e9, tokens, ttfts, turns=len(done)):
             self._on_open_window(when, None)
         else:
             self.loop.push(when + interval_ns, "warmup_check", interval_ns)
@@ -355,8 +356,9 @@ class RungRun:
                 self.closed.users, self.replicas, lambda sid: replica_of(sid, ls.seed, len(self.replicas)),
                 ls.seed + self.sessions, ls.warmup_s, self._drain_io if self.io is not None else None,
                 draw=lambda: apply_pace(next(self.scripts), ls.pace, ls.seed), service=modelled_service(ls.gpu, ls.efficiency, ls.model, ls.tensor_parallel))
-            self.warmup.min_s = self.steady.turn_cycle_s
-            self.cap_s = max(ls.warmup_s, WARMUP_CAP_CYCLES * self.steady.turn_cycle_s)
+            cycle = max(self.steady.turn_cycle_s, self.planned_cycle_s or 0.0)  # the loaded one, where planned
+            self.warmup.min_s, self.warmup.sessions = cycle, self.sessions
+            self.cap_s = max(ls.warmup_s, WARMUP_CAP_CYCLES * cycle)
         self._done_at = 0
         self.t0 = self._now = self.loop.clock()
         window_start = self.t0 + int(self.cap_s * 1e9)  # steady state: the latest the window opens

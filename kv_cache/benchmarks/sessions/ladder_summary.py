@@ -123,6 +123,7 @@ def merge_replications(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "throughput_tokens_per_s_per_gpu": thr,
         "completed_turns": [r["completed_turns"] for r in reps],
         "ttft_return_p90_s": p90,
+        "ttft_return_n": [r["ttft"]["return"]["n"] for r in reps],
         "ttft_return_p90_ci": mean_of(p90_ok) if p90_ok else None,
         "method": "K independent seeded replications; t-interval across their values, clamped at 0; "
                   "completed turns and the work control summed over the K",
@@ -242,6 +243,11 @@ def _config_summary(mine: list[dict[str, Any]], slo: float | None, top: int) -> 
             c["flags"].append(f"the SLO is still met at the top rung ({top} sessions): {CENSORED}")
         if cap == 0:
             c["flags"].append("no rung met the SLO (or none had returning turns)")
+    if c.get("no_completed_turns"):  # nothing measured: no figure, not the lowest rung or 0 as one
+        c.update(effective_capacity_sessions=None, peak_throughput_sessions=None,
+                 capacity_basis="none: no rung completed a turn")
+        if slo is not None:
+            c["slo_capacity_sessions"] = None
     return c
 
 
@@ -274,12 +280,14 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
         if cfg == base:
             continue
         a, b = out["configs"][cfg], out["configs"][base]
-        ci = _ratio_ci(by_rung, raw, (cfg, a["peak_throughput_sessions"]), (base, b["peak_throughput_sessions"]))
+        ci = (_ratio_ci(by_rung, raw, (cfg, a["peak_throughput_sessions"]), (base, b["peak_throughput_sessions"]))
+              if a["peak_throughput_sessions"] is not None and b["peak_throughput_sessions"] is not None
+              else CI(math.nan, math.nan, math.nan, 0, "no ratio: a configuration completed no turn"))
         cap_a, cap_b = a["effective_capacity_sessions"], b["effective_capacity_sessions"]
         entry = {
             "config": cfg,
             "baseline": base,
-            "effective_capacity_ratio": cap_a / cap_b if cap_b else math.nan,
+            "effective_capacity_ratio": cap_a / cap_b if cap_a is not None and cap_b else math.nan,
             "peak_throughput_ratio": nonnegative(ci).to_dict(),
             "censored": bool(a["flags"] or b["flags"]),
         }

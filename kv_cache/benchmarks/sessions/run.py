@@ -22,6 +22,7 @@ from kv_cache import __version__
 from kv_cache.benchmarks.sessions.answer import answer, refine_ladder
 from kv_cache.benchmarks.sessions.ladder import LadderSettings, RungRun, flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
+from kv_cache.benchmarks.sessions.steady_state import MAX_PLANNED_WINDOW_FACTOR, plan_window, planned_cycle
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
@@ -32,7 +33,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.serving.engine.calibration import calibration_errors, constants, gpu_checks
+from kv_cache.serving.engine.calibration import calibration_errors, constants, gpu_checks, leave_one_out
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.storage.shaped import Shaping
@@ -79,7 +80,9 @@ METHOD = (
     "from the data); ratios: CI of the ratio of mean throughputs (paired across replications when K > 1). "
     "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
     "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO; the answer: "
-    "the SLO bracket bisected (up to 3 extra rungs) and the crossing log-log interpolated per replication."
+    "the SLO bracket bisected (up to 3 extra rungs), then a monotone fit of log p90 on log sessions over every "
+    "cell with the evidence (>= 36 returning turns per rung), its crossing, and a paired residual bootstrap "
+    "interval (metrics/slo_fit.py)."
 )
 
 
@@ -116,17 +119,23 @@ class RungProgress:
 
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
-              rungs: list[dict[str, Any]]) -> dict[str, Any]:
+              rungs: list[dict[str, Any]], plan: bool = False) -> dict[str, Any]:
     """One (config, sessions) cell: `replications` seeded runs merged, appended to `rungs` before its last
-    line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`."""
+    line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`.
+    `plan` (an answer run): the window is planned from the loaded turn cycle measured at the rung below
+    (steady_state.plan_window: >= 3 cycles, within [--window, 4 x --window]) and the warm-up lasts one."""
     reps = []
     line = ""
+    cycle, from_rung = planned_cycle(rungs, tier, n) if plan else (None, None)
+    window = plan_window(ls.window_s, cycle)
     for k in range(replications):
         out.write(line + f"  {progress.label()} running {tier:<13} {n:>5} sessions"
-                  + (f" (replication {k + 1})" if replications > 1 else "") + " ...")
+                  + (f" (replication {k + 1})" if replications > 1 else "")
+                  + (f", window {window:.0f} s (3 planned cycles)" if window != ls.window_s and k == 0 else "")
+                  + " ...")
         out.flush()
-        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE)
-        rung = RungRun(lsk, tier, n, supply(lsk.seed))
+        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
+        rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
         result = rung.run()
         if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
             rungs.append(result)
@@ -140,6 +149,11 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
         t = result["throughput_tokens_per_s_per_gpu"]
         line = f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n"
     cell = merge_replications(reps)
+    cell["window_plan"] = {"requested_window_s": ls.window_s, "window_s": window, "planned_cycle_s": cycle,
+                           "planned_from_rung": from_rung,
+                           "rule": "with --slo-ttft-p90: the window holds >= 3 loaded turn cycles planned from the "
+                                   "rung below (its measured cycle x the ratio of sessions), within [--window, "
+                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; else --window"}
     if replications > 1:
         raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
     rungs.append(cell)
@@ -171,20 +185,21 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
         out.write("DRAM offload: write-through (every computed block stored on completion, as vLLM's "
                   "offloading connector)\n")
     progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
+    plan = slo_ttft_p90_s is not None  # an answer run plans each rung's window from the loaded turn cycle
     for tier in tiers:
         if not auto_start:
             for n in ladder:
-                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
+                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan)
             continue
         history: list[tuple[int, float]] = []
         while (n := auto_next_rung(history, auto_start)) is not None:
-            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs)
+            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan)
             history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
     body: dict[str, Any] = {}
     if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
         progress.total = None
         refine_ladder(rungs, tiers, slo_ttft_p90_s,
-                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs))
+                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan))
         body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
@@ -303,11 +318,17 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
         "end_to_end": [{"gpu": r["gpu"], "model": r["measured_model"], "source_kind": r["source_kind"],
                         "dtype": r["dtype"], "error": r["error"], "within_20pct": r["within_20pct"],
                         "compute_efficiency": r["compute_efficiency"],
-                        "contradicted_by": r.get("contradicted_by")} for r in whole],
+                        "contradicted_by": r.get("contradicted_by"), "input_tokens": r["input_tokens"],
+                        "ttft_error": r.get("ttft_error")} for r in whole],
         "decode_steps": [{"gpu": r["gpu"], "model": r["model"], "source_kind": r["source_kind"], "dtype": r["dtype"],
                           "context_tokens": r["context_tokens"], "error": r["error"],
                           "within_20pct": r["within_20pct"]} for r in steps],
         "entries": rows,
+        "leave_one_out": leave_one_out(ls.efficiency),
+        "leave_one_out_method": "each entry's error with it left out of the fit of the constant its kind "
+                                "calibrates (prefill_mfu: vidur's prefill profiles; decode_hbm_efficiency: their "
+                                "decode steps; fp8_compute_efficiency: the four FP8 runs); an entry in no fit "
+                                "is out of sample as it is (serving/engine/calibration.py leave_one_out)",
     }
 
 
@@ -332,6 +353,17 @@ def engine_line(cal: dict[str, Any]) -> str:
     fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs"
                 f"{loo_text})" if fp8 else "")
     pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
+    loo = cal.get("leave_one_out") or []
+
+    def span(fit: str) -> str:
+        v = [r["out_of_sample"] for r in loo if r["fit"] == fit]
+        return f"{min(v):+.0%} to {max(v):+.0%}" if v else "-"
+    ttft = [r for r in cal.get("end_to_end", []) if r.get("ttft_error") is not None]
+    oos = (f"; out of sample (each entry left out of its constant's fit): prefill {span('prefill_mfu')}, decode "
+           f"{span('decode_hbm_efficiency')}, FP8 {span('fp8_compute_efficiency')}, the rest in no fit"
+           + "".join(f", long-input TTFT ({r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} "
+                     f"{r['dtype']}, median at ~{r['input_tokens']:,.0f} tokens) {r['ttft_error']:+.0%}" for r in ttft)
+           ) if loo else ""
     # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
     gpu = cal.get("this_gpu")
     pair += f"; this run's GPU: {gpu['statement']}" if gpu else ""
@@ -339,7 +371,7 @@ def engine_line(cal: dict[str, Any]) -> str:
             f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published throughputs of "
             f"{pairs} (GPU, model) pairs (specs/calibration.yaml): {layers} per-layer profiles (vidur) prefill "
             f"within {cal['max_abs_prefill_error']:.0%}, decode within {cal['max_abs_decode_error']:.0%}"
-            f"{ends}{pair}")
+            f"{ends}{oos}{pair}")
 
 
 def _climb(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
@@ -368,7 +400,7 @@ def _climb_ladder(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
                   done_rungs: list[dict[str, Any]]) -> tuple[dict[str, Any], bool, str | None]:
     ladder, tiers = list(s.ladder), list(s.tiers)
     try:
-        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed), out,
+        body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed, work control included
         flag_work_equivalence(done_rungs)

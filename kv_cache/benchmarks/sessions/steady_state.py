@@ -13,12 +13,21 @@ The start (`prepare_steady_start`), as a closed loop that has run for a long tim
   first, the one in service last), so HBM is filled by LRU; blocks that do not stay in HBM are stored in the
   offload tiers before the clock starts (not counted: the window is not open), and lost for `none`.
 
-The warm-up (`StationarityDetector`) lasts at least one turn cycle (a slot's mean time from one turn to
-the next in the pool: the pool's duration over its turns) and until a trend test passes on the latest half
-of the warm-up so far, cut in `GROUPS` equal sub-windows of monitor ticks: a Mann-Kendall test (S statistic, normal
-approximation, two-sided 5 %) finds no trend in the sub-windows' throughput (tokens of completed turns), nor
-in their mean TTFT when at least `MIN_TTFT_GROUPS` sub-windows saw a first token. It is capped at
-max(--warmup, `WARMUP_CAP_CYCLES` turn cycles); the results say which ended it.
+The warm-up (`StationarityDetector`) lasts at least one *loaded* turn cycle: the largest of the pool's
+unloaded cycle (its duration over its turns), the cycle planned from the rung below (its measured cycle x
+the ratio of session counts) and the cycle measured so far in the warm-up itself (N slots x elapsed / turns
+completed, Little's law). Then it ends when a slope bound on the latest half of the warm-up passes, as fio's
+steady-state criterion bounds a rolling mean's slope, with the power a bound needs at few turns: the turns
+completed per monitor tick are regressed on time (least squares), the relative change over the span is
+r = slope x span / mean, with its standard error from the residuals, and the warm-up is steady only when
+|r| + z SE(r) < `SLOPE_BOUND` (0.5: the throughput moves by less than half its mean over the span; z =
+`SLOPE_Z`, one-sided 90 %). A 2x ramp over the span is r = 2/3 > 0.5, so it is declared steady at most
+P(r_hat < 0.5 - z SE) = Phi(-(1/6 + z SE) / SE) < 10 % of the time whatever the turn count (80 % power at
+the least; tests/test_sessions_engine.py simulates it at 16-200 turns), at the price of waiting for the cap
+when too few turns can show a steady state (flagged: "no stationary warm-up detected"). A Mann-Kendall test
+(two-sided 5 %) on the mean TTFT of `GROUPS` sub-windows, when at least `MIN_TTFT_GROUPS` saw a first token,
+must find no trend either. It is capped at max(--warmup, `WARMUP_CAP_CYCLES` loaded turn cycles); the
+results say which ended it.
 
 `window_cycles` says how many turn cycles the window held at a rung (measured: N slots x window / turns
 completed, by Little's law) and flags a window shorter than `MIN_WINDOW_CYCLES` of them.
@@ -36,7 +45,8 @@ import numpy as np
 
 from kv_cache.serving.engine import roofline as gpumod
 
-__all__ = ["WARMUP_CAP_CYCLES", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
+__all__ = ["MAX_PLANNED_WINDOW_FACTOR", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
+           "slope_steady", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
            "stationary_position", "window_cycles"]
 
 POOL_FACTOR = 8
@@ -44,6 +54,8 @@ MIN_POOL = 64
 GROUPS = 8
 MIN_TTFT_GROUPS = 6
 Z_CRIT = 1.96  # two-sided 5 %
+SLOPE_BOUND = 0.5  # the largest relative change of throughput over the tested span called steady
+SLOPE_Z = 1.2815515655446004  # one-sided 90 %: the bound must hold at the slope's upper confidence limit
 MIN_WINDOW_CYCLES = 3.0
 WARMUP_CAP_CYCLES = 2.0  # the warm-up's cap: max(--warmup, this many turn cycles), so the test has time to pass
 
@@ -178,35 +190,92 @@ def mann_kendall_z(values: Sequence[float]) -> float:
     return 0.0 if s == 0 else (s - math.copysign(1.0, s)) / math.sqrt(var)
 
 
+def relative_slope(times: Sequence[float], counts: Sequence[float]) -> tuple[float, float]:
+    """(r, SE(r)): the least-squares slope of counts on times, times the span, over the mean count (the
+    relative change over the span), and its standard error from the residuals; (inf, inf) when it cannot be
+    told (fewer than 4 points, no count)."""
+    x, y = np.asarray(times, dtype=float), np.asarray(counts, dtype=float)
+    if x.size < 4 or y.mean() <= 0 or np.ptp(x) <= 0:
+        return math.inf, math.inf
+    xc = x - x.mean()
+    sxx = float(xc @ xc)
+    b = float(xc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - b * xc
+    sigma2 = float(resid @ resid) / (x.size - 2)
+    span = float(np.ptp(x)) + float(np.median(np.diff(x)))
+    scale = span / float(y.mean())
+    return b * scale, math.sqrt(sigma2 / sxx) * scale
+
+
+def slope_steady(times: Sequence[float], counts: Sequence[float]) -> tuple[bool, float, float]:
+    """The warm-up's slope bound on per-tick turn counts: (steady, r, SE(r)), steady when |r| + z SE(r) <
+    SLOPE_BOUND (module docstring)."""
+    r, se = relative_slope(times, counts)
+    return bool(abs(r) + SLOPE_Z * se < SLOPE_BOUND), r, se
+
+
 @dataclass
 class StationarityDetector:
-    """The warm-up's end (module docstring): `add` one monitor tick's completed tokens and first-token TTFTs;
-    True once the warm-up is at least `min_s` long and the latest half of it shows no trend."""
+    """The warm-up's end (module docstring): `add` one monitor tick's completed tokens, turns and first-token
+    TTFTs; True once the warm-up is at least one loaded turn cycle long (`min_s`, and `sessions` x elapsed /
+    turns so far) and the latest half of it passes the slope bound (and shows no TTFT trend)."""
 
     min_s: float = 0.0
     groups: int = GROUPS
-    ticks: list[tuple[float, float, list[float]]] = field(default_factory=list)  # (t s, tokens, TTFTs s)
-    last: dict[str, Any] = field(default_factory=dict)  # the last test's z scores
+    sessions: int = 0
+    ticks: list[tuple[float, float, list[float], float]] = field(default_factory=list)  # (t, tokens, TTFTs, turns)
+    last: dict[str, Any] = field(default_factory=dict)  # the last test's figures
 
-    def add(self, t_s: float, tokens: float, ttfts: Sequence[float]) -> bool:
-        self.ticks.append((t_s, float(tokens), list(ttfts)))
-        if t_s < self.min_s:
+    def loaded_cycle_s(self, t_s: float) -> float:
+        """The turn cycle measured so far (Little's law: slots x elapsed / turns); 0 without sessions or turns."""
+        turns = sum(x[3] for x in self.ticks)
+        return self.sessions * t_s / turns if self.sessions and turns else 0.0
+
+    def add(self, t_s: float, tokens: float, ttfts: Sequence[float], turns: float | None = None) -> bool:
+        self.ticks.append((t_s, float(tokens), list(ttfts), float(tokens if turns is None else turns)))
+        cycle = self.loaded_cycle_s(t_s) if turns is not None else 0.0
+        if t_s < max(self.min_s, cycle) or (turns is not None and self.sessions and cycle == 0.0):
             return False
         recent = [x for x in self.ticks if x[0] > t_s / 2]
         if len(recent) < self.groups:
             return False
+        steady, r, se = slope_steady([x[0] for x in recent], [x[3] for x in recent])
         parts = np.array_split(np.arange(len(recent)), self.groups)
-        tput = [sum(recent[j][1] for j in p) for p in parts]
         ttft = [float(np.mean(v)) for p in parts if (v := [y for j in p for y in recent[j][2]])]
-        z_t = mann_kendall_z(tput)
         z_f = mann_kendall_z(ttft) if len(ttft) >= MIN_TTFT_GROUPS else None
-        self.last = {"throughput_z": z_t, "ttft_z": z_f, "groups": self.groups, "at_s": t_s}
-        return abs(z_t) < Z_CRIT and (z_f is None or abs(z_f) < Z_CRIT)
+        self.last = {"relative_slope": r if math.isfinite(r) else None, "relative_slope_se": se if math.isfinite(se) else None,
+                     "slope_bound": SLOPE_BOUND, "ttft_z": z_f, "groups": self.groups, "at_s": t_s,
+                     "loaded_cycle_s": cycle or None}
+        return steady and (z_f is None or abs(z_f) < Z_CRIT)
 
     def rule(self, cap_s: float) -> str:
-        return (f"at least one turn cycle ({self.min_s:.1f} s), then no Mann-Kendall trend (|z| < {Z_CRIT}) in "
-                f"the throughput and the mean TTFT of {self.groups} sub-windows of the latest half of the warm-up; "
-                f"cap {cap_s:g} s (max of --warmup and {WARMUP_CAP_CYCLES:g} turn cycles)")
+        return (f"at least one loaded turn cycle (>= {self.min_s:.1f} s, and slots x elapsed / turns), then the "
+                f"throughput's relative change over the latest half of the warm-up |r| + {SLOPE_Z:.2f} SE < "
+                f"{SLOPE_BOUND:g} (least squares on turns per tick) and no Mann-Kendall trend (|z| < {Z_CRIT}) in "
+                f"the mean TTFT of {self.groups} sub-windows; cap {cap_s:g} s (max of --warmup and "
+                f"{WARMUP_CAP_CYCLES:g} loaded turn cycles)")
+
+
+MAX_PLANNED_WINDOW_FACTOR = 4.0  # a planned window is at most this many times --window (the run time stays bounded)
+
+
+def planned_cycle(rungs: Sequence[dict[str, Any]], tiers: str, sessions: int) -> tuple[float | None, int | None]:
+    """The loaded turn cycle expected at `sessions` for configuration `tiers`, from the highest rung below it
+    already run: its measured cycle x sessions / its sessions (a saturated closed loop's cycle grows with the
+    slots; below saturation this over-plans, never under). (None, None) without such a rung."""
+    below = [r for r in rungs if r.get("tiers") == tiers and r["sessions"] < sessions and r.get("turn_cycle_s")]
+    if not below:
+        return None, None
+    r = max(below, key=lambda x: x["sessions"])
+    return float(r["turn_cycle_s"]) * sessions / r["sessions"], int(r["sessions"])
+
+
+def plan_window(window_s: float, cycle_s: float | None) -> float:
+    """A rung's window: at least `MIN_WINDOW_CYCLES` planned loaded turn cycles, never shorter than --window
+    nor longer than `MAX_PLANNED_WINDOW_FACTOR` times it."""
+    if not cycle_s:
+        return window_s
+    return min(MAX_PLANNED_WINDOW_FACTOR * window_s, max(window_s, MIN_WINDOW_CYCLES * cycle_s))
 
 
 def window_cycles(sessions: int, window_s: float, completed_turns: int) -> tuple[float | None, str | None]:

@@ -8,7 +8,8 @@ prefix, as in a throughput benchmark):
   (input + output tokens, ``roofline.hbm_kv_capacity_tokens``), first come first served;
 - every iteration prefills up to ``chunk_tokens`` new tokens of the admitted requests in arrival order and
   advances every decoding request by one token, and lasts ``roofline.iteration_seconds`` of that batch;
-- prefill emits the first output token; the request then decodes its other ``output - 1`` tokens, one per
+- prefill emits the first output token (its TTFT: the end of the iteration that finished its prefill less
+  its admission, as a client holding ``concurrency`` requests in flight times it); the request then decodes its other ``output - 1`` tokens, one per
   iteration, its context (input + tokens so far) read every step;
 - a request that completes frees its slot and its HBM, and the next one is admitted.
 
@@ -40,6 +41,7 @@ class ClosedLoopResult:
     seconds: float  # modelled seconds of the measured span
     iterations: int  # engine iterations of the whole run
     max_running: int  # most requests that ran at once (the concurrency HBM allowed)
+    ttfts_s: tuple[float, ...] = ()  # per request, in completion-of-prefill order: first token - admission
 
 
 def _check(lengths: Sequence[tuple[int, int]], concurrency: int, chunk_tokens: int, skip: int, capacity: int) -> None:
@@ -92,6 +94,8 @@ def closed_loop(
     now = start = end = 0.0
     completed = produced = 0
     last = len(lengths) - skip
+    admitted_at: dict[int, float] = {}
+    ttfts: list[float] = []
 
     def complete(req: int) -> None:
         nonlocal reserved, running, completed, produced, start, end
@@ -108,6 +112,7 @@ def closed_loop(
     while completed < len(lengths):
         while pending and running < concurrency and reserved + sum(lengths[pending[0]]) <= capacity:
             req = pending.popleft()
+            admitted_at[req] = now
             reserved += sum(lengths[req])
             running += 1
             prefill.append([req, lengths[req][0], 0])
@@ -127,6 +132,7 @@ def closed_loop(
             if item[1] == 0:
                 prefill.popleft()
                 req = item[0]
+                ttfts.append(now - admitted_at[req])
                 i, o = lengths[req]
                 if o > 1:
                     heapq.heappush(decoding, (iterations + o - 1, req))
@@ -134,4 +140,5 @@ def closed_loop(
                 else:
                     complete(req)
     seconds = end - start
-    return ClosedLoopResult(produced / seconds if seconds > 0 else 0.0, seconds, iterations, max_running)
+    return ClosedLoopResult(produced / seconds if seconds > 0 else 0.0, seconds, iterations, max_running,
+                            tuple(ttfts))
