@@ -181,10 +181,13 @@ def test_a_server_frozen_mid_window_ends_the_run_at_the_grace_with_its_results(k
 
 @pytest.mark.parametrize("kind", ["redis", "s3"])
 def test_ctrl_c_with_a_frozen_server_is_honoured_at_once(kind, tmp_path):
-    """A grace of 600 s: only the stop signal can end the waits on the frozen server before the guard."""
+    """A grace of 600 s: only the stop signal can end the waits on the frozen server before the guard.
+    (`--io-workers 4`: a run of 120 s or more probes its worker count before the window, through the tier's
+    own store, and the entries it stores there would be taken for the window's.)"""
     srv = _server(kind)
     try:
-        proc = subprocess.Popen(_cmd(tmp_path, *_tier(kind, srv), "--remote-grace-s", "600", duration=600),
+        proc = subprocess.Popen(_cmd(tmp_path, *_tier(kind, srv), "--remote-grace-s", "600", "--io-workers", "4",
+                                     duration=600),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
         _writing(proc, kind, srv)
         srv.proc.send_signal(signal.SIGSTOP)
