@@ -201,7 +201,7 @@ def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys
     cfg = tmp_path / "small.yaml"
     cfg.write_text(SMALL.replace("sessions:\n", "sessions:\n  human_threshold_s: 0.1\n"))
     code = main(["sessions", "--config", str(cfg), "--model", "micro", "--gpu", "l40s", "--gpu-mem-gb", "0.012",
-                 "--ladder", "1,16", "--window", "1.5", "--warmup", "0.3", "--subwindows", "2", "--tiers", "none",
+                 "--ladder", "1,4", "--window", "1.5", "--warmup", "0.3", "--subwindows", "2", "--tiers", "none",
                  "--pace", "human:0.15:0.2", "--slo-ttft-p90", "0.002", "--output", str(tmp_path / "s.json")])
     assert code == 0
     data = json.loads((tmp_path / "s.json").read_text())
