@@ -99,3 +99,25 @@ def test_a_store_without_marks_is_counted_whole_and_named_unmeasured():
     assert metrics.tier_op("storage", "read").partial_bytes == 3 * CHUNK
     edge = metrics.edge_record()
     assert edge["unmeasured_ops"] == 1 and edge["unmeasured_bytes"] == 3 * CHUNK
+
+
+def test_a_ram_tiers_edge_bytes_are_not_taken_for_the_storage_tiers():
+    """A run whose window ends during a GPU- or CPU-tier copy, with nothing on the storage tier (an
+    open loop at 1e12 req/s on tiny-1b): the edge record's bytes are the storage tier's, which the audit
+    compares with the storage tier's counted bytes; the RAM tier's go apart (it printed 'INVALID - window:
+    the edge operations' counted bytes (0.5 GiB) exceed the storage bytes counted (0 GiB)')."""
+    from kv_cache.storage.base import IOResult
+
+    metrics = RunMetrics()
+    metrics.open_window(0)
+    metrics.close_window(10)
+    marks = ChunkMarks()
+    marks.begin()
+    marks.add(1 << 20)  # (its mark lies after the window's end: nothing of it moved inside)
+    metrics.record_io("gpu", "write", IOResult(1 << 20, 1 << 20, 100, 100, 0), 20, "prefill", marks)
+    edge = metrics.edge_record()
+    assert edge["counted_bytes"] == 0 and edge["unmeasured_bytes"] == 0 and edge["edge_ops"] == 1
+    assert edge["other_tiers_counted_bytes"] == 0
+    metrics.record_io("storage", "write", IOResult(1 << 20, 1 << 20, 100, 100, 0), 20, "prefill", None)
+    edge = metrics.edge_record()
+    assert edge["unmeasured_bytes"] == 1 << 20 and edge["edge_ops"] == 2

@@ -178,10 +178,12 @@ class RunMetrics:
         self.__init__(self.sample_cap, self._request_histograms)
 
     # -- recording ----------------------------------------------------------------------------
-    def _edge_bytes(self, nbytes: int, marks: ChunkProgress | None) -> int:
+    def _edge_bytes(self, nbytes: int, marks: ChunkProgress | None, tier: str = "storage") -> int:
         """The part of `nbytes` that moved by the window's end, from the operation's chunk marks (bytes
         of the chunks completed by then, in proportion to what the marks cover); the whole of it (and
-        counted as unmeasured) when the store marks no chunk."""
+        counted as unmeasured) when the store marks no chunk. The bytes are the storage tier's in the
+        edge record's main keys (the integrity check compares them with the storage tier's bytes), the RAM
+        and GPU tiers' under `other_tiers_*`; the operations count whatever the tier (workers' bound)."""
         done = marks.bytes_by(self.window_end_ns) if marks is not None and self.window_end_ns is not None else None
         if marks is not None:
             seen = (id(marks), marks.seq)
@@ -189,6 +191,10 @@ class RunMetrics:
                 self.edge["edge_ops"] -= 1
             self._edge_seen.add(seen)
         self.edge["edge_ops"] += 1
+        if tier != "storage":
+            inside = nbytes if done is None or marks.total <= 0 or done >= marks.total else int(nbytes * done / marks.total)
+            self.edge["other_tiers_counted_bytes"] += inside
+            return inside
         if done is None:
             self.edge["unmeasured_ops"] += 1
             self.edge["unmeasured_bytes"] += nbytes
@@ -211,7 +217,7 @@ class RunMetrics:
                 self.late[f"{tier}_{op}_ops"] += 1
                 if self._in_window(end_ns - res.total_ns):
                     self.edge["straddling_ops"] += 1
-                    self.io[(tier, op)].partial_bytes += self._edge_bytes(res.nbytes, marks)
+                    self.io[(tier, op)].partial_bytes += self._edge_bytes(res.nbytes, marks, tier)
                 return False
             s = self.io[(tier, op)]
             s.total_ns.append(res.total_ns)
@@ -250,13 +256,13 @@ class RunMetrics:
                 self.io[(tier, op)].partial_bytes += device_bytes
                 return
             self.edge["aborted_ops"] += 1
-            self.io[(tier, op)].partial_bytes += self._edge_bytes(device_bytes, marks)
+            self.io[(tier, op)].partial_bytes += self._edge_bytes(device_bytes, marks, tier)
 
     def edge_record(self) -> dict[str, int]:
         """The window's edge as measured (see `edge`), JSON-ready."""
         with self._lock:
             keys = ("edge_ops", "straddling_ops", "aborted_ops", "counted_bytes", "excluded_bytes", "unmeasured_ops",
-                    "unmeasured_bytes")
+                    "unmeasured_bytes", "other_tiers_counted_bytes")
             return {k: int(self.edge.get(k, 0)) for k in keys}
 
     def count(self, name: str, n: float = 1, end_ns: int | None = None) -> None:
