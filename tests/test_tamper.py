@@ -67,7 +67,37 @@ OURS = [
     ("an fsync shim mapped", _set("measurement.process_libraries.interposers",
                                   [{"path": "/x/libeatmydata.so", "symbols": ["fsync", "fdatasync"]}]), "interposers"),
     ("mapped libraries removed", _set("measurement.process_libraries", _DROP), "interposers"),
+    # a second review's: tamperings kept consistent with the other figures, or hidden in a missing or odd value
+    ("bytes, bandwidth, ops and every counter x1000", lambda d: _scale_all(d, 1000), "window"),
+    ("storage operation counts x1000", lambda d: _cs(d).update(tier_storage_read_ops=_cs(d)["tier_storage_read_ops"]
+                                                             * 1000), "window"),
+    ("I/O mode, fsync and filesystem removed", lambda d: [_m(d).pop(k, None) for k in
+                                                          ("io_mode", "fsync", "filesystem", "filesystem_kind")],
+     "io_setup"),
+    ("the mapped-library scan's flag removed", _set("measurement.process_libraries.recorded", _DROP), "interposers"),
+    ("process reads 0 beside a full own cgroup", lambda d: _m(d)["process_io"].update(
+        read_bytes=0, cgroup={"read_bytes": 1 << 40, "write_bytes": 1 << 40, "own": True, "source": "x"}),
+     "page_cache"),
+    ("--verify off with mismatches", _set("measurement.verify", {"enabled": False, "mismatches": 5}), "verify"),
+    ("bytes read infinite", lambda d: _cs(d).update(tier_storage_kv_bytes_read_gb=float("inf"),
+                                                    tier_storage_read_bandwidth_gbps=float("inf")), "bandwidth"),
+    ("negative edge bytes", _set("measurement.window_edge.unmeasured_bytes", -(1 << 30)), "window"),
 ]
+
+
+def _scale_all(d: dict, k: int) -> None:
+    """Every byte, bandwidth, operation and device/process counter of the storage tier times k: bandwidth stays
+    bytes / window and the mean operation size stays the same; only the device time no longer fits."""
+    cs = _cs(d)
+    for key in ("tier_storage_kv_bytes_read_gb", "tier_storage_kv_bytes_written_gb", "tier_storage_read_bandwidth_gbps",
+                "tier_storage_write_bandwidth_gbps", "tier_storage_read_ops", "tier_storage_write_ops"):
+        cs[key] *= k
+    for key in ("read_bytes", "write_bytes", "run_read_bytes", "run_write_bytes"):
+        if key in _m(d)["process_io"]:
+            _m(d)["process_io"][key] *= k
+    for key in ("bytes_read", "bytes_written", "tool_bytes_read", "tool_bytes_written"):
+        if key in _m(d)["block_device"]:
+            _m(d)["block_device"][key] *= k
 
 MERGE = [
     ("bandwidth set to 1000 GiB/s", _set("summary.cache_stats.tier_storage_read_bandwidth_gbps", 1000.0), "bandwidth"),

@@ -30,6 +30,7 @@ counters, never from a stored verdict, printed with its numbers. Each check is `
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -142,6 +143,9 @@ def check_bandwidth(f: IntegrityFacts) -> dict[str, Any]:
     seen = 0
     for tier, op, nbytes, rep in f.bandwidth_rows:
         if nbytes is None and rep is None:
+            if tier == str(TierName.STORAGE):  # the tier the document is about: never absent in either kind
+                status = _worse(status, UNVERIFIABLE)
+                reasons.append(f"storage {op}: neither bytes nor bandwidth recorded")
             continue
         if nbytes is None or rep is None:
             status = _worse(status, UNVERIFIABLE)
@@ -240,6 +244,10 @@ def _window_ours(f: IntegrityFacts, nums: dict[str, Any]) -> tuple[str, list[str
     total = (f.read_bytes or 0) + (f.write_bytes or 0)
     counted, unmeasured = float(edge.get("counted_bytes") or 0), float(edge.get("unmeasured_bytes") or 0)
     ops = int(edge.get("edge_ops") or 0)
+    negative = [k for k, v in edge.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0]
+    if negative:
+        status = INVALID
+        reasons.append(f"measurement.window_edge holds negative counts ({', '.join(negative)}): no counter can")
     nums.update(edge_ops=ops, edge_counted_bytes=counted, edge_excluded_bytes=edge.get("excluded_bytes"),
                 outside_bound_bytes=unmeasured)
     if f.workers and ops > f.workers:
@@ -286,6 +294,18 @@ def check_window(f: IntegrityFacts) -> dict[str, Any]:
         status = INVALID
         reasons.append(f"summed storage time / window = {avg:.1f} requests in flight on average, more than the "
                        f"{f.workers} {f.workers_meaning or 'workers'}: time from outside the window is counted")
+    # at least half of a tier's operations took at least its device P50: their summed device time is a lower
+    # bound on the device time the window recorded (the storage tier's own counts only)
+    floor = sum(ops * p50 / 1000.0 / 2 for ops, p50 in ((f.read_ops, f.read_device_p50_ms),
+                                                         (f.write_ops, f.write_device_p50_ms))
+                if ops and p50 and p50 > 0) if f.ops_scope == "tier" else 0.0
+    if floor and f.summed_storage_s is not None:
+        nums["least_summed_device_s"] = floor
+        if floor > f.summed_storage_s * (1 + IN_FLIGHT_TOLERANCE) + 1e-6:
+            status = INVALID
+            reasons.append(f"half the storage operations at their device P50 alone take {floor:.3g} s of device "
+                           f"time, more than the {f.summed_storage_s:.3g} s the window recorded (operation counts "
+                           "and device time do not fit)")
     if f.users and f.in_flight_at_stop is not None and f.in_flight_at_stop > f.users:
         status = INVALID
         reasons.append(f"{f.in_flight_at_stop} requests in flight at the stop, more than the {f.users} users of a "
@@ -350,6 +370,10 @@ def check_interposers(f: IntegrityFacts) -> dict[str, Any]:
                if f.source == "mlperf-tool" else
                "no measurement.process_libraries (a result written before they were recorded)")
         return _finding("interposers", UNVERIFIABLE, why)
+    if f.source == "kv-cache" and not f.mapped_recorded and status != INVALID:
+        status = _worse(status, UNVERIFIABLE)
+        reasons.append("the mapped libraries were not scanned (measurement.process_libraries.recorded): an "
+                       "interposer loaded other than by LD_PRELOAD would go unseen")
     nums = {"ld_preload": list(f.ld_preload), "interposers": [{"path": p, "symbols": list(s)} for p, s in f.interposers],
             "mapped_libraries_checked": f.mapped_recorded}
     return _finding("interposers", status, "; ".join(reasons) or "no LD_PRELOAD and no interposing library", **nums)
@@ -404,6 +428,13 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
         return _finding("page_cache", OK, "no storage reads to serve from memory", **nums)
     share = seen / f.read_bytes
     nums["source_read_share"] = share
+    # every counter recorded must have seen the reads, not only the narrowest: the cgroup's and the device's
+    # bytes include the process's, so a process that fetched less than counted was served from memory
+    # whatever a wider counter says
+    for name, n in (("cgroup", f.cgroup_read_bytes), ("process", f.process_read_bytes),
+                    ("device", f.device_read_bytes)):
+        if n is not None and n / f.read_bytes < share:
+            source, seen, share = name, n, n / f.read_bytes
     if share < DEVICE_SHARE_MIN:
         return _finding("page_cache", INVALID, f"the {source} counters saw {share:.0%} of the {f.read_bytes / GIB:.3g} "
                         f"GiB the storage tier counted as read ({seen / GIB:.3g} GiB): the rest came from memory",
@@ -459,6 +490,12 @@ def check_io_setup(f: IntegrityFacts) -> dict[str, Any]:
         status = INVALID
         reasons.append(f"fsync is asked for but {', '.join(os.path.basename(p) for p in flushers)} answers it: "
                        "no flush reaches the device")
+    if f.source == "kv-cache" and (f.io_mode is None or f.fsync is None or (f.filesystem is None and
+                                                                          f.filesystem_kind is None)):
+        status = _worse(status, UNVERIFIABLE)
+        missing = [n for n, v in (("I/O mode", f.io_mode), ("fsync", f.fsync),
+                                  ("filesystem", f.filesystem or f.filesystem_kind)) if v is None]
+        reasons.append(f"{', '.join(missing)} not recorded: the I/O setup cannot be judged")
     reasons.extend(f.notes)
     plain = ("a remote tier over the network (no page cache on the client)" if f.io_mode == "network"
              else "direct I/O with fsync on a device filesystem")
@@ -471,6 +508,9 @@ def check_verify(f: IntegrityFacts) -> dict[str, Any]:
         return _finding("verify", NA, "the MLPerf tool has no --verify")
     if f.verify_enabled is None:
         return _finding("verify", UNVERIFIABLE, "no measurement.verify recorded")
+    if not f.verify_enabled and f.verify_mismatches:
+        return _finding("verify", INVALID, f"--verify is recorded as off, yet with {f.verify_mismatches} "
+                        "mismatch(es): the record contradicts itself", enabled=False, mismatches=f.verify_mismatches)
     if not f.verify_enabled:
         return _finding("verify", NA, "--verify was off: the bytes read back were not compared", enabled=False)
     if f.verify_mismatches is None:
@@ -566,7 +606,10 @@ def merged_integrity(per_rank: dict[int, dict[str, Any] | None], own: dict[str, 
 # ---- adapters ---------------------------------------------------------------------------------------------
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A recorded figure; a non-number, NaN or infinity (no counter holds one) is not a figure."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    return float(v) if math.isfinite(v) else None
 
 
 def _gib_bytes(v: Any) -> float | None:
