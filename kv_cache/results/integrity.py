@@ -115,6 +115,7 @@ class IntegrityFacts:
     net_received_bytes: float | None = None
     net_expected_bytes: float | None = None
     block_device: str | None = None  # the device's name where known, with or without counters
+    storage_backend: str | None = None  # ours: measurement.tier_backends.storage (file, s3, redis)
     verify_enabled: bool | None = None
     verify_mismatches: int | None = None
     device_limit_gbs: float | None = None  # decimal GB/s
@@ -395,6 +396,12 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
     """5. The storage tier's counted reads against the narrowest counter that saw bytes move from the device
     (cgroup, process, device); a remote tier's equivalent: its interface (check_network)."""
     if f.io_mode == "network":
+        if (f.storage_backend or "remote") == "file" or f.filesystem_kind == "block device":
+            return _finding("page_cache", INVALID, f"the I/O mode says a remote tier, but the storage tier is a "
+                            f"{f.storage_backend or 'file'} backend on {f.filesystem or 'a block device'}: a file "
+                            "tier's page-cache check cannot be skipped", io_mode=f.io_mode,
+                            storage_backend=f.storage_backend, filesystem=f.filesystem,
+                            filesystem_kind=f.filesystem_kind)
         return check_network(f)
     if f.filesystem_kind == "memory" or (f.filesystem or "") in ("tmpfs", "ramfs"):
         return _finding("page_cache", NA, f"the storage tier is on {f.filesystem} (RAM): no block device to count "
@@ -692,6 +699,8 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         # loopback receives both directions of the tier's traffic; another interface receives its reads
         net_expected_bytes=tool_r + tool_w if net.get("interface") == "lo" else tool_r,
         block_device=bd.get("name") if isinstance(bd.get("name"), str) else None,
+        storage_backend=(m.get("tier_backends") or {}).get("storage") if isinstance(m.get("tier_backends"), dict)
+        else None,
         verify_enabled=verify.get("enabled") if verify is not None else None,
         verify_mismatches=_int(verify.get("mismatches")) if verify is not None else None,
         device_limit_gbs=limit[0] if limit else None, device_limit_source=limit[1] if limit else None)
