@@ -82,6 +82,8 @@ OURS = [
     ("bytes read infinite", lambda d: _cs(d).update(tier_storage_kv_bytes_read_gb=float("inf"),
                                                     tier_storage_read_bandwidth_gbps=float("inf")), "bandwidth"),
     ("negative edge bytes", _set("measurement.window_edge.unmeasured_bytes", -(1 << 30)), "window"),
+    ("I/O workers x250 beside a queue depth of 150", lambda d: _m(d).update(
+        io_workers=1000, io_workers_choice={"count": 4}, achieved_queue_depth={"read": 150.0, "write": 0.1}), "window"),
     ("a file tier relabelled a remote one, reads from memory", lambda d: _m(d).update(
         io_mode="network", tier_backends={"storage": "file"}, process_io={**_m(d)["process_io"], "read_bytes": 0},
         remote_tier={"network": {"interface": "lo", "bytes_received": 1 << 40, "tool_bytes_read": 1 << 30,

@@ -71,6 +71,7 @@ class IntegrityFacts:
     window_alt_s: float | None = None  # the same window recorded a second time (summary.elapsed_time)
     workers: int | None = None
     workers_meaning: str = ""
+    workers_recorded_twice: tuple[int, int] | None = None  # ours: (io_workers, io_workers_choice.count) that differ
     read_bytes: float | None = None  # the storage tier's
     write_bytes: float | None = None
     read_ops: int | None = None  # the storage tier's operations
@@ -307,6 +308,11 @@ def check_window(f: IntegrityFacts) -> dict[str, Any]:
             reasons.append(f"half the storage operations at their device P50 alone take {floor:.3g} s of device "
                            f"time, more than the {f.summed_storage_s:.3g} s the window recorded (operation counts "
                            "and device time do not fit)")
+    if f.workers_recorded_twice:
+        status = INVALID
+        reasons.append(f"the I/O workers are recorded as {f.workers_recorded_twice[0]} (measurement.io_workers) and "
+                       f"as {f.workers_recorded_twice[1]} (measurement.io_workers_choice.count): the bound the "
+                       "in-flight checks use is not the run's")
     if f.users and f.in_flight_at_stop is not None and f.in_flight_at_stop > f.users:
         status = INVALID
         reasons.append(f"{f.in_flight_at_stop} requests in flight at the stop, more than the {f.users} users of a "
@@ -661,6 +667,9 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     limit = device_limit or ((_num((m.get("device_limit") or {}).get("gb_per_s")),
                               (m.get("device_limit") or {}).get("source")) if m.get("device_limit") else None)
     workers = _int(m.get("io_workers"))
+    chosen = _int((m.get("io_workers_choice") or {}).get("count")) if isinstance(m.get("io_workers_choice"), dict) \
+        else None
+    workers_differ = workers is not None and chosen is not None and chosen != workers
     if merged and workers is None:
         rows = m.get("per_rank") or {}
         per = [r.get("io_workers") for r in (rows.values() if isinstance(rows, dict) else rows) if isinstance(r, dict)]
@@ -668,6 +677,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     closed = not params.get("request_rate") and not params.get("trace_paths")
     other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
     return IntegrityFacts(
+        workers_recorded_twice=(workers, chosen) if workers_differ else None,
         source="kv-cache merge" if merged else "kv-cache", window_s=window,
         window_alt_s=_num(summary.get("elapsed_time")), workers=workers, workers_meaning="I/O workers",
         read_bytes=_gib_bytes(cs.get("tier_storage_kv_bytes_read_gb")),
