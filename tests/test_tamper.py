@@ -153,6 +153,18 @@ def test_a_tampered_merge_is_not_ok(tmp_path, name, change, check):
         assert _status(block, check) in NOT_OK, (name, block["reasons"])
 
 
+def test_a_busy_merge_is_judged_against_every_rank_s_workers(tmp_path):
+    """A merge's queue depth and edge operations are the ranks' sums, so 2 ranks x 2 I/O workers allow 4 in
+    flight: 3.5 on average and 4 at the edge are honest (they were invalid against one rank's 2), 5 is not."""
+    doc = copy.deepcopy(MERGED)
+    _m(doc).update(achieved_queue_depth={"read": 3.0, "write": 0.5})
+    _m(doc)["window_edge"]["edge_ops"] = 4
+    block = _audit_doc(tmp_path, doc)
+    assert _status(block, "window") == integ.OK, block["reasons"]
+    _m(doc)["window_edge"]["edge_ops"] = 5
+    assert _status(_audit_doc(tmp_path, doc), "window") == integ.INVALID
+
+
 def test_a_device_limit_below_the_bandwidth_is_invalid(tmp_path):
     block = _audit_doc(tmp_path, RUN, limit=(0.01, "a 10 MB/s drive"))
     assert block["verdict"] == integ.INVALID

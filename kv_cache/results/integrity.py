@@ -670,10 +670,12 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     chosen = _int((m.get("io_workers_choice") or {}).get("count")) if isinstance(m.get("io_workers_choice"), dict) \
         else None
     workers_differ = workers is not None and chosen is not None and chosen != workers
-    if merged and workers is None:
+    if merged:
+        # a merge's queue depth and edge operations are the ranks' sums, and its io_workers is the ranks' common
+        # value (merge FACTS): the bound is the ranks' workers summed, one rank's count only when no row says
         rows = m.get("per_rank") or {}
         per = [r.get("io_workers") for r in (rows.values() if isinstance(rows, dict) else rows) if isinstance(r, dict)]
-        workers = sum(per) if per and all(isinstance(x, int) for x in per) else None
+        workers = sum(per) if per and all(isinstance(x, int) for x in per) else workers
     closed = not params.get("request_rate") and not params.get("trace_paths")
     other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
     return IntegrityFacts(
