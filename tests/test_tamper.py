@@ -230,3 +230,37 @@ def test_a_tampered_tool_metadata_is_not_ok(tmp_path, name, change, check):
 def test_the_suite_has_at_least_twelve_distinct_tamperings():
     names = {n for n, *_ in OURS + MERGE + TOOL_RANK_TAMPER + TOOL_META_TAMPER}
     assert len(names) >= 12
+
+
+def _with_series(doc: dict) -> dict:
+    """RUN with a time series that holds its window's bytes in one bucket, as a real run's rows do (their
+    storage bytes sum to the totals, their seconds to the window)."""
+    doc = copy.deepcopy(doc)
+    w, cs = _m(doc)["window_seconds"], _cs(doc)
+    doc["time_series"] = {"bucket_seconds": w, "rows": [
+        {"t_s": w, "seconds": w, "storage_read_bytes": round(cs["tier_storage_kv_bytes_read_gb"] * integ.GIB),
+         "storage_write_bytes": round(cs["tier_storage_kv_bytes_written_gb"] * integ.GIB)}]}
+    return doc
+
+
+def _scale_window(d: dict, k: float) -> None:
+    """The window times k and every bandwidth over k: bytes / window still holds."""
+    _m(d)["window_seconds"] *= k
+    d["summary"]["elapsed_time"] = _m(d)["window_seconds"]
+    for key, v in list(_cs(d).items()):
+        if key.endswith("_bandwidth_gbps") and isinstance(v, (int, float)):
+            _cs(d)[key] = v / k
+
+
+@pytest.mark.parametrize(("name", "change"), [
+    ("storage bytes and bandwidth x2", lambda d: [_cs(d).update({k: 2 * _cs(d)[k]}) for k in (
+        "tier_storage_kv_bytes_read_gb", "tier_storage_read_bandwidth_gbps")]),
+    ("window halved, bandwidths doubled", lambda d: _scale_window(d, 0.5)),
+    ("window x10, bandwidths / 10", lambda d: _scale_window(d, 10)),
+])
+def test_the_time_series_records_the_window_a_second_time(tmp_path, name, change):
+    doc = _with_series(RUN)
+    assert _audit_doc(tmp_path, doc)["verdict"] == integ.OK
+    change(doc)
+    block = _audit_doc(tmp_path, doc)
+    assert _status(block, "bandwidth") == integ.INVALID, (name, block["reasons"])

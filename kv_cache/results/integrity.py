@@ -50,6 +50,8 @@ BANDWIDTH_TOLERANCE = 0.01  # reported against bytes / window
 WINDOW_TOLERANCE = 0.05  # span beyond the window (or bytes from outside it) that is still "suspect"
 IN_FLIGHT_TOLERANCE = 0.05  # summed device time / window above the workers by more: impossible
 DEVICE_SHARE_MIN = 0.9  # bytes the device / process / cgroup saw / counted reads under this: served from memory
+SERIES_GAP_INVALID = 0.25  # counted bytes that no time-series bucket holds, beyond this share: not the window's
+BLOCK_BYTES = 4096
 DEVICE_LIMIT_TOLERANCE = 0.02  # above a device's rated GB/s by more: impossible
 TIERS = tuple(str(t) for t in TierName)  # gpu, cpu, storage
 FASTER_TIERS = tuple(str(t) for t in TierName if t is not TierName.STORAGE)
@@ -88,6 +90,9 @@ class IntegrityFacts:
     bandwidth_rows: tuple[tuple[str, str, float | None, float | None], ...] = ()
     other_tier_read_bytes: float | None = None  # bytes read from tiers other than storage
     window_edge: dict[str, Any] | None = None  # ours: measurement.window_edge
+    # ours: the time series summed (storage read bytes, write bytes, seconds, bucket seconds): a second record
+    # of the window's bytes and length, bucket by bucket
+    series: tuple[float, float, float, float] | None = None
     summed_storage_s: float | None = None
     e2e_p95_s: float | None = None
     e2e_max_s: float | None = None
@@ -161,6 +166,28 @@ def check_bandwidth(f: IntegrityFacts) -> dict[str, Any]:
             status = INVALID
             reasons.append(f"{tier} {op}: {rep:.4g} GiB/s reported, {nbytes / GIB:.4g} GiB / {f.window_s:.4g} s "
                            f"= {recomputed:.4g} GiB/s")
+    if f.series is not None:
+        s_read, s_write, s_seconds, bucket = f.series
+        nums.update(series_read_bytes=s_read, series_write_bytes=s_write, series_seconds=s_seconds)
+        if not f.window_s - bucket - 1e-3 <= s_seconds <= f.window_s * (1 + BANDWIDTH_TOLERANCE) + 1e-3:
+            status = INVALID
+            reasons.append(f"the time series covers {s_seconds:.4g} s, not the {f.window_s:.4g} s window (its "
+                           f"{bucket:g} s buckets record the window a second time)")
+        edge = f.window_edge or {}
+        slack = float(_num(edge.get("counted_bytes")) or 0) + float(_num(edge.get("unmeasured_bytes")) or 0)
+        for op, counted, in_series in (("read", f.read_bytes, s_read), ("write", f.write_bytes, s_write)):
+            if counted is None:
+                continue
+            over = counted - in_series - slack  # bytes in the total that no bucket and no edge operation holds
+            if in_series > counted * (1 + BANDWIDTH_TOLERANCE) + BLOCK_BYTES or over > SERIES_GAP_INVALID * counted:
+                status = INVALID
+                reasons.append(f"storage {op}: {counted / GIB:.4g} GiB counted, {in_series / GIB:.4g} GiB in the time "
+                               f"series' buckets (+{slack / GIB:.3g} GiB of edge operations): the totals are not "
+                               "the window's operations")
+            elif over > WINDOW_TOLERANCE * counted:
+                status = _worse(status, SUSPECT)
+                reasons.append(f"storage {op}: {over / GIB:.3g} GiB counted that no time-series bucket or edge "
+                               "operation holds")
     if not seen and status == OK:
         return _finding("bandwidth", UNVERIFIABLE, "no tier's bytes and bandwidth recorded", **nums)
     return _finding("bandwidth", status, "; ".join(reasons) or
@@ -642,6 +669,17 @@ def _int(v: Any) -> int | None:
     return int(n) if n is not None else None
 
 
+def _series(doc: dict[str, Any]) -> tuple[float, float, float, float] | None:
+    """(storage read bytes, write bytes, seconds, bucket seconds) summed over doc.time_series.rows; None when
+    the document has no rows, or a row lacks its seconds."""
+    ts = doc.get("time_series") if isinstance(doc.get("time_series"), dict) else {}
+    rows = [r for r in ts.get("rows") or [] if isinstance(r, dict)]
+    if not rows or any(_num(r.get("seconds")) is None for r in rows):
+        return None
+    total = [sum(_num(r.get(k)) or 0.0 for r in rows) for k in ("storage_read_bytes", "storage_write_bytes", "seconds")]
+    return total[0], total[1], total[2], _num(ts.get("bucket_seconds")) or max(_num(r["seconds"]) or 0 for r in rows)
+
+
 def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None = None) -> IntegrityFacts:
     """IntegrityFacts of a kv-cache results document (a run's or a merge's). `device_limit`: (GB/s, where the
     figure comes from), given to audit; else the run's own (measurement.device_limit)."""
@@ -693,6 +731,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         reported_write_gibs=_num(cs.get("tier_storage_write_bandwidth_gbps")),
         bandwidth_rows=_bandwidth_rows(cs), other_tier_read_bytes=other,
         window_edge=m.get("window_edge") if isinstance(m.get("window_edge"), dict) else None,
+        series=_series(doc),
         summed_storage_s=busy,
         e2e_p95_s=e2e_p95 / 1000 if e2e_p95 is not None else None, e2e_max_s=max(e2e) if e2e else None,
         in_flight_at_stop=_int(m.get("requests_in_flight_at_stop")),
