@@ -203,6 +203,18 @@ TOOL_META_TAMPER = [
     ("an eatmydata wrapper", lambda d: d["commands"][0].update(
         command=d["commands"][0]["command"].replace("python3 mlperf_wrapper.py", "eatmydata python3 mlperf_wrapper.py")),
      "interposers"),
+    # a second review's: the forms the first scan missed
+    ("-x and LD_PRELOAD as two argv elements", lambda d: d["args"].update(mpi_params=["-x", "LD_PRELOAD"]),
+     "interposers"),
+    ("-genv LD_PRELOAD with a spaced value", lambda d: d["args"].update(
+        mpi_params="-genv LD_PRELOAD /usr/lib/libeatmydata.so"), "interposers"),
+    ("a quoted LD_PRELOAD list, the shim second", lambda d: d["commands"][0].update(
+        command='LD_PRELOAD="/usr/lib/libtcmalloc.so /usr/lib/libeatmydata.so" ' + d["commands"][0]["command"]),
+     "interposers"),
+    ("LD_PRELOAD in a nested environment", lambda d: d.update(
+        system={"environment": {"LD_PRELOAD": "/opt/libnofadvise.so"}}), "interposers"),
+    ("an eatmydata wrapper inside sh -c '...'", lambda d: d["commands"][0].update(
+        command="sh -c 'eatmydata " + d["commands"][0]["command"] + "'"), "interposers"),
 ]
 
 
@@ -225,6 +237,15 @@ def test_a_tampered_tool_metadata_is_not_ok(tmp_path, name, change, check):
     _edit(meta, change)
     (_, block), = audit_path(str(run))
     assert block["verdict"] in NOT_OK and _status(block, check) in NOT_OK, (name, block["reasons"])
+
+
+def test_a_preload_in_another_trial_s_command_is_not_this_trial_s(tmp_path):
+    """The whole metadata is scanned, but a command that wrote another option or trial is that trial's."""
+    run, _, meta = _tool_copy(tmp_path)
+    _edit(meta, lambda d: d["commands"].append({"command": "LD_PRELOAD=/x/libeatmydata.so " + d["commands"][0][
+        "command"].replace("trial_0", "trial_1")}))
+    (_, block), = audit_path(str(run))
+    assert _status(block, "interposers") == integ.OK, block["reasons"]
 
 
 def test_the_suite_has_at_least_twelve_distinct_tamperings():

@@ -796,9 +796,11 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
                "them (the interposer check)",))
 
 
-_PRELOAD_RE = re.compile(r"LD_PRELOAD=(\S+)")
+_PRELOAD_RE = re.compile(r"LD_PRELOAD=(\"[^\"]*\"|'[^']*'|\S+)")
 # `-x LD_PRELOAD` (mpirun exports the launcher's value, which the metadata does not hold) and wrappers
 _EXPORTED_RE = re.compile(r"(?:^|\s)-x\s+LD_PRELOAD(?:\s|$)")
+# MPICH / Intel MPI / Open MPI's spaced forms: -genv LD_PRELOAD /x.so, -env LD_PRELOAD /x.so
+_SPACED_RE = re.compile(r"(?:^|\s)--?g?env\s+LD_PRELOAD\s+(\"[^\"]*\"|'[^']*'|\S+)")
 _WRAPPERS = {"eatmydata": "eatmydata (a wrapper that preloads libeatmydata)",
              "nocache": "nocache (a wrapper that preloads its cache-dropping shim)"}
 _OPT_TRIAL_RE = re.compile(r"option_(\d+)/trial_(\d+)")
@@ -809,11 +811,13 @@ def _strings(node: Any):
         yield node
     elif isinstance(node, dict):
         for k, v in node.items():
-            if k == "LD_PRELOAD" and isinstance(v, str):  # an environment mapping
+            if str(k).upper() == "LD_PRELOAD" and isinstance(v, str):  # an environment mapping
                 yield f"LD_PRELOAD={v.replace(' ', ':')}"
             else:
                 yield from _strings(v)
     elif isinstance(node, list):
+        if node and all(isinstance(v, str) for v in node):  # an argv: `-x`, `LD_PRELOAD` as two elements
+            yield " ".join(node)
         for v in node:
             yield from _strings(v)
 
@@ -822,13 +826,13 @@ def preloads_in(text: str) -> list[str]:
     """Every recorded form of an interposer in one command or value: LD_PRELOAD=..., `-x LD_PRELOAD` with no
     value (named as such), and wrapper commands (eatmydata, nocache)."""
     found: list[str] = []
-    for m in _PRELOAD_RE.finditer(text):
-        found.extend(p for p in m.group(1).strip("'\"").split(":") if p)
+    for m in (*_PRELOAD_RE.finditer(text), *_SPACED_RE.finditer(text)):
+        found.extend(p for p in re.split(r"[:\s]+", m.group(1).strip("'\"")) if p)
     if _EXPORTED_RE.search(text):
         found.append("(-x LD_PRELOAD: mpirun exported the launcher's LD_PRELOAD, whose value is not recorded)")
     words = text.replace(";", " ").replace("&&", " ").split()
     for w in words:
-        name = os.path.basename(w)
+        name = os.path.basename(w.strip("'\"()"))
         if name in _WRAPPERS:
             found.append(f"({_WRAPPERS[name]}: libeatmydata.so)" if name == "eatmydata" else f"({_WRAPPERS[name]})")
     return found
@@ -843,12 +847,13 @@ def mlperf_run_params(metadata: dict[str, Any], option: int | None = None, trial
     def add(text: str) -> None:
         preload.extend(p for p in preloads_in(text) if p not in preload)
 
-    for text in _strings(metadata.get("args") or {}):
+    # every string of the metadata, wherever it is kept (args, env, a nested environment, an argv list), but
+    # the commands that wrote another option or trial
+    for text in _strings(metadata):
+        where = _OPT_TRIAL_RE.search(text) if "--num-users" in text else None
+        if option is not None and where and (int(where.group(1)), int(where.group(2))) != (option, trial):
+            continue
         add(text)
-    for key in ("env", "environment"):
-        if isinstance(metadata.get(key), dict):
-            for text in _strings({k: v for k, v in metadata[key].items() if k == "LD_PRELOAD"}):
-                add(text)
     users = None
     for text in _strings(metadata):
         if "--num-users" not in text:
