@@ -16,6 +16,9 @@ from kv_cache.results import integrity as integ
 
 FX = Path(__file__).parent / "fixtures" / "integrity"
 RUN, MERGED = json.loads((FX / "run.json").read_text()), json.loads((FX / "merged.json").read_text())
+# the rank files the merge names are not shipped: by bare name they are looked for beside the audited copy
+# only (a tmp_path), never at the absolute paths it was made at, which may hold anything on this machine
+MERGED["merged_from"] = [Path(p).name for p in MERGED["merged_from"]]
 TOOL_DIR = FX / "mlperf_run"
 TOOL_RANK = next(TOOL_DIR.rglob("kvcache_results_*.json"))
 NOT_OK = (integ.INVALID, integ.UNVERIFIABLE)
@@ -285,3 +288,24 @@ def test_the_time_series_records_the_window_a_second_time(tmp_path, name, change
     change(doc)
     block = _audit_doc(tmp_path, doc)
     assert _status(block, "bandwidth") == integ.INVALID, (name, block["reasons"])
+
+
+def test_a_merge_s_ranks_are_audited_again_from_their_files(tmp_path):
+    """A merge's recorded rank verdicts are stored verdicts: a rank file still beside the merge is audited
+    afresh, so rank 1's fsync shim shows even where the merge says 'ok' for it."""
+    rank1 = copy.deepcopy(RUN)
+    _m(rank1)["process_libraries"]["interposers"] = [{"path": "/x/libeatmydata.so", "symbols": ["fsync"]}]
+    rank1.setdefault("run_parameters", {})["mpi_rank"] = 1
+    (tmp_path / "r_rank1.json").write_text(json.dumps(rank1))
+    doc = copy.deepcopy(MERGED)
+    doc["merged_from"] = ["/elsewhere/r_rank0.json", "/elsewhere/r_rank1.json"]  # found beside the merge
+    doc["integrity"]["per_rank"] = {"0": {"verdict": "ok", "reasons": []}, "1": {"verdict": "ok", "reasons": []}}
+    block = _audit_doc(tmp_path, doc)
+    assert block["per_rank"]["1"]["verdict"] == integ.INVALID and block["verdict"] == integ.INVALID
+
+
+def test_a_merge_with_no_rank_verdict_and_no_rank_file_is_unverifiable(tmp_path):
+    doc = copy.deepcopy(MERGED)
+    doc["integrity"].pop("per_rank", None)
+    doc["merged_from"] = ["/elsewhere/a.json", "/elsewhere/b.json"]
+    assert _audit_doc(tmp_path, doc)["verdict"] == integ.UNVERIFIABLE

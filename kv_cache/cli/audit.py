@@ -115,12 +115,49 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
                                 "(audit a run's or a merge's results)")
         host = (doc.get("run_parameters") or {}).get("host")
         block = integ.audit_facts(integ.facts_from_ours(doc, _limit_for(limit, host)), ceiling)
-        carried = doc.get("integrity") or {}
-        if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too
-            per_rank = {int(r): v for r, v in carried["per_rank"].items() if str(r).isdigit()}
+        carried = doc.get("integrity") if isinstance(doc.get("integrity"), dict) else {}
+        if block.get("source") == "kv-cache merge":
+            # its ranks' checks (interposers, page cache) count too: recomputed from the rank files where they
+            # are still beside it, the merge's recorded rank verdicts only where they are not
+            stored = carried.get("per_rank") if isinstance(carried.get("per_rank"), dict) else {}
+            per_rank = {int(r): v for r, v in stored.items() if str(r).isdigit()}
+            for r, fresh in _ranks_recomputed(path, doc, ceiling, limit).items():
+                # the worse of the two: a recorded verdict can only add a doubt the rank file no longer shows
+                old = per_rank.get(r) if isinstance(per_rank.get(r), dict) else {}
+                if integ.worst_verdict([fresh["verdict"], old.get("verdict", integ.OK)]) != fresh["verdict"]:
+                    fresh = {**fresh, "verdict": old["verdict"],
+                             "reasons": list(fresh.get("reasons") or []) + list(old.get("reasons") or [])}
+                per_rank[r] = fresh
+            if not per_rank:
+                block = {**block, "verdict": integ.worst_verdict([block["verdict"], integ.UNVERIFIABLE]),
+                         "reasons": list(block.get("reasons") or []) + [
+                             "per_rank: no rank's verdict recorded and no rank file found (merged_from): the "
+                             "ranks' interposer and page-cache checks are unknown"]}
             block = integ.merged_integrity(per_rank, block)
         return block
     return None
+
+
+def _ranks_recomputed(path: Path, doc: dict[str, Any], ceiling: float,
+                      limit: tuple[float, str] | None) -> dict[int, dict[str, Any]]:
+    """The integrity block of each rank file a merge names (merged_from) that is still there (as written, or
+    beside the merge), audited afresh; keyed by its rank (its run_parameters.mpi_rank, else its position)."""
+    out: dict[int, dict[str, Any]] = {}
+    names = doc.get("merged_from") if isinstance(doc.get("merged_from"), list) else []
+    for i, name in enumerate(n for n in names if isinstance(n, str)):
+        for cand in (Path(name), path.parent / Path(name).name):
+            if cand.is_file() and cand.resolve() != path.resolve():
+                try:
+                    raw = _read_json(cand)
+                    block = audit_file(cand, ceiling, limit)
+                except (DocumentError, OSError, ValueError):
+                    break
+                if block is None:
+                    break
+                rank = (raw.get("run_parameters") or {}).get("mpi_rank") if isinstance(raw, dict) else None
+                out[rank if isinstance(rank, int) and not isinstance(rank, bool) else i] = block
+                break
+    return out
 
 
 _DEVICES: dict[str, Any] = {}
