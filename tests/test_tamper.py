@@ -309,3 +309,25 @@ def test_a_merge_with_no_rank_verdict_and_no_rank_file_is_unverifiable(tmp_path)
     doc["integrity"].pop("per_rank", None)
     doc["merged_from"] = ["/elsewhere/a.json", "/elsewhere/b.json"]
     assert _audit_doc(tmp_path, doc)["verdict"] == integ.UNVERIFIABLE
+
+
+def test_a_sessions_document_s_verdict_is_recomputed_not_read(tmp_path):
+    """A sessions document's integrity block is judged again from the libraries it records: its stored
+    verdict flipped to 'ok' over an fsync shim stays invalid, and a block with no libraries is unverifiable."""
+    block = integ.sessions_integrity({"ld_preload": [], "recorded": True,
+                                      "interposers": [{"path": "/x/libeatmydata.so", "symbols": ["fsync"]}]})
+    assert block["verdict"] == integ.INVALID
+    doc = {"schema_version": "kv-cache-sessions/1", "rungs": [], "summary": {},
+           "integrity": {**block, "verdict": "ok", "reasons": []}}
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(doc))
+    (_, got), = audit_path(str(p))
+    assert got["verdict"] == integ.INVALID
+    doc["integrity"]["checks"][0]["numbers"] = {}
+    p.write_text(json.dumps(doc))
+    (_, got), = audit_path(str(p))
+    assert got["verdict"] == integ.UNVERIFIABLE
+    clean = integ.sessions_integrity({"ld_preload": [], "recorded": True, "interposers": []})
+    p.write_text(json.dumps({**doc, "integrity": clean}))
+    (_, got), = audit_path(str(p))
+    assert got["verdict"] == integ.OK

@@ -109,7 +109,9 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
                                 "audit its run directory")
         doc = typed.to_json()
         if typed.kind == "sessions" and isinstance(doc.get("integrity"), dict) and "checks" in doc["integrity"]:
-            return doc["integrity"]  # its own block: the interposer check (it keeps no per-run device counters)
+            # the interposer check (it keeps no per-run device counters), recomputed from the libraries its block
+            # records, never its stored verdict
+            return _sessions_recomputed(doc["integrity"])
         if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
@@ -136,6 +138,20 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
             block = integ.merged_integrity(per_rank, block)
         return block
     return None
+
+
+def _sessions_recomputed(carried: dict[str, Any]) -> dict[str, Any]:
+    """A sessions document's integrity block from the mapped libraries its interposer check recorded."""
+    checks = carried.get("checks") if isinstance(carried.get("checks"), list) else []
+    nums = next((c.get("numbers") for c in checks if isinstance(c, dict) and c.get("check") == "interposers"
+                 and isinstance(c.get("numbers"), dict)), None)
+    if not nums or "mapped_libraries_checked" not in nums:
+        return {"verdict": integ.UNVERIFIABLE, "source": "kv-cache sessions", "checks": checks,
+                "reasons": ["interposers: the block records no mapped libraries to judge"]}
+    libs = {"ld_preload": [p for p in nums.get("ld_preload") or [] if isinstance(p, str)],
+            "interposers": [i for i in nums.get("interposers") or [] if isinstance(i, dict) and "path" in i],
+            "recorded": bool(nums.get("mapped_libraries_checked"))}
+    return integ.sessions_integrity(libs)
 
 
 def _ranks_recomputed(path: Path, doc: dict[str, Any], ceiling: float,
