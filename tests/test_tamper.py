@@ -171,7 +171,7 @@ def test_a_busy_merge_is_judged_against_every_rank_s_workers(tmp_path):
 def test_a_device_limit_below_the_bandwidth_is_invalid(tmp_path):
     block = _audit_doc(tmp_path, RUN, limit=(0.01, "a 10 MB/s drive"))
     assert block["verdict"] == integ.INVALID
-    assert any("above the 0.01 GB/s limit" in r for r in block["reasons"])
+    assert any("above the 0.01 GB/s read limit" in r for r in block["reasons"])
 
 
 def _tool_copy(tmp_path: Path) -> tuple[Path, Path, Path]:

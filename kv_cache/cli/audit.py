@@ -11,6 +11,7 @@ one is; 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -100,8 +101,8 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
     raw = _read_json(path)
     if _is_mlperf_rank(raw):
         params = mlperf_params(path)
-        return integ.audit_facts(integ.facts_from_mlperf_tool(raw, params, _limit_for(limit, params.get("host"))),
-                                 ceiling)
+        facts = integ.facts_from_mlperf_tool(raw, params, _limit_for(limit, params.get("host")))
+        return integ.audit_facts(_with_write_limit(facts, limit, params.get("host")), ceiling)
     if isinstance(raw, dict) and "schema_version" in raw:
         typed = load(raw)
         if typed.kind == "mlperf-harness-summary":
@@ -116,7 +117,8 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
         host = (doc.get("run_parameters") or {}).get("host")
-        block = integ.audit_facts(integ.facts_from_ours(doc, _limit_for(limit, host)), ceiling)
+        block = integ.audit_facts(_with_write_limit(integ.facts_from_ours(doc, _limit_for(limit, host)), limit, host),
+                                  ceiling)
         carried = doc.get("integrity") if isinstance(doc.get("integrity"), dict) else {}
         if block.get("source") == "kv-cache merge":
             # its ranks' checks (interposers, page cache) count too: recomputed from the rank files where they
@@ -179,15 +181,26 @@ def _ranks_recomputed(path: Path, doc: dict[str, Any], ceiling: float,
 _DEVICES: dict[str, Any] = {}
 
 
-def _limit_for(limit: tuple[float, str] | None, host: str | None) -> tuple[float, str] | None:
-    """--device-limit-gbs, else the --devices YAML's limit for `host` (its only host when it names one)."""
+def _limit_for(limit: tuple[float, str] | None, host: str | None, op: str = "read") -> tuple[float, str] | None:
+    """--device-limit-gbs, else the --devices YAML's `op` limit for `host` (its only host when it names one)."""
     if limit is not None:
         return limit
     table = _DEVICES.get("table")
     if table is None:
         return None
     from kv_cache.host.devices import limit_of_host
-    return limit_of_host(table, host)
+    return limit_of_host(table, host, op)
+
+
+def _with_write_limit(facts: integ.IntegrityFacts, limit: tuple[float, str] | None,
+                      host: str | None) -> integ.IntegrityFacts:
+    """The facts with the host YAML's write limit (a drive rates its writes apart from its reads); one
+    --device-limit-gbs figure bounds both directions."""
+    write = _limit_for(limit, host, "write") if limit is None else None
+    if write is None:
+        return facts
+    return dataclasses.replace(facts, device_write_limit_gbs=write[0],
+                               device_limit_source=facts.device_limit_source or write[1])
 
 
 def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING,

@@ -126,6 +126,7 @@ class IntegrityFacts:
     verify_mismatches: int | None = None
     device_limit_gbs: float | None = None  # decimal GB/s
     device_limit_source: str | None = None
+    device_write_limit_gbs: float | None = None  # a drive's rated write GB/s where it differs (host YAML)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -564,10 +565,11 @@ def check_verify(f: IntegrityFacts) -> dict[str, Any]:
 
 def check_device_limit(f: IntegrityFacts) -> dict[str, Any]:
     """8. Storage bandwidth against the device's (or its link's) rated limit."""
-    if not f.device_limit_gbs:
+    if not f.device_limit_gbs and not f.device_write_limit_gbs:
         return _finding("device_limit", NA, "no device limit known (give --device-limit-gbs or a host YAML)")
-    nums: dict[str, Any] = {"limit_gb_per_s": f.device_limit_gbs, "limit_source": f.device_limit_source,
-                            "tolerance": DEVICE_LIMIT_TOLERANCE}
+    limits = {"read": f.device_limit_gbs, "write": f.device_write_limit_gbs or f.device_limit_gbs}
+    nums: dict[str, Any] = {"limit_gb_per_s": f.device_limit_gbs, "write_limit_gb_per_s": limits["write"],
+                            "limit_source": f.device_limit_source, "tolerance": DEVICE_LIMIT_TOLERANCE}
     if not f.window_s:
         return _finding("device_limit", UNVERIFIABLE, "no measured window", **nums)
     status, reasons = OK, []
@@ -578,13 +580,15 @@ def check_device_limit(f: IntegrityFacts) -> dict[str, Any]:
             continue
         rate = nbytes / f.window_s / 1e9
         nums[f"{op}_gb_per_s"] = rate
-        if rate > f.device_limit_gbs * (1 + DEVICE_LIMIT_TOLERANCE):
+        lim = limits[op]
+        if lim and rate > lim * (1 + DEVICE_LIMIT_TOLERANCE):
             status = INVALID
             reasons.append(f"storage {op} {rate:.2f} GB/s ({nbytes / GIB:.4g} GiB / {f.window_s:.4g} s) is above the "
-                           f"{f.device_limit_gbs:g} GB/s limit of {f.device_limit_source or 'the device'} by "
-                           f"{rate - f.device_limit_gbs:.2f} GB/s ({rate / f.device_limit_gbs - 1:+.1%})")
+                           f"{lim:g} GB/s {op} limit of {f.device_limit_source or 'the device'} by "
+                           f"{rate - lim:.2f} GB/s ({rate / lim - 1:+.1%})")
+    shown = " / ".join(f"{op} {v:g}" for op, v in limits.items() if v)
     return _finding("device_limit", status, "; ".join(reasons) or
-                    f"storage bandwidth within the {f.device_limit_gbs:g} GB/s limit of "
+                    f"storage bandwidth within the {shown} GB/s limits of "
                     f"{f.device_limit_source or 'the device'}", **nums)
 
 
