@@ -331,3 +331,15 @@ def test_a_sessions_document_s_verdict_is_recomputed_not_read(tmp_path):
     p.write_text(json.dumps({**doc, "integrity": clean}))
     (_, got), = audit_path(str(p))
     assert got["verdict"] == integ.OK
+
+
+def test_an_operation_per_worker_in_the_unbucketed_tail_is_honest(tmp_path):
+    """The driver leaves a tail under a tenth of a bucket out of the time series: the operations the workers
+    finish there are in the totals only. One largest entry per worker there is honest; far more is not."""
+    doc = _with_series(RUN)
+    row = doc["time_series"]["rows"][0]
+    per = _m(doc)["entry_size_mib"]["max"] * 2 ** 20
+    row["storage_read_bytes"] -= round(_m(doc)["io_workers"] * per)
+    assert _status(_audit_doc(tmp_path, doc), "bandwidth") == integ.OK
+    row["storage_read_bytes"] //= 3
+    assert _status(_audit_doc(tmp_path, doc), "bandwidth") == integ.INVALID
