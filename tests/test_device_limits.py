@@ -25,12 +25,25 @@ def test_audit_flags_the_published_single_drive_row_above_its_rating(capsys):
 
 def test_the_flag_gives_the_limit_and_without_one_the_check_says_none_is_known(capsys):
     assert main(["audit", "--device-limit-gbs", "14.5", str(SAMSUNG)]) == 1
-    assert "above the 14.5 GB/s limit of --device-limit-gbs 14.5 by 0.74 GB/s" in capsys.readouterr().out
+    assert "above the 14.5 GB/s read limit of --device-limit-gbs 14.5 by 0.74 GB/s" in capsys.readouterr().out
     main(["audit", "--device-limit-gbs", "16", str(SAMSUNG)])
     assert "[ok] device_limit" in capsys.readouterr().out
     main(["audit", str(SAMSUNG)])
     assert "[n/a] device_limit: no device limit known" in capsys.readouterr().out
     assert main(["audit", "--device-limit-gbs", "0", str(SAMSUNG)]) == 2
+
+
+def test_a_drive_s_write_rating_bounds_its_writes_apart_from_its_reads(tmp_path, capsys):
+    """The host YAML's write_gbs: SAMSUNG's row writes 2.804 GiB/s (3.01 GB/s); a drive rated 14 GB/s read but
+    2 GB/s write cannot have written it (the read figure alone bounded both directions)."""
+    y = tmp_path / "d.yaml"
+    y.write_text("drives:\n  - name: nvme0n1\n    read_gbs: 16\n    write_gbs: 2\n")
+    assert main(["audit", "--devices", str(y), str(SAMSUNG)]) == 1
+    out = capsys.readouterr().out
+    assert "storage write" in out and "above the 2 GB/s write limit" in out and "storage read" not in out
+    y.write_text("drives:\n  - name: nvme0n1\n    read_gbs: 16\n    write_gbs: 4\n")
+    main(["audit", "--devices", str(y), str(SAMSUNG)])
+    assert "[ok] device_limit" in capsys.readouterr().out
 
 
 def test_a_host_is_limited_by_the_link_when_it_is_slower_than_the_drive(tmp_path):

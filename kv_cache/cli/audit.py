@@ -11,6 +11,7 @@ one is; 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -100,8 +101,8 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
     raw = _read_json(path)
     if _is_mlperf_rank(raw):
         params = mlperf_params(path)
-        return integ.audit_facts(integ.facts_from_mlperf_tool(raw, params, _limit_for(limit, params.get("host"))),
-                                 ceiling)
+        facts = integ.facts_from_mlperf_tool(raw, params, _limit_for(limit, params.get("host")))
+        return integ.audit_facts(_with_write_limit(facts, limit, params.get("host")), ceiling)
     if isinstance(raw, dict) and "schema_version" in raw:
         typed = load(raw)
         if typed.kind == "mlperf-harness-summary":
@@ -109,32 +110,97 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
                                 "audit its run directory")
         doc = typed.to_json()
         if typed.kind == "sessions" and isinstance(doc.get("integrity"), dict) and "checks" in doc["integrity"]:
-            return doc["integrity"]  # its own block: the interposer check (it keeps no per-run device counters)
+            # the interposer check (it keeps no per-run device counters), recomputed from the libraries its block
+            # records, never its stored verdict
+            return _sessions_recomputed(doc["integrity"])
         if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
         host = (doc.get("run_parameters") or {}).get("host")
-        block = integ.audit_facts(integ.facts_from_ours(doc, _limit_for(limit, host)), ceiling)
-        carried = doc.get("integrity") or {}
-        if "per_rank" in carried:  # a merge: its ranks' own verdicts (interposers, page cache) count too
-            per_rank = {int(r): v for r, v in carried["per_rank"].items() if str(r).isdigit()}
+        block = integ.audit_facts(_with_write_limit(integ.facts_from_ours(doc, _limit_for(limit, host)), limit, host),
+                                  ceiling)
+        carried = doc.get("integrity") if isinstance(doc.get("integrity"), dict) else {}
+        if block.get("source") == "kv-cache merge":
+            # its ranks' checks (interposers, page cache) count too: recomputed from the rank files where they
+            # are still beside it, the merge's recorded rank verdicts only where they are not
+            stored = carried.get("per_rank") if isinstance(carried.get("per_rank"), dict) else {}
+            per_rank = {int(r): v for r, v in stored.items() if str(r).isdigit()}
+            for r, fresh in _ranks_recomputed(path, doc, ceiling, limit).items():
+                # the worse of the two: a recorded verdict can only add a doubt the rank file no longer shows
+                old = per_rank.get(r) if isinstance(per_rank.get(r), dict) else {}
+                if integ.worst_verdict([fresh["verdict"], old.get("verdict", integ.OK)]) != fresh["verdict"]:
+                    fresh = {**fresh, "verdict": old["verdict"],
+                             "reasons": list(fresh.get("reasons") or []) + list(old.get("reasons") or [])}
+                per_rank[r] = fresh
+            if not per_rank:
+                block = {**block, "verdict": integ.worst_verdict([block["verdict"], integ.UNVERIFIABLE]),
+                         "reasons": list(block.get("reasons") or []) + [
+                             "per_rank: no rank's verdict recorded and no rank file found (merged_from): the "
+                             "ranks' interposer and page-cache checks are unknown"]}
             block = integ.merged_integrity(per_rank, block)
         return block
     return None
 
 
+def _sessions_recomputed(carried: dict[str, Any]) -> dict[str, Any]:
+    """A sessions document's integrity block from the mapped libraries its interposer check recorded."""
+    checks = carried.get("checks") if isinstance(carried.get("checks"), list) else []
+    nums = next((c.get("numbers") for c in checks if isinstance(c, dict) and c.get("check") == "interposers"
+                 and isinstance(c.get("numbers"), dict)), None)
+    if not nums or "mapped_libraries_checked" not in nums:
+        return {"verdict": integ.UNVERIFIABLE, "source": "kv-cache sessions", "checks": checks,
+                "reasons": ["interposers: the block records no mapped libraries to judge"]}
+    libs = {"ld_preload": [p for p in nums.get("ld_preload") or [] if isinstance(p, str)],
+            "interposers": [i for i in nums.get("interposers") or [] if isinstance(i, dict) and "path" in i],
+            "recorded": bool(nums.get("mapped_libraries_checked"))}
+    return integ.sessions_integrity(libs)
+
+
+def _ranks_recomputed(path: Path, doc: dict[str, Any], ceiling: float,
+                      limit: tuple[float, str] | None) -> dict[int, dict[str, Any]]:
+    """The integrity block of each rank file a merge names (merged_from) that is still there (as written, or
+    beside the merge), audited afresh; keyed by its rank (its run_parameters.mpi_rank, else its position)."""
+    out: dict[int, dict[str, Any]] = {}
+    names = doc.get("merged_from") if isinstance(doc.get("merged_from"), list) else []
+    for i, name in enumerate(n for n in names if isinstance(n, str)):
+        for cand in (Path(name), path.parent / Path(name).name):
+            if cand.is_file() and cand.resolve() != path.resolve():
+                try:
+                    raw = _read_json(cand)
+                    block = audit_file(cand, ceiling, limit)
+                except (DocumentError, OSError, ValueError):
+                    break
+                if block is None:
+                    break
+                rank = (raw.get("run_parameters") or {}).get("mpi_rank") if isinstance(raw, dict) else None
+                out[rank if isinstance(rank, int) and not isinstance(rank, bool) else i] = block
+                break
+    return out
+
+
 _DEVICES: dict[str, Any] = {}
 
 
-def _limit_for(limit: tuple[float, str] | None, host: str | None) -> tuple[float, str] | None:
-    """--device-limit-gbs, else the --devices YAML's limit for `host` (its only host when it names one)."""
+def _limit_for(limit: tuple[float, str] | None, host: str | None, op: str = "read") -> tuple[float, str] | None:
+    """--device-limit-gbs, else the --devices YAML's `op` limit for `host` (its only host when it names one)."""
     if limit is not None:
         return limit
     table = _DEVICES.get("table")
     if table is None:
         return None
     from kv_cache.host.devices import limit_of_host
-    return limit_of_host(table, host)
+    return limit_of_host(table, host, op)
+
+
+def _with_write_limit(facts: integ.IntegrityFacts, limit: tuple[float, str] | None,
+                      host: str | None) -> integ.IntegrityFacts:
+    """The facts with the host YAML's write limit (a drive rates its writes apart from its reads); one
+    --device-limit-gbs figure bounds both directions."""
+    write = _limit_for(limit, host, "write") if limit is None else None
+    if write is None:
+        return facts
+    return dataclasses.replace(facts, device_write_limit_gbs=write[0],
+                               device_limit_source=facts.device_limit_source or write[1])
 
 
 def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING,

@@ -55,7 +55,9 @@ class Drive:
 
     def describe(self) -> str:
         link = f", PCIe Gen{self.pcie_gen} x{self.pcie_width} ({self.link_gbs:.1f} GB/s)" if self.link_gbs else ""
-        rated = f", rated {self.read_gbs:g} GB/s read" if self.read_gbs else ""
+        rated = ", rated " + " / ".join(f"{v:g} GB/s {op}" for op, v in (("read", self.read_gbs),
+                                                                          ("write", self.write_gbs)) if v) \
+            if self.read_gbs or self.write_gbs else ""
         return f"{self.name}" + (f" ({self.model})" if self.model else "") + rated + link
 
 

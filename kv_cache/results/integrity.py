@@ -30,6 +30,7 @@ counters, never from a stored verdict, printed with its numbers. Each check is `
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -49,6 +50,8 @@ BANDWIDTH_TOLERANCE = 0.01  # reported against bytes / window
 WINDOW_TOLERANCE = 0.05  # span beyond the window (or bytes from outside it) that is still "suspect"
 IN_FLIGHT_TOLERANCE = 0.05  # summed device time / window above the workers by more: impossible
 DEVICE_SHARE_MIN = 0.9  # bytes the device / process / cgroup saw / counted reads under this: served from memory
+SERIES_GAP_INVALID = 0.25  # counted bytes that no time-series bucket holds, beyond this share: not the window's
+BLOCK_BYTES = 4096
 DEVICE_LIMIT_TOLERANCE = 0.02  # above a device's rated GB/s by more: impossible
 TIERS = tuple(str(t) for t in TierName)  # gpu, cpu, storage
 FASTER_TIERS = tuple(str(t) for t in TierName if t is not TierName.STORAGE)
@@ -70,6 +73,7 @@ class IntegrityFacts:
     window_alt_s: float | None = None  # the same window recorded a second time (summary.elapsed_time)
     workers: int | None = None
     workers_meaning: str = ""
+    workers_recorded_twice: tuple[int, int] | None = None  # ours: (io_workers, io_workers_choice.count) that differ
     read_bytes: float | None = None  # the storage tier's
     write_bytes: float | None = None
     read_ops: int | None = None  # the storage tier's operations
@@ -86,6 +90,10 @@ class IntegrityFacts:
     bandwidth_rows: tuple[tuple[str, str, float | None, float | None], ...] = ()
     other_tier_read_bytes: float | None = None  # bytes read from tiers other than storage
     window_edge: dict[str, Any] | None = None  # ours: measurement.window_edge
+    # ours: the time series summed (storage read bytes, write bytes, seconds, bucket seconds): a second record
+    # of the window's bytes and length, bucket by bucket
+    series: tuple[float, float, float, float] | None = None
+    max_entry_bytes: float | None = None  # ours: measurement.entry_size_mib.max
     summed_storage_s: float | None = None
     e2e_p95_s: float | None = None
     e2e_max_s: float | None = None
@@ -114,10 +122,12 @@ class IntegrityFacts:
     net_received_bytes: float | None = None
     net_expected_bytes: float | None = None
     block_device: str | None = None  # the device's name where known, with or without counters
+    storage_backend: str | None = None  # ours: measurement.tier_backends.storage (file, s3, redis)
     verify_enabled: bool | None = None
     verify_mismatches: int | None = None
     device_limit_gbs: float | None = None  # decimal GB/s
     device_limit_source: str | None = None
+    device_write_limit_gbs: float | None = None  # a drive's rated write GB/s where it differs (host YAML)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -142,6 +152,9 @@ def check_bandwidth(f: IntegrityFacts) -> dict[str, Any]:
     seen = 0
     for tier, op, nbytes, rep in f.bandwidth_rows:
         if nbytes is None and rep is None:
+            if tier == str(TierName.STORAGE):  # the tier the document is about: never absent in either kind
+                status = _worse(status, UNVERIFIABLE)
+                reasons.append(f"storage {op}: neither bytes nor bandwidth recorded")
             continue
         if nbytes is None or rep is None:
             status = _worse(status, UNVERIFIABLE)
@@ -155,6 +168,34 @@ def check_bandwidth(f: IntegrityFacts) -> dict[str, Any]:
             status = INVALID
             reasons.append(f"{tier} {op}: {rep:.4g} GiB/s reported, {nbytes / GIB:.4g} GiB / {f.window_s:.4g} s "
                            f"= {recomputed:.4g} GiB/s")
+    if f.series is not None:
+        s_read, s_write, s_seconds, bucket = f.series
+        nums.update(series_read_bytes=s_read, series_write_bytes=s_write, series_seconds=s_seconds)
+        if not f.window_s - bucket - 1e-3 <= s_seconds <= f.window_s * (1 + BANDWIDTH_TOLERANCE) + 1e-3:
+            status = INVALID
+            reasons.append(f"the time series covers {s_seconds:.4g} s, not the {f.window_s:.4g} s window (its "
+                           f"{bucket:g} s buckets record the window a second time)")
+        edge = f.window_edge or {}
+        slack = float(_num(edge.get("counted_bytes")) or 0) + float(_num(edge.get("unmeasured_bytes")) or 0)
+        for op, counted, in_series, ops in (("read", f.read_bytes, s_read, f.read_ops),
+                                            ("write", f.write_bytes, s_write, f.write_ops)):
+            if counted is None:
+                continue
+            over = counted - in_series - slack  # bytes in the total that no bucket and no edge operation holds
+            # the driver leaves a tail under a tenth of a bucket unbucketed (scheduler._last_bucket): what each
+            # worker can finish there, one operation of the largest entry (else of the mean operation) each
+            size = f.max_entry_bytes or (counted / ops if ops else 0.0)
+            over -= (f.workers or 1) * size
+            nums[f"series_{op}_unexplained_bytes"] = max(0.0, over)
+            if in_series > counted * (1 + BANDWIDTH_TOLERANCE) + BLOCK_BYTES or over > SERIES_GAP_INVALID * counted:
+                status = INVALID
+                reasons.append(f"storage {op}: {counted / GIB:.4g} GiB counted, {in_series / GIB:.4g} GiB in the time "
+                               f"series' buckets (+{slack / GIB:.3g} GiB of edge operations): the totals are not "
+                               "the window's operations")
+            elif over > WINDOW_TOLERANCE * counted:
+                status = _worse(status, SUSPECT)
+                reasons.append(f"storage {op}: {over / GIB:.3g} GiB counted that no time-series bucket or edge "
+                               "operation holds")
     if not seen and status == OK:
         return _finding("bandwidth", UNVERIFIABLE, "no tier's bytes and bandwidth recorded", **nums)
     return _finding("bandwidth", status, "; ".join(reasons) or
@@ -240,6 +281,10 @@ def _window_ours(f: IntegrityFacts, nums: dict[str, Any]) -> tuple[str, list[str
     total = (f.read_bytes or 0) + (f.write_bytes or 0)
     counted, unmeasured = float(edge.get("counted_bytes") or 0), float(edge.get("unmeasured_bytes") or 0)
     ops = int(edge.get("edge_ops") or 0)
+    negative = [k for k, v in edge.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0]
+    if negative:
+        status = INVALID
+        reasons.append(f"measurement.window_edge holds negative counts ({', '.join(negative)}): no counter can")
     nums.update(edge_ops=ops, edge_counted_bytes=counted, edge_excluded_bytes=edge.get("excluded_bytes"),
                 outside_bound_bytes=unmeasured)
     if f.workers and ops > f.workers:
@@ -286,6 +331,23 @@ def check_window(f: IntegrityFacts) -> dict[str, Any]:
         status = INVALID
         reasons.append(f"summed storage time / window = {avg:.1f} requests in flight on average, more than the "
                        f"{f.workers} {f.workers_meaning or 'workers'}: time from outside the window is counted")
+    # at least half of a tier's operations took at least its device P50: their summed device time is a lower
+    # bound on the device time the window recorded (the storage tier's own counts only)
+    floor = sum(ops * p50 / 1000.0 / 2 for ops, p50 in ((f.read_ops, f.read_device_p50_ms),
+                                                         (f.write_ops, f.write_device_p50_ms))
+                if ops and p50 and p50 > 0) if f.ops_scope == "tier" else 0.0
+    if floor and f.summed_storage_s is not None:
+        nums["least_summed_device_s"] = floor
+        if floor > f.summed_storage_s * (1 + IN_FLIGHT_TOLERANCE) + 1e-6:
+            status = INVALID
+            reasons.append(f"half the storage operations at their device P50 alone take {floor:.3g} s of device "
+                           f"time, more than the {f.summed_storage_s:.3g} s the window recorded (operation counts "
+                           "and device time do not fit)")
+    if f.workers_recorded_twice:
+        status = INVALID
+        reasons.append(f"the I/O workers are recorded as {f.workers_recorded_twice[0]} (measurement.io_workers) and "
+                       f"as {f.workers_recorded_twice[1]} (measurement.io_workers_choice.count): the bound the "
+                       "in-flight checks use is not the run's")
     if f.users and f.in_flight_at_stop is not None and f.in_flight_at_stop > f.users:
         status = INVALID
         reasons.append(f"{f.in_flight_at_stop} requests in flight at the stop, more than the {f.users} users of a "
@@ -350,6 +412,10 @@ def check_interposers(f: IntegrityFacts) -> dict[str, Any]:
                if f.source == "mlperf-tool" else
                "no measurement.process_libraries (a result written before they were recorded)")
         return _finding("interposers", UNVERIFIABLE, why)
+    if f.source == "kv-cache" and not f.mapped_recorded and status != INVALID:
+        status = _worse(status, UNVERIFIABLE)
+        reasons.append("the mapped libraries were not scanned (measurement.process_libraries.recorded): an "
+                       "interposer loaded other than by LD_PRELOAD would go unseen")
     nums = {"ld_preload": list(f.ld_preload), "interposers": [{"path": p, "symbols": list(s)} for p, s in f.interposers],
             "mapped_libraries_checked": f.mapped_recorded}
     return _finding("interposers", status, "; ".join(reasons) or "no LD_PRELOAD and no interposing library", **nums)
@@ -371,6 +437,12 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
     """5. The storage tier's counted reads against the narrowest counter that saw bytes move from the device
     (cgroup, process, device); a remote tier's equivalent: its interface (check_network)."""
     if f.io_mode == "network":
+        if (f.storage_backend or "remote") == "file" or f.filesystem_kind == "block device":
+            return _finding("page_cache", INVALID, f"the I/O mode says a remote tier, but the storage tier is a "
+                            f"{f.storage_backend or 'file'} backend on {f.filesystem or 'a block device'}: a file "
+                            "tier's page-cache check cannot be skipped", io_mode=f.io_mode,
+                            storage_backend=f.storage_backend, filesystem=f.filesystem,
+                            filesystem_kind=f.filesystem_kind)
         return check_network(f)
     if f.filesystem_kind == "memory" or (f.filesystem or "") in ("tmpfs", "ramfs"):
         return _finding("page_cache", NA, f"the storage tier is on {f.filesystem} (RAM): no block device to count "
@@ -404,6 +476,13 @@ def check_page_cache(f: IntegrityFacts) -> dict[str, Any]:
         return _finding("page_cache", OK, "no storage reads to serve from memory", **nums)
     share = seen / f.read_bytes
     nums["source_read_share"] = share
+    # every counter recorded must have seen the reads, not only the narrowest: the cgroup's and the device's
+    # bytes include the process's, so a process that fetched less than counted was served from memory
+    # whatever a wider counter says
+    for name, n in (("cgroup", f.cgroup_read_bytes), ("process", f.process_read_bytes),
+                    ("device", f.device_read_bytes)):
+        if n is not None and n / f.read_bytes < share:
+            source, seen, share = name, n, n / f.read_bytes
     if share < DEVICE_SHARE_MIN:
         return _finding("page_cache", INVALID, f"the {source} counters saw {share:.0%} of the {f.read_bytes / GIB:.3g} "
                         f"GiB the storage tier counted as read ({seen / GIB:.3g} GiB): the rest came from memory",
@@ -459,6 +538,12 @@ def check_io_setup(f: IntegrityFacts) -> dict[str, Any]:
         status = INVALID
         reasons.append(f"fsync is asked for but {', '.join(os.path.basename(p) for p in flushers)} answers it: "
                        "no flush reaches the device")
+    if f.source == "kv-cache" and (f.io_mode is None or f.fsync is None or (f.filesystem is None and
+                                                                          f.filesystem_kind is None)):
+        status = _worse(status, UNVERIFIABLE)
+        missing = [n for n, v in (("I/O mode", f.io_mode), ("fsync", f.fsync),
+                                  ("filesystem", f.filesystem or f.filesystem_kind)) if v is None]
+        reasons.append(f"{', '.join(missing)} not recorded: the I/O setup cannot be judged")
     reasons.extend(f.notes)
     plain = ("a remote tier over the network (no page cache on the client)" if f.io_mode == "network"
              else "direct I/O with fsync on a device filesystem")
@@ -471,6 +556,9 @@ def check_verify(f: IntegrityFacts) -> dict[str, Any]:
         return _finding("verify", NA, "the MLPerf tool has no --verify")
     if f.verify_enabled is None:
         return _finding("verify", UNVERIFIABLE, "no measurement.verify recorded")
+    if not f.verify_enabled and f.verify_mismatches:
+        return _finding("verify", INVALID, f"--verify is recorded as off, yet with {f.verify_mismatches} "
+                        "mismatch(es): the record contradicts itself", enabled=False, mismatches=f.verify_mismatches)
     if not f.verify_enabled:
         return _finding("verify", NA, "--verify was off: the bytes read back were not compared", enabled=False)
     if f.verify_mismatches is None:
@@ -484,10 +572,11 @@ def check_verify(f: IntegrityFacts) -> dict[str, Any]:
 
 def check_device_limit(f: IntegrityFacts) -> dict[str, Any]:
     """8. Storage bandwidth against the device's (or its link's) rated limit."""
-    if not f.device_limit_gbs:
+    if not f.device_limit_gbs and not f.device_write_limit_gbs:
         return _finding("device_limit", NA, "no device limit known (give --device-limit-gbs or a host YAML)")
-    nums: dict[str, Any] = {"limit_gb_per_s": f.device_limit_gbs, "limit_source": f.device_limit_source,
-                            "tolerance": DEVICE_LIMIT_TOLERANCE}
+    limits = {"read": f.device_limit_gbs, "write": f.device_write_limit_gbs or f.device_limit_gbs}
+    nums: dict[str, Any] = {"limit_gb_per_s": f.device_limit_gbs, "write_limit_gb_per_s": limits["write"],
+                            "limit_source": f.device_limit_source, "tolerance": DEVICE_LIMIT_TOLERANCE}
     if not f.window_s:
         return _finding("device_limit", UNVERIFIABLE, "no measured window", **nums)
     status, reasons = OK, []
@@ -498,13 +587,15 @@ def check_device_limit(f: IntegrityFacts) -> dict[str, Any]:
             continue
         rate = nbytes / f.window_s / 1e9
         nums[f"{op}_gb_per_s"] = rate
-        if rate > f.device_limit_gbs * (1 + DEVICE_LIMIT_TOLERANCE):
+        lim = limits[op]
+        if lim and rate > lim * (1 + DEVICE_LIMIT_TOLERANCE):
             status = INVALID
             reasons.append(f"storage {op} {rate:.2f} GB/s ({nbytes / GIB:.4g} GiB / {f.window_s:.4g} s) is above the "
-                           f"{f.device_limit_gbs:g} GB/s limit of {f.device_limit_source or 'the device'} by "
-                           f"{rate - f.device_limit_gbs:.2f} GB/s ({rate / f.device_limit_gbs - 1:+.1%})")
+                           f"{lim:g} GB/s {op} limit of {f.device_limit_source or 'the device'} by "
+                           f"{rate - lim:.2f} GB/s ({rate / lim - 1:+.1%})")
+    shown = " / ".join(f"{op} {v:g}" for op, v in limits.items() if v)
     return _finding("device_limit", status, "; ".join(reasons) or
-                    f"storage bandwidth within the {f.device_limit_gbs:g} GB/s limit of "
+                    f"storage bandwidth within the {shown} GB/s limits of "
                     f"{f.device_limit_source or 'the device'}", **nums)
 
 
@@ -566,7 +657,10 @@ def merged_integrity(per_rank: dict[int, dict[str, Any] | None], own: dict[str, 
 # ---- adapters ---------------------------------------------------------------------------------------------
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A recorded figure; a non-number, NaN or infinity (no counter holds one) is not a figure."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    return float(v) if math.isfinite(v) else None
 
 
 def _gib_bytes(v: Any) -> float | None:
@@ -584,6 +678,17 @@ def _bandwidth_rows(cs: dict[str, Any]) -> tuple[tuple[str, str, float | None, f
 def _int(v: Any) -> int | None:
     n = _num(v)
     return int(n) if n is not None else None
+
+
+def _series(doc: dict[str, Any]) -> tuple[float, float, float, float] | None:
+    """(storage read bytes, write bytes, seconds, bucket seconds) summed over doc.time_series.rows; None when
+    the document has no rows, or a row lacks its seconds."""
+    ts = doc.get("time_series") if isinstance(doc.get("time_series"), dict) else {}
+    rows = [r for r in ts.get("rows") or [] if isinstance(r, dict)]
+    if not rows or any(_num(r.get("seconds")) is None for r in rows):
+        return None
+    total = [sum(_num(r.get(k)) or 0.0 for r in rows) for k in ("storage_read_bytes", "storage_write_bytes", "seconds")]
+    return total[0], total[1], total[2], _num(ts.get("bucket_seconds")) or max(_num(r["seconds"]) or 0 for r in rows)
 
 
 def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None = None) -> IntegrityFacts:
@@ -611,13 +716,19 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     limit = device_limit or ((_num((m.get("device_limit") or {}).get("gb_per_s")),
                               (m.get("device_limit") or {}).get("source")) if m.get("device_limit") else None)
     workers = _int(m.get("io_workers"))
-    if merged and workers is None:
+    chosen = _int((m.get("io_workers_choice") or {}).get("count")) if isinstance(m.get("io_workers_choice"), dict) \
+        else None
+    workers_differ = workers is not None and chosen is not None and chosen != workers
+    if merged:
+        # a merge's queue depth and edge operations are the ranks' sums, and its io_workers is the ranks' common
+        # value (merge FACTS): the bound is the ranks' workers summed, one rank's count only when no row says
         rows = m.get("per_rank") or {}
         per = [r.get("io_workers") for r in (rows.values() if isinstance(rows, dict) else rows) if isinstance(r, dict)]
-        workers = sum(per) if per and all(isinstance(x, int) for x in per) else None
+        workers = sum(per) if per and all(isinstance(x, int) for x in per) else workers
     closed = not params.get("request_rate") and not params.get("trace_paths")
     other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
     return IntegrityFacts(
+        workers_recorded_twice=(workers, chosen) if workers_differ else None,
         source="kv-cache merge" if merged else "kv-cache", window_s=window,
         window_alt_s=_num(summary.get("elapsed_time")), workers=workers, workers_meaning="I/O workers",
         read_bytes=_gib_bytes(cs.get("tier_storage_kv_bytes_read_gb")),
@@ -631,6 +742,9 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         reported_write_gibs=_num(cs.get("tier_storage_write_bandwidth_gbps")),
         bandwidth_rows=_bandwidth_rows(cs), other_tier_read_bytes=other,
         window_edge=m.get("window_edge") if isinstance(m.get("window_edge"), dict) else None,
+        series=_series(doc),
+        max_entry_bytes=(_num((m.get("entry_size_mib") or {}).get("max")) or 0) * 2 ** 20 or None
+        if isinstance(m.get("entry_size_mib"), dict) else None,
         summed_storage_s=busy,
         e2e_p95_s=e2e_p95 / 1000 if e2e_p95 is not None else None, e2e_max_s=max(e2e) if e2e else None,
         in_flight_at_stop=_int(m.get("requests_in_flight_at_stop")),
@@ -649,6 +763,8 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         # loopback receives both directions of the tier's traffic; another interface receives its reads
         net_expected_bytes=tool_r + tool_w if net.get("interface") == "lo" else tool_r,
         block_device=bd.get("name") if isinstance(bd.get("name"), str) else None,
+        storage_backend=(m.get("tier_backends") or {}).get("storage") if isinstance(m.get("tier_backends"), dict)
+        else None,
         verify_enabled=verify.get("enabled") if verify is not None else None,
         verify_mismatches=_int(verify.get("mismatches")) if verify is not None else None,
         device_limit_gbs=limit[0] if limit else None, device_limit_source=limit[1] if limit else None)
@@ -693,9 +809,11 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
                "them (the interposer check)",))
 
 
-_PRELOAD_RE = re.compile(r"LD_PRELOAD=(\S+)")
+_PRELOAD_RE = re.compile(r"LD_PRELOAD=(\"[^\"]*\"|'[^']*'|\S+)")
 # `-x LD_PRELOAD` (mpirun exports the launcher's value, which the metadata does not hold) and wrappers
 _EXPORTED_RE = re.compile(r"(?:^|\s)-x\s+LD_PRELOAD(?:\s|$)")
+# MPICH / Intel MPI / Open MPI's spaced forms: -genv LD_PRELOAD /x.so, -env LD_PRELOAD /x.so
+_SPACED_RE = re.compile(r"(?:^|\s)--?g?env\s+LD_PRELOAD\s+(\"[^\"]*\"|'[^']*'|\S+)")
 _WRAPPERS = {"eatmydata": "eatmydata (a wrapper that preloads libeatmydata)",
              "nocache": "nocache (a wrapper that preloads its cache-dropping shim)"}
 _OPT_TRIAL_RE = re.compile(r"option_(\d+)/trial_(\d+)")
@@ -706,11 +824,13 @@ def _strings(node: Any):
         yield node
     elif isinstance(node, dict):
         for k, v in node.items():
-            if k == "LD_PRELOAD" and isinstance(v, str):  # an environment mapping
+            if str(k).upper() == "LD_PRELOAD" and isinstance(v, str):  # an environment mapping
                 yield f"LD_PRELOAD={v.replace(' ', ':')}"
             else:
                 yield from _strings(v)
     elif isinstance(node, list):
+        if node and all(isinstance(v, str) for v in node):  # an argv: `-x`, `LD_PRELOAD` as two elements
+            yield " ".join(node)
         for v in node:
             yield from _strings(v)
 
@@ -719,13 +839,13 @@ def preloads_in(text: str) -> list[str]:
     """Every recorded form of an interposer in one command or value: LD_PRELOAD=..., `-x LD_PRELOAD` with no
     value (named as such), and wrapper commands (eatmydata, nocache)."""
     found: list[str] = []
-    for m in _PRELOAD_RE.finditer(text):
-        found.extend(p for p in m.group(1).strip("'\"").split(":") if p)
+    for m in (*_PRELOAD_RE.finditer(text), *_SPACED_RE.finditer(text)):
+        found.extend(p for p in re.split(r"[:\s]+", m.group(1).strip("'\"")) if p)
     if _EXPORTED_RE.search(text):
         found.append("(-x LD_PRELOAD: mpirun exported the launcher's LD_PRELOAD, whose value is not recorded)")
     words = text.replace(";", " ").replace("&&", " ").split()
     for w in words:
-        name = os.path.basename(w)
+        name = os.path.basename(w.strip("'\"()"))
         if name in _WRAPPERS:
             found.append(f"({_WRAPPERS[name]}: libeatmydata.so)" if name == "eatmydata" else f"({_WRAPPERS[name]})")
     return found
@@ -740,12 +860,13 @@ def mlperf_run_params(metadata: dict[str, Any], option: int | None = None, trial
     def add(text: str) -> None:
         preload.extend(p for p in preloads_in(text) if p not in preload)
 
-    for text in _strings(metadata.get("args") or {}):
+    # every string of the metadata, wherever it is kept (args, env, a nested environment, an argv list), but
+    # the commands that wrote another option or trial
+    for text in _strings(metadata):
+        where = _OPT_TRIAL_RE.search(text) if "--num-users" in text else None
+        if option is not None and where and (int(where.group(1)), int(where.group(2))) != (option, trial):
+            continue
         add(text)
-    for key in ("env", "environment"):
-        if isinstance(metadata.get(key), dict):
-            for text in _strings({k: v for k, v in metadata[key].items() if k == "LD_PRELOAD"}):
-                add(text)
     users = None
     for text in _strings(metadata):
         if "--num-users" not in text:
