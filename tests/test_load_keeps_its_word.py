@@ -289,3 +289,33 @@ def test_a_stall_of_the_process_at_a_modest_rate_is_caught_up_not_called_saturat
     out = d.run()
     assert out.arrivals_not_offered == 0 and out.generator_saturations == 0
     assert offered_load(out, 200.0, out.window_s, [])["generator_saturated"] is False
+
+
+def test_an_in_process_run_that_saw_a_signal_leaves_no_signal_ignored(quick_settings, sink, monkeypatch):
+    """A run called in-process (a library, the tests) that was stopped by a signal must not leave the stop
+    signals at SIG_IGN: that disposition is inherited by every program the caller starts later, and a
+    --processes parent started so took a SIGHUP for nohup's and ran its whole window (the suite's
+    test_sigterm_to_the_parent...[SIGHUP] failed after an in-process signal test)."""
+    import signal
+
+    from kv_cache.benchmarks.standard import run as app
+    from kv_cache.benchmarks.standard.scheduler import Driver
+
+    real = Driver._close_bucket
+
+    def once(self, when):
+        if not getattr(once, "sent", False):
+            once.sent = True
+            signal.raise_signal(signal.SIGINT)
+        return real(self, when)
+
+    monkeypatch.setattr(Driver, "_close_bucket", once)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        outcome = app.run_benchmark(quick_settings("--duration", "3"), sink)
+        assert outcome.interrupted
+        for sig in before:
+            assert signal.getsignal(sig) != signal.SIG_IGN
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)

@@ -4,8 +4,9 @@ kv-cache README); the reference runs every one of them, so this tool must too ("
 Each line is kept verbatim below, with only what a short test must change: `/mnt/nvme` becomes a scratch
 directory, `${trial}` a number, and the ShareGPT and BurstGPT paths small files of those formats that the
 test writes. Every line is parsed and validated as the CLI does (flags, config.yaml, models, modes); the
-three lines this tool used to refuse or stall on, and the older harness's `--gpu-mem-gb 1` line, run for
-real with a 1 s window (the preconditioned line with its 200 GiB preconditioning cut to 0.25 GiB)."""
+capped BurstGPT line, which this tool used to refuse, and the older harness's `--gpu-mem-gb 1` line run for
+real with a 1 s window (the suite must stay under 10 minutes on 2 cores; every line was run by hand with
+a 6 s window, the closing note of issue 27 lists them)."""
 
 from __future__ import annotations
 
@@ -98,8 +99,9 @@ def test_every_seed_line_parses_and_validates(n, workdir, monkeypatch):
 @pytest.mark.slow  # real runs, a 1 s window each
 @pytest.mark.parametrize("n, extra", [
     (18, {}),  # the "capped" BurstGPT line: --storage-capacity-gb 100 (clamped where less is free)
-    (19, {"precondition_size_gb": "0.25"}),  # the "preconditioned" one, its 200 GiB preconditioning cut short
-], ids=["burstgpt-capped", "burstgpt-preconditioned"])
+    # (the "preconditioned" line, 19, failed for the same reason, its capacity: it is parsed above, and its
+    # preconditioning progress and over-capacity warning are tested in test_load_keeps_its_word.py)
+], ids=["burstgpt-capped"])
 def test_the_lines_this_tool_refused_run_and_write_their_results(n, extra, workdir):
     argv = _argv(SEED_LINES[n], workdir, duration="1", **extra)
     proc = subprocess.run([sys.executable, str(ROOT / "kv-cache.py"), *argv], cwd=workdir, capture_output=True,

@@ -127,10 +127,14 @@ def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = Non
     try:
         return execute(settings, out, group=group, interrupts=handler)[1]
     finally:
-        if previous and (handler.seen or process_exits_after_run()):
+        if previous and process_exits_after_run():
             # from the results to the exit a signal changes nothing: ignored (not our Python handler, which
-            # the interpreter's shutdown would put back to SIG_DFL under a late Ctrl-C: status -2)
+            # the interpreter's shutdown would put back to SIG_DFL under a late Ctrl-C: status -2). Only in a
+            # process that exits next: SIG_IGN is inherited by every program it starts afterwards (an
+            # in-process caller's later children would take a SIGHUP as nohup's and run on)
             ignore_to_exit(tuple(previous))
+        elif handler.seen:  # in-process, once stopping: ours stays, so a late signal cannot raise either
+            pass
         else:
             for sig, old in previous.items():
                 signal.signal(sig, old)
