@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kv_cache.launcher import main  # noqa: E402  (stdlib only: a missing dependency is one line)
+from kv_cache.launcher import entry  # noqa: E402  (stdlib only: a missing dependency is one line)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kv_cache.launcher import wrapper_main  # noqa: E402  (stdlib only: a missing dependency is one line)
+from kv_cache.launcher import wrapper_entry  # noqa: E402  (stdlib only: a missing dependency is one line)
 
 if __name__ == "__main__":
-    sys.exit(wrapper_main())
+    sys.exit(wrapper_entry())

@@ -1,5 +1,5 @@
 import sys
 
-from kv_cache.launcher import main
+from kv_cache.launcher import entry
 
-sys.exit(main())
+sys.exit(entry())

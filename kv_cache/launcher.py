@@ -35,6 +35,28 @@ def missing_dependency_message(exc: ModuleNotFoundError, prog: str = "kv-cache")
 CLOSED_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))
 
 
+def entry() -> int:
+    """The process's entry (`kv-cache`, `mlperf-kv-cache`, `python3 -m kv_cache`, kv-cache.py): the process
+    exits when the command returns, so a run ignores the stop signals from its results to that exit
+    (kv_cache/host/signals.py `exit_follows`). `main` alone, called in-process, leaves them as they were."""
+    _exit_follows()
+    return main()
+
+
+def wrapper_entry() -> int:
+    """mlperf_wrapper.py's process entry (see `entry`)."""
+    _exit_follows()
+    return wrapper_main()
+
+
+def _exit_follows() -> None:
+    try:
+        from kv_cache.host.signals import exit_follows  # noqa: PLC0415  (after the guard's own imports)
+    except ModuleNotFoundError:  # a missing dependency: _guarded_main says which, in one line
+        return
+    exit_follows()
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _guarded_main(argv)
@@ -72,9 +94,6 @@ def _guarded_main(argv: list[str] | None, prog: str = "kv-cache") -> int:
             from kv_cache.cli.wrapper import main as cli_main  # noqa: PLC0415  (the guarded import)
         else:
             from kv_cache.cli import main as cli_main  # noqa: PLC0415  (the guarded import)
-        from kv_cache.host.signals import exit_follows  # noqa: PLC0415
-
-        exit_follows()  # this process exits when the command returns: a run ignores late signals to the exit
         code = cli_main(argv)
         sys.stdout.flush()  # inside the guard: a closed pipe shows here, not in the interpreter's exit
         return code
