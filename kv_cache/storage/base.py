@@ -23,14 +23,10 @@ import threading
 import weakref
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from kv_cache.hashing import stable_id
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kv_cache.storage.buffers import WorkerBuffers
-
-BLOCK = 4096  # the unit of uniqueness, alignment and padding
+from kv_cache.storage.buffers import BLOCK, WorkerBuffers  # BLOCK re-exported: the unit the stores align to
 
 
 class IOResult(NamedTuple):

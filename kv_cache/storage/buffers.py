@@ -15,7 +15,7 @@ from time import perf_counter_ns
 
 import numpy as np
 
-from kv_cache.storage.base import BLOCK
+BLOCK = 4096  # the unit of uniqueness, alignment and padding
 
 _U64 = np.dtype("<u8")
 _MASK64 = (1 << 64) - 1
