@@ -4,6 +4,7 @@ beside every "exact", "never", "always" and "within X", and one version in --ver
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 import shutil
@@ -70,6 +71,7 @@ def _units(text: str) -> list[str]:
     return units
 
 
+@functools.cache
 def _test_names(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
@@ -183,3 +185,12 @@ def test_the_docs_build_strictly_and_a_broken_link_fails_them(tmp_path):
         f.write("\nSee [a page that is gone](no-such-page.md).\n")
     broken = _mkdocs_build(copy / "mkdocs.yml", tmp_path / "site2")
     assert broken.returncode != 0 and "no-such-page.md" in broken.stderr
+
+
+def test_version_needs_none_of_the_dependencies(capsys):
+    """`kv-cache --version` answers before the missing-dependency guard imports the CLI: the same line as the
+    CLI's own --version, so a checkout without numpy still says which version it is."""
+    from kv_cache import launcher
+
+    assert launcher.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"kv-cache {_changelog_version()}\n"
