@@ -58,6 +58,13 @@ def _exit_follows() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        # what the CLI's own --version prints (cli/flags.py), without its dependencies: a checkout or a
+        # broken install still says which version it is (kv_cache/__init__.py imports nothing)
+        from kv_cache import __version__  # noqa: PLC0415
+
+        print(f"kv-cache {__version__}")
+        return 0
     try:
         return _guarded_main(argv)
     except BrokenPipeError:

@@ -160,3 +160,68 @@ def test_measurement_section():
 def test_latency_lines():
     assert console.latency_lines({"mean": 1.0, "p999": 2.5}, keys=("mean", "p999", "p99")) == [
         "  Mean: 1.00 ms", "  P99.9: 2.50 ms", "  P99: 0.00 ms"]
+
+
+GIB_ = 2**30
+
+
+def _with_fill(fill: dict) -> dict:
+    results = load("full")
+    results.setdefault("measurement", {})["storage_fill"] = fill
+    return results
+
+
+def test_a_filling_cache_is_said_in_the_reports_last_two_sentences():
+    """Issue 33.5: the quick start's last lines say what it measured: a filling cache, how full the tier got, and
+    the flag for a steady state."""
+    results = _with_fill({"capacity_bytes": 68.55 * GIB_, "peak_used_bytes": 13.55 * GIB_, "evictions": 0,
+                          "reached_capacity": False, "warning": "never reached"})
+    last = console.report_lines(results)[-2:]
+    assert last[0] == ("This run measured a filling cache, not a steady state: the storage tier grew to 13.55 GiB "
+                       "of its 68.55 GiB (20 %) and evicted nothing.")
+    assert last[1].startswith("For a steady state, give --storage-capacity-gb below 13.55 ")
+    assert "--duration" in last[1]
+    out = io.StringIO()
+    print_report(results, out)
+    assert out.getvalue().rstrip("\n").endswith(last[1])
+
+
+def test_a_cache_at_capacity_and_one_without_a_limit_say_so():
+    full = console.what_it_measured(_with_fill({"capacity_bytes": 10 * GIB_, "peak_used_bytes": 9.5 * GIB_,
+                                                "evictions": 42, "reached_capacity": True, "warning": None}))
+    assert full[1].startswith("This run measured a cache at capacity: the storage tier filled 9.50 GiB of its "
+                              "10.00 GiB (95 %) and evicted 42 entries")
+    assert "--precondition" in full[2]
+    unlimited = console.what_it_measured(_with_fill({"capacity_bytes": None, "peak_used_bytes": 2 * GIB_,
+                                                     "evictions": 0, "reached_capacity": False, "warning": "w"}))
+    assert "2.00 GiB (no capacity limit) and evicted nothing" in unlimited[1]
+    assert console.what_it_measured({"measurement": {}}) == [] and console.what_it_measured({}) == []
+
+
+def _assessed(fs: str, verdict: str, reasons: list[str]) -> dict:
+    health = {"overall_status": "PASS", "passed_count": 1, "total_count": 1,
+              "criteria": [{"name": "Requests Completed > 0", "passed": True, "actual": 3, "target": "> 0",
+                            "unit": ""}]}
+    return {"summary": {"cache_stats": {"storage_health": health}}, "measurement": {"filesystem": fs},
+            "integrity": {"verdict": verdict, "reasons": reasons}}
+
+
+def test_a_storage_tier_on_ram_says_why_it_is_invalid_on_its_own_line():
+    """`--cache-dir /dev/shm/x` printed `PASS [OK]` above `Integrity: INVALID` with another check's reason first:
+    the RAM reason comes first beside the verdict and on a line of its own, right under it."""
+    lines = console.storage_assessment(_assessed("tmpfs", "invalid", [
+        "window: 11 operations in flight at the window's end",
+        "io_setup: INVALID because the storage tier is on tmpfs, which is RAM, so no storage was measured"]))
+    assert lines[1] == ("### STORAGE PERFORMANCE ASSESSMENT: PASS [OK] ### - but integrity INVALID: the storage "
+                        "tier is on tmpfs, which is RAM")
+    assert lines[2].startswith("  INVALID because the storage tier is on tmpfs, which is RAM: no storage device "
+                               "was measured")
+    assert "RAM baseline" in lines[2] and "--cache-dir" in lines[2]
+    assert lines[-1].startswith("  Integrity: INVALID - window:")
+
+
+@pytest.mark.parametrize(("fs", "verdict"), [("ext4", "invalid"), ("tmpfs", "ok"), (None, "invalid")])
+def test_no_ram_line_unless_the_tier_is_on_ram_and_invalid(fs, verdict):
+    lines = console.storage_assessment(_assessed(fs, verdict, ["window: too many in flight"]))
+    assert not any(line.startswith("  INVALID because") for line in lines)
+    assert console.ram_tier_reason(_assessed(fs, verdict, [])) is None

@@ -23,9 +23,12 @@ def _on_ram(doc: dict) -> dict:
 
 
 def test_a_ram_tier_says_why_on_the_pass_line_itself():
-    line = next(x for x in storage_assessment(_on_ram(RUN)) if "ASSESSMENT" in x)
-    assert "PASS" in line and "but integrity INVALID: io_setup: INVALID because the storage tier is on tmpfs, which " \
-        "is RAM, so no storage was measured" in line
+    lines = storage_assessment(_on_ram(RUN))
+    i, line = next((i, x) for i, x in enumerate(lines) if "ASSESSMENT" in x)
+    # the PASS line names the RAM tier first; the line under it, of its own, says why that is INVALID (issue 33.5)
+    assert "PASS" in line and line.endswith("but integrity INVALID: the storage tier is on tmpfs, which is RAM")
+    assert lines[i + 1].startswith("  INVALID because the storage tier is on tmpfs, which is RAM: no storage device "
+                                   "was measured")
     clean = next(x for x in storage_assessment(RUN) if "ASSESSMENT" in x)
     assert "integrity" not in clean  # OK: the Integrity line below says so
 
@@ -51,3 +54,13 @@ def test_index_html_and_the_xlsx_summary_carry_verdict_and_integrity(tmp_path):
     row = dict(zip([c.value for c in ws[1]], [c.value for c in ws[2]], strict=True))
     assert row["verdict"] == "PASS" and row["integrity"] == "invalid" and "RAM" in row["integrity_reasons"]
     assert integrity_sentence({"verdict": "PASS"}) == "Verdict PASS; integrity NOT RECORDED"
+
+
+def test_a_merged_verdict_line_names_a_storage_tier_on_ram_first():
+    """Issue 33.5: a RAM-tier INVALID says why wherever PASS is printed, before any other check's reason."""
+    doc = {"verdict": "PASS", "integrity": {"verdict": "invalid", "reasons": [
+        "rank 0: window: 11 operations in flight at the window's end",
+        "rank 0: io_setup: INVALID because the storage tier is on tmpfs, which is RAM, so no storage was measured"]}}
+    assert integrity_sentence(doc) == ("Verdict PASS; integrity INVALID: rank 0: io_setup: INVALID because the storage "
+                                       "tier is on tmpfs, which is RAM, so no storage was measured (+1 more: kv-cache "
+                                       "audit)")

@@ -15,6 +15,7 @@ from kv_cache.metrics.recorder import GIB
 from kv_cache.render import catalogue_section
 from kv_cache.render.measurement_section import measurement
 from kv_cache.results import blocklatency
+from kv_cache.results.measurement import RAM_BACKED, filesystem_kind
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.traces.model import skip_kind
 
@@ -89,15 +90,31 @@ def _criterion(c: dict[str, Any]) -> str:
     return f"  {mark} {c['name']}: {c['actual']:.2f}{c['unit']} (target: {c['target']}{c['unit']})"
 
 
+def ram_tier_reason(results: Results) -> str | None:
+    """Why a storage tier on RAM (tmpfs, ramfs: `--cache-dir /dev/shm/...`) makes the integrity INVALID, in one
+    sentence; None when the storage tier is not RAM-backed or the integrity is not invalid."""
+    block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
+    fs = (results.get("measurement") or {}).get("filesystem")
+    if str(block.get("verdict", "")).lower() != "invalid" or filesystem_kind(fs) != RAM_BACKED:
+        return None
+    return (f"the storage tier is on {fs}, which is RAM: no storage device was measured, so these figures are a "
+            "RAM baseline, not a storage result (point --cache-dir at the storage to measure)")
+
+
 def storage_assessment(results: Results) -> list[str]:
     health = _cache_stats(results)["storage_health"]
     block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
     integ = str(block.get("verdict", "ok")).lower()
-    # the integrity beside PASS on the same line when it is not OK, with the first reason in one sentence
-    beside = (f" - but integrity {integ.upper()}: {(block.get('reasons') or ['see kv-cache audit'])[0]}"
+    ram = ram_tier_reason(results)
+    # the integrity beside PASS on the same line when it is not OK, with the first reason in one sentence (a
+    # storage tier on RAM first: whatever else the checks found, no storage was measured)
+    fs = (results.get("measurement") or {}).get("filesystem")
+    first = f"the storage tier is on {fs}, which is RAM" if ram else (block.get("reasons") or ["see kv-cache audit"])[0]
+    beside = (f" - but integrity {integ.upper()}: {first}"
               if integ not in ("ok", "n/a") and health["overall_status"] == "PASS" else "")
     return ["", f"### STORAGE PERFORMANCE ASSESSMENT: {health['overall_status']} "
                 f"{_mark(health['overall_status'] == 'PASS')} ###{beside}",
+            *([f"  INVALID because {ram}"] if ram else []),
             f"  Criteria Passed: {health['passed_count']}/{health['total_count']}",
             *(_criterion(c) for c in health["criteria"]), *integrity_line(results)]
 
@@ -437,12 +454,33 @@ def notes(results: Results) -> list[str]:
     return ["", "NOTES:", note, LINE]
 
 
+def what_it_measured(results: Results) -> list[str]:
+    """The report's last lines, two sentences a first run can act on: whether it measured a filling cache or one
+    at capacity, how full the storage tier got, and the flag for a steady state (measurement.storage_fill)."""
+    fill = (results.get("measurement") or {}).get("storage_fill")
+    if not isinstance(fill, dict) or "peak_used_bytes" not in fill:
+        return []
+    peak, cap = fill.get("peak_used_bytes") or 0, fill.get("capacity_bytes")
+    of = f"{peak / GIB:.2f} GiB" + (f" of its {cap / GIB:.2f} GiB ({100 * peak / cap:.0f} %)" if cap else
+                                     " (no capacity limit)")
+    if fill.get("reached_capacity"):
+        return ["", f"This run measured a cache at capacity: the storage tier filled {of} and evicted "
+                    f"{fill.get('evictions', 0)} entries, so its writes also paid for evictions.",
+                "Its figures are a steady state from the first eviction on; --precondition fills the tier before "
+                "the window, so that all of the window is."]
+    return ["", f"This run measured a filling cache, not a steady state: the storage tier grew to {of} and "
+                "evicted nothing.",
+            f"For a steady state, give --storage-capacity-gb below {max(peak / GIB, 0.01):.2f} (what this run "
+            "stored) or a longer --duration, so that writes evict older entries as on a full cache."]
+
+
 # A run that completed requests gets every section; one that completed none says so and shows how it ran.
 SECTIONS: tuple[Section, ...] = (
     header, run_facts, storage_assessment, storage_never_exercised, overall_performance, latencies, request_traffic,
     tier_sections, tier_distribution, storage_latency_breakdown, catalogue_section.report_lines, cache_types,
     prefix_caching, multi_turn, qos,
     autoscaling, rag, validation, trace_rows, measurement, blocklatency.report_lines, phases, notes,
+    what_it_measured,
 )
 EMPTY_RUN_SECTIONS: tuple[Section, ...] = (header, no_requests, measurement)
 EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessment, storage_never_exercised,

@@ -15,7 +15,8 @@ def integrity_sentence(results: dict[str, Any]) -> str:
     verdict = results.get("verdict") or ("PASS" if results.get("overall_passed") else "FAIL")
     block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
     integ = str(block.get("verdict", "not recorded")).upper()
-    reasons = block.get("reasons") or []
+    # a storage tier on RAM first (tmpfs, /dev/shm): whatever else the checks found, no storage was measured
+    reasons = sorted(block.get("reasons") or [], key=lambda r: "which is RAM" not in r)
     why = f": {reasons[0]}" + (f" (+{len(reasons) - 1} more: kv-cache audit)" if len(reasons) > 1 else "") \
         if reasons else ""
     return f"Verdict {verdict}; integrity {integ}{why}"

@@ -8,8 +8,9 @@ them up into one RunMetrics, and the summary code of a single run (results/summa
 implementation of any figure:
 - totals are the recorders' sums; rates are merged totals over the merged window;
 - percentiles: exact, of the union of the ranks' samples, while every rank kept every sample of a list
-  (and the union is under `exact_cap` samples); else from the merged HdrHistograms (3 significant digits:
-  a value within 0.1 % of itself). `latency_ms.<list>.method` says which, `percentile_precision` what
+  (and the union is under `exact_cap` samples); else from the merged HdrHistograms (3 significant digits,
+  1 ns floor: within 0.1 % of the exact nearest-rank value of the union; tests/test_histograms.py holds it
+  for medians from 800 ns to 0.9 s). `latency_ms.<list>.method` says which, `percentile_precision` what
   that means. Never from unweighted subsamples;
 - the window runs from the earliest rank start to the latest rank end. How far apart the ranks' starts
   and ends were is measured (`window.start_spread_s`, `end_spread_s`, `overlap_seconds`): the window is
