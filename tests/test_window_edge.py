@@ -121,3 +121,29 @@ def test_a_ram_tiers_edge_bytes_are_not_taken_for_the_storage_tiers():
     metrics.record_io("storage", "write", IOResult(1 << 20, 1 << 20, 100, 100, 0), 20, "prefill", None)
     edge = metrics.edge_record()
     assert edge["unmeasured_bytes"] == 1 << 20 and edge["edge_ops"] == 2
+
+
+def test_an_operation_begun_after_the_windows_end_and_aborted_is_no_edge_operation():
+    """One worker, two operations: a read that straddles the window's end (an edge operation), then a write
+    begun after the end and aborted at the stop. Only the first is at the edge: counting the second too let a
+    /dev/shm run show '11 operations in flight at the window's end, more than the 8 I/O workers' (INVALID)."""
+    from kv_cache.storage.base import IOResult
+
+    metrics = RunMetrics()
+    metrics.open_window()
+    marks = ChunkMarks()
+    marks.begin()
+    marks.add(CHUNK)
+    metrics.close_window(time.perf_counter_ns())
+    marks.add(2 * CHUNK)
+    res = IOResult(2 * CHUNK, 2 * CHUNK, 10, 10, 20)
+    end = time.perf_counter_ns()
+    assert not metrics.record_io("storage", "read", res._replace(total_ns=end - metrics.window_start_ns), end,
+                                 "test", marks)
+    marks.begin()  # the next operation, after the window's end
+    marks.add(CHUNK)
+    metrics.record_aborted("storage", "write", CHUNK, marks)
+    edge = metrics.edge_record()
+    assert edge["edge_ops"] == 1 and edge["straddling_ops"] == 1 and edge["aborted_ops"] == 0
+    assert metrics.late["storage_write_aborted_ops"] == 1  # still counted as aborted, outside the window
+    assert metrics.tier_op("storage", "write").partial_bytes == 0

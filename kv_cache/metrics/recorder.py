@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not
     class ChunkProgress(Protocol):  # storage/buffers.py ChunkMarks
         total: int
         seq: int
+        t0: int
 
         def bytes_by(self, t_ns: int) -> int | None: ...
 
@@ -255,6 +256,8 @@ class RunMetrics:
             if self.window_end_ns is None:
                 self.io[(tier, op)].partial_bytes += device_bytes
                 return
+            if marks is not None and marks.t0 > self.window_end_ns:
+                return  # begun after the window's end: nothing of it moved inside; not an edge operation
             self.edge["aborted_ops"] += 1
             self.io[(tier, op)].partial_bytes += self._edge_bytes(device_bytes, marks, tier)
 

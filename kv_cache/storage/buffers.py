@@ -59,17 +59,19 @@ class ChunkMarks:
     thread (the worker owning the buffers) touches it.
     """
 
-    __slots__ = ("_t", "_b", "count", "seq")
+    __slots__ = ("_t", "_b", "count", "seq", "t0")
 
     def __init__(self) -> None:
         self._t = array("q", bytes(8 * MARKS))
         self._b = array("q", bytes(8 * MARKS))
         self.count = 0
         self.seq = 0  # operations begun: a demotion's read and write records share one (one operation)
+        self.t0 = 0  # perf_counter_ns at the current operation's begin (one clock read per operation)
 
     def begin(self) -> None:
         self.count = 0
         self.seq += 1
+        self.t0 = perf_counter_ns()
 
     def add(self, cumulative_bytes: int) -> None:
         i = self.count % MARKS
