@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 TEXTS = [ROOT / "README.md", *PAGES]
+LINKED = [ROOT / "README.md", ROOT / "CHANGELOG.md"]  # read on GitHub: mkdocs does not check their links
 
 HELD_BY = re.compile(r"tests/([\w/]+\.py)::(\w+)")
-CLAIM = re.compile(r"\b(exact|exactly|never|always|within\s+[0-9][0-9.,]*\s*(?:%|ms|s\b|sessions|x)?)", re.I)
+CLAIM = re.compile(r"\b(exact|exactly|never|always|within\s+(?:[±~]\s*)?[0-9][0-9.,]*\s*(?:%|ms|s\b|sessions|x)?"
+                   r"|within\s+(?:(?:a|an|one|two|three|a\s+few|half\s+a)\s+)?(?:milliseconds?|seconds?|minutes?)\b)", re.I)
 NEAR = 600  # a claim's test is named in the same paragraph, list item or table row, at most this far after it
 
 # Words used in a sense that claims nothing a test could hold, each with the reason.
@@ -100,7 +102,7 @@ def test_the_readme_is_short_and_every_page_under_400_lines():
     assert not long, long
 
 
-@pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*TEXTS, ROOT / "CHANGELOG.md"], ids=lambda p: p.name)
 def test_every_named_test_exists(path):
     for file, func in HELD_BY.findall(path.read_text()):
         target = ROOT / "tests" / file
@@ -123,7 +125,38 @@ def test_the_claim_check_catches_a_claim_without_a_test_and_passes_one_with():
     assert not _claims_without_a_test("x.md", "Its `method` is `exact (the union)`.\n")  # a value in code
     assert not _claims_without_a_test("x.md", "```\nnever in code\n```\n")
     assert not _claims_without_a_test("README.md", "- this is exactly what CI runs\n")  # allow-listed
+    assert _claims_without_a_test("x.md", "The others stop within half a second.\n")  # spelled out
+    assert _claims_without_a_test("x.md", "The others stop within seconds.\n")
+    assert _claims_without_a_test("x.md", "Percentiles agree within ±1 %.\n")
+    assert _claims_without_a_test("x.md", "NEVER and Always are claims too.\n")
+    assert not _claims_without_a_test("x.md", "averaged within a trial\n")  # not a bound
     assert HELD_BY.findall("tests/test_docs.py::test_x") == [("test_docs.py", "test_x")]
+
+
+def _broken_links(path: Path) -> list[str]:
+    """Relative links of a markdown file (outside code) whose file, or whose heading anchor, is not there."""
+    broken = []
+    for link in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", path.read_text(), flags=re.S)):
+        if re.match(r"[a-z]+:", link):
+            continue
+        file, _, anchor = link.partition("#")
+        target = (path.parent / file) if file else path
+        if not target.exists():
+            broken.append(link)
+        elif anchor and target.suffix == ".md":
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in re.findall(r"^#+\s+(.*?)\s*$", target.read_text(), re.M)}
+            if anchor not in slugs:
+                broken.append(link)
+    return broken
+
+
+@pytest.mark.parametrize("path", LINKED, ids=lambda p: p.name)
+def test_the_readmes_and_changelogs_links_resolve(path, tmp_path):
+    assert not _broken_links(path), _broken_links(path)
+    bad = tmp_path / "README.md"  # adversarial: a page that is gone and a heading that is not there
+    bad.write_text("[a](docs/gone.md) [b](#no-heading) [c](https://example.com/x) [d](#set-up)\n\n## Set-up\n")
+    assert _broken_links(bad) == ["docs/gone.md", "#no-heading"]
 
 
 def test_the_readmes_test_command_is_what_ci_runs():
