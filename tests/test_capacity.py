@@ -73,5 +73,9 @@ def test_results_say_whether_the_tier_filled_up():
     assert filled["reached_capacity"] is True and filled["warning"] is None
     empty = storage_fill({"nvme": {"limit_bytes": 1e9, "peak_bytes": 1e6, "evictions": 0}})
     assert empty["reached_capacity"] is False and "not a steady state" in empty["warning"]
-    unlimited = storage_fill({"nvme": {"limit_bytes": math.inf, "peak_bytes": 0, "evictions": 0}})
+    unlimited = storage_fill({"nvme": {"limit_bytes": math.inf, "peak_bytes": 1e6, "evictions": 0}})
     assert unlimited["capacity_bytes"] is None and "no capacity limit" in unlimited["warning"]
+    # nothing reached the storage tier: a smaller --storage-capacity-gb would change nothing, the RAM tiers' would
+    unused = storage_fill({"nvme": {"limit_bytes": math.inf, "peak_bytes": 0, "evictions": 0}})
+    assert "stored nothing" in unused["warning"] and "--cpu-mem-gb" in unused["warning"]
+    assert "--storage-capacity-gb" not in unused["warning"]

@@ -98,6 +98,6 @@ def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings
     write_outputs(settings, interrupted_results({}, settings), out)
     text = out.getvalue()
     assert "STORAGE PERFORMANCE ASSESSMENT: FAIL" in text
-    fallback = text.rsplit("Results written to ", 1)[1].strip()
+    fallback = text.rsplit("Results written to ", 1)[1].split("\n", 1)[0].strip()
     assert fallback.startswith(str(tmp_path / "kv-cache-fallback-")) and os.path.exists(fallback)
     assert "could not write the results" in caplog.text and fallback in caplog.text

@@ -196,6 +196,28 @@ def test_a_cache_at_capacity_and_one_without_a_limit_say_so():
                                                      "evictions": 0, "reached_capacity": False, "warning": "w"}))
     assert "2.00 GiB (no capacity limit) and evicted nothing" in unlimited[1]
     assert console.what_it_measured({"measurement": {}}) == [] and console.what_it_measured({}) == []
+    # the storage tier stored nothing: no "--storage-capacity-gb below 0.01" advice, the RAM tiers' flags instead
+    unused = console.what_it_measured(_with_fill({"capacity_bytes": 10 * GIB_, "peak_used_bytes": 0, "evictions": 0,
+                                                  "reached_capacity": False, "warning": "w"}))
+    assert unused[1].startswith("This run measured no storage: the storage tier stored nothing")
+    assert "--cpu-mem-gb" in unused[2] and "--storage-capacity-gb" not in "".join(unused)
+
+
+def test_the_results_path_comes_before_the_closing_sentences(tmp_path):
+    """Issue 33.5: a run's last lines are the two sentences saying what it measured, so 'Results written to' (and
+    the spreadsheet's line) come before them, not after."""
+    from types import SimpleNamespace
+
+    from kv_cache.benchmarks.standard.outputs import write_outputs
+
+    results = _with_fill({"capacity_bytes": 68.55 * GIB_, "peak_used_bytes": 13.55 * GIB_, "evictions": 0,
+                          "reached_capacity": False, "warning": "never reached"})
+    settings = SimpleNamespace(outputs=SimpleNamespace(output=str(tmp_path / "r.json"), xlsx_output=None))
+    out = io.StringIO()
+    write_outputs(settings, results, out)
+    lines = out.getvalue().rstrip("\n").split("\n")
+    assert lines[-2:] == console.what_it_measured(results)[1:]
+    assert lines[-4] == f"Results written to {tmp_path / 'r.json'}" and lines.count(lines[-1]) == 1
 
 
 def _assessed(fs: str, verdict: str, reasons: list[str]) -> dict:

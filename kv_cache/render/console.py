@@ -468,6 +468,11 @@ def what_it_measured(results: Results) -> list[str]:
                     f"{fill.get('evictions', 0)} entries, so its writes also paid for evictions.",
                 "Its figures are a steady state from the first eviction on; --precondition fills the tier before "
                 "the window, so that all of the window is."]
+    if not peak:  # every entry stayed in the tiers above: a smaller --storage-capacity-gb changes nothing
+        return ["", "This run measured no storage: the storage tier stored nothing, as every entry fit in the tiers "
+                    "above it (GPU and CPU memory).",
+                "To measure the storage tier, give a smaller --cpu-mem-gb (and --gpu-mem-gb), or more --num-users "
+                "or a longer --duration, so that entries reach it."]
     return ["", f"This run measured a filling cache, not a steady state: the storage tier grew to {of} and "
                 "evicted nothing.",
             f"For a steady state, give --storage-capacity-gb below {max(peak / GIB, 0.01):.2f} (what this run "
@@ -487,14 +492,16 @@ EMPTY_RUN_VERDICT: tuple[Section, ...] = (header, no_requests, storage_assessmen
                                           catalogue_section.report_lines, trace_rows, measurement, phases)
 
 
-def report_lines(results: Results) -> list[str]:
+def report_lines(results: Results, closing: bool = True) -> list[str]:
+    """The report's lines; `closing=False` leaves out its last two sentences (what_it_measured), for a caller that
+    prints where the results went before them, so that they stay the last lines."""
     summary = results.get("summary")
     if summary and not summary.get("total_requests"):  # a summary of an empty window: its verdict, not its zeros
         sections = EMPTY_RUN_VERDICT
     else:
         sections = SECTIONS if summary else EMPTY_RUN_SECTIONS
-    return [line for section in sections for line in section(results)]
+    return [line for section in sections for line in section(results) if closing or section is not what_it_measured]
 
 
-def print_report(results: Results, out: TextIO) -> None:
-    out.write("".join(line + "\n" for line in report_lines(results)))
+def print_report(results: Results, out: TextIO, closing: bool = True) -> None:
+    out.write("".join(line + "\n" for line in report_lines(results, closing)))

@@ -221,7 +221,10 @@ def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
     limit, peak, evictions = tier["limit_bytes"], tier.get("peak_bytes", 0), int(tier.get("evictions", 0))
     out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
                            "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}
-    if evictions == 0:
+    if evictions == 0 and not peak:
+        out["warning"] = ("the storage tier stored nothing (every entry fit in the tiers above it): no storage was "
+                          "measured; give a smaller --cpu-mem-gb (and --gpu-mem-gb) so that entries reach it")
+    elif evictions == 0:
         cap = "no capacity limit" if math.isinf(limit) else f"peak {peak / GIB:.2f} of {limit / GIB:.2f} GiB"
         out["warning"] = (f"the storage tier never reached its capacity ({cap}) and evicted nothing: this run "
                           "measured a filling cache, not a steady state; give a smaller --storage-capacity-gb "

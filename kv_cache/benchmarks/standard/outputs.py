@@ -10,7 +10,7 @@ from typing import Any
 from kv_cache.core.group import GroupBroken, RankGroup
 from kv_cache.errors import RanksLost
 from kv_cache.render import xlsx
-from kv_cache.render.console import print_report
+from kv_cache.render.console import print_report, what_it_measured
 from kv_cache.render.merged_table import merged_table
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.outputs import write_results
@@ -29,12 +29,14 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
     at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
     printed and the results go to a fallback path that the message names."""
     written = write_results(settings.outputs.output, results)
-    print_report(results, out)
+    print_report(results, out, closing=False)
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)
     out.write(f"\nResults written to {written.path}\n")
     if settings.outputs.xlsx_output:
         _write_sheet(results, settings.outputs.xlsx_output, written.path, out)
+    # the last lines are the two sentences saying what the run measured (issue 33.5), after where it went
+    out.write("".join(line + "\n" for line in what_it_measured(results)))
     out.flush()
 
 
