@@ -201,6 +201,13 @@ def test_a_cache_at_capacity_and_one_without_a_limit_say_so():
                                                   "reached_capacity": False, "warning": "w"}))
     assert unused[1].startswith("This run measured no storage: the storage tier stored nothing")
     assert "--cpu-mem-gb" in unused[2] and "--storage-capacity-gb" not in "".join(unused)
+    # a storage error stopped the run (an entry larger than the tier): neither a cache's fill nor RAM's fault
+    stopped = _with_fill({"capacity_bytes": 2 * GIB_, "peak_used_bytes": 0, "evictions": 0,
+                          "reached_capacity": False, "warning": "w"})
+    stopped["measurement"]["stop_reason"] = "storage error"
+    said = console.what_it_measured(stopped)
+    assert said[1].startswith("This run measured no steady state: a storage error stopped it")
+    assert "fit in the tiers above" not in "".join(said) and "--storage-capacity-gb below" not in "".join(said)
 
 
 def test_the_results_path_comes_before_the_closing_sentences(tmp_path):

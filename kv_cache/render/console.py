@@ -457,9 +457,14 @@ def notes(results: Results) -> list[str]:
 def what_it_measured(results: Results) -> list[str]:
     """The report's last lines, two sentences a first run can act on: whether it measured a filling cache or one
     at capacity, how full the storage tier got, and the flag for a steady state (measurement.storage_fill)."""
-    fill = (results.get("measurement") or {}).get("storage_fill")
+    meas = results.get("measurement") or {}
+    fill = meas.get("storage_fill")
     if not isinstance(fill, dict) or "peak_used_bytes" not in fill:
         return []
+    if str(meas.get("stop_reason") or "").startswith("storage error"):  # not a cache question: the error is
+        return ["", "This run measured no steady state: a storage error stopped it (the reason is in the verdict "
+                    "above, under Not Stopped By A Storage Error).",
+                "Its figures cover only the time before the error; correct what the reason names and run again."]
     peak, cap = fill.get("peak_used_bytes") or 0, fill.get("capacity_bytes")
     of = f"{peak / GIB:.2f} GiB" + (f" of its {cap / GIB:.2f} GiB ({100 * peak / cap:.0f} %)" if cap else
                                      " (no capacity limit)")

@@ -222,8 +222,8 @@ def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
                            "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}
     if evictions == 0 and not peak:
-        out["warning"] = ("the storage tier stored nothing (every entry fit in the tiers above it): no storage was "
-                          "measured; give a smaller --cpu-mem-gb (and --gpu-mem-gb) so that entries reach it")
+        out["warning"] = ("the storage tier stored nothing, so no storage was measured; if every entry fit in the "
+                          "tiers above it, give a smaller --cpu-mem-gb (and --gpu-mem-gb) so that entries reach it")
     elif evictions == 0:
         cap = "no capacity limit" if math.isinf(limit) else f"peak {peak / GIB:.2f} of {limit / GIB:.2f} GiB"
         out["warning"] = (f"the storage tier never reached its capacity ({cap}) and evicted nothing: this run "
