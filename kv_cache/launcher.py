@@ -57,13 +57,19 @@ def _exit_follows() -> None:
     exit_follows()
 
 
-def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
-        # what the CLI's own --version prints (cli/flags.py), without its dependencies: a checkout or a
-        # broken install still says which version it is (kv_cache/__init__.py imports nothing)
-        from kv_cache import __version__  # noqa: PLC0415
+def _version_asked(argv: list[str] | None) -> bool:
+    """`--version` alone: print what the CLI's own --version prints (cli/flags.py), without its dependencies, so
+    that a checkout or a broken install still says which version it is (kv_cache/__init__.py imports nothing)."""
+    if (sys.argv[1:] if argv is None else argv) != ["--version"]:
+        return False
+    from kv_cache import __version__  # noqa: PLC0415
 
-        print(f"kv-cache {__version__}")
+    print(f"kv-cache {__version__}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    if _version_asked(argv):
         return 0
     try:
         return _guarded_main(argv)
@@ -84,7 +90,11 @@ def _silence_stdout() -> None:
 
 def wrapper_main(argv: list[str] | None = None) -> int:
     """Entry point of mlperf_wrapper.py: the wrapper's CLI behind the same guard (the same one-line install
-    hint, under the wrapper's name, and exit 2 when a dependency is missing; 141 for a closed stdout)."""
+    hint, under the wrapper's name, and exit 2 when a dependency is missing; 141 for a closed stdout). Alone,
+    `--version` prints kv-cache's version, as `kv-cache --version` does (it was a usage error: the rank flags
+    missing)."""
+    if _version_asked(argv):
+        return 0
     try:
         return _guarded_main(argv, WRAPPER_PROG)
     except BrokenPipeError:

@@ -227,3 +227,5 @@ def test_version_needs_none_of_the_dependencies(capsys):
 
     assert launcher.main(["--version"]) == 0
     assert capsys.readouterr().out == f"kv-cache {_changelog_version()}\n"
+    assert launcher.wrapper_main(["--version"]) == 0  # mlperf_wrapper.py --version: the same line, not exit 2
+    assert capsys.readouterr().out == f"kv-cache {_changelog_version()}\n"
