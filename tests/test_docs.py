@@ -21,7 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = sorted(DOCS.glob("*.md"))
+PAGES = sorted(DOCS.rglob("*.md"))  # a page in a sub-folder is held too
 TEXTS = [ROOT / "README.md", *PAGES]
 LINKED = [ROOT / "README.md", ROOT / "CHANGELOG.md"]  # read on GitHub: mkdocs does not check their links
 
