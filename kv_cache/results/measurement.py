@@ -221,7 +221,7 @@ def storage_fill(usage: dict[str, dict[str, float]]) -> dict[str, Any]:
     limit, peak, evictions = tier["limit_bytes"], tier.get("peak_bytes", 0), int(tier.get("evictions", 0))
     out: dict[str, Any] = {"capacity_bytes": None if math.isinf(limit) else limit, "peak_used_bytes": peak,
                            "evictions": evictions, "reached_capacity": evictions > 0, "warning": None}
-    if evictions == 0 and not peak:
+    if evictions == 0 and "peak_bytes" in tier and not peak:  # (the cache always says its peak)
         out["warning"] = ("the storage tier stored nothing, so no storage was measured; if every entry fit in the "
                           "tiers above it, give a smaller --cpu-mem-gb (and --gpu-mem-gb) so that entries reach it")
     elif evictions == 0:
