@@ -1,5 +1,5 @@
 """The documentation keeps its promises (issue 33): a short README, docs/ pages that build strictly, a test named
-beside every "exact", "never", "always" and "within X", and one version in --version, pyproject and CHANGELOG."""
+beside every "exact", "never", "always", "within X" and "same as", and one version in --version, pyproject and CHANGELOG."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ LINKED = [ROOT / "README.md", ROOT / "CHANGELOG.md"]  # read on GitHub: mkdocs d
 
 HELD_BY = re.compile(r"tests/([\w/]+\.py)::(\w+)")
 CLAIM = re.compile(r"\b(exact|exactly|never|always|within\s+(?:[±~]\s*)?[0-9][0-9.,]*\s*(?:%|ms|s\b|sessions|x)?"
-                   r"|within\s+(?:(?:a|an|one|two|three|a\s+few|half\s+a)\s+)?(?:milliseconds?|seconds?|minutes?)\b)", re.I)
+                   r"|within\s+(?:(?:a|an|one|two|three|a\s+few|half\s+a)\s+)?(?:milliseconds?|seconds?|minutes?)\b"
+                   r"|same\s+as|identical|guarantee[sd]?\b)", re.I)  # "same as": DEVELOPERS.md's rule
 NEAR = 600  # a claim's test is named in the same paragraph, list item or table row, at most this far after it
 
 # Words used in a sense that claims nothing a test could hold, each with the reason.
@@ -37,6 +38,7 @@ NOT_A_CLAIM: dict[tuple[str, str], str] = {
     ("differences.md", "computes the key but never stores anything"): "about the reference tool, not this one",
     ("differences.md", "retrieval keys never match the ingested"): "about the reference tool, not this one",
     ("differences.md", "offered load never changes"): "about the reference tool, not this one",
+    ("differences.md", "a guaranteed miss with no I/O"): "about the reference tool, not this one",
     ("performance.md", "run by hand, never in CI"): "how the benchmark scripts are run, not a property of the code",
     ("sessions.md", "four runs exactly (NVIDIA"): "a property of a fitted constant against published profiles, "
                                                "quoted with the sources in kv_cache/specs/calibration.yaml",
@@ -130,6 +132,8 @@ def test_the_claim_check_catches_a_claim_without_a_test_and_passes_one_with():
     assert _claims_without_a_test("x.md", "Percentiles agree within ±1 %.\n")
     assert _claims_without_a_test("x.md", "NEVER and Always are claims too.\n")
     assert not _claims_without_a_test("x.md", "averaged within a trial\n")  # not a bound
+    assert _claims_without_a_test("x.md", "Its figures are the same as the reference's.\n")
+    assert _claims_without_a_test("x.md", "The bytes are identical.\n")
     assert HELD_BY.findall("tests/test_docs.py::test_x") == [("test_docs.py", "test_x")]
 
 
