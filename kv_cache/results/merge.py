@@ -9,7 +9,7 @@ implementation of any figure:
 - totals are the recorders' sums; rates are merged totals over the merged window;
 - percentiles: exact, of the union of the ranks' samples, while every rank kept every sample of a list
   (and the union is under `exact_cap` samples); else from the merged HdrHistograms (3 significant digits,
-  1 ns floor: within 0.1 % of the exact nearest-rank value of the union; tests/test_histograms.py holds it
+  1 ns floor: within 0.1 % of the union's exact value at the same rank (HdrHistogram's round(q/100 n)); tests/test_histograms.py holds it
   for medians from 800 ns to 0.9 s). `latency_ms.<list>.method` says which, `percentile_precision` what
   that means. Never from unweighted subsamples;
 - the window runs from the earliest rank start to the latest rank end. How far apart the ranks' starts
