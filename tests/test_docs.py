@@ -176,6 +176,21 @@ def test_the_quick_start_writes_into_the_ignored_results_folder():
     assert "results/" in (ROOT / ".gitignore").read_text().split()
 
 
+def test_a_run_without_output_writes_a_name_gitignore_lists():
+    """Issue 33.5: without --output, a run and `kv-cache sessions` write <default>_<time>.json in the working
+    directory (as the reference does); .gitignore lists both, so a run from the checkout leaves nothing to commit."""
+    import fnmatch
+    from datetime import datetime
+
+    from kv_cache.cli.sessions import SessionsFlags, timestamped
+    from kv_cache.settings.run import OutputSettings
+
+    ignored = (ROOT / ".gitignore").read_text().split()
+    for default in (OutputSettings().output, SessionsFlags().output):
+        name = timestamped(default, datetime(2026, 12, 2, 4, 5, 6))
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in ignored), (name, ignored)
+
+
 def _changelog_version() -> str:
     top = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
     return top.split()[1]
