@@ -357,3 +357,46 @@ def test_a_bound_whose_far_side_lacks_evidence_says_so_with_a_window():
     assert "the rungs below it (4) lack the evidence" in c["flags"][0]
     assert "fewer than 8" in sentence and "beyond the bound: not enough evidence: 4-5 returning turns per cell" in sentence
     assert "about --window 40 would give 18" in sentence
+
+
+class _Recorded(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("plan", "expected"), [("planned", 32.0), ("fixed", 8.0)])
+def test_window_plan_fixed_holds_every_window_at_the_flag(monkeypatch, plan, expected):
+    # issue 29: --window-plan fixed is what makes "a run with 8 s windows" one; planned stretches the window to
+    # 3 loaded cycles (here 3 x 13.3 s x 8/4, capped at 4 x --window = 32 s); both keep the warm-up's cycle
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    seen = {}
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            seen.update(window=ls.window_s, cycle=planned_cycle_s)
+
+        def run(self):
+            raise _Recorded
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(8.0, 1, 1.0)
+    below = [{"tiers": "none", "sessions": 4, "turn_cycle_s": 13.3}]
+    with pytest.raises(_Recorded):
+        runmod._run_cell(ls, "none", 8, lambda seed: None, io.StringIO(), 2, {}, runmod.RungProgress(ls, 4),
+                         below, plan=True, window_plan=plan)
+    assert seen == {"window": expected, "cycle": pytest.approx(26.6)}
+
+
+def test_the_sentence_says_when_the_planning_lengthened_the_windows():
+    rungs = [cell("none", n, 8.0) for n in (4, 8, 16)]
+    for r, w in zip(rungs, (8.0, 24.0, 32.0), strict=True):
+        r["window_plan"] = {"mode": "planned", "requested_window_s": 8.0, "window_s": w}
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    assert "windows planned to 24-32 s at 2 of 3 rungs (--window 8; --window-plan fixed holds it)" in sentence
+    for r in rungs:
+        r["window_plan"]["window_s"] = 8.0  # fixed
+    sentence, _ = answer(rungs, 2.0, 1, "h100")
+    assert "windows planned" not in sentence

@@ -6,8 +6,8 @@ The data are cells: one (rung, replication), its p90 return TTFT and the returni
 
 - **Evidence.** A cell's p90 counts only with at least ``MIN_CELL_TURNS`` (10) returning turns: below that the
   90th percentile of n values is their maximum (the order statistic ceil(0.9 n) = n for n <= 9), a number
-  that says nothing about the p90. A rung counts only when its replications together have at least
-  ``MIN_RUNG_TURNS`` (36) returning turns: the smallest n for which the distribution-free 95 % interval of
+  that says nothing about the p90. A rung counts only when every replication has that many (the one short of
+  turns is most likely the slow one) and together they have at least ``MIN_RUNG_TURNS`` (36) returning turns: the smallest n for which the distribution-free 95 % interval of
   a 90th percentile (order statistics, binomial: [X_(l), X_(u)] with Bin(n, 0.9) putting 2.5 % outside
   each end) has its upper end inside the sample, i.e. 1 - 0.9^n >= 0.975 (n >= 36; at 35 it is 0.97497). With fewer the p90's
   upper confidence bound is beyond every measured turn: the data cannot say the SLO is met.
@@ -46,7 +46,7 @@ import numpy as np
 from kv_cache.metrics.stats import t_quantile
 
 __all__ = ["MIN_CELL_TURNS", "MIN_RUNG_TURNS", "Cell", "Crossing", "estimate", "fit_curve", "isotonic",
-           "min_turns_for_p90_interval"]
+           "min_turns_for_p90_interval", "rung_has_evidence"]
 
 MIN_CELL_TURNS = 10
 N_BOOT = 400
@@ -189,15 +189,26 @@ class _Prepared:
         return (y @ m) / w, w
 
 
-def _prepare(cells: Sequence[Cell]) -> _Prepared:
+def rung_has_evidence(cells: Sequence[Cell], replications: int) -> bool:
+    """A rung counts only when each of its `replications` has a p90 on >= MIN_CELL_TURNS returning turns and
+    together they have >= MIN_RUNG_TURNS. Every replication, not their total alone: a replication that
+    measured too few turns is most likely the slow one (fewer turns complete in a window when each takes
+    longer), so a rung standing on its fast replications alone would read low."""
+    ok = [c for c in cells if c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)
+          and c.turns >= MIN_CELL_TURNS]
+    reps = {c.replication for c in ok}
+    return (len(ok) == len(cells) and len(reps) >= replications
+            and sum(c.turns for c in ok) >= MIN_RUNG_TURNS)
+
+
+def _prepare(cells: Sequence[Cell], replications: int = 1) -> _Prepared:
     by_rung: dict[float, list[Cell]] = {}
     for c in cells:
         by_rung.setdefault(float(c.sessions), []).append(c)
     rungs, rung_of, rep, y, t, short = [], [], [], [], [], []
     for n in sorted(by_rung):
-        ok = [c for c in by_rung[n] if c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)
-              and c.turns >= MIN_CELL_TURNS]
-        if sum(c.turns for c in ok) < MIN_RUNG_TURNS:
+        ok = by_rung[n]
+        if not rung_has_evidence(ok, replications):
             short.append(n)
             continue
         for c in ok:
@@ -221,9 +232,9 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
     (a, b) of configurations with an interpolated crossing: {(a, b): {estimate, low, high, ...}}."""
     target = math.log(slo_s)
     rng = np.random.default_rng(seed)
-    prepared = {name: _prepare(cells) for name, cells in configs.items()}
-    out: dict[str, Crossing] = {}
     max_rep = 1 + max((c.replication for cells in configs.values() for c in cells), default=0)
+    prepared = {name: _prepare(cells, max_rep) for name, cells in configs.items()}
+    out: dict[str, Crossing] = {}
     # one draw for every configuration (paired): per (bootstrap, cell position) a source replication and a
     # source position along the ladder (a quantile of the rungs); each configuration takes its own cell of
     # that replication at that position

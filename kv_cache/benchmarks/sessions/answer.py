@@ -6,7 +6,7 @@ bracket on session counts (a bounded number of extra rungs, until it is at most 
 
 The figure comes from every cell, not from the bracket: ``kv_cache.metrics.slo_fit.estimate`` fits log p90
 on log sessions over every (rung, replication) with the evidence (>= 36 returning turns per rung, the
-binomial interval of a p90; >= 10 per replication), weighted by their returning turns, with an isotonic
+binomial interval of a p90; >= 10 in every replication), weighted by their returning turns, with an isotonic
 (monotone) regression and a monotone cubic between its blocks; the crossing is where the fit reaches S, and
 it is censored only when the fit stays on one side of S over the whole ladder (then a bound, saying why).
 Its 95 % interval is a residual bootstrap whose draws every configuration shares (replication k of every
@@ -195,7 +195,7 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         flags.append(f"not enough evidence: {fit.why}")
     if fit.rungs_short and status != "not_enough_evidence":
         flags.append(f"rungs short of evidence (< {MIN_RUNG_TURNS} returning turns over the replications, or "
-                     f"< {MIN_CELL_TURNS} in each): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
+                     f"< {MIN_CELL_TURNS} in any one): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
                      "left out of the fit")
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
         flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
@@ -346,7 +346,10 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
                                 "min_returning_turns_per_replication": MIN_CELL_TURNS,
                                 "why": "the distribution-free 95 % interval of a p90 (order statistics, binomial) "
                                        f"has its upper end inside the sample only from {MIN_RUNG_TURNS} values; "
-                                       f"below {MIN_CELL_TURNS} a p90 is the sample's maximum"},
+                                       f"below {MIN_CELL_TURNS} a p90 is the sample's maximum; every replication "
+                                       "of a rung needs them (the one short of turns is most likely the slow one)",
+                                "windows": "--window-plan planned (default): >= 3 loaded turn cycles, within "
+                                           "[--window, 4 x --window]; fixed: --window"},
               "flags_in_sentence": tags,
               "method": __doc__.split("\n\n", 1)[1].replace("\n", " ").strip()}
     return sentence, detail
@@ -368,4 +371,19 @@ def sentence_flags(rungs: list[dict[str, Any]], per: dict[str, dict[str, Any]]) 
     nowarm = sum(1 for r in rungs if any(f.startswith("no stationary warm-up") for f in r.get("flags", [])))
     if nowarm:
         tags.append(f"no stationary warm-up detected at {nowarm} of {len(rungs)} rungs")
+    tags += planned_windows_flag(rungs)
     return list(dict.fromkeys(tags))
+
+
+def planned_windows_flag(rungs: list[dict[str, Any]]) -> list[str]:
+    """The windows the planning lengthened beyond --window (a figure from them is not a --window figure):
+    "windows planned to 16-32 s at 5 of 8 rungs (--window 8; --window-plan fixed holds it)"; [] when none."""
+    plans = [r.get("window_plan") or {} for r in rungs]
+    longer = [float(p["window_s"]) for p in plans
+              if p.get("window_s") and p.get("requested_window_s") and p["window_s"] > p["requested_window_s"]]
+    if not longer:
+        return []
+    requested = max(float(p.get("requested_window_s") or 0.0) for p in plans)
+    span = f"{min(longer):.0f}-{max(longer):.0f}" if min(longer) != max(longer) else f"{longer[0]:.0f}"
+    return [f"windows planned to {span} s at {len(longer)} of {len(rungs)} rungs "
+            f"(--window {requested:g}; --window-plan fixed holds it)"]
