@@ -400,3 +400,32 @@ def test_the_sentence_says_when_the_planning_lengthened_the_windows():
         r["window_plan"]["window_s"] = 8.0  # fixed
     sentence, _ = answer(rungs, 2.0, 1, "h100")
     assert "windows planned" not in sentence
+
+
+def test_the_8_s_window_run_answers_not_enough_evidence_and_shows_no_crossing():
+    # the returning turns of the real `--window 8 --replications 2 --window-plan fixed` run of the README's
+    # laptop example (issue 29 done-when): 4-15 per cell, a first-miss bracket [6, 7] for dram+storage
+    import io
+
+    from kv_cache.render.sessions import _answer
+
+    turns = {("none", 4): [5, 4], ("none", 8): [9, 6], ("none", 16): [8, 8],
+             ("dram+storage", 4): [5, 6], ("dram+storage", 6): [8, 7], ("dram+storage", 7): [8, 6],
+             ("dram+storage", 8): [10, 8], ("dram+storage", 16): [12, 15]}
+    rungs = []
+    for (tiers, n), ns in turns.items():
+        r = cell(tiers, n, 6.5 if tiers == "dram+storage" else 3.0, k=2)
+        r["replications"]["ttft_return_n"] = ns
+        r["window_s"] = 8.0
+        r["window_plan"] = {"mode": "fixed", "requested_window_s": 8.0, "window_s": 8.0}
+        rungs.append(r)
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    assert sentence.startswith("not enough evidence: 4-15 returning turns per cell (one rung's replication; 18 "
+                               "needed, 36 per rung); about --window 20 would give 18")
+    assert " hold " not in sentence and "SLO met only" not in sentence and "not significant" not in sentence
+    assert all(c["status"] == "not_enough_evidence" and c["sessions"] is None for c in d["configs"].values())
+    out = io.StringIO()
+    _answer({"answer": sentence, "answer_detail": d}, out)
+    table = out.getvalue()
+    assert "mean curve between" not in table and "first-miss crossings" not in table
+    assert "dram+storage  - sessions (not_enough_evidence)" in table

@@ -182,6 +182,8 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         reps = c.get("per_replication") or []
         # with K replications the figure is the mean of their crossings, which can lie outside the bracket of
         # the mean curve (the replications bracket it each on their own): say whose bracket it is
+        if c["status"] in ("not_enough_evidence", "no data"):
+            br, reps = None, []  # the first-miss bracket of p90s short of the evidence: no figure
         where = (f", mean curve between {br[0]} and {br[1]}; replications (their own first-miss crossings, "
                  "for comparison) "
                  + ", ".join(_rep_crossing(v, st) for v, st in zip(reps, c.get("per_replication_status")

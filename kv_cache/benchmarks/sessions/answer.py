@@ -204,7 +204,7 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         flags.append("one replication per rung: the interval rests on the fit's residuals across rungs alone, "
                      "not on replications (--replications 3 or more)")
     br = _bracket(_curve(cells), slo)
-    if br is not None:
+    if br is not None and status != "not_enough_evidence":  # without the evidence the bracket says nothing
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
         met, miss = by_n.get(br[0]), by_n.get(br[1])
         if met and met.get("high") is not None and met["high"] > slo:
