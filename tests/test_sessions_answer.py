@@ -252,8 +252,19 @@ def test_a_rung_without_returning_turns_is_short_of_evidence_not_a_miss():
     one = [cell("none", n, 8.0, k=1) for n in (4, 8, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 8, 16)]
     _, d1 = answer(one, 2.0, 1, "h100")
     assert d1["configs"]["dram"]["sessions_ci"]["low"] <= d1["configs"]["dram"]["sessions"]  # exact curve: no residual
-    assert any("one replication per rung: the interval rests on the fit's residuals" in f
-               for f in d1["configs"]["dram"]["flags"])
+    # ... so bounds from the rungs either side, not an interval of zero width
+    assert d1["configs"]["dram"]["sessions_ci"]["no_residuals"]
+    assert any(f.startswith("no interval: the fit passes through every counted cell") for f in d1["configs"]["dram"]["flags"])
+    jitter = copy.deepcopy(one)
+    for r in jitter:
+        r["ttft"]["return"]["p90_s"]["estimate"] *= 1.3 if r["sessions"] == 8 else 1.0  # off the fitted curve
+        r["replications"]["ttft_return_p90_s"] = [r["ttft"]["return"]["p90_s"]["estimate"]]
+    jitter[1]["ttft"]["return"]["p90_s"]["estimate"] = jitter[2]["ttft"]["return"]["p90_s"]["estimate"] * 1.5
+    jitter[1]["replications"]["ttft_return_p90_s"] = [jitter[1]["ttft"]["return"]["p90_s"]["estimate"]]
+    _, d2 = answer(jitter, 2.0, 1, "h100")  # a violator pools two rungs into one block: a residual to redraw
+    if d2["configs"]["none"]["status"] == "interpolated" and not d2["configs"]["none"]["sessions_ci"].get("no_residuals"):
+        assert any("one replication per rung: the interval rests on the fit's residuals" in f
+                   for f in d2["configs"]["none"]["flags"])
 
 
 def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
@@ -289,7 +300,12 @@ def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
 
     assert s["configs"]["none"]["effective_capacity_sessions"] is None
     line = grid_cell_line({"parameters": {"model": "m", "num_gpus": 2, "gpu": "h100"}, "summary": s})
-    assert "none none measured (no rung completed a turn)" in line and "16" not in line
+    assert "none: none measured (no rung completed a turn); dram: none measured" in line and "16" not in line
+    # the real grid of issue 29 (`--models llama3.1-8b,llama3.1-70b-instruct --gpus h100,h200 --tensor-parallel 2
+    # --num-gpus 2 --ladder 2 --window 4`) ends so in every cell; a cell that measured one says its rung
+    s2 = dict(s, configs={"none": {"effective_capacity_sessions": 16}, "dram": s["configs"]["dram"]})
+    line = grid_cell_line({"parameters": {"model": "m", "num_gpus": 2, "gpu": "h100"}, "summary": s2})
+    assert "effective capacity (sessions): none: 16; dram: none measured" in line
 
 
 def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_replications():
@@ -337,6 +353,8 @@ def test_no_figure_in_the_sentence_goes_without_its_interval_or_a_bound():
     for rungs in scenarios:
         sentence = answer(rungs, 2.0, 1, "h100")[0].split(" [flags:")[0]
         sentence = re.sub(r" \[[^\]]*\]", " []", sentence)  # an interval
+        # bounds where a fit through every cell leaves no residual to bootstrap (one replication)
+        sentence = re.sub(r" \(between x?[\d.]+ and x?[\d.]+: no interval\)", " []", sentence)
         for fixed in (r"\d+ x H100", r"p90", r"<= \d+ s", r"--window \d+", r"\d+ needed", r"\d+ per rung",
                       r"[\d-]+ returning turns", r"would give \d+"):
             sentence = re.sub(fixed, "#", sentence)  # the GPUs, the SLO, the evidence: not figures
@@ -429,3 +447,26 @@ def test_the_8_s_window_run_answers_not_enough_evidence_and_shows_no_crossing():
     table = out.getvalue()
     assert "mean curve between" not in table and "first-miss crossings" not in table
     assert "dram+storage  - sessions (not_enough_evidence)" in table
+
+
+def test_one_replication_through_every_cell_prints_bounds_not_a_point_interval():
+    rungs = [cell("none", n, 6.0, k=1) for n in (4, 8)]
+    sentence, d = answer(rungs, 2.0, 1, "l40s")
+    c = d["configs"]["none"]
+    assert c["status"] == "interpolated" and c["sessions_ci"]["no_residuals"]
+    assert "hold 6.0 (between 4 and 8: no interval) sessions" in sentence or \
+        " (between 4 and 8: no interval) sessions" in sentence
+    assert "none no interval" in sentence and "[6." not in sentence
+
+
+def test_bracket_flags_never_quote_a_rung_short_of_the_evidence():
+    # a real --window-plan fixed run flagged "SLO met only within its interval at 1 sessions" where the
+    # 1-session rung had 9 returning turns per replication and was left out of the fit
+    rungs = [cell("none", n, 4.05) for n in (4, 8, 12)]
+    rungs[0]["replications"]["ttft_return_n"] = [3, 3, 3]
+    assert rungs[0]["ttft"]["return"]["p90_s"]["high"] > 2.0 > rungs[0]["ttft"]["return"]["p90_s"]["estimate"]
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    c = d["configs"]["none"]
+    assert c["bracket"] == [4, 8] and 4.0 in c["fit"]["rungs_short_of_evidence"]
+    assert not any(f.startswith("SLO met only within its interval") for f in c["flags"])
+    assert "SLO met only" not in sentence

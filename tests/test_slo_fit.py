@@ -154,3 +154,22 @@ def test_turns_just_at_the_evidence_threshold(turns, counts):
     cells = [Cell(n, r, 0.5 * (n / 4) ** 2, 40) for n in (4, 12) for r in range(k)] + rung
     out, _ = estimate({"a": cells}, 2.0)
     assert (8.0 in out["a"].rungs_counted) is counts and (8.0 in out["a"].rungs_short) is not counts
+
+
+def test_a_fit_through_every_cell_gives_bounds_not_a_zero_width_interval():
+    # a real one-replication run (issue 29 item 3) printed "5.1 [5.1, 5.1]": two counted rungs, one cell each,
+    # the fit passes through both, so every bootstrap draw was the fit itself
+    cells = [Cell(4, 0, 0.00126, 42), Cell(8, 0, 0.00453, 66), Cell(1, 0, 0.0005, 9)]
+    out, _ = estimate({"a": cells}, 0.002)
+    c = out["a"]
+    assert c.status == "interpolated" and c.no_residuals and 4 < c.sessions < 8
+    assert (c.low, c.high) == (4.0, 8.0) and "no residual to redraw" in c.why
+    # two such configurations: the ratio is bounded by the rungs too, never a point
+    other = [Cell(4, 0, 0.001, 40), Cell(8, 0, 0.003, 40)]
+    out, ratios = estimate({"a": cells, "b": other}, 0.002)
+    r = ratios[("a", "b")]
+    assert r["no_residuals"] and r["low"] == pytest.approx(4 / 8) and r["high"] == pytest.approx(8 / 4)
+    # with replications there are residuals: an interval, not bounds
+    reps = [Cell(n, k, p * (1.1 if k else 0.9), 40) for n, p in ((4, 0.00126), (8, 0.00453)) for k in range(2)]
+    out, _ = estimate({"a": reps}, 0.002)
+    assert not out["a"].no_residuals and out["a"].low < out["a"].sessions < out["a"].high

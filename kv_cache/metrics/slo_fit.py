@@ -89,6 +89,7 @@ class Crossing:
     draws: np.ndarray | None = None
     short_beyond: bool = False  # censored on a side where rungs lack the evidence (not beyond the ladder)
     answered_draws: float = 0.0  # share of bootstrap draws that crossed inside the ladder
+    no_residuals: bool = False  # the fit passes through every counted cell: low / high are the rungs either side
     fit: list[tuple[float, float]] = field(default_factory=list)  # (sessions, fitted p90) at block centres
     why: str = ""
 
@@ -97,7 +98,7 @@ class Crossing:
                 "low_is_bound": self.low_bound, "high_is_bound": self.high_bound,
                 "rungs_counted": self.rungs_counted, "rungs_short_of_evidence": self.rungs_short,
                 "turns_per_cell": self.turns_per_cell, "answered_draws": self.answered_draws,
-                "censored_by_missing_evidence": self.short_beyond,
+                "censored_by_missing_evidence": self.short_beyond, "no_residuals": self.no_residuals,
                 "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit], "why": self.why}
 
 
@@ -278,9 +279,12 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         for b in range(n_boot):
             bx, by, _ = fit_curve(lx, ymb[b], w)
             xs[b], sts[b] = _cross(bx, by, target)
-        draws[name] = (xs, sts, df)
+        # no residual to redraw (one cell per block: e.g. one replication on a monotone curve): every draw is
+        # the fit itself, a zero-width "interval"
+        flat = p.t.size <= cx.size or bool(np.allclose(r, 0.0))
+        draws[name] = (xs, sts, df, flat)
     alpha = (1.0 - confidence) / 2.0
-    for name, (xs, sts, df) in draws.items():
+    for name, (xs, sts, df, flat) in draws.items():
         c = out[name]
         c.draws = np.exp(xs)
         c.answered_draws = float(np.mean(sts == "interpolated"))
@@ -304,13 +308,29 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                         "crossing lies where nothing was measured well enough; a longer --window" if below else
                         "the crossing lies below the ladder; start --ladder lower"))
         c.short_beyond = bool(above) if c.status == "censored_high" else bool(below) if c.status == "censored_low" else False
+        if flat and c.status == "interpolated":  # no interval from the data: the counted rungs either side bound it
+            c.no_residuals = True
+            c.low = max(n for n in c.rungs_counted if n <= c.sessions)
+            c.high = min(n for n in c.rungs_counted if n >= c.sessions)
+            c.low_bound = c.high_bound = False
+            c.why = (f"no interval: the fit passes through every counted cell ({prepared[name].t.size} cells, "
+                     f"{len(c.fit)} fitted blocks), so a bootstrap has no residual to redraw; the crossing "
+                     f"lies between the counted rungs {c.low:g} and {c.high:g} (--replications 3 or more gives an "
+                     "interval)")
     ratios: dict[tuple[str, str], dict[str, Any]] = {}
     for a in draws:
         for b in draws:
             if a == b or out[a].status != "interpolated" or out[b].status != "interpolated":
                 continue
-            lr = draws[a][0] - draws[b][0]
             est = out[a].sessions / out[b].sessions
+            if out[a].no_residuals or out[b].no_residuals:  # the rungs either side bound the ratio
+                ratios[(a, b)] = {"estimate": est, "low": out[a].low / out[b].high, "high": out[a].high / out[b].low,
+                                  "low_is_bound": False, "high_is_bound": False, "no_residuals": True,
+                                  "n": max_rep, "confidence": None,
+                                  "method": "bounds from the counted rungs either side of each crossing: a fit "
+                                            "through every cell leaves no residual to bootstrap"}
+                continue
+            lr = draws[a][0] - draws[b][0]
             mid, k = math.log(est), _widen(min(draws[a][2], draws[b][2]), alpha)
             lo_q, hi_q = np.quantile(lr, [alpha, 1.0 - alpha])
             ratios[(a, b)] = {

@@ -176,6 +176,8 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         ci = c.get("sessions_ci")
         ci_text = (f" [{'<' if ci.get('low_is_bound') else ''}{ci['low']:.1f}, "
                    f"{'>' if ci.get('high_is_bound') else ''}{ci['high']:.1f}]") if ci else ""
+        if ci and ci.get("no_residuals"):  # bounds from the rungs either side, not a confidence interval
+            ci_text = f" (between {ci['low']:g} and {ci['high']:g}: no interval)"
         br = c.get("bracket")
         t = c.get("throughput") or {}
         plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")
@@ -298,7 +300,7 @@ def grid_cell_line(cell: dict[str, Any]) -> str:
     if isinstance(answer, dict):
         answer = answer.get("sentence") or answer.get("text")
     if not answer:
-        caps = ", ".join(f"{k} {_capacity_text(c)}" for k, c in (summary.get("configs") or {}).items())
+        caps = "; ".join(f"{k}: {_capacity_text(c)}" for k, c in (summary.get("configs") or {}).items())
         answer = f"effective capacity (sessions): {caps or '-'}"
     return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
 

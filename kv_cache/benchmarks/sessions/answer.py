@@ -200,13 +200,20 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
         flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
                      f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
-    if k == 1 and status == "interpolated":
+    if status == "interpolated" and fit.no_residuals:
+        ci["no_residuals"] = True
+        ci["method"] = ("bounds, not a confidence interval: the counted rungs either side of the crossing (the fit "
+                        "passes through every counted cell, so a bootstrap has no residual to redraw)")
+        flags.append(fit.why)
+    elif k == 1 and status == "interpolated":
         flags.append("one replication per rung: the interval rests on the fit's residuals across rungs alone, "
                      "not on replications (--replications 3 or more)")
     br = _bracket(_curve(cells), slo)
     if br is not None and status != "not_enough_evidence":  # without the evidence the bracket says nothing
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
-        met, miss = by_n.get(br[0]), by_n.get(br[1])
+        counted = set(fit.rungs_counted)  # a rung short of the evidence qualifies nothing the fit used
+        met = by_n.get(br[0]) if br[0] in counted else None
+        miss = by_n.get(br[1]) if br[1] in counted else None
         if met and met.get("high") is not None and met["high"] > slo:
             flags.append(f"SLO met only within its interval at {br[0]} sessions: p90 {met['estimate']:.2f} "
                          f"[{met['low']:.2f}, {met['high']:.2f}] s against {slo:g} s")
@@ -237,6 +244,8 @@ def _fmt(c: dict[str, Any]) -> str:
     if c["status"] in ("not_enough_evidence", "no data") or c["sessions"] is None:
         return "not enough evidence"
     ci = c["sessions_ci"]
+    if ci.get("no_residuals"):
+        return f"{c['sessions']:.1f} (between {ci['low']:g} and {ci['high']:g}: no interval)"
     lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.1f}"
     hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.1f}"
     return f"{c['sessions']:.1f} [{lo}, {hi}]"
@@ -268,6 +277,8 @@ def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
         return f"x? ({why})"
     if r.get("bound"):
         return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
+    if r.get("no_residuals"):
+        return f"x{r['estimate']:.2f} (between x{r['low']:.2f} and x{r['high']:.2f}: no interval)"
     lo = f"<{r['low']:.2f}" if r.get("low_is_bound") else f"{r['low']:.2f}"
     hi = f">{r['high']:.2f}" if r.get("high_is_bound") else f"{r['high']:.2f}"
     return f"x{r['estimate']:.2f} [{lo}, {hi}]"
@@ -384,6 +395,9 @@ def planned_windows_flag(rungs: list[dict[str, Any]]) -> list[str]:
     if not longer:
         return []
     requested = max(float(p.get("requested_window_s") or 0.0) for p in plans)
-    span = f"{min(longer):.0f}-{max(longer):.0f}" if min(longer) != max(longer) else f"{longer[0]:.0f}"
+    def secs(x: float) -> str:
+        return f"{x:.1f}".rstrip("0").rstrip(".")
+
+    span = f"{secs(min(longer))}-{secs(max(longer))}" if secs(min(longer)) != secs(max(longer)) else secs(longer[0])
     return [f"windows planned to {span} s at {len(longer)} of {len(rungs)} rungs "
             f"(--window {requested:g}; --window-plan fixed holds it)"]
