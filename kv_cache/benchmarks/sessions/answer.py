@@ -10,9 +10,11 @@ binomial interval of a p90; >= 10 in every replication), weighted by their retur
 (monotone) regression and a monotone cubic between its blocks; the crossing is where the fit reaches S, and
 it is censored only when the fit stays on one side of S over the whole ladder (then a bound, saying why).
 Its 95 % interval is a residual bootstrap whose draws every configuration shares (replication k of every
-configuration replays the same sessions), so the ratio between configurations is paired. Without the
-evidence the sentence says "not enough evidence", the turns per cell and the --window that would give
-enough, and gives no figure. Each replication's own first-miss crossing is kept beside it for comparison.
+configuration replays the same sessions), so the ratio between configurations is paired. When the fit
+passes through every counted cell (one replication per rung on a monotone curve) there is no residual to
+redraw: the counted rungs either side bound the crossing, "(between 4 and 8: no interval)", and the ratio
+likewise. Without the evidence the sentence says "not enough evidence", the turns per cell and the --window
+that would give enough, and gives no figure, nor a first-miss bracket or a flag on it. Each replication's own first-miss crossing is kept beside it for comparison.
 The throughput plateau (the rungs whose interval overlaps the peak's) and its knee (the session count
 where the curve first reaches 90 % of the plateau, interpolated) are reported beside the answer, never
 called capacity.
