@@ -470,3 +470,20 @@ def test_bracket_flags_never_quote_a_rung_short_of_the_evidence():
     assert c["bracket"] == [4, 8] and 4.0 in c["fit"]["rungs_short_of_evidence"]
     assert not any(f.startswith("SLO met only within its interval") for f in c["flags"])
     assert "SLO met only" not in sentence
+
+
+def test_a_censored_ratio_bound_holds_over_the_other_sides_interval():
+    # the real planned --window 8 run: dram+storage 7.9 [6.6, 11.8], none "fewer than 8": the sentence said
+    # "at least x0.98" (7.9 / 8), a bound at the point estimate; over the interval it is 6.6 / 8
+    from kv_cache.benchmarks.sessions.answer import _fmt_ratio, _ratio
+
+    a = {"status": "interpolated", "sessions": 7.9, "sessions_ci": {"low": 6.6, "high": 11.8}}
+    b = {"status": "censored_low", "sessions": 8.0, "sessions_ci": None}
+    r = _ratio(a, b, None)
+    assert r["bound"] == "lower" and r["estimate"] == pytest.approx(6.6 / 8)
+    assert _fmt_ratio(r) == "at least x0.82 (censored)"
+    # the other way round: an upper bound over the interval's high end; two censored sides: their bounds
+    assert _ratio(b, a, None)["estimate"] == pytest.approx(8 / 6.6) and _ratio(b, a, None)["bound"] == "upper"
+    top = {"status": "censored_high", "sessions": 16.0, "sessions_ci": None}
+    assert _ratio(top, a, None)["estimate"] == pytest.approx(16 / 11.8)
+    assert _ratio(top, b, None)["estimate"] == pytest.approx(16 / 8)

@@ -270,8 +270,18 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], fitted: dict[str, Any] | None) 
     bound = _BOUNDS.get((sa, sb))
     if bound is None or not a["sessions"] or not b["sessions"]:
         return None
-    return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1, "bound": bound,
-            "method": f"a {bound} bound: one configuration's crossing lies outside the ladder"}
+
+    def end(c: dict[str, Any], side: str) -> float:
+        """A crossing's far end for the bound: the bound itself when censored, else its interval's end (the
+        bound must hold over the interpolated side's uncertainty, not at its point estimate)."""
+        ci = c.get("sessions_ci") or {}
+        return float(ci[side]) if c["status"] == "interpolated" and ci.get(side) else float(c["sessions"])
+
+    # a / b >= a's low end / b's high end (a lower bound); <= a's high end / b's low end (an upper one)
+    value = end(a, "low") / end(b, "high") if bound == "lower" else end(a, "high") / end(b, "low")
+    return {"estimate": value, "low": None, "high": None, "n": 1, "bound": bound,
+            "method": f"a {bound} bound: one configuration's crossing lies outside the ladder; the other's 95 % "
+                      "interval end is taken, so the bound holds over its uncertainty"}
 
 
 def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
