@@ -120,6 +120,7 @@ CASES = [
     ("sessions-gpu", ["sessions", "--gpu", "abacus"], "unknown GPU"),
     ("sessions-tiers", ["sessions", "--tiers", "floppy"], "--tiers"),
     ("sessions-unknown-flag", ["sessions", "--frobnicate"], "unrecognized arguments"),
+    ("sessions-window-plan", ["sessions", "--window-plan", "elastic"], "--window-plan"),
     # plot directories, checked before the run (not after hours of measuring)
     ("plots-is-a-file", ["--plots", "{file}"], "is a file, not a directory"),
     ("plots-under-a-file", ["--plots", "{file}/plots"], "is not a writable directory"),

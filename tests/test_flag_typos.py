@@ -7,7 +7,7 @@ from kv_cache.cli import COMMANDS, build_main_parser, build_parser, did_you_mean
 
 
 @pytest.mark.parametrize("argv,hint", [
-    (["sessions", "--windo", "5"], "(did you mean --window?)"),
+    (["sessions", "--windo", "5"], "(did you mean one of --window, --window-plan?)"),  # a prefix of both
     (["--num-user", "5"], "(did you mean --num-users?)"),
     (["run", "--durat", "5"], "(did you mean --duration?)"),
     (["--request-rat=3"], "(did you mean --request-rate?)"),

@@ -252,8 +252,19 @@ def test_a_rung_without_returning_turns_is_short_of_evidence_not_a_miss():
     one = [cell("none", n, 8.0, k=1) for n in (4, 8, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 8, 16)]
     _, d1 = answer(one, 2.0, 1, "h100")
     assert d1["configs"]["dram"]["sessions_ci"]["low"] <= d1["configs"]["dram"]["sessions"]  # exact curve: no residual
-    assert any("one replication per rung: the interval rests on the fit's residuals" in f
-               for f in d1["configs"]["dram"]["flags"])
+    # ... so bounds from the rungs either side, not an interval of zero width
+    assert d1["configs"]["dram"]["sessions_ci"]["no_residuals"]
+    assert any(f.startswith("no interval: the fit passes through every counted cell") for f in d1["configs"]["dram"]["flags"])
+    jitter = copy.deepcopy(one)
+    for r in jitter:
+        r["ttft"]["return"]["p90_s"]["estimate"] *= 1.3 if r["sessions"] == 8 else 1.0  # off the fitted curve
+        r["replications"]["ttft_return_p90_s"] = [r["ttft"]["return"]["p90_s"]["estimate"]]
+    jitter[1]["ttft"]["return"]["p90_s"]["estimate"] = jitter[2]["ttft"]["return"]["p90_s"]["estimate"] * 1.5
+    jitter[1]["replications"]["ttft_return_p90_s"] = [jitter[1]["ttft"]["return"]["p90_s"]["estimate"]]
+    _, d2 = answer(jitter, 2.0, 1, "h100")  # a violator pools two rungs into one block: a residual to redraw
+    if d2["configs"]["none"]["status"] == "interpolated" and not d2["configs"]["none"]["sessions_ci"].get("no_residuals"):
+        assert any("one replication per rung: the interval rests on the fit's residuals" in f
+                   for f in d2["configs"]["none"]["flags"])
 
 
 def test_failure_inputs_take_the_largest_session_and_the_tiers_in_force():
@@ -289,7 +300,12 @@ def test_a_configuration_without_any_completed_turn_has_no_capacity_ratio():
 
     assert s["configs"]["none"]["effective_capacity_sessions"] is None
     line = grid_cell_line({"parameters": {"model": "m", "num_gpus": 2, "gpu": "h100"}, "summary": s})
-    assert "none none measured (no rung completed a turn)" in line and "16" not in line
+    assert "none: none measured (no rung completed a turn); dram: none measured" in line and "16" not in line
+    # the real grid of issue 29 (`--models llama3.1-8b,llama3.1-70b-instruct --gpus h100,h200 --tensor-parallel 2
+    # --num-gpus 2 --ladder 2 --window 4`) ends so in every cell; a cell that measured one says its rung
+    s2 = dict(s, configs={"none": {"effective_capacity_sessions": 16}, "dram": s["configs"]["dram"]})
+    line = grid_cell_line({"parameters": {"model": "m", "num_gpus": 2, "gpu": "h100"}, "summary": s2})
+    assert "effective capacity (sessions): none: 16; dram: none measured" in line
 
 
 def test_a_censored_replication_is_named_and_the_figure_is_shown_beside_the_replications():
@@ -337,6 +353,8 @@ def test_no_figure_in_the_sentence_goes_without_its_interval_or_a_bound():
     for rungs in scenarios:
         sentence = answer(rungs, 2.0, 1, "h100")[0].split(" [flags:")[0]
         sentence = re.sub(r" \[[^\]]*\]", " []", sentence)  # an interval
+        # bounds where a fit through every cell leaves no residual to bootstrap (one replication)
+        sentence = re.sub(r" \(between x?[\d.]+ and x?[\d.]+: no interval\)", " []", sentence)
         for fixed in (r"\d+ x H100", r"p90", r"<= \d+ s", r"--window \d+", r"\d+ needed", r"\d+ per rung",
                       r"[\d-]+ returning turns", r"would give \d+"):
             sentence = re.sub(fixed, "#", sentence)  # the GPUs, the SLO, the evidence: not figures
@@ -357,3 +375,115 @@ def test_a_bound_whose_far_side_lacks_evidence_says_so_with_a_window():
     assert "the rungs below it (4) lack the evidence" in c["flags"][0]
     assert "fewer than 8" in sentence and "beyond the bound: not enough evidence: 4-5 returning turns per cell" in sentence
     assert "about --window 40 would give 18" in sentence
+
+
+class _Recorded(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("plan", "expected"), [("planned", 32.0), ("fixed", 8.0)])
+def test_window_plan_fixed_holds_every_window_at_the_flag(monkeypatch, plan, expected):
+    # issue 29: --window-plan fixed is what makes "a run with 8 s windows" one; planned stretches the window to
+    # 3 loaded cycles (here 3 x 13.3 s x 8/4, capped at 4 x --window = 32 s); both keep the warm-up's cycle
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    seen = {}
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            seen.update(window=ls.window_s, cycle=planned_cycle_s)
+
+        def run(self):
+            raise _Recorded
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(8.0, 1, 1.0)
+    below = [{"tiers": "none", "sessions": 4, "turn_cycle_s": 13.3}]
+    with pytest.raises(_Recorded):
+        runmod._run_cell(ls, "none", 8, lambda seed: None, io.StringIO(), 2, {}, runmod.RungProgress(ls, 4),
+                         below, plan=True, window_plan=plan)
+    assert seen == {"window": expected, "cycle": pytest.approx(26.6)}
+
+
+def test_the_sentence_says_when_the_planning_lengthened_the_windows():
+    rungs = [cell("none", n, 8.0) for n in (4, 8, 16)]
+    for r, w in zip(rungs, (8.0, 24.0, 32.0), strict=True):
+        r["window_plan"] = {"mode": "planned", "requested_window_s": 8.0, "window_s": w}
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    assert "windows planned to 24-32 s at 2 of 3 rungs (--window 8; --window-plan fixed holds it)" in sentence
+    for r in rungs:
+        r["window_plan"]["window_s"] = 8.0  # fixed
+    sentence, _ = answer(rungs, 2.0, 1, "h100")
+    assert "windows planned" not in sentence
+
+
+def test_the_8_s_window_run_answers_not_enough_evidence_and_shows_no_crossing():
+    # the returning turns of the real `--window 8 --replications 2 --window-plan fixed` run of the README's
+    # laptop example (issue 29 done-when): 4-15 per cell, a first-miss bracket [6, 7] for dram+storage
+    import io
+
+    from kv_cache.render.sessions import _answer
+
+    turns = {("none", 4): [5, 4], ("none", 8): [9, 6], ("none", 16): [8, 8],
+             ("dram+storage", 4): [5, 6], ("dram+storage", 6): [8, 7], ("dram+storage", 7): [8, 6],
+             ("dram+storage", 8): [10, 8], ("dram+storage", 16): [12, 15]}
+    rungs = []
+    for (tiers, n), ns in turns.items():
+        r = cell(tiers, n, 6.5 if tiers == "dram+storage" else 3.0, k=2)
+        r["replications"]["ttft_return_n"] = ns
+        r["window_s"] = 8.0
+        r["window_plan"] = {"mode": "fixed", "requested_window_s": 8.0, "window_s": 8.0}
+        rungs.append(r)
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    assert sentence.startswith("not enough evidence: 4-15 returning turns per cell (one rung's replication; 18 "
+                               "needed, 36 per rung); about --window 20 would give 18")
+    assert " hold " not in sentence and "SLO met only" not in sentence and "not significant" not in sentence
+    assert all(c["status"] == "not_enough_evidence" and c["sessions"] is None for c in d["configs"].values())
+    out = io.StringIO()
+    _answer({"answer": sentence, "answer_detail": d}, out)
+    table = out.getvalue()
+    assert "mean curve between" not in table and "first-miss crossings" not in table
+    assert "dram+storage  - sessions (not_enough_evidence)" in table
+
+
+def test_one_replication_through_every_cell_prints_bounds_not_a_point_interval():
+    rungs = [cell("none", n, 6.0, k=1) for n in (4, 8)]
+    sentence, d = answer(rungs, 2.0, 1, "l40s")
+    c = d["configs"]["none"]
+    assert c["status"] == "interpolated" and c["sessions_ci"]["no_residuals"]
+    assert "hold 6.0 (between 4 and 8: no interval) sessions" in sentence or \
+        " (between 4 and 8: no interval) sessions" in sentence
+    assert "none no interval" in sentence and "[6." not in sentence
+
+
+def test_bracket_flags_never_quote_a_rung_short_of_the_evidence():
+    # a real --window-plan fixed run flagged "SLO met only within its interval at 1 sessions" where the
+    # 1-session rung had 9 returning turns per replication and was left out of the fit
+    rungs = [cell("none", n, 4.05) for n in (4, 8, 12)]
+    rungs[0]["replications"]["ttft_return_n"] = [3, 3, 3]
+    assert rungs[0]["ttft"]["return"]["p90_s"]["high"] > 2.0 > rungs[0]["ttft"]["return"]["p90_s"]["estimate"]
+    sentence, d = answer(rungs, 2.0, 1, "h100")
+    c = d["configs"]["none"]
+    assert c["bracket"] == [4, 8] and 4.0 in c["fit"]["rungs_short_of_evidence"]
+    assert not any(f.startswith("SLO met only within its interval") for f in c["flags"])
+    assert "SLO met only" not in sentence
+
+
+def test_a_censored_ratio_bound_holds_over_the_other_sides_interval():
+    # the real planned --window 8 run: dram+storage 7.9 [6.6, 11.8], none "fewer than 8": the sentence said
+    # "at least x0.98" (7.9 / 8), a bound at the point estimate; over the interval it is 6.6 / 8
+    from kv_cache.benchmarks.sessions.answer import _fmt_ratio, _ratio
+
+    a = {"status": "interpolated", "sessions": 7.9, "sessions_ci": {"low": 6.6, "high": 11.8}}
+    b = {"status": "censored_low", "sessions": 8.0, "sessions_ci": None}
+    r = _ratio(a, b, None)
+    assert r["bound"] == "lower" and r["estimate"] == pytest.approx(6.6 / 8)
+    assert _fmt_ratio(r) == "at least x0.82 (censored)"
+    # the other way round: an upper bound over the interval's high end; two censored sides: their bounds
+    assert _ratio(b, a, None)["estimate"] == pytest.approx(8 / 6.6) and _ratio(b, a, None)["bound"] == "upper"
+    top = {"status": "censored_high", "sessions": 16.0, "sessions_ci": None}
+    assert _ratio(top, a, None)["estimate"] == pytest.approx(16 / 11.8)
+    assert _ratio(top, b, None)["estimate"] == pytest.approx(16 / 8)

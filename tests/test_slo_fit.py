@@ -14,6 +14,7 @@ from kv_cache.metrics.slo_fit import (
     estimate,
     isotonic,
     min_turns_for_p90_interval,
+    rung_has_evidence,
 )
 
 
@@ -105,3 +106,70 @@ def test_coverage_on_a_queueing_curve_at_sigma_half():
         hits += c.low <= 9.0 <= c.high
         errs.append(c.sessions - 9.0)
     assert hits / 60 >= 0.85 and abs(float(np.mean(errs))) <= 0.3
+
+
+def test_the_evidence_rule_is_not_fooled_by_one_replication_or_one_rung():
+    # adversarial inputs for the evidence rule (issue 29)
+    def queue(n):
+        return 0.5 * (n / 4) ** 2  # 2 s at 8 sessions
+
+    good = [Cell(n, r, queue(n), 40) for n in (4, 6, 12) for r in range(3)]
+    # 1. many turns in one replication, none in the others, at 8 sessions: the replications that measured
+    #    nothing are the slow ones, so the fast one alone must not stand for the rung (its 200 turns would
+    #    pass a rung total of 36)
+    lop = [Cell(8, 0, 0.6, 200), Cell(8, 1, None, 0), Cell(8, 2, None, 0)]
+    out, _ = estimate({"a": good + lop}, 2.0)
+    assert 8.0 in out["a"].rungs_short and 8.0 not in out["a"].rungs_counted
+    assert rung_has_evidence(lop, 3) is False and rung_has_evidence(lop[:1], 1) is True
+    # ... and at every rung: no figure at all, however many turns the one replication has
+    only_one = [Cell(n, r, queue(n) if r == 0 else None, 500 if r == 0 else 0) for n in (4, 8, 12) for r in range(2)]
+    out, _ = estimate({"a": only_one}, 2.0)
+    assert out["a"].status == "not_enough_evidence" and out["a"].sessions is None and out["a"].low is None
+    # a replication missing from a rung altogether (no cell) is short too: K comes from the whole run
+    missing = [Cell(n, r, queue(n), 40) for n in (4, 8, 12) for r in range(3) if not (n == 8 and r == 2)]
+    out, _ = estimate({"a": missing}, 2.0)
+    assert out["a"].rungs_short == [8.0]
+    # 2. many turns at one rung only: one rung is no curve, whatever its turns
+    one_rung = [Cell(n, r, queue(n), 500 if n == 8 else 9) for n in (4, 8, 12) for r in range(3)]
+    out, _ = estimate({"a": one_rung}, 2.0)
+    assert out["a"].status == "not_enough_evidence" and out["a"].sessions is None
+    assert out["a"].rungs_counted == [8.0] and out["a"].rungs_short == [4.0, 12.0]
+    # ... and a rung of 9-turn p90s (maxima) does not count however many replications it has
+    many_reps = [Cell(n, r, queue(n), 9) for n in (4, 8, 12) for r in range(20)]
+    out, _ = estimate({"a": many_reps}, 2.0)
+    assert out["a"].status == "not_enough_evidence"
+
+
+@pytest.mark.parametrize(("turns", "counts"), [
+    ((36,), True), ((35,), False),  # K = 1: the rung total is the cell
+    ((18, 18), True), ((18, 17), False),  # K = 2: 36 over the rung
+    ((12, 12, 12), True), ((12, 12, 11), False),  # K = 3
+    ((10, 10, 10, 10), True), ((9, 10, 10, 10), False), ((9, 9, 9, 9), False),  # K = 4: 10 per replication
+    ((100, 9, 100), False),  # one replication a p90 that is its maximum
+])
+def test_turns_just_at_the_evidence_threshold(turns, counts):
+    k = len(turns)
+    rung = [Cell(8, r, 1.0, t) for r, t in enumerate(turns)]
+    assert rung_has_evidence(rung, k) is counts
+    cells = [Cell(n, r, 0.5 * (n / 4) ** 2, 40) for n in (4, 12) for r in range(k)] + rung
+    out, _ = estimate({"a": cells}, 2.0)
+    assert (8.0 in out["a"].rungs_counted) is counts and (8.0 in out["a"].rungs_short) is not counts
+
+
+def test_a_fit_through_every_cell_gives_bounds_not_a_zero_width_interval():
+    # a real one-replication run (issue 29 item 3) printed "5.1 [5.1, 5.1]": two counted rungs, one cell each,
+    # the fit passes through both, so every bootstrap draw was the fit itself
+    cells = [Cell(4, 0, 0.00126, 42), Cell(8, 0, 0.00453, 66), Cell(1, 0, 0.0005, 9)]
+    out, _ = estimate({"a": cells}, 0.002)
+    c = out["a"]
+    assert c.status == "interpolated" and c.no_residuals and 4 < c.sessions < 8
+    assert (c.low, c.high) == (4.0, 8.0) and "no residual to redraw" in c.why
+    # two such configurations: the ratio is bounded by the rungs too, never a point
+    other = [Cell(4, 0, 0.001, 40), Cell(8, 0, 0.003, 40)]
+    out, ratios = estimate({"a": cells, "b": other}, 0.002)
+    r = ratios[("a", "b")]
+    assert r["no_residuals"] and r["low"] == pytest.approx(4 / 8) and r["high"] == pytest.approx(8 / 4)
+    # with replications there are residuals: an interval, not bounds
+    reps = [Cell(n, k, p * (1.1 if k else 0.9), 40) for n, p in ((4, 0.00126), (8, 0.00453)) for k in range(2)]
+    out, _ = estimate({"a": reps}, 0.002)
+    assert not out["a"].no_residuals and out["a"].low < out["a"].sessions < out["a"].high

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from kv_cache.benchmarks.sessions.answer import DEFAULT_ANSWER_REPLICATIONS
 from kv_cache.benchmarks.sessions.ladder import TIER_CONFIGS, LadderSettings
-from kv_cache.benchmarks.sessions.run import SessionsSettings
+from kv_cache.benchmarks.sessions.run import WINDOW_PLANS, SessionsSettings
 from kv_cache.errors import UsageError
 from kv_cache.host.capacity import AUTO_FRACTION
 from kv_cache.metrics.recorder import GIB
@@ -59,6 +59,11 @@ class SessionsFlags:
                          "default 2, until throughput has peaked)."))
     window: float = setting(30.0, flag=Flag(
         "--window", type=float, help="Measured seconds per rung (the article used 720)."))
+    window_plan: str = setting("planned", flag=Flag(
+        "--window-plan", choices=WINDOW_PLANS,
+        help="With --slo-ttft-p90: planned (each rung's window holds >= 3 loaded turn cycles measured at the rung "
+             "below, within [--window, 4 x --window]) or fixed (every window is --window: the answer then says "
+             "'not enough evidence' where --window is too short, with the --window that would do)."))
     warmup: float = setting(10.0, flag=Flag(
         "--warmup", type=float, help="Unmeasured seconds before each window."))
     subwindows: int = setting(5, flag=Flag(
@@ -246,6 +251,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
         replications=_replications(args), slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
+        window_plan=args.window_plan,
         grid=(),
     )
 

@@ -6,8 +6,8 @@ The data are cells: one (rung, replication), its p90 return TTFT and the returni
 
 - **Evidence.** A cell's p90 counts only with at least ``MIN_CELL_TURNS`` (10) returning turns: below that the
   90th percentile of n values is their maximum (the order statistic ceil(0.9 n) = n for n <= 9), a number
-  that says nothing about the p90. A rung counts only when its replications together have at least
-  ``MIN_RUNG_TURNS`` (36) returning turns: the smallest n for which the distribution-free 95 % interval of
+  that says nothing about the p90. A rung counts only when every replication has that many (the one short of
+  turns is most likely the slow one) and together they have at least ``MIN_RUNG_TURNS`` (36) returning turns: the smallest n for which the distribution-free 95 % interval of
   a 90th percentile (order statistics, binomial: [X_(l), X_(u)] with Bin(n, 0.9) putting 2.5 % outside
   each end) has its upper end inside the sample, i.e. 1 - 0.9^n >= 0.975 (n >= 36; at 35 it is 0.97497). With fewer the p90's
   upper confidence bound is beyond every measured turn: the data cannot say the SLO is met.
@@ -46,7 +46,7 @@ import numpy as np
 from kv_cache.metrics.stats import t_quantile
 
 __all__ = ["MIN_CELL_TURNS", "MIN_RUNG_TURNS", "Cell", "Crossing", "estimate", "fit_curve", "isotonic",
-           "min_turns_for_p90_interval"]
+           "min_turns_for_p90_interval", "rung_has_evidence"]
 
 MIN_CELL_TURNS = 10
 N_BOOT = 400
@@ -89,6 +89,7 @@ class Crossing:
     draws: np.ndarray | None = None
     short_beyond: bool = False  # censored on a side where rungs lack the evidence (not beyond the ladder)
     answered_draws: float = 0.0  # share of bootstrap draws that crossed inside the ladder
+    no_residuals: bool = False  # the fit passes through every counted cell: low / high are the rungs either side
     fit: list[tuple[float, float]] = field(default_factory=list)  # (sessions, fitted p90) at block centres
     why: str = ""
 
@@ -97,7 +98,7 @@ class Crossing:
                 "low_is_bound": self.low_bound, "high_is_bound": self.high_bound,
                 "rungs_counted": self.rungs_counted, "rungs_short_of_evidence": self.rungs_short,
                 "turns_per_cell": self.turns_per_cell, "answered_draws": self.answered_draws,
-                "censored_by_missing_evidence": self.short_beyond,
+                "censored_by_missing_evidence": self.short_beyond, "no_residuals": self.no_residuals,
                 "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit], "why": self.why}
 
 
@@ -189,15 +190,26 @@ class _Prepared:
         return (y @ m) / w, w
 
 
-def _prepare(cells: Sequence[Cell]) -> _Prepared:
+def rung_has_evidence(cells: Sequence[Cell], replications: int) -> bool:
+    """A rung counts only when each of its `replications` has a p90 on >= MIN_CELL_TURNS returning turns and
+    together they have >= MIN_RUNG_TURNS. Every replication, not their total alone: a replication that
+    measured too few turns is most likely the slow one (fewer turns complete in a window when each takes
+    longer), so a rung standing on its fast replications alone would read low."""
+    ok = [c for c in cells if c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)
+          and c.turns >= MIN_CELL_TURNS]
+    reps = {c.replication for c in ok}
+    return (len(ok) == len(cells) and len(reps) >= replications
+            and sum(c.turns for c in ok) >= MIN_RUNG_TURNS)
+
+
+def _prepare(cells: Sequence[Cell], replications: int = 1) -> _Prepared:
     by_rung: dict[float, list[Cell]] = {}
     for c in cells:
         by_rung.setdefault(float(c.sessions), []).append(c)
     rungs, rung_of, rep, y, t, short = [], [], [], [], [], []
     for n in sorted(by_rung):
-        ok = [c for c in by_rung[n] if c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)
-              and c.turns >= MIN_CELL_TURNS]
-        if sum(c.turns for c in ok) < MIN_RUNG_TURNS:
+        ok = by_rung[n]
+        if not rung_has_evidence(ok, replications):
             short.append(n)
             continue
         for c in ok:
@@ -221,9 +233,9 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
     (a, b) of configurations with an interpolated crossing: {(a, b): {estimate, low, high, ...}}."""
     target = math.log(slo_s)
     rng = np.random.default_rng(seed)
-    prepared = {name: _prepare(cells) for name, cells in configs.items()}
-    out: dict[str, Crossing] = {}
     max_rep = 1 + max((c.replication for cells in configs.values() for c in cells), default=0)
+    prepared = {name: _prepare(cells, max_rep) for name, cells in configs.items()}
+    out: dict[str, Crossing] = {}
     # one draw for every configuration (paired): per (bootstrap, cell position) a source replication and a
     # source position along the ladder (a quantile of the rungs); each configuration takes its own cell of
     # that replication at that position
@@ -267,9 +279,12 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         for b in range(n_boot):
             bx, by, _ = fit_curve(lx, ymb[b], w)
             xs[b], sts[b] = _cross(bx, by, target)
-        draws[name] = (xs, sts, df)
+        # no residual to redraw (one cell per block: e.g. one replication on a monotone curve): every draw is
+        # the fit itself, a zero-width "interval"
+        flat = p.t.size <= cx.size or bool(np.allclose(r, 0.0))
+        draws[name] = (xs, sts, df, flat)
     alpha = (1.0 - confidence) / 2.0
-    for name, (xs, sts, df) in draws.items():
+    for name, (xs, sts, df, flat) in draws.items():
         c = out[name]
         c.draws = np.exp(xs)
         c.answered_draws = float(np.mean(sts == "interpolated"))
@@ -293,13 +308,29 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                         "crossing lies where nothing was measured well enough; a longer --window" if below else
                         "the crossing lies below the ladder; start --ladder lower"))
         c.short_beyond = bool(above) if c.status == "censored_high" else bool(below) if c.status == "censored_low" else False
+        if flat and c.status == "interpolated":  # no interval from the data: the counted rungs either side bound it
+            c.no_residuals = True
+            c.low = max(n for n in c.rungs_counted if n <= c.sessions)
+            c.high = min(n for n in c.rungs_counted if n >= c.sessions)
+            c.low_bound = c.high_bound = False
+            c.why = (f"no interval: the fit passes through every counted cell ({prepared[name].t.size} cells, "
+                     f"{len(c.fit)} fitted blocks), so a bootstrap has no residual to redraw; the crossing "
+                     f"lies between the counted rungs {c.low:g} and {c.high:g} (--replications 3 or more gives an "
+                     "interval)")
     ratios: dict[tuple[str, str], dict[str, Any]] = {}
     for a in draws:
         for b in draws:
             if a == b or out[a].status != "interpolated" or out[b].status != "interpolated":
                 continue
-            lr = draws[a][0] - draws[b][0]
             est = out[a].sessions / out[b].sessions
+            if out[a].no_residuals or out[b].no_residuals:  # the rungs either side bound the ratio
+                ratios[(a, b)] = {"estimate": est, "low": out[a].low / out[b].high, "high": out[a].high / out[b].low,
+                                  "low_is_bound": False, "high_is_bound": False, "no_residuals": True,
+                                  "n": max_rep, "confidence": None,
+                                  "method": "bounds from the counted rungs either side of each crossing: a fit "
+                                            "through every cell leaves no residual to bootstrap"}
+                continue
+            lr = draws[a][0] - draws[b][0]
             mid, k = math.log(est), _widen(min(draws[a][2], draws[b][2]), alpha)
             lo_q, hi_q = np.quantile(lr, [alpha, 1.0 - alpha])
             ratios[(a, b)] = {

@@ -176,12 +176,16 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
         ci = c.get("sessions_ci")
         ci_text = (f" [{'<' if ci.get('low_is_bound') else ''}{ci['low']:.1f}, "
                    f"{'>' if ci.get('high_is_bound') else ''}{ci['high']:.1f}]") if ci else ""
+        if ci and ci.get("no_residuals"):  # bounds from the rungs either side, not a confidence interval
+            ci_text = f" (between {ci['low']:g} and {ci['high']:g}: no interval)"
         br = c.get("bracket")
         t = c.get("throughput") or {}
         plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")
         reps = c.get("per_replication") or []
         # with K replications the figure is the mean of their crossings, which can lie outside the bracket of
         # the mean curve (the replications bracket it each on their own): say whose bracket it is
+        if c["status"] in ("not_enough_evidence", "no data"):
+            br, reps = None, []  # the first-miss bracket of p90s short of the evidence: no figure
         where = (f", mean curve between {br[0]} and {br[1]}; replications (their own first-miss crossings, "
                  "for comparison) "
                  + ", ".join(_rep_crossing(v, st) for v, st in zip(reps, c.get("per_replication_status")
@@ -296,7 +300,7 @@ def grid_cell_line(cell: dict[str, Any]) -> str:
     if isinstance(answer, dict):
         answer = answer.get("sentence") or answer.get("text")
     if not answer:
-        caps = ", ".join(f"{k} {_capacity_text(c)}" for k, c in (summary.get("configs") or {}).items())
+        caps = "; ".join(f"{k}: {_capacity_text(c)}" for k, c in (summary.get("configs") or {}).items())
         answer = f"effective capacity (sessions): {caps or '-'}"
     return f"  {p['model']} on {p['num_gpus']} x {p['gpu']}: {answer}"
 

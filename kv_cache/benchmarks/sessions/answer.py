@@ -6,13 +6,15 @@ bracket on session counts (a bounded number of extra rungs, until it is at most 
 
 The figure comes from every cell, not from the bracket: ``kv_cache.metrics.slo_fit.estimate`` fits log p90
 on log sessions over every (rung, replication) with the evidence (>= 36 returning turns per rung, the
-binomial interval of a p90; >= 10 per replication), weighted by their returning turns, with an isotonic
+binomial interval of a p90; >= 10 in every replication), weighted by their returning turns, with an isotonic
 (monotone) regression and a monotone cubic between its blocks; the crossing is where the fit reaches S, and
 it is censored only when the fit stays on one side of S over the whole ladder (then a bound, saying why).
 Its 95 % interval is a residual bootstrap whose draws every configuration shares (replication k of every
-configuration replays the same sessions), so the ratio between configurations is paired. Without the
-evidence the sentence says "not enough evidence", the turns per cell and the --window that would give
-enough, and gives no figure. Each replication's own first-miss crossing is kept beside it for comparison.
+configuration replays the same sessions), so the ratio between configurations is paired. When the fit
+passes through every counted cell (one replication per rung on a monotone curve) there is no residual to
+redraw: the counted rungs either side bound the crossing, "(between 4 and 8: no interval)", and the ratio
+likewise. Without the evidence the sentence says "not enough evidence", the turns per cell and the --window
+that would give enough, and gives no figure, nor a first-miss bracket or a flag on it. Each replication's own first-miss crossing is kept beside it for comparison.
 The throughput plateau (the rungs whose interval overlaps the peak's) and its knee (the session count
 where the curve first reaches 90 % of the plateau, interpolated) are reported beside the answer, never
 called capacity.
@@ -195,18 +197,25 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         flags.append(f"not enough evidence: {fit.why}")
     if fit.rungs_short and status != "not_enough_evidence":
         flags.append(f"rungs short of evidence (< {MIN_RUNG_TURNS} returning turns over the replications, or "
-                     f"< {MIN_CELL_TURNS} in each): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
+                     f"< {MIN_CELL_TURNS} in any one): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
                      "left out of the fit")
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
         flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
                      f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
-    if k == 1 and status == "interpolated":
+    if status == "interpolated" and fit.no_residuals:
+        ci["no_residuals"] = True
+        ci["method"] = ("bounds, not a confidence interval: the counted rungs either side of the crossing (the fit "
+                        "passes through every counted cell, so a bootstrap has no residual to redraw)")
+        flags.append(fit.why)
+    elif k == 1 and status == "interpolated":
         flags.append("one replication per rung: the interval rests on the fit's residuals across rungs alone, "
                      "not on replications (--replications 3 or more)")
     br = _bracket(_curve(cells), slo)
-    if br is not None:
+    if br is not None and status != "not_enough_evidence":  # without the evidence the bracket says nothing
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
-        met, miss = by_n.get(br[0]), by_n.get(br[1])
+        counted = set(fit.rungs_counted)  # a rung short of the evidence qualifies nothing the fit used
+        met = by_n.get(br[0]) if br[0] in counted else None
+        miss = by_n.get(br[1]) if br[1] in counted else None
         if met and met.get("high") is not None and met["high"] > slo:
             flags.append(f"SLO met only within its interval at {br[0]} sessions: p90 {met['estimate']:.2f} "
                          f"[{met['low']:.2f}, {met['high']:.2f}] s against {slo:g} s")
@@ -237,6 +246,8 @@ def _fmt(c: dict[str, Any]) -> str:
     if c["status"] in ("not_enough_evidence", "no data") or c["sessions"] is None:
         return "not enough evidence"
     ci = c["sessions_ci"]
+    if ci.get("no_residuals"):
+        return f"{c['sessions']:.1f} (between {ci['low']:g} and {ci['high']:g}: no interval)"
     lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.1f}"
     hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.1f}"
     return f"{c['sessions']:.1f} [{lo}, {hi}]"
@@ -259,8 +270,18 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], fitted: dict[str, Any] | None) 
     bound = _BOUNDS.get((sa, sb))
     if bound is None or not a["sessions"] or not b["sessions"]:
         return None
-    return {"estimate": a["sessions"] / b["sessions"], "low": None, "high": None, "n": 1, "bound": bound,
-            "method": f"a {bound} bound: one configuration's crossing lies outside the ladder"}
+
+    def end(c: dict[str, Any], side: str) -> float:
+        """A crossing's far end for the bound: the bound itself when censored, else its interval's end (the
+        bound must hold over the interpolated side's uncertainty, not at its point estimate)."""
+        ci = c.get("sessions_ci") or {}
+        return float(ci[side]) if c["status"] == "interpolated" and ci.get(side) else float(c["sessions"])
+
+    # a / b >= a's low end / b's high end (a lower bound); <= a's high end / b's low end (an upper one)
+    value = end(a, "low") / end(b, "high") if bound == "lower" else end(a, "high") / end(b, "low")
+    return {"estimate": value, "low": None, "high": None, "n": 1, "bound": bound,
+            "method": f"a {bound} bound: one configuration's crossing lies outside the ladder; the other's 95 % "
+                      "interval end is taken, so the bound holds over its uncertainty"}
 
 
 def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
@@ -268,6 +289,8 @@ def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
         return f"x? ({why})"
     if r.get("bound"):
         return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
+    if r.get("no_residuals"):
+        return f"x{r['estimate']:.2f} (between x{r['low']:.2f} and x{r['high']:.2f}: no interval)"
     lo = f"<{r['low']:.2f}" if r.get("low_is_bound") else f"{r['low']:.2f}"
     hi = f">{r['high']:.2f}" if r.get("high_is_bound") else f"{r['high']:.2f}"
     return f"x{r['estimate']:.2f} [{lo}, {hi}]"
@@ -346,7 +369,10 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
                                 "min_returning_turns_per_replication": MIN_CELL_TURNS,
                                 "why": "the distribution-free 95 % interval of a p90 (order statistics, binomial) "
                                        f"has its upper end inside the sample only from {MIN_RUNG_TURNS} values; "
-                                       f"below {MIN_CELL_TURNS} a p90 is the sample's maximum"},
+                                       f"below {MIN_CELL_TURNS} a p90 is the sample's maximum; every replication "
+                                       "of a rung needs them (the one short of turns is most likely the slow one)",
+                                "windows": "--window-plan planned (default): >= 3 loaded turn cycles, within "
+                                           "[--window, 4 x --window]; fixed: --window"},
               "flags_in_sentence": tags,
               "method": __doc__.split("\n\n", 1)[1].replace("\n", " ").strip()}
     return sentence, detail
@@ -368,4 +394,22 @@ def sentence_flags(rungs: list[dict[str, Any]], per: dict[str, dict[str, Any]]) 
     nowarm = sum(1 for r in rungs if any(f.startswith("no stationary warm-up") for f in r.get("flags", [])))
     if nowarm:
         tags.append(f"no stationary warm-up detected at {nowarm} of {len(rungs)} rungs")
+    tags += planned_windows_flag(rungs)
     return list(dict.fromkeys(tags))
+
+
+def planned_windows_flag(rungs: list[dict[str, Any]]) -> list[str]:
+    """The windows the planning lengthened beyond --window (a figure from them is not a --window figure):
+    "windows planned to 16-32 s at 5 of 8 rungs (--window 8; --window-plan fixed holds it)"; [] when none."""
+    plans = [r.get("window_plan") or {} for r in rungs]
+    longer = [float(p["window_s"]) for p in plans
+              if p.get("window_s") and p.get("requested_window_s") and p["window_s"] > p["requested_window_s"]]
+    if not longer:
+        return []
+    requested = max(float(p.get("requested_window_s") or 0.0) for p in plans)
+    def secs(x: float) -> str:
+        return f"{x:.1f}".rstrip("0").rstrip(".")
+
+    span = f"{secs(min(longer))}-{secs(max(longer))}" if secs(min(longer)) != secs(max(longer)) else secs(longer[0])
+    return [f"windows planned to {span} s at {len(longer)} of {len(rungs)} rungs "
+            f"(--window {requested:g}; --window-plan fixed holds it)"]

@@ -64,9 +64,10 @@ class SessionsSettings:
     slo_ttft_p90_s: float | None
     ladder_auto_start: int  # > 0: `--ladder auto`, climbing from this many sessions until throughput peaked
     grid: tuple[LadderSettings, ...]  # `--models` / `--gpus`: one ladder per (model, GPU) cell; () = one cell
+    window_plan: str  # WINDOW_PLANS: "planned" (an answer run's windows hold 3 loaded cycles) or "fixed" (--window)
 
 
-__all__ = ["METHOD", "load_trace_sessions", "run_ladder", "run_sessions"]
+__all__ = ["METHOD", "WINDOW_PLANS", "load_trace_sessions", "run_ladder", "run_sessions"]
 
 METHOD = (
     "Closed loop: each of N session slots issues its next turn only after the previous answer completed and "
@@ -101,6 +102,7 @@ class LadderStopped(Exception):
     """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
 
 
+WINDOW_PLANS = ("planned", "fixed")  # --window-plan: how an answer run sizes each rung's window
 REPLICATION_SEED_STRIDE = 7919  # replication k runs with seed + k x this (k = 0: the given seed)
 
 
@@ -119,15 +121,16 @@ class RungProgress:
 
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
-              rungs: list[dict[str, Any]], plan: bool = False) -> dict[str, Any]:
+              rungs: list[dict[str, Any]], plan: bool = False, window_plan: str = "planned") -> dict[str, Any]:
     """One (config, sessions) cell: `replications` seeded runs merged, appended to `rungs` before its last
     line is printed (an interrupt after that line keeps the cell); its throughput samples into `raw`.
-    `plan` (an answer run): the window is planned from the loaded turn cycle measured at the rung below
-    (steady_state.plan_window: >= 3 cycles, within [--window, 4 x --window]) and the warm-up lasts one."""
+    `plan` (an answer run): the warm-up lasts at least the loaded turn cycle expected from the rung below,
+    and with `window_plan` "planned" the window holds >= 3 of them (steady_state.plan_window, within
+    [--window, 4 x --window]); "fixed": the window is --window."""
     reps = []
     line = ""
     cycle, from_rung = planned_cycle(rungs, tier, n) if plan else (None, None)
-    window = plan_window(ls.window_s, cycle)
+    window = plan_window(ls.window_s, cycle) if window_plan == "planned" else ls.window_s
     for k in range(replications):
         out.write(line + f"  {progress.label()} running {tier:<13} {n:>5} sessions"
                   + (f" (replication {k + 1})" if replications > 1 else "")
@@ -149,11 +152,13 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
         t = result["throughput_tokens_per_s_per_gpu"]
         line = f" {t['estimate']:10.1f} tok/s/GPU, {result['completed_turns']} turns\n"
     cell = merge_replications(reps)
-    cell["window_plan"] = {"requested_window_s": ls.window_s, "window_s": window, "planned_cycle_s": cycle,
-                           "planned_from_rung": from_rung,
-                           "rule": "with --slo-ttft-p90: the window holds >= 3 loaded turn cycles planned from the "
-                                   "rung below (its measured cycle x the ratio of sessions), within [--window, "
-                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; else --window"}
+    cell["window_plan"] = {"mode": window_plan if plan else "fixed", "requested_window_s": ls.window_s,
+                           "window_s": window, "planned_cycle_s": cycle, "planned_from_rung": from_rung,
+                           "rule": "with --slo-ttft-p90 and --window-plan planned (the default): the window holds "
+                                   ">= 3 loaded turn cycles planned from the rung below (its measured cycle x the "
+                                   "ratio of sessions), within [--window, "
+                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; else (--window-plan fixed, or no "
+                                   "SLO) --window"}
     if replications > 1:
         raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
     rungs.append(cell)
@@ -164,10 +169,12 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
 
 def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
                rungs: list[dict[str, Any]] | None = None, replications: int = 1,
-               slo_ttft_p90_s: float | None = None, auto_start: int = 0) -> dict[str, Any]:
+               slo_ttft_p90_s: float | None = None, auto_start: int = 0,
+               window_plan: str = "planned") -> dict[str, Any]:
     """Run every (tier config, rung), `replications` times each with its own seed; `rungs` (if given)
     receives each finished cell as it completes. `supply(seed)` -> the session supply of that seed.
-    `auto_start` > 0: ignore `ladder`, climb from that many sessions (doubling) until throughput peaked."""
+    `auto_start` > 0: ignore `ladder`, climb from that many sessions (doubling) until throughput peaked.
+    `window_plan` (with an SLO): "planned" windows of >= 3 loaded turn cycles, or "fixed" at --window."""
     rungs = [] if rungs is None else rungs
     raw: dict[tuple[str, int], list[float]] = {}
     cap_blocks = ls.hbm_capacity_blocks()
@@ -189,17 +196,17 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, 
     for tier in tiers:
         if not auto_start:
             for n in ladder:
-                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan)
+                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan)
             continue
         history: list[tuple[int, float]] = []
         while (n := auto_next_rung(history, auto_start)) is not None:
-            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan)
+            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan)
             history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
     body: dict[str, Any] = {}
     if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
         progress.total = None
         refine_ladder(rungs, tiers, slo_ttft_p90_s,
-                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan))
+                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan))
         body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
@@ -256,7 +263,7 @@ def _parameters(s: SessionsSettings, ls: LadderSettings, ladder: list[int], tier
         "dram_gib": ls.dram_bytes / GIB, "pace": s.pace_text, "seed": ls.seed, "trace": s.trace,
         "hbm_kv_capacity_blocks": ls.hbm_capacity_blocks(), "io_workers": ls.storage.io_workers,
         "load_policy": ls.load_policy, "steady_state": ls.steady_state, "replications": s.replications,
-        "slo_ttft_p90_s": s.slo_ttft_p90_s,
+        "slo_ttft_p90_s": s.slo_ttft_p90_s, "window_plan": s.window_plan if s.slo_ttft_p90_s is not None else "fixed",
         "block_bytes": ls.block_bytes, "block_bytes_per_gpu": ls.block_bytes_per_gpu,
         "dram_usable_fraction": ls.dram_usable_fraction,
         "replica_assignment": "blake2b(seed:session_id) mod replicas",
@@ -401,7 +408,7 @@ def _climb_ladder(s: SessionsSettings, ls: LadderSettings, scripts, out: TextIO,
     ladder, tiers = list(s.ladder), list(s.tiers)
     try:
         body = run_ladder(ls, ladder, tiers, lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1), out,
-                          done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start)
+                          done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start, s.window_plan)
     except KeyboardInterrupt:  # keep what was measured: the rungs that completed, work control included
         flag_work_equivalence(done_rungs)
         sys.stderr.write(f"kv-cache sessions: interrupted after {len(done_rungs)} rung(s); writing them\n")
