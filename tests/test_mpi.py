@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from mpi_grace import wait_for
 from test_merge import _ranks
 
 from kv_cache.benchmarks.standard.outputs import write_merged
@@ -165,13 +166,17 @@ def test_a_failing_rank_ends_the_job_instead_of_hanging_the_others(tmp_path):
     cfg.write_text(MICRO)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "rank1").write_text("not a directory")
+    # (each rank through mpi_grace: mpirun SIGKILLs rank 0 0.25 s after its SIGTERM, too soon on a loaded host)
+    grace = tmp_path / "grace"
     cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "tests" / "mpi_grace.py"), str(grace), sys.executable,
            str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--cache-dir", str(tmp_path / "cache"),
            "--output", str(tmp_path / "X.json")]
     proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
                           cwd=tmp_path)
-    assert proc.returncode == 2
-    assert b"kv-cache: error: cache dir" in proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr + wait_for(grace).encode()  # the job's output, the ranks' included
+    assert proc.returncode == 2, output[-3000:]
+    assert b"kv-cache: error: cache dir" in output
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))  # rank 0 cleaned up as it was ended
 
 
@@ -188,12 +193,16 @@ def test_a_storage_error_while_preconditioning_on_one_rank_stops_both(tmp_path):
     args = [str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "300", "--precondition",
             "--precondition-size-gb", "0.05", "--cache-dir", str(tmp_path / "cache"),
             "--output", str(tmp_path / "X.json")]
+    # (rank 0 through mpi_grace: mpirun SIGKILLs it 0.25 s after its SIGTERM, too soon on a loaded host)
+    grace = tmp_path / "grace"
     cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-x", "PYTHONPATH", "-n", "1", sys.executable,
-           *args, ":", "-n", "1", prlimit, "--fsize=200000", sys.executable, *args]
+           str(ROOT / "tests" / "mpi_grace.py"), str(grace), sys.executable, *args,
+           ":", "-n", "1", prlimit, "--fsize=200000", sys.executable, *args]
     proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120,
                           cwd=tmp_path)
-    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
-    assert b"kv-cache: error: run stopped by a storage error before the measured window" in proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr + wait_for(grace).encode()  # the job's output, rank 0's included
+    assert proc.returncode == 3, output[-3000:]
+    assert b"kv-cache: error: run stopped by a storage error before the measured window" in output
     rank1 = json.loads((tmp_path / "X_rank1.json").read_text())
     assert rank1["stop_reason"].startswith("storage error before the measured phase")
     assert rank1["verdict"] == "INCOMPLETE"
@@ -206,7 +215,10 @@ def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_
     it measured, INCOMPLETE, and removes its files."""
     cfg = tmp_path / "micro.yaml"
     cfg.write_text(MICRO)
+    # (each rank through mpi_grace: mpirun SIGKILLs rank 0 0.25 s after its SIGTERM, too soon on a loaded host)
+    grace = tmp_path / "grace"
     cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "tests" / "mpi_grace.py"), str(grace), sys.executable,
            str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "30",
            "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
@@ -222,7 +234,8 @@ def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_
         proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode != 0
+    output = wait_for(grace)
+    assert proc.returncode != 0, output[-3000:]
     rank0 = json.loads((tmp_path / "X_rank0.json").read_text())
     assert rank0["stop_reason"] == "interrupted" and rank0["verdict"] == "INCOMPLETE"
     assert not list((tmp_path / "cache").glob("rank0/kv-cache-run-*"))

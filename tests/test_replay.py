@@ -32,11 +32,12 @@ def mooncake_reuse(path: Path, rows: int | None = None) -> float:
 @pytest.mark.slow
 def test_block_hit_rate_equals_reuse_of_first_rows_with_real_io(quick_settings, sink, traces_dir):
     path = traces_dir / "mooncake" / "conversation_trace_300.jsonl"
-    results, _ = run(quick_settings, sink, "--trace", str(path), "--kv-block-tokens", "512", "--max-requests", "200",
+    results, _ = run(quick_settings, sink, "--trace", str(path), "--kv-block-tokens", "512", "--max-requests", "100",
                      "--io-workers", "4", "--no-fsync")
-    expected = mooncake_reuse(path, rows=200)
+    expected = mooncake_reuse(path, rows=100)  # 3.3 % reuse in the first 100 rows (5.8 % in 200): not zero
+    assert expected > 0.03
     b = results["summary"]["block_stats"]
-    assert results["summary"]["total_requests"] == 200
+    assert results["summary"]["total_requests"] == 100
     assert b["block_hit_rate"] == pytest.approx(expected, abs=1e-9)
     assert b["loads"] + b["stores"] == b["blocks"] and b["hit_rate_by_tier"]["storage"] == b["block_hit_rate"]
     assert results["trace_replay"]["format"] == "mooncake"

@@ -151,7 +151,10 @@ def test_interrupt_keeps_finished_rungs_and_cleans_up(argv, tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "kv_cache", "sessions", *argv("--ladder", "2,2", "--tiers", "dram+storage")]
+    # a 5 s window (warm-up 0.5 s): the second rung is still running when the SIGINT comes, even with the
+    # test's read of the first rung's line late by seconds on a loaded host (the 2 s window left 2.5 s)
+    cmd = [sys.executable, "-m", "kv_cache", "sessions", *argv("--ladder", "2,2", "--tiers", "dram+storage",
+                                                               "--window", "5")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if "tok/s" in line:  # the first rung has finished (and its line printed): interrupt the second
