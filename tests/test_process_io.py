@@ -62,8 +62,9 @@ def test_a_buffered_run_served_from_the_page_cache_is_flagged_beside_another_wri
     assert c["status"] == integ.INVALID and c["numbers"]["source"] == "process", c
     n = c["numbers"]
     assert n["process_read_bytes"] < 0.9 * n["counted_read_bytes"]
-    # the whole device moved more than the run counted: a device-only check would have passed
-    assert n["device_read_bytes"] + n["device_write_bytes"] > n["counted_read_bytes"]
+    # (that device-wide counters moved by another writer would have passed a device-only check is held with
+    # fixed figures in test_device_counters_alone_are_unverifiable_on_a_shared_device: how many bytes the
+    # writer moves inside this 2 s window depends on the host's load, 91.7 MB against 122 MB read once)
     assert results["integrity"]["verdict"] == integ.INVALID
 
 
