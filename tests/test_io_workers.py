@@ -87,3 +87,35 @@ def test_a_probe_that_meets_a_storage_error_falls_back_and_leaves_the_error_to_t
     c = iw.choose(0, users=3, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=notes,
                   store=Failing(), probe_seconds=0.01)
     assert c.count == 3 and "the probe failed" in c.how and "Read-only" in notes[0]
+
+
+def test_each_probe_thread_frees_what_the_store_holds_for_it(tmp_path):
+    """The remote tiers keep a slot ring per writing thread (Redis: 8 chunks): the probe's ~60 short-lived
+    threads kept theirs to the end of the run (a Redis run's peak RSS was 16.7 GiB at 16 workers, against
+    2.6 GiB measured for --io-workers 16). Each probe thread now calls the store's release_thread as it
+    ends: no ring outlives the probe."""
+    import threading
+
+    class Ringed(FileStore):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.tls, self.live, self.released, self.lock = threading.local(), set(), 0, threading.Lock()
+
+        def write(self, key, nbytes, bufs, stop=None):
+            if not hasattr(self.tls, "ring"):
+                self.tls.ring = object()
+                with self.lock:
+                    self.live.add(id(self.tls.ring))
+            return super().write(key, nbytes, bufs, stop)
+
+        def release_thread(self):
+            ring = getattr(self.tls, "ring", None)
+            with self.lock:
+                self.released += 1
+                if ring is not None:
+                    self.live.discard(id(ring))
+
+    with Ringed(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(1, 2, 4), seconds=0.01)
+        assert [r["workers"] for r in rows] == [1, 2, 4]
+        assert store.live == set() and store.released == 2 * (1 + 2 + 4)  # write and read threads alike

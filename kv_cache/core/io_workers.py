@@ -119,13 +119,14 @@ def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, 
     return cap, message
 
 
-def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[float, float]:
+def _timed(n: int, seconds: float, op, stop: threading.Event | None, done=None) -> tuple[float, float]:
     """`n` threads calling op(i, k) -> bytes until `seconds` have passed and each has done at least
     MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: from the moment every thread has
     finished its first operation (a burst into whatever cache the device has) to the moment the first
     thread stopped, the bytes of the operations that ended in between over its length; where that span is
     empty, the bytes after each thread's first operation over the time from the first such end to the
-    last thread's end."""
+    last thread's end. `done()`, when given, is called by each thread as it ends (the store frees what the
+    thread held: its slot ring)."""
     ends: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # per thread: (end time, bytes) per op
     errors: list[BaseException] = []
     start = time.perf_counter()
@@ -141,6 +142,9 @@ def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[fl
                 mine.append((time.perf_counter(), b))
         except BaseException as exc:  # noqa: BLE001  (raised after the join)
             errors.append(exc)
+        finally:
+            if done is not None:
+                done()
 
     threads = [threading.Thread(target=work, args=(i,), name=f"kv-probe-{i}", daemon=True) for i in range(n)]
     for t in threads:
@@ -176,6 +180,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     written: set[str] = set()
     rows: list[dict[str, float]] = []
     lock = threading.Lock()
+    release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
 
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
@@ -187,7 +192,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
         for n in counts:
             if stop is not None and stop.is_set():
                 break
-            gibps, elapsed = _timed(n, seconds, write, stop)
+            gibps, elapsed = _timed(n, seconds, write, stop, release)
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
         keys = sorted(written)
         for row in rows:
@@ -195,7 +200,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                 break
             n = int(row["workers"])
             gibps, elapsed = _timed(n, seconds, lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
-                                    stop)
+                                    stop, release)
             row["read_gibps"] = gibps
             row["seconds"] = round(row["seconds"] + elapsed, 3)
     finally:

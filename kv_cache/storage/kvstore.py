@@ -349,6 +349,19 @@ class RedisStore(SizedStore):
                 self._slots.append(ring)
         return ring.slots
 
+    def release_thread(self) -> None:
+        """Free the calling thread's slot ring (`pipeline` chunks), for a thread that writes no more (the I/O
+        worker probe's: without this each of its ~60 short-lived threads kept its ring to the end of the run,
+        8 x 16 MiB each); a later write of the thread makes a new one."""
+        ring = getattr(self._tls, "ring", None)
+        if ring is None:
+            return
+        del self._tls.ring
+        with self._lock:
+            if ring in self._slots:
+                self._slots.remove(ring)
+        ring.close()
+
     def _chunk_keys(self, key: str, n: int, start: int = 0) -> list[str]:
         base = self._base(key)
         return [f"{base}:{i}" for i in range(start, n)]
