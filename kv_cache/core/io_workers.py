@@ -6,7 +6,9 @@
   Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
   PROBE_FRACTION of the best write rate, or that for reads, whichever is larger; then halved while half
-  the count keeps PROBE_FRACTION of its rate, measured in alternating pairs (the machine may be noisy).
+  the count keeps PROBE_FRACTION of its write rate and of its read rate (both: the count one direction
+  set may be what the other needs), measured in CONFIRM_PAIRS alternating pairs (the machine may be
+  noisy). `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
   A run shorter than PROBE_MIN_RUN_S is not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
   two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +38,7 @@ log = logging.getLogger("kv_cache")
 
 PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
 PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
-CONFIRM_PAIRS = 2  # alternating pairs per step-down check
+CONFIRM_PAIRS = 3  # alternating pairs per step-down check
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
 PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
@@ -43,6 +46,7 @@ WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU ti
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
 RESERVE_BYTES = 256 << 20
 GIB = float(1 << 30)
+KEYS = ("write_gibps", "read_gibps")
 
 
 @dataclass
@@ -82,8 +86,8 @@ def probe_text(rows: list[dict[str, float]]) -> str:
         f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}" for r in first)
     for r in rows:
         if r.get("confirm"):
-            key = "write_gibps" if "write_gibps" in r else "read_gibps"
-            text += f"; {r['workers']} vs {r['vs']}: {r[key]:.2f} vs {r['vs_' + key]:.2f}"
+            text += (f"; {r['workers']} vs {r['vs']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f} vs "
+                     f"{r.get('vs_write_gibps', 0):.2f}/{r.get('vs_read_gibps', 0):.2f}")
     return text
 
 
@@ -213,26 +217,51 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     return rows
 
 
-def confirm_smaller(store: Any, chunk_bytes: int, seed: int, count: int, key: str, seconds: float,
-                    stop: threading.Event | None = None, pairs: int = CONFIRM_PAIRS) -> tuple[int, list[dict]]:
-    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, measured in
-    alternating pairs (half, count, half, count: the same drift in both), take the half. Returns the
-    count and the pairs' figures ({"workers", key, "vs"})."""
+def both_rates(store: Any, chunk_bytes: int, seed: int, n: int, seconds: float,
+               stop: threading.Event | None = None) -> dict[str, float]:
+    """The write and the read rate of `store` at `n` workers ({} where none was measured)."""
+    rows = probe(store, chunk_bytes, seed, (n,), seconds, stop)
+    return {k: rows[0][k] for k in KEYS if rows and k in rows[0]}
+
+
+def decide(rows: list[dict[str, float]], measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
+           stop: threading.Event | None = None) -> tuple[int, list[dict]]:
+    """The rule, on the probe's figures `rows`: the smallest count reaching PROBE_FRACTION of the best
+    write rate, and that for reads, the larger of the two; then step_down from it, with `measure(n)` the
+    write and read rates at n workers. Returns the count and the step-down pairs' figures."""
+    if not rows:
+        return 1, []
+    picked = max(smallest_reaching(rows, k) for k in KEYS)
+    if picked <= 1:
+        return picked, []
+    return step_down(picked, measure, pairs, stop)
+
+
+def step_down(count: int, measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
+              stop: threading.Event | None = None) -> tuple[int, list[dict]]:
+    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, for writes
+    and for reads alike (a count set by one direction may be what the other needs), measured in
+    alternating pairs (half, count, half, count: the same drift in both), take the half. `measure(n)`:
+    {"write_gibps", "read_gibps"} at n workers ({} or a missing key: none measured). Returns the count and
+    the pairs' mean figures ({"workers", "vs", key and "vs_" + key for each direction})."""
     seen: list[dict] = []
     while count > 1 and not (stop is not None and stop.is_set()):
         half = count // 2
-        rates: dict[int, list[float]] = {half: [], count: []}
+        rates: dict[int, dict[str, list[float]]] = {half: {k: [] for k in KEYS}, count: {k: [] for k in KEYS}}
         for _ in range(pairs):
             for n in (half, count):
-                rows = probe(store, chunk_bytes, seed, (n,), seconds, stop,
-                             directions=("write",) if key == "write_gibps" else ("write", "read"))
-                if rows and key in rows[0]:
-                    rates[n].append(rows[0][key])
-        if not rates[half] or not rates[count]:
+                for k, v in measure(n).items():
+                    if k in rates[n]:
+                        rates[n][k].append(v)
+        keys = [k for k in KEYS if rates[half][k] and rates[count][k]]
+        if not keys:
             break
-        lo, hi = sum(rates[half]) / len(rates[half]), sum(rates[count]) / len(rates[count])
-        seen.append({"workers": half, "vs": count, key: lo, f"vs_{key}": hi})
-        if lo < PROBE_FRACTION * hi:
+        row: dict[str, Any] = {"workers": half, "vs": count}
+        for k in keys:
+            row[k] = sum(rates[half][k]) / len(rates[half][k])
+            row[f"vs_{k}"] = sum(rates[count][k]) / len(rates[count][k])
+        seen.append(row)
+        if any(row[k] < PROBE_FRACTION * row[f"vs_{k}"] for k in keys):
             break
         count = half
     return count, seen
@@ -271,12 +300,9 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         if not why_not:
             try:
                 rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop)
-                w, r = smallest_reaching(rows, "write_gibps"), smallest_reaching(rows, "read_gibps")
-                picked = max(w, r)
-                if picked > 1 and rows:  # the larger one checked against its half in alternating pairs
-                    picked, pairs = confirm_smaller(store, chunk_bytes, seed, picked,
-                                                    "write_gibps" if w >= r else "read_gibps", probe_seconds, stop)
-                    rows = [*rows, *({"confirm": True, **p} for p in pairs)]
+                picked, pairs = decide(rows, lambda n: both_rates(store, chunk_bytes, seed, n, probe_seconds, stop),
+                                       stop=stop)
+                rows = [*rows, *({"confirm": True, **p} for p in pairs)]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
                 why_not, rows = f"the probe failed: {exc}", []
                 notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
@@ -289,7 +315,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                    else None)
         how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
                "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
-               f"while the half reached {PROBE_FRACTION:.0%} of it in alternating pairs")
+               f"while the half reached {PROBE_FRACTION:.0%} of its write and read rates in {CONFIRM_PAIRS} "
+               "alternating pairs")
         if 0 < demand < count:
             count = demand
             how += f"; at most {demand}, one per user (a closed-loop user has one request in flight)"
