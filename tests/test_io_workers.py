@@ -185,3 +185,16 @@ def test_a_step_down_with_no_figure_keeps_the_count():
     rows, _, _ = _synthetic(FLAT, FLAT, 0.0, 1)
     rows[-1]["write_gibps"] = 2.0  # only 32 reaches the best
     assert iw.decide(rows, lambda n: {}) == (32, [])
+
+
+def test_the_steady_rate_counts_each_operation_for_its_share_of_the_span():
+    """Three threads do one GiB per 0.1 s; the fourth's first operation ends late (0.999 s), then it keeps
+    their pace. The span where all four run is (0.999, 1.0]: counted whole by their end time, the three
+    operations ending in it gave 3 GiB in 1 ms, 3000 GiB/s (the probe once read 59 GiB/s from a disk that
+    does 1.5); pro rata, the truth: four threads at 10 GiB/s each."""
+    g = 1 << 30
+    regular = [[(round(0.1 * k, 3), g) for k in range(1, 11)] for _ in range(3)]
+    late = [(0.999, g), (1.099, g)]
+    assert iw.steady_rate([*regular, late]) == pytest.approx(40.0)
+    assert iw.steady_rate(regular) == pytest.approx(30.0)  # no late thread: the plain rate
+    assert iw.steady_rate([[(0.1, g)], late]) == 0.0  # a thread with its first operation only: no figure
