@@ -118,6 +118,7 @@ def run(tier: Tier, workers: int | None, a: argparse.Namespace) -> dict:
             "read_gibps": cs["tier_storage_read_bandwidth_gbps"], "write_gibps": cs["tier_storage_write_bandwidth_gbps"],
             "gibps": cs["tier_storage_read_bandwidth_gbps"] + cs["tier_storage_write_bandwidth_gbps"],
             "peak_rss_mib": m.get("peak_rss_mib"), "cpu_s_per_gib": m.get("cpu_seconds_per_gib"),
+            "depth": m.get("achieved_queue_depth") or {},  # device-busy time / window: the demand the run made
             "how": choice.get("how"), "probe": choice.get("probe"), "load": before}
 
 
@@ -125,10 +126,12 @@ def row_text(r: dict, mark: str = "") -> str:
     if "gibps" not in r:
         return f"  {r['workers']!s:>7}: failed (load {r['load']}): {r['error']}"
     return (f"  {r['workers']:>7} {r['read_gibps']:6.2f} {r['write_gibps']:6.2f} {r['gibps']:6.2f} "
-            f"{r['peak_rss_mib']:8.0f} {r['cpu_s_per_gib'] or 0:9.3f} {r['window_s'] or 0:6.1f}  {r['load']}{mark}")
+            f"{r['peak_rss_mib']:8.0f} {r['cpu_s_per_gib'] or 0:9.3f} {r['window_s'] or 0:6.1f} "
+            f"{r['depth'].get('read', 0):4.1f}/{r['depth'].get('write', 0):<4.1f}  {r['load']}{mark}")
 
 
-HEAD = f"  {'workers':>7} {'read':>6} {'write':>6} {'GiB/s':>6} {'RSS MiB':>8} {'CPU-s/GiB':>9} {'window':>6}  load avg"
+HEAD = (f"  {'workers':>7} {'read':>6} {'write':>6} {'GiB/s':>6} {'RSS MiB':>8} {'CPU-s/GiB':>9} {'window':>6} "
+        "depth r/w  load avg")
 
 
 def mean(xs: list[float]) -> float:
