@@ -198,3 +198,18 @@ def test_the_steady_rate_counts_each_operation_for_its_share_of_the_span():
     assert iw.steady_rate([*regular, late]) == pytest.approx(40.0)
     assert iw.steady_rate(regular) == pytest.approx(30.0)  # no late thread: the plain rate
     assert iw.steady_rate([[(0.1, g)], late]) == 0.0  # a thread with its first operation only: no figure
+
+
+def test_the_probe_keeps_to_its_time_budget_and_says_what_it_left_out(tmp_path):
+    """MIN_OPS per thread made each step on a slow tier long (moto at 0.05 GiB/s: minutes of probe before a
+    120 s window). A count whose steps, estimated from the count before it, do not fit in what is left of
+    the budget is not probed; the first always is."""
+    assert iw.probe_budget_s(120) == pytest.approx(12.0) and iw.probe_budget_s(3600) == iw.PROBE_BUDGET_MAX_S
+    assert iw.step_estimate(32, 0.05, 16 * MIB, 0.3) == pytest.approx(32 * 3 * 16 / 1024 / 0.05)
+    assert iw.step_estimate(1, 0.0, MIB, 0.3) == float("inf")
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        c = iw.choose(0, users=20, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
+                      store=store, probe_seconds=0.01, budget_s=0.0)
+        assert [r["workers"] for r in c.probe] == [1] and c.count == 1
+        assert "budget left out 2 workers and more" in c.how
+        assert store.keys() == []

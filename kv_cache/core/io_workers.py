@@ -42,6 +42,8 @@ CONFIRM_PAIRS = 3  # alternating pairs per step-down check
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
 PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
+PROBE_BUDGET_FRACTION = 0.1  # of the run's duration: the whole probe's wall-clock allowance (12 s at 120 s)
+PROBE_BUDGET_MAX_S = 30.0
 WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
 RESERVE_BYTES = 256 << 20
@@ -77,6 +79,33 @@ def probe_seconds(duration_s: float, max_requests: int = 0) -> float:
     one that ends after --max-requests (its length unknown), whose window the probe (several seconds, more
     where each thread's three operations take longer) could rival."""
     return PROBE_SECONDS if float(duration_s or 0) >= PROBE_MIN_RUN_S and not max_requests else 0.0
+
+
+def probe_budget_s(duration_s: float) -> float:
+    """The whole probe's wall-clock allowance: PROBE_BUDGET_FRACTION of the run, at most PROBE_BUDGET_MAX_S.
+    MIN_OPS per thread made a step on a slow tier long (moto at 0.05 GiB/s: 32 threads x 3 x 16 MiB is
+    30 s a direction), and an unbounded probe of S3 ran for minutes before a 120 s window."""
+    return min(PROBE_BUDGET_MAX_S, PROBE_BUDGET_FRACTION * float(duration_s or 0))
+
+
+class ProbeBudget:
+    """The probe's remaining wall-clock time; `cut` says what it left out (None: nothing)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self.end = time.perf_counter() + self.seconds
+        self.cut: str | None = None
+
+    def fits(self, estimate_s: float) -> bool:
+        return time.perf_counter() + estimate_s <= self.end
+
+
+def step_estimate(n: int, gibps: float, nbytes: int, seconds: float) -> float:
+    """How long a step of `n` threads takes at `gibps` (a rate measured before): `seconds`, or the time
+    its MIN_OPS operations per thread need at that rate, whichever is longer (inf without a rate)."""
+    if gibps <= 0:
+        return float("inf")
+    return max(seconds, n * MIN_OPS * nbytes / (gibps * GIB))
 
 
 def probe_text(rows: list[dict[str, float]]) -> str:
@@ -186,9 +215,11 @@ def steady_rate(ends: list[list[tuple[float, int]]]) -> float:
 
 def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PROBE_COUNTS,
           seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
-          directions: tuple[str, ...] = ("write", "read")) -> list[dict[str, float]]:
+          directions: tuple[str, ...] = ("write", "read"),
+          budget: ProbeBudget | None = None) -> list[dict[str, float]]:
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
-    "read_gibps", "seconds"}].
+    "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
+    left of it (estimated from the count before it, step_estimate) is not probed, nor any after it.
 
     Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
     MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
@@ -211,6 +242,11 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
         for n in counts:
             if stop is not None and stop.is_set():
                 break
+            if budget is not None and rows:
+                est = len(directions) * step_estimate(n, rows[-1]["write_gibps"], nbytes, seconds)
+                if not budget.fits(est):
+                    budget.cut = f"{n} workers and more (about {est:.0f} s more)"
+                    break
             gibps, elapsed = _timed(n, seconds, write, stop, release)
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
         keys = sorted(written)
@@ -294,7 +330,7 @@ def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = 
 def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
            notes: list[str], store: Any = None, seed: int = 0,
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
-           demand: int = 0, ranks: int = 1) -> WorkerChoice:
+           demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
     probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory. `demand`
     (> 0): the most requests that can be in flight at once (closed loop: one per user), above which a
@@ -314,9 +350,18 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         rows = []
         if not why_not:
             try:
-                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop)
-                picked, pairs = decide(rows, lambda n: both_rates(store, chunk_bytes, seed, n, probe_seconds, stop),
-                                       stop=stop)
+                budget = ProbeBudget(budget_s)
+                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget)
+
+                def measure(n: int) -> dict[str, float]:  # one step-down figure, if the budget has room
+                    rated = [min(r.get(k, 0.0) for k in KEYS) for r in rows if r["workers"] == n]
+                    est = 2 * step_estimate(n, rated[0] if rated else 0.0, chunk_bytes, probe_seconds)
+                    if not budget.fits(est):
+                        budget.cut = budget.cut or f"the step-down at {n} workers (about {est:.0f} s more)"
+                        return {}
+                    return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop)
+
+                picked, pairs = decide(rows, measure, stop=stop)
                 rows = [*rows, *({"confirm": True, **p} for p in pairs)]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
                 why_not, rows = f"the probe failed: {exc}", []
@@ -332,6 +377,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
                f"while the half reached {PROBE_FRACTION:.0%} of its write and read rates in {CONFIRM_PAIRS} "
                "alternating pairs")
+        if budget.cut:
+            how += f"; the probe's {budget.seconds:.0f} s budget left out {budget.cut}"
         if 0 < demand < count:
             count = demand
             how += f"; at most {demand}, one per user (a closed-loop user has one request in flight)"
