@@ -168,8 +168,9 @@ def test_the_rule_keeps_one_worker_where_the_rate_peaks_at_one_or_falls_with_mor
 
 def test_the_rule_takes_the_larger_direction_and_does_not_step_below_a_real_knee():
     """Writes saturate at 2, reads only at 16 (a 25 % step from 8). The step-down checks both directions:
-    checked on writes alone, a noisy draw that put the read pick below the write pick walked reads down to
-    1 worker (60 % of the write rate lost in one draw of 30 at +-4 %). At +-3 % noise: 16 in every draw;
+    checked on the one direction that set the count, a draw of the noisy-plateau case above (seed 15 at
+    +-4 %: reads set 8) walked reads down to 1 worker, at 60 % of the write rate. At +-3 % noise: 16 in
+    every draw;
     at +-5 %, never below 16 (a false stop keeps 32: more memory, never less bandwidth)."""
     write = {1: 0.5, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.0}
     read = {1: 0.2, 2: 0.4, 4: 0.6, 8: 0.8, 16: 1.0, 32: 1.0}
