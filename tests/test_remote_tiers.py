@@ -1201,3 +1201,20 @@ def test_a_thread_that_writes_no_more_frees_its_slot_ring(moto, redis_server):
         assert len(getattr(store, rings)) == 1 and store.read("a", bufs, verify=True).nbytes == MIB
         store.close()
         bufs.close()
+
+
+def test_redis_makes_a_threads_slots_as_its_writes_need_them(redis_server):
+    """A one-chunk write holds one slot, not `pipeline` of them (the I/O worker probe writes one chunk per
+    operation from up to 32 threads); a longer entry grows the ring to `pipeline`, and both read back."""
+    from kv_cache.storage.kvstore import RedisStore
+
+    store = RedisStore(redis_server.url, MIB, pipeline=3, workers=2)
+    bufs = _bufs()
+    store.write("one", MIB - 4096, bufs)
+    assert [len(r.slots) for r in store._slots] == [1]
+    store.write("five", 5 * MIB, bufs)
+    assert [len(r.slots) for r in store._slots] == [3]
+    assert store.read("one", bufs, verify=True).nbytes == MIB - 4096
+    assert store.read("five", bufs, verify=True).nbytes == 5 * MIB
+    store.close()
+    bufs.close()
