@@ -6,6 +6,9 @@ that growth.
     python benchmarks/soak.py /mnt/nvme                  # 3600 s, 60 s samples
     python benchmarks/soak.py /tmp/soak --duration 120 --interval 10   # a short check
     python benchmarks/soak.py /tmp/soak -- --request-rate 20 --io-workers 2   # flags after -- go to kv-cache
+    # past the 200,000-value cap of every per-request list (390,681 requests in 55 min):
+    python benchmarks/soak.py /dev/shm/soak --duration 3300 --model tiny-1b --users 32 --cpu-mem-gb 0.25 -- \
+        --config benchmarks/soak_small_requests.yaml --generation-mode none --request-rate 120 --storage-capacity-gb 1
 
 Writes `--out` (default soak_<time>.json): every sample (s, RSS MiB), the run's exit status and its
 results' peak RSS, requests and errors; prints first / last / max RSS and the least-squares growth of RSS

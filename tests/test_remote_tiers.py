@@ -1174,3 +1174,47 @@ def test_s3_a_read_path_refused_at_start_is_a_setup_error_and_leaves_no_marker(m
         assert _objects(moto.url, "deniedatstart") == []
     finally:
         proxy.stop()
+
+
+def test_a_thread_that_writes_no_more_frees_its_slot_ring(moto, redis_server):
+    """release_thread (called by each I/O worker probe thread as it ends) drops the calling thread's ring of
+    stamped slots; a later write of the thread makes a new one, and the store still round-trips."""
+    import threading
+
+    from kv_cache.storage.kvstore import RedisStore
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "release")
+    for store, rings in ((S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, workers=2, chunk_bytes=MIB), "_rings"),
+                         (RedisStore(redis_server.url, MIB, pipeline=3, workers=2), "_slots")):
+        bufs = _bufs()
+
+        def once(k: str) -> None:
+            store.write(k, MIB, bufs)  # noqa: B023  (called at once)
+            store.release_thread()  # noqa: B023
+
+        t = threading.Thread(target=once, args=("a",))
+        t.start()
+        t.join()
+        assert getattr(store, rings) == []
+        store.write("b", 2 * MIB, bufs)
+        assert len(getattr(store, rings)) == 1 and store.read("a", bufs, verify=True).nbytes == MIB
+        store.close()
+        bufs.close()
+
+
+def test_redis_makes_a_threads_slots_as_its_writes_need_them(redis_server):
+    """A one-chunk write holds one slot, not `pipeline` of them (the I/O worker probe writes one chunk per
+    operation from up to 32 threads); a longer entry grows the ring to `pipeline`, and both read back."""
+    from kv_cache.storage.kvstore import RedisStore
+
+    store = RedisStore(redis_server.url, MIB, pipeline=3, workers=2)
+    bufs = _bufs()
+    store.write("one", MIB - 4096, bufs)
+    assert [len(r.slots) for r in store._slots] == [1]
+    store.write("five", 5 * MIB, bufs)
+    assert [len(r.slots) for r in store._slots] == [3]
+    assert store.read("one", bufs, verify=True).nbytes == MIB - 4096
+    assert store.read("five", bufs, verify=True).nbytes == 5 * MIB
+    store.close()
+    bufs.close()

@@ -6,7 +6,9 @@
   Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
   PROBE_FRACTION of the best write rate, or that for reads, whichever is larger; then halved while half
-  the count keeps PROBE_FRACTION of its rate, measured in alternating pairs (the machine may be noisy).
+  the count keeps PROBE_FRACTION of its write rate and of its read rate (both: the count one direction
+  set may be what the other needs), measured in CONFIRM_PAIRS alternating pairs (the machine may be
+  noisy). `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
   A run shorter than PROBE_MIN_RUN_S is not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
   two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +38,17 @@ log = logging.getLogger("kv_cache")
 
 PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
 PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
-CONFIRM_PAIRS = 2  # alternating pairs per step-down check
+CONFIRM_PAIRS = 3  # alternating pairs per step-down check
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
 PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
+PROBE_BUDGET_FRACTION = 0.1  # of the run's duration: the whole probe's wall-clock allowance (12 s at 120 s)
+PROBE_BUDGET_MAX_S = 30.0
 WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
 RESERVE_BYTES = 256 << 20
 GIB = float(1 << 30)
+KEYS = ("write_gibps", "read_gibps")
 
 
 @dataclass
@@ -75,6 +81,33 @@ def probe_seconds(duration_s: float, max_requests: int = 0) -> float:
     return PROBE_SECONDS if float(duration_s or 0) >= PROBE_MIN_RUN_S and not max_requests else 0.0
 
 
+def probe_budget_s(duration_s: float) -> float:
+    """The whole probe's wall-clock allowance: PROBE_BUDGET_FRACTION of the run, at most PROBE_BUDGET_MAX_S.
+    MIN_OPS per thread made a step on a slow tier long (moto at 0.05 GiB/s: 32 threads x 3 x 16 MiB is
+    30 s a direction), and an unbounded probe of S3 ran for minutes before a 120 s window."""
+    return min(PROBE_BUDGET_MAX_S, PROBE_BUDGET_FRACTION * float(duration_s or 0))
+
+
+class ProbeBudget:
+    """The probe's remaining wall-clock time; `cut` says what it left out (None: nothing)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self.end = time.perf_counter() + self.seconds
+        self.cut: str | None = None
+
+    def fits(self, estimate_s: float) -> bool:
+        return time.perf_counter() + estimate_s <= self.end
+
+
+def step_estimate(n: int, gibps: float, nbytes: int, seconds: float) -> float:
+    """How long a step of `n` threads takes at `gibps` (a rate measured before): `seconds`, or the time
+    its MIN_OPS operations per thread need at that rate, whichever is longer (inf without a rate)."""
+    if gibps <= 0:
+        return float("inf")
+    return max(seconds, n * MIN_OPS * nbytes / (gibps * GIB))
+
+
 def probe_text(rows: list[dict[str, float]]) -> str:
     """'probe GiB/s write/read 1: 0.40/0.90, 2: ...'."""
     first = [r for r in rows if not r.get("confirm")]
@@ -82,8 +115,8 @@ def probe_text(rows: list[dict[str, float]]) -> str:
         f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}" for r in first)
     for r in rows:
         if r.get("confirm"):
-            key = "write_gibps" if "write_gibps" in r else "read_gibps"
-            text += f"; {r['workers']} vs {r['vs']}: {r[key]:.2f} vs {r['vs_' + key]:.2f}"
+            text += (f"; {r['workers']} vs {r['vs']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f} vs "
+                     f"{r.get('vs_write_gibps', 0):.2f}/{r.get('vs_read_gibps', 0):.2f}")
     return text
 
 
@@ -119,13 +152,14 @@ def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, 
     return cap, message
 
 
-def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[float, float]:
+def _timed(n: int, seconds: float, op, stop: threading.Event | None, done=None) -> tuple[float, float]:
     """`n` threads calling op(i, k) -> bytes until `seconds` have passed and each has done at least
     MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: from the moment every thread has
     finished its first operation (a burst into whatever cache the device has) to the moment the first
     thread stopped, the bytes of the operations that ended in between over its length; where that span is
     empty, the bytes after each thread's first operation over the time from the first such end to the
-    last thread's end."""
+    last thread's end. `done()`, when given, is called by each thread as it ends (the store frees what the
+    thread held: its slot ring)."""
     ends: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # per thread: (end time, bytes) per op
     errors: list[BaseException] = []
     start = time.perf_counter()
@@ -141,6 +175,9 @@ def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[fl
                 mine.append((time.perf_counter(), b))
         except BaseException as exc:  # noqa: BLE001  (raised after the join)
             errors.append(exc)
+        finally:
+            if done is not None:
+                done()
 
     threads = [threading.Thread(target=work, args=(i,), name=f"kv-probe-{i}", daemon=True) for i in range(n)]
     for t in threads:
@@ -149,23 +186,40 @@ def _timed(n: int, seconds: float, op, stop: threading.Event | None) -> tuple[fl
         t.join()
     if errors:
         raise errors[0]
-    took = time.perf_counter() - start
-    if any(len(e) < 2 for e in ends):
-        return 0.0, took
+    return steady_rate(ends), time.perf_counter() - start
+
+
+def steady_rate(ends: list[list[tuple[float, int]]]) -> float:
+    """GiB/s from each thread's operations [(end time, bytes), ...] (each starts where the one before it
+    ended): from the moment every thread has finished its first operation to the moment the first
+    thread stopped, each operation's bytes counted for the share of it that lies in that span (pro rata
+    of its time). Counted whole by its end time, one late first operation made the span a fraction of a
+    millisecond holding whole 16 MiB operations: 59 GiB/s from a disk that does 1.5. Where the span is
+    empty, the bytes after each thread's first operation over the time from the first such end to the
+    last thread's end."""
+    if not ends or any(len(e) < 2 for e in ends):
+        return 0.0
     t0, t1 = max(e[0][0] for e in ends), min(e[-1][0] for e in ends)
     if t1 > t0:
-        moved = sum(b for e in ends for t, b in e if t0 < t <= t1)
-        return moved / GIB / (t1 - t0), took
+        moved = 0.0
+        for e in ends:
+            for (a, _), (b, nbytes) in zip(e, e[1:], strict=False):
+                lo, hi = max(a, t0), min(b, t1)
+                if hi > lo:
+                    moved += nbytes * (hi - lo) / (b - a)
+        return moved / GIB / (t1 - t0)
     first, last = min(e[0][0] for e in ends), max(e[-1][0] for e in ends)
     moved = sum(b for e in ends for _, b in e[1:])
-    return (moved / GIB / (last - first) if last > first else 0.0), took
+    return moved / GIB / (last - first) if last > first else 0.0
 
 
 def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PROBE_COUNTS,
           seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
-          directions: tuple[str, ...] = ("write", "read")) -> list[dict[str, float]]:
+          directions: tuple[str, ...] = ("write", "read"),
+          budget: ProbeBudget | None = None) -> list[dict[str, float]]:
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
-    "read_gibps", "seconds"}].
+    "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
+    left of it (estimated from the count before it, step_estimate) is not probed, nor any after it.
 
     Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
     MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
@@ -176,6 +230,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     written: set[str] = set()
     rows: list[dict[str, float]] = []
     lock = threading.Lock()
+    release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
 
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
@@ -187,7 +242,12 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
         for n in counts:
             if stop is not None and stop.is_set():
                 break
-            gibps, elapsed = _timed(n, seconds, write, stop)
+            if budget is not None and rows:
+                est = len(directions) * step_estimate(n, rows[-1]["write_gibps"], nbytes, seconds)
+                if not budget.fits(est):
+                    budget.cut = f"{n} workers and more (about {est:.0f} s more)"
+                    break
+            gibps, elapsed = _timed(n, seconds, write, stop, release)
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
         keys = sorted(written)
         for row in rows:
@@ -195,7 +255,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                 break
             n = int(row["workers"])
             gibps, elapsed = _timed(n, seconds, lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
-                                    stop)
+                                    stop, release)
             row["read_gibps"] = gibps
             row["seconds"] = round(row["seconds"] + elapsed, 3)
     finally:
@@ -208,26 +268,51 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     return rows
 
 
-def confirm_smaller(store: Any, chunk_bytes: int, seed: int, count: int, key: str, seconds: float,
-                    stop: threading.Event | None = None, pairs: int = CONFIRM_PAIRS) -> tuple[int, list[dict]]:
-    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, measured in
-    alternating pairs (half, count, half, count: the same drift in both), take the half. Returns the
-    count and the pairs' figures ({"workers", key, "vs"})."""
+def both_rates(store: Any, chunk_bytes: int, seed: int, n: int, seconds: float,
+               stop: threading.Event | None = None) -> dict[str, float]:
+    """The write and the read rate of `store` at `n` workers ({} where none was measured)."""
+    rows = probe(store, chunk_bytes, seed, (n,), seconds, stop)
+    return {k: rows[0][k] for k in KEYS if rows and k in rows[0]}
+
+
+def decide(rows: list[dict[str, float]], measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
+           stop: threading.Event | None = None) -> tuple[int, list[dict]]:
+    """The rule, on the probe's figures `rows`: the smallest count reaching PROBE_FRACTION of the best
+    write rate, and that for reads, the larger of the two; then step_down from it, with `measure(n)` the
+    write and read rates at n workers. Returns the count and the step-down pairs' figures."""
+    if not rows:
+        return 1, []
+    picked = max(smallest_reaching(rows, k) for k in KEYS)
+    if picked <= 1:
+        return picked, []
+    return step_down(picked, measure, pairs, stop)
+
+
+def step_down(count: int, measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
+              stop: threading.Event | None = None) -> tuple[int, list[dict]]:
+    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, for writes
+    and for reads alike (a count set by one direction may be what the other needs), measured in
+    alternating pairs (half, count, half, count: the same drift in both), take the half. `measure(n)`:
+    {"write_gibps", "read_gibps"} at n workers ({} or a missing key: none measured). Returns the count and
+    the pairs' mean figures ({"workers", "vs", key and "vs_" + key for each direction})."""
     seen: list[dict] = []
     while count > 1 and not (stop is not None and stop.is_set()):
         half = count // 2
-        rates: dict[int, list[float]] = {half: [], count: []}
+        rates: dict[int, dict[str, list[float]]] = {half: {k: [] for k in KEYS}, count: {k: [] for k in KEYS}}
         for _ in range(pairs):
             for n in (half, count):
-                rows = probe(store, chunk_bytes, seed, (n,), seconds, stop,
-                             directions=("write",) if key == "write_gibps" else ("write", "read"))
-                if rows and key in rows[0]:
-                    rates[n].append(rows[0][key])
-        if not rates[half] or not rates[count]:
+                for k, v in measure(n).items():
+                    if k in rates[n]:
+                        rates[n][k].append(v)
+        keys = [k for k in KEYS if rates[half][k] and rates[count][k]]
+        if not keys:
             break
-        lo, hi = sum(rates[half]) / len(rates[half]), sum(rates[count]) / len(rates[count])
-        seen.append({"workers": half, "vs": count, key: lo, f"vs_{key}": hi})
-        if lo < PROBE_FRACTION * hi:
+        row: dict[str, Any] = {"workers": half, "vs": count}
+        for k in keys:
+            row[k] = sum(rates[half][k]) / len(rates[half][k])
+            row[f"vs_{k}"] = sum(rates[count][k]) / len(rates[count][k])
+        seen.append(row)
+        if any(row[k] < PROBE_FRACTION * row[f"vs_{k}"] for k in keys):
             break
         count = half
     return count, seen
@@ -245,7 +330,7 @@ def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = 
 def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
            notes: list[str], store: Any = None, seed: int = 0,
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
-           demand: int = 0, ranks: int = 1) -> WorkerChoice:
+           demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
     probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory. `demand`
     (> 0): the most requests that can be in flight at once (closed loop: one per user), above which a
@@ -265,13 +350,19 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         rows = []
         if not why_not:
             try:
-                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop)
-                w, r = smallest_reaching(rows, "write_gibps"), smallest_reaching(rows, "read_gibps")
-                picked = max(w, r)
-                if picked > 1 and rows:  # the larger one checked against its half in alternating pairs
-                    picked, pairs = confirm_smaller(store, chunk_bytes, seed, picked,
-                                                    "write_gibps" if w >= r else "read_gibps", probe_seconds, stop)
-                    rows = [*rows, *({"confirm": True, **p} for p in pairs)]
+                budget = ProbeBudget(budget_s)
+                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget)
+
+                def measure(n: int) -> dict[str, float]:  # one step-down figure, if the budget has room
+                    rated = [min(r.get(k, 0.0) for k in KEYS) for r in rows if r["workers"] == n]
+                    est = 2 * step_estimate(n, rated[0] if rated else 0.0, chunk_bytes, probe_seconds)
+                    if not budget.fits(est):
+                        budget.cut = budget.cut or f"the step-down at {n} workers (about {est:.0f} s more)"
+                        return {}
+                    return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop)
+
+                picked, pairs = decide(rows, measure, stop=stop)
+                rows = [*rows, *({"confirm": True, **p} for p in pairs)]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
                 why_not, rows = f"the probe failed: {exc}", []
                 notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
@@ -284,7 +375,10 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                    else None)
         how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
                "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
-               f"while the half reached {PROBE_FRACTION:.0%} of it in alternating pairs")
+               f"while the half reached {PROBE_FRACTION:.0%} of its write and read rates in {CONFIRM_PAIRS} "
+               "alternating pairs")
+        if budget.cut:
+            how += f"; the probe's {budget.seconds:.0f} s budget left out {budget.cut}"
         if 0 < demand < count:
             count = demand
             how += f"; at most {demand}, one per user (a closed-loop user has one request in flight)"

@@ -419,8 +419,18 @@ class SlotRing:
         from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415  (numpy: with the first write)
 
         self.slot_bytes = slot_bytes
+        self.worker_id = worker_id
         self.slots = [WorkerBuffers(slot_bytes, 0, (worker_id << 8) + i, read_bytes=BLOCK) for i in range(count)]
         self.i = 0
+
+    def grow(self, count: int) -> list:
+        """At least `count` slots (those missing made now, numbered on from the last); the slots."""
+        from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415
+
+        while len(self.slots) < count:
+            self.slots.append(WorkerBuffers(self.slot_bytes, 0, (self.worker_id << 8) + len(self.slots),
+                                            read_bytes=BLOCK))
+        return self.slots
 
     def next(self) -> WorkerBuffers:
         slot = self.slots[self.i]

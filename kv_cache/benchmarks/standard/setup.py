@@ -53,7 +53,8 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop:
                              settings.tiers.strict_memory, notes, store=store, seed=settings.effective_seed,
                              stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration,
                                                                     settings.driver.max_requests),
-                             demand=closed_loop_demand(settings), ranks=ranks)
+                             demand=closed_loop_demand(settings), ranks=ranks,
+                             budget_s=io_workers.probe_budget_s(settings.driver.duration))
 
 
 def closed_loop_demand(settings: RunSettings) -> int:
