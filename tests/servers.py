@@ -172,12 +172,14 @@ fsid = {fsid}
 mon host = v2:127.0.0.1:{mon_port}
 mon initial members = a
 public addr = 127.0.0.1
-# loopback, IPv4 only: where the host has no IPv6 the OSD's bind fails ("Address family not supported")
+# 127.0.0.1 only, IPv4 and msgr2 only: nothing binds another address or family (each dropped alone, the
+# cluster still starts here; they keep it off the host's other interfaces)
 ms bind ipv4 = true
 ms bind ipv6 = false
 ms bind msgr1 = false
-# one node, no keys; with auth none a client's default mon mode (secure) cannot authenticate at all
-# (send_auth_request get_initial_auth_request returned -13, then "authenticate timed out after 300")
+# one node, no keys. With auth none, a daemon's default mon mode (secure) cannot authenticate at all:
+# radosgw logged "send_auth_request get_initial_auth_request returned -13" every 3 s, then "authenticate
+# timed out after 300" (the one setting without which the gateway never starts here)
 auth cluster required = none
 auth service required = none
 auth client required = none
