@@ -171,11 +171,15 @@ def test_rgw_frozen_mid_window_ends_the_run_at_the_grace_with_its_results(gatewa
     try:
         _writing(proc, gateway, bucket)
         victim.send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
         out, err = proc.communicate(timeout=GUARD_S)
+        took = time.monotonic() - frozen_at
     finally:
         victim.send_signal(signal.SIGCONT)
     assert proc.returncode == 3, err[-3000:]
     rt = _results(tmp_path)["measurement"]["remote_tier"]
+    print(f"[rgw] {frozen} frozen in a 3 s window, grace 1 s: exit 3 {took:.1f} s after SIGSTOP, "
+          f"{rt['stopped_answering']} operation(s) stopped answering")
     assert rt["stopped_answering"] > 0 and rt["abandoned_at_stop_signal"] == 0
     assert "ETIMEDOUT" in err and "the server stopped answering" in err and "Traceback" not in err
     assert "the next run on this" in err and "aws s3 rm" in err
@@ -195,10 +199,13 @@ def test_rgw_ctrl_c_with_a_frozen_gateway_is_honoured_at_once(gateway, tmp_path)
         gateway.proc.send_signal(signal.SIGSTOP)
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
         out, err = proc.communicate(timeout=GUARD_S)
+        took = time.monotonic() - sent
     finally:
         gateway.proc.send_signal(signal.SIGCONT)
     assert proc.returncode == 130, err[-3000:]
+    print(f"[rgw] Ctrl-C with the gateway frozen: exit 130 {took:.1f} s after SIGINT")
     m = _results(tmp_path)["measurement"]
     assert m["stop_reason"] == "interrupted" and m["remote_tier"]["stopped_answering"] == 0
     assert "Traceback" not in err
@@ -218,6 +225,8 @@ def test_rgw_a_gateway_killed_mid_run_stops_it_with_exit_3_and_results(gateway, 
     rt = m["remote_tier"]
     assert rt["lost_connections"] > 0 and rt["failover_retries"] > 0 and rt["failover_gave_up"] > 0
     assert "EHOSTDOWN" in err and "failover budget" in err and "Traceback" not in err
+    print(f"[rgw] gateway killed: exit 3, {rt['lost_connections']} lost connection(s), "
+          f"{rt['failover_retries']} retries")
 
 
 def test_rgw_a_failover_is_ridden_through_and_counted(gateway, tmp_path):
@@ -238,6 +247,8 @@ def test_rgw_a_failover_is_ridden_through_and_counted(gateway, tmp_path):
     assert rt["outages"] >= 1 and rt["failover_retries"] > 0 and rt["failover_gave_up"] == 0
     assert rt["longest_outage_s"] > 0 and rt["stopped_answering"] == 0
     assert m["storage_errors_total"] == 0 and "Integrity: OK" in out
+    print(f"[rgw] failover (killed, a gateway again 2 s later): exit 0, {rt['outages']} outage(s), "
+          f"{rt['failover_retries']} retries, longest outage {rt['longest_outage_s']:.2f} s, --verify clean")
     assert _objects(gateway.url, "failover") == [] and _uploads(gateway.url, "failover") == []
 
 
