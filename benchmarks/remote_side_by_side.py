@@ -194,7 +194,8 @@ def main() -> None:
     os.environ.update(CREDS)
     rows: list[dict] = []
     print(f"kv-cache commit {commit()}; {a.pairs} alternating pairs of {a.duration} s per server and direction; "
-          f"{a.workers} users = I/O workers = plain client threads; {os.cpu_count()} CPUs")
+          f"kv-cache {a.users or 4 * a.workers} users, {a.workers} I/O workers = plain client threads / connections; "
+          f"{os.cpu_count()} CPUs")
     for name in a.servers.split(","):
         tmp = tempfile.mkdtemp(prefix="kv-side-")
         try:
