@@ -111,7 +111,8 @@ def s3_plain(variant: str, endpoint: str, direction: str, size: int, a) -> float
     bucket = "side-by-side"
     keys = 3
     done = [0] * a.workers
-    ready = threading.Barrier(a.workers + 1)
+    ready = threading.Barrier(a.workers + 1)  # every worker's objects written and connections warm
+    go = threading.Event()  # the deadline set: no worker reads it before
     stop_at = [0.0]
     ends = [0.0] * a.workers
     errors: list[BaseException] = []
@@ -125,6 +126,7 @@ def s3_plain(variant: str, endpoint: str, direction: str, size: int, a) -> float
             for k in names:  # the objects a read reads, and a warm connection
                 put(k)
             ready.wait()
+            go.wait()
             n = 0
             while time.perf_counter() < stop_at[0]:
                 (put if direction == "write" else get)(names[n % keys])
@@ -142,6 +144,7 @@ def s3_plain(variant: str, endpoint: str, direction: str, size: int, a) -> float
     ready.wait()
     t0 = time.perf_counter()
     stop_at[0] = t0 + a.duration
+    go.set()
     for t in threads:
         t.join()
     if errors:
