@@ -198,7 +198,7 @@ def main() -> None:
     rows: list[dict] = []
     print(f"kv-cache commit {commit()}; {a.pairs} alternating pairs of {a.duration} s per server and direction; "
           f"kv-cache {a.users or 4 * a.workers} users, {a.workers} I/O workers = plain client threads / connections; "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
     for name in a.servers.split(","):
         tmp = tempfile.mkdtemp(prefix="kv-side-")
         try:
@@ -250,6 +250,7 @@ def main() -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     _table(rows)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     if a.json:
         Path(a.json).write_text(json.dumps({"commit": commit(), "args": vars(a), "rows": rows}, indent=1))
 
