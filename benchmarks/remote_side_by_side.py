@@ -95,7 +95,16 @@ def kv_cache(tier: list[str], direction: str, a, tmp: str) -> dict:
     return {"gibs": res["summary"]["cache_stats"][f"tier_storage_{direction}_bandwidth_gbps"],
             "ops": io["ops"], "bytes": io["bytes"], "other_bytes": other["bytes"],
             "window_s": res["measurement"]["window_seconds"],
-            "queue_depth": res["measurement"]["achieved_queue_depth"][direction]}
+            "queue_depth": res["measurement"]["achieved_queue_depth"][direction],
+            "loopback": _loopback_ratio(res)}
+
+
+def _loopback_ratio(res: dict) -> float:
+    """The bytes loopback received during the run over the tier's own (1.0x and a little more: the tier's
+    figure is what crossed the wire; far more: other traffic on lo)."""
+    net = res["measurement"].get("remote_tier", {}).get("network") or {}
+    tool = (net.get("tool_bytes_read") or 0) + (net.get("tool_bytes_written") or 0)
+    return (net.get("bytes_received") or 0) / tool if tool else float("nan")
 
 
 # ----------------------------------------------------------------------------- S3 plain clients
@@ -236,7 +245,7 @@ def main() -> None:
                         row = {"server": label, "version": version, "direction": direction, "pair": pair + 1,
                                "kv-cache": kv["gibs"], "kv_ops": kv["ops"], "kv_bytes": kv["bytes"],
                                "kv_other_direction_bytes": kv["other_bytes"],
-                               "kv_queue_depth": kv["queue_depth"]}
+                               "kv_queue_depth": kv["queue_depth"], "kv_loopback_ratio": kv["loopback"]}
                         for plain in plains:
                             if plain.startswith("redis-benchmark"):
                                 row[plain] = redis_benchmark(srv, direction, kv["bytes"] // (a.chunk_mib * MIB), a,
@@ -247,7 +256,8 @@ def main() -> None:
                                 row[plain] = s3_plain(plain, srv.url, direction, size, a)
                         rows.append(row)
                         print(f"{label} {version} {direction} pair {pair + 1}: kv-cache {kv['gibs']:.3f} GiB/s "
-                              f"(queue depth {kv['queue_depth']:.2f}, other direction {kv['other_bytes']} B) "
+                              f"(queue depth {kv['queue_depth']:.2f}, other direction {kv['other_bytes']} B, "
+                              f"loopback {kv['loopback']:.3f}x its bytes) "
                               + " ".join(f"{c} {row[c]:.3f}" for c in plains), flush=True)
             finally:
                 srv.stop()
