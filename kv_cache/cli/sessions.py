@@ -204,6 +204,8 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         ladder = [auto_start]
     else:
         ladder = _positive_ints(args.ladder, "--ladder")
+        if len(set(ladder)) < len(ladder):  # one rung twice would be two records of one x in the fit
+            raise UsageError(f"--ladder repeats a session count, got {args.ladder!r}")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
     bad = [t for t in tiers if t not in TIER_CONFIGS]
     if bad or not tiers:
