@@ -91,6 +91,9 @@ class Crossing:
     answered_draws: float = 0.0  # share of bootstrap draws that crossed inside the ladder
     no_residuals: bool = False  # the fit passes through every counted cell: low / high are the rungs either side
     fit: list[tuple[float, float]] = field(default_factory=list)  # (sessions, fitted p90) at block centres
+    # rungs the isotonic fit pooled into one block although their own p90s lie on both sides of the SLO
+    # (a non-monotone curve across the SLO: the fit's side of the SLO there is an average, not a measurement)
+    pooled_across_slo: list[tuple[float, float]] = field(default_factory=list)  # (sessions, the rung's p90)
     why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,7 +102,9 @@ class Crossing:
                 "rungs_counted": self.rungs_counted, "rungs_short_of_evidence": self.rungs_short,
                 "turns_per_cell": self.turns_per_cell, "answered_draws": self.answered_draws,
                 "censored_by_missing_evidence": self.short_beyond, "no_residuals": self.no_residuals,
-                "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit], "why": self.why}
+                "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit],
+                "pooled_across_slo": [{"sessions": n, "p90_s": p} for n, p in self.pooled_across_slo],
+                "why": self.why}
 
 
 def isotonic(y: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float, float]]:
@@ -254,8 +259,11 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         cx, cy, at = fit_curve(np.log(p.rungs), ym, w)
         x, status = _cross(cx, cy, target)
         value = {"censored_high": float(p.rungs[-1]), "censored_low": float(p.rungs[0])}.get(status, math.exp(x))
+        pooled = [(float(p.rungs[i]), math.exp(float(ym[i]))) for a, b, _, _ in isotonic(ym, w) if b - a > 1
+                  and (ym[a:b] > target).any() and (ym[a:b] <= target).any() for i in range(a, b)]
         out[name] = Crossing(value, status, rungs_counted=list(p.rungs), rungs_short=p.short,
-                             turns_per_cell=p.turns, fit=[(math.exp(a), math.exp(b)) for a, b in zip(cx, cy, strict=True)])
+                             turns_per_cell=p.turns, fit=[(math.exp(a), math.exp(b)) for a, b in zip(cx, cy, strict=True)],
+                             pooled_across_slo=pooled)
         # standardized residuals (log p90 - fit) x sqrt(turns), inflated for the blocks the fit used
         fitted = at[p.rung_of]
         r = (p.y - fitted) * np.sqrt(p.t)
@@ -293,6 +301,9 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         bottom, top = min(c.rungs_counted), max(c.rungs_counted)
         c.low = max(bottom, math.exp(mid - k * (mid - lo_q)))
         c.high = min(top, math.exp(mid + k * (hi_q - mid)))
+        # an interval must hold its own estimate: draws all on one side of it (a bootstrap at odds with the
+        # fit, e.g. two records of one rung) widen it to the estimate rather than exclude it
+        c.low, c.high = min(c.low, c.sessions), max(c.high, c.sessions)
         c.low_bound = c.low <= bottom * (1 + 1e-9) and bool(np.any(sts == "censored_low"))
         c.high_bound = c.high >= top * (1 - 1e-9) and bool(np.any(sts == "censored_high"))
         above = [n for n in c.rungs_short if n > top]
