@@ -487,3 +487,65 @@ def test_a_censored_ratio_bound_holds_over_the_other_sides_interval():
     top = {"status": "censored_high", "sessions": 16.0, "sessions_ci": None}
     assert _ratio(top, a, None)["estimate"] == pytest.approx(16 / 11.8)
     assert _ratio(top, b, None)["estimate"] == pytest.approx(16 / 8)
+
+
+def turns_rung(tiers: str, n: int, p90s: list, turns: list) -> dict:
+    """A rung with every replication's p90 and returning turns (the adversarial review's cells)."""
+    fin = [p for p in p90s if p is not None and math.isfinite(p) and p > 0]
+    m = math.exp(sum(map(math.log, fin)) / len(fin)) if fin else None
+    return {"tiers": tiers, "sessions": n, "window_s": 10.0,
+            "throughput_tokens_per_s_per_gpu": {"estimate": 100.0, "low": 95.0, "high": 105.0, "n": len(p90s)},
+            "ttft": {"return": {"n": sum(turns), "p90_s": {"estimate": m, "low": m * 0.9, "high": m * 1.1,
+                                                          "n": len(p90s)} if m else None}},
+            "replications": {"k": len(p90s), "ttft_return_p90_s": p90s, "ttft_return_n": turns}}
+
+
+def test_a_censored_ratio_gives_no_bound_when_the_other_interval_ends_in_a_bound():
+    # dram meets the SLO to its top rung ("at least 16"); none's interval reaches its top rung ("above 16"):
+    # none may hold more than 16, so "at least x1.00" was not supported; the ratio says it has no bound
+    rungs = ([turns_rung("none", n, [p * 1.3, p, p * 0.7], [20] * 3) for n, p in ((4, 1.0), (8, 1.9), (16, 2.2))]
+             + [turns_rung("dram", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.1), (16, 1.3))])
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    assert detail["configs"]["none"]["sessions_ci"]["high_is_bound"] and detail["configs"]["dram"]["status"] == "censored_high"
+    assert detail["ratios"][0]["sessions_ratio"] is None
+    assert "x? (censored; no bound: the other configuration's interval reaches its ladder's end)" in sentence
+    assert "at least x" not in sentence
+
+
+def test_a_curve_falling_across_the_slo_is_flagged_not_read_as_met():
+    # 3 s at 4 sessions (60 turns: a miss with the evidence), 1 s at 8: the isotonic fit pools them below 2 s
+    rungs = [turns_rung("none", n, [p * 1.01, p, p * 0.99], [20] * 3) for n, p in ((4, 3.0), (8, 1.0))]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    assert detail["configs"]["none"]["status"] == "censored_high"
+    assert "none non-monotone across the SLO" in sentence
+    assert [c["sessions"] for c in detail["configs"]["none"]["fit"]["pooled_across_slo"]] == [4.0, 8.0]
+    # a monotone curve carries no such flag
+    mono = [turns_rung("none", n, [p * 1.01, p, p * 0.99], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+    assert "non-monotone" not in answer(mono, 2.0, 1, "h100")[0]
+
+
+def test_not_enough_evidence_with_enough_turns_names_the_real_cause():
+    # one rung, 120 turns: the window is not the problem, the ladder is (before: "measured no returning turn")
+    one = answer([turns_rung("none", 4, [1.0, 1.1, 0.9], [40] * 3)], 2.0, 1, "h100")[0]
+    assert one.startswith("not enough evidence: 40 returning turns per cell")
+    assert "1 rung(s) with the evidence, and the fit needs 2" in one and "measured no returning turn" not in one
+    # turns but a NaN / zero p90 in a replication at every rung
+    for bad in (math.nan, 0.0):
+        s = answer([turns_rung("none", n, [p, bad, p], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))],
+                   2.0, 1, "h100")[0]
+        assert "3 cell(s) with returning turns have no finite positive p90" in s and "measured no returning" not in s
+
+
+def test_one_rung_recorded_twice_neither_crashes_nor_excludes_its_estimate():
+    rungs = [turns_rung("none", 4, [1.0, 1.1, 0.9], [20] * 3), turns_rung("none", 4, [3.0, 3.1, 2.9], [20] * 3),
+             turns_rung("none", 8, [4.0] * 3, [20] * 3)]
+    _, detail = answer(rungs, 2.0, 1, "h100")  # was ZeroDivisionError in the first-miss crossing
+    ci = detail["configs"]["none"]["sessions_ci"]
+    assert ci["low"] <= ci["estimate"] <= ci["high"]
+
+
+def test_a_ladder_repeating_a_rung_exits_2_before_anything_runs(capsys):
+    assert main(["sessions", "--ladder", "4,4", "--window", "1", "--slo-ttft-p90", "2"]) == 2
+    assert "--ladder repeats a session count" in capsys.readouterr().err
+    for slo in ("0", "-1", "nan", "inf"):
+        assert main(["sessions", "--ladder", "4", "--window", "1", "--slo-ttft-p90", slo]) == 2

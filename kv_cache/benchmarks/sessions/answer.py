@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS, Cell, Crossing, estimate
+from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS, Cell, Crossing, estimate, rung_has_evidence
 
 __all__ = ["DEFAULT_ANSWER_REPLICATIONS", "MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
 
@@ -86,7 +86,8 @@ def crossing(points: list[tuple[int, float]], slo: float) -> tuple[float, str]:
         return float(points[-1][0]), "censored_high"
     lo, hi = br
     p_lo, p_hi = dict(points)[lo], dict(points)[hi]
-    if p_lo == slo or math.isinf(p_hi):  # no p90 above: the last rung meeting the SLO, conservatively
+    if p_lo == slo or math.isinf(p_hi) or lo == hi or p_lo == p_hi:  # no p90 above (or one rung twice): the
+        # last rung meeting the SLO, conservatively
         return float(lo), "interpolated"
     frac = (math.log(slo) - math.log(p_lo)) / (math.log(p_hi) - math.log(p_lo))
     return math.exp(math.log(lo) + frac * (math.log(hi) - math.log(lo))), "interpolated"
@@ -199,6 +200,10 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         flags.append(f"rungs short of evidence (< {MIN_RUNG_TURNS} returning turns over the replications, or "
                      f"< {MIN_CELL_TURNS} in any one): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
                      "left out of the fit")
+    if fit.pooled_across_slo and status != "not_enough_evidence":
+        flags.append("non-monotone across the SLO: the fit pooled rungs whose own p90s lie on both sides of it ("
+                     + ", ".join(f"{p:.2f} s at {n:g}" for n, p in fit.pooled_across_slo)
+                     + f", against {slo:g} s); the figure assumes p90 rises with sessions")
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
         flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
                      f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
@@ -271,14 +276,20 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], fitted: dict[str, Any] | None) 
     if bound is None or not a["sessions"] or not b["sessions"]:
         return None
 
-    def end(c: dict[str, Any], side: str) -> float:
+    def end(c: dict[str, Any], side: str) -> float | None:
         """A crossing's far end for the bound: the bound itself when censored, else its interval's end (the
-        bound must hold over the interpolated side's uncertainty, not at its point estimate)."""
+        bound must hold over the interpolated side's uncertainty, not at its point estimate); None when that
+        end is itself only a bound at the ladder's end (the crossing may lie beyond it: no ratio bound holds)."""
         ci = c.get("sessions_ci") or {}
-        return float(ci[side]) if c["status"] == "interpolated" and ci.get(side) else float(c["sessions"])
+        if c["status"] != "interpolated" or not ci.get(side):
+            return float(c["sessions"])
+        return None if ci.get(f"{side}_is_bound") else float(ci[side])
 
     # a / b >= a's low end / b's high end (a lower bound); <= a's high end / b's low end (an upper one)
-    value = end(a, "low") / end(b, "high") if bound == "lower" else end(a, "high") / end(b, "low")
+    ends = (end(a, "low"), end(b, "high")) if bound == "lower" else (end(a, "high"), end(b, "low"))
+    if None in ends:
+        return None
+    value = ends[0] / ends[1]
     return {"estimate": value, "low": None, "high": None, "n": 1, "bound": bound,
             "method": f"a {bound} bound: one configuration's crossing lies outside the ladder; the other's 95 % "
                       "interval end is taken, so the bound holds over its uncertainty"}
@@ -313,6 +324,17 @@ def evidence_text(rungs: list[dict[str, Any]]) -> str:
     span = f"{turns[0]}-{turns[-1]}" if turns and turns[0] != turns[-1] else (f"{turns[0]}" if turns else "0")
     text = (f"not enough evidence: {span} returning turns per cell (one rung's replication; {need} needed, "
             f"{MIN_RUNG_TURNS} per rung)")
+    if not wanted and all(c.turns > 0 for r in rungs for c in fit_cells([r])):  # turns enough: not the window
+        counted, bad = 0, 0
+        for key in dict.fromkeys((r["tiers"], r["sessions"]) for r in rungs):
+            cells = fit_cells([r for r in rungs if (r["tiers"], r["sessions"]) == key])
+            counted += rung_has_evidence(cells, k)
+            bad += sum(1 for c in cells if not (c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)))
+        if bad:
+            return text + (f"; {bad} cell(s) with returning turns have no finite positive p90 (every replication "
+                           "of a rung needs one)")
+        return text + (f"; {counted} rung(s) with the evidence, and the fit needs 2 of one configuration: give "
+                       "--ladder at least two rungs that complete turns")
     if wanted:
         requested = max(float((r.get("window_plan") or {}).get("requested_window_s") or r.get("window_s") or 0.0)
                         for r in rungs)
@@ -346,7 +368,12 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
         sentence = f"{base_text}, {head} {_fmt(per[base])} sessions {slo_text}"
     else:
         def why(c: str) -> str:
-            return "not enough evidence" if c in short or base in short else "censored"
+            if c in short or base in short:
+                return "not enough evidence"
+            if ratios[c] is None and (per[c]["status"] == "interpolated") != (per[base]["status"] == "interpolated"):
+                # one side censored, the other's interval end a bound at its ladder's end: no bound holds
+                return "censored; no bound: the other configuration's interval reaches its ladder's end"
+            return "censored"
         parts = [f"with {c}, {head} {_fmt(per[c])} sessions {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
                  for i, c in enumerate(others)]
         tail = ", ".join(_fmt_ratio(ratios[c], why(c)) + (f" ({c})" if len(others) > 1 else "") for c in others)
