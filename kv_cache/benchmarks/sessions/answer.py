@@ -26,7 +26,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS, Cell, Crossing, estimate, rung_has_evidence
+from kv_cache.metrics.slo_fit import (
+    MIN_CELL_TURNS,
+    MIN_RUNG_TURNS,
+    Cell,
+    Crossing,
+    estimate,
+    rung_has_evidence,
+)
 
 __all__ = ["DEFAULT_ANSWER_REPLICATIONS", "MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
 
