@@ -549,3 +549,12 @@ def test_a_ladder_repeating_a_rung_exits_2_before_anything_runs(capsys):
     assert "--ladder repeats a session count" in capsys.readouterr().err
     for slo in ("0", "-1", "nan", "inf"):
         assert main(["sessions", "--ladder", "4", "--window", "1", "--slo-ttft-p90", slo]) == 2
+
+
+def test_an_interval_narrower_than_a_decimal_is_printed_with_its_width():
+    rungs = [turns_rung("none", n, [p * 1.0001, p, p * 0.9999], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    ci = detail["configs"]["none"]["sessions_ci"]
+    shown = sentence.split("hold ")[1].split(" sessions")[0]  # e.g. "10.412 [10.411, 10.413]"
+    lo, hi = shown.split("[")[1].rstrip("]").split(", ")
+    assert lo != hi and float(lo) == pytest.approx(ci["low"], abs=1e-3) and float(hi) == pytest.approx(ci["high"], abs=1e-3)

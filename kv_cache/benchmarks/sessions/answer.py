@@ -260,9 +260,12 @@ def _fmt(c: dict[str, Any]) -> str:
     ci = c["sessions_ci"]
     if ci.get("no_residuals"):
         return f"{c['sessions']:.1f} (between {ci['low']:g} and {ci['high']:g}: no interval)"
-    lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.1f}"
-    hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.1f}"
-    return f"{c['sessions']:.1f} [{lo}, {hi}]"
+    # one decimal, more where one decimal would print a zero-width interval ("10.4 [10.4, 10.4]" from
+    # replications agreeing to 0.01 %): the printed interval shows the width the bootstrap found
+    d = next((d for d in (1, 2, 3) if f"{ci['low']:.{d}f}" != f"{ci['high']:.{d}f}"), 3)
+    lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.{d}f}"
+    hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.{d}f}"
+    return f"{c['sessions']:.{d}f} [{lo}, {hi}]"
 
 
 # a's status, b's status -> what a / b is: "at least N" over anything below, or anything over "fewer than N",
