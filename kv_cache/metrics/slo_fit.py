@@ -12,7 +12,8 @@ The data are cells: one (rung, replication), its p90 return TTFT and the returni
   each end) has its upper end inside the sample, i.e. 1 - 0.9^n >= 0.975 (n >= 36; at 35 it is 0.97497). With fewer the p90's
   upper confidence bound is beyond every measured turn: the data cannot say the SLO is met.
 - **The fit.** y = log p90 of every counted cell, x = log sessions; the cells of a rung are averaged with
-  their turns as weights and a weighted isotonic (non-decreasing) regression (pool-adjacent-violators)
+  every replication alike (a slow replication completes fewer turns: turn weights would
+  lean a rung toward its fast ones), and a turn-weighted isotonic (non-decreasing) regression (pool-adjacent-violators)
   runs over the rungs. Each pooled block is represented by its weighted centre (mean x, mean y), and the
   fitted curve is the monotone cubic (PCHIP, Fritsch-Carlson) through the centres in (log sessions, log
   p90): monotone, and following the bend of a queue's latency climbing with load where straight chords
@@ -188,11 +189,16 @@ class _Prepared:
     turns: list[int]
 
     def means(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rung-level weighted means of y (cells on the last axis) and the rungs' weights."""
+        """Rung-level means of y (cells on the last axis), every replication of a rung weighted alike, and the
+        rungs' weights (their returning turns) for the fit across rungs. Not turn-weighted within a rung: in a
+        closed loop a slower replication completes fewer turns in the same window, so turn weights would lean
+        each rung toward its fast replications (p90 1.5 s on 100 turns beside 3.0 s, 3.0 s on 12 each read
+        1.71 s, under a 2 s SLO that two of the three replications miss)."""
+        per_rung = np.bincount(self.rung_of, minlength=self.rungs.size).astype(float)
         m = np.zeros((self.t.size, self.rungs.size))
-        m[np.arange(self.t.size), self.rung_of] = self.t
-        w = m.sum(axis=0)
-        return (y @ m) / w, w
+        m[np.arange(self.t.size), self.rung_of] = 1.0 / per_rung[self.rung_of]
+        w = np.bincount(self.rung_of, weights=self.t, minlength=self.rungs.size)
+        return y @ m, w
 
 
 def rung_has_evidence(cells: Sequence[Cell], replications: int) -> bool:
