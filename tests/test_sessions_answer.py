@@ -558,3 +558,12 @@ def test_an_interval_narrower_than_a_decimal_is_printed_with_its_width():
     shown = sentence.split("hold ")[1].split(" sessions")[0]  # e.g. "10.412 [10.411, 10.413]"
     lo, hi = shown.split("[")[1].rstrip("]").split(", ")
     assert lo != hi and float(lo) == pytest.approx(ci["low"], abs=1e-3) and float(hi) == pytest.approx(ci["high"], abs=1e-3)
+
+
+def test_no_bisection_from_a_met_rung_short_of_the_evidence():
+    # a real --window 3 run: 1 returning turn (0.098 s) at 2 sessions, none at 4, so the first-miss bracket
+    # [2, 4] and a rung 3 for every configuration; a "met" on one turn brackets nothing
+    rungs = [turns_rung("none", 2, [None, 0.098], [0, 1]), turns_rung("none", 4, [None, None], [0, 0])]
+    assert next_refinement(rungs, 2.0) is None
+    rungs = [turns_rung("none", 2, [0.1, 0.098], [20, 20]), turns_rung("none", 4, [None, None], [0, 0])]
+    assert next_refinement(rungs, 2.0) == 3  # the met end has the evidence: the bracket stands

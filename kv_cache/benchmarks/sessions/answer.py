@@ -102,12 +102,18 @@ def crossing(points: list[tuple[int, float]], slo: float) -> tuple[float, str]:
 
 def next_refinement(cells: list[dict[str, Any]], slo: float) -> int | None:
     """The session count to run next for this configuration: the middle of its SLO bracket, or None when
-    the crossing is censored or the bracket is at most max(1, 10 %) wide (or its middle already ran)."""
+    the crossing is censored, the bracket is at most max(1, 10 %) wide (or its middle already ran), or its
+    rung meeting the SLO lacks the evidence (slo_fit's rule)."""
     br = _bracket(_curve(cells), slo)
     if br is None:
         return None
     lo, hi = br
     if hi - lo <= max(1, BRACKET_FRACTION * lo):
+        return None
+    # the met end must have the evidence: a "met" on 1 returning turn beside a rung with none is no bracket
+    # (a real --window 3 run bisected [2, 4] so, and ran rung 3 for every configuration: 6 cells, 0 turns)
+    k = max(len(_p90s(c)) for c in cells)
+    if not rung_has_evidence(fit_cells([c for c in cells if c["sessions"] == lo]), k):
         return None
     mid = (lo + hi) // 2
     return None if mid in {c["sessions"] for c in cells} else mid
