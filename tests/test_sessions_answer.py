@@ -567,3 +567,12 @@ def test_no_bisection_from_a_met_rung_short_of_the_evidence():
     assert next_refinement(rungs, 2.0) is None
     rungs = [turns_rung("none", 2, [0.1, 0.098], [20, 20]), turns_rung("none", 4, [None, None], [0, 0])]
     assert next_refinement(rungs, 2.0) == 3  # the met end has the evidence: the bracket stands
+
+
+def test_without_the_evidence_the_json_gives_no_bracket_nor_per_replication_crossing():
+    # the real --window 3 run's cells: answer_detail carried bracket [2, 4] and a crossing 2.0 from one turn
+    rungs = [turns_rung("none", 2, [None, 0.098], [0, 1]), turns_rung("none", 4, [None, None], [0, 0])]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    c = detail["configs"]["none"]
+    assert sentence.startswith("not enough evidence") and c["bracket"] is None
+    assert c["per_replication"] == [None, None] and set(c["per_replication_status"]) == {"not_enough_evidence"}

@@ -240,6 +240,8 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         if miss and miss.get("low") is not None and miss["low"] <= slo:
             flags.append(f"crossing not significant at {br[1]} sessions: p90 {miss['estimate']:.2f} "
                          f"[{miss['low']:.2f}, {miss['high']:.2f}] s reaches down to the SLO")
+    if status == "not_enough_evidence":  # the JSON says no more than the sentence: no bracket, no crossing
+        br, per_rep = None, [(math.nan, "not_enough_evidence")] * len(per_rep)
     return {"sessions": _num(value), "sessions_ci": ci, "status": status, "bracket": list(br) if br else None,
             "lower_bound": status == "censored_high", "fit": fit.to_dict(),
             "per_replication": [_num(v) for v, _ in per_rep], "per_replication_status": [s for _, s in per_rep],
