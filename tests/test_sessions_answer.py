@@ -576,3 +576,14 @@ def test_without_the_evidence_the_json_gives_no_bracket_nor_per_replication_cros
     c = detail["configs"]["none"]
     assert sentence.startswith("not enough evidence") and c["bracket"] is None
     assert c["per_replication"] == [None, None] and set(c["per_replication_status"]) == {"not_enough_evidence"}
+
+
+def test_a_no_interval_ratio_keeps_the_other_sides_bound():
+    # none: identical replications (no residual: "between 8 and 16"); dram: "10.4 [5.6, above 16]". The
+    # ratio's upper end 16 / 8 = x2.00 rests on dram's "above 16": it is a bound, not an end
+    rungs = ([turns_rung("none", n, [p] * 3, [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+             + [turns_rung("dram", n, [p * 1.3, p, p * 0.7], [20] * 3) for n, p in ((4, 1.0), (8, 1.9), (16, 2.2))])
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    r = detail["ratios"][0]["sessions_ratio"]
+    assert r["no_residuals"] and r["high_is_bound"] and not r["low_is_bound"]
+    assert "and >x2.00: no interval)" in sentence

@@ -342,7 +342,9 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
             est = out[a].sessions / out[b].sessions
             if out[a].no_residuals or out[b].no_residuals:  # the rungs either side bound the ratio
                 ratios[(a, b)] = {"estimate": est, "low": out[a].low / out[b].high, "high": out[a].high / out[b].low,
-                                  "low_is_bound": False, "high_is_bound": False, "no_residuals": True,
+                                  # the other side's interval end may itself be a bound at its ladder's end
+                                  "low_is_bound": bool(out[a].low_bound or out[b].high_bound),
+                                  "high_is_bound": bool(out[a].high_bound or out[b].low_bound), "no_residuals": True,
                                   "n": max_rep, "confidence": None,
                                   "method": "bounds from the counted rungs either side of each crossing: a fit "
                                             "through every cell leaves no residual to bootstrap"}

@@ -319,7 +319,9 @@ def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
     if r.get("bound"):
         return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
     if r.get("no_residuals"):
-        return f"x{r['estimate']:.2f} (between x{r['low']:.2f} and x{r['high']:.2f}: no interval)"
+        lo = f"<x{r['low']:.2f}" if r.get("low_is_bound") else f"x{r['low']:.2f}"
+        hi = f">x{r['high']:.2f}" if r.get("high_is_bound") else f"x{r['high']:.2f}"
+        return f"x{r['estimate']:.2f} (between {lo} and {hi}: no interval)"
     lo = f"<{r['low']:.2f}" if r.get("low_is_bound") else f"{r['low']:.2f}"
     hi = f">{r['high']:.2f}" if r.get("high_is_bound") else f"{r['high']:.2f}"
     return f"x{r['estimate']:.2f} [{lo}, {hi}]"
