@@ -247,8 +247,10 @@ def test_a_rung_without_returning_turns_is_short_of_evidence_not_a_miss():
                                "needed, 36 per rung); about --window 50 would give 12")
     both = rungs + [dict(r, tiers="dram") for r in rungs]
     sentence, _ = answer(both, 2.0, 1, "h100")
-    assert "hold at least 8 (the SLO is met up to the top rung with the evidence)" in sentence
-    assert "without a tier, at least 8" in sentence and "x? (censored)" in sentence
+    # p90 at 8 is 2.0 s +- 3 % against 2 s: the fit meets the SLO up to 8, but draws cross below it, so the
+    # 95 % bound lies inside the ladder (it read "at least 8" before)
+    assert "hold at least 7.6 (95 %: the fit meets the SLO up to the top rung with the evidence, 8, but " in sentence
+    assert "without a tier, at least 7.6 (95 %" in sentence and "x? (censored)" in sentence
     one = [cell("none", n, 8.0, k=1) for n in (4, 8, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 8, 16)]
     _, d1 = answer(one, 2.0, 1, "h100")
     assert d1["configs"]["dram"]["sessions_ci"]["low"] <= d1["configs"]["dram"]["sessions"]  # exact curve: no residual
@@ -508,7 +510,7 @@ def test_a_censored_ratio_gives_no_bound_when_the_other_interval_ends_in_a_bound
     sentence, detail = answer(rungs, 2.0, 1, "h100")
     assert detail["configs"]["none"]["sessions_ci"]["high_is_bound"] and detail["configs"]["dram"]["status"] == "censored_high"
     assert detail["ratios"][0]["sessions_ratio"] is None
-    assert "x? (censored; no bound: the other configuration's interval reaches its ladder's end)" in sentence
+    assert "x? (censored; no 95 % bound: an interval or bound involved reaches beyond its ladder)" in sentence
     assert "at least x" not in sentence
 
 
@@ -587,3 +589,20 @@ def test_a_no_interval_ratio_keeps_the_other_sides_bound():
     r = detail["ratios"][0]["sessions_ratio"]
     assert r["no_residuals"] and r["high_is_bound"] and not r["low_is_bound"]
     assert "and >x2.00: no interval)" in sentence
+
+
+def test_a_censored_bound_holds_at_95_percent_or_moves_inside_the_ladder():
+    # p90 1.9 s at the top rung (16) with +-30 % replications against 2 s: the fit meets the SLO up to 16,
+    # yet 35 % of the bootstrap draws cross inside the ladder; "at least 16" was no 95 % bound
+    rungs = [turns_rung("none", n, [p * 1.3, p, p * 0.75], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 1.9))]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    fit = detail["configs"]["none"]["fit"]
+    assert detail["configs"]["none"]["status"] == "censored_high" and 4 <= fit["bound_95"] < 16
+    assert f"hold at least {fit['bound_95']:.1f} (95 %: the fit meets the SLO up to the top rung" in sentence
+    low = [turns_rung("none", n, [p * 1.3, p, p * 0.75], [20] * 3) for n, p in ((4, 2.1), (8, 2.5), (16, 3.0))]
+    sentence, detail = answer(low, 2.0, 1, "h100")
+    b = detail["configs"]["none"]["fit"]["bound_95"]
+    assert 4 < b <= 16 and f"hold fewer than {b:.1f} (95 %" in sentence
+    # far from the SLO the bound stays the rung
+    far = [turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.1), (16, 1.2))]
+    assert "hold at least 16 (the SLO is met up to the top rung" in answer(far, 2.0, 1, "h100")[0]

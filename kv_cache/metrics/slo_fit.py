@@ -92,6 +92,10 @@ class Crossing:
     answered_draws: float = 0.0  # share of bootstrap draws that crossed inside the ladder
     no_residuals: bool = False  # the fit passes through every counted cell: low / high are the rungs either side
     fit: list[tuple[float, float]] = field(default_factory=list)  # (sessions, fitted p90) at block centres
+    # a censored crossing's 95 % bound: the rung (top for censored_high, lowest for censored_low) when 97.5 %
+    # of the bootstrap draws stay beyond it, else the draws' quantile inside the ladder; None when over 2.5 %
+    # of them cross beyond the ladder's other end (no 95 % bound)
+    bound_95: float | None = None
     # rungs the isotonic fit pooled into one block although their own p90s lie on both sides of the SLO
     # (a non-monotone curve across the SLO: the fit's side of the SLO there is an average, not a measurement)
     pooled_across_slo: list[tuple[float, float]] = field(default_factory=list)  # (sessions, the rung's p90)
@@ -103,6 +107,7 @@ class Crossing:
                 "rungs_counted": self.rungs_counted, "rungs_short_of_evidence": self.rungs_short,
                 "turns_per_cell": self.turns_per_cell, "answered_draws": self.answered_draws,
                 "censored_by_missing_evidence": self.short_beyond, "no_residuals": self.no_residuals,
+                "bound_95": self.bound_95,
                 "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit],
                 "pooled_across_slo": [{"sessions": n, "p90_s": p} for n, p in self.pooled_across_slo],
                 "why": self.why}
@@ -324,6 +329,18 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                      + (f"the rungs below it ({', '.join(f'{n:g}' for n in below)}) lack the evidence, so the "
                         "crossing lies where nothing was measured well enough; a longer --window" if below else
                         "the crossing lies below the ladder; start --ladder lower"))
+        # a bound holds at 95 % only where 97.5 % of the draws stay beyond it: draws crossing inside the ladder
+        # move it there ("at least 16" with 35 % of the draws crossing at 6-15 was no 95 % bound)
+        # (draws censored the other way put it beyond the other end of the ladder: then no 95 % bound holds)
+        beyond = np.where(sts == "censored_high", np.inf, np.where(sts == "censored_low", -np.inf, xs))
+        if c.status == "censored_high":
+            q = float(np.quantile(beyond, alpha, method="lower"))
+            c.bound_95 = (top if q == np.inf else None if q == -np.inf
+                          else max(bottom, min(top, math.exp(mid - k * (mid - q)))))
+        elif c.status == "censored_low":
+            q = float(np.quantile(beyond, 1.0 - alpha, method="higher"))
+            c.bound_95 = (bottom if q == -np.inf else None if q == np.inf
+                          else min(top, max(bottom, math.exp(mid + k * (q - mid)))))
         c.short_beyond = bool(above) if c.status == "censored_high" else bool(below) if c.status == "censored_low" else False
         if flat and c.status == "interpolated":  # no interval from the data: the counted rungs either side bound it
             c.no_residuals = True

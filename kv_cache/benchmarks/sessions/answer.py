@@ -259,9 +259,21 @@ def _fmt(c: dict[str, Any]) -> str:
     """A configuration's figure: the value with its interval (a bound where a draw crossed outside the
     ladder), or the bound itself with why, or "not enough evidence"."""
     counted = (c.get("fit") or {}).get("rungs_counted") or []
+    fit = c.get("fit") or {}
+    b95 = fit.get("bound_95")
+    if c["status"] in ("censored_high", "censored_low") and "bound_95" in fit and b95 is None:
+        side = "meets" if c["status"] == "censored_high" else "misses"
+        return (f"no 95 % bound (the fit {side} the SLO over the ladder's rungs with the evidence, but over 2.5 % "
+                "of the bootstrap draws cross beyond its other end)")
     if c["status"] == "censored_high":
+        if b95 is not None and b95 < c["sessions"] * (1 - 1e-9):
+            return (f"at least {b95:.1f} (95 %: the fit meets the SLO up to the top rung with the evidence, "
+                    f"{c['sessions']:g}, but bootstrap draws cross below it)")
         return f"at least {c['sessions']:g} (the SLO is met up to the top rung with the evidence)"
     if c["status"] == "censored_low":
+        if b95 is not None and b95 > c["sessions"] * (1 + 1e-9):
+            return (f"fewer than {b95:.1f} (95 %: the fit misses the SLO already at the lowest rung with the "
+                    f"evidence, {c['sessions']:g}, but bootstrap draws cross above it)")
         return f"fewer than {c['sessions']:g} (the SLO is missed already at the lowest rung with the evidence)"
     if c["status"] in ("not_enough_evidence", "no data") or c["sessions"] is None:
         return "not enough evidence"
@@ -300,6 +312,9 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], fitted: dict[str, Any] | None) 
         end is itself only a bound at the ladder's end (the crossing may lie beyond it: no ratio bound holds)."""
         ci = c.get("sessions_ci") or {}
         if c["status"] != "interpolated" or not ci.get(side):
+            fit = c.get("fit") or {}  # a censored side: its 95 % bound (None: there is none)
+            if "bound_95" in fit:
+                return None if fit["bound_95"] is None else float(fit["bound_95"])
             return float(c["sessions"])
         return None if ci.get(f"{side}_is_bound") else float(ci[side])
 
@@ -392,7 +407,7 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
                 return "not enough evidence"
             if ratios[c] is None and (per[c]["status"] == "interpolated") != (per[base]["status"] == "interpolated"):
                 # one side censored, the other's interval end a bound at its ladder's end: no bound holds
-                return "censored; no bound: the other configuration's interval reaches its ladder's end"
+                return "censored; no 95 % bound: an interval or bound involved reaches beyond its ladder"
             return "censored"
         parts = [f"with {c}, {head} {_fmt(per[c])} sessions {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
                  for i, c in enumerate(others)]
