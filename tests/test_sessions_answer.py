@@ -606,3 +606,9 @@ def test_a_censored_bound_holds_at_95_percent_or_moves_inside_the_ladder():
     # far from the SLO the bound stays the rung
     far = [turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.1), (16, 1.2))]
     assert "hold at least 16 (the SLO is met up to the top rung" in answer(far, 2.0, 1, "h100")[0]
+
+
+def test_a_bound_from_one_replication_per_rung_says_so():
+    rungs = [turns_rung("none", n, [p], [40]) for n, p in ((4, 1.0), (8, 1.5), (16, 1.95))]
+    sentence, _ = answer(rungs, 2.0, 1, "h100")
+    assert "hold at least 16" in sentence and "none one replication per rung" in sentence

@@ -228,6 +228,10 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
     elif k == 1 and status == "interpolated":
         flags.append("one replication per rung: the interval rests on the fit's residuals across rungs alone, "
                      "not on replications (--replications 3 or more)")
+    elif k == 1 and status in ("censored_high", "censored_low"):  # p90 1.95 s at the top rung read "at least
+        # 16" with nothing saying that no replication measured the noise behind it
+        flags.append("one replication per rung: the bound's 95 % rests on the fit's residuals across rungs alone "
+                     "(none where the fit passes through every cell), not on replications (--replications 3 or more)")
     br = _bracket(_curve(cells), slo)
     if br is not None and status != "not_enough_evidence":  # without the evidence the bracket says nothing
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
