@@ -612,3 +612,18 @@ def test_a_bound_from_one_replication_per_rung_says_so():
     rungs = [turns_rung("none", n, [p], [40]) for n, p in ((4, 1.0), (8, 1.5), (16, 1.95))]
     sentence, _ = answer(rungs, 2.0, 1, "h100")
     assert "hold at least 16" in sentence and "none one replication per rung" in sentence
+
+
+def test_a_rung_missing_a_replication_is_named_as_the_cause():
+    # the run has K = 3; rung 16 holds 2 replications (20 turns each): it is short because a replication is
+    # missing, not because the fit lacks rungs (before: "1 rung(s) with the evidence, and the fit needs 2")
+    rungs = ([turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.5))]
+             + [turns_rung("none", 16, [4.0, 4.1], [20, 20])])
+    sentence = answer(rungs, 2.0, 1, "h100")[0]
+    assert "(none, beyond the bound: not enough evidence: 20 returning turns per cell (one rung's replication; 12 " \
+           "needed, 36 per rung); 1 rung(s) lack a replication (each needs all 3))" in sentence
+    # a configuration with K = 2 beside one with K = 3
+    both = ([turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+            + [turns_rung("dram", n, [p * 1.05, p * 0.95], [30, 30]) for n, p in ((4, 1.0), (8, 1.2), (16, 3.0))])
+    sentence = answer(both, 2.0, 1, "h100")[0]
+    assert "3 rung(s) lack a replication (each needs all 3)" in sentence and "the fit needs 2" not in sentence

@@ -346,12 +346,12 @@ def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
     return f"x{r['estimate']:.2f} [{lo}, {hi}]"
 
 
-def evidence_text(rungs: list[dict[str, Any]]) -> str:
+def evidence_text(rungs: list[dict[str, Any]], replications: int | None = None, beyond: bool = False) -> str:
     """"not enough evidence: 4-12 returning turns per cell ...; about --window 240 would give 40": the returning
     turns each (rung, replication) measured and the window that would give the median one enough (the rule of
     kv_cache/metrics/slo_fit.py: >= MIN_RUNG_TURNS over a rung's replications, >= MIN_CELL_TURNS in each;
     turns grow with the window in proportion once it holds a few loaded turn cycles)."""
-    k = max((len(_p90s(r)) for r in rungs), default=1)
+    k = replications or max((len(_p90s(r)) for r in rungs), default=1)  # the run's K (estimate's rule)
     need = max(MIN_CELL_TURNS, math.ceil(MIN_RUNG_TURNS / k))
     turns, wanted = [], []  # every cell's returning turns; the window each short one would need
     for r in rungs:
@@ -364,14 +364,17 @@ def evidence_text(rungs: list[dict[str, Any]]) -> str:
     text = (f"not enough evidence: {span} returning turns per cell (one rung's replication; {need} needed, "
             f"{MIN_RUNG_TURNS} per rung)")
     if not wanted and all(c.turns > 0 for r in rungs for c in fit_cells([r])):  # turns enough: not the window
-        counted, bad = 0, 0
+        counted, bad, missing = 0, 0, 0
         for key in dict.fromkeys((r["tiers"], r["sessions"]) for r in rungs):
             cells = fit_cells([r for r in rungs if (r["tiers"], r["sessions"]) == key])
             counted += rung_has_evidence(cells, k)
             bad += sum(1 for c in cells if not (c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)))
-        if bad:
-            return text + (f"; {bad} cell(s) with returning turns have no finite positive p90 (every replication "
-                           "of a rung needs one)")
+            missing += len({c.replication for c in cells}) < k
+        why = ([f"{missing} rung(s) lack a replication (each needs all {k})"] if missing else []) + (
+            [f"{bad} cell(s) with returning turns have no finite positive p90 (every replication of a rung needs "
+             "one)"] if bad else [])
+        if why or beyond:
+            return text + "; " + "; ".join(why or ["the rungs beyond the bound lack the evidence"])
         return text + (f"; {counted} rung(s) with the evidence, and the fit needs 2 of one configuration: give "
                        "--ladder at least two rungs that complete turns")
     if wanted:
@@ -401,8 +404,9 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
     base_text = "without a tier" if base == "none" else f"with {base}"
     head = f"{gpus} x {gpu_name.upper()} hold"
     short = [cfg for cfg in configs if per[cfg]["status"] in ("not_enough_evidence", "no data")]
+    k_run = max((len(_p90s(r)) for r in rungs), default=1)  # every rung needs this many replications
     if len(short) == len(configs):
-        sentence = evidence_text(rungs)
+        sentence = evidence_text(rungs, k_run)
     elif not others:
         sentence = f"{base_text}, {head} {_fmt(per[base])} sessions {slo_text}"
     else:
@@ -418,14 +422,14 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
         tail = ", ".join(_fmt_ratio(ratios[c], why(c)) + (f" ({c})" if len(others) > 1 else "") for c in others)
         sentence = f"{'; '.join(parts)}; {base_text}, {_fmt(per[base])}: {tail}"
         if short:
-            sentence += f" ({', '.join(short)}: {evidence_text([r for r in rungs if r['tiers'] in short])})"
+            sentence += f" ({', '.join(short)}: {evidence_text([r for r in rungs if r['tiers'] in short], k_run)})"
     # a bound whose far side lacks the evidence (not the ladder's end): say so, with the window that would do
     beyond = [c for c in configs if (per[c].get("fit") or {}).get("censored_by_missing_evidence")]
     if beyond and len(short) < len(configs):
         for c in beyond:
             cut = set(per[c]["fit"]["rungs_short_of_evidence"])
             sentence += (f" ({c}, beyond the bound: "
-                         f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut])})")
+                         f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut], k_run, True)})")
     tags = sentence_flags(rungs, per)
     if tags:
         sentence += f" [flags: {'; '.join(tags)}]"
