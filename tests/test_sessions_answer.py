@@ -627,3 +627,4 @@ def test_a_rung_missing_a_replication_is_named_as_the_cause():
             + [turns_rung("dram", n, [p * 1.05, p * 0.95], [30, 30]) for n, p in ((4, 1.0), (8, 1.2), (16, 3.0))])
     sentence = answer(both, 2.0, 1, "h100")[0]
     assert "3 rung(s) lack a replication (each needs all 3)" in sentence and "the fit needs 2" not in sentence
+    assert sentence.startswith("with dram, 1 x H100 hold: not enough evidence at p90 return TTFT <= 2 s; ")

@@ -417,7 +417,10 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
                 # one side censored, the other's interval end a bound at its ladder's end: no bound holds
                 return "censored; no 95 % bound: an interval or bound involved reaches beyond its ladder"
             return "censored"
-        parts = [f"with {c}, {head} {_fmt(per[c])} sessions {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
+        def held(c: str) -> str:  # "1 x H100 hold 9.6 [...] sessions", or "not enough evidence" (no "hold")
+            return f"{head} {_fmt(per[c])} sessions" if c not in short else f"{head}: not enough evidence"
+
+        parts = [f"with {c}, {held(c)} {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
                  for i, c in enumerate(others)]
         tail = ", ".join(_fmt_ratio(ratios[c], why(c)) + (f" ({c})" if len(others) > 1 else "") for c in others)
         sentence = f"{'; '.join(parts)}; {base_text}, {_fmt(per[base])}: {tail}"
