@@ -247,8 +247,10 @@ def test_a_rung_without_returning_turns_is_short_of_evidence_not_a_miss():
                                "needed, 36 per rung); about --window 50 would give 12")
     both = rungs + [dict(r, tiers="dram") for r in rungs]
     sentence, _ = answer(both, 2.0, 1, "h100")
-    assert "hold at least 8 (the SLO is met up to the top rung with the evidence)" in sentence
-    assert "without a tier, at least 8" in sentence and "x? (censored)" in sentence
+    # p90 at 8 is 2.0 s +- 3 % against 2 s: the fit meets the SLO up to 8, but draws cross below it, so the
+    # 95 % bound lies inside the ladder (it read "at least 8" before)
+    assert "hold at least 7.6 (95 %: the fit meets the SLO up to the top rung with the evidence, 8, but " in sentence
+    assert "without a tier, at least 7.6 (95 %" in sentence and "x? (censored)" in sentence
     one = [cell("none", n, 8.0, k=1) for n in (4, 8, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 8, 16)]
     _, d1 = answer(one, 2.0, 1, "h100")
     assert d1["configs"]["dram"]["sessions_ci"]["low"] <= d1["configs"]["dram"]["sessions"]  # exact curve: no residual
@@ -487,3 +489,142 @@ def test_a_censored_ratio_bound_holds_over_the_other_sides_interval():
     top = {"status": "censored_high", "sessions": 16.0, "sessions_ci": None}
     assert _ratio(top, a, None)["estimate"] == pytest.approx(16 / 11.8)
     assert _ratio(top, b, None)["estimate"] == pytest.approx(16 / 8)
+
+
+def turns_rung(tiers: str, n: int, p90s: list, turns: list) -> dict:
+    """A rung with every replication's p90 and returning turns (the adversarial review's cells)."""
+    fin = [p for p in p90s if p is not None and math.isfinite(p) and p > 0]
+    m = math.exp(sum(map(math.log, fin)) / len(fin)) if fin else None
+    return {"tiers": tiers, "sessions": n, "window_s": 10.0,
+            "throughput_tokens_per_s_per_gpu": {"estimate": 100.0, "low": 95.0, "high": 105.0, "n": len(p90s)},
+            "ttft": {"return": {"n": sum(turns), "p90_s": {"estimate": m, "low": m * 0.9, "high": m * 1.1,
+                                                          "n": len(p90s)} if m else None}},
+            "replications": {"k": len(p90s), "ttft_return_p90_s": p90s, "ttft_return_n": turns}}
+
+
+def test_a_censored_ratio_gives_no_bound_when_the_other_interval_ends_in_a_bound():
+    # dram meets the SLO to its top rung ("at least 16"); none's interval reaches its top rung ("above 16"):
+    # none may hold more than 16, so "at least x1.00" was not supported; the ratio says it has no bound
+    rungs = ([turns_rung("none", n, [p * 1.3, p, p * 0.7], [20] * 3) for n, p in ((4, 1.0), (8, 1.9), (16, 2.2))]
+             + [turns_rung("dram", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.1), (16, 1.3))])
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    assert detail["configs"]["none"]["sessions_ci"]["high_is_bound"] and detail["configs"]["dram"]["status"] == "censored_high"
+    assert detail["ratios"][0]["sessions_ratio"] is None
+    assert "x? (censored; no 95 % bound: an interval or bound involved reaches beyond its ladder)" in sentence
+    assert "at least x" not in sentence
+
+
+def test_a_curve_falling_across_the_slo_is_flagged_not_read_as_met():
+    # 3 s at 4 sessions (60 turns: a miss with the evidence), 1 s at 8: the isotonic fit pools them below 2 s
+    rungs = [turns_rung("none", n, [p * 1.01, p, p * 0.99], [20] * 3) for n, p in ((4, 3.0), (8, 1.0))]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    assert detail["configs"]["none"]["status"] == "censored_high"
+    assert "none non-monotone across the SLO" in sentence
+    assert [c["sessions"] for c in detail["configs"]["none"]["fit"]["pooled_across_slo"]] == [4.0, 8.0]
+    # a monotone curve carries no such flag
+    mono = [turns_rung("none", n, [p * 1.01, p, p * 0.99], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+    assert "non-monotone" not in answer(mono, 2.0, 1, "h100")[0]
+
+
+def test_not_enough_evidence_with_enough_turns_names_the_real_cause():
+    # one rung, 120 turns: the window is not the problem, the ladder is (before: "measured no returning turn")
+    one = answer([turns_rung("none", 4, [1.0, 1.1, 0.9], [40] * 3)], 2.0, 1, "h100")[0]
+    assert one.startswith("not enough evidence: 40 returning turns per cell")
+    assert "1 rung(s) with the evidence, and the fit needs 2" in one and "measured no returning turn" not in one
+    # turns but a NaN / zero p90 in a replication at every rung
+    for bad in (math.nan, 0.0):
+        s = answer([turns_rung("none", n, [p, bad, p], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))],
+                   2.0, 1, "h100")[0]
+        assert "3 cell(s) with returning turns have no finite positive p90" in s and "measured no returning" not in s
+
+
+def test_one_rung_recorded_twice_neither_crashes_nor_excludes_its_estimate():
+    rungs = [turns_rung("none", 4, [1.0, 1.1, 0.9], [20] * 3), turns_rung("none", 4, [3.0, 3.1, 2.9], [20] * 3),
+             turns_rung("none", 8, [4.0] * 3, [20] * 3)]
+    _, detail = answer(rungs, 2.0, 1, "h100")  # was ZeroDivisionError in the first-miss crossing
+    ci = detail["configs"]["none"]["sessions_ci"]
+    assert ci["low"] <= ci["estimate"] <= ci["high"]
+
+
+def test_a_ladder_repeating_a_rung_exits_2_before_anything_runs(capsys):
+    assert main(["sessions", "--ladder", "4,4", "--window", "1", "--slo-ttft-p90", "2"]) == 2
+    assert "--ladder repeats a session count" in capsys.readouterr().err
+    for slo in ("0", "-1", "nan", "inf"):
+        assert main(["sessions", "--ladder", "4", "--window", "1", "--slo-ttft-p90", slo]) == 2
+
+
+def test_an_interval_narrower_than_a_decimal_is_printed_with_its_width():
+    rungs = [turns_rung("none", n, [p * 1.0001, p, p * 0.9999], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    ci = detail["configs"]["none"]["sessions_ci"]
+    shown = sentence.split("hold ")[1].split(" sessions")[0]  # e.g. "10.412 [10.411, 10.413]"
+    lo, hi = shown.split("[")[1].rstrip("]").split(", ")
+    assert lo != hi and float(lo) == pytest.approx(ci["low"], abs=1e-3) and float(hi) == pytest.approx(ci["high"], abs=1e-3)
+
+
+def test_no_bisection_from_a_met_rung_short_of_the_evidence():
+    # a real --window 3 run: 1 returning turn (0.098 s) at 2 sessions, none at 4, so the first-miss bracket
+    # [2, 4] and a rung 3 for every configuration; a "met" on one turn brackets nothing
+    rungs = [turns_rung("none", 2, [None, 0.098], [0, 1]), turns_rung("none", 4, [None, None], [0, 0])]
+    assert next_refinement(rungs, 2.0) is None
+    rungs = [turns_rung("none", 2, [0.1, 0.098], [20, 20]), turns_rung("none", 4, [None, None], [0, 0])]
+    assert next_refinement(rungs, 2.0) == 3  # the met end has the evidence: the bracket stands
+
+
+def test_without_the_evidence_the_json_gives_no_bracket_nor_per_replication_crossing():
+    # the real --window 3 run's cells: answer_detail carried bracket [2, 4] and a crossing 2.0 from one turn
+    rungs = [turns_rung("none", 2, [None, 0.098], [0, 1]), turns_rung("none", 4, [None, None], [0, 0])]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    c = detail["configs"]["none"]
+    assert sentence.startswith("not enough evidence") and c["bracket"] is None
+    assert c["per_replication"] == [None, None] and set(c["per_replication_status"]) == {"not_enough_evidence"}
+
+
+def test_a_no_interval_ratio_keeps_the_other_sides_bound():
+    # none: identical replications (no residual: "between 8 and 16"); dram: "10.4 [5.6, above 16]". The
+    # ratio's upper end 16 / 8 = x2.00 rests on dram's "above 16": it is a bound, not an end
+    rungs = ([turns_rung("none", n, [p] * 3, [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+             + [turns_rung("dram", n, [p * 1.3, p, p * 0.7], [20] * 3) for n, p in ((4, 1.0), (8, 1.9), (16, 2.2))])
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    r = detail["ratios"][0]["sessions_ratio"]
+    assert r["no_residuals"] and r["high_is_bound"] and not r["low_is_bound"]
+    assert "and >x2.00: no interval)" in sentence
+
+
+def test_a_censored_bound_holds_at_95_percent_or_moves_inside_the_ladder():
+    # p90 1.9 s at the top rung (16) with +-30 % replications against 2 s: the fit meets the SLO up to 16,
+    # yet 35 % of the bootstrap draws cross inside the ladder; "at least 16" was no 95 % bound
+    rungs = [turns_rung("none", n, [p * 1.3, p, p * 0.75], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 1.9))]
+    sentence, detail = answer(rungs, 2.0, 1, "h100")
+    fit = detail["configs"]["none"]["fit"]
+    assert detail["configs"]["none"]["status"] == "censored_high" and 4 <= fit["bound_95"] < 16
+    assert f"hold at least {fit['bound_95']:.1f} (95 %: the fit meets the SLO up to the top rung" in sentence
+    low = [turns_rung("none", n, [p * 1.3, p, p * 0.75], [20] * 3) for n, p in ((4, 2.1), (8, 2.5), (16, 3.0))]
+    sentence, detail = answer(low, 2.0, 1, "h100")
+    b = detail["configs"]["none"]["fit"]["bound_95"]
+    assert 4 < b <= 16 and f"hold fewer than {b:.1f} (95 %" in sentence
+    # far from the SLO the bound stays the rung
+    far = [turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.1), (16, 1.2))]
+    assert "hold at least 16 (the SLO is met up to the top rung" in answer(far, 2.0, 1, "h100")[0]
+
+
+def test_a_bound_from_one_replication_per_rung_says_so():
+    rungs = [turns_rung("none", n, [p], [40]) for n, p in ((4, 1.0), (8, 1.5), (16, 1.95))]
+    sentence, _ = answer(rungs, 2.0, 1, "h100")
+    assert "hold at least 16" in sentence and "none one replication per rung" in sentence
+
+
+def test_a_rung_missing_a_replication_is_named_as_the_cause():
+    # the run has K = 3; rung 16 holds 2 replications (20 turns each): it is short because a replication is
+    # missing, not because the fit lacks rungs (before: "1 rung(s) with the evidence, and the fit needs 2")
+    rungs = ([turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.5))]
+             + [turns_rung("none", 16, [4.0, 4.1], [20, 20])])
+    sentence = answer(rungs, 2.0, 1, "h100")[0]
+    assert "(none, beyond the bound: not enough evidence: 20 returning turns per cell (one rung's replication; 12 " \
+           "needed, 36 per rung); 1 rung(s) lack a replication (each needs all 3))" in sentence
+    # a configuration with K = 2 beside one with K = 3
+    both = ([turns_rung("none", n, [p * 1.05, p, p * 0.95], [20] * 3) for n, p in ((4, 1.0), (8, 1.5), (16, 4.0))]
+            + [turns_rung("dram", n, [p * 1.05, p * 0.95], [30, 30]) for n, p in ((4, 1.0), (8, 1.2), (16, 3.0))])
+    sentence = answer(both, 2.0, 1, "h100")[0]
+    assert "3 rung(s) lack a replication (each needs all 3)" in sentence and "the fit needs 2" not in sentence
+    assert sentence.startswith("with dram, 1 x H100 hold: not enough evidence at p90 return TTFT <= 2 s; ")

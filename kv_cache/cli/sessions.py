@@ -204,6 +204,9 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         ladder = [auto_start]
     else:
         ladder = _positive_ints(args.ladder, "--ladder")
+        if args.slo_ttft_p90 is not None and len(set(ladder)) < len(ladder):  # two records of one x in the fit
+            raise UsageError(f"--ladder repeats a session count, got {args.ladder!r} (with --slo-ttft-p90 each "
+                             "rung is one point of the fit: --replications repeats a rung)")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
     bad = [t for t in tiers if t not in TIER_CONFIGS]
     if bad or not tiers:

@@ -12,7 +12,8 @@ The data are cells: one (rung, replication), its p90 return TTFT and the returni
   each end) has its upper end inside the sample, i.e. 1 - 0.9^n >= 0.975 (n >= 36; at 35 it is 0.97497). With fewer the p90's
   upper confidence bound is beyond every measured turn: the data cannot say the SLO is met.
 - **The fit.** y = log p90 of every counted cell, x = log sessions; the cells of a rung are averaged with
-  their turns as weights and a weighted isotonic (non-decreasing) regression (pool-adjacent-violators)
+  every replication alike (a slow replication completes fewer turns: turn weights would
+  lean a rung toward its fast ones), and a turn-weighted isotonic (non-decreasing) regression (pool-adjacent-violators)
   runs over the rungs. Each pooled block is represented by its weighted centre (mean x, mean y), and the
   fitted curve is the monotone cubic (PCHIP, Fritsch-Carlson) through the centres in (log sessions, log
   p90): monotone, and following the bend of a queue's latency climbing with load where straight chords
@@ -91,6 +92,13 @@ class Crossing:
     answered_draws: float = 0.0  # share of bootstrap draws that crossed inside the ladder
     no_residuals: bool = False  # the fit passes through every counted cell: low / high are the rungs either side
     fit: list[tuple[float, float]] = field(default_factory=list)  # (sessions, fitted p90) at block centres
+    # a censored crossing's 95 % bound: the rung (top for censored_high, lowest for censored_low) when 97.5 %
+    # of the bootstrap draws stay beyond it, else the draws' quantile inside the ladder; None when over 2.5 %
+    # of them cross beyond the ladder's other end (no 95 % bound)
+    bound_95: float | None = None
+    # rungs the isotonic fit pooled into one block although their own p90s lie on both sides of the SLO
+    # (a non-monotone curve across the SLO: the fit's side of the SLO there is an average, not a measurement)
+    pooled_across_slo: list[tuple[float, float]] = field(default_factory=list)  # (sessions, the rung's p90)
     why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,7 +107,10 @@ class Crossing:
                 "rungs_counted": self.rungs_counted, "rungs_short_of_evidence": self.rungs_short,
                 "turns_per_cell": self.turns_per_cell, "answered_draws": self.answered_draws,
                 "censored_by_missing_evidence": self.short_beyond, "no_residuals": self.no_residuals,
-                "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit], "why": self.why}
+                "bound_95": self.bound_95,
+                "fit": [{"sessions": n, "p90_s": p} for n, p in self.fit],
+                "pooled_across_slo": [{"sessions": n, "p90_s": p} for n, p in self.pooled_across_slo],
+                "why": self.why}
 
 
 def isotonic(y: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float, float]]:
@@ -183,11 +194,16 @@ class _Prepared:
     turns: list[int]
 
     def means(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rung-level weighted means of y (cells on the last axis) and the rungs' weights."""
+        """Rung-level means of y (cells on the last axis), every replication of a rung weighted alike, and the
+        rungs' weights (their returning turns) for the fit across rungs. Not turn-weighted within a rung: in a
+        closed loop a slower replication completes fewer turns in the same window, so turn weights would lean
+        each rung toward its fast replications (p90 1.5 s on 100 turns beside 3.0 s, 3.0 s on 12 each read
+        1.71 s, under a 2 s SLO that two of the three replications miss)."""
+        per_rung = np.bincount(self.rung_of, minlength=self.rungs.size).astype(float)
         m = np.zeros((self.t.size, self.rungs.size))
-        m[np.arange(self.t.size), self.rung_of] = self.t
-        w = m.sum(axis=0)
-        return (y @ m) / w, w
+        m[np.arange(self.t.size), self.rung_of] = 1.0 / per_rung[self.rung_of]
+        w = np.bincount(self.rung_of, weights=self.t, minlength=self.rungs.size)
+        return y @ m, w
 
 
 def rung_has_evidence(cells: Sequence[Cell], replications: int) -> bool:
@@ -254,8 +270,11 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         cx, cy, at = fit_curve(np.log(p.rungs), ym, w)
         x, status = _cross(cx, cy, target)
         value = {"censored_high": float(p.rungs[-1]), "censored_low": float(p.rungs[0])}.get(status, math.exp(x))
+        pooled = [(float(p.rungs[i]), math.exp(float(ym[i]))) for a, b, _, _ in isotonic(ym, w) if b - a > 1
+                  and (ym[a:b] > target).any() and (ym[a:b] <= target).any() for i in range(a, b)]
         out[name] = Crossing(value, status, rungs_counted=list(p.rungs), rungs_short=p.short,
-                             turns_per_cell=p.turns, fit=[(math.exp(a), math.exp(b)) for a, b in zip(cx, cy, strict=True)])
+                             turns_per_cell=p.turns, fit=[(math.exp(a), math.exp(b)) for a, b in zip(cx, cy, strict=True)],
+                             pooled_across_slo=pooled)
         # standardized residuals (log p90 - fit) x sqrt(turns), inflated for the blocks the fit used
         fitted = at[p.rung_of]
         r = (p.y - fitted) * np.sqrt(p.t)
@@ -293,6 +312,9 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         bottom, top = min(c.rungs_counted), max(c.rungs_counted)
         c.low = max(bottom, math.exp(mid - k * (mid - lo_q)))
         c.high = min(top, math.exp(mid + k * (hi_q - mid)))
+        # an interval must hold its own estimate: draws all on one side of it (a bootstrap at odds with the
+        # fit, e.g. two records of one rung) widen it to the estimate rather than exclude it
+        c.low, c.high = min(c.low, c.sessions), max(c.high, c.sessions)
         c.low_bound = c.low <= bottom * (1 + 1e-9) and bool(np.any(sts == "censored_low"))
         c.high_bound = c.high >= top * (1 - 1e-9) and bool(np.any(sts == "censored_high"))
         above = [n for n in c.rungs_short if n > top]
@@ -307,6 +329,18 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                      + (f"the rungs below it ({', '.join(f'{n:g}' for n in below)}) lack the evidence, so the "
                         "crossing lies where nothing was measured well enough; a longer --window" if below else
                         "the crossing lies below the ladder; start --ladder lower"))
+        # a bound holds at 95 % only where 97.5 % of the draws stay beyond it: draws crossing inside the ladder
+        # move it there ("at least 16" with 35 % of the draws crossing at 6-15 was no 95 % bound)
+        # (draws censored the other way put it beyond the other end of the ladder: then no 95 % bound holds)
+        beyond = np.where(sts == "censored_high", np.inf, np.where(sts == "censored_low", -np.inf, xs))
+        if c.status == "censored_high":
+            q = float(np.quantile(beyond, alpha, method="lower"))
+            c.bound_95 = (top if q == np.inf else None if q == -np.inf
+                          else max(bottom, min(top, math.exp(mid - k * (mid - q)))))
+        elif c.status == "censored_low":
+            q = float(np.quantile(beyond, 1.0 - alpha, method="higher"))
+            c.bound_95 = (bottom if q == -np.inf else None if q == np.inf
+                          else min(top, max(bottom, math.exp(mid + k * (q - mid)))))
         c.short_beyond = bool(above) if c.status == "censored_high" else bool(below) if c.status == "censored_low" else False
         if flat and c.status == "interpolated":  # no interval from the data: the counted rungs either side bound it
             c.no_residuals = True
@@ -325,7 +359,9 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
             est = out[a].sessions / out[b].sessions
             if out[a].no_residuals or out[b].no_residuals:  # the rungs either side bound the ratio
                 ratios[(a, b)] = {"estimate": est, "low": out[a].low / out[b].high, "high": out[a].high / out[b].low,
-                                  "low_is_bound": False, "high_is_bound": False, "no_residuals": True,
+                                  # the other side's interval end may itself be a bound at its ladder's end
+                                  "low_is_bound": bool(out[a].low_bound or out[b].high_bound),
+                                  "high_is_bound": bool(out[a].high_bound or out[b].low_bound), "no_residuals": True,
                                   "n": max_rep, "confidence": None,
                                   "method": "bounds from the counted rungs either side of each crossing: a fit "
                                             "through every cell leaves no residual to bootstrap"}

@@ -178,6 +178,10 @@ def _answer(results: dict[str, Any], out: TextIO) -> None:
                    f"{'>' if ci.get('high_is_bound') else ''}{ci['high']:.1f}]") if ci else ""
         if ci and ci.get("no_residuals"):  # bounds from the rungs either side, not a confidence interval
             ci_text = f" (between {ci['low']:g} and {ci['high']:g}: no interval)"
+        fit = c.get("fit") or {}
+        if c["status"] in ("censored_high", "censored_low") and "bound_95" in fit:  # the bound at 95 %
+            b, op = fit["bound_95"], ">=" if c["status"] == "censored_high" else "<"
+            ci_text = f" (95 % bound: {op} {b:.1f})" if b is not None else " (no 95 % bound)"
         br = c.get("bracket")
         t = c.get("throughput") or {}
         plateau, knee = t.get("plateau_tokens_per_s_per_gpu"), t.get("knee_sessions")

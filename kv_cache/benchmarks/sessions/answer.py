@@ -26,7 +26,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS, Cell, Crossing, estimate
+from kv_cache.metrics.slo_fit import (
+    MIN_CELL_TURNS,
+    MIN_RUNG_TURNS,
+    Cell,
+    Crossing,
+    estimate,
+    rung_has_evidence,
+)
 
 __all__ = ["DEFAULT_ANSWER_REPLICATIONS", "MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
 
@@ -86,7 +93,8 @@ def crossing(points: list[tuple[int, float]], slo: float) -> tuple[float, str]:
         return float(points[-1][0]), "censored_high"
     lo, hi = br
     p_lo, p_hi = dict(points)[lo], dict(points)[hi]
-    if p_lo == slo or math.isinf(p_hi):  # no p90 above: the last rung meeting the SLO, conservatively
+    if p_lo == slo or math.isinf(p_hi) or lo == hi or p_lo == p_hi:  # no p90 above (or one rung twice): the
+        # last rung meeting the SLO, conservatively
         return float(lo), "interpolated"
     frac = (math.log(slo) - math.log(p_lo)) / (math.log(p_hi) - math.log(p_lo))
     return math.exp(math.log(lo) + frac * (math.log(hi) - math.log(lo))), "interpolated"
@@ -94,12 +102,18 @@ def crossing(points: list[tuple[int, float]], slo: float) -> tuple[float, str]:
 
 def next_refinement(cells: list[dict[str, Any]], slo: float) -> int | None:
     """The session count to run next for this configuration: the middle of its SLO bracket, or None when
-    the crossing is censored or the bracket is at most max(1, 10 %) wide (or its middle already ran)."""
+    the crossing is censored, the bracket is at most max(1, 10 %) wide (or its middle already ran), or its
+    rung meeting the SLO lacks the evidence (slo_fit's rule)."""
     br = _bracket(_curve(cells), slo)
     if br is None:
         return None
     lo, hi = br
     if hi - lo <= max(1, BRACKET_FRACTION * lo):
+        return None
+    # the met end must have the evidence: a "met" on 1 returning turn beside a rung with none is no bracket
+    # (a real --window 3 run bisected [2, 4] so, and ran rung 3 for every configuration: 6 cells, 0 turns)
+    k = max(len(_p90s(c)) for c in cells)
+    if not rung_has_evidence(fit_cells([c for c in cells if c["sessions"] == lo]), k):
         return None
     mid = (lo + hi) // 2
     return None if mid in {c["sessions"] for c in cells} else mid
@@ -199,6 +213,10 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         flags.append(f"rungs short of evidence (< {MIN_RUNG_TURNS} returning turns over the replications, or "
                      f"< {MIN_CELL_TURNS} in any one): {', '.join(f'{n:g}' for n in fit.rungs_short)} sessions, "
                      "left out of the fit")
+    if fit.pooled_across_slo and status != "not_enough_evidence":
+        flags.append("non-monotone across the SLO: the fit pooled rungs whose own p90s lie on both sides of it ("
+                     + ", ".join(f"{p:.2f} s at {n:g}" for n, p in fit.pooled_across_slo)
+                     + f", against {slo:g} s); the figure assumes p90 rises with sessions")
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
         flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
                      f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
@@ -210,6 +228,10 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
     elif k == 1 and status == "interpolated":
         flags.append("one replication per rung: the interval rests on the fit's residuals across rungs alone, "
                      "not on replications (--replications 3 or more)")
+    elif k == 1 and status in ("censored_high", "censored_low"):  # p90 1.95 s at the top rung read "at least
+        # 16" with nothing saying that no replication measured the noise behind it
+        flags.append("one replication per rung: the bound's 95 % rests on the fit's residuals across rungs alone "
+                     "(none where the fit passes through every cell), not on replications (--replications 3 or more)")
     br = _bracket(_curve(cells), slo)
     if br is not None and status != "not_enough_evidence":  # without the evidence the bracket says nothing
         by_n = {c["sessions"]: _p90_ci(c) for c in cells}
@@ -222,6 +244,8 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         if miss and miss.get("low") is not None and miss["low"] <= slo:
             flags.append(f"crossing not significant at {br[1]} sessions: p90 {miss['estimate']:.2f} "
                          f"[{miss['low']:.2f}, {miss['high']:.2f}] s reaches down to the SLO")
+    if status == "not_enough_evidence":  # the JSON says no more than the sentence: no bracket, no crossing
+        br, per_rep = None, [(math.nan, "not_enough_evidence")] * len(per_rep)
     return {"sessions": _num(value), "sessions_ci": ci, "status": status, "bracket": list(br) if br else None,
             "lower_bound": status == "censored_high", "fit": fit.to_dict(),
             "per_replication": [_num(v) for v, _ in per_rep], "per_replication_status": [s for _, s in per_rep],
@@ -239,18 +263,33 @@ def _fmt(c: dict[str, Any]) -> str:
     """A configuration's figure: the value with its interval (a bound where a draw crossed outside the
     ladder), or the bound itself with why, or "not enough evidence"."""
     counted = (c.get("fit") or {}).get("rungs_counted") or []
+    fit = c.get("fit") or {}
+    b95 = fit.get("bound_95")
+    if c["status"] in ("censored_high", "censored_low") and "bound_95" in fit and b95 is None:
+        side = "meets" if c["status"] == "censored_high" else "misses"
+        return (f"no 95 % bound (the fit {side} the SLO over the ladder's rungs with the evidence, but over 2.5 % "
+                "of the bootstrap draws cross beyond its other end)")
     if c["status"] == "censored_high":
+        if b95 is not None and b95 < c["sessions"] * (1 - 1e-9):
+            return (f"at least {b95:.1f} (95 %: the fit meets the SLO up to the top rung with the evidence, "
+                    f"{c['sessions']:g}, but bootstrap draws cross below it)")
         return f"at least {c['sessions']:g} (the SLO is met up to the top rung with the evidence)"
     if c["status"] == "censored_low":
+        if b95 is not None and b95 > c["sessions"] * (1 + 1e-9):
+            return (f"fewer than {b95:.1f} (95 %: the fit misses the SLO already at the lowest rung with the "
+                    f"evidence, {c['sessions']:g}, but bootstrap draws cross above it)")
         return f"fewer than {c['sessions']:g} (the SLO is missed already at the lowest rung with the evidence)"
     if c["status"] in ("not_enough_evidence", "no data") or c["sessions"] is None:
         return "not enough evidence"
     ci = c["sessions_ci"]
     if ci.get("no_residuals"):
         return f"{c['sessions']:.1f} (between {ci['low']:g} and {ci['high']:g}: no interval)"
-    lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.1f}"
-    hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.1f}"
-    return f"{c['sessions']:.1f} [{lo}, {hi}]"
+    # one decimal, more where one decimal would print a zero-width interval ("10.4 [10.4, 10.4]" from
+    # replications agreeing to 0.01 %): the printed interval shows the width the bootstrap found
+    d = next((d for d in (1, 2, 3) if f"{ci['low']:.{d}f}" != f"{ci['high']:.{d}f}"), 3)
+    lo = f"below {min(counted):g}" if ci.get("low_is_bound") and counted else f"{ci['low']:.{d}f}"
+    hi = f"above {max(counted):g}" if ci.get("high_is_bound") and counted else f"{ci['high']:.{d}f}"
+    return f"{c['sessions']:.{d}f} [{lo}, {hi}]"
 
 
 # a's status, b's status -> what a / b is: "at least N" over anything below, or anything over "fewer than N",
@@ -271,14 +310,23 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], fitted: dict[str, Any] | None) 
     if bound is None or not a["sessions"] or not b["sessions"]:
         return None
 
-    def end(c: dict[str, Any], side: str) -> float:
+    def end(c: dict[str, Any], side: str) -> float | None:
         """A crossing's far end for the bound: the bound itself when censored, else its interval's end (the
-        bound must hold over the interpolated side's uncertainty, not at its point estimate)."""
+        bound must hold over the interpolated side's uncertainty, not at its point estimate); None when that
+        end is itself only a bound at the ladder's end (the crossing may lie beyond it: no ratio bound holds)."""
         ci = c.get("sessions_ci") or {}
-        return float(ci[side]) if c["status"] == "interpolated" and ci.get(side) else float(c["sessions"])
+        if c["status"] != "interpolated" or not ci.get(side):
+            fit = c.get("fit") or {}  # a censored side: its 95 % bound (None: there is none)
+            if "bound_95" in fit:
+                return None if fit["bound_95"] is None else float(fit["bound_95"])
+            return float(c["sessions"])
+        return None if ci.get(f"{side}_is_bound") else float(ci[side])
 
     # a / b >= a's low end / b's high end (a lower bound); <= a's high end / b's low end (an upper one)
-    value = end(a, "low") / end(b, "high") if bound == "lower" else end(a, "high") / end(b, "low")
+    ends = (end(a, "low"), end(b, "high")) if bound == "lower" else (end(a, "high"), end(b, "low"))
+    if None in ends:
+        return None
+    value = ends[0] / ends[1]
     return {"estimate": value, "low": None, "high": None, "n": 1, "bound": bound,
             "method": f"a {bound} bound: one configuration's crossing lies outside the ladder; the other's 95 % "
                       "interval end is taken, so the bound holds over its uncertainty"}
@@ -290,18 +338,20 @@ def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
     if r.get("bound"):
         return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
     if r.get("no_residuals"):
-        return f"x{r['estimate']:.2f} (between x{r['low']:.2f} and x{r['high']:.2f}: no interval)"
+        lo = f"<x{r['low']:.2f}" if r.get("low_is_bound") else f"x{r['low']:.2f}"
+        hi = f">x{r['high']:.2f}" if r.get("high_is_bound") else f"x{r['high']:.2f}"
+        return f"x{r['estimate']:.2f} (between {lo} and {hi}: no interval)"
     lo = f"<{r['low']:.2f}" if r.get("low_is_bound") else f"{r['low']:.2f}"
     hi = f">{r['high']:.2f}" if r.get("high_is_bound") else f"{r['high']:.2f}"
     return f"x{r['estimate']:.2f} [{lo}, {hi}]"
 
 
-def evidence_text(rungs: list[dict[str, Any]]) -> str:
+def evidence_text(rungs: list[dict[str, Any]], replications: int | None = None, beyond: bool = False) -> str:
     """"not enough evidence: 4-12 returning turns per cell ...; about --window 240 would give 40": the returning
     turns each (rung, replication) measured and the window that would give the median one enough (the rule of
     kv_cache/metrics/slo_fit.py: >= MIN_RUNG_TURNS over a rung's replications, >= MIN_CELL_TURNS in each;
     turns grow with the window in proportion once it holds a few loaded turn cycles)."""
-    k = max((len(_p90s(r)) for r in rungs), default=1)
+    k = replications or max((len(_p90s(r)) for r in rungs), default=1)  # the run's K (estimate's rule)
     need = max(MIN_CELL_TURNS, math.ceil(MIN_RUNG_TURNS / k))
     turns, wanted = [], []  # every cell's returning turns; the window each short one would need
     for r in rungs:
@@ -313,6 +363,20 @@ def evidence_text(rungs: list[dict[str, Any]]) -> str:
     span = f"{turns[0]}-{turns[-1]}" if turns and turns[0] != turns[-1] else (f"{turns[0]}" if turns else "0")
     text = (f"not enough evidence: {span} returning turns per cell (one rung's replication; {need} needed, "
             f"{MIN_RUNG_TURNS} per rung)")
+    if not wanted and all(c.turns > 0 for r in rungs for c in fit_cells([r])):  # turns enough: not the window
+        counted, bad, missing = 0, 0, 0
+        for key in dict.fromkeys((r["tiers"], r["sessions"]) for r in rungs):
+            cells = fit_cells([r for r in rungs if (r["tiers"], r["sessions"]) == key])
+            counted += rung_has_evidence(cells, k)
+            bad += sum(1 for c in cells if not (c.p90_s is not None and c.p90_s > 0 and math.isfinite(c.p90_s)))
+            missing += len({c.replication for c in cells}) < k
+        why = ([f"{missing} rung(s) lack a replication (each needs all {k})"] if missing else []) + (
+            [f"{bad} cell(s) with returning turns have no finite positive p90 (every replication of a rung needs "
+             "one)"] if bad else [])
+        if why or beyond:
+            return text + "; " + "; ".join(why or ["the rungs beyond the bound lack the evidence"])
+        return text + (f"; {counted} rung(s) with the evidence, and the fit needs 2 of one configuration: give "
+                       "--ladder at least two rungs that complete turns")
     if wanted:
         requested = max(float((r.get("window_plan") or {}).get("requested_window_s") or r.get("window_s") or 0.0)
                         for r in rungs)
@@ -340,26 +404,35 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
     base_text = "without a tier" if base == "none" else f"with {base}"
     head = f"{gpus} x {gpu_name.upper()} hold"
     short = [cfg for cfg in configs if per[cfg]["status"] in ("not_enough_evidence", "no data")]
+    k_run = max((len(_p90s(r)) for r in rungs), default=1)  # every rung needs this many replications
     if len(short) == len(configs):
-        sentence = evidence_text(rungs)
+        sentence = evidence_text(rungs, k_run)
     elif not others:
         sentence = f"{base_text}, {head} {_fmt(per[base])} sessions {slo_text}"
     else:
         def why(c: str) -> str:
-            return "not enough evidence" if c in short or base in short else "censored"
-        parts = [f"with {c}, {head} {_fmt(per[c])} sessions {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
+            if c in short or base in short:
+                return "not enough evidence"
+            if ratios[c] is None and (per[c]["status"] == "interpolated") != (per[base]["status"] == "interpolated"):
+                # one side censored, the other's interval end a bound at its ladder's end: no bound holds
+                return "censored; no 95 % bound: an interval or bound involved reaches beyond its ladder"
+            return "censored"
+        def held(c: str) -> str:  # "1 x H100 hold 9.6 [...] sessions", or "not enough evidence" (no "hold")
+            return f"{head} {_fmt(per[c])} sessions" if c not in short else f"{head}: not enough evidence"
+
+        parts = [f"with {c}, {held(c)} {slo_text}" if i == 0 else f"with {c}, {_fmt(per[c])}"
                  for i, c in enumerate(others)]
         tail = ", ".join(_fmt_ratio(ratios[c], why(c)) + (f" ({c})" if len(others) > 1 else "") for c in others)
         sentence = f"{'; '.join(parts)}; {base_text}, {_fmt(per[base])}: {tail}"
         if short:
-            sentence += f" ({', '.join(short)}: {evidence_text([r for r in rungs if r['tiers'] in short])})"
+            sentence += f" ({', '.join(short)}: {evidence_text([r for r in rungs if r['tiers'] in short], k_run)})"
     # a bound whose far side lacks the evidence (not the ladder's end): say so, with the window that would do
     beyond = [c for c in configs if (per[c].get("fit") or {}).get("censored_by_missing_evidence")]
     if beyond and len(short) < len(configs):
         for c in beyond:
             cut = set(per[c]["fit"]["rungs_short_of_evidence"])
             sentence += (f" ({c}, beyond the bound: "
-                         f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut])})")
+                         f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut], k_run, True)})")
     tags = sentence_flags(rungs, per)
     if tags:
         sentence += f" [flags: {'; '.join(tags)}]"
