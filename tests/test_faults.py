@@ -60,6 +60,17 @@ def _wait_for_run_dir(cache: Path, proc: subprocess.Popen, timeout: float = 30) 
     raise AssertionError("the run never created its run directory")
 
 
+def _wait_for_window(run_dir: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the measured window is open: a request wrote its first entry into the run directory (no
+    preconditioning, no worker probe in these runs). A readiness check where a fixed sleep after the run
+    directory appeared was a guess that a loaded host can outlast."""
+    deadline = time.monotonic() + timeout  # only a hang reaches it
+    while not any(run_dir.glob("*.npy")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never opened its window"
+        time.sleep(0.05)
+
+
 def _mount(*args: str) -> str | None:
     """Runs mount; returns why it failed (None: it worked)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
@@ -108,8 +119,7 @@ def test_read_only_remount_during_the_run_stops_it_with_exit_3_and_the_next_run_
         pytest.skip(why)
     try:
         proc = _start(_cmd(tmp_path, mnt, duration=30))
-        _wait_for_run_dir(mnt, proc)
-        time.sleep(0.5)
+        _wait_for_window(_wait_for_run_dir(mnt, proc), proc)  # remounted inside the window (was: a 0.5 s sleep)
         deadline = time.monotonic() + 15  # EBUSY while a file is open for writing: try again
         while _mount("-o", "remount,bind,ro", str(mnt)) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -227,8 +237,8 @@ def test_double_sigint_still_writes_results_and_removes_files(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     proc = _start(_cmd(tmp_path, cache, duration=30))
-    _wait_for_run_dir(cache, proc)
-    time.sleep(1.5)
+    _wait_for_window(_wait_for_run_dir(cache, proc), proc)  # both land inside the window (was: a 1.5 s sleep)
+    time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.005)  # the second one lands while the first is being handled: results, clean-up
     proc.send_signal(signal.SIGINT)

@@ -246,25 +246,32 @@ def test_stop_signals_from_results_written_to_the_exit_change_nothing(tmp_path):
     cmd = [sys.executable, str(root / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"), "--model", "micro",
            "--num-users", "4", "--duration", "1", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode",
            "none", "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "r.json"), "--io-chunk-mb", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    sent = 0
-    try:
-        for line in proc.stdout:
-            if line.startswith("Results written to"):
-                break
-        while proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGINT)
-                sent += 1
-            except ProcessLookupError:
-                break
-            time.sleep(0.002)
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0 and sent >= 1
-    assert json.loads((tmp_path / "r.json").read_text())["measurement"]["stop_reason"] == "duration"
-    assert not list((tmp_path / "cache").glob("kv-cache-run-*"))
+    # Whether a signal lands between that line and the exit is the scheduler's (a loaded host can leave this
+    # process off the CPU until the run has gone): a run that got none exercised nothing, so it is run again
+    # (at most 4 runs; every run's outcome is checked).
+    for _attempt in range(4):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        sent = 0
+        try:
+            for line in proc.stdout:
+                if line.startswith("Results written to"):
+                    break
+            while proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGINT)
+                    sent += 1
+                except ProcessLookupError:
+                    break
+                time.sleep(0.002)
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0
+        assert json.loads((tmp_path / "r.json").read_text())["measurement"]["stop_reason"] == "duration"
+        assert not list((tmp_path / "cache").glob("kv-cache-run-*"))
+        if sent >= 1:
+            break
+    assert sent >= 1, "no SIGINT landed between 'Results written' and the exit in 4 runs"
 
 
 class StallClock(TickingClock):

@@ -249,6 +249,32 @@ def test_a_rank_killed_in_the_window_under_mpirun_leaves_the_others_results(tmp_
     assert merged["missing_ranks"] == [1] and merged["overall_passed"] is False
 
 
+@pytest.mark.slow
+def test_known_limit_plain_mpirun_may_sigkill_the_surviving_rank_before_its_document(tmp_path):
+    """The behaviour a user gets, without tests/mpi_grace.py: after rank 1 is SIGKILLed in its window,
+    mpirun SIGTERMs rank 0 and SIGKILLs it about 0.25 s later (Open MPI 5.0.11). On a quiet host rank 0
+    writes its INCOMPLETE document in that time; on a loaded one it may not, and what it measured is lost
+    (a known limit of "results are never lost" under plain mpirun: `--with-ft ulfm` keeps rank 0 alive).
+    Either outcome passes; what must never happen is a third one: a document that is there but torn, or
+    one that claims a complete run. Its run directory, if left, is removed by the next run (test_faults)."""
+    cfg = tmp_path / "micro.yaml"
+    cfg.write_text(MICRO)
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", sys.executable,
+           str(ROOT / "kv-cache.py"), "--config", str(cfg), *TINY, "--duration", "30",
+           "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "X.json")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    _kill_rank1_at_its_first_file(tmp_path, proc)
+    assert proc.returncode != 0
+    doc = tmp_path / "X_rank0.json"
+    if doc.exists():  # rank 0 beat mpirun's SIGKILL: a whole document, INCOMPLETE
+        rank0 = json.loads(doc.read_text())
+        assert rank0["stop_reason"] == "interrupted" and rank0["verdict"] == "INCOMPLETE"
+    else:  # SIGKILLed first: nothing measured survives (the known limit), and no merged document claims it
+        print("[mpi] known limit: mpirun SIGKILLed rank 0 before it wrote X_rank0.json")
+    assert not (tmp_path / "X.json").exists()
+
+
 def _kill_rank1_at_its_first_file(tmp_path, proc):
     """SIGKILL rank 1 once its first entry file is there (its window is open; with --precondition, while
     it preconditions); wait for mpirun."""
