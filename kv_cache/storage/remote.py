@@ -131,8 +131,9 @@ class Throttled(Exception):
 class RunDeadline:
     """When a remote operation stops waiting on its server, tied to the run (not to a socket timeout).
 
-    Until the run's stop event is set (the window's end, a storage error, a signal) an operation waits as
-    long as the server takes. From the moment the stop is seen (or the operation started, if later: the
+    Until the run's stop event is set (the window's end, a storage error, a signal) an operation waits up
+    to `stall_s` (the failover budget + the grace: a frozen server before the window, or early in a long
+    one). From the moment the stop is seen (or the operation started, if later: the
     clean-up after the window) it has `grace_s` more; past that it is abandoned, counted as "the server
     stopped answering", and raised as ETIMEDOUT, which stops the run with its results (exit 3). A stop
     signal (Ctrl-C: host.signals.ABANDON_IO) abandons it at once, as IOAborted (the stop's doing, not the
@@ -148,6 +149,16 @@ class RunDeadline:
         self.dead = False  # an operation was abandoned past its deadline: every later one fails at once
         self.opening = True  # while the store opens: no failover (a server not reached then is a setup error)
         self._closing_at: float | None = None  # the store's clean-up began (its own, shorter bound)
+        self._stalled = False  # the first abandonment was an operation past stall_s with no stop yet
+
+    @property
+    def stall_s(self) -> float:
+        """The longest one operation waits on its server while the run has not stopped (before the
+        window: preconditioning, pre-population, the I/O worker probe; or in a window longer than this):
+        the failover budget (what a lost server is given) plus the grace. A frozen server then ends the
+        run as one past the window's end does, ETIMEDOUT with the results, instead of waiting on the
+        client's socket timeouts (a Redis server SIGSTOPped in preconditioning held the run 184 s)."""
+        return self.failover_s + self.grace_s
 
     def watch(self, stop: threading.Event | None) -> None:
         """The run's stop event (serving/build.py open_cache hands it over once the tiers are open)."""
@@ -189,6 +200,8 @@ class RunDeadline:
             return "interrupted"
         else:
             expired = at is not None and now >= max(at, start or at) + self.grace_s
+            if not expired and start is not None and now >= start + self.stall_s:
+                expired = self._stalled = True  # no stop yet (before the window, or a long one): no answer at all
         if expired:
             self.dead = True
             return "expired"
@@ -215,6 +228,9 @@ class RunDeadline:
             return IOAborted(f"{what}: abandoned at the stop signal (the server had not answered)")
         if self._closing_at is not None and ABANDON_IO.is_set():
             bound = f"{CLOSE_AFTER_SIGNAL_S:g} s into the clean-up after a stop signal"
+        elif self._stalled and self._closing_at is None:
+            bound = (f"in {self.stall_s:g} s, before the run's stop (--remote-failover-s {self.failover_s:g} + "
+                     f"--remote-grace-s {self.grace_s:g})")
         else:
             bound = f"{self.grace_s:g} s after the run's stop (--remote-grace-s)"
         return OSError(errno.ETIMEDOUT, f"{what}: the server stopped answering: no reply {bound}; the operation "
