@@ -226,6 +226,24 @@ def test_a_server_frozen_before_the_window_ends_the_run_with_what_was_done(tmp_p
     assert "Traceback" not in err
 
 
+def test_a_server_frozen_while_the_store_opens_is_named_as_not_answering(monkeypatch):
+    """A frozen server takes the connection (the kernel's backlog) and never answers the PING: that was
+    reported, after redis-py's 60 s socket timeout, as "the server cannot be reached"."""
+    from kv_cache.errors import StorageSetupError
+    from kv_cache.storage import kvstore
+
+    srv = _server("redis")
+    monkeypatch.setattr(kvstore, "SETUP_TIMEOUT_S", 0.5)
+    try:
+        srv.proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(StorageSetupError) as info:
+            kvstore.RedisStore(srv.url, 1 << 20)
+    finally:
+        srv.stop()
+    assert "took the connection but did not answer in 0.5 s" in str(info.value), info.value
+    assert "cannot be reached" not in str(info.value)
+
+
 @pytest.mark.parametrize("kind", ["redis", "s3"])
 def test_ctrl_c_with_a_frozen_server_is_honoured_at_once(kind, tmp_path):
     """A grace of 600 s: only the stop signal can end the waits on the frozen server before the guard.
