@@ -145,6 +145,32 @@ def test_the_clean_up_after_a_stop_signal_has_its_own_short_bound():
     assert "into the clean-up after a stop signal" in str(deadline.error("redis delete", "expired"))
 
 
+@pytest.mark.parametrize("case", ["frozen", "answering", "idle"])
+def test_after_a_stop_signal_a_frozen_servers_clean_up_is_cut_short(case):
+    """Ctrl-C with a frozen server exited 1.43-1.56 s after SIGINT: the clean-up gave each request 1 s on
+    a server already silent. When, at the signal, an operation had waited SILENT_S with no answer from
+    the server for as long, the clean-up gets POLL_S a request; a server still answering others (or an
+    idle run, nothing in flight) keeps CLOSE_AFTER_SIGNAL_S, so its run's keys are still removed."""
+    import time as _time
+
+    deadline = RunDeadline(grace_s=600)
+    now = _time.monotonic()
+    if case != "idle":
+        assert deadline.begin()
+        deadline._ops[threading.get_ident()] = now - 2 * remote.SILENT_S
+    deadline.answered_at = now - (2 * remote.SILENT_S if case == "frozen" else 0.01)
+    ABANDON_IO.set()
+    assert deadline.state() == "interrupted"  # what the signal does to an operation; the silence is noted
+    deadline.end()
+    deadline.closing()
+    want = remote.POLL_S if case == "frozen" else remote.CLOSE_AFTER_SIGNAL_S
+    assert deadline._close_limit() == want
+    assert deadline.state() is None  # a clean-up request just begun may still wait
+    deadline._closing_at -= want
+    assert deadline.state() == "expired"
+    assert ("had stopped answering before it" in str(deadline.error("redis delete", "expired"))) == (case == "frozen")
+
+
 # ----------------------------------------------------------------------------- whole runs on real servers
 def _server(kind: str, **kw):
     if kind == "s3":

@@ -50,6 +50,7 @@ GRACE_S = 10.0  # an operation still waiting on the server this long after the r
 FAILOVER_S = 30.0  # a lost server is retried this long (backoff with jitter) before the run stops
 FAILOVER_FIRST_S, FAILOVER_MAX_S = 0.05, 2.0  # the first retry's backoff, doubled up to this
 CLOSE_AFTER_SIGNAL_S = 1.0  # after a stop signal, the store's clean-up waits this long on its server
+SILENT_S = 0.5  # at a stop signal, an operation waiting this long with no answer from the server since: frozen
 POLL_S = 0.2  # how often a wait on the server looks at the run's stop, its deadline and a stop signal
 
 
@@ -150,6 +151,8 @@ class RunDeadline:
         self.opening = True  # while the store opens: no failover (a server not reached then is a setup error)
         self._closing_at: float | None = None  # the store's clean-up began (its own, shorter bound)
         self._stalled = False  # the first abandonment was an operation past stall_s with no stop yet
+        self.answered_at: float | None = None  # the server's last answer (monotonic; RemoteStats.failover)
+        self._silent_at_signal: bool | None = None  # at the stop signal, the server had stopped answering
 
     @property
     def stall_s(self) -> float:
@@ -188,13 +191,32 @@ class RunDeadline:
         signal), then what is left is left for the next run's sweep."""
         self._closing_at = time.monotonic()
 
+    def _silence_at_signal(self, now: float) -> bool:
+        """Whether, when the stop signal was first seen, an operation had waited SILENT_S and the server
+        had not answered anything for as long (frozen): its clean-up then gets POLL_S a request instead of
+        CLOSE_AFTER_SIGNAL_S, so Ctrl-C ends the run within a second. An idle run (nothing in flight) or a
+        server answering other requests is not silent."""
+        if self._silent_at_signal is None:
+            with self._lock:
+                oldest = min(self._ops.values(), default=None)
+            last = self.answered_at
+            self._silent_at_signal = oldest is not None and now - oldest >= SILENT_S and (
+                last is None or now - last >= SILENT_S)
+        return self._silent_at_signal
+
+    def _close_limit(self) -> float:
+        """How long a clean-up request may wait on the server after a stop signal."""
+        return POLL_S if self._silent_at_signal else CLOSE_AFTER_SIGNAL_S
+
     def _state(self, start: float | None) -> str | None:
         if self.dead:
             return "expired"
         at = self.stop_seen()
         now = time.monotonic()
+        if ABANDON_IO.is_set():
+            self._silence_at_signal(now)
         if self._closing_at is not None:
-            limit = CLOSE_AFTER_SIGNAL_S if ABANDON_IO.is_set() else self.grace_s
+            limit = self._close_limit() if ABANDON_IO.is_set() else self.grace_s
             expired = now >= max(self._closing_at, start or 0.0) + limit
         elif ABANDON_IO.is_set():
             return "interrupted"
@@ -227,7 +249,8 @@ class RunDeadline:
         if state == "interrupted":
             return IOAborted(f"{what}: abandoned at the stop signal (the server had not answered)")
         if self._closing_at is not None and ABANDON_IO.is_set():
-            bound = f"{CLOSE_AFTER_SIGNAL_S:g} s into the clean-up after a stop signal"
+            bound = f"{self._close_limit():g} s into the clean-up after a stop signal" + (
+                " (the server had stopped answering before it)" if self._silent_at_signal else "")
         elif self._stalled and self._closing_at is None:
             bound = (f"in {self.stall_s:g} s, before the run's stop (--remote-failover-s {self.failover_s:g} + "
                      f"--remote-grace-s {self.grace_s:g})")
@@ -408,6 +431,7 @@ class RemoteStats:
                     self.abandoned(state)
                     raise deadline.error(what, state) from exc
                 continue
+            deadline.answered_at = time.monotonic()
             if self._outage_since is not None:
                 with self._lock:
                     if self._outage_since is not None:
