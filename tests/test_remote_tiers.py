@@ -784,6 +784,19 @@ def test_every_form_of_a_url_credential_is_redacted(arg):
     assert out.split("***")[0] == arg.split("s3cr3t-pw")[0]  # what comes before the secret is kept
 
 
+@pytest.mark.parametrize("arg", ["redis://user:p@ss-s3cr3t@127.0.0.1:6379/0", "redis://:a@b@c-s3cr3t@h:1/0?db=0"])
+def test_a_password_with_an_unencoded_at_sign_is_redacted_whole(arg):
+    """redis-py splits the authority at its last "@" (urlparse), so `user:p@ss@host` authenticates with
+    "p@ss"; the mask stopped at the first "@" and wrote `user:***@ss-s3cr3t@host`."""
+    from urllib.parse import urlparse
+
+    from kv_cache.settings.run import redacted
+
+    out = redacted(arg)
+    assert "s3cr3t" not in out and "ss" not in out.split("@")[1], out
+    assert out.split("***@")[1] == arg.split("@")[-1] and urlparse(arg).hostname in out  # the host is kept
+
+
 def test_a_password_in_the_redis_urls_query_is_not_recorded(tmp_path):
     """`--redis-url redis://host:port/0?password=PW` (redis-py's query form) was written in clear in
     run_parameters.command, while the userinfo forms were masked."""
