@@ -1231,3 +1231,18 @@ def test_redis_makes_a_threads_slots_as_its_writes_need_them(redis_server):
     assert store.read("five", bufs, verify=True).nbytes == 5 * MIB
     store.close()
     bufs.close()
+
+
+def test_a_password_in_the_s3_endpoints_userinfo_is_not_shown(moto, monkeypatch):
+    """`--s3-endpoint http://KEY:SECRET@host` (the clients take no credentials there, so the store fails to
+    open): its setup error printed the secret in clear; results, the leftovers command and the store's
+    repr showed the endpoint as given."""
+    from kv_cache.errors import StorageSetupError
+    from kv_cache.storage.s3 import S3Store
+
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    bucket = _bucket(moto.url, "userinfo")
+    with pytest.raises(StorageSetupError) as info:
+        S3Store(bucket, moto.url.replace("http://", "http://AKID:s3cr3t-ep@"), part_bytes=5 * MIB, workers=1)
+    assert "s3cr3t-ep" not in str(info.value) and "http://AKID:***@127.0.0.1" in str(info.value), info.value
