@@ -237,7 +237,8 @@ def test_a_server_frozen_before_the_window_ends_the_run_with_what_was_done(tmp_p
     srv = _server("redis")
     try:
         proc = subprocess.Popen(_cmd(tmp_path, *_tier("redis", srv), "--remote-grace-s", "1", "--remote-failover-s",
-                                     "1", "--precondition", "--precondition-size-gb", "64", duration=600),
+                                     "1", "--precondition", "--precondition-size-gb", "64", "--io-workers", "4",
+                                     duration=600),  # (--io-workers: no probe, the keys are preconditioning's)
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
         _writing(proc, "redis", srv)
         srv.proc.send_signal(signal.SIGSTOP)
