@@ -1246,3 +1246,16 @@ def test_a_password_in_the_s3_endpoints_userinfo_is_not_shown(moto, monkeypatch)
     with pytest.raises(StorageSetupError) as info:
         S3Store(bucket, moto.url.replace("http://", "http://AKID:s3cr3t-ep@"), part_bytes=5 * MIB, workers=1)
     assert "s3cr3t-ep" not in str(info.value) and "http://AKID:***@127.0.0.1" in str(info.value), info.value
+
+
+def test_the_sessions_document_masks_the_s3_endpoints_password():
+    from types import SimpleNamespace
+
+    from kv_cache.benchmarks.sessions.run import sessions_storage_location
+
+    remote = SimpleNamespace(storage_backend="s3", s3_endpoint="http://AKID:s3cr3t-ep@h:9000", s3_bucket="b",
+                             s3_prefix="", redis_url=None)
+    got = sessions_storage_location(SimpleNamespace(remote=remote), ["dram+storage"])
+    assert got["mount_source"] == "http://AKID:***@h:9000"
+    remote.s3_endpoint = None  # AWS itself: no endpoint, as before
+    assert sessions_storage_location(SimpleNamespace(remote=remote), ["dram+storage"])["mount_source"] is None
