@@ -90,7 +90,7 @@ def test_past_the_stop_and_its_grace_an_operation_is_abandoned_as_the_server_sto
     deadline = RunDeadline(grace_s=0, failover_s=60)
     deadline.opening = False
     deadline.watch(stop)
-    assert deadline.state() is None  # no stop yet: an operation waits as long as the server takes
+    assert deadline.state() is None  # no stop yet: an operation waits (up to stall_s: the next test)
     stop.set()
     assert deadline.state() == "expired" and deadline.dead
     stats = RemoteStats()
@@ -98,6 +98,30 @@ def test_past_the_stop_and_its_grace_an_operation_is_abandoned_as_the_server_sto
         stats.failover(_lost(1), "redis read of 'e'", deadline)
     assert info.value.errno == errno.ETIMEDOUT and "stopped answering" in str(info.value)
     assert stats.as_dict()["stopped_answering"] == 1
+
+
+def test_before_the_stop_an_operation_unanswered_for_the_failover_budget_and_the_grace_is_abandoned():
+    """Before the window (preconditioning, pre-population, the worker probe) the run's stop is not set, so
+    only the client's socket timeouts bounded a frozen server: Redis SIGSTOPped in preconditioning held a
+    run 184 s (two 60 s socket timeouts, then the clean-up). An operation now waits at most the failover
+    budget + the grace with no stop; then it is abandoned as the server stopped answering, and every
+    other one with it."""
+    stop = threading.Event()
+    deadline = RunDeadline(grace_s=2, failover_s=5)
+    deadline.opening = False
+    deadline.watch(stop)
+    assert deadline.stall_s == 7
+    assert deadline.begin()
+    me = threading.get_ident()
+    deadline._ops[me] -= 6.5  # an operation 6.5 s old: still within 7 s
+    assert deadline.state() is None and not deadline.overdue()
+    deadline._ops[me] -= 1.0  # 7.5 s old, no stop: abandoned
+    assert deadline.overdue() and deadline.state() == "expired" and deadline.dead
+    err = deadline.error("redis write of 'precond_3'", "expired")
+    assert err.errno == errno.ETIMEDOUT and "stopped answering" in str(err)
+    assert "before the run's stop (--remote-failover-s 5 + --remote-grace-s 2)" in str(err)
+    deadline.end()
+    assert deadline.state() == "expired"  # the server is taken as gone: a later operation fails at once
 
 
 def test_a_stop_signal_abandons_a_wait_at_once_as_an_abort():
@@ -119,6 +143,32 @@ def test_the_clean_up_after_a_stop_signal_has_its_own_short_bound():
     deadline._closing_at -= remote.CLOSE_AFTER_SIGNAL_S
     assert deadline.state() == "expired"
     assert "into the clean-up after a stop signal" in str(deadline.error("redis delete", "expired"))
+
+
+@pytest.mark.parametrize("case", ["frozen", "answering", "idle"])
+def test_after_a_stop_signal_a_frozen_servers_clean_up_is_cut_short(case):
+    """Ctrl-C with a frozen server exited 1.43-1.56 s after SIGINT: the clean-up gave each request 1 s on
+    a server already silent. When, at the signal, an operation had waited SILENT_S with no answer from
+    the server for as long, the clean-up gets POLL_S a request; a server still answering others (or an
+    idle run, nothing in flight) keeps CLOSE_AFTER_SIGNAL_S, so its run's keys are still removed."""
+    import time as _time
+
+    deadline = RunDeadline(grace_s=600)
+    now = _time.monotonic()
+    if case != "idle":
+        assert deadline.begin()
+        deadline._ops[threading.get_ident()] = now - 2 * remote.SILENT_S
+    deadline.answered_at = now - (2 * remote.SILENT_S if case == "frozen" else 0.01)
+    ABANDON_IO.set()
+    assert deadline.state() == "interrupted"  # what the signal does to an operation; the silence is noted
+    deadline.end()
+    deadline.closing()
+    want = remote.POLL_S if case == "frozen" else remote.CLOSE_AFTER_SIGNAL_S
+    assert deadline._close_limit() == want
+    assert deadline.state() is None  # a clean-up request just begun may still wait
+    deadline._closing_at -= want
+    assert deadline.state() == "expired"
+    assert ("had stopped answering before it" in str(deadline.error("redis delete", "expired"))) == (case == "frozen")
 
 
 # ----------------------------------------------------------------------------- whole runs on real servers
@@ -177,6 +227,48 @@ def test_a_server_frozen_mid_window_ends_the_run_at_the_grace_with_its_results(k
     assert rt["stopped_answering"] > 0 and rt["abandoned_at_stop_signal"] == 0
     assert "ETIMEDOUT" in err and "the server stopped answering" in err and "Traceback" not in err
     assert "the next run on this" in err and ("redis-cli" in err or "aws s3 rm" in err)  # the leftovers, and how
+
+
+def test_a_server_frozen_before_the_window_ends_the_run_with_what_was_done(tmp_path):
+    """SIGSTOP of the server while preconditioning writes (no stop yet, no window): with a failover budget
+    and a grace of 1 s each, the operations waiting on it are abandoned 2 s in, as the server stopped
+    answering (ETIMEDOUT, exit 3), and the results say what stopped the run. Before, only redis-py's 60 s
+    socket timeout ended each wait, so the hang guard would fail this test."""
+    srv = _server("redis")
+    try:
+        proc = subprocess.Popen(_cmd(tmp_path, *_tier("redis", srv), "--remote-grace-s", "1", "--remote-failover-s",
+                                     "1", "--precondition", "--precondition-size-gb", "64", "--io-workers", "4",
+                                     duration=600),  # (--io-workers: no probe, the keys are preconditioning's)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        _writing(proc, "redis", srv)
+        srv.proc.send_signal(signal.SIGSTOP)
+        out, err = proc.communicate(timeout=GUARD_S // 2)  # 2 x 60 s of socket timeouts would pass this guard
+    finally:
+        srv.stop()
+    assert proc.returncode == 3, err[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["measurement"]["stop_reason"].startswith("storage error before the measured phase")
+    assert res["measurement"]["remote_tier"]["stopped_answering"] >= 1  # counted, in the results
+    assert "ETIMEDOUT" in err and "before the run's stop (--remote-failover-s 1 + --remote-grace-s 1)" in err, err[-3000:]
+    assert "Traceback" not in err
+
+
+def test_a_server_frozen_while_the_store_opens_is_named_as_not_answering(monkeypatch):
+    """A frozen server takes the connection (the kernel's backlog) and never answers the PING: that was
+    reported, after redis-py's 60 s socket timeout, as "the server cannot be reached"."""
+    from kv_cache.errors import StorageSetupError
+    from kv_cache.storage import kvstore
+
+    srv = _server("redis")
+    monkeypatch.setattr(kvstore, "SETUP_TIMEOUT_S", 0.5)
+    try:
+        srv.proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(StorageSetupError) as info:
+            kvstore.RedisStore(srv.url, 1 << 20)
+    finally:
+        srv.stop()
+    assert "took the connection but did not answer in 0.5 s" in str(info.value), info.value
+    assert "cannot be reached" not in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["redis", "s3"])

@@ -380,7 +380,8 @@ def defaults() -> dict[str, Any]:
     return out
 
 
-_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@", re.IGNORECASE)
+# the userinfo's password up to the last "@" of the authority: redis-py (urlparse) takes an unencoded "@" in it
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s/?#]+@", re.IGNORECASE)
 
 
 # a secret in a URL's query (redis-py takes ?password=...; a presigned S3 URL carries a signature and a token)

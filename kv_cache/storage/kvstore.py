@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 log = logging.getLogger(__name__)
+SETUP_TIMEOUT_S = 60.0  # redis-py's socket timeout: what bounds a frozen server while the store opens (no Watchdog yet)
 
 
 def _import_redis():
@@ -117,7 +118,7 @@ class RedisStore(SizedStore):
         try:
             # RESP2 (a URL's protocol= wins): the data path reads its replies itself (resp.py), and RESP3
             # would let a server push notifications in between them
-            self._r = self.redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5, protocol=2,
+            self._r = self.redis.Redis.from_url(url, socket_timeout=SETUP_TIMEOUT_S, socket_connect_timeout=5, protocol=2,
                                                 max_connections=workers + 4, retry=Retry(NoBackoff(), 0))
         except ValueError as e:
             raise StorageSetupError(f"redis: bad --redis-url {redacted_argv([url])[0]!r}: {e}").about("redis_url") from None
@@ -299,6 +300,10 @@ class RedisStore(SizedStore):
                 e.errno, (e.strerror or str(e)).split(": ", 1)[-1])
             if "TLS certificate failed verification" in (e.strerror or ""):
                 why = e.strerror.split(": ", 1)[-1]
+            elif e.errno == errno.ENOTCONN and isinstance(e.__cause__, self.redis.TimeoutError) \
+                    and "reading" in str(e.__cause__):  # connected, then no reply: not a server that is away
+                why = (f"the server took the connection but did not answer in {SETUP_TIMEOUT_S:g} s (redis-py's "
+                       "socket timeout): a frozen or overloaded server")
             raise StorageSetupError(f"redis: cannot {what} at {self._where()}: {why}").about("redis_url") from None
 
     def _gone(self, k: str) -> OSError:

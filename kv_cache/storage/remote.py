@@ -50,6 +50,7 @@ GRACE_S = 10.0  # an operation still waiting on the server this long after the r
 FAILOVER_S = 30.0  # a lost server is retried this long (backoff with jitter) before the run stops
 FAILOVER_FIRST_S, FAILOVER_MAX_S = 0.05, 2.0  # the first retry's backoff, doubled up to this
 CLOSE_AFTER_SIGNAL_S = 1.0  # after a stop signal, the store's clean-up waits this long on its server
+SILENT_S = 0.5  # at a stop signal, an operation waiting this long with no answer from the server since: frozen
 POLL_S = 0.2  # how often a wait on the server looks at the run's stop, its deadline and a stop signal
 
 
@@ -131,8 +132,9 @@ class Throttled(Exception):
 class RunDeadline:
     """When a remote operation stops waiting on its server, tied to the run (not to a socket timeout).
 
-    Until the run's stop event is set (the window's end, a storage error, a signal) an operation waits as
-    long as the server takes. From the moment the stop is seen (or the operation started, if later: the
+    Until the run's stop event is set (the window's end, a storage error, a signal) an operation waits up
+    to `stall_s` (the failover budget + the grace: a frozen server before the window, or early in a long
+    one). From the moment the stop is seen (or the operation started, if later: the
     clean-up after the window) it has `grace_s` more; past that it is abandoned, counted as "the server
     stopped answering", and raised as ETIMEDOUT, which stops the run with its results (exit 3). A stop
     signal (Ctrl-C: host.signals.ABANDON_IO) abandons it at once, as IOAborted (the stop's doing, not the
@@ -148,6 +150,18 @@ class RunDeadline:
         self.dead = False  # an operation was abandoned past its deadline: every later one fails at once
         self.opening = True  # while the store opens: no failover (a server not reached then is a setup error)
         self._closing_at: float | None = None  # the store's clean-up began (its own, shorter bound)
+        self._stalled = False  # the first abandonment was an operation past stall_s with no stop yet
+        self.answered_at: float | None = None  # the server's last answer (monotonic; RemoteStats.failover)
+        self._silent_at_signal: bool | None = None  # at the stop signal, the server had stopped answering
+
+    @property
+    def stall_s(self) -> float:
+        """The longest one operation waits on its server while the run has not stopped (before the
+        window: preconditioning, pre-population, the I/O worker probe; or in a window longer than this):
+        the failover budget (what a lost server is given) plus the grace. A frozen server then ends the
+        run as one past the window's end does, ETIMEDOUT with the results, instead of waiting on the
+        client's socket timeouts (a Redis server SIGSTOPped in preconditioning held the run 184 s)."""
+        return self.failover_s + self.grace_s
 
     def watch(self, stop: threading.Event | None) -> None:
         """The run's stop event (serving/build.py open_cache hands it over once the tiers are open)."""
@@ -177,18 +191,39 @@ class RunDeadline:
         signal), then what is left is left for the next run's sweep."""
         self._closing_at = time.monotonic()
 
+    def _silence_at_signal(self, now: float) -> bool:
+        """Whether, when the stop signal was first seen, an operation had waited SILENT_S and the server
+        had not answered anything for as long (frozen): its clean-up then gets POLL_S a request instead of
+        CLOSE_AFTER_SIGNAL_S, so Ctrl-C ends the run within a second. An idle run (nothing in flight) or a
+        server answering other requests is not silent."""
+        if self._silent_at_signal is None:
+            with self._lock:
+                oldest = min(self._ops.values(), default=None)
+            last = self.answered_at
+            self._silent_at_signal = oldest is not None and now - oldest >= SILENT_S and (
+                last is None or now - last >= SILENT_S)
+        return self._silent_at_signal
+
+    def _close_limit(self) -> float:
+        """How long a clean-up request may wait on the server after a stop signal."""
+        return POLL_S if self._silent_at_signal else CLOSE_AFTER_SIGNAL_S
+
     def _state(self, start: float | None) -> str | None:
         if self.dead:
             return "expired"
         at = self.stop_seen()
         now = time.monotonic()
+        if ABANDON_IO.is_set():
+            self._silence_at_signal(now)
         if self._closing_at is not None:
-            limit = CLOSE_AFTER_SIGNAL_S if ABANDON_IO.is_set() else self.grace_s
+            limit = self._close_limit() if ABANDON_IO.is_set() else self.grace_s
             expired = now >= max(self._closing_at, start or 0.0) + limit
         elif ABANDON_IO.is_set():
             return "interrupted"
         else:
             expired = at is not None and now >= max(at, start or at) + self.grace_s
+            if not expired and start is not None and now >= start + self.stall_s:
+                expired = self._stalled = True  # no stop yet (before the window, or a long one): no answer at all
         if expired:
             self.dead = True
             return "expired"
@@ -214,7 +249,11 @@ class RunDeadline:
         if state == "interrupted":
             return IOAborted(f"{what}: abandoned at the stop signal (the server had not answered)")
         if self._closing_at is not None and ABANDON_IO.is_set():
-            bound = f"{CLOSE_AFTER_SIGNAL_S:g} s into the clean-up after a stop signal"
+            bound = f"{self._close_limit():g} s into the clean-up after a stop signal" + (
+                " (the server had stopped answering before it)" if self._silent_at_signal else "")
+        elif self._stalled and self._closing_at is None:
+            bound = (f"in {self.stall_s:g} s, before the run's stop (--remote-failover-s {self.failover_s:g} + "
+                     f"--remote-grace-s {self.grace_s:g})")
         else:
             bound = f"{self.grace_s:g} s after the run's stop (--remote-grace-s)"
         return OSError(errno.ETIMEDOUT, f"{what}: the server stopped answering: no reply {bound}; the operation "
@@ -392,6 +431,7 @@ class RemoteStats:
                     self.abandoned(state)
                     raise deadline.error(what, state) from exc
                 continue
+            deadline.answered_at = time.monotonic()
             if self._outage_since is not None:
                 with self._lock:
                     if self._outage_since is not None:

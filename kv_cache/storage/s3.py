@@ -36,6 +36,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.errors import StorageSetupError
+from kv_cache.settings.run import redacted
 from kv_cache.storage.base import (
     BLOCK,
     IOAborted,
@@ -102,6 +103,7 @@ class S3Store(SizedStore):
         self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
         self.name = name
         self.bucket, self.endpoint = bucket, endpoint
+        self.shown_endpoint = redacted(endpoint) if endpoint else endpoint  # what messages and results show
         self.part_bytes, self.concurrency = int(part_bytes), max(1, int(concurrency))
         self.stats = RemoteStats()
         self.base_prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
@@ -215,7 +217,7 @@ class S3Store(SizedStore):
 
     def remote_stats(self) -> dict[str, Any]:
         return {"backend": "s3", "client": f"obstore {getattr(self.obstore, '__version__', '')}".strip(),
-                "endpoint": self.endpoint or "AWS", "scheme": self.scheme, "tls": self.tls(),
+                "endpoint": self.shown_endpoint or "AWS", "scheme": self.scheme, "tls": self.tls(),
                 "bucket": self.bucket, "prefix": self.run_prefix,
                 "multipart_client": f"botocore {self._parts.version}",
                 "read_client": f"http.client (Python {platform.python_version()}), presigned by obstore, into the read buffer",
@@ -275,7 +277,7 @@ class S3Store(SizedStore):
 
     def _setup_call(self, what: str, fn):
         """A call made while opening: any failure is a one-line StorageSetupError (exit 2)."""
-        where = f"s3://{self.bucket}" + (f" at {self.endpoint}" if self.endpoint else "")
+        where = f"s3://{self.bucket}" + (f" at {self.shown_endpoint}" if self.endpoint else "")
         try:
             return self._call(f"s3 {what}", fn, failover=False)
         except (KeyError, FileNotFoundError):
@@ -535,9 +537,9 @@ class S3Store(SizedStore):
 
     def removal_command(self) -> str:
         """The shell commands that remove what this run left in the bucket (objects, unfinished uploads)."""
-        ep = f" --endpoint-url {self.endpoint}" if self.endpoint else ""
+        ep = f" --endpoint-url {self.shown_endpoint}" if self.endpoint else ""
         return (f"aws s3 rm --recursive s3://{self.bucket}/{self.run_prefix}{ep}; aws s3api list-multipart-uploads "
                 f"--bucket {self.bucket} --prefix {self.run_prefix}{ep} (then abort-multipart-upload each)")
 
     def __repr__(self) -> str:
-        return f"S3Store(bucket={self.bucket!r}, prefix={self.run_prefix!r}, endpoint={self.endpoint!r})"
+        return f"S3Store(bucket={self.bucket!r}, prefix={self.run_prefix!r}, endpoint={self.shown_endpoint!r})"

@@ -245,7 +245,7 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
     if remote != "file":  # a remote tier: the server, no path
         where = redacted_argv([ls.remote.redis_url or ""])[0] if remote == "redis" else f"s3://{ls.remote.s3_bucket}/{ls.remote.s3_prefix}"
         return {"cache_dir": where, "mount_point": None, "filesystem": remote, "filesystem_kind": meas.REMOTE,
-                "mount_source": ls.remote.s3_endpoint if remote == "s3" else None, "block_device": None,
+                "mount_source": (redacted_argv([ls.remote.s3_endpoint or ""])[0] or None) if remote == "s3" else None, "block_device": None,
                 "io_mode": "network", "io_mode_reason": "a remote storage tier (--storage-backend)"}
     return meas.storage_location(ls.cache_dir or tempfile.gettempdir(), ls.storage.io_mode,
                                  "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")

@@ -197,6 +197,10 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
             mark_storage_stop(results, str(storage_error))
         finally:
             run.stop.set()
+        if "remote_tier" not in results.get("measurement", {}):  # stopped before the window: a remote tier's
+            remote = getattr(run.stores.file_store, "remote_stats", None)  # counters still say what it saw
+            if remote is not None:  # (a server frozen in preconditioning: its operations stopped answering)
+                results.setdefault("measurement", {})["remote_tier"] = remote()
         if run.outcome is not None and run.outcome.peers_lost:
             results.setdefault("measurement", {}).setdefault("notes", []).append(
                 "another rank ended before the window's closing barrier (lost): this rank's window is whole, "
