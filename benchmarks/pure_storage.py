@@ -31,6 +31,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from kv_cache.storage import FileStore, IOAborted, WorkerBuffers
 
+from kv_cache.core.pool import run_threads
 from kv_cache.storage.files import HEADER_BYTES
 
 GIB = 1 << 30
@@ -153,27 +154,17 @@ def populate(store: FileStore, workers: int, files_per_worker: int, lo: int, hi:
     """
     chunk = store.chunk_bytes
     keys = [[f"r{i:03d}-{j:04d}" for j in range(files_per_worker)] for i in range(workers)]
-    errors: list[BaseException] = []
 
     def fill(i: int) -> None:
-        try:
-            sizes = _sizes(seed + 7, i, lo, hi)
-            with WorkerBuffers(store.chunk_bytes, seed, i) as bufs:
-                for k in keys[i]:
-                    n = next(sizes)
-                    if whole_chunks:
-                        n = max(1, round((n + HEADER_BYTES) / chunk)) * chunk - HEADER_BYTES
-                    store.write(k, n, bufs)
-        except BaseException as e:
-            errors.append(e)
+        sizes = _sizes(seed + 7, i, lo, hi)
+        with WorkerBuffers(store.chunk_bytes, seed, i) as bufs:
+            for k in keys[i]:
+                n = next(sizes)
+                if whole_chunks:
+                    n = max(1, round((n + HEADER_BYTES) / chunk)) * chunk - HEADER_BYTES
+                store.write(k, n, bufs)
 
-    threads = [threading.Thread(target=fill, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(fill, workers, "fill")
     return keys
 
 

@@ -214,3 +214,22 @@ def test_the_probe_keeps_to_its_time_budget_and_says_what_it_left_out(tmp_path):
         assert [r["workers"] for r in c.probe] == [1] and c.count == 1
         assert "budget left out 2 workers and more" in c.how
         assert store.keys() == []
+
+
+def test_run_threads_joins_every_thread_before_raising_the_first_error():
+    import threading as _t
+
+    from kv_cache.core.pool import run_threads
+
+    ran, gate = [], _t.Event()
+
+    def target(i: int) -> None:
+        if i == 0:
+            raise ValueError("zero")
+        gate.wait(5)
+        ran.append(i)
+
+    _t.Timer(0.05, gate.set).start()
+    with pytest.raises(ValueError, match="zero"):
+        run_threads(target, 3)
+    assert sorted(ran) == [1, 2]  # the others had ended when the error was raised

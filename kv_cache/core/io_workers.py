@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kv_cache.core.pool import DEFAULT_MAX_WORKERS, Stream, buffer_id
+from kv_cache.core.pool import DEFAULT_MAX_WORKERS, Stream, buffer_id, run_threads
 from kv_cache.errors import StorageSetupError
 from kv_cache.host.memlimit import MemoryLimit
 from kv_cache.storage.buffers import WorkerBuffers
@@ -161,7 +161,6 @@ def _timed(n: int, seconds: float, op, stop: threading.Event | None, done=None) 
     last thread's end. `done()`, when given, is called by each thread as it ends (the store frees what the
     thread held: its slot ring)."""
     ends: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # per thread: (end time, bytes) per op
-    errors: list[BaseException] = []
     start = time.perf_counter()
     deadline = start + seconds
 
@@ -173,19 +172,11 @@ def _timed(n: int, seconds: float, op, stop: threading.Event | None, done=None) 
                     break
                 b = op(i, len(mine))
                 mine.append((time.perf_counter(), b))
-        except BaseException as exc:  # noqa: BLE001  (raised after the join)
-            errors.append(exc)
         finally:
             if done is not None:
                 done()
 
-    threads = [threading.Thread(target=work, args=(i,), name=f"kv-probe-{i}", daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(work, n, "kv-probe")
     return steady_rate(ends), time.perf_counter() - start
 
 

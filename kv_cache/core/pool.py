@@ -30,6 +30,27 @@ class Stream(IntEnum):
     PROBE = 400_000  # the I/O worker count's probe of the storage tier (core/io_workers.py)
 
 
+def run_threads(target: Callable[[int], None], n: int, name: str = "kv-thread") -> None:
+    """Run target(0) .. target(n - 1) on n threads of their own and wait for all of them; the first
+    exception any raised is raised here, after every thread ended (the probe's steps, the benchmarks'
+    fill and read phases)."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # noqa: BLE001  (raised after the join)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def buffer_id(stream: Stream, index: int) -> int:
     return int(stream) + index
 

@@ -56,6 +56,7 @@ from kv_cache.storage.remote import (
     lost_connection,
     marker_json,
     new_run_name,
+    release_thread_ring,
     stale_owner,
     tls_refused,
     tls_verification_failure,
@@ -361,14 +362,7 @@ class RedisStore(SizedStore):
         """Free the calling thread's slot ring (`pipeline` chunks), for a thread that writes no more (the I/O
         worker probe's: without this each of its ~60 short-lived threads kept its ring to the end of the run,
         8 x 16 MiB each); a later write of the thread makes a new one."""
-        ring = getattr(self._tls, "ring", None)
-        if ring is None:
-            return
-        del self._tls.ring
-        with self._lock:
-            if ring in self._slots:
-                self._slots.remove(ring)
-        ring.close()
+        release_thread_ring(self._tls, self._lock, self._slots)
 
     def _chunk_keys(self, key: str, n: int, start: int = 0) -> list[str]:
         base = self._base(key)

@@ -482,6 +482,20 @@ class SlotRing:
             slot.close()
 
 
+def release_thread_ring(tls: Any, lock: Any, rings: list) -> None:
+    """Free the calling thread's SlotRing (`tls.ring`, listed in the store's `rings` under `lock`), for a
+    thread that writes no more: the I/O worker probe's short-lived threads, each of which otherwise kept
+    its ring to the end of the run (8 x 16 MiB on Redis). A later write of the thread makes a new one."""
+    ring = getattr(tls, "ring", None)
+    if ring is None:
+        return
+    del tls.ring
+    with lock:
+        if ring in rings:
+            rings.remove(ring)
+    ring.close()
+
+
 def deliver(body: memoryview, entry_off: int, nbytes: int, bufs: WorkerBuffers, kid: int, verify: bool,
             on_chunk: ChunkSink | None, chunk_index: int, name: str, key: str) -> int:
     """A received piece of an entry (a ranged GET's body: `body`, starting `entry_off` bytes into the entry

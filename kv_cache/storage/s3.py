@@ -60,6 +60,7 @@ from kv_cache.storage.remote import (
     Watchdog,
     marker_json,
     new_run_name,
+    release_thread_ring,
     stale_owner,
 )
 from kv_cache.storage.s3_client import abort_uploads, ca_bundle, classify, credentials, import_obstore, region
@@ -339,14 +340,7 @@ class S3Store(SizedStore):
         """Free the calling thread's slot ring (concurrency + 2 parts), for a thread whose writes have all
         returned and that writes no more (the I/O worker probe's: without this each of its short-lived
         threads kept its ring to the end of the run); a later write of the thread makes a new one."""
-        ring = getattr(self._tls, "ring", None)
-        if ring is None:
-            return
-        del self._tls.ring
-        with self._lock:
-            if ring in self._rings:
-                self._rings.remove(ring)
-        ring.close()
+        release_thread_ring(self._tls, self._lock, self._rings)
 
     def _begin_write(self, key: str, nbytes: int) -> tuple[_Pending, int]:
         """An entry of one part is one PUT (at commit); a larger one a multipart upload, started here."""
