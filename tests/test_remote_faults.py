@@ -124,6 +124,26 @@ def test_before_the_stop_an_operation_unanswered_for_the_failover_budget_and_the
     assert deadline.state() == "expired"  # the server is taken as gone: a later operation fails at once
 
 
+def test_before_the_stop_a_long_operation_on_a_server_still_answering_is_not_abandoned():
+    """The bound before the stop is on the server's silence, not on one operation's length: a multipart
+    write that takes longer than the failover budget + the grace on a thin link, its parts answered, goes
+    on; once the server has answered nothing for that long it is abandoned."""
+    import time as _time
+
+    stop = threading.Event()
+    deadline = RunDeadline(grace_s=2, failover_s=5)
+    deadline.opening = False
+    deadline.watch(stop)
+    assert deadline.begin()
+    me = threading.get_ident()
+    deadline._ops[me] -= 30.0  # an operation 30 s old ...
+    deadline.answered_at = _time.monotonic() - 1.0  # ... whose last part the server answered 1 s ago
+    assert deadline.state() is None and not deadline.overdue() and not deadline.dead
+    deadline.answered_at -= 7.0  # nothing answered for 8 s > 7 s
+    assert deadline.state() == "expired" and deadline.dead
+    deadline.end()
+
+
 def test_a_stop_signal_abandons_a_wait_at_once_as_an_abort():
     from concurrent.futures import Future
 

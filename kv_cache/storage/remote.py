@@ -222,8 +222,11 @@ class RunDeadline:
             return "interrupted"
         else:
             expired = at is not None and now >= max(at, start or at) + self.grace_s
-            if not expired and start is not None and now >= start + self.stall_s:
-                expired = self._stalled = True  # no stop yet (before the window, or a long one): no answer at all
+            if not expired and start is not None and now >= start + self.stall_s and (
+                    self.answered_at is None or now >= self.answered_at + self.stall_s):
+                # no stop yet (before the window, or a long one) and the server silent all that time: a slow
+                # but answering server (a long multipart write on a thin link) is not abandoned
+                expired = self._stalled = True
         if expired:
             self.dead = True
             return "expired"
