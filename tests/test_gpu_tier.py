@@ -4,6 +4,7 @@ room, the cache's accounted capacity, per-worker event timing under concurrent c
 GPUs picked by local rank, and the simulated tier's stand-in memcpy kept out of the latencies."""
 
 import threading
+import time
 import types
 
 import pytest
@@ -90,7 +91,9 @@ def _cache(gpu, limit):
 def _no_waiting(monkeypatch):
     def refuse(_s):
         raise AssertionError("the cache waited for GPU room")
-    monkeypatch.setattr(cache_mod.time, "sleep", refuse)
+    # cache.py's own sleep only: the time module itself is shared by every thread of the worker process
+    monkeypatch.setattr(cache_mod, "time", types.SimpleNamespace(
+        sleep=refuse, monotonic=time.monotonic, perf_counter_ns=time.perf_counter_ns))
 
 
 def test_the_cache_never_waits_for_a_gpu_with_room(monkeypatch, bufs):

@@ -333,7 +333,7 @@ def test_after_the_parent_is_gone_a_barrier_is_not_waited_on_for_ever():
     barrier, results = threading.Barrier(2), queue.Queue()
     r, w = os.pipe()
     g = ProcessGroup(0, 2, barrier, {}, results, progress=True, merged_output="/x/X.json")
-    g.watch_parent(r, grace_s=0.3, poll_s=0.02)
+    watch = g.watch_parent(r, grace_s=0.3, poll_s=0.02)
     os.close(w)  # the parent is gone
     assert g.parent_gone.wait(10)
     with pytest.raises(GroupBroken, match="parent process is gone"):
@@ -341,6 +341,9 @@ def test_after_the_parent_is_gone_a_barrier_is_not_waited_on_for_ever():
     g.report("outcome", None)
     g.observer().tick(None)
     assert results.empty()
+    g.stop_watching()  # no thread outlives the test, polling the clock of the next one
+    watch.join(10)
+    assert not watch.is_alive()
     os.close(r)
 
 
@@ -348,13 +351,16 @@ def test_before_the_parent_is_gone_a_barrier_waits_and_messages_go_to_it():
     barrier, results = threading.Barrier(2), queue.Queue()
     r, w = os.pipe()
     g = ProcessGroup(0, 2, barrier, {}, results, merged_output="/x/X.json")
-    g.watch_parent(r, grace_s=0.05, poll_s=0.01)
+    watch = g.watch_parent(r, grace_s=0.05, poll_s=0.01)
     other = threading.Thread(target=lambda: (time.sleep(0.3), barrier.wait()))
     other.start()
     g.barrier()  # no grace applies while the parent lives
     other.join()
     g.report("outcome", 1)
     assert results.get_nowait() == (0, "outcome", 1) and not g.parent_gone.is_set()
+    g.stop_watching()
+    watch.join(10)
+    assert not watch.is_alive()
     os.close(w)
     os.close(r)
 
@@ -375,10 +381,12 @@ def test_a_rank_whose_exit_hangs_after_the_parent_died_is_ended(monkeypatch):
     r, w = os.pipe()
     g = ProcessGroup(1, 2, threading.Barrier(2), {}, Results())
     g.leave(3)  # its run is over; the parent still lives
-    g.watch_parent(r, grace_s=60, poll_s=0.01, exit_grace_s=0.05)
+    watch = g.watch_parent(r, grace_s=60, poll_s=0.01, exit_grace_s=0.05)
     os.close(w)
     _wait_for(lambda: ended, timeout_s=10)
     assert ended == [3] and Results.cancelled >= 1
+    watch.join(10)  # it ends once it has ended the rank
+    assert not watch.is_alive()
     os.close(r)
 
 

@@ -3,6 +3,8 @@ tier and operation, messages with path and cause, a threshold after which the ru
 
 import errno
 import math
+import time
+import types
 from unittest import mock
 
 import pytest
@@ -192,9 +194,11 @@ def test_a_demotion_that_finds_no_ram_is_a_fault_for_the_policy(bufs, monkeypatc
 
     faults = []
     cache, metrics = _two_tier_cache(fail=0, retries=0, faults=faults)
-    monkeypatch.setattr(cache_mod.time, "sleep", lambda s: None)
     clock = iter(range(0, 10_000, 100))  # each look at the clock is 100 s later: the wait gives up at once
-    monkeypatch.setattr(cache_mod.time, "monotonic", lambda: float(next(clock)))
+    # cache.py's own clock only: patching the time module itself would also move every other thread's
+    # clock in this worker process (a leftover watcher thread once ran the iterator dry: StopIteration)
+    monkeypatch.setattr(cache_mod, "time", types.SimpleNamespace(
+        monotonic=lambda: float(next(clock)), sleep=lambda s: None, perf_counter_ns=time.perf_counter_ns))
 
     def full(*args, **kwargs):
         raise StoreFull("no free slabs")

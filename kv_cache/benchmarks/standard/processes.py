@@ -96,28 +96,39 @@ class ProcessGroup:
         self.console: io.StringIO | None = None  # this rank's console (its report stays in its document)
         self.merged_output = merged_output  # where the parent writes the merged document (X.json)
         self.parent_gone = threading.Event()  # the parent process died: nobody reads the results queue
+        self._unwatched = threading.Event()  # stop_watching(): the watch thread ends at its next poll
         self.parent_gone_at: float | None = None  # time.monotonic() when this rank saw it
         self._waiting_since: float | None = None  # time.monotonic() this rank entered the barrier it is in
         self._left: tuple[int, float] | None = None  # (exit status, when) once its run is over (leave)
 
     def __getstate__(self) -> dict[str, Any]:  # (sent to a rank: its watch starts there, afresh)
-        return {**self.__dict__, "parent_gone": None, "parent_gone_at": None, "_waiting_since": None, "_left": None}
+        return {**self.__dict__, "parent_gone": None, "parent_gone_at": None, "_waiting_since": None, "_left": None,
+                "_unwatched": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, parent_gone=threading.Event())
+        self.__dict__.update(state, parent_gone=threading.Event(), _unwatched=threading.Event())
+
+    def stop_watching(self) -> None:
+        """End the watch thread at its next poll (a rank's process ends with it anyway; a caller that lives
+        on, a test, must not leave it polling the clock)."""
+        self._unwatched.set()
 
     def watch_parent(self, sentinel: Any, grace_s: float = PARENT_GONE_BARRIER_S, poll_s: float = 0.2,
-                     exit_grace_s: float = EXIT_GRACE_S) -> None:
+                     exit_grace_s: float = EXIT_GRACE_S) -> threading.Thread:
         """Watch the parent in a daemon thread: `sentinel` (multiprocessing's parent sentinel: readable at
         EOF, when the parent is gone) becoming ready sets `parent_gone`; from then on a barrier this rank
         waits at longer than `grace_s` (from the later of its arrival and the parent's death) is broken, so
         a rank lost after the parent cannot hold the others for ever; and a rank whose run is over (`leave`)
         but still here `exit_grace_s` later is ended."""
-        threading.Thread(target=self._watch, args=(sentinel, grace_s, poll_s, exit_grace_s), name="kv-cache-parent-watch",
-                         daemon=True).start()
+        thread = threading.Thread(target=self._watch, args=(sentinel, grace_s, poll_s, exit_grace_s),
+                                  name="kv-cache-parent-watch", daemon=True)
+        thread.start()
+        return thread
 
     def _watch(self, sentinel: Any, grace_s: float, poll_s: float, exit_grace_s: float) -> None:
-        wait_ready([sentinel])
+        while not wait_ready([sentinel], timeout=poll_s):
+            if self._unwatched.is_set():
+                return
         self.parent_gone_at = time.monotonic()
         self.parent_gone.set()
         self._drop_queued()
@@ -141,7 +152,8 @@ class ProcessGroup:
                 log.warning("process %d: exiting now (its results file is written)", self.rank)
                 _hard_exit(left[0])
                 return
-            time.sleep(poll_s)
+            if self._unwatched.wait(poll_s):
+                return
 
     def barrier(self) -> None:
         self._waiting_since = time.monotonic()
