@@ -47,7 +47,9 @@ class RankGroup(Protocol):
 
 
 FAILED_TAG = 0x6B76  # point-to-point tag of MpiGroup.abort's notice "rank R failed"
+ACK_TAG = 0x6B77  # a rank's answer to that notice: it has read it (its document will name the failed rank)
 ABORT_WAIT_S = 30.0  # how long a rank that read that notice waits for mpirun to end it
+ACK_WAIT_S = 5.0  # how long the failed rank waits for the others' answers before it ends the job
 
 
 class MpiGroup:
@@ -103,6 +105,13 @@ class MpiGroup:
         if not self._call("barrier", self.comm.iprobe, source=MPI.ANY_SOURCE, tag=FAILED_TAG, status=status):
             return False
         self.failed_rank = int(self._call("barrier", self.comm.recv, source=status.Get_source(), tag=FAILED_TAG))
+        try:  # tell the failed rank this one has read it: it ends the job only then (abort), so it is alive
+            answer = self.comm.isend(self.rank, dest=status.Get_source(), tag=ACK_TAG)  # while this completes
+            deadline = time.monotonic() + ACK_WAIT_S
+            while not answer.Test() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        except MPI.Exception as exc:
+            log.debug("could not answer rank %d's failure notice: %s", self.failed_rank, exc)
         return True
 
     def allgather(self, obj: Any) -> list[Any]:
@@ -130,16 +139,21 @@ class MpiGroup:
     def abort(self, code: int) -> None:
         """End the whole job with `code`; first each other rank is sent a notice naming this rank (tag
         FAILED_TAG, small enough to be sent eagerly), which a rank waiting at a barrier reads
-        (`failed_rank`), so that its document says which rank failed rather than only that it was ended."""
+        (`failed_rank`), so that its document says which rank failed rather than only that it was ended.
+        The job ends once every other rank has answered that it read the notice (ACK_TAG), or after
+        ACK_WAIT_S: a fixed courtesy pause was too short on a loaded host, where the waiting rank was not
+        scheduled before mpirun's SIGTERM and its document said only "interrupted". A rank in the middle
+        of its window does not read notices, so a failure then ends the job ACK_WAIT_S later."""
         from mpi4py import MPI  # noqa: PLC0415
 
         try:
             me = self.world_ranks[self.rank]
-            requests = [self.comm.isend(me, dest=r, tag=FAILED_TAG) for r in range(self.size) if r != self.rank]
-            deadline = time.monotonic() + 0.5
-            while requests and not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+            others = [r for r in range(self.size) if r != self.rank]
+            sent = [self.comm.isend(me, dest=r, tag=FAILED_TAG) for r in others]
+            answers = [self.comm.irecv(source=r, tag=ACK_TAG) for r in others]
+            deadline = time.monotonic() + ACK_WAIT_S
+            while time.monotonic() < deadline and not (MPI.Request.Testall(sent) and MPI.Request.Testall(answers)):
                 time.sleep(0.01)
-            time.sleep(0.2)  # a rank waiting at a barrier polls every millisecond: let it read the notice
         except Exception as exc:  # the notice is a courtesy: the abort must happen whatever it met
             log.debug("could not tell the other ranks which rank failed: %s", exc)
         self.comm.Abort(code)
