@@ -33,7 +33,13 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.integrity import sessions_integrity
 from kv_cache.results.outputs import write_results
 from kv_cache.results.run_document import SESSIONS_SCHEMA_VERSION, results_document
-from kv_cache.serving.engine.calibration import calibration_errors, constants, gpu_checks, leave_one_out
+from kv_cache.serving.engine.calibration import (
+    calibration_errors,
+    constants,
+    gpu_checks,
+    leave_one_out,
+    prefill_ttft_errors,
+)
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.schema import SessionsConfig
 from kv_cache.storage.shaped import Shaping
@@ -331,11 +337,15 @@ def engine_calibration(ls: LadderSettings) -> dict[str, Any]:
                           "context_tokens": r["context_tokens"], "error": r["error"],
                           "within_20pct": r["within_20pct"]} for r in steps],
         "entries": rows,
+        # single-request TTFTs at long inputs (calibration.yaml kind prefill_ttft): TTFTs, not throughputs,
+        # so not among `entries`; each with its error over the published figure's reading error
+        "prefill_ttfts": prefill_ttft_errors(ls.efficiency),
         "leave_one_out": leave_one_out(ls.efficiency),
         "leave_one_out_method": "each entry's error with it left out of the fit of the constant its kind "
                                 "calibrates (prefill_mfu: vidur's prefill profiles; decode_hbm_efficiency: their "
                                 "decode steps; fp8_compute_efficiency: the four FP8 runs); an entry in no fit "
-                                "is out of sample as it is (serving/engine/calibration.py leave_one_out)",
+                                "(vLLM's runs, decode steps and TTFTs, FlexAI's run) is out of sample as it is "
+                                "(serving/engine/calibration.py leave_one_out)",
     }
 
 
@@ -366,10 +376,18 @@ def engine_line(cal: dict[str, Any]) -> str:
         v = [r["out_of_sample"] for r in loo if r["fit"] == fit]
         return f"{min(v):+.0%} to {max(v):+.0%}" if v else "-"
     ttft = [r for r in cal.get("end_to_end", []) if r.get("ttft_error") is not None]
+    single: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in cal.get("prefill_ttfts") or []:
+        single.setdefault((r["source_kind"].split(" ")[0], r["gpu"].upper(), r["model"], r["dtype"]), []).append(r)
     oos = (f"; out of sample (each entry left out of its constant's fit): prefill {span('prefill_mfu')}, decode "
            f"{span('decode_hbm_efficiency')}, FP8 {span('fp8_compute_efficiency')}, the rest in no fit"
            + "".join(f", long-input TTFT ({r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} "
                      f"{r['dtype']}, median at ~{r['input_tokens']:,.0f} tokens) {r['ttft_error']:+.0%}" for r in ttft)
+           + "".join(f", single-request TTFT ({' '.join(k)}, {min(x['input_tokens'] for x in v):,}-"
+                     f"{max(x['input_tokens'] for x in v):,} tokens, read off a published figure) "
+                     f"{min(x['error'] for x in v):+.0%} to {max(x['error'] for x in v):+.0%}"
+                     + ("" if all(x["within_20pct"] for x in v) else " (some outside 20%)")
+                     for k, v in single.items())
            ) if loo else ""
     # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
     gpu = cal.get("this_gpu")

@@ -21,6 +21,12 @@ Two kinds of entry (the YAML's header says what was measured and where):
   rule on modelled time (``closed_loop``): the benchmark's requests through one replica, times the
   replicas the published system had.
 
+And one kind of TTFT check, kept apart from the throughputs (``prefill_ttft_errors``):
+
+- ``prefill_ttft`` (vLLM's benchmark results): the time to first token of one request alone on the GPU at
+  stated input lengths (no batching, no queue, no cached prefix); the roofline's figure is ``closed_loop``'s
+  TTFT of that one request.
+
 The error is ``modelled / published - 1`` (+0.10: the roofline is 10 % faster than the measurement).
 
 An FP8 entry is costed at ``fp8_compute_efficiency`` of the FP8 dense peak (a ``kind: constant`` item of
@@ -60,6 +66,10 @@ __all__ = [
     "leave_one_out",
     "end_to_end_median_ttft_s",
     "gpu_checks",
+    "PrefillTTFTEntry",
+    "prefill_ttft_entries",
+    "prefill_ttft_errors",
+    "prefill_ttft_seconds",
 ]
 
 BAND = 0.20  # the error the tests hold each claimed entry within
@@ -152,6 +162,38 @@ class DecodeStepEntry:
     kind: str = "decode_step"
 
 
+@dataclass(frozen=True)
+class PrefillTTFTEntry:
+    """One published single-request TTFT: one request of ``input_tokens`` alone on the GPU, its prefill
+    recomputed (no cached prefix), in milliseconds (calibration.yaml ``kind: prefill_ttft``; one entry per
+    input length it lists)."""
+
+    gpu: str
+    model: str
+    tp: int
+    source: str
+    source_kind: str
+    dtype: str  # a PRECISIONS key
+    input_tokens: int
+    published_ms: float
+    prefill_chunk_tokens: int
+    reading_error_ms: float  # the published figure's own reading error (a value read off a plot), 0 if tabulated
+    tokens_per_k: int  # how the source's "K tokens" were costed (1000); the tests also try 1024
+    held_within_band: bool
+    kind: str = "prefill_ttft"
+
+
+def _prefill_entries(e: dict[str, Any]) -> list[PrefillTTFTEntry]:
+    if e["dtype"] not in PRECISIONS:
+        raise ValueError(f"calibration.yaml: dtype {e['dtype']!r} is not one of {', '.join(PRECISIONS)}")
+    return [PrefillTTFTEntry(
+        gpu=e["gpu"], model=e["model"], tp=int(e["tp"]), source=e["source"], source_kind=e["source_kind"],
+        dtype=e["dtype"], input_tokens=int(n), published_ms=float(ms),
+        prefill_chunk_tokens=int(e["prefill_chunk_tokens"]), reading_error_ms=float(e.get("reading_error_ms", 0.0)),
+        tokens_per_k=int(e.get("tokens_per_k", 1000)), held_within_band=bool(e["held_within_20pct"]))
+        for n, ms in sorted(e["published_ttft_ms"].items())]
+
+
 def _decode_entries(e: dict[str, Any]) -> list[DecodeStepEntry]:
     fit = e["fit"]
     return [DecodeStepEntry(
@@ -228,7 +270,7 @@ def calibration_entries() -> tuple[Entry, ...]:
     out: list[Entry] = []
     for e in _yaml():
         kind = e.get("kind", "layer_profile")
-        if kind == "constant":
+        if kind in ("constant", "prefill_ttft"):  # prefill_ttft: TTFT checks, prefill_ttft_entries()
             continue
         if kind == "end_to_end":
             out.append(_end_to_end_entry(e))
@@ -237,6 +279,12 @@ def calibration_entries() -> tuple[Entry, ...]:
         else:
             out.append(_layer_entry(e))
     return tuple(out)
+
+
+@cache
+def prefill_ttft_entries() -> tuple[PrefillTTFTEntry, ...]:
+    """The ``kind: prefill_ttft`` items of calibration.yaml, one entry per input length, in its order."""
+    return tuple(x for e in _yaml() if e.get("kind") == "prefill_ttft" for x in _prefill_entries(e))
 
 
 def _model(name: str) -> ModelConfig:
@@ -283,7 +331,7 @@ def _coprime(a: int, b: int) -> bool:
     return a == 1
 
 
-def _at_precision(entry: DecodeStepEntry | EndToEndEntry, eff: roofline.Efficiency,
+def _at_precision(entry: DecodeStepEntry | EndToEndEntry | PrefillTTFTEntry, eff: roofline.Efficiency,
                   params_b: float = 0.0, compute: float | None = None) -> tuple[GPUSpec, ModelConfig, _Eff]:
     """The entry's GPU, model and efficiencies at its precision (PRECISIONS); ``compute`` overrides the
     precision's compute efficiency (for the fit)."""
@@ -319,6 +367,44 @@ def end_to_end_median_ttft_s(entry: EndToEndEntry, eff: roofline.Efficiency) -> 
     ttfts = sorted(run.ttfts_s)
     mid = len(ttfts) // 2
     return ttfts[mid] if len(ttfts) % 2 else (ttfts[mid - 1] + ttfts[mid]) / 2
+
+
+def prefill_ttft_seconds(entry: PrefillTTFTEntry, eff: roofline.Efficiency, input_tokens: int | None = None) -> float:
+    """The roofline's TTFT of one request of ``input_tokens`` (default: the entry's) alone on one replica:
+    ``closed_loop`` at concurrency 1, one output token, chunks of the entry's ``prefill_chunk_tokens``, at the
+    entry's precision."""
+    gpu, model, e = _at_precision(entry, eff)
+    run = closed_loop(gpu, e, model, [(input_tokens or entry.input_tokens, 1)], 1, entry.prefill_chunk_tokens,
+                      tp=entry.tp)
+    return run.ttfts_s[0]
+
+
+def _prefill_row(e: PrefillTTFTEntry, eff: roofline.Efficiency) -> dict[str, Any]:
+    modelled = prefill_ttft_seconds(e, eff) * 1e3
+    err = modelled / e.published_ms - 1
+    lo, hi = (modelled / (e.published_ms + e.reading_error_ms) - 1, modelled / (e.published_ms - e.reading_error_ms) - 1)
+    return {
+        "gpu": e.gpu, "model": e.model, "measured_model": e.model, "tp": e.tp, "source": e.source,
+        "kind": e.kind, "source_kind": e.source_kind, "dtype": e.dtype, "input_tokens": e.input_tokens,
+        "published_ttft_ms": e.published_ms, "reading_error_ms": e.reading_error_ms,
+        "modelled_ttft_ms": round(modelled, 1), "error": round(err, 4),
+        "error_over_reading": [round(lo, 4), round(hi, 4)],  # the error at the published value -/+ its reading error
+        "held_within_20pct": e.held_within_band, "within_20pct": abs(err) <= BAND,
+    }
+
+
+@cache
+def _prefill_rows(eff: _Eff) -> tuple[dict[str, Any], ...]:
+    return tuple(_prefill_row(e, eff) for e in prefill_ttft_entries())
+
+
+def prefill_ttft_errors(eff: roofline.Efficiency) -> list[dict[str, Any]]:
+    """Per ``prefill_ttft`` entry: the published and modelled single-request TTFT and the roofline's relative
+    error (``modelled / published - 1``), with the error's range over the figure's reading error (results
+    document parameters.engine_calibration.prefill_ttfts). TTFTs, not throughputs: kept out of
+    ``calibration_errors``."""
+    key = _Eff(eff.prefill_mfu, eff.decode_hbm_efficiency, eff.hbm_reserved_fraction, eff.weight_bytes_per_param)
+    return [dict(r) for r in _prefill_rows(key)]
 
 
 def exact_compute_efficiency(entry: EndToEndEntry, eff: roofline.Efficiency) -> float:
@@ -452,8 +538,8 @@ def leave_one_out(eff: roofline.Efficiency) -> list[dict[str, Any]]:
     c_(-i) / c - 1, c_(-i) the geometric mean of the other entries' exact efficiencies: the error the entry would
     show had the constant been fitted on the other three (0.65 and 0.70 are the table's chosen constants, not
     this fit: on all four it gives 0.70 and 0.69). The FP8 runs: calibration.yaml's fp8 leave-one-out. Every
-    other entry (vLLM's runs and decode steps, FlexAI's run, the TTFT) is in no fit: its error is out of
-    sample as it is."""
+    other entry (vLLM's runs and decode steps, FlexAI's run, the TTFTs: the median of vLLM's Table 4 run and
+    the single-request ``prefill_ttft`` entries) is in no fit: its error is out of sample as it is."""
     rows = calibration_errors(eff)
     layers = [r for r in rows if r["kind"] == "layer_profile"]
     fp8 = {k: v for k, v in constants()["fp8_compute_efficiency"].leave_one_out}
@@ -488,6 +574,10 @@ def leave_one_out(eff: roofline.Efficiency) -> list[dict[str, Any]]:
         if "ttft_error" in r:
             out.append({"entry": f"{label} median TTFT at ~{r['input_tokens']:,.0f} input tokens",
                         "in_sample": r["ttft_error"], "out_of_sample": r["ttft_error"], "fit": None})
+    for r in prefill_ttft_errors(eff):  # in no fit (prefill_mfu was chosen on vidur's profiles, no attention)
+        out.append({"entry": f"{r['source_kind'].split(' ')[0]} {r['gpu']} {r['model']} {r['dtype']} single-request "
+                             f"TTFT at {r['input_tokens']:,} input tokens",
+                    "in_sample": r["error"], "out_of_sample": r["error"], "fit": None})
     return out
 
 
