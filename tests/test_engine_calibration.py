@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from kv_cache.benchmarks.sessions.run import engine_line
+from kv_cache.render.sessions import engine_line
 from kv_cache.serving.engine import roofline
 from kv_cache.serving.engine.calibration import (
     EndToEndEntry,
@@ -467,7 +467,7 @@ def test_a_long_input_prefill_ttft_is_checked():
 def test_the_engine_line_quotes_out_of_sample_figures():
     from types import SimpleNamespace
 
-    from kv_cache.benchmarks.sessions.run import engine_calibration
+    from kv_cache.results.sessions_document import engine_calibration
 
     ls = SimpleNamespace(efficiency=EFF, gpu_name="h100", model_name="llama3.1-8b", gpu=GPU)
     line = engine_line(engine_calibration(ls))

@@ -116,7 +116,7 @@ def _engine_lines(results: dict[str, Any], out: TextIO) -> None:
     """A sessions document's `Engine model:` line(s), as the run printed them (one per grid cell, named):
     the roofline's error on the published table and what it holds for the run's GPU. A document without
     parameters.engine_calibration (older, or partial) prints none."""
-    from kv_cache.benchmarks.sessions.run import engine_line  # noqa: PLC0415
+    from kv_cache.render.sessions import engine_line  # noqa: PLC0415
 
     cells = results.get("grid") or [results]
     for cell in cells:

@@ -1,4 +1,5 @@
-"""`kv-cache sessions` console table: per-GPU throughput and TTFT by configuration and concurrency."""
+"""`kv-cache sessions` console tables, from a sessions document: per-GPU throughput and TTFT by configuration and
+concurrency, the answer, a grid's cells, and the engine model's line (parameters.engine_calibration)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, TextIO
 
 from kv_cache.metrics.stats import CLAMP_MARK
 
-__all__ = ["print_partial", "print_table", "stopped_reason"]
+__all__ = ["engine_line", "print_grid", "print_partial", "print_table", "stopped_reason"]
 
 
 def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -319,3 +320,45 @@ def print_grid(cells: list[dict[str, Any]], method: str, out: TextIO) -> None:
         else:
             print_partial(cell, out, f"{p['model']} on {p['gpu']}")
     out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(grid_cell_line(c) for c in cells) + "\n")
+
+
+def engine_line(cal: dict[str, Any]) -> str:
+    """The roofline's constants and its error against the published table, in one console line."""
+    this = cal["this_pair"]
+    pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
+            if this else "")
+    whole, steps = cal.get("end_to_end", []), cal.get("decode_steps", [])
+    layers = len(cal["entries"]) - len(whole) - len(steps)
+    ends = "; end to end: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['error']:+.0%}"
+        + ("" if r["within_20pct"] else " (outside 20%)")
+        + (" (contradicted by a published run of the same work)" if r.get("contradicted_by") else "")
+        for r in whole) if whole else ""
+    ends += "; decode steps at batch 1: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['context_tokens']:,} tokens "
+        f"{r['error']:+.0%}" + ("" if r["within_20pct"] else " (outside 20%)") for r in steps) if steps else ""
+    fp8 = cal.get("fp8_compute_efficiency")
+    loo = list((fp8 or {}).get("leave_one_out_errors", {}).values())
+    loo_text = f"; each left out of the fit: {min(loo):+.0%} to {max(loo):+.0%}" if loo else ""
+    fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs"
+                f"{loo_text})" if fp8 else "")
+    pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
+    loo = cal.get("leave_one_out") or []
+
+    def span(fit: str) -> str:
+        v = [r["out_of_sample"] for r in loo if r["fit"] == fit]
+        return f"{min(v):+.0%} to {max(v):+.0%}" if v else "-"
+    ttft = [r for r in cal.get("end_to_end", []) if r.get("ttft_error") is not None]
+    oos = (f"; out of sample (each entry left out of its constant's fit): prefill {span('prefill_mfu')}, decode "
+           f"{span('decode_hbm_efficiency')}, FP8 {span('fp8_compute_efficiency')}, the rest in no fit"
+           + "".join(f", long-input TTFT ({r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} "
+                     f"{r['dtype']}, median at ~{r['input_tokens']:,.0f} tokens) {r['ttft_error']:+.0%}" for r in ttft)
+           ) if loo else ""
+    # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
+    gpu = cal.get("this_gpu")
+    pair += f"; this run's GPU: {gpu['statement']}" if gpu else ""
+    return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}{fp8_text}, decode_hbm_efficiency "
+            f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published throughputs of "
+            f"{pairs} (GPU, model) pairs (specs/calibration.yaml): {layers} per-layer profiles (vidur) prefill "
+            f"within {cal['max_abs_prefill_error']:.0%}, decode within {cal['max_abs_decode_error']:.0%}"
+            f"{ends}{oos}{pair}")

@@ -26,12 +26,12 @@ from kv_cache.metrics.stats import (
 )
 from kv_cache.serving.engine.io_pool import IOCounters
 from kv_cache.serving.engine.replica import TurnRequest
+from kv_cache.workload.sessions import TURN_CLASSES
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "engine_clock", "failure_flags", "failure_inputs",
            "io_rates", "kv_sources", "rung_flags", "throughput_ci", "ttft_breakdown", "ttft_percentiles", "window_rate_ci",
            "work_summary"]
 
-TURN_CLASSES = ("start", "return", "agentic")
 MIN_PERCENTILE_SAMPLES = 20
 HIGH_LAG1 = 0.5  # batch means this correlated: the sub-windows are too short for the run's correlation time
 GB = 1e9
