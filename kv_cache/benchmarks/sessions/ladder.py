@@ -143,30 +143,17 @@ class RungRun:
             self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
 
         def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
-            return gpumod.iteration_seconds(
-                ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel
-            )
+            return gpumod.iteration_seconds(ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel)
 
         def prefill_seconds(new: int, cached: int) -> float:
             return gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, new, cached, tp=ls.tensor_parallel)
 
         cap = ls.hbm_capacity_blocks()
         self.replicas = [
-            Replica(
-                i,
-                cap,
-                ls.block_tokens,
-                iteration_seconds,
-                self.io,
-                self._first_token,
-                self._done,
-                self._iteration,
-                ls.prefill_chunk_tokens,
-                self.stop,
-                load_policy=ls.load_policy if self.io is not None else "always",
-                prefill_seconds=prefill_seconds,
-                write_through=ls.dram_write_through,
-            )
+            Replica(i, cap, ls.block_tokens, iteration_seconds, self.io, self._first_token, self._done,
+                    self._iteration, ls.prefill_chunk_tokens, self.stop,
+                    load_policy=ls.load_policy if self.io is not None else "always",
+                    prefill_seconds=prefill_seconds, write_through=ls.dram_write_through)
             for i in range(ls.replicas)
         ]
 
