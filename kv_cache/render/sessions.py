@@ -43,11 +43,16 @@ def print_partial(results: dict[str, Any], out: TextIO, source: str) -> None:
         out.write(f"{source}: a sessions run {why}, with {len(rungs)} completed rung(s)\n")
     rows = [r for r in rungs if all(k in r for k in TABLE_KEYS)]
     if rows:
-        _table_head(out)
-        _rung_rows(rows, out)
-        _breakdown_table(rows, out)
-        _io_table(rows, out)
-        _storage_table(rows, out)
+        _rung_tables(rows, out)
+
+
+def _rung_tables(rungs: list[dict[str, Any]], out: TextIO) -> None:
+    """The per-rung tables: throughput and TTFT, the TTFT breakdown, the offload I/O, the storage tier."""
+    _table_head(out)
+    _rung_rows(rungs, out)
+    _breakdown_table(rungs, out)
+    _io_table(rungs, out)
+    _storage_table(rungs, out)
 
 
 def _table_head(out: TextIO) -> None:
@@ -74,11 +79,8 @@ def _rung_rows(rungs: list[dict[str, Any]], out: TextIO) -> None:
 
 
 def print_table(results: dict[str, Any], out: TextIO) -> None:
-    _table_head(out)
-    _rung_rows(results["rungs"], out)
-    _breakdown_table(results["rungs"], out)
-    _io_table(results["rungs"], out)
-    _storage_table(results["rungs"], out)
+    """A sessions document that ran to its end: the rung tables, capacity and ratios, warnings, method, answer."""
+    _rung_tables(results["rungs"], out)
     s = results["summary"]
     slo = s.get("slo_ttft_p90_s")
     basis = f"largest sessions with p90 return TTFT <= {slo:g} s" if slo else "sessions at peak per-GPU throughput"

@@ -13,6 +13,7 @@ import dataclasses
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -45,6 +46,7 @@ from kv_cache.workload.traces import TraceError, open_trace
 __all__ = ["load_trace_sessions", "run_ladder", "run_sessions"]
 
 REPLICATION_SEED_STRIDE = 7919  # replication k runs with seed + k x this (k = 0: the given seed)
+Supply = Callable[[int], Callable[[], Iterator[SessionScript]]]  # seed -> that seed's session supply
 
 
 def load_trace_sessions(s: SessionsSettings) -> tuple[LadderSettings, list[SessionScript] | None]:
@@ -62,7 +64,7 @@ class LadderStopped(Exception):
     """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
 
 
-def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replications: int,
+def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
               rungs: list[dict[str, Any]], plan: bool = False, window_plan: str = "planned") -> dict[str, Any]:
     """One (config, sessions) cell: `replications` seeded runs merged, appended to `rungs` before its last
@@ -102,7 +104,7 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply, out: TextIO, replic
     return cell
 
 
-def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply, out: TextIO,
+def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply: Supply, out: TextIO,
                rungs: list[dict[str, Any]] | None = None, replications: int = 1,
                slo_ttft_p90_s: float | None = None, auto_start: int = 0,
                window_plan: str = "planned") -> dict[str, Any]:
