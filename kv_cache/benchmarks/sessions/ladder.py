@@ -10,12 +10,10 @@ so their work is comparable; a work-equivalence control flags any that completed
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
     RemoteWatch,
     RungRecord,
@@ -57,9 +55,7 @@ from kv_cache.settings.sessions import LadderSettings
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
 
-log = logging.getLogger("kv_cache.sessions")
-
-__all__ = ["RungRun", "flag_work_equivalence", "replica_of", "summarize"]
+__all__ = ["RungRun", "replica_of"]
 
 def replica_of(session_id: str, seed: int, replicas: int) -> int:
     """Stable, seeded session -> replica assignment (the same in every process, unlike hash())."""

@@ -18,8 +18,14 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from kv_cache.benchmarks.sessions.answer import answer, refine_ladder
-from kv_cache.benchmarks.sessions.ladder import RungRun, flag_work_equivalence, summarize
-from kv_cache.benchmarks.sessions.ladder_summary import auto_next_rung, merge_replications, rung_warnings
+from kv_cache.benchmarks.sessions.ladder import RungRun
+from kv_cache.benchmarks.sessions.ladder_summary import (
+    auto_next_rung,
+    flag_work_equivalence,
+    merge_replications,
+    rung_warnings,
+    summarize,
+)
 from kv_cache.benchmarks.sessions.steady_state import MAX_PLANNED_WINDOW_FACTOR, plan_window, planned_cycle
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
@@ -117,20 +123,22 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply: 
     print_banner(ls, ladder, tiers, auto_start, out)
     progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
     plan = slo_ttft_p90_s is not None  # an answer run plans each rung's window from the loaded turn cycle
+
+    def run_cell(tier: str, n: int) -> dict[str, Any]:
+        return _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan)
+
     for tier in tiers:
         if not auto_start:
             for n in ladder:
-                _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan)
+                run_cell(tier, n)
             continue
         history: list[tuple[int, float]] = []
         while (n := auto_next_rung(history, auto_start)) is not None:
-            cell = _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan)
-            history.append((n, cell["throughput_tokens_per_s_per_gpu"]["estimate"]))
+            history.append((n, run_cell(tier, n)["throughput_tokens_per_s_per_gpu"]["estimate"]))
     body: dict[str, Any] = {}
     if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
         progress.total = None
-        refine_ladder(rungs, tiers, slo_ttft_p90_s,
-                      lambda tier, n: _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan))
+        refine_ladder(rungs, tiers, slo_ttft_p90_s, run_cell)
         body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
