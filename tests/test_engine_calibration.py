@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from kv_cache.benchmarks.sessions.run import engine_line
+from kv_cache.render.sessions import engine_line
 from kv_cache.serving.engine import roofline
 from kv_cache.serving.engine.calibration import (
     EndToEndEntry,
@@ -523,7 +523,7 @@ def test_the_single_request_check_has_power_over_the_prefill_constant_and_the_at
 def test_the_engine_line_quotes_out_of_sample_figures():
     from types import SimpleNamespace
 
-    from kv_cache.benchmarks.sessions.run import engine_calibration
+    from kv_cache.results.sessions_document import engine_calibration
 
     ls = SimpleNamespace(efficiency=EFF, gpu_name="h100", model_name="llama3.1-8b", gpu=GPU)
     cal = engine_calibration(ls)

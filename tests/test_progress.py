@@ -4,12 +4,12 @@ import io
 import threading
 from types import SimpleNamespace
 
-from kv_cache.benchmarks.sessions.run import rung_eta
 from kv_cache.benchmarks.standard.scheduler import Driver, DriverOptions
 from kv_cache.cli import build_parser
 from kv_cache.core.observe import Tick
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.render.progress import LiveProgress, PlainProgress, make_progress, progress_line
+from kv_cache.render.sessions_live import rung_eta
 
 GIB = 1 << 30
 ROW = {"t_s": 12.0, "seconds": 1.0, "requests": 7, "storage_read_gibps": 1.5, "storage_write_gibps": 0.25,

@@ -1251,7 +1251,7 @@ def test_a_password_in_the_s3_endpoints_userinfo_is_not_shown(moto, monkeypatch)
 def test_the_sessions_document_masks_the_s3_endpoints_password():
     from types import SimpleNamespace
 
-    from kv_cache.benchmarks.sessions.run import sessions_storage_location
+    from kv_cache.results.sessions_document import sessions_storage_location
 
     remote = SimpleNamespace(storage_backend="s3", s3_endpoint="http://AKID:s3cr3t-ep@h:9000", s3_bucket="b",
                              s3_prefix="", redis_url=None)

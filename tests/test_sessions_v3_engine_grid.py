@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kv_cache.benchmarks.sessions.run import pace_transform
 from kv_cache.cli import build_parser, main
 from kv_cache.cli import parse_sessions_settings as resolve
 from kv_cache.errors import UsageError
 from kv_cache.results.documents import SESSIONS_SCHEMA_VERSION, SessionsDocument
+from kv_cache.results.sessions_document import pace_transform
 from kv_cache.serving.engine.replica import Replica, TurnRequest
 from kv_cache.settings.pacing import parse_pace
 from kv_cache.settings.sections import SessionsConfig
@@ -119,7 +119,7 @@ def test_grid_resolves_every_model_and_gpu_cell(argv):
 
 
 def test_a_gpu_no_published_run_supports_leads_each_cells_warnings(argv):
-    from kv_cache.benchmarks.sessions.run import engine_gpu_warning
+    from kv_cache.results.sessions_document import engine_gpu_warning
 
     s = resolve(argv("--models", "micro", "--gpus", "b200,h100"))
     b200, h100 = (engine_gpu_warning(c) for c in s.grid)
@@ -132,8 +132,9 @@ def test_report_reprints_each_cells_engine_model_line(argv):
     # `kv-cache report` printed the warnings but not the Engine model line, so a saved run's roofline error
     # and what the table holds for its GPU were only in the JSON; it reprints the line the run printed, one
     # per cell (named) for a grid, none for a document without engine_calibration
-    from kv_cache.benchmarks.sessions.run import engine_calibration, engine_line
     from kv_cache.cli.report_cmd import _engine_lines
+    from kv_cache.render.sessions import engine_line
+    from kv_cache.results.sessions_document import engine_calibration
 
     s = resolve(argv("--models", "micro", "--gpus", "b200,h100"))
     cells = [{"parameters": {"model": "micro", "num_gpus": 1, "gpu": c.gpu_name,

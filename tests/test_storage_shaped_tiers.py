@@ -146,7 +146,7 @@ def sessions_settings(tmp_path):
 @pytest.mark.slow  # runs a rung in real time
 def test_a_sessions_rung_with_dram_shaping_records_it(sessions_settings):
     from kv_cache.benchmarks.sessions.ladder import RungRun
-    from kv_cache.benchmarks.sessions.run import tier_shaping
+    from kv_cache.results.sessions_document import tier_shaping
     from kv_cache.workload.session_supply import script_supply
 
     s = sessions_settings("--window", "1", "--warmup", "0.5", "--pace", "fixed:0.2", "--io-workers", "2",

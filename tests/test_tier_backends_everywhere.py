@@ -10,9 +10,9 @@ import pytest
 from test_merge import _ranks
 from test_sessions_tiers import argv  # noqa: F401  (the sessions tests' fixture)
 
-from kv_cache.benchmarks.sessions.run import tier_backends
 from kv_cache.cli import main
 from kv_cache.results.merge import merge_documents
+from kv_cache.results.sessions_document import tier_backends
 
 BACKENDS = {"cpu": "memory", "storage": "file"}
 

@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -42,17 +43,24 @@ def load_results(path: str) -> dict[str, Any]:
     return load(path).to_json()
 
 
-def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
-    from kv_cache.render.html import write_html  # noqa: PLC0415  (matplotlib is heavy and optional)
-    from kv_cache.render.plots import PlotsUnavailable, draw_plots, folder_listing, kept_clause, kept_since  # noqa: PLC0415
+def _draw(draw: Callable[[Any, str], list[Path]], source: Any, plots_dir: str) -> list[Path]:
+    """`draw(source, plots_dir)`, its failures (no matplotlib, a directory it cannot write) as one-line errors."""
+    from kv_cache.render.plots import PlotsUnavailable  # noqa: PLC0415  (matplotlib is heavy and optional)
 
-    before = folder_listing(plots_dir)
     try:
-        pngs = draw_plots(results, plots_dir)
+        return draw(source, plots_dir)
     except PlotsUnavailable as exc:
         raise UsageError(f"--plots: {exc}") from None
     except OSError as exc:
         raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
+
+
+def emit_plots(results: dict[str, Any], plots_dir: str, out: TextIO) -> None:
+    from kv_cache.render.html import write_html  # noqa: PLC0415  (matplotlib is heavy and optional)
+    from kv_cache.render.plots import draw_plots, folder_listing, kept_clause, kept_since  # noqa: PLC0415
+
+    before = folder_listing(plots_dir)
+    pngs = _draw(draw_plots, results, plots_dir)
     page = write_html(results, pngs, plots_dir, title=f"kv-cache {results.get('mode', 'run')} results")
     out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no data)'}; page {page}"
               f"{kept_clause(kept_since(plots_dir, before))}\n")
@@ -116,7 +124,7 @@ def _engine_lines(results: dict[str, Any], out: TextIO) -> None:
     """A sessions document's `Engine model:` line(s), as the run printed them (one per grid cell, named):
     the roofline's error on the published table and what it holds for the run's GPU. A document without
     parameters.engine_calibration (older, or partial) prints none."""
-    from kv_cache.benchmarks.sessions.run import engine_line  # noqa: PLC0415
+    from kv_cache.render.sessions import engine_line  # noqa: PLC0415
 
     cells = results.get("grid") or [results]
     for cell in cells:
@@ -148,13 +156,6 @@ def _foreign_report(doc: MlperfToolDocument | HarnessSummaryDocument, plots_dir:
     print_mlperf_report(view, out)
     if plots_dir:
         check_plots_dir(plots_dir)
-        from kv_cache.render.plots import PlotsUnavailable  # noqa: PLC0415
-
-        try:
-            pngs = draw_mlperf_plots(view, plots_dir)
-        except PlotsUnavailable as exc:
-            raise UsageError(f"--plots: {exc}") from None
-        except OSError as exc:
-            raise UsageError(f"--plots: cannot write to {plots_dir}: {exc.strerror or exc}") from None
+        pngs = _draw(draw_mlperf_plots, view, plots_dir)
         out.write(f"Plots written to {plots_dir}: {', '.join(p.name for p in pngs) or 'none (no per-request lists)'}\n")
     return 0

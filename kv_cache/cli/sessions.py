@@ -12,15 +12,11 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from kv_cache.benchmarks.sessions.answer import DEFAULT_ANSWER_REPLICATIONS
-from kv_cache.benchmarks.sessions.ladder import TIER_CONFIGS, LadderSettings
-from kv_cache.benchmarks.sessions.run import WINDOW_PLANS, SessionsSettings
 from kv_cache.errors import UsageError
 from kv_cache.host.capacity import AUTO_FRACTION
 from kv_cache.metrics.recorder import GIB
 from kv_cache.results.outputs import check_output_path
 from kv_cache.serving.engine import roofline as gpumod
-from kv_cache.serving.engine.replica import LOAD_POLICIES
 from kv_cache.settings.fields import Flag, setting
 from kv_cache.settings.pacing import PaceError, parse_pace
 from kv_cache.settings.run import (
@@ -32,6 +28,14 @@ from kv_cache.settings.run import (
     StorageSettings,
 )
 from kv_cache.settings.schema import load_config
+from kv_cache.settings.sessions import (
+    DEFAULT_ANSWER_REPLICATIONS,
+    LOAD_POLICIES,
+    TIER_CONFIGS,
+    WINDOW_PLANS,
+    LadderSettings,
+    SessionsSettings,
+)
 from kv_cache.settings.shaping import BANDWIDTH_HELP, LATENCY_HELP, shaping_fields, spec_errors
 from kv_cache.settings.validation import check_cache_dir, remote_errors
 from kv_cache.specs.models import SESSION_MODELS
@@ -226,13 +230,13 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
     if args.gpu_mem_gb > 0:
         spec = dataclasses.replace(spec, hbm_gb=args.gpu_mem_gb)  # GiB, as the spec table
     try:
-        gpumod.hbm_kv_capacity_bytes(spec, cfg.inference_model, model, tp=args.tensor_parallel)
+        hbm_kv_bytes = gpumod.hbm_kv_capacity_bytes(spec, cfg.inference_model, model, tp=args.tensor_parallel)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     sess, storage = cfg.sessions, cfg.storage
     ls = LadderSettings(
         model=model, model_name=args.model, gpu=spec, gpu_name=args.gpu, efficiency=cfg.inference_model,
-        num_gpus=args.num_gpus, tensor_parallel=args.tensor_parallel,
+        hbm_kv_bytes=hbm_kv_bytes, num_gpus=args.num_gpus, tensor_parallel=args.tensor_parallel,
         block_tokens=sess.block_tokens, shared_prefix_tokens=sess.shared_prefix_tokens,
         dram_bytes=int(args.cpu_mem_gb * GIB), cache_dir=args.cache_dir,
         storage_capacity_bytes=args.storage_capacity_gb * GIB,

@@ -1,4 +1,5 @@
-"""`kv-cache sessions` console table: per-GPU throughput and TTFT by configuration and concurrency."""
+"""`kv-cache sessions` console tables, from a sessions document: per-GPU throughput and TTFT by configuration and
+concurrency, the answer, a grid's cells, and the engine model's line (parameters.engine_calibration)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, TextIO
 
 from kv_cache.metrics.stats import CLAMP_MARK
 
-__all__ = ["print_partial", "print_table", "stopped_reason"]
+__all__ = ["engine_line", "print_grid", "print_partial", "print_table", "stopped_reason"]
 
 
 def _fmt_ci(ci: dict[str, Any] | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -42,11 +43,16 @@ def print_partial(results: dict[str, Any], out: TextIO, source: str) -> None:
         out.write(f"{source}: a sessions run {why}, with {len(rungs)} completed rung(s)\n")
     rows = [r for r in rungs if all(k in r for k in TABLE_KEYS)]
     if rows:
-        _table_head(out)
-        _rung_rows(rows, out)
-        _breakdown_table(rows, out)
-        _io_table(rows, out)
-        _storage_table(rows, out)
+        _rung_tables(rows, out)
+
+
+def _rung_tables(rungs: list[dict[str, Any]], out: TextIO) -> None:
+    """The per-rung tables: throughput and TTFT, the TTFT breakdown, the offload I/O, the storage tier."""
+    _table_head(out)
+    _rung_rows(rungs, out)
+    _breakdown_table(rungs, out)
+    _io_table(rungs, out)
+    _storage_table(rungs, out)
 
 
 def _table_head(out: TextIO) -> None:
@@ -73,11 +79,8 @@ def _rung_rows(rungs: list[dict[str, Any]], out: TextIO) -> None:
 
 
 def print_table(results: dict[str, Any], out: TextIO) -> None:
-    _table_head(out)
-    _rung_rows(results["rungs"], out)
-    _breakdown_table(results["rungs"], out)
-    _io_table(results["rungs"], out)
-    _storage_table(results["rungs"], out)
+    """A sessions document that ran to its end: the rung tables, capacity and ratios, warnings, method, answer."""
+    _rung_tables(results["rungs"], out)
     s = results["summary"]
     slo = s.get("slo_ttft_p90_s")
     basis = f"largest sessions with p90 return TTFT <= {slo:g} s" if slo else "sessions at peak per-GPU throughput"
@@ -319,3 +322,53 @@ def print_grid(cells: list[dict[str, Any]], method: str, out: TextIO) -> None:
         else:
             print_partial(cell, out, f"{p['model']} on {p['gpu']}")
     out.write("\nGrid (one answer per model and GPU):\n" + "\n".join(grid_cell_line(c) for c in cells) + "\n")
+
+
+def engine_line(cal: dict[str, Any]) -> str:
+    """The roofline's constants and its error against the published table, in one console line."""
+    this = cal["this_pair"]
+    pair = (f"; on this GPU and model: prefill {this['prefill_error']:+.0%}, decode {this['decode_error']:+.0%}"
+            if this else "")
+    whole, steps = cal.get("end_to_end", []), cal.get("decode_steps", [])
+    layers = len(cal["entries"]) - len(whole) - len(steps)
+    ends = "; end to end: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['error']:+.0%}"
+        + ("" if r["within_20pct"] else " (outside 20%)")
+        + (" (contradicted by a published run of the same work)" if r.get("contradicted_by") else "")
+        for r in whole) if whole else ""
+    ends += "; decode steps at batch 1: " + ", ".join(
+        f"{r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} {r['dtype']} {r['context_tokens']:,} tokens "
+        f"{r['error']:+.0%}" + ("" if r["within_20pct"] else " (outside 20%)") for r in steps) if steps else ""
+    fp8 = cal.get("fp8_compute_efficiency")
+    loo = list((fp8 or {}).get("leave_one_out_errors", {}).values())
+    loo_text = f"; each left out of the fit: {min(loo):+.0%} to {max(loo):+.0%}" if loo else ""
+    fp8_text = (f" (FP8 runs: {fp8['value']:g} of the FP8 peak, fitted on {len(fp8['fitted_on'])} MLPerf runs"
+                f"{loo_text})" if fp8 else "")
+    pairs = len({(r["gpu"], r.get("measured_model") or r["model"]) for r in cal["entries"]})
+    loo = cal.get("leave_one_out") or []
+
+    def span(fit: str) -> str:
+        v = [r["out_of_sample"] for r in loo if r["fit"] == fit]
+        return f"{min(v):+.0%} to {max(v):+.0%}" if v else "-"
+    ttft = [r for r in cal.get("end_to_end", []) if r.get("ttft_error") is not None]
+    single: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in cal.get("prefill_ttfts") or []:
+        single.setdefault((r["source_kind"].split(" ")[0], r["gpu"].upper(), r["model"], r["dtype"]), []).append(r)
+    oos = (f"; out of sample (each entry left out of its constant's fit): prefill {span('prefill_mfu')}, decode "
+           f"{span('decode_hbm_efficiency')}, FP8 {span('fp8_compute_efficiency')}, the rest in no fit"
+           + "".join(f", long-input TTFT ({r['source_kind'].split(' ')[0]} {r['gpu'].upper()} {r['model']} "
+                     f"{r['dtype']}, median at ~{r['input_tokens']:,.0f} tokens) {r['ttft_error']:+.0%}" for r in ttft)
+           + "".join(f", single-request TTFT ({' '.join(k)}, {min(x['input_tokens'] for x in v):,}-"
+                     f"{max(x['input_tokens'] for x in v):,} tokens, read off a published figure) "
+                     f"{min(x['error'] for x in v):+.0%} to {max(x['error'] for x in v):+.0%}"
+                     + ("" if all(x["within_20pct"] for x in v) else " (some outside 20%)")
+                     for k, v in single.items())
+           ) if loo else ""
+    # the "within" bounds are the per-layer profiles' only: the other entries' errors follow, each its own
+    gpu = cal.get("this_gpu")
+    pair += f"; this run's GPU: {gpu['statement']}" if gpu else ""
+    return (f"Engine model: roofline, prefill_mfu {cal['prefill_mfu']:g}{fp8_text}, decode_hbm_efficiency "
+            f"{cal['decode_hbm_efficiency']:g}; error against {len(cal['entries'])} published throughputs of "
+            f"{pairs} (GPU, model) pairs (specs/calibration.yaml): {layers} per-layer profiles (vidur) prefill "
+            f"within {cal['max_abs_prefill_error']:.0%}, decode within {cal['max_abs_decode_error']:.0%}"
+            f"{ends}{oos}{pair}")

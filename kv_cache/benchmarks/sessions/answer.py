@@ -337,13 +337,10 @@ def _fmt_ratio(r: dict[str, Any] | None, why: str = "censored") -> str:
         return f"x? ({why})"
     if r.get("bound"):
         return f"{'at least' if r['bound'] == 'lower' else 'at most'} x{r['estimate']:.2f} (censored)"
-    if r.get("no_residuals"):
-        lo = f"<x{r['low']:.2f}" if r.get("low_is_bound") else f"x{r['low']:.2f}"
-        hi = f">x{r['high']:.2f}" if r.get("high_is_bound") else f"x{r['high']:.2f}"
-        return f"x{r['estimate']:.2f} (between {lo} and {hi}: no interval)"
-    lo = f"<{r['low']:.2f}" if r.get("low_is_bound") else f"{r['low']:.2f}"
-    hi = f">{r['high']:.2f}" if r.get("high_is_bound") else f"{r['high']:.2f}"
-    return f"x{r['estimate']:.2f} [{lo}, {hi}]"
+    x = "x" if r.get("no_residuals") else ""  # bounds from the rungs either side: ratios, not an interval
+    lo = f"{'<' if r.get('low_is_bound') else ''}{x}{r['low']:.2f}"
+    hi = f"{'>' if r.get('high_is_bound') else ''}{x}{r['high']:.2f}"
+    return f"x{r['estimate']:.2f} " + (f"(between {lo} and {hi}: no interval)" if x else f"[{lo}, {hi}]")
 
 
 def evidence_text(rungs: list[dict[str, Any]], replications: int | None = None, beyond: bool = False) -> str:

@@ -10,13 +10,10 @@ so their work is comparable; a work-equivalence control flags any that completed
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from kv_cache.benchmarks.sessions.ladder_summary import flag_work_equivalence, summarize
 from kv_cache.benchmarks.sessions.rung_results import (
     RemoteWatch,
     RungRecord,
@@ -54,83 +51,11 @@ from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.serving.engine.io_pool import IOPool
 from kv_cache.serving.engine.replica import Replica, TurnRequest
 from kv_cache.serving.tiers import TierSet
-from kv_cache.settings.run import RemoteTierSettings, StorageSettings, TierSettings
-from kv_cache.settings.sections import EvictionConfig
+from kv_cache.settings.sessions import LadderSettings
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.sessions import SessionScript, apply_pace
 
-log = logging.getLogger("kv_cache.sessions")
-
-__all__ = ["TIER_CONFIGS", "LadderSettings", "RungRun", "flag_work_equivalence", "replica_of", "summarize"]
-
-TIER_CONFIGS = ("none", "dram", "dram+storage")
-TURN_CLASSES = ("start", "return", "agentic")
-
-
-@dataclass(frozen=True)
-class LadderSettings:
-    """The ladder section of the `kv-cache sessions` settings tree (SessionsSettings.ladder_settings): what
-    every rung is built and run with. cli/sessions.py resolves each field from the flags (SessionsFlags,
-    where their defaults are written) and config.yaml, so no field has a default here; `storage` is the
-    I/O engine's section of the run's tree (settings/run.py StorageSettings)."""
-
-    model: Any
-    model_name: str
-    gpu: Any  # gpumod.GPUSpec
-    gpu_name: str
-    efficiency: Any  # config inference_model section
-    num_gpus: int
-    tensor_parallel: int
-    block_tokens: int
-    shared_prefix_tokens: int
-    dram_bytes: int
-    cache_dir: str | None
-    storage_capacity_bytes: float  # 0 = auto: 90 % of the free space less one block (host.capacity)
-    storage: StorageSettings  # how the offload tiers move bytes; max_storage_errors: what a rung tolerates
-    window_s: float
-    warmup_s: float
-    subwindows: int
-    prefill_chunk_tokens: int
-    human_threshold_s: float
-    pace: Any  # scripts.Pace
-    seed: int
-    eviction: EvictionConfig
-    load_policy: str  # always | cost (see Replica)
-    steady_state: bool  # start as a long run would have left the engine and tiers (steady_state.py)
-    dram_write_through: bool  # offload every computed block on completion (inclusive), not only on eviction
-    remote: RemoteTierSettings  # which backend holds the storage tier (a remote one: S3, Redis)
-
-    @property
-    def replicas(self) -> int:
-        return max(1, self.num_gpus // self.tensor_parallel)
-
-    @property
-    def block_bytes(self) -> int:
-        """A whole block's KV: a replica offloads all of it (each TP rank its shard, together the block)."""
-        return self.block_tokens * self.model.bytes_per_token
-
-    @property
-    def block_bytes_per_gpu(self) -> int:
-        """Each GPU's (TP rank's) share of a block."""
-        return self.block_bytes // self.tensor_parallel
-
-    @property
-    def dram_usable_fraction(self) -> float:
-        """The DRAM tier's usable share, the same whether it is the last tier or spills to storage."""
-        return self.eviction.target_usage_ratio
-
-    def tier_settings(self, tiers: str) -> TierSettings:
-        """The offload tiers of configuration `tiers` as the tier builder takes them (no GPU store: HBM is
-        the modelled replicas' own)."""
-        dram = self.dram_bytes if tiers in ("dram", "dram+storage") else 0
-        return TierSettings(gpu_mem_gb=0.0, gpu_tier="off", num_gpus=self.num_gpus,
-                            tensor_parallel=self.tensor_parallel, cpu_mem_gb=dram / GIB, cache_dir=self.cache_dir,
-                            storage_capacity_gb=self.storage_capacity_bytes / GIB, remote=self.remote)
-
-    def hbm_capacity_blocks(self) -> int:
-        cap = gpumod.hbm_kv_capacity_bytes(self.gpu, self.efficiency, self.model, tp=self.tensor_parallel)
-        return int(cap // (self.block_tokens * self.model.bytes_per_token))
-
+__all__ = ["RungRun", "replica_of"]
 
 def replica_of(session_id: str, seed: int, replicas: int) -> int:
     """Stable, seeded session -> replica assignment (the same in every process, unlike hash())."""
@@ -214,30 +139,17 @@ class RungRun:
             self.io = IOPool(self.cache, pool.start(), ls.block_bytes, ls.block_tokens, self.stop)
 
         def iteration_seconds(prefill: list[tuple[int, int]], batch: int, context: int) -> float:
-            return gpumod.iteration_seconds(
-                ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel
-            )
+            return gpumod.iteration_seconds(ls.gpu, ls.efficiency, ls.model, prefill, batch, context, tp=ls.tensor_parallel)
 
         def prefill_seconds(new: int, cached: int) -> float:
             return gpumod.prefill_seconds(ls.gpu, ls.efficiency, ls.model, new, cached, tp=ls.tensor_parallel)
 
         cap = ls.hbm_capacity_blocks()
         self.replicas = [
-            Replica(
-                i,
-                cap,
-                ls.block_tokens,
-                iteration_seconds,
-                self.io,
-                self._first_token,
-                self._done,
-                self._iteration,
-                ls.prefill_chunk_tokens,
-                self.stop,
-                load_policy=ls.load_policy if self.io is not None else "always",
-                prefill_seconds=prefill_seconds,
-                write_through=ls.dram_write_through,
-            )
+            Replica(i, cap, ls.block_tokens, iteration_seconds, self.io, self._first_token, self._done,
+                    self._iteration, ls.prefill_chunk_tokens, self.stop,
+                    load_policy=ls.load_policy if self.io is not None else "always",
+                    prefill_seconds=prefill_seconds, write_through=ls.dram_write_through)
             for i in range(ls.replicas)
         ]
 

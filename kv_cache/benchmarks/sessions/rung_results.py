@@ -26,12 +26,13 @@ from kv_cache.metrics.stats import (
 )
 from kv_cache.serving.engine.io_pool import IOCounters
 from kv_cache.serving.engine.replica import TurnRequest
+from kv_cache.settings.sessions import LadderSettings
+from kv_cache.workload.sessions import TURN_CLASSES
 
 __all__ = ["MIN_PERCENTILE_SAMPLES", "FailureInputs", "RungRecord", "engine_clock", "failure_flags", "failure_inputs",
            "io_rates", "kv_sources", "rung_flags", "throughput_ci", "ttft_breakdown", "ttft_percentiles", "window_rate_ci",
            "work_summary"]
 
-TURN_CLASSES = ("start", "return", "agentic")
 MIN_PERCENTILE_SAMPLES = 20
 HIGH_LAG1 = 0.5  # batch means this correlated: the sub-windows are too short for the run's correlation time
 GB = 1e9
@@ -236,7 +237,7 @@ class FailureInputs:
     usable_fraction: float = 1.0
 
 
-def failure_inputs(ls: Any, issued_inputs: list[int], slots: Iterable[Any], sizes: dict[str, Any],
+def failure_inputs(ls: LadderSettings, issued_inputs: list[int], slots: Iterable[Any], sizes: dict[str, Any],
                    prefill_s: Callable[[int], float]) -> FailureInputs:
     """FailureInputs of a rung: `ls` its LadderSettings, `issued_inputs` the context tokens of every turn it
     issued, `slots` its session slots (their scripts' last turns give the largest session context),

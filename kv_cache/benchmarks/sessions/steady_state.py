@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 
 from kv_cache.serving.engine import roofline as gpumod
+from kv_cache.specs import GPUSpec
+from kv_cache.specs.models import ModelConfig
 
 __all__ = ["MAX_PLANNED_WINDOW_FACTOR", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
            "slope_steady", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
@@ -66,7 +68,7 @@ def no_service(script: Any, i: int) -> float:
     return 0.0
 
 
-def modelled_service(gpu: Any, eff: Any, model: Any, tp: int) -> TurnSeconds:
+def modelled_service(gpu: GPUSpec, eff: gpumod.Efficiency, model: ModelConfig, tp: int) -> TurnSeconds:
     """Turn i's modelled service alone on a replica: its prefill after the reused prefix, then its decode (one
     step per output token at the turn's mid-decode context); the steady start's duration weights."""
     memo: list[Any] = [None, None]  # the last script and its contexts (session_seconds walks one at a time)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kv_cache.serving.engine.io_pool import IOPool, _last_standin
+from kv_cache.settings.sessions import LOAD_POLICIES
 
 log = logging.getLogger("kv_cache.sessions")
 
@@ -66,9 +67,6 @@ class TurnRequest:
     skipped_load_blocks: int = 0  # offload hits recomputed instead (--load-policy cost)
     queued_store_miss: bool = False  # its prefix stopped at a block evicted from HBM whose store was still queued
     oversized: bool = False
-
-
-LOAD_POLICIES = ("always", "cost")
 
 
 class Replica:
