@@ -4,18 +4,25 @@
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
   PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
   Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
-  (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
-  PROBE_FRACTION of the best write rate, or that for reads, whichever is larger; then halved while half
-  the count keeps PROBE_FRACTION of its write rate and of its read rate (both: the count one direction
-  set may be what the other needs), measured in CONFIRM_PAIRS alternating pairs (the machine may be
-  noisy). `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
-  A run shorter than PROBE_MIN_RUN_S is not probed (the probe would rival its window).
+  (at least MIN_OPS each, the first not counted), then as many read them back; then a second pass, the
+  counts in descending order (a drift of the machine's load is in both passes' mean alike). The rule
+  (`plateau`) judges one figure, the rate of writing bytes and reading them back (`mixed_rate`): the
+  count is the smallest that no larger count beats by more than 5 % (1/PROBE_FRACTION) beyond the noise
+  (PROBE_Z standard errors of the difference of the mean log rates; the noise of one figure pooled from
+  the counts measured more than once, `noise`). A count is as good as a larger one unless the larger is
+  shown better: the smallest count of a noisy plateau; the top of a real rise however far. The
+  comparison the choice hangs on most narrowly (`closest_call`) is measured again in CONFIRM_PAIRS
+  alternating pairs, and the rule applied again, up to CONFIRM_ROUNDS times, while the budget has room.
+  `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
+  The whole probe keeps to a wall-clock budget (probe_budget_s). A run shorter than PROBE_MIN_RUN_S is
+  not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
   two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
   count is one per user up to DEFAULT_MAX_WORKERS, as before.
-- Memory: each worker holds a read and a write buffer of one chunk. The buffers may take at most
-  WORKER_MEMORY_FRACTION of what the run's RAM tiers may use (serving/tiers.py ram_budget_bytes); a count
-  beyond that is clamped with a warning and a note, or refused (exit 2) under --strict-memory.
+- Memory: each worker holds a read and a write buffer of one chunk, and on a remote tier its slot ring
+  (storage/remote.py ring_bytes). They may take at most WORKER_MEMORY_FRACTION of what the run's RAM
+  tiers may use (serving/tiers.py ram_budget_bytes); a count beyond that is clamped with a warning and a
+  note, or refused (exit 2) under --strict-memory; a budget that limits the probe's counts is warned of.
 
 The run reports the count, how it was chosen and the probe's figures (measurement.io_workers_choice).
 """
