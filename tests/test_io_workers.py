@@ -281,6 +281,18 @@ def test_the_probe_keeps_to_its_time_budget_and_says_what_it_left_out(tmp_path):
         assert store.keys() == []
 
 
+def test_the_descending_pass_skips_a_count_that_does_not_fit_and_measures_the_smaller_ones(tmp_path):
+    """On a slow tier the second pass's first count (32, the dearest) did not fit what the first pass left
+    of the budget, and the pass stopped there: no count had a second figure, so no noise figure (a Redis
+    default at 0.2-0.4 GiB/s). The descending pass now skips what does not fit and goes on."""
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        budget = iw.ProbeBudget(5.0)
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(4, 2, 1), seconds=0.01, budget=budget,
+                        known={4: 1e-9, 2: 10.0, 1: 10.0}, label="the second pass at ")
+        assert [r["workers"] for r in rows] == [2, 1] and all(r["read_gibps"] > 0 for r in rows)
+        assert budget.cut.startswith("the second pass at 4 workers (about") and store.keys() == []
+
+
 def test_run_threads_joins_every_thread_before_raising_the_first_error():
     import threading as _t
 

@@ -232,7 +232,8 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
     "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
     left of it (estimated, step_estimate, from the rate `known` at that count, a pass before, else from
-    the count before it) is not probed, nor any after it.
+    the count before it) is not probed, nor any after it; with `known` (the descending second pass, whose
+    counts after it cost less) the counts after it still are, where they fit.
 
     Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
     MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
@@ -259,6 +260,9 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
             if budget is not None and (rows or known):
                 est = len(directions) * step_estimate(n, rate, nbytes, seconds)
                 if not budget.fits(est):
+                    if known is not None:  # a later pass, descending: the smaller counts after it cost less
+                        budget.cut = budget.cut or f"{label}{n} workers (about {est:.0f} s more)"
+                        continue
                     budget.cut = budget.cut or f"{label}{n} workers and more (about {est:.0f} s more)"
                     break
             gibps, elapsed = _timed(n, seconds, write, stop, release)
