@@ -9,7 +9,8 @@ core/io_workers.py picks the count) and of the sweep's best count. Every run is 
 `--storage-capacity-gb` (never fills the disk or the server's memory).
 
 Window length. The probe runs only for a run of >= 120 s (PROBE_MIN_RUN_S). So every run here, sweep
-points and default alike, is started with `--duration 120` and stopped by SIGINT once its console shows
+points and default alike, is started with `--duration 120` (`--declared S`: S, whose probe budget is
+10 % of S, at most 30 s) and stopped by SIGINT once its console shows
 `--duration` s of window (a run stopped so writes its results, for the window up to the stop): each
 point then costs about `--duration` s, the default's probe is the real one, and all runs have the same
 configuration and window length, so their bandwidths compare. `--full` runs the 120 s windows instead.
@@ -89,7 +90,7 @@ def run(tier: Tier, workers: int | None, a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(dir=tier.dir, prefix="kv-sweep-") as tmp:
         out = Path(tmp) / "r.json"
         cmd = [sys.executable, "-m", "kv_cache", "--model", a.model, "--num-users", str(a.users),
-               "--duration", str(PROBE_RUN_S), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--seed", "1",
+               "--duration", str(a.declared), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--seed", "1",
                "--storage-capacity-gb", str(a.storage_capacity_gb),
                "--cache-dir", str(Path(tmp) / "cache"), "--output", str(out), *tier.flags, *a.extra]
         if workers is not None:
@@ -189,7 +190,10 @@ def main() -> int:
     ap.add_argument("tiers", nargs="+", help="a directory, or s3, redis, valkey (servers started here)")
     ap.add_argument("--counts", default="1,2,4,8,16,32,64")
     ap.add_argument("--duration", type=int, default=20, help="window per run, s (stopped by SIGINT)")
-    ap.add_argument("--full", action="store_true", help=f"run the whole {PROBE_RUN_S} s windows instead")
+    ap.add_argument("--full", action="store_true", help="run the whole --declared windows instead")
+    ap.add_argument("--declared", type=int, default=PROBE_RUN_S,
+                    help=f"the runs' --duration (at least {PROBE_RUN_S}: the probe's budget is 10 %% of it, at "
+                         "most 30 s); each is still stopped after --duration s of window")
     ap.add_argument("--pairs", type=int, default=3, help="alternating default / best pairs")
     ap.add_argument("--best", type=int, default=0, help="skip the sweep: pair the default with this count")
     ap.add_argument("--users", type=int, default=20)

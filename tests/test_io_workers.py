@@ -3,6 +3,8 @@ memory its buffers cost (clamped with a note, refused under --strict-memory)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kv_cache.core import io_workers as iw
@@ -35,15 +37,19 @@ def test_a_count_whose_buffers_do_not_fit_is_clamped_with_a_note_or_refused_unde
     assert iw.provisional(100_000, 1, 16 * MIB, mem, False) == cap
 
 
-def test_smallest_count_reaching_95_percent_of_the_best():
-    rows = [{"workers": 1, "write_gibps": 0.5, "read_gibps": 0.8}, {"workers": 2, "write_gibps": 0.96,
-            "read_gibps": 1.0}, {"workers": 4, "write_gibps": 1.0, "read_gibps": 1.9},
-            {"workers": 8, "write_gibps": 0.97, "read_gibps": 2.0}]
-    assert iw.smallest_reaching(rows, "write_gibps") == 2  # 0.96 >= 0.95 x 1.0
-    assert iw.smallest_reaching(rows, "read_gibps") == 4  # 1.9 = 0.95 x 2.0
-    # adversarial: a best reached only at the largest count is taken, not the first plateau
-    rows2 = [{"workers": w, "read_gibps": g} for w, g in ((1, 1.0), (2, 1.0), (4, 1.0), (8, 3.0))]
-    assert iw.smallest_reaching(rows2, "read_gibps") == 8
+def test_without_a_second_figure_the_rule_is_the_5_percent_margin_alone():
+    """One pass (no count measured twice): no noise figure, so a larger count wins by being more than 5 %
+    better (1/0.95) in the mixed rate (writing bytes and reading them back)."""
+    def rows(rates):
+        return [{"workers": w, "write_gibps": g, "read_gibps": g} for w, g in rates]
+
+    assert iw.noise(rows([(1, 1.0), (2, 1.0)])) is None
+    assert iw.plateau(rows([(1, 0.5), (2, 0.96), (4, 1.0), (8, 0.97)])) == 2  # 4 is only 4 % above 2
+    assert iw.plateau(rows([(1, 0.5), (2, 0.94), (4, 1.0), (8, 0.97)])) == 4  # 6 % above: 4
+    # a best reached only at the largest count is taken, not the first plateau
+    assert iw.plateau(rows([(1, 1.0), (2, 1.0), (4, 1.0), (8, 3.0)])) == 8
+    assert iw.mixed_rate({"write_gibps": 1.0, "read_gibps": 3.0}) == pytest.approx(1.5)
+    assert iw.mixed_rate({"write_gibps": 1.0}) == 0.0 and iw.plateau([]) == 1
 
 
 def test_the_probe_measures_the_tier_and_leaves_nothing_behind(tmp_path):
@@ -55,8 +61,10 @@ def test_the_probe_measures_the_tier_and_leaves_nothing_behind(tmp_path):
         notes: list[str] = []
         c = iw.choose(0, users=20, limit_allocs=3, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=notes,
                       store=store, probe_seconds=0.02)
-        first = [r for r in c.probe if not r.get("confirm")]
+        first = [r for r in c.probe if not r.get("confirm") and r.get("pass", 1) == 1]
+        again = [r["workers"] for r in c.probe if r.get("pass") == 2]
         assert 1 <= c.count <= 3 and c.how.startswith("probe") and len(first) == len(iw.PROBE_COUNTS)
+        assert again == sorted(iw.PROBE_COUNTS, reverse=True)  # the second pass, descending
         assert "probe GiB/s write/read 1:" in c.line()
 
 
@@ -122,70 +130,143 @@ def test_each_probe_thread_frees_what_the_store_holds_for_it(tmp_path):
 
 
 # ------------------------------------------------------------------ the rule, on synthetic probe figures
-def _synthetic(write: dict[int, float], read: dict[int, float], noise: float, seed: int):
-    """Probe rows and a `measure` from true rates per count, each figure off by up to +-`noise` (seeded)."""
+def _synthetic(write: dict[int, float], read: dict[int, float], noise: float, seed: int,
+               spike: tuple[int, float] | None = None):
+    """The probe's two passes (ascending, then descending) and a `measure` from true rates per count, each
+    figure off by a lognormal factor of sd `noise` (seeded); `spike` (count, factor): that count's first
+    write figure multiplied (a burst the device gave once)."""
     import random
 
     rng = random.Random(seed)
 
     def jitter(x: float) -> float:
-        return x * (1 + rng.uniform(-noise, noise))
+        return x * rng.lognormvariate(0.0, noise)
 
-    rows = [{"workers": n, "write_gibps": jitter(write[n]), "read_gibps": jitter(read[n])} for n in iw.PROBE_COUNTS]
-    calls: list[tuple[int, str]] = []
+    def row(n: int, **extra) -> dict:
+        return {"workers": n, "write_gibps": jitter(write[n]), "read_gibps": jitter(read[n]), **extra}
+
+    rows = [row(n) for n in iw.PROBE_COUNTS] + [row(n, **{"pass": 2}) for n in reversed(iw.PROBE_COUNTS)]
+    if spike:
+        rows[iw.PROBE_COUNTS.index(spike[0])]["write_gibps"] *= spike[1]
+    calls: list[int] = []
 
     def measure(n: int) -> dict[str, float]:
         calls.append(n)
-        return {"write_gibps": jitter(write[n]), "read_gibps": jitter(read[n])}
+        r = row(n)
+        return {k: r[k] for k in iw.KEYS}
 
     return rows, measure, calls
 
 
+def _picks(write, read, noise, seeds=range(100), spike=None) -> dict[int, int]:
+    """How often each count is chosen over `seeds` draws (deterministic: seeded)."""
+    from collections import Counter
+
+    return dict(Counter(iw.decide(*_synthetic(write, read, noise, seed, spike)[:2])[0] for seed in seeds))
+
+
 FLAT = dict.fromkeys(iw.PROBE_COUNTS, 1.0)
+KNEE4 = {1: 0.6, 2: 0.85, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.0}
 
 
-def test_the_rule_finds_the_knee_of_a_noisy_plateau_whatever_the_noise_draws():
-    """The rate rises to 4 workers, then a plateau, with +-4 % noise on every figure; one seed in three
-    puts a spike at 32 (the best by 8 %, which only 32 reaches): the step-down in alternating pairs walks
-    back to the knee in every draw, never below it (2 workers give 15 % less)."""
-    knee = {1: 0.6, 2: 0.85, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.0}
-    for seed in range(30):
-        rows, measure, _ = _synthetic(knee, FLAT, 0.04, seed)
-        if seed % 3 == 0:
-            rows[-1]["write_gibps"] = 1.08
+def test_the_rule_takes_the_knee_of_a_noisy_plateau_not_a_spike_at_its_high_end():
+    """A rise to 4 workers, then a plateau; every third draw has a burst at 32 (one write figure 1.5x: the
+    best figure of all, by far). At 5 % noise per figure the knee, 4, in every draw; at 10 % (this
+    machine under load) 4 in 97 of 100, never above 8, and never the spike's 32: the point rule (the
+    smallest count at 95 % of the best figure) took the spike's count whenever it was the only one
+    reaching the best."""
+    for seed in range(100):
+        spike = (32, 1.5) if seed % 3 == 0 else None
+        rows, measure, _ = _synthetic(KNEE4, KNEE4, 0.05, seed, spike)
         count, pairs = iw.decide(rows, measure)
-        assert count == 4, (seed, rows, pairs)
+        assert count == 4, (seed, pairs)
+    noisy = _picks(KNEE4, KNEE4, 0.10, spike=(32, 1.5))
+    assert noisy.get(4, 0) >= 95 and max(noisy) <= 8, noisy
+
+
+def test_a_real_rise_at_32_on_a_fast_device_is_followed_up():
+    """Flat to 16, then 30 % more at 32 (an array that needs many requests in flight): 32 in every draw at
+    3 % noise (a dedicated fast device), and in at least 95 of 100 at 10 %. The rule gives the smaller
+    count the benefit of the doubt only within the noise: it is not a bias to small."""
+    rise = {**FLAT, 32: 1.3}
+    for seed in range(100):
+        rows, measure, _ = _synthetic(rise, rise, 0.03, seed)
+        assert iw.decide(rows, measure)[0] == 32, seed
+    assert _picks(rise, rise, 0.10).get(32, 0) >= 95
+
+
+def test_a_device_that_scales_gets_the_largest_count_even_in_heavy_noise():
+    """Every doubling 60-90 % more (a device far from saturated at 32): 32 in every draw, at 15 % noise
+    per figure too."""
+    scales = {1: 0.1, 2: 0.2, 4: 0.38, 8: 0.7, 16: 1.2, 32: 2.0}
+    assert _picks(scales, scales, 0.03) == {32: 100}
+    assert _picks(scales, scales, 0.15) == {32: 100}
 
 
 def test_the_rule_keeps_one_worker_where_the_rate_peaks_at_one_or_falls_with_more():
     falling = {1: 1.0, 2: 0.9, 4: 0.7, 8: 0.5, 16: 0.3, 32: 0.2}
     peak = {1: 1.0, 2: 0.8, 4: 0.8, 8: 0.8, 16: 0.8, 32: 0.8}
     for curve in (falling, peak):
-        for seed in range(10):
-            rows, measure, calls = _synthetic(curve, curve, 0.04, seed)
-            assert iw.decide(rows, measure) == (1, []) and calls == []  # nothing to step down from
+        assert _picks(curve, curve, 0.05) == {1: 100}
+        assert _picks(curve, curve, 0.15) == {1: 100}
 
 
-def test_the_rule_takes_the_larger_direction_and_does_not_step_below_a_real_knee():
-    """Writes saturate at 2, reads only at 16 (a 25 % step from 8). The step-down checks both directions:
-    checked on the one direction that set the count, a draw of the noisy-plateau case above (seed 15 at
-    +-4 %: reads set 8) walked reads down to 1 worker, at 60 % of the write rate. At +-3 % noise: 16 in
-    every draw;
-    at +-5 %, never below 16 (a false stop keeps 32: more memory, never less bandwidth)."""
+def test_a_cpu_bound_curve_gets_its_peak_not_the_counts_that_only_contend():
+    """A tier bound by the host's CPU (/dev/shm on 2 shared cores): the rate peaks at 4, then falls as more
+    threads contend. 4 in every draw at 5 % noise; at 15 % never above 4 (at most one step below it)."""
+    cpu = {1: 0.4, 2: 1.0, 4: 1.2, 8: 1.0, 16: 0.8, 32: 0.7}
+    assert _picks(cpu, cpu, 0.05) == {4: 100}
+    noisy = _picks(cpu, cpu, 0.15)
+    assert set(noisy) <= {2, 4} and noisy.get(4, 0) >= 80, noisy
+
+
+def test_the_rule_judges_writes_and_reads_together():
+    """Writes saturate at 2, reads only at 16 (25 % from 8): the rate of writing and reading back rises to
+    16 (11 % from 8), and 16 is chosen in every draw at 3 % noise."""
     write = {1: 0.5, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.0}
     read = {1: 0.2, 2: 0.4, 4: 0.6, 8: 0.8, 16: 1.0, 32: 1.0}
-    for seed in range(30):
-        rows, measure, _ = _synthetic(write, read, 0.03, seed)
-        count, pairs = iw.decide(rows, measure)
-        assert count == 16 and pairs[-1]["workers"] == 8 and pairs[-1]["vs"] == 16, (seed, pairs)
-        rows, measure, _ = _synthetic(write, read, 0.05, seed)
-        assert iw.decide(rows, measure)[0] in (16, 32), seed
+    assert _picks(write, read, 0.03) == {16: 100}
 
 
-def test_a_step_down_with_no_figure_keeps_the_count():
-    rows, _, _ = _synthetic(FLAT, FLAT, 0.0, 1)
-    rows[-1]["write_gibps"] = 2.0  # only 32 reaches the best
-    assert iw.decide(rows, lambda n: {}) == (32, [])
+def test_the_noise_figure_is_the_pooled_spread_of_the_repeated_figures():
+    g = math.exp
+    rows = [{"workers": 1, "write_gibps": g(0.1), "read_gibps": g(0.1)},
+            {"workers": 1, "write_gibps": g(-0.1), "read_gibps": g(-0.1)},
+            {"workers": 2, "write_gibps": g(0.3), "read_gibps": g(0.3)},
+            {"workers": 2, "write_gibps": g(0.1), "read_gibps": g(0.1)}]
+    # log mixed rates (1: +-0.1, 2: 0.3 and 0.1): every deviation from its count's mean 0.1, x sqrt(2) for
+    # k = 2, over 0.6745 (a normal noise's median absolute deviation)
+    assert iw.noise(rows) == pytest.approx(0.1 * math.sqrt(2) / 0.6745)
+    assert iw.noise(rows[:1] + rows[2:3]) is None
+    same = [{"workers": 1, "write_gibps": 1.0, "read_gibps": 1.0}] * 2
+    assert iw.noise(same) == iw.NOISE_FLOOR
+
+
+def test_one_stalled_step_does_not_make_the_whole_curve_noise():
+    """Six counts whose two figures are 5 % apart, and one stalled step (a neighbour's burst on the shared
+    disk: 0.11 GiB/s where the other figure is 0.9, as a probe here measured): the noise figure stays near
+    the others' spread (the root mean square made it 39 % from one such step, and then no rise on the
+    curve was beyond the noise)."""
+    rows = []
+    for n in iw.PROBE_COUNTS:
+        rows += [{"workers": n, "write_gibps": 1.0, "read_gibps": 1.0},
+                 {"workers": n, "write_gibps": 1.05, "read_gibps": 1.05}]
+    plain = iw.noise(rows)
+    assert plain == pytest.approx(math.log(1.05) / math.sqrt(2) / 0.6745)  # ~5 %
+    rows[0]["write_gibps"] = 0.11  # the stall
+    assert iw.noise(rows) == pytest.approx(plain)
+
+
+def test_a_close_call_is_measured_again_in_alternating_pairs_and_only_while_there_is_room():
+    """The knee at 4 at 10 % noise: the rule's closest comparison is measured again (larger, smaller,
+    larger, smaller), so the pairs alternate; a `measure` with no room ({}) adds nothing and the count
+    is the two passes' own."""
+    rows, measure, calls = _synthetic(KNEE4, KNEE4, 0.10, 3)
+    count, pairs = iw.decide(rows, measure)
+    assert pairs and all(p["confirm"] for p in pairs) and len(calls) == len(pairs)
+    assert all(a["vs"] == b["workers"] and b["vs"] == a["workers"] for a, b in zip(pairs[::2], pairs[1::2], strict=True))
+    assert all(a["workers"] > b["workers"] for a, b in zip(pairs[::2], pairs[1::2], strict=True))
+    assert iw.decide(rows, lambda n: {}) == (iw.plateau(rows), [])
 
 
 def test_the_steady_rate_counts_each_operation_for_its_share_of_the_span():
@@ -216,6 +297,18 @@ def test_the_probe_keeps_to_its_time_budget_and_says_what_it_left_out(tmp_path):
         assert store.keys() == []
 
 
+def test_the_descending_pass_skips_a_count_that_does_not_fit_and_measures_the_smaller_ones(tmp_path):
+    """On a slow tier the second pass's first count (32, the dearest) did not fit what the first pass left
+    of the budget, and the pass stopped there: no count had a second figure, so no noise figure (a Redis
+    default at 0.2-0.4 GiB/s). The descending pass now skips what does not fit and goes on."""
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        budget = iw.ProbeBudget(5.0)
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(4, 2, 1), seconds=0.01, budget=budget,
+                        known={4: 1e-9, 2: 10.0, 1: 10.0}, label="the second pass at ")
+        assert [r["workers"] for r in rows] == [2, 1] and all(r["read_gibps"] > 0 for r in rows)
+        assert budget.cut.startswith("the second pass at 4 workers (about") and store.keys() == []
+
+
 def test_run_threads_joins_every_thread_before_raising_the_first_error():
     import threading as _t
 
@@ -233,3 +326,46 @@ def test_run_threads_joins_every_thread_before_raising_the_first_error():
     with pytest.raises(ValueError, match="zero"):
         run_threads(target, 3)
     assert sorted(ran) == [1, 2]  # the others had ended when the error was raised
+
+
+def test_the_remote_tiers_slot_rings_count_in_the_memory_budget_and_the_run_says_when_they_cap_it(tmp_path):
+    """Each worker of a remote tier also holds its slot ring (S3: concurrency + 2 parts; Redis: up to
+    --redis-pipeline chunks), about 90-160 MiB a worker where the buffers are 32 MiB: the budget counts
+    it, so it caps --io-workers (with the ring named in the note, refused under --strict-memory) and the
+    counts the probe may try, and the run says so."""
+    mem = MemoryLimit(4 * GIB, "test")
+    room = int(0.5 * (int(0.9 * 4 * GIB) - 256 * MIB))
+    assert iw.memory_cap(16 * MIB, mem) == room // (32 * MIB) == 53
+    assert iw.memory_cap(16 * MIB, mem, ring=128 * MIB) == room // (160 * MIB) == 10
+    notes: list[str] = []
+    c = iw.choose(16, users=20, limit_allocs=0, chunk_bytes=16 * MIB, mem=mem, strict=False, notes=notes,
+                  ring=128 * MIB)
+    assert c.count == 10 and c.memory_cap == 10 and "2 x 16 MiB + a 128 MiB slot ring each" in notes[0]
+    assert "clamped to 10" in notes[0]
+    with pytest.raises(StorageSetupError, match="give at most 10"):
+        iw.choose(16, users=20, limit_allocs=0, chunk_bytes=16 * MIB, mem=mem, strict=True, notes=[], ring=128 * MIB)
+    assert iw.provisional(0, 20, 16 * MIB, mem, False, ring=128 * MIB) == 10
+
+    small = MemoryLimit(GIB, "test")  # room for 5 workers of 64 KiB buffers and a 64 MiB ring
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        store.ring_bytes = 64 * MIB  # as S3Store and RedisStore give theirs (storage/remote.py ring_bytes)
+        notes = []
+        c = iw.choose(0, users=20, limit_allocs=0, chunk_bytes=64 * 1024, mem=small, strict=False, notes=notes,
+                      store=store, probe_seconds=0.01)
+    assert c.memory_cap == 5 and {r["workers"] for r in c.probe} <= {1, 2, 4} and c.count <= 4
+    assert c.clamped and "limited the probe to 4 workers" in c.clamped and "64 MiB slot ring" in c.clamped
+    assert any("limited the probe" in n for n in notes)
+
+
+def test_the_settings_ring_is_the_stores_ring(quick_settings):
+    """What the budget counts before the store opens (setup.worker_ring_bytes, from the settings) is the
+    stores' own figure (storage/remote.py ring_bytes; the stores' rings are held to it in
+    tests/test_remote_tiers.py)."""
+    from kv_cache.benchmarks.standard.setup import worker_ring_bytes
+    from kv_cache.storage.remote import ring_bytes
+
+    s3 = quick_settings("--storage-backend", "s3", "--s3-bucket", "b", "--s3-part-mb", "8", "--s3-concurrency", "4")
+    assert worker_ring_bytes(s3) == ring_bytes("s3", MIB, part_bytes=8 * MIB, concurrency=4) == 6 * 8 * MIB
+    redis = quick_settings("--storage-backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-pipeline", "5")
+    assert worker_ring_bytes(redis) == ring_bytes("redis", MIB, pipeline=5) == 5 * MIB  # --io-chunk-mb 1
+    assert worker_ring_bytes(quick_settings()) == 0

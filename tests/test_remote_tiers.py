@@ -124,6 +124,8 @@ def test_s3_round_trip_with_verify_and_close_deletes_only_its_objects(moto, conc
     # an entry three times this worker's ring of slots: obstore holds each slot until its part is sent, so
     # the ring is reused inside the entry and --verify sees whether a slot was rewritten too early
     big = 3 * len(store._ring().slots) * MIB
+    ring = store._ring()  # what the memory budget counts per worker is what the ring holds
+    assert len(ring.slots) * ring.slot_bytes == store.ring_bytes == (concurrency + 2) * 5 * MIB
     store.write("ring", big, bufs)
     assert store.read("ring", bufs, verify=True).nbytes == big
     assert any(k.endswith("/.kv-cache-run") for k in _objects(moto.url, bucket))  # the run's marker
@@ -143,6 +145,8 @@ def test_redis_round_trip_with_verify_and_close_deletes_only_its_keys(redis_serv
     assert store.hiredis == bool(__import__("redis").utils.HIREDIS_AVAILABLE)
     bufs = _bufs()
     _round_trip(store, bufs)
+    ring = store._tls.ring  # entries of 3 chunks and more: the ring grew to all its slots, what the budget counts
+    assert len(ring.slots) * ring.slot_bytes == store.ring_bytes == 3 * MIB
     assert r.dbsize() > 1
     store.close()
     assert r.keys("*") == [b"someone-elses"]

@@ -4,18 +4,25 @@
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
   PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
   Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
-  (at least MIN_OPS each, the first not counted), then as many read them back; the count is the smallest whose write rate reaches
-  PROBE_FRACTION of the best write rate, or that for reads, whichever is larger; then halved while half
-  the count keeps PROBE_FRACTION of its write rate and of its read rate (both: the count one direction
-  set may be what the other needs), measured in CONFIRM_PAIRS alternating pairs (the machine may be
-  noisy). `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
-  A run shorter than PROBE_MIN_RUN_S is not probed (the probe would rival its window).
+  (at least MIN_OPS each, the first not counted), then as many read them back; then a second pass, the
+  counts in descending order (a drift of the machine's load is in both passes' mean alike). The rule
+  (`plateau`) judges one figure, the rate of writing bytes and reading them back (`mixed_rate`): the
+  count is the smallest that no larger count beats by more than 5 % (1/PROBE_FRACTION) beyond the noise
+  (PROBE_Z standard errors of the difference of the mean log rates; the noise of one figure pooled from
+  the counts measured more than once, `noise`). A count is as good as a larger one unless the larger is
+  shown better: the smallest count of a noisy plateau; the top of a real rise however far. The
+  comparison the choice hangs on most narrowly (`closest_call`) is measured again in CONFIRM_PAIRS
+  alternating pairs, and the rule applied again, up to CONFIRM_ROUNDS times, while the budget has room.
+  `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
+  The whole probe keeps to a wall-clock budget (probe_budget_s). A run shorter than PROBE_MIN_RUN_S is
+  not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
   two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
   count is one per user up to DEFAULT_MAX_WORKERS, as before.
-- Memory: each worker holds a read and a write buffer of one chunk. The buffers may take at most
-  WORKER_MEMORY_FRACTION of what the run's RAM tiers may use (serving/tiers.py ram_budget_bytes); a count
-  beyond that is clamped with a warning and a note, or refused (exit 2) under --strict-memory.
+- Memory: each worker holds a read and a write buffer of one chunk, and on a remote tier its slot ring
+  (storage/remote.py ring_bytes). They may take at most WORKER_MEMORY_FRACTION of what the run's RAM
+  tiers may use (serving/tiers.py ram_budget_bytes); a count beyond that is clamped with a warning and a
+  note, or refused (exit 2) under --strict-memory; a budget that limits the probe's counts is warned of.
 
 The run reports the count, how it was chosen and the probe's figures (measurement.io_workers_choice).
 """
@@ -23,6 +30,7 @@ The run reports the count, how it was chosen and the probe's figures (measuremen
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +45,11 @@ from kv_cache.storage.buffers import WorkerBuffers
 log = logging.getLogger("kv_cache")
 
 PROBE_COUNTS = (1, 2, 4, 8, 16, 32)
-PROBE_SECONDS = 0.3  # per count and direction: the whole probe is about 4 s
-CONFIRM_PAIRS = 3  # alternating pairs per step-down check
+PROBE_SECONDS = 0.2  # per count and direction, in each of two passes: the passes take about 9 s here
+CONFIRM_PAIRS = 3  # alternating pairs per confirmation of the chosen count against a larger one
+CONFIRM_ROUNDS = 3  # confirmations at most (each may move the count, and so call for another)
+PROBE_Z = 1.645  # standard errors a larger count must be better by, beyond the 5 % margin (one-sided 95 %)
+NOISE_FLOOR = 0.01  # the least relative noise of one figure the rule assumes
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
 PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
@@ -49,6 +60,7 @@ MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
 RESERVE_BYTES = 256 << 20
 GIB = float(1 << 30)
 KEYS = ("write_gibps", "read_gibps")
+MIXED = "mixed_gibps"  # the rule's figure: each byte written once and read back once (see mixed_rate)
 
 
 @dataclass
@@ -63,6 +75,7 @@ class WorkerChoice:
 
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "how": self.how, "probe": self.probe, "probe_fraction": PROBE_FRACTION,
+                "probe_z": PROBE_Z, "noise": noise(self.probe) if self.probe else None,
                 "clamped": self.clamped, "memory_cap": self.memory_cap}
 
     def line(self) -> str:
@@ -108,39 +121,46 @@ def step_estimate(n: int, gibps: float, nbytes: int, seconds: float) -> float:
     return max(seconds, n * MIN_OPS * nbytes / (gibps * GIB))
 
 
-def probe_text(rows: list[dict[str, float]]) -> str:
-    """'probe GiB/s write/read 1: 0.40/0.90, 2: ...'."""
-    first = [r for r in rows if not r.get("confirm")]
-    text = "probe GiB/s write/read " + ", ".join(
-        f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}" for r in first)
-    for r in rows:
-        if r.get("confirm"):
-            text += (f"; {r['workers']} vs {r['vs']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f} vs "
-                     f"{r.get('vs_write_gibps', 0):.2f}/{r.get('vs_read_gibps', 0):.2f}")
-    return text
+def probe_text(rows: list[dict[str, Any]]) -> str:
+    """'probe GiB/s write/read 1: 0.40/0.90, 2: ...; again 32: ..., 16: ...; pairs 16: .../..., 8: ...'."""
+    def fig(r: dict[str, Any]) -> str:
+        return f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}"
+
+    text = "probe GiB/s write/read " + ", ".join(fig(r) for r in rows if not r.get("confirm") and r.get("pass", 1) == 1)
+    again = [fig(r) for r in rows if r.get("pass") == 2]
+    pairs = [fig(r) for r in rows if r.get("confirm")]
+    return text + ("; again " + ", ".join(again) if again else "") + ("; pairs " + ", ".join(pairs) if pairs else "")
 
 
-def buffer_bytes(workers: int, chunk_bytes: int) -> int:
-    """What `workers` workers' buffers hold: a read and a write buffer of one chunk each."""
-    return 2 * chunk_bytes * max(0, workers)
+def buffer_bytes(workers: int, chunk_bytes: int, ring: int = 0) -> int:
+    """What `workers` workers' buffers hold: a read and a write buffer of one chunk each, and `ring`
+    bytes each of the remote tier's slot ring (storage/remote.py ring_bytes; 0 on the file tiers)."""
+    return (2 * chunk_bytes + max(0, ring)) * max(0, workers)
 
 
-def memory_cap(chunk_bytes: int, limit: MemoryLimit) -> int:
-    """The most workers whose buffers fit in WORKER_MEMORY_FRACTION of the RAM budget (at least 1)."""
+def memory_cap(chunk_bytes: int, limit: MemoryLimit, ring: int = 0) -> int:
+    """The most workers whose buffers (and slot rings) fit in WORKER_MEMORY_FRACTION of the RAM budget
+    (at least 1)."""
     if chunk_bytes <= 0:
         return 1 << 30
     budget = max(0, int(MEMORY_FRACTION * limit.available) - RESERVE_BYTES)
-    return max(1, int(WORKER_MEMORY_FRACTION * budget) // buffer_bytes(1, chunk_bytes))
+    return max(1, int(WORKER_MEMORY_FRACTION * budget) // buffer_bytes(1, chunk_bytes, ring))
+
+
+def per_worker_text(chunk_bytes: int, ring: int) -> str:
+    """'2 x 16 MiB each' or '2 x 16 MiB + a 128 MiB slot ring each'."""
+    text = f"2 x {chunk_bytes >> 20} MiB"
+    return text + (f" + a {ring / (1 << 20):.0f} MiB slot ring" if ring > 0 else "") + " each"
 
 
 def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, notes: list[str],
-            flag: str = "--io-workers", quiet: bool = False) -> tuple[int, str | None]:
+            flag: str = "--io-workers", quiet: bool = False, ring: int = 0) -> tuple[int, str | None]:
     """`requested` workers, or the most that fit (with a warning and a note); refused under `strict`."""
-    cap = memory_cap(chunk_bytes, limit)
+    cap = memory_cap(chunk_bytes, limit, ring)
     if requested <= cap:
         return requested, None
-    need = buffer_bytes(requested, chunk_bytes)
-    room = (f"{requested} I/O workers need {need / GIB:.2f} GiB of buffers (2 x {chunk_bytes >> 20} MiB each), "
+    need = buffer_bytes(requested, chunk_bytes, ring)
+    room = (f"{requested} I/O workers need {need / GIB:.2f} GiB of buffers ({per_worker_text(chunk_bytes, ring)}), "
             f"more than {WORKER_MEMORY_FRACTION:.0%} of the memory the run may use ({MEMORY_FRACTION:.0%} of "
             f"{limit.describe()}, less {RESERVE_BYTES >> 20} MiB reserve)")
     if strict:
@@ -207,10 +227,13 @@ def steady_rate(ends: list[list[tuple[float, int]]]) -> float:
 def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PROBE_COUNTS,
           seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
           directions: tuple[str, ...] = ("write", "read"),
-          budget: ProbeBudget | None = None) -> list[dict[str, float]]:
+          budget: ProbeBudget | None = None, known: dict[int, float] | None = None,
+          label: str = "") -> list[dict[str, float]]:
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
     "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
-    left of it (estimated from the count before it, step_estimate) is not probed, nor any after it.
+    left of it (estimated, step_estimate, from the rate `known` at that count, a pass before, else from
+    the count before it) is not probed, nor any after it; with `known` (the descending second pass, whose
+    counts after it cost less) the counts after it still are, where they fit.
 
     Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
     MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
@@ -233,10 +256,14 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
         for n in counts:
             if stop is not None and stop.is_set():
                 break
-            if budget is not None and rows:
-                est = len(directions) * step_estimate(n, rows[-1]["write_gibps"], nbytes, seconds)
+            rate = (known or {}).get(n) or (rows[-1]["write_gibps"] if rows else 0.0)
+            if budget is not None and (rows or known):
+                est = len(directions) * step_estimate(n, rate, nbytes, seconds)
                 if not budget.fits(est):
-                    budget.cut = f"{n} workers and more (about {est:.0f} s more)"
+                    if known is not None:  # a later pass, descending: the smaller counts after it cost less
+                        budget.cut = budget.cut or f"{label}{n} workers (about {est:.0f} s more)"
+                        continue
+                    budget.cut = budget.cut or f"{label}{n} workers and more (about {est:.0f} s more)"
                     break
             gibps, elapsed = _timed(n, seconds, write, stop, release)
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
@@ -266,72 +293,142 @@ def both_rates(store: Any, chunk_bytes: int, seed: int, n: int, seconds: float,
     return {k: rows[0][k] for k in KEYS if rows and k in rows[0]}
 
 
-def decide(rows: list[dict[str, float]], measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
-           stop: threading.Event | None = None) -> tuple[int, list[dict]]:
-    """The rule, on the probe's figures `rows`: the smallest count reaching PROBE_FRACTION of the best
-    write rate, and that for reads, the larger of the two; then step_down from it, with `measure(n)` the
-    write and read rates at n workers. Returns the count and the step-down pairs' figures."""
+def mixed_rate(row: dict[str, Any]) -> float:
+    """The rate at which the tier writes bytes and reads them back, 2 / (1/write + 1/read) GiB/s, the
+    figure the rule judges: a run's storage bandwidth is its reads and writes together (a KV cache reads
+    back what it wrote), and one figure makes one comparison per pair of counts, not two, each a chance
+    for the noise to pass as a rise. 0 where either rate is missing."""
+    w, r = row.get("write_gibps") or 0.0, row.get("read_gibps") or 0.0
+    return 2 / (1 / w + 1 / r) if w > 0 and r > 0 else 0.0
+
+
+def figures(rows: list[dict[str, Any]], key: str = MIXED) -> dict[int, list[float]]:
+    """The natural logs of the `key` rates (MIXED: mixed_rate) measured at each count, over every row
+    (both passes and the confirmation pairs); a rate <= 0 (none measured) is left out."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        v = mixed_rate(r) if key == MIXED else r.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            out.setdefault(int(r["workers"]), []).append(math.log(v))
+    return out
+
+
+def noise(rows: list[dict[str, Any]]) -> float | None:
+    """The relative noise of one figure, from the counts measured more than once: each log mixed rate's
+    deviation from its count's mean, scaled by sqrt(k / (k - 1)) (k figures at that count), and the median
+    of their sizes over 0.6745 (a normal noise's median absolute deviation), at least NOISE_FLOOR. The
+    median, not the root mean square: one stalled step (a neighbour's burst on a shared disk; a write
+    figure of 0.11 GiB/s between two of 0.9) made the pooled standard deviation 39 % where the other
+    figures spread by 13 %, and at that noise no rise on the curve is beyond it. None where no count was
+    measured twice (then the rule has no interval and compares the figures as they are)."""
+    dev: list[float] = []
+    for logs in figures(rows).values():
+        k = len(logs)
+        if k > 1:
+            m = sum(logs) / k
+            dev += [abs(x - m) * math.sqrt(k / (k - 1)) for x in logs]
+    if not dev:
+        return None
+    dev.sort()
+    mid = len(dev) // 2
+    median = dev[mid] if len(dev) % 2 else (dev[mid - 1] + dev[mid]) / 2
+    return max(NOISE_FLOOR, median / 0.6745)
+
+
+def beat_score(big: list[float], small: list[float], sigma: float | None) -> float:
+    """How far the count with log rates `big` is better than the one with `small` beyond what the rule
+    asks (> 0: better beyond the noise): its mean log rate's excess over the smaller count's, less the
+    PROBE_FRACTION margin (log 1/0.95: 5 % more) and PROBE_Z standard errors of the difference (sigma x
+    sqrt(1/k_big + 1/k_small)). Without a noise figure (sigma None): less the margin alone."""
+    excess = sum(big) / len(big) - sum(small) / len(small) + math.log(PROBE_FRACTION)
+    se = sigma * math.sqrt(1 / len(big) + 1 / len(small)) if sigma else 0.0
+    return excess - PROBE_Z * se
+
+
+def plateau(rows: list[dict[str, Any]]) -> int:
+    """The rule on the figures alone: the smallest count that no larger count beats beyond the noise
+    (beat_score > 0: a mixed rate more than 5 % higher, by more than PROBE_Z standard errors). A count is
+    as good as a larger one unless the larger is shown better: on a noisy plateau that is the smallest
+    count of it; up a real rise, however far, the top of the rise (1 without figures)."""
+    sigma, figs = noise(rows), figures(rows)
+    counts = sorted(figs)
+    for n in counts:
+        if not any(beat_score(figs[m], figs[n], sigma) > 0 for m in counts if m > n):
+            return n
+    return 1
+
+
+def closest_call(rows: list[dict[str, Any]], count: int) -> tuple[int, int] | None:
+    """The comparison the rule's choice of `count` hangs on most narrowly, to be measured again, as
+    (smaller, larger): (`count`, the larger count nearest to beating it), or (the count below `count`, the
+    larger count that beats it by the least, whose beating put the choice above it): the one whose
+    beat_score is nearest 0. None where there is neither."""
+    sigma, figs = noise(rows), figures(rows)
+    if count not in figs:
+        return None
+    calls = [(abs(beat_score(figs[m], figs[count], sigma)), count, m) for m in figs if m > count]
+    below = [m for m in figs if m < count]
+    if below:
+        b = max(below)
+        beaters = [(beat_score(figs[m], figs[b], sigma), b, m) for m in figs if m > b]
+        beaters = [c for c in beaters if c[0] > 0]
+        if len(beaters) == 1:  # with two or more, one more look at one of them would not lift the count below
+            calls.append(beaters[0])
+    if not calls:
+        return None
+    _, small, big = min(calls)
+    return small, big
+
+
+def decide(rows: list[dict[str, Any]], measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
+           stop: threading.Event | None = None, rounds: int = CONFIRM_ROUNDS) -> tuple[int, list[dict]]:
+    """The rule (plateau) on the probe's figures `rows`, then confirmed where it is a close call: the
+    comparison it hangs on most narrowly (closest_call: the chosen count against the larger count nearest
+    to beating it, or the count below it against what beat that) is measured again in `pairs` alternating
+    pairs (the larger, the smaller, the larger, the smaller: the same drift in both), `measure(n)` giving
+    the write and read rates at n workers ({}: the budget has no room). The pairs' figures join the others
+    (and the noise figure) and the rule is applied again, `rounds` times at most. Returns the count and
+    the pairs' figures (rows marked "confirm", "vs": the count each was measured against)."""
     if not rows:
         return 1, []
-    picked = max(smallest_reaching(rows, k) for k in KEYS)
-    if picked <= 1:
-        return picked, []
-    return step_down(picked, measure, pairs, stop)
-
-
-def step_down(count: int, measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
-              stop: threading.Event | None = None) -> tuple[int, list[dict]]:
-    """Noise guard: while half of `count` does at least PROBE_FRACTION of what `count` does, for writes
-    and for reads alike (a count set by one direction may be what the other needs), measured in
-    alternating pairs (half, count, half, count: the same drift in both), take the half. `measure(n)`:
-    {"write_gibps", "read_gibps"} at n workers ({} or a missing key: none measured). Returns the count and
-    the pairs' mean figures ({"workers", "vs", key and "vs_" + key for each direction})."""
-    seen: list[dict] = []
-    while count > 1 and not (stop is not None and stop.is_set()):
-        half = count // 2
-        rates: dict[int, dict[str, list[float]]] = {half: {k: [] for k in KEYS}, count: {k: [] for k in KEYS}}
+    extra: list[dict] = []
+    count = plateau(rows)
+    for _ in range(rounds):
+        call = closest_call([*rows, *extra], count)
+        if call is None or (stop is not None and stop.is_set()):
+            break
+        small, big = call
+        got: list[dict] = []
         for _ in range(pairs):
-            for n in (half, count):
-                for k, v in measure(n).items():
-                    if k in rates[n]:
-                        rates[n][k].append(v)
-        keys = [k for k in KEYS if rates[half][k] and rates[count][k]]
-        if not keys:
+            pair = [(n, vs, measure(n)) for n, vs in ((big, small), (small, big))]
+            if not all(rates for _, _, rates in pair):
+                break
+            got += [{"workers": n, "vs": vs, "confirm": True, **rates} for n, vs, rates in pair]
+        if not got:
             break
-        row: dict[str, Any] = {"workers": half, "vs": count}
-        for k in keys:
-            row[k] = sum(rates[half][k]) / len(rates[half][k])
-            row[f"vs_{k}"] = sum(rates[count][k]) / len(rates[count][k])
-        seen.append(row)
-        if any(row[k] < PROBE_FRACTION * row[f"vs_{k}"] for k in keys):
-            break
-        count = half
-    return count, seen
-
-
-def smallest_reaching(rows: list[dict[str, float]], key: str, fraction: float = PROBE_FRACTION) -> int:
-    """The smallest probed count whose `key` rate is at least `fraction` of the best one."""
-    rated = [r for r in rows if key in r]
-    if not rated:
-        return 1
-    best = max(r[key] for r in rated)
-    return min(int(r["workers"]) for r in rated if r[key] >= fraction * best)
+        extra += got
+        count = plateau([*rows, *extra])
+    return count, extra
 
 
 def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
            notes: list[str], store: Any = None, seed: int = 0,
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
-           demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S) -> WorkerChoice:
+           demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S,
+           ring: int | None = None) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
-    probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory. `demand`
-    (> 0): the most requests that can be in flight at once (closed loop: one per user), above which a
-    probed count adds only buffers. `ranks` > 1: several ranks of one run (MPI, --processes) are not
-    probed: their probes would measure each other, and a rank waiting at a barrier meanwhile."""
-    cap = memory_cap(chunk_bytes, mem)
+    probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory: each
+    worker's two buffers and `ring` bytes of slot ring (None: the store's `ring_bytes`, 0 for a store
+    without one). `demand` (> 0): the most requests that can be in flight at once (closed loop: one per
+    user), above which a probed count adds only buffers. `ranks` > 1: several ranks of one run (MPI,
+    --processes) are not probed: their probes would measure each other, and a rank waiting at a barrier
+    meanwhile."""
+    ring = int(getattr(store, "ring_bytes", 0) or 0) if ring is None else ring
+    cap = memory_cap(chunk_bytes, mem, ring)
     if io_workers:
-        count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes)
+        count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes, ring=ring)
         how = "--io-workers"
-        rows: list[dict[str, float]] = []
+        rows: list[dict[str, Any]] = []
     else:
         counts = tuple(c for c in PROBE_COUNTS if c <= cap) or (1,)
         why_not = ("no storage tier to probe" if store is None or chunk_bytes <= 0 else
@@ -343,31 +440,44 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
             try:
                 budget = ProbeBudget(budget_s)
                 rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget)
+                known = {int(r["workers"]): min(r.get(k, 0.0) for k in KEYS) for r in rows}
+                again = probe(store, chunk_bytes, seed, tuple(sorted(known, reverse=True)), probe_seconds, stop,
+                              budget=budget, known=known, label="the second pass at ")  # descending: drift cancels
+                rows += [{**r, "pass": 2} for r in again]
 
-                def measure(n: int) -> dict[str, float]:  # one step-down figure, if the budget has room
-                    rated = [min(r.get(k, 0.0) for k in KEYS) for r in rows if r["workers"] == n]
-                    est = 2 * step_estimate(n, rated[0] if rated else 0.0, chunk_bytes, probe_seconds)
+                def measure(n: int) -> dict[str, float]:  # one confirmation figure, if the budget has room
+                    est = 2 * step_estimate(n, known.get(n, 0.0), chunk_bytes, probe_seconds)
                     if not budget.fits(est):
-                        budget.cut = budget.cut or f"the step-down at {n} workers (about {est:.0f} s more)"
+                        budget.cut = budget.cut or f"a confirmation at {n} workers (about {est:.0f} s more)"
                         return {}
                     return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop)
 
                 picked, pairs = decide(rows, measure, stop=stop)
-                rows = [*rows, *({"confirm": True, **p} for p in pairs)]
+                rows = [*rows, *pairs]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
                 why_not, rows = f"the probe failed: {exc}", []
                 notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
     if not io_workers and (why_not or not rows):
-        count, clamped = bounded(max(1, min(users, DEFAULT_MAX_WORKERS)), chunk_bytes, mem, False, notes, "auto:")
+        count, clamped = bounded(max(1, min(users, DEFAULT_MAX_WORKERS)), chunk_bytes, mem, False, notes, "auto:",
+                                 ring=ring)
         how = f"one per user up to {DEFAULT_MAX_WORKERS} ({why_not or 'the probe was stopped'})"
     elif not io_workers:
         count = picked
-        clamped = (f"the memory budget limited the probe to {counts[-1]} workers" if counts[-1] < PROBE_COUNTS[-1]
-                   else None)
-        how = (f"probe: the smallest of {', '.join(map(str, counts))} reaching {PROBE_FRACTION:.0%} of the best "
-               "write rate and of the best read rate of the storage tier, the larger of the two, then halved "
-               f"while the half reached {PROBE_FRACTION:.0%} of its write and read rates in {CONFIRM_PAIRS} "
-               "alternating pairs")
+        sigma = noise(rows)
+        clamped = None
+        if counts[-1] < PROBE_COUNTS[-1]:
+            clamped = (f"the memory budget ({per_worker_text(chunk_bytes, ring)}) limited the probe to "
+                       f"{counts[-1]} workers")
+            log.warning("I/O workers: %s", clamped)
+            notes.append(f"I/O workers: {clamped}")
+        how = (f"probe of {', '.join(map(str, counts))} in two passes: the smallest count no larger one beats by "
+               f"more than {1 / PROBE_FRACTION - 1:.0%} beyond the noise ({PROBE_Z:g} standard errors; one "
+               f"figure's noise {'unknown' if sigma is None else f'{sigma:.0%}'}), in the rate of writing bytes "
+               "and reading them back")
+        confirmed = sorted({(int(r["workers"]), int(r["vs"])) for r in rows if r.get("confirm")})
+        if confirmed:
+            how += "; checked again in alternating pairs: " + ", ".join(
+                f"{min(a, b)} vs {max(a, b)}" for a, b in sorted({(min(a, b), max(a, b)) for a, b in confirmed}))
         if budget.cut:
             how += f"; the probe's {budget.seconds:.0f} s budget left out {budget.cut}"
         if 0 < demand < count:
@@ -379,9 +489,10 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     return WorkerChoice(max(1, count), how, rows, clamped, cap)
 
 
-def provisional(io_workers: int, users: int, chunk_bytes: int, mem: MemoryLimit, strict: bool) -> int:
+def provisional(io_workers: int, users: int, chunk_bytes: int, mem: MemoryLimit, strict: bool, ring: int = 0) -> int:
     """The most workers the run may end up with (what the RAM tiers' budget keeps room for before the
-    probe runs): --io-workers bounded by memory, else the probe's largest count (or one per user)."""
+    probe runs): --io-workers bounded by memory (buffers and `ring` bytes of slot ring each), else the
+    probe's largest count (or one per user)."""
     if io_workers:
-        return bounded(io_workers, chunk_bytes, mem, strict, [], quiet=True)[0]
-    return min(max(PROBE_COUNTS[-1], min(users, DEFAULT_MAX_WORKERS)), memory_cap(chunk_bytes, mem))
+        return bounded(io_workers, chunk_bytes, mem, strict, [], quiet=True, ring=ring)[0]
+    return min(max(PROBE_COUNTS[-1], min(users, DEFAULT_MAX_WORKERS)), memory_cap(chunk_bytes, mem, ring))

@@ -57,6 +57,7 @@ from kv_cache.storage.remote import (
     marker_json,
     new_run_name,
     release_thread_ring,
+    ring_bytes,
     stale_owner,
     tls_refused,
     tls_verification_failure,
@@ -104,6 +105,7 @@ class RedisStore(SizedStore):
         self.url = url
         self.chunk_bytes = int(chunk_bytes)
         self.pipeline = max(1, int(pipeline))
+        self.ring_bytes = ring_bytes("redis", self.chunk_bytes, pipeline=self.pipeline)  # the most a worker's slots hold
         self.stats = RemoteStats()
         self._tls = threading.local()
         self._slots: list[Any] = []

@@ -452,6 +452,24 @@ class RemoteStats:
                     "stopped_answering": self.stopped_answering, "abandoned_at_stop_signal": self.abandoned_at_signal}
 
 
+def s3_ring_slots(concurrency: int) -> int:
+    """The slots of an S3 writing thread's ring: `concurrency` parts in flight + 2 (see SlotRing)."""
+    return max(1, int(concurrency)) + 2
+
+
+def ring_bytes(backend: str, chunk_bytes: int, *, pipeline: int = 8, part_bytes: int = 8 << 20,
+               concurrency: int = 4) -> int:
+    """The most one I/O worker's slot ring holds beside its two buffers, what the memory budget counts
+    per worker (core/io_workers.py): S3, s3_ring_slots(concurrency) parts of `part_bytes`; Redis and
+    Valkey, `pipeline` chunks (made as a thread's writes need them: a worker that writes entries of
+    `pipeline` chunks or more grows to all of them); any other tier, none."""
+    if backend == "s3":
+        return s3_ring_slots(concurrency) * int(part_bytes)
+    if backend == "redis":
+        return max(1, int(pipeline)) * int(chunk_bytes)
+    return 0
+
+
 class SlotRing:
     """A thread's preallocated stamped slots (WorkerBuffers of the same pool, write side only), used in
     turn. S3: obstore's writer keeps a reference to each slot until its part is sent, at most `concurrency`

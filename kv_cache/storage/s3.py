@@ -61,6 +61,8 @@ from kv_cache.storage.remote import (
     marker_json,
     new_run_name,
     release_thread_ring,
+    ring_bytes,
+    s3_ring_slots,
     stale_owner,
 )
 from kv_cache.storage.s3_client import abort_uploads, ca_bundle, classify, credentials, import_obstore, region
@@ -106,6 +108,7 @@ class S3Store(SizedStore):
         self.bucket, self.endpoint = bucket, endpoint
         self.shown_endpoint = redacted(endpoint) if endpoint else endpoint  # what messages and results show
         self.part_bytes, self.concurrency = int(part_bytes), max(1, int(concurrency))
+        self.ring_bytes = ring_bytes("s3", chunk_bytes, part_bytes=self.part_bytes, concurrency=self.concurrency)
         self.stats = RemoteStats()
         self.base_prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         options: dict[str, Any] = {"timeout": "120s", "connect_timeout": "5s",
@@ -331,7 +334,8 @@ class S3Store(SizedStore):
         """This thread's ring of stamped slots, one part each (made on its first write, kept for the run)."""
         ring = getattr(self._tls, "ring", None)
         if ring is None:
-            ring = self._tls.ring = SlotRing(self.slot_bytes, self.concurrency + 2, threading.get_ident() & 0xFFFF)
+            ring = self._tls.ring = SlotRing(self.slot_bytes, s3_ring_slots(self.concurrency),
+                                             threading.get_ident() & 0xFFFF)
             with self._lock:
                 self._rings.append(ring)
         return ring

@@ -28,6 +28,7 @@ from kv_cache.benchmarks.standard.setup import (
     io_worker_count,
     run_phases,
     start_tracing,
+    worker_ring_bytes,
 )
 from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
@@ -273,7 +274,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
     workers = io_worker_count(settings)  # the most it may be: the RAM tiers keep room for their buffers
-    buffers = 2 * settings.storage.chunk_bytes * workers  # each worker's read + write buffer
+    buffers = (2 * settings.storage.chunk_bytes + worker_ring_bytes(settings)) * workers  # buffers + slot ring each
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
     run.run_id = shared_run_id(run.group)
     try:

@@ -28,6 +28,7 @@ from kv_cache.host.memlimit import process_memory_limit
 from kv_cache.metrics.recorder import GIB
 from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.settings.run import RunSettings
+from kv_cache.storage.remote import ring_bytes
 from kv_cache.workload.rag import build_documents
 
 log = logging.getLogger("kv_cache")
@@ -38,9 +39,22 @@ def io_worker_count(settings: RunSettings) -> int:
     core/io_workers.py, whose `choose` then gives the count itself once the tiers are open."""
     mem = process_memory_limit(settings.tiers.host_ranks)
     most = io_workers.provisional(settings.storage.io_workers, settings.workload.num_users,
-                                  io_chunk_bytes(settings), mem, settings.tiers.strict_memory)
+                                  io_chunk_bytes(settings), mem, settings.tiers.strict_memory,
+                                  ring=worker_ring_bytes(settings))
     limit = settings.driver.max_concurrent_allocs
     return max(1, min(most, limit) if limit > 0 else most)
+
+
+def worker_ring_bytes(settings: RunSettings) -> int:
+    """What each I/O worker's slot ring of the remote storage tier may hold beside its buffers (the same
+    figure as the opened store's `ring_bytes`: storage/remote.py ring_bytes); 0 on the file tiers and in
+    trace mode."""
+    chunk = io_chunk_bytes(settings)
+    r = settings.tiers.remote
+    if not chunk or r.storage_backend not in ("s3", "redis"):
+        return 0
+    return ring_bytes(r.storage_backend, chunk, pipeline=r.redis_pipeline, part_bytes=r.s3_part_mb << 20,
+                      concurrency=r.s3_concurrency)
 
 
 def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop: threading.Event,
@@ -54,7 +68,8 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop:
                              stop=stop, probe_seconds=io_workers.probe_seconds(settings.driver.duration,
                                                                     settings.driver.max_requests),
                              demand=closed_loop_demand(settings), ranks=ranks,
-                             budget_s=io_workers.probe_budget_s(settings.driver.duration))
+                             budget_s=io_workers.probe_budget_s(settings.driver.duration),
+                             ring=worker_ring_bytes(settings) if store is not None else 0)
 
 
 def closed_loop_demand(settings: RunSettings) -> int:
