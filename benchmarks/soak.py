@@ -55,6 +55,25 @@ def growth_mib_per_hour(samples: list[tuple[float, float]], until_s: float | Non
     return float(np.polyfit(t, r, 1)[0] * 3600)
 
 
+FLAT_PCT_PER_HOUR = 1.0
+
+
+def flatness(samples: list[tuple[float, float]], until_s: float | None = None) -> dict:
+    """The second half's slope as a share of its mean RSS per hour, the residuals' SD around the fitted
+    line (the per-sample noise), and whether the slope is under FLAT_PCT_PER_HOUR."""
+    kept = [s for s in samples if until_s is None or s[0] <= until_s]
+    half = kept[len(kept) // 2:]
+    if len(half) < 3:
+        return {}
+    t, r = np.array(half).T
+    slope, icpt = np.polyfit(t, r, 1)
+    pct = float(slope * 3600 / r.mean() * 100)
+    return {"growth_second_half_pct_of_rss_per_hour": pct,
+            "residual_sd_mib": float(np.std(r - (slope * t + icpt))),
+            "flat_definition": f"second-half slope < {FLAT_PCT_PER_HOUR:g} % of RSS per hour",
+            "flat": pct < FLAT_PCT_PER_HOUR}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path)
@@ -98,6 +117,9 @@ def main() -> None:
         "storage_errors_total": meas.get("storage_errors_total"),
     }
     g = summary["growth_second_half_mib_per_hour"]
+    # "Flat": the second half's least-squares slope under FLAT_PCT_PER_HOUR of the RSS per hour (a 24-hour
+    # run then grows less than a quarter), with the per-minute noise (residuals' SD) beside it
+    summary.update(flatness(samples, args.duration))
     summary["projected_24h_rss_mib"] = (summary["rss_last_mib"] + g * (24 - args.duration / 3600)
                                         if g is not None and summary["rss_last_mib"] is not None else None)
     args.out.write_text(json.dumps(summary, indent=1))
@@ -105,6 +127,8 @@ def main() -> None:
           f"{summary['rss_max_mib']} MiB; growth over the second half {summary['growth_second_half_mib_per_hour']}"
           f" MiB/h (whole run {summary['growth_whole_run_mib_per_hour']}); projected at 24 h "
           f"{summary['projected_24h_rss_mib']} MiB; results peak RSS {summary['results_peak_rss_mib']} MiB; "
+          f"flat ({summary.get('flat_definition')}): {summary.get('flat')} "
+          f"({summary.get('growth_second_half_pct_of_rss_per_hour')} %/h, residual SD {summary.get('residual_sd_mib')} MiB); "
           f"written to {args.out}")
 
 

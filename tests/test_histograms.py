@@ -97,3 +97,100 @@ def test_time_series_rows_are_bounded_by_joining_neighbours(monkeypatch):
     assert sum(r["requests"] for r in rows) == 3 * ts.MAX_ROWS
     assert sum(r["seconds"] for r in rows) == pytest.approx(3 * ts.MAX_ROWS)
     assert rows[0]["storage_read_gibps"] == pytest.approx(1.0) and rows[0]["active_users"] == 10.0
+
+
+def test_time_series_rows_read_back_as_appended():
+    """Rows keeps each row's keys in order, its ints as ints and its floats bit for bit, so the results'
+    JSON is the same as from the dicts; a row with another kind of value is kept as it is."""
+    import json
+    import math
+
+    from kv_cache.metrics.timeseries import Rows
+
+    rows = [
+        {"t_s": 1.0, "seconds": 1.0, "requests": 7, "storage_read_ops": 3, "storage_read_bytes": (1 << 52) + 1,
+         "storage_read_gibps": 0.1 + 0.2, "storage_read_p50_ms": 1e-300, "queue_depth": 0, "active_users": 32},
+        {"t_s": 2.0, "seconds": 1.0, "requests": 0, "queue_depth": -0.0, "active_users": 32},
+        {"t_s": 3.0, "seconds": 1.0, "requests": 1, "in_flight": True},  # a bool stays a bool
+        {"t_s": 4.0, "seconds": 1.0, "requests": 1 << 60},  # past a double's exact ints: kept as it is
+        {"t_s": 5.0, "seconds": 1.0, "requests": 7, "storage_read_ops": 3, "storage_read_bytes": 5,
+         "storage_read_gibps": math.inf, "storage_read_p50_ms": 2.5, "queue_depth": 1, "active_users": 31},
+        {"t_s": 6.0, "seconds": 1.0, "note": "x", "requests": None},
+    ]
+    kept = Rows()
+    for r in rows:
+        kept.append(r)
+    assert len(kept) == len(rows) and kept == rows and kept[-1] == rows[-1] and kept[1:3] == rows[1:3]
+    assert json.dumps(list(kept)) == json.dumps(rows)
+    assert [list(r) for r in kept] == [list(r) for r in rows]  # key order
+    assert [[type(v) for v in r.values()] for r in kept] == [[type(v) for v in r.values()] for r in rows]
+    assert math.copysign(1, kept[1]["queue_depth"]) == -1
+    kept[0]["requests"] = 99  # a row read back is a copy: the series is not changed through it
+    assert kept[0]["requests"] == 7
+
+
+def test_time_series_rows_cost_a_fraction_of_dicts():
+    """The memory of 2,000 rows of the shape the recorder writes: Rows against a list of the dicts
+    (tracemalloc, deterministic for the same code)."""
+    import tracemalloc
+
+    from kv_cache.metrics import timeseries as ts
+
+    def row(i: int) -> dict:
+        series = ts.TimeSeries()
+        b = series.swap()
+        for tier in ("cpu", "storage"):
+            for op in ("read", "write"):
+                b.add_io(tier, op, 1 << 20 + i % 7, 1000 + i)
+        b.requests = i
+        return ts.bucket_row(i + 1.0, 1.0, b, {"queue_depth": i % 3, "in_flight": 2, "active_users": 32,
+                                               "occupancy_cpu_bytes": i << 20, "occupancy_storage_bytes": i << 21})
+
+    import json
+
+    made = [json.dumps(row(i)) for i in range(2000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        raw = [json.loads(r) for r in made]  # dicts with their own keys and floats, as bucket_row builds them
+        dict_bytes = tracemalloc.get_traced_memory()[0] - before
+        before = tracemalloc.get_traced_memory()[0]
+        compact = ts.Rows(raw)
+        rows_bytes = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert list(compact) == raw
+    assert rows_bytes / 2000 < 400 and rows_bytes * 4 < dict_bytes, (rows_bytes / 2000, dict_bytes / 2000)
+
+
+def test_a_run_list_takes_its_whole_cap_when_made_and_keeps_what_a_growing_one_keeps(monkeypatch):
+    """A recorder's list (cap <= PREALLOC_CAP) holds its memory from the start, so RSS does not rise while it
+    fills, and keeps the same values, reservoir and ring as a list that grows (a merge's)."""
+    import tracemalloc
+
+    from kv_cache.metrics import reservoir
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        s = LatencySamples(cap=1000, recent=16, seed=5)
+        made = tracemalloc.get_traced_memory()[0] - before
+        for v in range(1000):
+            s.append(v)
+        filled = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert made >= 8 * 1000 and filled - made < 1000, (made, filled)
+    monkeypatch.setattr(reservoir, "PREALLOC_CAP", 0)  # the same list, growing as it fills
+    grown = LatencySamples(cap=1000, recent=16, seed=5)
+    assert not grown._pre and s._pre
+    grown.extend(range(1000))
+    for a in (s, grown):
+        a.extend(range(1000, 5000))
+    assert s.values == grown.values and len(s) == len(grown) == 5000 and not s.exact
+    assert s.array().tolist() == grown.array().tolist() and s.since(4990).tolist() == grown.since(4990).tolist()
+    assert s[0] == grown[0] and s[-1] == grown[-1] and s[3:7] == grown[3:7] and list(s) == list(grown)
+    empty = LatencySamples(cap=10)
+    assert len(empty.values) == 0 and empty.array().tolist() == [] and not list(empty)
+    with pytest.raises(IndexError):
+        empty[0]

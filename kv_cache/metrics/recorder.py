@@ -389,7 +389,9 @@ class RunMetrics:
     # -- views --------------------------------------------------------------------------------
     def tier_op(self, tier: str, op: str) -> TierOpStats:
         with self._lock:
-            return self.io.get((tier, op)) or TierOpStats()
+            found = self.io.get((tier, op))
+        # none recorded: empty lists of cap 0 (a run's lists take their cap when made, 1.6 MiB each)
+        return found if found is not None else TierOpStats(LatencySamples(0), LatencySamples(0), LatencySamples(0))
 
     def snapshot_counters(self) -> dict[str, float]:
         with self._lock:

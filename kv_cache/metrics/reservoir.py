@@ -6,6 +6,12 @@ algorithm R, seeded: the same run keeps the same sample). With ``histogram=True`
 value into an HdrHistogram (metrics/histograms.py: within 0.1 %), which gives the percentiles once the
 reservoir is a sample. Its memory is bounded by `cap` (8 bytes a value) plus the histogram (264 KiB),
 whatever the run's length; `recent` adds a ring of the last values, for "since a mark" views.
+
+A list of at most PREALLOC_CAP values (every list of a run's recorder) takes its whole `cap` when it is
+made, zero-filled so that its pages are resident: a run's memory is then the same after 5 minutes as after
+24 hours, instead of rising for as long as the lists fill (1.6 MiB each; the per-QoS lists of the 1-hour
+soak at 120 req/s were still filling at its end). A merge's lists (results/merge.py EXACT_CAP) grow as
+they fill.
 """
 
 from __future__ import annotations
@@ -20,20 +26,23 @@ from kv_cache.metrics.histograms import new_histogram, record
 from kv_cache.metrics.stats import percentiles
 
 SAMPLE_CAP = 200_000  # values kept per list (1.6 MiB): beyond, a uniform reservoir of this many
+PREALLOC_CAP = SAMPLE_CAP  # a list of at most this many values is allocated whole when it is made
 RECENT = 8_192  # the ring of last values for the autoscaler's P95 since a mark
 
 
 class LatencySamples:
     """Count, sum and max of every value; the values while they fit in `cap`, a reservoir beyond."""
 
-    __slots__ = ("count", "sum", "max", "values", "cap", "hist", "_rng", "_ring", "_ring_n")
+    __slots__ = ("count", "sum", "max", "_buf", "_n", "_pre", "cap", "hist", "_rng", "_ring", "_ring_n")
 
     def __init__(self, cap: int = SAMPLE_CAP, *, histogram: bool = False, recent: int = 0, seed: int = 0):
         self.cap = int(cap)
         self.count = 0
         self.sum = 0
         self.max = 0
-        self.values = array("q")
+        self._pre = self.cap <= PREALLOC_CAP
+        self._buf = array("q", bytes(8 * self.cap)) if self._pre else array("q")  # written: resident now
+        self._n = 0  # values held (the first _n of _buf)
         self.hist = new_histogram() if histogram else None
         self._rng = random.Random(seed)
         self._ring = array("q", bytes(8 * recent)) if recent else None
@@ -48,13 +57,17 @@ class LatencySamples:
             record(self.hist, v)
         if self._ring is not None:
             self._ring[(self.count - 1) % self._ring_n] = v
-        vals = self.values
-        if len(vals) < self.cap:
-            vals.append(v)
+        n = self._n
+        if n < self.cap:
+            if self._pre:
+                self._buf[n] = v
+            else:
+                self._buf.append(v)
+            self._n = n + 1
         else:
             j = self._rng.randrange(self.count)
             if j < self.cap:
-                vals[j] = v
+                self._buf[j] = v
 
     def extend(self, values: Iterable[int]) -> None:
         for v in values:
@@ -63,8 +76,9 @@ class LatencySamples:
     def frombytes(self, raw: bytes) -> None:
         """Append int64s in the machine's byte order (what a merge hands over)."""
         vals = np.frombuffer(raw, dtype=np.int64)
-        if self.hist is None and self._ring is None and len(self.values) + len(vals) <= self.cap:
-            self.values.frombytes(raw)  # the common case of a merge: no per-value work
+        if not self._pre and self.hist is None and self._ring is None and self._n + len(vals) <= self.cap:
+            self._buf.frombytes(raw)  # the common case of a merge: no per-value work
+            self._n += len(vals)
             self.count += len(vals)
             self.sum += int(vals.sum()) if len(vals) else 0
             self.max = max(self.max, int(vals.max())) if len(vals) else self.max
@@ -80,21 +94,31 @@ class LatencySamples:
     def __bool__(self) -> bool:
         return self.count > 0
 
+    @property
+    def values(self) -> array:
+        """The held values (every value while `exact`): the list itself, or a copy of its filled part for a
+        list allocated whole."""
+        return self._buf[: self._n] if self._pre else self._buf
+
     def __iter__(self):
         """The held values (every value while `exact`)."""
         return iter(self.values)
 
     def __getitem__(self, i):
-        return self.values[i]
+        if isinstance(i, slice):
+            return self.values[i]
+        if not -self._n <= i < self._n:
+            raise IndexError("array index out of range")
+        return self._buf[i % self._n]
 
     @property
     def exact(self) -> bool:
         """Every value is still held (the reservoir has not started sampling)."""
-        return self.count == len(self.values)
+        return self.count == self._n
 
     def array(self) -> np.ndarray:
         """The held values (all of them while `exact`) as int64, without a copy."""
-        return np.frombuffer(self.values, dtype=np.int64) if len(self.values) else np.zeros(0, np.int64)
+        return np.frombuffer(self._buf, dtype=np.int64, count=self._n) if self._n else np.zeros(0, np.int64)
 
     def mean(self) -> float:
         return self.sum / self.count if self.count else 0.0

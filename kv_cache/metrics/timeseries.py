@@ -11,11 +11,16 @@ users). Rows are flat dicts, so they go straight into the results JSON and into 
 Bounded for long runs: past MAX_ROWS rows, neighbouring rows are joined two by two (their counts and bytes
 added, GiB/s recomputed, percentiles the higher of the two (an upper bound), gauges time-weighted), so a
 24-hour run keeps at most MAX_ROWS rows of 2**k seconds each (`seconds` says how long each row lasted).
+The rows are held compactly (`Rows`: 8 bytes a figure in one flat array, each row's keys shared with every
+row of the same shape): a row costs ~0.3 KiB, not the ~4 KiB of a dict with its own key strings and float
+objects, so the series adds ~1 MiB an hour to a run's memory, not ~15 MiB (measured in the 1-hour soak).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hdrh.histogram import HdrHistogram
@@ -67,6 +72,88 @@ def bucket_row(t_s: float, seconds: float, bucket: Bucket, gauges: dict[str, flo
     return row
 
 
+_EXACT_INT = 1 << 53  # an int a double holds exactly
+
+
+class Rows:
+    """A list of flat rows ({key: int | float}) in compact memory: every figure as a double in one flat
+    array, a row's shape (its keys in order and which were ints) stored once for all rows that share it.
+    Reading a row gives back a dict equal to the one appended, key order and int / float types included,
+    so the results' JSON is the same as from a list of the dicts (held by
+    tests/test_histograms.py::test_time_series_rows_read_back_as_appended). A row with any other value (a
+    bool, a string, None, an int past 2**53) is kept as it is."""
+
+    __slots__ = ("_vals", "_start", "_shape", "_shapes", "_shape_index", "_odd")
+
+    def __init__(self, rows: list[dict] | None = None) -> None:
+        self._vals = array("d")
+        self._start = array("q")  # where row i's figures start in _vals
+        self._shape = array("i")  # row i's shape (index in _shapes), -1: kept as it is in _odd
+        self._shapes: list[tuple[tuple[str, ...], tuple[bool, ...]]] = []  # (keys, is_int)
+        self._shape_index: dict[tuple[tuple[str, ...], tuple[bool, ...]], int] = {}
+        self._odd: dict[int, dict] = {}
+        for row in rows or ():
+            self.append(row)
+
+    def append(self, row: dict) -> None:
+        values = list(row.values())
+        is_int = []
+        for v in values:
+            t = type(v)
+            if t is int and -_EXACT_INT < v < _EXACT_INT:
+                is_int.append(True)
+            elif t is float:
+                is_int.append(False)
+            else:
+                self._odd[len(self._start)] = dict(row)
+                self._start.append(len(self._vals))
+                self._shape.append(-1)
+                return
+        shape = (tuple(row), tuple(is_int))
+        i = self._shape_index.get(shape)
+        if i is None:
+            i = self._shape_index[shape] = len(self._shapes)
+            self._shapes.append(shape)
+        self._start.append(len(self._vals))
+        self._shape.append(i)
+        self._vals.extend(values)
+
+    def _row(self, i: int) -> dict:
+        k = self._shape[i]
+        if k < 0:
+            return dict(self._odd[i])
+        keys, is_int = self._shapes[k]
+        s = self._start[i]
+        return {key: int(v) if whole else v
+                for key, whole, v in zip(keys, is_int, self._vals[s:s + len(keys)], strict=True)}
+
+    def __len__(self) -> int:
+        return len(self._start)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._row(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("row index out of range")
+        return self._row(i)
+
+    def __iter__(self) -> Iterator[dict]:
+        return (self._row(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Rows, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable)
+
+    def __repr__(self) -> str:
+        return f"Rows({list(self)!r})"
+
+
 class TimeSeries:
     """Double-buffered buckets: recording goes on into one while the other is turned into a row.
 
@@ -74,7 +161,7 @@ class TimeSeries:
     `close` (the percentile work) outside it."""
 
     def __init__(self) -> None:
-        self.rows: list[dict] = []
+        self.rows = Rows()
         self._open = Bucket()
         self._spare = Bucket()
 
@@ -95,7 +182,7 @@ class TimeSeries:
         closed.clear()
         self.rows.append(row)
         if len(self.rows) > MAX_ROWS:
-            self.rows = coarsen(self.rows)
+            self.rows = Rows(coarsen(list(self.rows)))
         return row
 
 
