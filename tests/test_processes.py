@@ -176,6 +176,40 @@ def test_a_rank_killed_in_the_window_leaves_a_merged_document_naming_it(tmp_path
 
 
 @pytest.mark.slow
+def test_a_rank_killed_after_its_periodic_document_is_merged_from_it_as_incomplete(tmp_path):
+    """With --partial-results-interval 1 each rank rewrites X_rank<r>.json with its window so far. SIGKILL of
+    rank 1 once its first periodic document is there (no timing race: the file is looked for, then the
+    process killed): rank 1's document survives, whole and INCOMPLETE, and the parent merges it as an
+    incomplete rank (measured until its last document) rather than naming rank 1 missing."""
+    proc = subprocess.Popen(_processes_cmd(tmp_path, "--partial-results-interval", "1", duration="8"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rank1 = tmp_path / "X_rank1.json"
+    try:
+        _wait_for(lambda: rank1.exists())
+        entry = _wait_for(lambda: next((tmp_path / "cache" / "rank1").glob("kv-cache-run-*/*.npy"), None))
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.RANKS_LOST, stderr[-3000:]
+    assert "Process 1 ended without its final results (killed by SIGKILL); its last periodic document" in stdout
+    doc1, rank0 = json.loads(rank1.read_text()), json.loads((tmp_path / "X_rank0.json").read_text())
+    assert doc1["partial_document"]["sequence"] >= 1 and doc1["verdict"] == "INCOMPLETE"
+    assert doc1["rank_status"] == "incomplete" and "no final document" in doc1["rank_status_reason"]
+    assert "partial_document" not in rank0 and rank0["stop_reason"] == "duration"
+    assert rank0["measurement"]["partial_documents"]["written"] >= 1  # what they cost, said
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["ranks"] == 2 and merged["missing_ranks"] == [] and merged["verdict"] == "INCOMPLETE"
+    [cut] = merged["incomplete_ranks"]
+    assert cut["rank"] == 1 and cut["ended"] == "killed by SIGKILL" and cut["sequence"] == doc1["partial_document"]["sequence"]
+    assert cut["measured_s"] == pytest.approx(doc1["measurement"]["window_seconds"])
+    assert not merged["window"]["kind"].startswith("common")
+    assert merged["totals"]["requests_completed"] == rank0["requests_completed"] + doc1["requests_completed"]
+    assert [x["rank"] for x in merged["ranks_not_to_average"]] == [1]
+
+
+@pytest.mark.slow
 def test_a_rank_that_fails_before_the_window_stops_the_others(tmp_path):
     """Rank 1's cache dir is a file: it fails at once, rank 0 stops at the window barrier instead of
     waiting there (or running its 300 s window); one line, exit 2."""

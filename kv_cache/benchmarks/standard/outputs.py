@@ -24,11 +24,12 @@ log = logging.getLogger("kv_cache")
 LOST_UNDER_MPI = "lost (an MPI process failure: killed, out of memory or crashed)"
 
 
-def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
+def write_outputs(settings: RunSettings, results: dict[str, Any], out, keep: bool = True) -> None:
     """The JSON (always, even when interrupted), the console report, the optional spreadsheet. An older file
     at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
-    printed and the results go to a fallback path that the message names."""
-    written = write_results(settings.outputs.output, results)
+    printed and the results go to a fallback path that the message names. `keep` False: the file there is
+    this run's own periodic document (benchmarks/standard/partial.py), which the final one replaces."""
+    written = write_results(settings.outputs.output, results, keep)
     print_report(results, out, closing=False)
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -50,6 +51,7 @@ from kv_cache.render.banner import ranks_lines
 from kv_cache.render.merged_table import integrity_sentence
 from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
+from kv_cache.results.partial import partial_until
 from kv_cache.results.run_document import INTERRUPTED_EARLY
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
 from kv_cache.results.write import write_document
@@ -531,13 +533,15 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
     saw a signal: a signal after the windows closed changes nothing."""
     n = len(procs)
     lost = {r: p.exitcode for r, p in enumerate(procs) if r not in ended.outcomes and r not in ended.errors}
+    periodic = _periodic_documents(settings, n, lost, ended)  # a lost rank's last periodic document, from disk
     missing = [r for r in range(n) if r not in ended.docs]
     outcomes = list(ended.outcomes.values())
     interrupted = any(ended.interrupted(r) for r in range(n))
     merged: dict[str, Any] | None = None
     if ended.docs:
         merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).outputs.output}
-                                  for r in sorted(ended.docs)], allow_missing=bool(missing))
+                                  for r in sorted(ended.docs)], allow_missing=bool(missing),
+                                 ended={r: _how(lost.get(r)) for r in periodic})
         merged = with_missing_ranks(merged, missing, n, lost)
         fractions = [float(d.get("window_fraction", 1.0)) for d in ended.docs.values()]
         merged.setdefault("window_fraction", min(fractions))  # the share of the window every rank measured
@@ -549,7 +553,11 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
         write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}",
                               xlsx_path=settings.outputs.xlsx_output)
     for r, code in lost.items():
-        out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
+        if r in periodic:
+            out.write(f"Process {r} ended without its final results ({_how(code)}); its last periodic document "
+                      f"(the window until {periodic[r]:.1f} s) is merged as an incomplete rank\n")
+        else:
+            out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
     if merged is not None:
         out.write(verdict_line(merged, settings, n, interrupted) + "\n")
     out.flush()
@@ -564,8 +572,31 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
         # rank could start its run: it ended without a word)
         storage_error=next((o.storage_error for o in outcomes if o.storage_error), None),
         passed=merged is not None and merged.get("verdict") == "PASS",  # (the verdict shown)
-        missing_ranks=tuple(missing) if lost else (),
+        missing_ranks=tuple(sorted({*missing, *periodic})) if lost else (),  # (lost, merged from a periodic one)
         fail_exit_code=settings.outputs.fail_exit_code)
+
+
+def _periodic_documents(settings: RunSettings, n: int, lost: Mapping[int, int | None], ended: _Ended) -> dict[int, float]:
+    """The lost ranks whose last periodic document is on disk (their X_rank<r>.json, written during the
+    window: benchmarks/standard/partial.py) and of this run (the run id of the ranks that reported): each is
+    added to `ended.docs`, to be merged as an incomplete rank. Returns rank -> the seconds it measured."""
+    run_ids = {d.get("run_id") for d in ended.docs.values()} - {None}
+    found: dict[int, float] = {}
+    for r in sorted(lost):
+        if r in ended.docs:
+            continue
+        path = rank_settings(settings, r, n).outputs.output
+        try:
+            with open(path, "rb") as fh:
+                doc = json.loads(fh.read())
+        except (OSError, ValueError):  # none (killed before its first one), or not a document
+            continue
+        until = partial_until(doc) if isinstance(doc, dict) else None
+        if until is None or (run_ids and doc.get("run_id") not in run_ids):
+            continue  # a final document of an earlier run at that path, or another run's
+        ended.docs[r] = doc
+        found[r] = float(until.get("measured_until_s") or 0.0)
+    return found
 
 
 def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrupted: bool) -> str:
@@ -584,6 +615,10 @@ def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrup
                    f"{settings.driver.duration} s window")
     if merged.get("missing_ranks"):
         why.append(f"process(es) {', '.join(map(str, merged['missing_ranks']))} of {n} missing")
+    gone = [x for x in merged.get("incomplete_ranks") or [] if x.get("sequence") is not None]
+    if gone:
+        why.append("; ".join(f"process {x['rank']} lost ({x.get('ended') or 'ended'}), merged from its last periodic "
+                             f"document ({float(x.get('measured_s') or 0.0):.1f} s of the window)" for x in gone))
     if not why:
         why.append(f"a process's window was cut short ({float(merged.get('window_fraction', 0.0)) * 100:.0f} % "
                    f"of the {settings.driver.duration} s window measured by every process)")
