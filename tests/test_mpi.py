@@ -379,6 +379,28 @@ def test_the_lowest_live_rank_merges_the_others_and_names_the_lost_ones(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X.json"]
 
 
+def test_the_lowest_live_rank_merges_a_lost_ranks_periodic_document_of_this_run(tmp_path):
+    """Under --with-ft ulfm a lost rank may have left its last periodic document at its rank file: the
+    lowest live rank merges it as an incomplete rank (not missing) when it is of this run's id, and names
+    the rank missing when it is another run's (an earlier killed run's file at the same path)."""
+    from kv_cache.results.partial import mark_partial
+
+    docs, _ = _ranks()
+    left = mark_partial(json.loads(json.dumps(docs[1])), 2.0, 10.0, 2000.0, 1.0, 2)
+    (tmp_path / "X_rank1.json").write_text(json.dumps(left))
+    out = io.StringIO()
+    assert write_merged(_settings(tmp_path), _Survivors(3, [1], [docs[0], docs[2]]), docs[0], out) == [1]
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["missing_ranks"] == [] and merged["verdict"] == "INCOMPLETE" and merged["ranks"] == 3
+    assert [(x["rank"], x["sequence"], x["ended"].startswith("lost (an MPI process failure"))
+            for x in merged["incomplete_ranks"]] == [(1, 2, True)]
+    assert "Merged results of 2 of 3 ranks and the last periodic document of rank(s) 1 (incomplete)" in out.getvalue()
+    (tmp_path / "X_rank1.json").write_text(json.dumps({**left, "run_id": "an-earlier-run"}))
+    os.remove(tmp_path / "X.json")
+    write_merged(_settings(tmp_path), _Survivors(3, [1], [docs[0], docs[2]]), docs[0], io.StringIO())
+    assert json.loads((tmp_path / "X.json").read_text())["missing_ranks"] == [1]
+
+
 def test_a_rank_lost_during_the_gather_is_ranks_lost_with_the_way_out(tmp_path):
     docs, _ = _ranks()
     with pytest.raises(RanksLost, match="kv-cache merge --allow-missing-ranks"):

@@ -3,7 +3,12 @@ schedule and end, and the merge of a rank that left only its periodic document."
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -254,3 +259,37 @@ def test_kv_cache_merge_of_a_periodic_rank_says_how_it_treats_it(tmp_path, capsy
     assert main(["merge", str(tmp_path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["verdict"] == INCOMPLETE and [x["rank"] for x in printed["incomplete_ranks"]] == [1]
+
+
+@pytest.mark.slow
+def test_a_one_process_run_sigkilled_in_its_window_leaves_its_periodic_document(tmp_path, capsys):
+    """An OOM kill of a one-process run (SIGKILL: no handler runs) once its first periodic document is there
+    (looked for, then killed: no timing race): the document at --output is whole, INCOMPLETE, says up to
+    when it measured, and `kv-cache report` reads it as an INCOMPLETE run."""
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "micro.yaml").write_text("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n"
+                                         "    hidden_dim: 512\n    num_heads: 4\n    kv_heads: 1\n    dtype: float16\n")
+    out = tmp_path / "X.json"
+    proc = subprocess.Popen([sys.executable, str(root / "kv-cache.py"), "--config", str(tmp_path / "micro.yaml"),
+                             "--model", "micro", "--num-users", "4", "--duration", "60", "--gpu-mem-gb", "0",
+                             "--cpu-mem-gb", "0", "--generation-mode", "none", "--io-chunk-mb", "1",
+                             "--cache-dir", str(tmp_path / "cache"), "--output", str(out),
+                             "--partial-results-interval", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.exists(), "no periodic document was written"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+    doc = json.loads(out.read_text())
+    assert is_partial(doc) and doc["verdict"] == INCOMPLETE and doc["overall_passed"] is False
+    assert doc["partial_document"]["measured_until_s"] >= 1 and doc["requests_completed"] == doc["total_requests"]
+    assert doc["recorder"]["requests"]["completed"] == doc["requests_completed"]
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    assert "STORAGE PERFORMANCE ASSESSMENT: INCOMPLETE" in capsys.readouterr().out

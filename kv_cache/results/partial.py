@@ -18,11 +18,13 @@ A merge takes it as an incomplete rank, never as a whole window (results/merge.p
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from typing import Any
 
 from kv_cache.results.verdict import mark_incomplete, mark_rank_status, window_fraction
 
-__all__ = ["PARTIAL_KEY", "PARTIAL_STOP", "is_partial", "mark_partial", "partial_until"]
+__all__ = ["PARTIAL_KEY", "PARTIAL_STOP", "is_partial", "mark_partial", "partial_until", "read_periodic"]
 
 PARTIAL_KEY = "partial_document"
 PARTIAL_STOP = "no final document (a periodic document of the window so far)"
@@ -68,3 +70,21 @@ def partial_until(doc: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(block, dict):
         return None
     return {k: block.get(k) for k in ("measured_until_s", "written_unix", "window_duration_s", "sequence")}
+
+
+def read_periodic(path: str, run_ids: Collection[str] = (), since_unix: float = 0.0) -> dict[str, Any] | None:
+    """The periodic document at `path` when it is one of this run's (written at or after `since_unix`, and
+    of one of `run_ids` when any is given): what a lost rank left, for the writer of the merged document.
+    None when there is none (killed before its first one), it does not parse, it is a final document, or it
+    is an earlier run's."""
+    try:
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    until = partial_until(doc) if isinstance(doc, dict) else None
+    if until is None or float(until.get("written_unix") or 0.0) < since_unix:
+        return None
+    if run_ids and doc.get("run_id") not in run_ids:
+        return None
+    return doc

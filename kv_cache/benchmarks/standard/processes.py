@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -51,7 +50,7 @@ from kv_cache.render.banner import ranks_lines
 from kv_cache.render.merged_table import integrity_sentence
 from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
-from kv_cache.results.partial import partial_until
+from kv_cache.results.partial import partial_until, read_periodic
 from kv_cache.results.run_document import INTERRUPTED_EARLY
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
 from kv_cache.results.write import write_document
@@ -323,6 +322,7 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     one came): each is passed on to the ranks still running and never raises, so whatever arrives, the
     ranks' documents are merged and written, and the status is what the ranks' outcomes say."""
     n = settings.driver.processes
+    started_unix = time.time()  # (a lost rank's periodic document must be written after this: this run's)
     ctx = mp.get_context("spawn")
     manager = SyncManager(ctx=ctx)
     manager.start(_manager_init)  # a terminal's Ctrl-C must not end the ranks' shared dict; a dead parent does
@@ -348,7 +348,7 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
             signals.collecting = False
         finally:
             manager.shutdown()
-        return _conclude(settings, procs, ended, out, signals)
+        return _conclude(settings, procs, ended, out, signals, started_unix)
     finally:
         signals.restore()
 
@@ -526,14 +526,15 @@ def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _P
     ended.console.show_banner()  # (a run that ended before its first tick)
 
 
-def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _ParentSignals) -> RunOutcome:
+def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _ParentSignals,
+              started_unix: float = 0.0) -> RunOutcome:
     """The merged document of the ranks that sent one (naming the missing ones), its verdict, then the
     outcome; the first rank's own error (not a broken barrier, which only follows another's failure) is
     raised. Interrupted means a rank's window was cut short (`_Ended.interrupted`), never that the parent
     saw a signal: a signal after the windows closed changes nothing."""
     n = len(procs)
     lost = {r: p.exitcode for r, p in enumerate(procs) if r not in ended.outcomes and r not in ended.errors}
-    periodic = _periodic_documents(settings, n, lost, ended)  # a lost rank's last periodic document, from disk
+    periodic = _periodic_documents(settings, n, lost, ended, started_unix)  # a lost rank's last one, from disk
     missing = [r for r in range(n) if r not in ended.docs]
     outcomes = list(ended.outcomes.values())
     interrupted = any(ended.interrupted(r) for r in range(n))
@@ -576,26 +577,22 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
         fail_exit_code=settings.outputs.fail_exit_code)
 
 
-def _periodic_documents(settings: RunSettings, n: int, lost: Mapping[int, int | None], ended: _Ended) -> dict[int, float]:
+def _periodic_documents(settings: RunSettings, n: int, lost: Mapping[int, int | None], ended: _Ended,
+                        started_unix: float) -> dict[int, float]:
     """The lost ranks whose last periodic document is on disk (their X_rank<r>.json, written during the
-    window: benchmarks/standard/partial.py) and of this run (the run id of the ranks that reported): each is
-    added to `ended.docs`, to be merged as an incomplete rank. Returns rank -> the seconds it measured."""
+    window: benchmarks/standard/partial.py) and of this run (written after `started_unix`, and of the run id
+    of the ranks that reported, if any did: a periodic document left there by an earlier killed run is not
+    this one's): each is added to `ended.docs`, to be merged as an incomplete rank. Returns rank -> the
+    seconds it measured."""
     run_ids = {d.get("run_id") for d in ended.docs.values()} - {None}
     found: dict[int, float] = {}
     for r in sorted(lost):
         if r in ended.docs:
             continue
-        path = rank_settings(settings, r, n).outputs.output
-        try:
-            with open(path, "rb") as fh:
-                doc = json.loads(fh.read())
-        except (OSError, ValueError):  # none (killed before its first one), or not a document
-            continue
-        until = partial_until(doc) if isinstance(doc, dict) else None
-        if until is None or (run_ids and doc.get("run_id") not in run_ids):
-            continue  # a final document of an earlier run at that path, or another run's
-        ended.docs[r] = doc
-        found[r] = float(until.get("measured_until_s") or 0.0)
+        doc = read_periodic(rank_settings(settings, r, n).outputs.output, run_ids, started_unix)
+        if doc is not None:
+            ended.docs[r] = doc
+            found[r] = float(partial_until(doc).get("measured_until_s") or 0.0)
     return found
 
 
