@@ -203,6 +203,14 @@ def test_a_document_that_cannot_be_built_is_counted_and_the_run_goes_on(tmp_path
     assert writer.written == 0 and writer.cost.failed == 1 and "KeyError" in writer.cost.last_error
     assert not writer.owns() and not (tmp_path / "X_rank0.json").exists()
 
+    def no_snapshot(elapsed, sequence):
+        raise RuntimeError("a bug in the snapshot")
+
+    writer = PartialDocuments(str(tmp_path / "X_rank0.json"), 1.0, 10.0, no_snapshot, lambda snap: {})
+    writer.tick(_tick(1))  # (on the scheduler thread: it must not raise into the driver's loop)
+    writer.close()
+    assert writer.cost.failed == 1 and "RuntimeError" in writer.cost.last_error and writer._thread is None
+
 
 def _periodic(rank, world, measured_s, start):
     """Rank `rank`'s periodic document: its recorder's snapshot at `measured_s` (the rank went on recording

@@ -54,6 +54,7 @@ class _Cost:
     snapshot_s: list[float] = field(default_factory=list)  # on the scheduler thread
     write_s: list[float] = field(default_factory=list)  # build + serialise + write + fsync + rename, own thread
     bytes_last: int = 0
+    bytes_total: int = 0
     skipped_busy: int = 0
     failed: int = 0
     last_error: str | None = None
@@ -92,7 +93,11 @@ class PartialDocuments:
                 return
         t0 = time.perf_counter()
         self._sequence += 1
-        job = self._take(tick.elapsed_s, self._sequence)
+        try:
+            job = self._take(tick.elapsed_s, self._sequence)
+        except Exception as exc:  # noqa: BLE001  (never the driver's loop: said once, counted)
+            self._failed(exc, "the periodic results document's snapshot failed")
+            return
         self.cost.snapshot_s.append(time.perf_counter() - t0)
         with self._ready:
             self._job = job
@@ -124,14 +129,15 @@ class PartialDocuments:
     def _write(self, job: Snapshot) -> None:
         t0 = time.perf_counter()
         try:
-            doc = mark_partial(self._build(job), job.elapsed_s, self.duration_s, time.time(), self.interval_s,
-                               job.sequence)
+            doc = mark_partial(self._build(job), job.metrics.window_seconds, self.duration_s, time.time(),
+                               self.interval_s, job.sequence)
             if self.written == 0:
                 self.kept_as = keep_existing(self.path)
             if self.kept_as:
                 doc["measurement"]["notes"].append(f"an earlier results file at {self.path} was kept as "
                                                    f"{self.kept_as}")
             self.cost.bytes_last = replace_document(self.path, doc)
+            self.cost.bytes_total += self.cost.bytes_last
             self.written += 1
         except OSError as exc:  # (a full disk: the run goes on; the final document has its own fallback)
             self.cost.failed += 1
@@ -140,11 +146,14 @@ class PartialDocuments:
                             exc.strerror or exc)
             self.cost.last_error = f"{exc.strerror or exc}"
         except Exception as exc:  # noqa: BLE001  (a bug must not stop the run: said once, with its traceback)
-            self.cost.failed += 1
-            if self.cost.last_error is None:
-                log.exception("the periodic results document could not be built")
-            self.cost.last_error = f"{type(exc).__name__}: {exc}"
+            self._failed(exc, "the periodic results document could not be built")
         self.cost.write_s.append(time.perf_counter() - t0)
+
+    def _failed(self, exc: Exception, what: str) -> None:
+        self.cost.failed += 1
+        if self.cost.last_error is None:
+            log.exception(what)
+        self.cost.last_error = f"{type(exc).__name__}: {exc}"
 
     # -- the run's end ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -168,10 +177,13 @@ class PartialDocuments:
             "path": self.path, "interval_s": self.interval_s, "written": self.written,
             "skipped_busy": self.cost.skipped_busy, "failed": self.cost.failed, "last_error": self.cost.last_error,
             "snapshot_ms": _stats_ms(snap), "build_and_write_ms": _stats_ms(write), "bytes_last": self.cost.bytes_last,
+            "bytes_total": self.cost.bytes_total,
             "note": ("the snapshot is taken on the scheduler thread (the recorder's lock held while its lists and "
                      "histograms are copied); the document is built and written on a thread of its own, whose "
                      "CPU time competes with the run's threads for the interpreter (GIL); a tick that came while "
-                     "it was still writing was skipped"),
+                     "it was still writing was skipped. bytes_total went to the results file's filesystem during "
+                     "the window: when that is the storage under test, its block-device counters include them "
+                     "(and this process's counters, so they are not taken for other I/O)"),
         }
 
 
