@@ -125,6 +125,7 @@ def test_reference_defaults():
         "storage_backend": "file", "s3_endpoint": None, "s3_bucket": None, "s3_prefix": "", "s3_part_mb": 8,
         "s3_concurrency": 4, "redis_url": None, "redis_pipeline": 8,
         "remote_grace_s": None, "remote_failover_s": None,  # None: the config's storage section (10 s, 30 s)
+        "partial_results_interval": 10.0,  # ours: the periodic INCOMPLETE document (0 = only at the end)
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's
@@ -208,6 +209,8 @@ def test_argparse_errors_are_one_line_exit_2(capsys, argv, fragment):
         ({"cache_dir": "/etc/kv_cache"}, "--cache-dir cannot be a system directory: /etc/kv_cache"),
         ({"io_chunk_mb": 0}, "--io-chunk-mb must be >= 1, got 0"),
         ({"io_workers": -1}, "--io-workers cannot be negative, got -1"),
+        ({"partial_results_interval": -1.0}, "--partial-results-interval cannot be negative, got -1"),
+        ({"partial_results_interval": float("nan")}, "--partial-results-interval must be a finite number, got nan"),
     ],
 )
 def test_each_validation_rule(overrides, message):

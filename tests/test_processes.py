@@ -176,6 +176,41 @@ def test_a_rank_killed_in_the_window_leaves_a_merged_document_naming_it(tmp_path
 
 
 @pytest.mark.slow
+def test_a_rank_killed_after_its_periodic_document_is_merged_from_it_as_incomplete(tmp_path):
+    """With --partial-results-interval 1 each rank rewrites X_rank<r>.json with its window so far. SIGKILL of
+    rank 1 once its first periodic document is there (no timing race: the file is looked for, then the
+    process killed): rank 1's document survives, whole and INCOMPLETE, and the parent merges it as an
+    incomplete rank (measured until its last document) rather than naming rank 1 missing."""
+    proc = subprocess.Popen(_processes_cmd(tmp_path, "--partial-results-interval", "1", duration="8"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rank1 = tmp_path / "X_rank1.json"
+    try:
+        _wait_for(lambda: rank1.exists())
+        entry = _wait_for(lambda: next((tmp_path / "cache" / "rank1").glob("kv-cache-run-*/*.npy"), None))
+        os.kill(int(RUN_DIR_NAME.fullmatch(entry.parent.name).group(1)), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.RANKS_LOST, stderr[-3000:]
+    assert "Process 1 ended without its final results (killed by SIGKILL); its last periodic document" in stdout
+    doc1, rank0 = json.loads(rank1.read_text()), json.loads((tmp_path / "X_rank0.json").read_text())
+    assert doc1["partial_document"]["sequence"] >= 1 and doc1["verdict"] == "INCOMPLETE"
+    assert doc1["rank_status"] == "incomplete" and "no final document" in doc1["rank_status_reason"]
+    assert "partial_document" not in rank0 and rank0["stop_reason"] == "duration"
+    assert rank0["measurement"]["partial_documents"]["written"] >= 1  # what they cost, said
+    merged = json.loads((tmp_path / "X.json").read_text())
+    assert merged["ranks"] == 2 and merged["missing_ranks"] == [] and merged["verdict"] == "INCOMPLETE"
+    [cut] = merged["incomplete_ranks"]
+    assert cut["rank"] == 1 and cut["ended"] == "killed by SIGKILL" and cut["sequence"] == doc1["partial_document"]["sequence"]
+    assert cut["measured_s"] == pytest.approx(doc1["measurement"]["window_seconds"])
+    assert not merged["window"]["kind"].startswith("common")
+    assert merged["totals"]["requests_completed"] == rank0["requests_completed"] + doc1["requests_completed"]
+    assert {x["rank"]: x["status"] for x in merged["ranks_not_to_average"]}[1] == "incomplete"  # (rank 0 may
+    # be there too, as failed, when a loaded host's latencies fail the criteria)
+
+
+@pytest.mark.slow
 def test_a_rank_that_fails_before_the_window_stops_the_others(tmp_path):
     """Rank 1's cache dir is a file: it fails at once, rank 0 stops at the window barrier instead of
     waiting there (or running its 300 s window); one line, exit 2."""
@@ -615,3 +650,30 @@ def test_the_banner_says_a_ranks_gpu_figure_is_the_hbm_of_all_its_gpus(quick_set
     lines = ranks_lines(settings, shares, sizes)
     assert lines[1].endswith("| GPU tier (HBM of all GPUs) 2.00 GiB")
     assert lines[3].endswith("| GPU tier (HBM of all GPUs) 4.00 GiB in force (asked 4.00)")
+
+
+def test_only_this_runs_periodic_document_of_a_lost_rank_is_merged(quick_settings, tmp_path):
+    """A lost rank's X_rank<r>.json is merged from only when it is a periodic document of this run: written
+    after the run started and of the run id the other ranks sent; a final document there, or a periodic
+    one an earlier killed run left, is not (the rank is then missing)."""
+    from kv_cache.benchmarks.standard import processes as app_processes
+    from kv_cache.results.partial import mark_partial
+
+    settings = quick_settings("--processes", "2", output=str(tmp_path / "X.json"))
+    path = tmp_path / "X_rank1.json"
+
+    def found(doc, started, others=("run-a",)):
+        path.write_text(json.dumps(doc))
+        ended = app_processes._Ended(console=None)
+        ended.docs = {0: {"run_id": others[0]}} if others else {}
+        return app_processes._periodic_documents(settings, 2, {1: -9}, ended, started), ended.docs
+
+    def periodic(run_id, written):
+        return mark_partial({"run_id": run_id, "measurement": {"notes": []}}, 3.0, 10.0, written, 1.0, 3)
+
+    assert found(periodic("run-a", 2000.0), 1000.0)[0] == {1: 3.0}
+    assert found(periodic("run-a", 2000.0), 1000.0)[1][1]["run_id"] == "run-a"
+    assert found(periodic("run-a", 500.0), 1000.0)[0] == {}  # written before this run started
+    assert found(periodic("run-b", 2000.0), 1000.0)[0] == {}  # another run's
+    assert found(periodic("run-b", 2000.0), 1000.0, others=())[0] == {1: 3.0}  # no rank said its run id
+    assert found({"run_id": "run-a", "verdict": "PASS"}, 1000.0)[0] == {}  # a final document

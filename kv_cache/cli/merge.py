@@ -49,7 +49,9 @@ def add_merge_flags(p: argparse.ArgumentParser) -> None:
                         "an existing file there is kept as PATH.1. For a section 6 score: written only when given")
     p.add_argument("--allow-missing-ranks", action="store_true",
                    help="merge the ranks there are when some are missing (the document names them in missing_ranks "
-                        "and lost_ranks; verdict INCOMPLETE)")
+                        "and lost_ranks; verdict INCOMPLETE). A rank whose file is INCOMPLETE (cut short, or its "
+                        "last periodic document: it died before its final one) is not missing: it is merged "
+                        "either way and named in incomplete_ranks with how long it measured")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object for scripts instead of the table: the path written, the merged "
                         "summary, verdict, window and per-rank rows")
@@ -114,6 +116,7 @@ def _json_object(merged: dict[str, Any], path: str, kept_as: str | None, error: 
     return {"path": path, "kept_as": kept_as, "error": error,
             "run_id": merged.get("run_id"), "ranks": merged.get("ranks"), "missing_ranks": merged.get("missing_ranks"),
             "ranks_expected": merged.get("ranks_expected"), "lost_ranks": merged.get("lost_ranks"),
+            "incomplete_ranks": merged.get("incomplete_ranks"),
             "verdict": merged.get("verdict"), "window_fraction": merged.get("window_fraction"),
             "window": merged.get("window"), "bandwidth_gibps": merged.get("bandwidth_gibps"),
             "percentile_method": merged.get("percentile_method"), "overall_passed": merged.get("overall_passed"),

@@ -418,6 +418,41 @@ class RunMetrics:
         computed, so the summary and the merged latency blocks sort each list once."""
         self._frozen = {}
 
+    def snapshot(self, at_ns: int | None = None) -> RunMetrics:
+        """A copy of everything recorded so far, as one consistent state (taken under the recorder's lock,
+        so no operation is half in it), with its window closed at `at_ns` (now): what a rank's periodic
+        document is built from while the run goes on recording into this one. The copy is memcpys of the
+        held lists and histograms (no per-value work); the time-series rows are shared (closed rows are
+        never changed; the caller is the thread that closes them). Not meant to be recorded into."""
+        snap = RunMetrics.__new__(RunMetrics)
+        with self._lock:
+            end = time.perf_counter_ns() if at_ns is None else at_ns
+            snap.__dict__.update(
+                sample_cap=self.sample_cap, _request_histograms=self._request_histograms, _lock=threading.Lock(),
+                window_start_ns=self.window_start_ns,
+                window_end_ns=self.window_end_ns if self.window_end_ns is not None else end,
+                io=defaultdict(snap._new_op_stats, {
+                    k: TierOpStats(s.total_ns.copy(), s.device_ns.copy(), s.host_ns.copy(), s.ops, s.bytes,
+                                   s.device_bytes, s.busy_ns, s.partial_bytes) for k, s in self.io.items()}),
+                io_by_cause=defaultdict(lambda: [0, 0], {k: list(v) for k, v in self.io_by_cause.items()}),
+                counters=defaultdict(int, self.counters),
+                requests=RequestStats(*(getattr(self.requests, f"{n}_ns").copy()
+                                        for n in ("e2e", "storage", "generation", "prefill", "decode")),
+                                      self.requests.completed, self.requests.tokens_generated,
+                                      self.requests.context_tokens),
+                qos_e2e_ns=defaultdict(_request_list(self.sample_cap, self._request_histograms),
+                                       {k: v.copy() for k, v in self.qos_e2e_ns.items()}),
+                late=defaultdict(int, self.late),
+                turns=defaultdict(lambda: [0, 0, 0, 0], {k: list(v) for k, v in self.turns.items()}),
+                errors=defaultdict(int, self.errors), first_error=self.first_error,
+                storage_errors=defaultdict(int, self.storage_errors),
+                storage_retries=defaultdict(int, self.storage_retries),
+                verify_mismatches=self.verify_mismatches, edge=defaultdict(int, self.edge), _edge_seen=set(),
+                histograms={k: _copy_histogram(h) for k, h in self.histograms.items()},
+                series=self.series.snapshot(), _bucket_start_ns=self._bucket_start_ns,
+                subsampled=set(self.subsampled), _frozen=None)
+        return snap
+
     # -- the recorder as data (a rank's document carries it; a merge adds the ranks' up) -------------
     def state(self) -> dict:
         """Everything this recorder holds except the sample lists, histograms and time series (which
@@ -496,6 +531,12 @@ class RunMetrics:
             if h is None:
                 h = self.histograms[key] = new_histogram()
             h.add(decode(encoded))
+
+
+def _copy_histogram(h):
+    out = new_histogram()
+    out.add(h)
+    return out
 
 
 def _int64_bytes(values) -> bytes:

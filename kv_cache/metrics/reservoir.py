@@ -85,6 +85,20 @@ class LatencySamples:
             return
         self.extend(vals.tolist())
 
+    def copy(self) -> LatencySamples:
+        """A copy to read while this one goes on recording (a rank's periodic document): the count, sum,
+        max, held values and histogram as they are now (memcpys; no per-value work). The copy keeps no
+        ring of recent values and is not meant to be appended to."""
+        other = LatencySamples.__new__(LatencySamples)
+        other.cap, other.count, other.sum, other.max = self.cap, self.count, self.sum, self.max
+        other.values = array("q", self.values)
+        other.hist = None
+        if self.hist is not None:
+            other.hist = new_histogram()
+            other.hist.add(self.hist)
+        other._rng, other._ring, other._ring_n = self._rng, None, 0
+        return other
+
     def clear(self) -> None:
         self.__init__(self.cap, histogram=self.hist is not None, recent=self._ring_n if self._ring else 0)
 

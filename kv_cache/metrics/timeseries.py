@@ -171,6 +171,13 @@ class TimeSeries:
     def add_request(self) -> None:
         self._open.requests += 1
 
+    def snapshot(self) -> TimeSeries:
+        """The closed rows so far (a copy of the list; rows are never changed once closed), with empty
+        buckets: what a snapshot of the recorder carries (RunMetrics.snapshot)."""
+        other = TimeSeries()
+        other.rows = list(self.rows)
+        return other
+
     def swap(self) -> Bucket:
         """Start a new bucket; returns the closed one (to be passed to `close`)."""
         closed, self._open = self._open, self._spare

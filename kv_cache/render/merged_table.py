@@ -39,6 +39,12 @@ def merged_table(doc: dict[str, Any]) -> str:
         lines.append(f"  percentiles of some lists from the {FROM_HISTOGRAMS} ({PRECISION})")
     if doc.get("missing_ranks"):
         lines.append(f"  MISSING rank(s): {', '.join(map(str, doc['missing_ranks']))}")
+    for x in doc.get("incomplete_ranks") or []:  # measured up to when: none of its figures is a full window
+        periodic = x.get("sequence") is not None
+        lines.append(f"  INCOMPLETE rank {x['rank']}: measured {float(x.get('measured_s') or 0.0):.1f} s of the window"
+                     + (" (its last periodic document: it ended without its final one"
+                        + (f", {x['ended']}" if x.get("ended") else "") + ")" if periodic else " (cut short)")
+                     + "; its figures in the merge cover that part only")
     lines.append("  " + integrity_sentence(doc))
     per_rank = ((doc.get("integrity") or {}).get("per_rank") or {})
     lines.append(f"  {'rank':>4} {'window s':>9} {'requests':>8} {'read GiB/s':>10} {'write GiB/s':>11} "

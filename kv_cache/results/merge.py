@@ -53,6 +53,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument
 from kv_cache.results.integrity import audit_facts, facts_from_ours, merged_integrity
 from kv_cache.results.parameters import merged_settings_split
+from kv_cache.results.partial import partial_until
 from kv_cache.results.rank_files import (
     MergeError,
     check_one_run,
@@ -147,12 +148,15 @@ def _window(rows: Sequence[dict[str, Any]], missing: Sequence[int] = ()) -> dict
     overlap = max(0.0, min(ends) - max(starts))
     tolerance = max(0.5, COMMON_TOLERANCE * seconds)
     broke = [r["rank"] for r in rows if r.get("_closing_broke")]
+    cut = [r["rank"] for r in rows if r.get("verdict") == INCOMPLETE]
     unaligned = [r["rank"] for r, c in zip(rows, clocks, strict=True) if not c.get("barrier_aligned")]
     why = []
     if missing:
         why.append(f"rank(s) {', '.join(map(str, missing))} missing")
     if broke:
         why.append(f"the closing barrier broke on rank(s) {', '.join(map(str, broke))}")
+    if cut:
+        why.append(f"rank(s) {', '.join(map(str, cut))} incomplete (window cut short; see incomplete_ranks)")
     if not why and not unaligned and max(spread_start, spread_end) <= tolerance:
         kind = "common (barrier-aligned)"
     elif overlap > 0:
@@ -217,6 +221,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "_load": {k: doc.measurement.get(k) for k in ("requested_request_rate", "arrivals_offered",
                                                       "arrivals_not_offered", "generator_saturated")},
         "_closing_broke": any(CLOSING_BARRIER_BROKE in str(n) for n in doc.measurement.get("notes") or []),
+        "_partial": partial_until(d),  # a periodic document: the rank never wrote its final one
     }
 
 
@@ -424,8 +429,34 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     merged["integrity"] = merged_integrity({x["rank"]: x["_integrity"] for x in rows},
                                            audit_facts(facts_from_ours(merged)))
     conclude_merge(merged, missing, world, fraction, incomplete, ended)
+    merged["incomplete_ranks"] = incomplete_ranks(rows, ended)
     merged["ranks_not_to_average"] = ranks_not_to_average(rows, merged["lost_ranks"])
     return merged
+
+
+PERIODIC = "periodic (the rank ended without its final document: its last periodic one)"
+CUT_SHORT = "final (the rank's window was cut short: a signal, a storage error)"
+
+
+def incomplete_ranks(rows: Sequence[dict[str, Any]], ended: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The merged document's `incomplete_ranks`: each rank whose document is INCOMPLETE, up to when it was
+    measured (`measured_s` of its window, `measured_until_unix` its end on the wall clock), which document
+    it is (PERIODIC: the last one the rank wrote before it died, its `sequence` and `written_unix`; or
+    CUT_SHORT, its final one), and how it ended where the writer knows it (`ended`). Its figures are in the
+    merged totals for that part of the window only: no merged figure is a full window of it."""
+    out = []
+    for x in rows:
+        if x.get("verdict") != INCOMPLETE:
+            continue
+        partial = x.get("_partial")
+        out.append({"rank": x["rank"], "document": PERIODIC if partial else CUT_SHORT,
+                    "measured_s": x["window_seconds"], "measured_until_unix": (x.get("_window") or {}).get("end_unix"),
+                    "window_fraction": x.get("window_fraction"), "stop_reason": x.get("stop_reason"),
+                    "reason": x.get("rank_status_reason"),
+                    **({"sequence": partial.get("sequence"), "written_unix": partial.get("written_unix")}
+                       if partial else {}),
+                    **({"ended": ended[x["rank"]]} if ended and x["rank"] in ended else {})})
+    return out
 
 
 def _summed_process_io(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

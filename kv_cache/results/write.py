@@ -22,7 +22,12 @@ import numpy as np
 
 from kv_cache.host.files import atomic_target, keep_existing
 
-__all__ = ["Written", "fallback_path", "keep_existing", "write_document", "write_json_atomic"]
+__all__ = ["Written", "fallback_path", "keep_existing", "replace_document", "write_document", "write_json_atomic"]
+
+try:  # (a dependency; the standard library's json where it is missing)
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
 
 
 def _default(obj: Any) -> Any:
@@ -41,6 +46,21 @@ def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
         json.dump(data, fh, indent=4, default=_default, allow_nan=False)
         fh.write("\n")
     return Path(path)
+
+
+def replace_document(path: str | os.PathLike, data: dict[str, Any]) -> int:
+    """`data` as JSON at `path`, atomically (a temporary file in the same directory, fsync, rename: a reader
+    sees the old document or the new one, never a part), replacing what is there without keeping it: the
+    writer's own earlier version (a rank's periodic document, benchmarks/standard/partial.py). orjson, not
+    indented, to keep the writer's CPU time small. Returns the bytes written; an OSError is raised."""
+    if orjson is not None:
+        raw = orjson.dumps(data, default=_default,
+                           option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+    else:  # pragma: no cover
+        raw = (json.dumps(data, default=_default) + "\n").encode()
+    with atomic_target(path) as tmp, open(tmp, "wb") as fh:  # (host/files.py: fsync, rename, clean-up)
+        fh.write(raw)
+    return len(raw)
 
 
 @dataclass(frozen=True)

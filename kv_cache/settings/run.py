@@ -296,6 +296,12 @@ class OutputSettings:
         "--enable-latency-tracing", action="store_true",
         help="bpftrace block-layer and syscall latency histograms of this run (needs root and bpftrace; "
              "without them the run goes on and says why)."))
+    partial_results_interval: float = setting(10.0, flag=Flag(
+        "--partial-results-interval", type=float,
+        help="Every S seconds of the measured window (at its 1-second ticks), rewrite the results file (each "
+             "rank's) with the window so far, marked INCOMPLETE, so that a process killed before its end "
+             "(SIGKILL, out of memory) leaves what it measured; the final document replaces it (0 = only at "
+             "the end; default 10)."))
     fail_exit_code: bool = setting(False, flag=Flag(
         "--fail-exit-code", action="store_true",
         help="Exit 1 when the performance profile says FAIL (default: a completed run exits 0 whatever "

@@ -101,6 +101,10 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
             # (a wait past the platform's time_t would end in an OverflowError, after the banner)
             errors.append(f"{flag} exceeds {_duration_limit(limits.max_duration_seconds)}, got {delay:g}")
 
+    interval = get("partial_results_interval")
+    if interval is not None and finite("--partial-results-interval", interval) and interval < 0:
+        errors.append(f"--partial-results-interval cannot be negative, got {interval:g} (0 = only at the end)")
+
     for flag, name, limit in (
         ("--gpu-mem-gb", "gpu_mem_gb", limits.max_gpu_memory_gb),
         ("--cpu-mem-gb", "cpu_mem_gb", limits.max_cpu_memory_gb),

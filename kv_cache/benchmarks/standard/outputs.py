@@ -3,6 +3,7 @@ MPI the merged document that rank 0 writes from every rank's results."""
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 from typing import Any
@@ -14,21 +15,23 @@ from kv_cache.render.console import print_report, what_it_measured
 from kv_cache.render.merged_table import merged_table
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.outputs import write_results
+from kv_cache.results.partial import read_periodic
 from kv_cache.results.write import Written, write_document
 from kv_cache.settings.run import RunSettings
 
-__all__ = ["write_merged", "write_merged_document", "write_outputs"]
+__all__ = ["lost_rank_documents", "write_merged", "write_merged_document", "write_outputs"]
 
 log = logging.getLogger("kv_cache")
 
 LOST_UNDER_MPI = "lost (an MPI process failure: killed, out of memory or crashed)"
 
 
-def write_outputs(settings: RunSettings, results: dict[str, Any], out) -> None:
+def write_outputs(settings: RunSettings, results: dict[str, Any], out, keep: bool = True) -> None:
     """The JSON (always, even when interrupted), the console report, the optional spreadsheet. An older file
     at --output is kept under a suffix (said in the notes); if the JSON cannot be written where asked, the report is still
-    printed and the results go to a fallback path that the message names."""
-    written = write_results(settings.outputs.output, results)
+    printed and the results go to a fallback path that the message names. `keep` False: the file there is
+    this run's own periodic document (benchmarks/standard/partial.py), which the final one replaces."""
+    written = write_results(settings.outputs.output, results, keep)
     print_report(results, out, closing=False)
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)
@@ -60,8 +63,10 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
     Under MPI the live ranks first agree who they are (`survivors`, fault tolerant): when a rank was lost
     (killed, out of memory, crashed; the launcher let the others live: `mpirun --with-ft ulfm`), the lowest
     live rank merges the others' documents into one that names the missing ranks (`missing_ranks`,
-    `lost_ranks`, verdict INCOMPLETE). A rank lost during this gather too raises RanksLost: each rank's own
-    file is written by then, and `kv-cache merge --allow-missing-ranks` merges them afterwards."""
+    `lost_ranks`, verdict INCOMPLETE); a lost rank whose last periodic document it can read (its rank
+    file, this run's id: `lost_rank_documents`) is merged from it as an incomplete rank instead. A rank lost
+    during this gather too raises RanksLost: each rank's own file is written by then, and `kv-cache merge
+    --allow-missing-ranks` merges them afterwards."""
     world = group.size
     lost: list[int] = []
     survivors = getattr(group, "survivors", None)
@@ -78,13 +83,48 @@ def write_merged(settings: RunSettings, group: RankGroup, results: dict[str, Any
     if docs is None:
         return lost
     path = settings.merged_output or os.path.join(os.path.dirname(settings.outputs.output) or ".", "kvcache_merged.json")
-    merged = merge_documents(docs, allow_missing=bool(lost), ended={r: LOST_UNDER_MPI for r in lost})
+    periodic = lost_rank_documents(settings, lost, results.get("run_id"))
+    docs = [*docs, *({**doc, "_source": source} for source, doc in periodic.values())]
+    merged = merge_documents(docs, allow_missing=len(periodic) < len(lost), ended={r: LOST_UNDER_MPI for r in lost})
     if lost:
         what = f"Merged results of {world - len(lost)} of {world} ranks"
+        if periodic:
+            what += (f" and the last periodic document of rank(s) {', '.join(map(str, sorted(periodic)))} "
+                     "(incomplete)")
     else:
         what = f"Merged results of {world} ranks"
     write_merged_document(path, merged, out, what)
     return lost
+
+
+def lost_rank_documents(settings: RunSettings, lost: list[int], run_id: str | None) -> dict[int, tuple[str, dict]]:
+    """What each lost rank left where this rank can read it: its last periodic document (results/partial.py),
+    of this run's id, at its rank file (`X_rank<r>.json` beside the merged output, or the harness layout's
+    `<base>/rank_<r>/kvcache_results_*.json`, the newest first). Rank -> (path, document); a rank on another
+    host's disk is not found here (`kv-cache merge` adds it afterwards)."""
+    if not lost or not run_id:
+        return {}
+    found: dict[int, tuple[str, dict]] = {}
+    for r in lost:
+        for path in _rank_file_candidates(settings, r):
+            doc = read_periodic(path, (run_id,))
+            if doc is not None:
+                found[r] = (path, doc)
+                break
+    return found
+
+
+def _rank_file_candidates(settings: RunSettings, rank: int) -> list[str]:
+    out = []
+    merged = getattr(settings, "merged_output", None)
+    if merged:  # the rule cli/resolve.py names the ranks' files by
+        stem, dot, ext = merged.rpartition(".")
+        out.append(f"{stem}_rank{rank}.{ext}" if dot and "/" not in ext else f"{merged}_rank{rank}")
+    folder = os.path.dirname(os.path.abspath(settings.outputs.output))
+    if os.path.basename(folder).startswith("rank_"):  # mlperf_wrapper.py: <base>/rank_<N>/kvcache_results_<time>.json
+        out += sorted(glob.glob(os.path.join(os.path.dirname(folder), f"rank_{rank}", "kvcache_results_*.json")),
+                      reverse=True)
+    return out
 
 
 def write_merged_document(path: str, merged: dict[str, Any], out, what: str = "Merged results",

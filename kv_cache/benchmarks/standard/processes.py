@@ -50,6 +50,7 @@ from kv_cache.render.banner import ranks_lines
 from kv_cache.render.merged_table import integrity_sentence
 from kv_cache.render.progress import QUIET_LEVELS, make_progress
 from kv_cache.results.merge import merge_documents
+from kv_cache.results.partial import partial_until, read_periodic
 from kv_cache.results.run_document import INTERRUPTED_EARLY
 from kv_cache.results.verdict import INCOMPLETE, mark_missing_ranks
 from kv_cache.results.write import write_document
@@ -321,6 +322,7 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
     one came): each is passed on to the ranks still running and never raises, so whatever arrives, the
     ranks' documents are merged and written, and the status is what the ranks' outcomes say."""
     n = settings.driver.processes
+    started_unix = time.time()  # (a lost rank's periodic document must be written after this: this run's)
     ctx = mp.get_context("spawn")
     manager = SyncManager(ctx=ctx)
     manager.start(_manager_init)  # a terminal's Ctrl-C must not end the ranks' shared dict; a dead parent does
@@ -346,7 +348,7 @@ def run_processes(settings: RunSettings, out, setup_logging: Callable[[str], Non
             signals.collecting = False
         finally:
             manager.shutdown()
-        return _conclude(settings, procs, ended, out, signals)
+        return _conclude(settings, procs, ended, out, signals, started_unix)
     finally:
         signals.restore()
 
@@ -524,20 +526,23 @@ def _collect(procs: list, results: Any, barrier: Any, ended: _Ended, signals: _P
     ended.console.show_banner()  # (a run that ended before its first tick)
 
 
-def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _ParentSignals) -> RunOutcome:
+def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _ParentSignals,
+              started_unix: float = 0.0) -> RunOutcome:
     """The merged document of the ranks that sent one (naming the missing ones), its verdict, then the
     outcome; the first rank's own error (not a broken barrier, which only follows another's failure) is
     raised. Interrupted means a rank's window was cut short (`_Ended.interrupted`), never that the parent
     saw a signal: a signal after the windows closed changes nothing."""
     n = len(procs)
     lost = {r: p.exitcode for r, p in enumerate(procs) if r not in ended.outcomes and r not in ended.errors}
+    periodic = _periodic_documents(settings, n, lost, ended, started_unix)  # a lost rank's last one, from disk
     missing = [r for r in range(n) if r not in ended.docs]
     outcomes = list(ended.outcomes.values())
     interrupted = any(ended.interrupted(r) for r in range(n))
     merged: dict[str, Any] | None = None
     if ended.docs:
         merged = merge_documents([{**ended.docs[r], "_source": rank_settings(settings, r, n).outputs.output}
-                                  for r in sorted(ended.docs)], allow_missing=bool(missing))
+                                  for r in sorted(ended.docs)], allow_missing=bool(missing),
+                                 ended={r: _how(lost.get(r)) for r in periodic})
         merged = with_missing_ranks(merged, missing, n, lost)
         fractions = [float(d.get("window_fraction", 1.0)) for d in ended.docs.values()]
         merged.setdefault("window_fraction", min(fractions))  # the share of the window every rank measured
@@ -549,7 +554,11 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
         write_merged_document(settings.outputs.output, merged, out, f"Merged results of {what}",
                               xlsx_path=settings.outputs.xlsx_output)
     for r, code in lost.items():
-        out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
+        if r in periodic:
+            out.write(f"Process {r} ended without its final results ({_how(code)}); its last periodic document "
+                      f"(the window until {periodic[r]:.1f} s) is merged as an incomplete rank\n")
+        else:
+            out.write(f"Process {r} ended without its results ({_how(code)}); the others' results are kept\n")
     if merged is not None:
         out.write(verdict_line(merged, settings, n, interrupted) + "\n")
     out.flush()
@@ -564,8 +573,27 @@ def _conclude(settings: RunSettings, procs: list, ended: _Ended, out, signals: _
         # rank could start its run: it ended without a word)
         storage_error=next((o.storage_error for o in outcomes if o.storage_error), None),
         passed=merged is not None and merged.get("verdict") == "PASS",  # (the verdict shown)
-        missing_ranks=tuple(missing) if lost else (),
+        missing_ranks=tuple(sorted({*missing, *periodic})) if lost else (),  # (lost, merged from a periodic one)
         fail_exit_code=settings.outputs.fail_exit_code)
+
+
+def _periodic_documents(settings: RunSettings, n: int, lost: Mapping[int, int | None], ended: _Ended,
+                        started_unix: float) -> dict[int, float]:
+    """The lost ranks whose last periodic document is on disk (their X_rank<r>.json, written during the
+    window: benchmarks/standard/partial.py) and of this run (written after `started_unix`, and of the run id
+    of the ranks that reported, if any did: a periodic document left there by an earlier killed run is not
+    this one's): each is added to `ended.docs`, to be merged as an incomplete rank. Returns rank -> the
+    seconds it measured."""
+    run_ids = {d.get("run_id") for d in ended.docs.values()} - {None}
+    found: dict[int, float] = {}
+    for r in sorted(lost):
+        if r in ended.docs:
+            continue
+        doc = read_periodic(rank_settings(settings, r, n).outputs.output, run_ids, started_unix)
+        if doc is not None:
+            ended.docs[r] = doc
+            found[r] = float(partial_until(doc).get("measured_until_s") or 0.0)
+    return found
 
 
 def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrupted: bool) -> str:
@@ -584,6 +612,10 @@ def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrup
                    f"{settings.driver.duration} s window")
     if merged.get("missing_ranks"):
         why.append(f"process(es) {', '.join(map(str, merged['missing_ranks']))} of {n} missing")
+    gone = [x for x in merged.get("incomplete_ranks") or [] if x.get("sequence") is not None]
+    if gone:
+        why.append("; ".join(f"process {x['rank']} lost ({x.get('ended') or 'ended'}), merged from its last periodic "
+                             f"document ({float(x.get('measured_s') or 0.0):.1f} s of the window)" for x in gone))
     if not why:
         why.append(f"a process's window was cut short ({float(merged.get('window_fraction', 0.0)) * 100:.0f} % "
                    f"of the {settings.driver.duration} s window measured by every process)")

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from kv_cache.benchmarks.standard.outputs import write_merged, write_outputs
+from kv_cache.benchmarks.standard.partial import PartialDocuments, Snapshot
 from kv_cache.benchmarks.standard.scheduler import Driver, DriverOutcome
 from kv_cache.benchmarks.standard.setup import (
     choose_io_workers,
@@ -52,6 +53,7 @@ from kv_cache.results import measurement as meas
 from kv_cache.results.blocklatency import block_latency
 from kv_cache.results.integrity import audit_facts, facts_from_ours
 from kv_cache.results.parameters import run_mode
+from kv_cache.results.partial import PARTIAL_STOP
 from kv_cache.results.run_document import INTERRUPTED_EARLY, RunRecord, build_results, interrupted_results
 from kv_cache.results.verdict import (
     mark_incomplete,
@@ -156,6 +158,7 @@ class _Run:
     group: RankGroup | None = None  # the other ranks: shared barriers, one merged document
     run_id: str | None = None  # one id for all the ranks of this run (shared_run_id)
     interrupts: Interrupts | None = None  # told when the window closes (signals no longer stop the run)
+    partial: PartialDocuments | None = None  # the periodic INCOMPLETE document at --output, in the window
 
 
 def execute(settings: RunSettings, out, record_plans: bool = False, group: RankGroup | None = None,
@@ -225,7 +228,11 @@ def execute(settings: RunSettings, out, record_plans: bool = False, group: RankG
         else:
             results.update(verdict_keys(results))
         mark_rank_status(results)  # whether this rank's document counts (complete / incomplete / failed)
-        write_outputs(settings, results, out)
+        owned = run.partial is not None and run.partial.owns()
+        if owned and run.partial.kept_as:
+            results.setdefault("measurement", {}).setdefault("notes", []).append(
+                f"an earlier results file at {settings.outputs.output} was kept as {run.partial.kept_as}")
+        write_outputs(settings, results, out, keep=not owned)  # (replacing this run's periodic document)
     finally:
         run.stores.close()
     if storage_error is not None:
@@ -316,16 +323,28 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
     proc_io = IOSnapshot(blockdev.name if blockdev else None)  # this process's (and its cgroup's) bytes, window
+    partial = run.partial = _partial_documents(settings, run, cache, autoscaler, lambda snap: RunRecord(
+        settings, snap.metrics, snap.outcome, snap.usage, [], workers, run.started, run.rusage0, list(stores.notes),
+        file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev, disk_before=before,
+        disk_after=blockdev.snapshot() if blockdev else None, phases=dict(run.phases), autoscaler=snap.autoscaler,
+        rag=rag, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None, run_id=run.run_id,
+        tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
+        tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
+    observers = _progress(settings, run.group) + ([partial] if partial is not None else [])
     driver = Driver(users, cache, run.metrics, driver_options(settings, workers, record_plans), run.stop,
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
                     trace_speedup=trace.speedup if trace is not None else 1.0,
-                    replay_cycles=settings.workload.replay_cycles, group=run.group, observers=_progress(settings, run.group),
+                    replay_cycles=settings.workload.replay_cycles, group=run.group, observers=observers,
                     on_window_close=run.interrupts.close_window if run.interrupts is not None else None,
                     drain_cut=run.interrupts.drain_cut if run.interrupts is not None else None)
+    if partial is not None:
+        partial.driver = driver
     try:
         outcome = run.outcome = driver.run()
     finally:
+        if partial is not None:
+            partial.close()  # (waits for a document being written: none lands after the final one)
         traced = tracer.stop() if tracer is not None else None
         tool1 = syscall_totals()
     after = blockdev.snapshot() if blockdev else None
@@ -342,6 +361,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}, process_io=process_bytes))
     if "measurement" in results:
         results["measurement"]["io_workers_choice"] = choice.as_dict()
+        if partial is not None:
+            results["measurement"]["partial_documents"] = partial.record()
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
         results["measurement"]["device_timer"] = {"timer": "python", "description": "perf_counter_ns() around "
@@ -356,6 +377,33 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                                                  {k: (tool1[k][0] - tool0[k][0], tool1[k][1] - tool0[k][1])
                                                   for k in tool1})
     return results
+
+
+def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, record_of) -> PartialDocuments | None:
+    """The periodic INCOMPLETE document of the window so far at --output (benchmarks/standard/partial.py),
+    every --partial-results-interval seconds; None when it is 0. `record_of(snapshot)`: the RunRecord of a
+    snapshot, as the final document's is made."""
+    interval = float(settings.outputs.partial_results_interval or 0.0)
+    if interval <= 0:
+        return None
+    holder: dict[str, Any] = {}
+
+    def take(elapsed_s: float, sequence: int) -> Snapshot:  # (on the scheduler thread, at a tick)
+        driver = holder["partial"].driver
+        history = getattr(autoscaler, "history", None)
+        return Snapshot(run.metrics.snapshot(), driver.outcome_so_far(PARTIAL_STOP), cache.usage(), elapsed_s,
+                        sequence, autoscaler=(_History(list(history)) if history is not None else None))
+
+    partial = holder["partial"] = PartialDocuments(settings.outputs.output, interval, float(settings.driver.duration),
+                                                   take, lambda snap: build_results(record_of(snap)))
+    return partial
+
+
+@dataclass
+class _History:
+    """An autoscaler's history as it stood at a snapshot (its summary is the final document's)."""
+
+    history: list
 
 
 def _progress(settings: RunSettings, group: RankGroup | None = None) -> list:

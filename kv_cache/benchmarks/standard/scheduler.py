@@ -403,6 +403,17 @@ class Driver:
             signal_after_window_s=self.signal_after_window_s,
         )
 
+    def outcome_so_far(self, stop_reason: str) -> DriverOutcome:
+        """The window's outcome as it stands (a rank's periodic document, on the scheduler thread at a tick):
+        the counts so far, the requests on a worker now as in flight, no censored latencies (their stop has
+        not come) and no plans."""
+        return DriverOutcome(
+            stop_reason=stop_reason, window_s=self.metrics.window_seconds, requests_issued=self.issued,
+            requests_completed=self.completed, requests_abandoned=self.abandoned, requests_failed=self.failed,
+            requests_rejected=self.rejected, arrivals_not_offered=self.not_offered,
+            generator_saturations=self.saturations, timeline=list(self.timeline), fatal_error=self.loop.alarm,
+            final_active_users=self.users.active, requests_in_flight_at_stop=self.in_flight)
+
     def _window_closing(self) -> None:
         """Tell the run the window is over; a KeyboardInterrupt landing just before that is the same stop
         (the run's handler raises at most one, so the retry cannot loop)."""
