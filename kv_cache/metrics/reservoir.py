@@ -91,7 +91,8 @@ class LatencySamples:
         ring of recent values and is not meant to be appended to."""
         other = LatencySamples.__new__(LatencySamples)
         other.cap, other.count, other.sum, other.max = self.cap, self.count, self.sum, self.max
-        other.values = array("q", self.values)
+        other._buf = array("q", self._buf[: self._n])  # the filled part only: a copy is never appended to
+        other._n, other._pre = self._n, False
         other.hist = None
         if self.hist is not None:
             other.hist = new_histogram()
