@@ -221,10 +221,10 @@ def _stored(kind: str, srv) -> int:
 
 
 def _writing(proc: subprocess.Popen, kind: str, srv) -> None:
-    """Wait until the run has stored an entry (its window is open and it is writing). The runs that must
-    still be in their window after this wait have windows of 10 s: at load 22, one of 3 s had ended
+    """Wait until the run has stored a few entries (its window is open and it is writing). The runs that
+    must still be in their window after this wait have windows of 10 s: at load 22, one of 3 s had ended
     before moto held 3 objects (the test, not the run, failed)."""
-    while _stored(kind, srv) < 1:
+    while _stored(kind, srv) < 3:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
 
