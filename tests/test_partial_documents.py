@@ -301,3 +301,12 @@ def test_a_one_process_run_sigkilled_in_its_window_leaves_its_periodic_document(
     capsys.readouterr()
     assert main(["report", str(out)]) == 0
     assert "STORAGE PERFORMANCE ASSESSMENT: INCOMPLETE" in capsys.readouterr().out
+
+
+def test_a_snapshot_has_every_attribute_a_recorder_has():
+    """RunMetrics.snapshot lists the recorder's state field by field: a field added to the recorder and
+    not to the snapshot would be missing from every periodic document (AttributeError at build, or a
+    figure silently absent). The snapshot's attributes are the recorder's, none missing."""
+    m = RunMetrics()
+    m.open_window()
+    assert set(vars(m.snapshot())) >= set(vars(m))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kv_cache.metrics.histograms import decode, new_histogram, record
+from kv_cache.metrics.histograms import merge as merge_histograms
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.reservoir import RECENT, SAMPLE_CAP, LatencySamples
 from kv_cache.metrics.stats import mean, percentile, percentiles
@@ -448,7 +449,7 @@ class RunMetrics:
                 storage_errors=defaultdict(int, self.storage_errors),
                 storage_retries=defaultdict(int, self.storage_retries),
                 verify_mismatches=self.verify_mismatches, edge=defaultdict(int, self.edge), _edge_seen=set(),
-                histograms={k: _copy_histogram(h) for k, h in self.histograms.items()},
+                histograms={k: merge_histograms([h]) for k, h in self.histograms.items()},
                 series=self.series.snapshot(), _bucket_start_ns=self._bucket_start_ns,
                 subsampled=set(self.subsampled), _frozen=None)
         return snap
@@ -531,12 +532,6 @@ class RunMetrics:
             if h is None:
                 h = self.histograms[key] = new_histogram()
             h.add(decode(encoded))
-
-
-def _copy_histogram(h):
-    out = new_histogram()
-    out.add(h)
-    return out
 
 
 def _int64_bytes(values) -> bytes:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kv_cache.metrics.histograms import new_histogram, record
+from kv_cache.metrics.histograms import merge, new_histogram, record
 from kv_cache.metrics.stats import percentiles
 
 SAMPLE_CAP = 200_000  # values kept per list (1.6 MiB): beyond, a uniform reservoir of this many
@@ -93,10 +93,7 @@ class LatencySamples:
         other.cap, other.count, other.sum, other.max = self.cap, self.count, self.sum, self.max
         other._buf = array("q", self._buf[: self._n])  # the filled part only: a copy is never appended to
         other._n, other._pre = self._n, False
-        other.hist = None
-        if self.hist is not None:
-            other.hist = new_histogram()
-            other.hist.add(self.hist)
+        other.hist = merge([self.hist]) if self.hist is not None else None
         other._rng, other._ring, other._ring_n = self._rng, None, 0
         return other
 
