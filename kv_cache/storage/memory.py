@@ -90,11 +90,6 @@ class MemoryStore(SlabStore):
         with self._lock:
             return len(self._free)
 
-    @property
-    def used_bytes(self) -> int:
-        with self._lock:
-            return (self.nslabs - len(self._free)) * self.slab_bytes
-
     # ------------------------------------------------------------------ bookkeeping helpers
     def _give(self, slabs: list[int]) -> None:  # lock held
         if not self._closed:
