@@ -21,6 +21,7 @@ fake devices implementing the same methods (tests/test_gpu_real.py, tests/gpu_fa
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,20 +54,20 @@ class Device(Protocol):
     def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]: ...
 
 
-def _torch() -> Any | None:
+def optional_import(name: str) -> Any | None:
+    """The optional dependency `name`, or None when it is missing or cannot load (no CUDA runtime)."""
     try:
-        import torch  # noqa: PLC0415  (optional dependency)
+        return importlib.import_module(name)
     except Exception:
         return None
-    return torch
+
+
+def _torch() -> Any | None:
+    return optional_import("torch")
 
 
 def _cupy() -> Any | None:
-    try:
-        import cupy  # noqa: PLC0415  (optional dependency)
-    except Exception:
-        return None
-    return cupy
+    return optional_import("cupy")
 
 
 def _count(lib: str) -> int:
