@@ -19,11 +19,15 @@ class Registry(Generic[T]):
     """Entries of one kind (`what`, for messages) by name (`key` of an entry), in registration order.
 
     `package` and `path`: where the entry modules live (a package's `__name__` and `__path__`); `skip`:
-    module names in that path that hold no entry (the registry's own module, private helpers)."""
+    module names in that path that hold no entry (the registry's own module, private helpers); `by_name`:
+    `all` and the names in `get`'s error are sorted by name, not in registration order; `missing`: `get`'s
+    KeyError message, from `what`, `name` and `known` (the names known, comma-separated)."""
 
     def __init__(self, what: str, package: str, path: Iterable[str], key: Callable[[T], str],
-                 skip: Callable[[str], bool] = lambda name: False) -> None:
+                 skip: Callable[[str], bool] = lambda name: False, by_name: bool = False,
+                 missing: str = "no {what} {name!r} (known: {known})") -> None:
         self.what, self._package, self._path, self._key, self._skip = what, package, list(path), key, skip
+        self._by_name, self._missing = by_name, missing
         self.entries: dict[str, T] = {}
         self._loaded = False
         self._lock = threading.RLock()
@@ -47,9 +51,14 @@ class Registry(Generic[T]):
                 if not self._skip(module.name):
                     importlib.import_module(f"{self._package}.{module.name}")
 
+    def _names(self) -> list[str]:
+        return sorted(self.entries) if self._by_name else list(self.entries)
+
     def all(self) -> list[T]:
+        """Every entry, in registration order (the entry modules' name order, then within a module), or by
+        name where the registry is `by_name`."""
         self.load()
-        return list(self.entries.values())
+        return [self.entries[n] for n in self._names()]
 
     def get(self, name: str) -> T:
         """The entry called `name` (KeyError naming the known ones otherwise)."""
@@ -57,4 +66,5 @@ class Registry(Generic[T]):
         try:
             return self.entries[name]
         except KeyError:
-            raise KeyError(f"no {self.what} {name!r} (known: {', '.join(self.entries)})") from None
+            known = ", ".join(self._names())
+            raise KeyError(self._missing.format(what=self.what, name=name, known=known)) from None

@@ -58,6 +58,15 @@ def _check_json_path(path: str | None) -> None:
         raise UsageError(f"--json {exc}") from None
 
 
+def _refuse_or_warn(args: argparse.Namespace, diffs: list[str], refusal: str, err: TextIO) -> None:
+    """Runs whose workloads differ are refused (`refusal`, its {} the differences) unless
+    --allow-different-workloads, which makes each difference a warning."""
+    if diffs and not args.allow_different_workloads:
+        raise UsageError(refusal.format("; ".join(diffs)) + ". Pass --allow-different-workloads to compare anyway")
+    for d in diffs:
+        err.write(f"kv-cache compare: warning: workloads differ: {d}\n")
+
+
 def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | None = None,
                     err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
@@ -73,11 +82,8 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
     names = list(args.results)
     try:
         diffs = workload_differences(docs)
-        if diffs and not args.allow_different_workloads:
-            raise UsageError("the workloads differ (" + "; ".join(diffs) + "); a comparison would compare "
-                             "workloads, not storage. Pass --allow-different-workloads to compare anyway")
-        for d in diffs:
-            err.write(f"kv-cache compare: warning: workloads differ: {d}\n")
+        _refuse_or_warn(args, diffs, "the workloads differ ({}); a comparison would compare workloads, not storage",
+                        err)
         for note in layout_notes(docs):
             err.write(f"kv-cache compare: note: {note}\n")
         rows = compare_rows(docs)
@@ -161,11 +167,7 @@ def _compare_rank_files(args: argparse.Namespace, typed: list, out: TextIO, err:
     _check_json_path(json_path)
     views = [rank_view(d.data, d.source) for d in typed]
     diffs = seed_differences(views)
-    if diffs and not args.allow_different_workloads:
-        raise UsageError("the seeds differ (" + "; ".join(diffs) + "): the runs offered different request streams. "
-                         "Pass --allow-different-workloads to compare anyway")
-    for d in diffs:
-        err.write(f"kv-cache compare: warning: workloads differ: {d}\n")
+    _refuse_or_warn(args, diffs, "the seeds differ ({}): the runs offered different request streams", err)
     if json_path is not None:
         _write_json(json_path, {"runs": [{"label": chr(65 + i), "path": n, "kind": d.kind, "missing": v.missing}
                                          for i, (n, d, v) in enumerate(zip(names, typed, views, strict=True))],

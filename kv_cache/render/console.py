@@ -40,10 +40,6 @@ def _params(results: Results) -> dict[str, Any]:
     return results.get("run_parameters", {})
 
 
-def _tier_name(tier: str) -> str:
-    return "Storage" if tier == TierName.STORAGE else tier.upper()
-
-
 def _rate(v: float | None, spec: str = ".2f", undefined: bool = False) -> str:
     """A rate, or why there is none: the window was shorter than a second (`undefined`: the results'
     rates_undefined_reason is set and the rate is 0.0; documents written before it hold null)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -138,16 +139,26 @@ def compare_rows(views: list[MlperfToolRank]) -> list[dict[str, Any]]:
     return rows
 
 
+def _side_by_side(legend: list[str], title: str, rows: list[dict[str, Any]], label: Callable[[dict[str, Any]], str],
+                  widths: tuple[int, int, int]) -> list[str]:
+    """The legend (one line per side), then a line per row: its label, each side's value ('missing' where it
+    has none) and the ratios to A; `widths`: of the label, of a value and of a ratio."""
+    wide, value, ratio = widths
+    n = len(legend)
+    head = f"{title:<{wide}}" + "".join(f"{chr(65 + i):>{value}}" for i in range(n)) + "".join(
+        f"{chr(65 + i) + '/A':>{ratio}}" for i in range(1, n))
+    lines = [*legend, "", head]
+    for row in rows:
+        cells = "".join(f"{'missing' if x is None else f'{x:,.3f}':>{value}}" for x in row["values"])
+        ratios = "".join(f"{'-' if r is None else f'{r:.3f}':>{ratio}}" for r in row["ratio_to_a"][1:])
+        lines.append(f"{label(row):<{wide}}{cells}{ratios}")
+    return lines
+
+
 def compare_table(names: list[str], views: list[MlperfToolRank]) -> list[str]:
-    lines = [f"{chr(65 + i)}: {n} ({'MLPerf tool' if 'schema_version' not in v.data else 'kv-cache'} rank file)"
-             for i, (n, v) in enumerate(zip(names, views, strict=True))]
-    head = f"{'metric':<24}" + "".join(f"{chr(65 + i):>16}" for i in range(len(views))) + "".join(
-        f"{chr(65 + i) + '/A':>10}" for i in range(1, len(views)))
-    lines += ["", head]
-    for row in compare_rows(views):
-        cells = "".join(f"{'missing' if x is None else f'{x:,.3f}':>16}" for x in row["values"])
-        ratios = "".join(f"{'-' if r is None else f'{r:.3f}':>10}" for r in row["ratio_to_a"][1:])
-        lines.append(f"{row['metric']:<24}{cells}{ratios}")
+    legend = [f"{chr(65 + i)}: {n} ({'MLPerf tool' if 'schema_version' not in v.data else 'kv-cache'} rank file)"
+              for i, (n, v) in enumerate(zip(names, views, strict=True))]
+    lines = _side_by_side(legend, "metric", compare_rows(views), lambda row: row["metric"], (24, 16, 10))
     lines += ["", "write_device_p95_ms of the MLPerf tool is the fsync alone; read_ops / write_ops are counts; "
                   "storage_tokens_per_s divides by summed per-request storage time."]
     return lines
@@ -184,14 +195,9 @@ def summary_compare_rows(options: list[dict[str, dict[str, Any]]]) -> list[dict[
 
 def summary_compare_table(names: list[str], options: list[dict[str, dict[str, Any]]]) -> list[str]:
     """The summaries side by side, per option ('missing' where one lacks a figure)."""
-    lines = [f"{chr(65 + i)}: {n} (mlpstorage harness summary.json)" for i, n in enumerate(names)]
-    head = f"{'option metric':<52}" + "".join(f"{chr(65 + i):>14}" for i in range(len(names))) + "".join(
-        f"{chr(65 + i) + '/A':>9}" for i in range(1, len(names)))
-    lines += ["", head]
-    for row in summary_compare_rows(options):
-        cells = "".join(f"{'missing' if x is None else f'{x:,.3f}':>14}" for x in row["values"])
-        ratios = "".join(f"{'-' if r is None else f'{r:.3f}':>9}" for r in row["ratio_to_a"][1:])
-        lines.append(f"{row['option'] + ' ' + row['metric']:<52}{cells}{ratios}")
+    legend = [f"{chr(65 + i)}: {n} (mlpstorage harness summary.json)" for i, n in enumerate(names)]
+    lines = _side_by_side(legend, "option metric", summary_compare_rows(options),
+                          lambda row: row["option"] + " " + row["metric"], (52, 14, 9))
     if len(lines) == len(names) + 2:
         lines.append("(no option in any summary)")
     return lines

@@ -222,14 +222,19 @@ class MultiTierCache:
     def _write_when_room(self, tier: Tier, key: str, nbytes: int, bufs: WorkerBuffers) -> IOResult:
         # A RAM tier's slabs are freed when a concurrent demotion out of it finishes; the space is
         # already reserved for this entry, so wait for that demotion rather than failing the request.
+        return self._when_room("write", tier, "write", key, nbytes,
+                               lambda: tier.store.write(key, nbytes, bufs, self.stop))
+
+    def _when_room(self, what: str, tier: Tier, op: str, key: str, nbytes: int, call: Callable[[], _T]) -> _T:
+        """`_retrying(...)`, tried again every 2 ms for up to 60 s while the RAM tier is full (StoreFull),
+        and abandoned (IOAborted, naming `what`) once the run stops."""
         give_up = time.monotonic() + 60.0
         while True:
             try:
-                return self._retrying(tier, "write", key, nbytes,
-                                      lambda: tier.store.write(key, nbytes, bufs, self.stop))
+                return self._retrying(tier, op, key, nbytes, call)
             except StoreFull:
                 if self.stop is not None and self.stop.is_set():
-                    raise IOAborted(f"write of {key!r} abandoned at stop while waiting for RAM", 0) from None
+                    raise IOAborted(f"{what} of {key!r} abandoned at stop while waiting for RAM", 0) from None
                 if time.monotonic() > give_up:
                     raise
                 time.sleep(0.002)
@@ -458,17 +463,8 @@ class MultiTierCache:
     def _move_when_room(self, src: Tier, dst: Tier, entry: Entry, bufs: WorkerBuffers) -> tuple[IOResult, IOResult]:
         """Demote `entry` from `src` to `dst` with the retries of every other operation; a RAM destination
         whose slabs are still held by a demotion out of it is waited for, as a write is."""
-        give_up = time.monotonic() + 60.0
-        while True:
-            try:
-                return self._retrying(dst, "demote", entry.key, entry.size,
-                                      lambda: src.store.move_to(entry.key, dst.store, bufs, self.stop))
-            except StoreFull:
-                if self.stop is not None and self.stop.is_set():
-                    raise IOAborted(f"move of {entry.key!r} abandoned at stop while waiting for RAM", 0) from None
-                if time.monotonic() > give_up:
-                    raise
-                time.sleep(0.002)
+        return self._when_room("move", dst, "demote", entry.key, entry.size,
+                               lambda: src.store.move_to(entry.key, dst.store, bufs, self.stop))
 
     @staticmethod
     def _lost_entry_fault(exc: Exception, tier: Tier, entry: Entry) -> StorageFault:

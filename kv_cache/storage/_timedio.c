@@ -27,6 +27,29 @@ static inline long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* `result = call`, timed into `ns` with the GIL released, `err` = its errno; retried while `failed` with
+ * EINTR and the signal handlers raised nothing.  A macro, so each syscall's timed path is written out in its
+ * function as before (the same machine code), once in the source. */
+#define TIMED_RETRY(result, call, failed)                                         \
+    for (;;) {                                                                    \
+        Py_BEGIN_ALLOW_THREADS                                                    \
+        long long t0 = now_ns();                                                  \
+        result = call;                                                            \
+        ns = now_ns() - t0;                                                       \
+        err = errno;                                                              \
+        Py_END_ALLOW_THREADS                                                      \
+        if ((failed) && err == EINTR && PyErr_CheckSignals() == 0) continue;      \
+        break;                                                                    \
+    }
+
+/* OSError from `err`, unless a signal handler's exception is already set. */
+static void set_os_error(int err) {
+    if (!PyErr_Occurred()) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+    }
+}
+
 /* pwritev(fd, buffers, offset) -> (bytes written, ns) */
 static PyObject *timed_pwritev(PyObject *self, PyObject *args) {
     int fd;
@@ -54,21 +77,9 @@ static PyObject *timed_pwritev(PyObject *self, PyObject *args) {
         ssize_t n;
         long long ns;
         int err;
-        for (;;) {
-            Py_BEGIN_ALLOW_THREADS
-            long long t0 = now_ns();
-            n = pwritev(fd, iov, (int)cnt, (off_t)offset);
-            ns = now_ns() - t0;
-            err = errno;
-            Py_END_ALLOW_THREADS
-            if (n < 0 && err == EINTR && PyErr_CheckSignals() == 0) continue;
-            break;
-        }
+        TIMED_RETRY(n, pwritev(fd, iov, (int)cnt, (off_t)offset), n < 0)
         if (n < 0) {
-            if (!PyErr_Occurred()) {
-                errno = err;
-                PyErr_SetFromErrno(PyExc_OSError);
-            }
+            set_os_error(err);
         } else {
             out = Py_BuildValue("(nL)", (Py_ssize_t)n, ns);
         }
@@ -88,22 +99,10 @@ static PyObject *timed_preadv(PyObject *self, PyObject *args) {
     ssize_t n;
     long long ns;
     int err;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        long long t0 = now_ns();
-        n = preadv(fd, &iov, 1, (off_t)offset);
-        ns = now_ns() - t0;
-        err = errno;
-        Py_END_ALLOW_THREADS
-        if (n < 0 && err == EINTR && PyErr_CheckSignals() == 0) continue;
-        break;
-    }
+    TIMED_RETRY(n, preadv(fd, &iov, 1, (off_t)offset), n < 0)
     PyBuffer_Release(&view);
     if (n < 0) {
-        if (!PyErr_Occurred()) {
-            errno = err;
-            PyErr_SetFromErrno(PyExc_OSError);
-        }
+        set_os_error(err);
         return NULL;
     }
     return Py_BuildValue("(nL)", (Py_ssize_t)n, ns);
@@ -114,21 +113,9 @@ static PyObject *timed_fdatasync(PyObject *self, PyObject *args) {
     int fd, r, err;
     long long ns;
     if (!PyArg_ParseTuple(args, "i:fdatasync", &fd)) return NULL;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        long long t0 = now_ns();
-        r = fdatasync(fd);
-        ns = now_ns() - t0;
-        err = errno;
-        Py_END_ALLOW_THREADS
-        if (r < 0 && err == EINTR && PyErr_CheckSignals() == 0) continue;
-        break;
-    }
+    TIMED_RETRY(r, fdatasync(fd), r < 0)
     if (r < 0) {
-        if (!PyErr_Occurred()) {
-            errno = err;
-            PyErr_SetFromErrno(PyExc_OSError);
-        }
+        set_os_error(err);
         return NULL;
     }
     return PyLong_FromLongLong(ns);
@@ -141,16 +128,7 @@ static PyObject *timed_open(PyObject *self, PyObject *args) {
     long long ns;
     if (!PyArg_ParseTuple(args, "O&i|i:open", PyUnicode_FSConverter, &path, &flags, &mode)) return NULL;
     const char *p = PyBytes_AS_STRING(path);
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        long long t0 = now_ns();
-        fd = open(p, flags | O_CLOEXEC, mode);
-        ns = now_ns() - t0;
-        err = errno;
-        Py_END_ALLOW_THREADS
-        if (fd < 0 && err == EINTR && PyErr_CheckSignals() == 0) continue;
-        break;
-    }
+    TIMED_RETRY(fd, open(p, flags | O_CLOEXEC, mode), fd < 0)
     if (fd < 0) {
         if (!PyErr_Occurred()) {
             errno = err;

@@ -29,6 +29,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from kv_cache.storage.files import HEADER_BYTES, FileStore
+from kv_cache.storage.gpu_device import optional_import
 
 __all__ = ["GDSFileStore", "compat_mode", "import_kvikio", "uses_compat_mode"]
 
@@ -37,11 +38,7 @@ HANDLE_CACHE = 256  # CuFile handles kept open (one per file, least recently use
 
 def import_kvikio() -> Any | None:
     """The kvikio module, or None when it is missing or cannot load (no CUDA runtime)."""
-    try:
-        import kvikio  # noqa: PLC0415  (optional dependency)
-    except Exception:
-        return None
-    return kvikio
+    return optional_import("kvikio")
 
 
 def compat_mode(kvikio: Any) -> str:

@@ -21,6 +21,8 @@ fake devices implementing the same methods (tests/test_gpu_real.py, tests/gpu_fa
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,20 +55,20 @@ class Device(Protocol):
     def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]: ...
 
 
-def _torch() -> Any | None:
+def optional_import(name: str) -> Any | None:
+    """The optional dependency `name`, or None when it is missing or cannot load (no CUDA runtime)."""
     try:
-        import torch  # noqa: PLC0415  (optional dependency)
+        return importlib.import_module(name)
     except Exception:
         return None
-    return torch
+
+
+def _torch() -> Any | None:
+    return optional_import("torch")
 
 
 def _cupy() -> Any | None:
-    try:
-        import cupy  # noqa: PLC0415  (optional dependency)
-    except Exception:
-        return None
-    return cupy
+    return optional_import("cupy")
 
 
 def _count(lib: str) -> int:
@@ -128,6 +130,21 @@ class Lane:
 PLAIN_REPS = 20  # copies timed by plain_copy_gbs (after 3 untimed)
 
 
+def _plain_copy_gbs(device: Any, nbytes: int, copy: Callable[[str, Any, Any, Lane, int], None]) -> tuple[float, float]:
+    """GB/s of plain pinned <-> device copies of ``nbytes`` on a fresh stream (the reference): `copy(direction,
+    dev, host, lane, reps)` launches `reps` copies of the whole buffer, 3 untimed, then PLAIN_REPS timed."""
+    host, _ = device.pinned(nbytes)
+    dev = device.alloc(nbytes)
+    lane = device.lane()
+    out = []
+    for direction in ("h2d", "d2h"):
+        for timed in (False, True):
+            copy(direction, dev, host, lane, PLAIN_REPS if timed else 3)
+            ns = device.wait(lane, direction)
+        out.append(PLAIN_REPS * nbytes / ns if ns else 0.0)
+    return out[0], out[1]
+
+
 class TorchDevice:
     """One CUDA device through torch: uint8 arena tensor, pinned staging tensors, a stream pair per lane."""
 
@@ -178,17 +195,12 @@ class TorchDevice:
         return int(free), int(total)
 
     def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]:
-        """GB/s of plain pinned <-> device copies of ``nbytes`` on a fresh stream (the reference)."""
-        host, _ = self.pinned(nbytes)
-        dev = self.alloc(nbytes)
-        lane = self.lane()
-        out = []
-        for direction, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
-            for timed in (False, True):
-                self._launch(lane, direction, [(dst, src)] * (PLAIN_REPS if timed else 3))
-                ns = self.wait(lane, direction)
-            out.append(PLAIN_REPS * nbytes / ns if ns else 0.0)
-        return out[0], out[1]
+        """GB/s of plain pinned <-> device copies of ``nbytes`` (`_plain_copy_gbs`), whole tensors copied."""
+        def copy(direction: str, dev: Any, host: Any, lane: Lane, reps: int) -> None:
+            dst, src = (dev, host) if direction == "h2d" else (host, dev)
+            self._launch(lane, direction, [(dst, src)] * reps)
+
+        return _plain_copy_gbs(self, nbytes, copy)
 
 
 class CupyDevice:
@@ -249,22 +261,17 @@ class CupyDevice:
         return int(free), int(total)
 
     def plain_copy_gbs(self, nbytes: int) -> tuple[float, float]:
-        """GB/s of plain pinned <-> device copies of ``nbytes`` on a fresh stream (the reference)."""
-        host, _ = self.pinned(nbytes)
-        dev = self.alloc(nbytes)
-        lane = self.lane()
-        out = []
-        for direction in ("h2d", "d2h"):
-            for timed in (False, True):
-                pieces = [(0, 0, nbytes)] * (PLAIN_REPS if timed else 3)
-                if direction == "h2d":
-                    self.h2d(dev, host, pieces, lane)
-                else:
-                    self.d2h(host, dev, pieces, lane)
-                ns = self.wait(lane, direction)
-            out.append(PLAIN_REPS * nbytes / ns if ns else 0.0)
+        """GB/s of plain pinned <-> device copies of ``nbytes`` (`_plain_copy_gbs`), as one piece each."""
+        def copy(direction: str, dev: Any, host: Any, lane: Lane, reps: int) -> None:
+            pieces = [(0, 0, nbytes)] * reps
+            if direction == "h2d":
+                self.h2d(dev, host, pieces, lane)
+            else:
+                self.d2h(host, dev, pieces, lane)
+
+        gbs = _plain_copy_gbs(self, nbytes, copy)
         self._keep.pop()
-        return out[0], out[1]
+        return gbs
 
 
 def gpu_tier_mode(tiers: Any) -> str:

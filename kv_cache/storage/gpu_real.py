@@ -197,14 +197,11 @@ class DeviceStore(SlabStore):
         return SlabPending(key, slabs, nbytes), 0
 
     # ------------------------------------------------------------------ public
-    def close(self) -> None:
-        """Drop every entry and the references to the arenas and staging (the library frees them)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._entries.clear()
-            self._free = [[] for _ in self.devices]
+    def _forget_free(self) -> None:
+        self._free = [[] for _ in self.devices]
+
+    def _drop_arena(self) -> None:
+        """Drop the references to the arenas and staging (the library frees them)."""
         self._arenas = []
 
     def stats(self) -> dict[str, Any]:

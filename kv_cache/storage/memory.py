@@ -90,11 +90,6 @@ class MemoryStore(SlabStore):
         with self._lock:
             return len(self._free)
 
-    @property
-    def used_bytes(self) -> int:
-        with self._lock:
-            return (self.nslabs - len(self._free)) * self.slab_bytes
-
     # ------------------------------------------------------------------ bookkeeping helpers
     def _give(self, slabs: list[int]) -> None:  # lock held
         if not self._closed:
@@ -141,14 +136,11 @@ class MemoryStore(SlabStore):
         return SlabPending(key, slabs, nbytes), 0
 
     # ------------------------------------------------------------------ public
-    def close(self) -> None:
-        """Drop all entries and unmap the arena (left to the GC if a copy still holds a view)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._entries.clear()
-            self._free.clear()
+    def _forget_free(self) -> None:
+        self._free.clear()
+
+    def _drop_arena(self) -> None:
+        """Unmap the arena (left to the GC if a copy still holds a view)."""
         self._arena = None
         mm, self._mm = self._mm, None
         if mm is not None:

@@ -108,6 +108,22 @@ class SlabStore(StoreBase):
                 h.slabs = []
         return 0
 
+    def _forget_free(self) -> None:  # lock held, at close
+        raise NotImplementedError
+
+    def _drop_arena(self) -> None:  # at close, after the lock
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drop every entry, then the arena (a second close does nothing)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._entries.clear()
+            self._forget_free()
+        self._drop_arena()
+
     def delete(self, key: str) -> None:
         with self._lock:
             e = self._entries.pop(key, None)

@@ -1,9 +1,8 @@
-"""QoS classes: priority ordering and SLA targets, both taken from the config (never hard-coded)."""
+"""QoS classes: the levels and their draw (priorities and SLA targets come from the config, never hard-coded)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 
 QOS_LEVELS = ("interactive", "responsive", "batch")
 
@@ -16,7 +15,3 @@ def draw_qos_level(rng: random.Random, interactive_probability: float, responsiv
     if r < responsive_threshold:
         return "responsive"
     return "batch"
-
-
-def priorities(qos_profiles: Mapping) -> dict[str, int]:
-    return {level: int(qos_profiles[level].priority) for level in QOS_LEVELS}

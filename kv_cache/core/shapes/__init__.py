@@ -48,22 +48,11 @@ class Shape:
     options: tuple[str, ...] = ()
 
 
-_REGISTRY: Registry = Registry("load shape", __name__, __path__, key=lambda e: e.name)
+_REGISTRY: Registry[Shape] = Registry("load shape", __name__, __path__, key=lambda e: e.name)
 _ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
 register = _REGISTRY.register
-
-
-def all_shapes() -> list[Shape]:
-    _REGISTRY.load()
-    return list(_ENTRIES.values())
-
-
-def get(name: str) -> Shape:
-    _REGISTRY.load()
-    try:
-        return _ENTRIES[name]
-    except KeyError:
-        raise KeyError(f"no load shape {name!r} (known: {', '.join(_ENTRIES)})") from None
+all_shapes = _REGISTRY.all  # in registration order
+get = _REGISTRY.get
 
 
 def autoscaler_modes() -> tuple[str, ...]:

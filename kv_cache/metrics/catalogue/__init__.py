@@ -77,23 +77,12 @@ class Metric:
             raise ValueError(f"metric key {self.key!r}: use snake case, as every key of the results")
 
 
-_REGISTRY: Registry = Registry("metric", __name__, __path__, key=lambda e: e.key)
+_REGISTRY: Registry[Metric] = Registry("metric", __name__, __path__, key=lambda e: e.key,
+                                       missing="no {what} {name!r} in the catalogue (known: {known})")
 _ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
 register = _REGISTRY.register
-
-
-def all_metrics() -> list[Metric]:
-    """Every entry, in the order of its module's name, then of registration within a module."""
-    _REGISTRY.load()
-    return list(_ENTRIES.values())
-
-
-def get(key: str) -> Metric:
-    _REGISTRY.load()
-    try:
-        return _ENTRIES[key]
-    except KeyError:
-        raise KeyError(f"no metric {key!r} in the catalogue (known: {', '.join(_ENTRIES)})") from None
+all_metrics = _REGISTRY.all  # in the order of the entry's module's name, then of registration within a module
+get = _REGISTRY.get
 
 
 def values(metrics: RunMetrics, entries: Iterable[Metric] | None = None) -> dict[str, float | None]:

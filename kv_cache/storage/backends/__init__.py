@@ -77,28 +77,15 @@ class Backend:
     check: Callable[[TierSettings], object] = lambda tiers: None  # raises StorageSetupError before any sizing
 
 
-_REGISTRY: Registry = Registry("storage backend", __name__, __path__, key=lambda e: e.name)
+_REGISTRY: Registry[Backend] = Registry("storage backend", __name__, __path__, key=lambda e: e.name, by_name=True)
 _ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
 register = _REGISTRY.register
-
-
-def all_backends() -> list[Backend]:
-    """Every entry, by name."""
-    _REGISTRY.load()
-    return [_ENTRIES[n] for n in sorted(_ENTRIES)]
+all_backends = _REGISTRY.all  # by name
+get = _REGISTRY.get  # KeyError naming the known ones
 
 
 def names() -> list[str]:
     return [b.name for b in all_backends()]
-
-
-def get(name: str) -> Backend:
-    """The entry called `name` (KeyError naming the known ones otherwise)."""
-    _REGISTRY.load()
-    try:
-        return _ENTRIES[name]
-    except KeyError:
-        raise KeyError(f"no storage backend {name!r} (known: {', '.join(sorted(_ENTRIES))})") from None
 
 
 def choose(tier: TierName, tiers: TierSettings) -> Backend | None:

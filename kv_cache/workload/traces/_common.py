@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .model import TraceStats
 
@@ -124,6 +124,20 @@ def iter_jsonl(path: Path, stats: TraceStats) -> Iterator[dict]:
                 stats.skip("not_an_object")
                 continue
             yield obj
+
+
+T = TypeVar("T")
+
+
+def parsed_jsonl(path: Path, stats: TraceStats, parse: Callable[[dict], T]) -> Iterator[T]:
+    """`parse` of each JSON object of a JSON Lines file; a row it rejects (`Bad`) is skipped for its reason."""
+    for obj in iter_jsonl(path, stats):
+        try:
+            item = parse(obj)
+        except Bad as exc:
+            stats.skip(exc.args[0])
+            continue
+        yield item
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

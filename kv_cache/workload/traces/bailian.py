@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ._common import Bad, Row, SessionLimit, hash_list, iter_jsonl, seconds, tokens
+from ._common import Bad, Row, SessionLimit, hash_list, parsed_jsonl, seconds, tokens
 from ._options import Options
 from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceStats
@@ -43,25 +43,26 @@ def _chat_key(value: object, field: str) -> str:
     return str(value)
 
 
+def _fields(obj: dict) -> tuple[str, str | None, float | None, int, int, int, tuple[int, ...] | None]:
+    """(chat, parent or None, arrival, input, output, turn, hash ids) of one row."""
+    chat = _chat_key(obj.get("chat_id"), "chat_id")
+    parent_raw = obj.get("parent_chat_id", -1)
+    parent = None if parent_raw in (-1, "-1", None, "") else _chat_key(parent_raw, "parent_chat_id")
+    arrival = seconds(obj, "timestamp", 1.0, default=None)
+    inp = tokens(obj, "input_length")
+    out = tokens(obj, "output_length")
+    turn = tokens(obj, "turn", default=1) or 1
+    ids = hash_list(obj)
+    if inp == 0:
+        raise Bad("zero_input")
+    return chat, parent, arrival, inp, out, turn, ids
+
+
 def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
     # chat id -> (root, input, output, len(ids) - 1 or -1, digest of ids[:-1])
     chats: dict[str, tuple[str, int, int, int, bytes]] = {}
     limit = SessionLimit(opts.max_conversations)
-    for obj in iter_jsonl(path, stats):
-        try:
-            chat = _chat_key(obj.get("chat_id"), "chat_id")
-            parent_raw = obj.get("parent_chat_id", -1)
-            parent = None if parent_raw in (-1, "-1", None, "") else _chat_key(parent_raw, "parent_chat_id")
-            arrival = seconds(obj, "timestamp", 1.0, default=None)
-            inp = tokens(obj, "input_length")
-            out = tokens(obj, "output_length")
-            turn = tokens(obj, "turn", default=1) or 1
-            ids = hash_list(obj)
-            if inp == 0:
-                raise Bad("zero_input")
-        except Bad as exc:
-            stats.skip(exc.args[0])
-            continue
+    for chat, parent, arrival, inp, out, turn, ids in parsed_jsonl(path, stats, _fields):
         info = chats.get(parent) if parent is not None else None
         root = chat if parent is None else (info[0] if info is not None else parent)
         if not limit.admit(root):

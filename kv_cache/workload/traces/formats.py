@@ -91,16 +91,12 @@ class TraceFormat:
     options: tuple[str, ...] = field(default=())
 
 
-_REGISTRY: Registry = Registry("trace format", __package__, [os.path.dirname(__file__)], key=lambda e: e.name,
-                               skip=lambda name: name.startswith("_") or name == "formats")
+_REGISTRY: Registry[TraceFormat] = Registry("trace format", __package__, [os.path.dirname(__file__)],
+                                            key=lambda e: e.name,
+                                            skip=lambda name: name.startswith("_") or name == "formats")
 _ENTRIES = _REGISTRY.entries  # (tests register a toy entry into it)
 register = _REGISTRY.register
-
-
-def all_formats() -> list[TraceFormat]:
-    """Every format, in registration order of the package's modules (alphabetical)."""
-    _REGISTRY.load()
-    return list(_ENTRIES.values())
+all_formats = _REGISTRY.all  # in registration order of the package's modules (alphabetical)
 
 
 def names() -> tuple[str, ...]:

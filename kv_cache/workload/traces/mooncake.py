@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._common import Bad, Row, hash_list, iter_jsonl, seconds, tokens
+from ._common import Bad, Row, hash_list, parsed_jsonl, seconds, tokens
 from ._options import Options
 from .formats import Head, SniffRule, TraceFormat, register
 from .model import TraceStats
@@ -17,19 +17,18 @@ from .model import TraceStats
 BLOCK_TOKENS = 512
 
 
+def _row(obj: dict) -> Row:
+    arrival = seconds(obj, "timestamp", 0.001, default=None)
+    inp = tokens(obj, "input_length")
+    out = tokens(obj, "output_length")
+    ids = hash_list(obj)
+    if inp == 0:
+        raise Bad("zero_input")
+    return Row(None, 1, arrival, None, inp, inp, out, ids, BLOCK_TOKENS)
+
+
 def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
-    for obj in iter_jsonl(path, stats):
-        try:
-            arrival = seconds(obj, "timestamp", 0.001, default=None)
-            inp = tokens(obj, "input_length")
-            out = tokens(obj, "output_length")
-            ids = hash_list(obj)
-            if inp == 0:
-                raise Bad("zero_input")
-        except Bad as exc:
-            stats.skip(exc.args[0])
-            continue
-        yield Row(None, 1, arrival, None, inp, inp, out, ids, BLOCK_TOKENS)
+    yield from parsed_jsonl(path, stats, _row)
 
 
 def _keys(head: Head) -> bool:
