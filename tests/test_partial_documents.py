@@ -310,3 +310,59 @@ def test_a_snapshot_has_every_attribute_a_recorder_has():
     m = RunMetrics()
     m.open_window()
     assert set(vars(m.snapshot())) >= set(vars(m))
+
+
+def test_audit_says_a_periodic_document_is_not_a_finished_run_and_skips_a_killed_writes_temporary_file(
+        tmp_path, capsys):
+    """`kv-cache audit` of a rank's periodic document: its checks judge the figures it holds (they may be ok),
+    and it says, in the text and in --json, that they are a run's first seconds and not a finished run.
+    A SIGKILL while a document was being written leaves its temporary file (`.NAME.XXXXXXXX.tmp.json`, whole
+    JSON when the kill came at the fsync): audited as a directory it was taken as one more result, and
+    could read OK beside the real file; it is left out and named."""
+    from kv_cache.host.files import atomic_target
+
+    doc, _ = _periodic(1, 2, 2.0, 1000.0)
+    (tmp_path / "r_rank1.json").write_text(json.dumps(doc))
+    whole = _doc(_metrics(np.random.default_rng(1), 30, 30, 0, 3.0), 0, 2, 1000.0, 1003.0)
+    whole.update(verdict="PASS", window_fraction=1.0)
+    with pytest.raises(KeyboardInterrupt), atomic_target(tmp_path / "r_rank0.json") as tmp:
+        Path(tmp).write_text(json.dumps(whole))
+        leftover = Path(tmp).name
+        os.link(tmp, tmp_path / (leftover + ".keep"))  # (as a SIGKILL would leave it: the clean-up does not run)
+        raise KeyboardInterrupt
+    os.rename(tmp_path / (leftover + ".keep"), tmp_path / leftover)
+    assert main(["audit", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped {leftover}: the temporary file of a write killed before its rename" in out
+    assert f"{leftover}:" not in out.replace(f"skipped {leftover}:", "") and "(1 file(s)" in out
+    assert ("[incomplete] document: a periodic document (verdict INCOMPLETE): its run ended, or was still running, "
+            "without its final document; measured until 2.0 s of the 3 s window") in out
+    assert main(["audit", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["skipped_temporary_files"] == [leftover]
+    assert "a periodic document" in printed["files"]["r_rank1.json"]["document"]
+    # a whole run's document says nothing of the kind; a named temporary file is audited (it was asked for)
+    (tmp_path / "whole.json").write_text(json.dumps(whole))
+    assert main(["audit", str(tmp_path / "whole.json")]) == 0
+    assert "[incomplete]" not in capsys.readouterr().out
+    assert main(["audit", str(tmp_path / leftover)]) == 0
+    assert "Overall:" in capsys.readouterr().out
+
+
+def test_the_atomic_write_reads_the_umask_without_changing_it(tmp_path, monkeypatch):
+    """The periodic document is written on its own thread while the I/O workers create files: the
+    os.umask(0)-then-restore idiom would give a file created by another thread in that moment mode 0666
+    & ~0. On Linux the umask is read from /proc/self/status; the file still gets the ordinary mode."""
+    from kv_cache.host import files
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc/self/status")
+    old = os.umask(0o027)
+    try:
+        monkeypatch.setattr(files.os, "umask", lambda *_: pytest.fail("os.umask was called"))
+        with files.atomic_target(tmp_path / "r.json") as tmp:
+            Path(tmp).write_text("{}")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
