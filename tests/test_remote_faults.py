@@ -19,7 +19,7 @@ import time
 
 import pytest
 import servers
-from test_remote_tiers import _bucket, _cmd, _env, _need_redis, _need_s3, _objects
+from test_remote_tiers import CREDS, _bucket, _cmd, _env, _need_redis, _need_s3, _objects
 
 from kv_cache.host.signals import ABANDON_IO
 from kv_cache.storage import remote
@@ -291,6 +291,63 @@ def test_a_server_frozen_while_the_store_opens_is_named_as_not_answering(monkeyp
         srv.stop()
     assert "took the connection but did not answer in 0.5 s" in str(info.value), info.value
     assert "cannot be reached" not in str(info.value)
+
+
+@pytest.mark.parametrize("stage", ["list", "marker", "read back", "head", "sweep"])
+def test_an_s3_server_frozen_while_the_store_opens_is_abandoned_at_the_runs_deadline(stage, monkeypatch):
+    """SIGSTOP of moto at each call the S3 store makes while it opens (the listing, the marker, its read
+    back through the reads' connections, botocore's HEAD, an earlier run's marker in the sweep): each is
+    waited for within the run's deadline (no answer in --remote-failover-s + --remote-grace-s: 2 s here),
+    a setup error naming a server that took the connection and did not answer. These calls were made
+    outside the deadline: each waited for obstore's (or the reads', or botocore's) own 120 s timeout, and
+    the error then said the server "cannot be reached" (the message is what this asserts, not a time).
+    The sweep's abandoned marker read is not taken for a missing marker: nothing is deleted."""
+    from kv_cache.errors import StorageSetupError
+    from kv_cache.storage import s3 as s3mod
+    from kv_cache.storage.remote import MARKER
+
+    for k, v in {**CREDS, "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}.items():
+        monkeypatch.setenv(k, v)
+    srv = _server("s3")
+    bucket = _bucket(srv.url, "frozen")
+    earlier = "kv-cache-run-20200101-000000-1-abcd/"  # an earlier run's namespace, with its marker
+    _client(srv.url).put_object(Bucket=bucket, Key=earlier + MARKER, Body=b"{}")
+    freeze = lambda: srv.proc.send_signal(signal.SIGSTOP)  # noqa: E731
+    if stage == "list":
+        freeze()
+    elif stage == "sweep":
+        one = s3mod.S3Store._sweep_one
+        monkeypatch.setattr(s3mod.S3Store, "_sweep_one", lambda self, sub: (freeze(), one(self, sub))[1])
+    elif stage == "marker":
+        sweep = s3mod.S3Store._sweep
+        monkeypatch.setattr(s3mod.S3Store, "_sweep", lambda self: (sweep(self), freeze())[0])
+    elif stage == "read back":
+        check = s3mod.S3Store._check_clients
+        monkeypatch.setattr(s3mod.S3Store, "_check_clients", lambda self, n: (freeze(), check(self, n))[1])
+    else:
+        head = s3mod.PartWriter.setup_call
+        monkeypatch.setattr(s3mod.PartWriter, "setup_call", lambda self, *a, **kw: (freeze(), head(self, *a, **kw))[1])
+    try:
+        with pytest.raises(StorageSetupError) as info:
+            s3mod.S3Store(bucket, srv.url, grace_s=1, failover_s=1)
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+    try:
+        assert "the server took the connection but did not answer in 2 s (--remote-failover-s 1 + " \
+               "--remote-grace-s 1)" in str(info.value), info.value
+        assert "cannot be reached" not in str(info.value)
+        if stage == "sweep":
+            assert "remove an earlier run's leftovers" in str(info.value)
+        assert earlier + MARKER in _objects(srv.url, bucket)  # (the earlier run's namespace is left alone)
+    finally:
+        srv.stop()
+
+
+def _client(url: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
 
 
 @pytest.mark.parametrize("kind", ["redis", "s3"])
