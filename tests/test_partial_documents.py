@@ -366,3 +366,34 @@ def test_the_atomic_write_reads_the_umask_without_changing_it(tmp_path, monkeypa
         monkeypatch.undo()
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_periodic_bytes_on_the_storage_tiers_device_are_said_beside_its_counters(tmp_path, monkeypatch):
+    """--output on the storage tier's block device: the periodic documents' bytes, written there during the
+    window, are in that device's counters; the results say so (`block_device.periodic_document_bytes`, a
+    note) and so does the console's block-device line. On another device, or with none written, nothing."""
+    from types import SimpleNamespace
+
+    from kv_cache.benchmarks.standard import run as run_mod
+    from kv_cache.render.measurement_section import _block_device_line
+
+    devices = {str(tmp_path / "same"): "vdz", str(tmp_path / "other"): "vdy"}
+    monkeypatch.setattr(run_mod.BlockDeviceCounter, "for_path",
+                        staticmethod(lambda p: SimpleNamespace(name=devices[str(p)]) if str(p) in devices else None))
+    tier = SimpleNamespace(name="vdz")
+
+    def measurement(written):
+        return {"block_device": {"name": "vdz", "bytes_read": 0, "bytes_written": 3 << 30, "tool_bytes_read": 0,
+                                 "tool_bytes_written": 1 << 30},
+                "partial_documents": {"bytes_total": written, "written": 4}, "notes": []}
+    m = measurement(48 << 20)
+    run_mod._periodic_bytes_on_the_device(m, str(tmp_path / "same" / "r.json"), tier)
+    assert m["block_device"]["periodic_document_bytes"] == 48 << 20
+    assert "4 of them, 48.0 MiB in all" in m["notes"][0] and "on vdz, the storage tier's block device" in m["notes"][0]
+    assert "48.0 MiB are this run's periodic results documents" in "\n".join(_block_device_line(m["block_device"]))
+    for path, written in ((tmp_path / "other" / "r.json", 48 << 20), (tmp_path / "same" / "r.json", 0),
+                          (tmp_path / "tmpfs" / "r.json", 48 << 20)):
+        m = measurement(written)
+        run_mod._periodic_bytes_on_the_device(m, str(path), tier)
+        assert "periodic_document_bytes" not in m["block_device"] and not m["notes"]
+        assert "periodic" not in "\n".join(_block_device_line(m["block_device"]))
