@@ -397,3 +397,17 @@ def test_periodic_bytes_on_the_storage_tiers_device_are_said_beside_its_counters
         run_mod._periodic_bytes_on_the_device(m, str(path), tier)
         assert "periodic_document_bytes" not in m["block_device"] and not m["notes"]
         assert "periodic" not in "\n".join(_block_device_line(m["block_device"]))
+
+
+def test_compare_warns_that_a_periodic_document_is_not_a_finished_run(tmp_path, capsys):
+    """`kv-cache compare` of a finished run and a killed run's periodic document compares them (a new check
+    warns and carries on), and says on stderr which one covers only the first seconds of its window."""
+    whole = _doc(_metrics(np.random.default_rng(1), 30, 30, 0, 3.0), 0, 1, 1000.0, 1003.0)
+    whole.update(verdict="PASS", window_fraction=1.0)
+    part, _ = _periodic(0, 1, 2.0, 1000.0)
+    (tmp_path / "a.json").write_text(json.dumps(whole))
+    (tmp_path / "b.json").write_text(json.dumps(part))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"kv-cache compare: warning: {tmp_path / 'b.json'} is a periodic document (verdict INCOMPLETE)" in err
+    assert "measured until 2.0 s of the 3 s window" in err and str(tmp_path / "a.json") not in err

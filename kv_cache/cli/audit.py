@@ -23,7 +23,7 @@ from kv_cache.host.files import is_atomic_temp
 from kv_cache.results import integrity as integ
 from kv_cache.results.documents import load
 from kv_cache.results.mlperf_tool import is_mlperf_tool_file
-from kv_cache.results.partial import partial_until
+from kv_cache.results.partial import not_finished
 
 __all__ = ["add_audit_flags", "audit_command", "audit_path"]
 
@@ -119,7 +119,7 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
         host = (doc.get("run_parameters") or {}).get("host")
-        document = _completeness(doc)
+        document = not_finished(doc)
         block = integ.audit_facts(_with_write_limit(integ.facts_from_ours(doc, _limit_for(limit, host)), limit, host),
                                   ceiling)
         carried = doc.get("integrity") if isinstance(doc.get("integrity"), dict) else {}
@@ -143,30 +143,6 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
             block = integ.merged_integrity(per_rank, block)
         return {**block, "document": document} if document else block
     return None
-
-
-def _completeness(doc: dict[str, Any]) -> str | None:
-    """What a document of ours that is not a whole run is (None: a whole one): a periodic document (its
-    run ended, or was still running, without its final one), an INCOMPLETE run, or a merge with incomplete
-    or missing ranks. The integrity checks judge the figures it holds, so they may be ok; this says that
-    those figures are not a finished run's."""
-    until = partial_until(doc)
-    if until is not None:
-        measured, of = until.get("measured_until_s"), until.get("window_duration_s")
-        span = (f"measured until {measured:.1f} s of the {of:g} s window" if isinstance(measured, (int, float))
-                and isinstance(of, (int, float)) else "measured for part of its window")
-        return (f"a periodic document (verdict INCOMPLETE): its run ended, or was still running, without its final "
-                f"document; {span}; the checks cover that part only, not a finished run")
-    if doc.get("verdict") != "INCOMPLETE":
-        return None
-    fraction = doc.get("window_fraction")
-    ranks = [r.get("rank") for r in doc.get("incomplete_ranks") or [] if isinstance(r, dict)]
-    missing = doc.get("missing_ranks") or []
-    return ("an INCOMPLETE run" + (f" ({fraction * 100:.0f} % of its window measured)"
-                                   if isinstance(fraction, (int, float)) else "")
-            + (f"; incomplete rank(s) {', '.join(map(str, ranks))}" if ranks else "")
-            + (f"; missing rank(s) {', '.join(map(str, missing))}" if missing else "")
-            + ": the checks cover what was measured, not a finished run")
 
 
 def _sessions_recomputed(carried: dict[str, Any]) -> dict[str, Any]:
