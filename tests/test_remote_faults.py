@@ -374,6 +374,57 @@ def test_ctrl_c_with_a_frozen_server_is_honoured_at_once(kind, tmp_path):
     assert "Traceback" not in err
 
 
+def _connected(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a TCP connection to `port` on this host (/proc: its socket inodes)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[2].rsplit(":", 1)[1], 16) == port and cols[9] in inodes:
+                return True
+    return False
+
+
+def test_ctrl_c_while_the_store_opens_on_a_frozen_s3_server_is_honoured_at_once(tmp_path):
+    """moto frozen before the run starts: the run's first call (the listing) waits on it. Ctrl-C once the
+    run holds a connection to it (the store is opening) ends the run with exit 130 and its results. The
+    open's calls were made in the main thread, inside obstore, where the signal waited for obstore's 120 s
+    timeout; a guard of 60 s (a hang guard, not a measurement: the failover budget and the grace are
+    600 s each, so only the signal can end the wait before it) fails that."""
+    srv = _server("s3")
+    try:
+        port = int(srv.url.rsplit(":", 1)[1])
+        tier = _tier("s3", srv)  # (the bucket is made before the freeze)
+        srv.proc.send_signal(signal.SIGSTOP)
+        proc = subprocess.Popen(_cmd(tmp_path, *tier, "--remote-grace-s", "600", "--remote-failover-s", "600",
+                                     "--io-workers", "4", duration=600),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        while not _connected(proc.pid, port):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # (its request sent: either way only the signal ends the wait)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=GUARD_S // 2)
+    finally:
+        srv.stop()
+    assert proc.returncode == 130, err[-3000:]
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "INCOMPLETE"
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("kind", ["redis", "valkey"])
 def test_a_failover_is_ridden_through_and_counted(kind, tmp_path):
     """kill -9 of the server mid-window, the same server started again on its port and data 2 s later
