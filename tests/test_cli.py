@@ -211,6 +211,11 @@ def test_argparse_errors_are_one_line_exit_2(capsys, argv, fragment):
         ({"io_workers": -1}, "--io-workers cannot be negative, got -1"),
         ({"partial_results_interval": -1.0}, "--partial-results-interval cannot be negative, got -1"),
         ({"partial_results_interval": float("nan")}, "--partial-results-interval must be a finite number, got nan"),
+        # the remote tiers' deadline: a NaN grace ended no wait on a frozen server, a negative one every wait
+        ({"remote_grace_s": -1.0}, "--remote-grace-s cannot be negative, got -1"),
+        ({"remote_grace_s": float("nan")}, "--remote-grace-s must be a finite number, got nan"),
+        ({"remote_failover_s": -1.0}, "--remote-failover-s cannot be negative, got -1"),
+        ({"remote_failover_s": float("inf")}, "--remote-failover-s must be a finite number, got inf"),
     ],
 )
 def test_each_validation_rule(overrides, message):

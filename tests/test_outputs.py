@@ -101,3 +101,37 @@ def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings
     fallback = text.rsplit("Results written to ", 1)[1].split("\n", 1)[0].strip()
     assert fallback.startswith(str(tmp_path / "kv-cache-fallback-")) and os.path.exists(fallback)
     assert "could not write the results" in caplog.text and fallback in caplog.text
+
+
+def test_a_final_document_that_cannot_replace_the_periodic_one_says_so(quick_settings, tmp_path, monkeypatch,
+                                                                       caplog):
+    """The results file holds this run's periodic document (keep=False) and the final one cannot replace
+    it (the directory went read-only, the disk filled): the periodic one stays, INCOMPLETE, saying it is
+    there when "the rank ended without its final document". The final document, in the fallback, says that
+    the file at --output is stale and superseded by it, and so does the log."""
+    import io
+
+    from kv_cache.benchmarks.standard.outputs import write_outputs
+    from kv_cache.results.run_document import interrupted_results
+
+    settings = quick_settings("--output", str(tmp_path / "r.json"))
+    real = write_mod.write_json_atomic
+
+    def fail_first(path, data):
+        if str(path) == settings.outputs.output:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+    monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)
+    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path))
+    out = io.StringIO()
+    write_outputs(settings, interrupted_results({}, settings), out, keep=False)
+    fallback = out.getvalue().rsplit("Results written to ", 1)[1].split("\n", 1)[0].strip()
+    notes = json.loads(open(fallback).read())["measurement"]["notes"]
+    [note] = [n for n in notes if "could not be replaced" in n]
+    assert settings.outputs.output in note and "No space left on device" in note
+    assert f"superseded by this final document at {fallback}" in note and note in caplog.text
+    # with a file of someone else's there (keep=True: kept as .1 first), nothing of the kind is said
+    out = io.StringIO()
+    write_outputs(settings, interrupted_results({}, settings), out)
+    fallback = out.getvalue().rsplit("Results written to ", 1)[1].split("\n", 1)[0].strip()
+    assert not [n for n in json.loads(open(fallback).read())["measurement"]["notes"] if "could not be replaced" in n]

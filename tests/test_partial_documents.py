@@ -310,3 +310,104 @@ def test_a_snapshot_has_every_attribute_a_recorder_has():
     m = RunMetrics()
     m.open_window()
     assert set(vars(m.snapshot())) >= set(vars(m))
+
+
+def test_audit_says_a_periodic_document_is_not_a_finished_run_and_skips_a_killed_writes_temporary_file(
+        tmp_path, capsys):
+    """`kv-cache audit` of a rank's periodic document: its checks judge the figures it holds (they may be ok),
+    and it says, in the text and in --json, that they are a run's first seconds and not a finished run.
+    A SIGKILL while a document was being written leaves its temporary file (`.NAME.XXXXXXXX.tmp.json`, whole
+    JSON when the kill came at the fsync): audited as a directory it was taken as one more result, and
+    could read OK beside the real file; it is left out and named."""
+    from kv_cache.host.files import atomic_target
+
+    doc, _ = _periodic(1, 2, 2.0, 1000.0)
+    (tmp_path / "r_rank1.json").write_text(json.dumps(doc))
+    whole = _doc(_metrics(np.random.default_rng(1), 30, 30, 0, 3.0), 0, 2, 1000.0, 1003.0)
+    whole.update(verdict="PASS", window_fraction=1.0)
+    with pytest.raises(KeyboardInterrupt), atomic_target(tmp_path / "r_rank0.json") as tmp:
+        Path(tmp).write_text(json.dumps(whole))
+        leftover = Path(tmp).name
+        os.link(tmp, tmp_path / (leftover + ".keep"))  # (as a SIGKILL would leave it: the clean-up does not run)
+        raise KeyboardInterrupt
+    os.rename(tmp_path / (leftover + ".keep"), tmp_path / leftover)
+    assert main(["audit", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped {leftover}: the temporary file of a write killed before its rename" in out
+    assert f"{leftover}:" not in out.replace(f"skipped {leftover}:", "") and "(1 file(s)" in out
+    assert ("[incomplete] document: a periodic document (verdict INCOMPLETE): its run ended, or was still running, "
+            "without its final document; measured until 2.0 s of the 3 s window") in out
+    assert main(["audit", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["skipped_temporary_files"] == [leftover]
+    assert "a periodic document" in printed["files"]["r_rank1.json"]["document"]
+    # a whole run's document says nothing of the kind; a named temporary file is audited (it was asked for)
+    (tmp_path / "whole.json").write_text(json.dumps(whole))
+    assert main(["audit", str(tmp_path / "whole.json")]) == 0
+    assert "[incomplete]" not in capsys.readouterr().out
+    assert main(["audit", str(tmp_path / leftover)]) == 0
+    assert "Overall:" in capsys.readouterr().out
+
+
+def test_the_atomic_write_reads_the_umask_without_changing_it(tmp_path, monkeypatch):
+    """The periodic document is written on its own thread while the I/O workers create files: the
+    os.umask(0)-then-restore idiom would give a file created by another thread in that moment mode 0666
+    & ~0. On Linux the umask is read from /proc/self/status; the file still gets the ordinary mode."""
+    from kv_cache.host import files
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc/self/status")
+    old = os.umask(0o027)
+    try:
+        monkeypatch.setattr(files.os, "umask", lambda *_: pytest.fail("os.umask was called"))
+        with files.atomic_target(tmp_path / "r.json") as tmp:
+            Path(tmp).write_text("{}")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_periodic_bytes_on_the_storage_tiers_device_are_said_beside_its_counters(tmp_path, monkeypatch):
+    """--output on the storage tier's block device: the periodic documents' bytes, written there during the
+    window, are in that device's counters; the results say so (`block_device.periodic_document_bytes`, a
+    note) and so does the console's block-device line. On another device, or with none written, nothing."""
+    from types import SimpleNamespace
+
+    from kv_cache.benchmarks.standard import run as run_mod
+    from kv_cache.render.measurement_section import _block_device_line
+
+    devices = {str(tmp_path / "same"): "vdz", str(tmp_path / "other"): "vdy"}
+    monkeypatch.setattr(run_mod.BlockDeviceCounter, "for_path",
+                        staticmethod(lambda p: SimpleNamespace(name=devices[str(p)]) if str(p) in devices else None))
+    tier = SimpleNamespace(name="vdz")
+
+    def measurement(written):
+        return {"block_device": {"name": "vdz", "bytes_read": 0, "bytes_written": 3 << 30, "tool_bytes_read": 0,
+                                 "tool_bytes_written": 1 << 30},
+                "partial_documents": {"bytes_total": written, "written": 4}, "notes": []}
+    m = measurement(48 << 20)
+    run_mod._periodic_bytes_on_the_device(m, str(tmp_path / "same" / "r.json"), tier)
+    assert m["block_device"]["periodic_document_bytes"] == 48 << 20
+    assert "4 of them, 48.0 MiB in all" in m["notes"][0] and "on vdz, the storage tier's block device" in m["notes"][0]
+    assert "48.0 MiB are this run's periodic results documents" in "\n".join(_block_device_line(m["block_device"]))
+    for path, written in ((tmp_path / "other" / "r.json", 48 << 20), (tmp_path / "same" / "r.json", 0),
+                          (tmp_path / "tmpfs" / "r.json", 48 << 20)):
+        m = measurement(written)
+        run_mod._periodic_bytes_on_the_device(m, str(path), tier)
+        assert "periodic_document_bytes" not in m["block_device"] and not m["notes"]
+        assert "periodic" not in "\n".join(_block_device_line(m["block_device"]))
+
+
+def test_compare_warns_that_a_periodic_document_is_not_a_finished_run(tmp_path, capsys):
+    """`kv-cache compare` of a finished run and a killed run's periodic document compares them (a new check
+    warns and carries on), and says on stderr which one covers only the first seconds of its window."""
+    whole = _doc(_metrics(np.random.default_rng(1), 30, 30, 0, 3.0), 0, 1, 1000.0, 1003.0)
+    whole.update(verdict="PASS", window_fraction=1.0)
+    part, _ = _periodic(0, 1, 2.0, 1000.0)
+    (tmp_path / "a.json").write_text(json.dumps(whole))
+    (tmp_path / "b.json").write_text(json.dumps(part))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"kv-cache compare: warning: {tmp_path / 'b.json'} is a periodic document (verdict INCOMPLETE)" in err
+    assert "measured until 2.0 s of the 3 s window" in err and str(tmp_path / "a.json") not in err

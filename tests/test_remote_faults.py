@@ -19,7 +19,7 @@ import time
 
 import pytest
 import servers
-from test_remote_tiers import _bucket, _cmd, _env, _need_redis, _need_s3, _objects
+from test_remote_tiers import CREDS, _bucket, _cmd, _env, _need_redis, _need_s3, _objects
 
 from kv_cache.host.signals import ABANDON_IO
 from kv_cache.storage import remote
@@ -293,6 +293,63 @@ def test_a_server_frozen_while_the_store_opens_is_named_as_not_answering(monkeyp
     assert "cannot be reached" not in str(info.value)
 
 
+@pytest.mark.parametrize("stage", ["list", "marker", "read back", "head", "sweep"])
+def test_an_s3_server_frozen_while_the_store_opens_is_abandoned_at_the_runs_deadline(stage, monkeypatch):
+    """SIGSTOP of moto at each call the S3 store makes while it opens (the listing, the marker, its read
+    back through the reads' connections, botocore's HEAD, an earlier run's marker in the sweep): each is
+    waited for within the run's deadline (no answer in --remote-failover-s + --remote-grace-s: 2 s here),
+    a setup error naming a server that took the connection and did not answer. These calls were made
+    outside the deadline: each waited for obstore's (or the reads', or botocore's) own 120 s timeout, and
+    the error then said the server "cannot be reached" (the message is what this asserts, not a time).
+    The sweep's abandoned marker read is not taken for a missing marker: nothing is deleted."""
+    from kv_cache.errors import StorageSetupError
+    from kv_cache.storage import s3 as s3mod
+    from kv_cache.storage.remote import MARKER
+
+    for k, v in {**CREDS, "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}.items():
+        monkeypatch.setenv(k, v)
+    srv = _server("s3")
+    bucket = _bucket(srv.url, "frozen")
+    earlier = "kv-cache-run-20200101-000000-1-abcd/"  # an earlier run's namespace, with its marker
+    _client(srv.url).put_object(Bucket=bucket, Key=earlier + MARKER, Body=b"{}")
+    freeze = lambda: srv.proc.send_signal(signal.SIGSTOP)  # noqa: E731
+    if stage == "list":
+        freeze()
+    elif stage == "sweep":
+        one = s3mod.S3Store._sweep_one
+        monkeypatch.setattr(s3mod.S3Store, "_sweep_one", lambda self, sub: (freeze(), one(self, sub))[1])
+    elif stage == "marker":
+        sweep = s3mod.S3Store._sweep
+        monkeypatch.setattr(s3mod.S3Store, "_sweep", lambda self: (sweep(self), freeze())[0])
+    elif stage == "read back":
+        check = s3mod.S3Store._check_clients
+        monkeypatch.setattr(s3mod.S3Store, "_check_clients", lambda self, n: (freeze(), check(self, n))[1])
+    else:
+        head = s3mod.PartWriter.setup_call
+        monkeypatch.setattr(s3mod.PartWriter, "setup_call", lambda self, *a, **kw: (freeze(), head(self, *a, **kw))[1])
+    try:
+        with pytest.raises(StorageSetupError) as info:
+            s3mod.S3Store(bucket, srv.url, grace_s=1, failover_s=1)
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+    try:
+        assert "the server took the connection but did not answer in 2 s (--remote-failover-s 1 + " \
+               "--remote-grace-s 1)" in str(info.value), info.value
+        assert "cannot be reached" not in str(info.value)
+        if stage == "sweep":
+            assert "remove an earlier run's leftovers" in str(info.value)
+        assert earlier + MARKER in _objects(srv.url, bucket)  # (the earlier run's namespace is left alone)
+    finally:
+        srv.stop()
+
+
+def _client(url: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
 @pytest.mark.parametrize("kind", ["redis", "s3"])
 def test_ctrl_c_with_a_frozen_server_is_honoured_at_once(kind, tmp_path):
     """A grace of 600 s: only the stop signal can end the waits on the frozen server before the guard.
@@ -314,6 +371,57 @@ def test_ctrl_c_with_a_frozen_server_is_honoured_at_once(kind, tmp_path):
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["measurement"]["stop_reason"] == "interrupted"
     assert res["measurement"]["remote_tier"]["stopped_answering"] == 0
+    assert "Traceback" not in err
+
+
+def _connected(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a TCP connection to `port` on this host (/proc: its socket inodes)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[2].rsplit(":", 1)[1], 16) == port and cols[9] in inodes:
+                return True
+    return False
+
+
+def test_ctrl_c_while_the_store_opens_on_a_frozen_s3_server_is_honoured_at_once(tmp_path):
+    """moto frozen before the run starts: the run's first call (the listing) waits on it. Ctrl-C once the
+    run holds a connection to it (the store is opening) ends the run with exit 130 and its results. The
+    open's calls were made in the main thread, inside obstore, where the signal waited for obstore's 120 s
+    timeout; a guard of 60 s (a hang guard, not a measurement: the failover budget and the grace are
+    600 s each, so only the signal can end the wait before it) fails that."""
+    srv = _server("s3")
+    try:
+        port = int(srv.url.rsplit(":", 1)[1])
+        tier = _tier("s3", srv)  # (the bucket is made before the freeze)
+        srv.proc.send_signal(signal.SIGSTOP)
+        proc = subprocess.Popen(_cmd(tmp_path, *tier, "--remote-grace-s", "600", "--remote-failover-s", "600",
+                                     "--io-workers", "4", duration=600),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        while not _connected(proc.pid, port):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # (its request sent: either way only the signal ends the wait)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=GUARD_S // 2)
+    finally:
+        srv.stop()
+    assert proc.returncode == 130, err[-3000:]
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "INCOMPLETE"
     assert "Traceback" not in err
 
 

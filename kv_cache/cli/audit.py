@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kv_cache.errors import DocumentError, UsageError
+from kv_cache.host.files import is_atomic_temp
 from kv_cache.results import integrity as integ
 from kv_cache.results.documents import load
 from kv_cache.results.mlperf_tool import is_mlperf_tool_file
+from kv_cache.results.partial import not_finished
 
 __all__ = ["add_audit_flags", "audit_command", "audit_path"]
 
@@ -117,6 +119,7 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
         host = (doc.get("run_parameters") or {}).get("host")
+        document = not_finished(doc)
         block = integ.audit_facts(_with_write_limit(integ.facts_from_ours(doc, _limit_for(limit, host)), limit, host),
                                   ceiling)
         carried = doc.get("integrity") if isinstance(doc.get("integrity"), dict) else {}
@@ -138,7 +141,7 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
                              "per_rank: no rank's verdict recorded and no rank file found (merged_from): the "
                              "ranks' interposer and page-cache checks are unknown"]}
             block = integ.merged_integrity(per_rank, block)
-        return block
+        return {**block, "document": document} if document else block
     return None
 
 
@@ -203,9 +206,12 @@ def _with_write_limit(facts: integ.IntegrityFacts, limit: tuple[float, str] | No
                                device_limit_source=facts.device_limit_source or write[1])
 
 
-def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING,
-               limit: tuple[float, str] | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """(file, integrity block) for PATH: the file itself, or every result under a directory."""
+def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING, limit: tuple[float, str] | None = None,
+               skipped: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(file, integrity block) for PATH: the file itself, or every result under a directory. In a directory
+    the temporary file of a write that was killed before its rename (host/files.py is_atomic_temp: a run's
+    SIGKILL while it rewrote its periodic document or wrote its final one) is no result: it is left out,
+    and named in `skipped` (a list the caller gives)."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")
@@ -217,6 +223,10 @@ def audit_path(path: str, ceiling: float = integ.DEFAULT_CEILING,
     rows = []
     for f in sorted(p.rglob("*.json"), key=lambda x: x.as_posix()):
         if f.name.endswith("_metadata.json") or f.name.endswith("cluster_info.json"):
+            continue
+        if is_atomic_temp(f.name):
+            if skipped is not None:
+                skipped.append(str(f.relative_to(p)))
             continue
         try:
             block = audit_file(f, ceiling, limit)
@@ -236,6 +246,8 @@ def _text(rows: list[tuple[str, dict[str, Any]]], overall: str, out: TextIO) -> 
         host = next((c["numbers"].get("host") for c in block["checks"] if c["check"] == "io_setup"), None)
         where = f", host {host}" if host else ""
         out.write(f"{name}: {block['verdict'].upper()} ({block['source']}{where}){bw}\n")
+        if block.get("document"):
+            out.write(f"  [incomplete] document: {block['document']}\n")
         for c in block["checks"]:
             out.write(f"  [{c['status']}] {c['check']}: {c['reason']}\n")
             if c["check"] == "page_cache" and "counted_read_bytes" in c["numbers"]:
@@ -272,10 +284,14 @@ def audit_command(args: argparse.Namespace, argv: list[str], out: TextIO | None 
     if args.devices:
         from kv_cache.host.devices import load_devices
         _DEVICES["table"] = load_devices(args.devices)
-    rows = [row for path in args.paths for row in audit_path(path, args.ceiling_gbs * 1e9, limit)]
+    skipped: list[str] = []
+    rows = [row for path in args.paths for row in audit_path(path, args.ceiling_gbs * 1e9, limit, skipped)]
     overall = integ.worst_verdict([b["verdict"] for _, b in rows])
     if args.json:
-        out.write(json.dumps({"verdict": overall, "files": {n: b for n, b in rows}}, indent=2) + "\n")
+        out.write(json.dumps({"verdict": overall, "files": {n: b for n, b in rows},
+                              **({"skipped_temporary_files": skipped} if skipped else {})}, indent=2) + "\n")
     else:
         _text(rows, overall, out)
+        for name in skipped:
+            out.write(f"skipped {name}: the temporary file of a write killed before its rename (not a result)\n")
     return 1 if overall == integ.INVALID else 0

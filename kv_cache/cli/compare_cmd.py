@@ -28,6 +28,7 @@ from kv_cache.render.compare import (
 )
 from kv_cache.results.documents import HarnessSummaryDocument, MlperfToolDocument, RunDocument, load
 from kv_cache.results.mlperf_tool import rank_view
+from kv_cache.results.partial import not_finished
 from kv_cache.results.storage_info import storage_label
 
 STDOUT = "-"
@@ -86,6 +87,10 @@ def compare_command(args: argparse.Namespace, argv: list[str], out: TextIO | Non
                         err)
         for note in layout_notes(docs):
             err.write(f"kv-cache compare: note: {note}\n")
+        for name, doc in zip(names, docs, strict=True):  # (a killed run leaves its periodic document: compared, and said)
+            why = not_finished(doc)
+            if why:
+                err.write(f"kv-cache compare: warning: {name} is {why}\n")
         rows = compare_rows(docs)
     except CompareError as exc:
         raise UsageError(str(exc)) from None

@@ -5,19 +5,24 @@ Every output of kv-cache (results, spreadsheet, trace log, plots, pages) goes th
   result silently;
 - atomic_target yields a temporary path in the same directory; what is written there replaces the target
   in one rename when the block ends without an error, and is removed when it raises. A crash or a Ctrl-C
-  never leaves a half-written file under the target's name.
+  never leaves a half-written file under the target's name. A SIGKILL between the temporary file's creation
+  and its rename leaves it (`.NAME.XXXXXXXX.tmp.EXT`, mode 0600, beside the target): nothing reads it as a
+  result (`is_atomic_temp`: `kv-cache audit DIR` skips it and says so) and nothing removes it.
 They live here, below storage/ and render/, so every writer can use them (the layers contract).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_target", "keep_existing"]
+__all__ = ["atomic_target", "current_umask", "is_atomic_temp", "keep_existing"]
+
+_TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.[A-Za-z0-9_]{8}\.tmp(?P<suffix>\.[^.]*)?$")  # (mkstemp's 8 characters)
 
 
 def keep_existing(path: str | os.PathLike) -> str | None:
@@ -50,9 +55,7 @@ def atomic_target(path: str | os.PathLike) -> Iterator[str]:
         yield tmp
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -60,3 +63,27 @@ def atomic_target(path: str | os.PathLike) -> Iterator[str]:
         except FileNotFoundError:
             pass
         raise
+
+
+def is_atomic_temp(name: str) -> bool:
+    """Whether a file name is one of atomic_target's temporary files (`.NAME.XXXXXXXX.tmp.EXT`: a write
+    killed before its rename left it), not a result."""
+    m = _TEMP_NAME.match(name)
+    return bool(m) and (m.group("suffix") or "") == Path(m.group("target")).suffix
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status `Umask:`):
+    the os.umask(0)-then-restore idiom changes it for every thread for that moment, and the periodic
+    results document is written on its own thread while the I/O workers create files. Elsewhere, that
+    idiom."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

@@ -104,6 +104,9 @@ def _block_device_line(bd: dict[str, Any]) -> list[str]:
              f" {bd['tool_bytes_written'] / GIB:.3f} GiB written)",
              f"  Device minus tool: {gap_r:+.3f} GiB read, {gap_w:+.3f} GiB written (the device's counters cover"
              f" the whole run phase and every process using {bd['name']})"]
+    if bd.get("periodic_document_bytes"):
+        lines.append(f"    of the device's written bytes, {bd['periodic_document_bytes'] / 2**20:.1f} MiB are this run's "
+                     "periodic results documents (--output on this device)")
     if max(gap_r, gap_w) > GAP_GIB:
         lines.append("    more on the device = other processes' I/O, filesystem metadata and journal, readahead")
     if min(gap_r, gap_w) < -GAP_GIB:

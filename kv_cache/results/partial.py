@@ -24,7 +24,8 @@ from typing import Any
 
 from kv_cache.results.verdict import mark_incomplete, mark_rank_status, window_fraction
 
-__all__ = ["PARTIAL_KEY", "PARTIAL_STOP", "is_partial", "mark_partial", "partial_until", "read_periodic"]
+__all__ = ["PARTIAL_KEY", "PARTIAL_STOP", "is_partial", "mark_partial", "not_finished", "partial_until",
+           "read_periodic"]
 
 PARTIAL_KEY = "partial_document"
 PARTIAL_STOP = "no final document (a periodic document of the window so far)"
@@ -88,3 +89,27 @@ def read_periodic(path: str, run_ids: Collection[str] = (), since_unix: float = 
     if run_ids and doc.get("run_id") not in run_ids:
         return None
     return doc
+
+
+def not_finished(doc: dict[str, Any]) -> str | None:
+    """What a document of ours that is not a whole run is (None: a whole one): a periodic document (its
+    run ended, or was still running, without its final one), an INCOMPLETE run, or a merge with incomplete
+    or missing ranks (`kv-cache audit`, whose checks judge the figures it holds and so may be ok, and
+    `kv-cache compare`, whose ratios would compare a part of a window, say it)."""
+    until = partial_until(doc)
+    if until is not None:
+        measured, of = until.get("measured_until_s"), until.get("window_duration_s")
+        span = (f"measured until {measured:.1f} s of the {of:g} s window" if isinstance(measured, (int, float))
+                and isinstance(of, (int, float)) else "measured for part of its window")
+        return (f"a periodic document (verdict INCOMPLETE): its run ended, or was still running, without its final "
+                f"document; {span}; its figures cover that part only, not a finished run")
+    if doc.get("verdict") != "INCOMPLETE":
+        return None
+    fraction = doc.get("window_fraction")
+    ranks = [r.get("rank") for r in doc.get("incomplete_ranks") or [] if isinstance(r, dict)]
+    missing = doc.get("missing_ranks") or []
+    return ("an INCOMPLETE run" + (f" ({fraction * 100:.0f} % of its window measured)"
+                                   if isinstance(fraction, (int, float)) else "")
+            + (f"; incomplete rank(s) {', '.join(map(str, ranks))}" if ranks else "")
+            + (f"; missing rank(s) {', '.join(map(str, missing))}" if missing else "")
+            + ": its figures cover what was measured, not a finished run")

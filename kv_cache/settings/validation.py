@@ -101,6 +101,11 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
             # (a wait past the platform's time_t would end in an OverflowError, after the banner)
             errors.append(f"{flag} exceeds {_duration_limit(limits.max_duration_seconds)}, got {delay:g}")
 
+    for flag, name in (("--remote-grace-s", "remote_grace_s"), ("--remote-failover-s", "remote_failover_s")):
+        bound = get(name)  # (None: the config's, checked with the config; NaN there ended no wait, < 0 every one)
+        if bound is not None and finite(flag, bound) and bound < 0:
+            errors.append(f"{flag} cannot be negative, got {bound:g}")
+
     interval = get("partial_results_interval")
     if interval is not None and finite("--partial-results-interval", interval) and interval < 0:
         errors.append(f"--partial-results-interval cannot be negative, got {interval:g} (0 = only at the end)")

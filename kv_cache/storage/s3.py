@@ -36,6 +36,7 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kv_cache.errors import StorageSetupError
+from kv_cache.host.signals import ABANDON_IO
 from kv_cache.settings.run import redacted
 from kv_cache.storage.base import (
     BLOCK,
@@ -251,9 +252,10 @@ class S3Store(SizedStore):
         return classify(self.obstore, self.bucket, self.stats, what, exc)
 
     def _call(self, what: str, fn, failover: bool = True):
-        """`fn()` with throttling retried after backoffs, and obstore's errors classified; as an operation of
-        the run (`failover`): run on a pool thread and waited for within the run's deadline, a lost
-        connection sent again within the failover budget (RemoteStats.failover)."""
+        """`fn()` with throttling retried after backoffs, and obstore's errors classified, as an operation of
+        the run: run on a pool thread and waited for within the run's deadline; with `failover`, a lost
+        connection is sent again within the failover budget (RemoteStats.failover); without (the calls made
+        while the store opens), it is an error at once."""
         def once():
             try:
                 return fn()
@@ -264,8 +266,7 @@ class S3Store(SizedStore):
 
         def attempt():
             return self.stats.backoff(once, what)
-        if not failover:
-            return attempt()
+
         def waited():
             try:
                 future = self._calls.submit(attempt)
@@ -273,61 +274,89 @@ class S3Store(SizedStore):
                 return attempt()
             return self.deadline.result(future, what, self.stats)
         first = self.deadline.begin()
-        try:
-            return self.stats.failover(waited, what, self.deadline)
+        try:  # (no failover: a call made while the store opens is still waited for within the deadline)
+            return self.stats.failover(waited, what, self.deadline) if failover else waited()
         finally:
             if first:
                 self.deadline.end()
 
     def _setup_call(self, what: str, fn):
-        """A call made while opening: any failure is a one-line StorageSetupError (exit 2)."""
-        where = f"s3://{self.bucket}" + (f" at {self.shown_endpoint}" if self.endpoint else "")
+        """A call made while opening: any failure is a one-line StorageSetupError (exit 2). It is waited for
+        within the run's deadline as every call is (RunDeadline.stall_s: no answer in --remote-failover-s +
+        --remote-grace-s abandons it), not only within the clients' own timeouts: a server frozen while the
+        store opened held the run 120 s per call (obstore's timeout), then was named as not reached."""
         try:
             return self._call(f"s3 {what}", fn, failover=False)
         except (KeyError, FileNotFoundError):
-            raise StorageSetupError(f"s3: bucket {self.bucket!r} not found {where}").about("s3_bucket") from None
+            raise StorageSetupError(f"s3: bucket {self.bucket!r} not found {self._where()}").about("s3_bucket") from None
         except OSError as e:
-            if e.errno == errno.EACCES and "TLS certificate failed verification" in (e.strerror or ""):
-                why = e.strerror.split(": ", 1)[-1]
-            elif e.errno == errno.EACCES:
-                why = "the credentials were refused"
-            elif e.errno == errno.ENOTCONN:
-                cause = e.__cause__ or e
-                why = "the server cannot be reached" + (f" ({type(cause).__name__}: {(str(cause).splitlines() or [''])[0]})"
-                                                        if "SSL" in type(cause).__name__ else "")
-            else:
-                why = str(e).split(": ", 1)[-1]
-            raise StorageSetupError(f"s3: cannot {what} in {where}: {why}").about("s3_endpoint") from None
+            raise self._setup_error(what, e) from None
+
+    def _where(self) -> str:
+        return f"s3://{self.bucket}" + (f" at {self.shown_endpoint}" if self.endpoint else "")
+
+    def _setup_error(self, what: str, e: OSError) -> StorageSetupError:
+        """The one-line setup error of a failed call made while opening."""
+        if e.errno == errno.ETIMEDOUT:
+            why = (f"the server took the connection but did not answer in {self.deadline.stall_s:g} s "
+                   f"(--remote-failover-s {self.deadline.failover_s:g} + --remote-grace-s {self.deadline.grace_s:g}): "
+                   "a frozen or overloaded server")
+        elif e.errno == errno.EACCES and "TLS certificate failed verification" in (e.strerror or ""):
+            why = e.strerror.split(": ", 1)[-1]
+        elif e.errno == errno.EACCES:
+            why = "the credentials were refused"
+        elif e.errno == errno.ENOTCONN:
+            cause = e.__cause__ or e
+            why = "the server cannot be reached" + (f" ({type(cause).__name__}: {(str(cause).splitlines() or [''])[0]})"
+                                                    if "SSL" in type(cause).__name__ else "")
+        else:
+            why = str(e).split(": ", 1)[-1]
+        return StorageSetupError(f"s3: cannot {what} in {self._where()}: {why}").about("s3_endpoint")
 
     # ------------------------------------------------------------------ leftovers
     def _sweep(self) -> None:
-        """Remove the namespaces of dead runs of this host under the prefix (remote.py)."""
+        """Remove the namespaces of dead runs of this host under the prefix (remote.py). Every call is waited
+        for within the run's deadline (_call): a server frozen during the sweep is a setup error."""
         listing = self._setup_call("list", lambda: self.obstore.list_with_delimiter(self._s3, self.base_prefix or None))
-        for sub in listing.get("common_prefixes", []):
-            name = sub[len(self.base_prefix):].rstrip("/")
-            try:
-                marker = bytes(self.obstore.get(self._s3, f"{sub.rstrip('/')}/{MARKER}").bytes())
-            except Exception:
-                marker = None
-            why = stale_owner(name, marker)
-            if why is None:
-                continue
-            uploads = abort_uploads(self.bucket, self.endpoint, sub.rstrip("/") + "/")
-            parts = ("; its incomplete multipart uploads not checked (boto3 lists them)" if uploads is None
-                     else f", {uploads} incomplete multipart upload(s) aborted" if uploads else "")
-            objects = [m for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/") for m in batch]
-            mine = [m["path"] for m in objects if m["path"].endswith(ENTRY_SUFFIX)]
-            kept = [m["path"] for m in objects if not m["path"].endswith((ENTRY_SUFFIX, "/" + MARKER))]
-            freed = sum(m["size"] for m in objects if m["path"].endswith(ENTRY_SUFFIX))
-            if mine:
-                self.obstore.delete(self._s3, mine)
-            if kept:
-                self.swept.append(f"left the run prefix s3://{self.bucket}/{sub} of an earlier run ({why}): it "
-                                  f"holds {len(kept)} object(s) that are not a run's{parts}")
-                continue
-            self.obstore.delete(self._s3, f"{sub.rstrip('/')}/{MARKER}")
-            self.swept.append(f"removed the run prefix s3://{self.bucket}/{sub} left by an earlier run ({why}): "
-                              f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB{parts}")
+        try:
+            for sub in listing.get("common_prefixes", []):
+                self._sweep_one(sub)
+        except OSError as e:
+            raise self._setup_error("remove an earlier run's leftovers", e) from None
+
+    def _sweep_one(self, sub: str) -> None:
+        name = sub[len(self.base_prefix):].rstrip("/")
+
+        def call(what: str, fn):
+            return self._call(f"s3 {what} under {sub}", fn, failover=False)
+        try:
+            marker = bytes(call("read of the marker", lambda: self.obstore.get(self._s3, f"{sub.rstrip('/')}/{MARKER}")
+                                .bytes()))
+        except Exception:
+            if self.deadline.dead or ABANDON_IO.is_set():  # (not answered: never taken for a missing marker)
+                raise
+            marker = None  # (no marker, or not readable: the namespace is kept)
+        why = stale_owner(name, marker)
+        if why is None:
+            return
+        uploads = call("abort of the multipart uploads", lambda: abort_uploads(self.bucket, self.endpoint,
+                                                                              sub.rstrip("/") + "/"))
+        parts = ("; its incomplete multipart uploads not checked (boto3 lists them)" if uploads is None
+                 else f", {uploads} incomplete multipart upload(s) aborted" if uploads else "")
+        objects = call("list", lambda: [m for batch in self.obstore.list(self._s3, sub.rstrip("/") + "/")
+                                        for m in batch])
+        mine = [m["path"] for m in objects if m["path"].endswith(ENTRY_SUFFIX)]
+        kept = [m["path"] for m in objects if not m["path"].endswith((ENTRY_SUFFIX, "/" + MARKER))]
+        freed = sum(m["size"] for m in objects if m["path"].endswith(ENTRY_SUFFIX))
+        for i in range(0, len(mine), 1000):  # (a batch a call, as close() deletes: each call has the deadline)
+            call("delete", lambda b=mine[i:i + 1000]: self.obstore.delete(self._s3, b))
+        if kept:
+            self.swept.append(f"left the run prefix s3://{self.bucket}/{sub} of an earlier run ({why}): it "
+                              f"holds {len(kept)} object(s) that are not a run's{parts}")
+            return
+        call("delete of the marker", lambda: self.obstore.delete(self._s3, f"{sub.rstrip('/')}/{MARKER}"))
+        self.swept.append(f"removed the run prefix s3://{self.bucket}/{sub} left by an earlier run ({why}): "
+                          f"{len(mine)} object(s), {freed / (1 << 20):.1f} MiB{parts}")
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:

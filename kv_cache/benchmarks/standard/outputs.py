@@ -16,7 +16,7 @@ from kv_cache.render.merged_table import merged_table
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.outputs import write_results
 from kv_cache.results.partial import read_periodic
-from kv_cache.results.write import Written, write_document
+from kv_cache.results.write import Written, write_document, write_json_atomic
 from kv_cache.settings.run import RunSettings
 
 __all__ = ["lost_rank_documents", "write_merged", "write_merged_document", "write_outputs"]
@@ -32,6 +32,14 @@ def write_outputs(settings: RunSettings, results: dict[str, Any], out, keep: boo
     printed and the results go to a fallback path that the message names. `keep` False: the file there is
     this run's own periodic document (benchmarks/standard/partial.py), which the final one replaces."""
     written = write_results(settings.outputs.output, results, keep)
+    if written.error and not keep:  # the periodic document there stays: INCOMPLETE, and it says "if it is still
+        # here, the rank ended without its final document", which is not so: this document says where it is
+        stale = (f"the results file {settings.outputs.output} could not be replaced ({written.error}): what is "
+                 "there is this run's last periodic document (INCOMPLETE, the window until then), superseded by "
+                 f"this final document at {written.path}")
+        results.setdefault("measurement", {}).setdefault("notes", []).append(stale)
+        write_json_atomic(written.path, results)
+        log.warning("%s", stale)
     print_report(results, out, closing=False)
     if written.error:
         log.error("could not write the results to %s; they are in %s", written.error, written.path)

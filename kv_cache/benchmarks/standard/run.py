@@ -363,6 +363,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         results["measurement"]["io_workers_choice"] = choice.as_dict()
         if partial is not None:
             results["measurement"]["partial_documents"] = partial.record()
+            _periodic_bytes_on_the_device(results["measurement"], settings.outputs.output, blockdev)
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
         results["measurement"]["timed"] = meas.TIMED_REMOTE
         results["measurement"]["device_timer"] = {"timer": "python", "description": "perf_counter_ns() around "
@@ -397,6 +398,24 @@ def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, reco
     partial = holder["partial"] = PartialDocuments(settings.outputs.output, interval, float(settings.driver.duration),
                                                    take, lambda snap: build_results(record_of(snap)))
     return partial
+
+
+def _periodic_bytes_on_the_device(measurement: dict[str, Any], output: str, blockdev) -> None:
+    """When --output is on the storage tier's block device, the periodic documents' bytes (written during
+    the window) are in that device's counters: said beside them (`block_device.periodic_document_bytes`, a
+    note, the console's block-device line), so that "device minus tool" is not read as other I/O only."""
+    bd, record = measurement.get("block_device"), measurement.get("partial_documents") or {}
+    written = int(record.get("bytes_total") or 0)
+    if not isinstance(bd, dict) or blockdev is None or not written:
+        return
+    there = BlockDeviceCounter.for_path(os.path.dirname(os.path.abspath(output)))
+    if there is None or there.name != blockdev.name:
+        return
+    bd["periodic_document_bytes"] = written
+    measurement.setdefault("notes", []).append(
+        f"the periodic results documents ({record.get('written')} of them, {written / 2**20:.1f} MiB in all) were "
+        f"written to {output} during the window, on {blockdev.name}, the storage tier's block device: its written "
+        "bytes include them (--partial-results-interval 0, or --output on another device, keeps them off it)")
 
 
 @dataclass
