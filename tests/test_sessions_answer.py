@@ -252,9 +252,10 @@ def test_a_rung_without_returning_turns_is_short_of_evidence_not_a_miss():
     both = rungs + [dict(r, tiers="dram") for r in rungs]
     sentence, _ = answer(both, 2.0, 1, "h100")
     # p90 at 8 is 2.0 s +- 3 % against 2 s: the fit meets the SLO up to 8, but draws cross below it, so the
-    # 95 % bound lies inside the ladder (it read "at least 8" before)
-    assert "hold at least 7.6 (95 %: the fit meets the SLO up to the top rung with the evidence, 8, but " in sentence
-    assert "without a tier, at least 7.6 (95 %" in sentence and "x? (censored)" in sentence
+    # 95 % bound lies inside the ladder (it read "at least 8" before; 7.6 before the bootstrap redrew each
+    # replication's effect whole: these replications' +-3 % holds at every rung, an effect shared on the ladder)
+    assert "hold at least 7.3 (95 %: the fit meets the SLO up to the top rung with the evidence, 8, but " in sentence
+    assert "without a tier, at least 7.3 (95 %" in sentence and "x? (censored)" in sentence
     one = [cell("none", n, 8.0, k=1) for n in (4, 8, 16)] + [cell("dram", n, 14.0, k=1) for n in (4, 8, 16)]
     _, d1 = answer(one, 2.0, 1, "h100")
     assert d1["configs"]["dram"]["sessions_ci"]["low"] <= d1["configs"]["dram"]["sessions"]  # exact curve: no residual
