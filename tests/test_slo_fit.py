@@ -208,3 +208,21 @@ def test_a_rungs_fast_replication_with_many_turns_does_not_outweigh_its_slow_one
              for k, (f, t) in enumerate(((1.0, 100), (2.0, 12), (2.0, 12)))]
     out, _ = estimate({"a": cells}, 2.0, n_boot=100)
     assert out["a"].status == "interpolated" and out["a"].sessions < 8  # equal weights: 2.38 s at 8, a miss
+
+
+def test_an_interval_cut_at_the_ladders_end_is_a_bound_there():
+    # review of issue 29 item 3: the t widening could carry an interval end past the top rung, where it was
+    # cut to 16 and printed "[11.4, 16.0]" as if the interval ended there, with no draw censored to say so
+    cells = [Cell(n, r, 0.5 * (n / 4) ** 1.2 * (1 + 0.1 * (r - 1)) if n < 16 else 2.5 * (1 + 0.1 * (r - 1)), 20)
+             for n in (4, 8, 16) for r in range(3)]
+    c = estimate({"a": cells}, 2.0, seed=0)[0]["a"]
+    assert c.status == "interpolated"
+    if c.high >= 16 * (1 - 1e-9):
+        assert c.high_bound
+    if c.low <= 4 * (1 + 1e-9):
+        assert c.low_bound
+    # an interval well inside the ladder has no bound at either end
+    inner = [Cell(n, r, 0.5 * (n / 4) ** 2 * math.exp(0.05 * (r - 1)), 40) for n in (4, 6, 8, 10, 12, 16) for r in range(3)]
+    c = estimate({"a": inner}, 2.0, seed=0)[0]["a"]
+    assert c.status == "interpolated" and 4 < c.low <= c.sessions <= c.high < 16
+    assert not c.low_bound and not c.high_bound

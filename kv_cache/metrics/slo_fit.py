@@ -349,13 +349,15 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         lo_q, hi_q = np.quantile(xs, [alpha, 1.0 - alpha])
         mid, k = math.log(c.sessions), _widen(df, alpha)
         bottom, top = min(c.rungs_counted), max(c.rungs_counted)
-        c.low = max(bottom, math.exp(mid - k * (mid - lo_q)))
-        c.high = min(top, math.exp(mid + k * (hi_q - mid)))
+        raw_low, raw_high = math.exp(mid - k * (mid - lo_q)), math.exp(mid + k * (hi_q - mid))
+        c.low, c.high = max(bottom, raw_low), min(top, raw_high)
         # an interval must hold its own estimate: draws all on one side of it (a bootstrap at odds with the
         # fit, e.g. two records of one rung) widen it to the estimate rather than exclude it
         c.low, c.high = min(c.low, c.sessions), max(c.high, c.sessions)
-        c.low_bound = c.low <= bottom * (1 + 1e-9) and bool(np.any(sts == "censored_low"))
-        c.high_bound = c.high >= top * (1 - 1e-9) and bool(np.any(sts == "censored_high"))
+        # an end at the ladder's end is a bound when draws crossed beyond it, or when the widened interval
+        # reached past it and was cut there (16.0 printed as the interval's end where the interval went on)
+        c.low_bound = c.low <= bottom * (1 + 1e-9) and (bool(np.any(sts == "censored_low")) or raw_low < bottom)
+        c.high_bound = c.high >= top * (1 - 1e-9) and (bool(np.any(sts == "censored_high")) or raw_high > top)
         above = [n for n in c.rungs_short if n > top]
         below = [n for n in c.rungs_short if n < bottom]
         if c.status == "censored_high":

@@ -218,8 +218,9 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
                      + ", ".join(f"{p:.2f} s at {n:g}" for n, p in fit.pooled_across_slo)
                      + f", against {slo:g} s); the figure assumes p90 rises with sessions")
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
-        flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
-                     f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
+        flags.append("interval reaches the ladder's end: the interval (the bootstrap draws' percentiles, widened by "
+                     f"t) goes past it, {1 - fit.answered_draws:.0%} of the draws crossing outside the ladder; a "
+                     "bound is printed there")
     if status == "interpolated" and fit.no_residuals:
         ci["no_residuals"] = True
         ci["method"] = ("bounds, not a confidence interval: the counted rungs either side of the crossing (the fit "
