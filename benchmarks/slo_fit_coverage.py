@@ -16,7 +16,7 @@ separated, print a table each.
 
 prints one line per case: ``curve=NAME sigma=S K=K coverage=C bias=B answered=A`` (coverage of the 95 %
 interval over the answered runs; bias = mean estimate - truth, in sessions; answered = share of runs whose
-crossing was interpolated, not censored). A few minutes on one core.
+crossing was interpolated, not censored). About 5-15 minutes a table on one core of the shared 2-core machine.
 """
 
 from __future__ import annotations

@@ -415,6 +415,7 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                 "low_is_bound": bool(out[a].low_bound or out[b].high_bound),
                 "high_is_bound": bool(out[a].high_bound or out[b].low_bound),
                 "n": max_rep, "bootstrap_draws": n_boot, "confidence": confidence,
-                "method": "paired residual bootstrap over replications (the same draws for both configurations), "
-                          "percentile interval widened by t/z at the residual degrees of freedom"}
+                "method": "paired two-level residual bootstrap (each replication's effect redrawn whole, then the "
+                          "cells' residuals; the same draws for both configurations), percentile interval widened "
+                          "by t/z at Satterthwaite's degrees of freedom"}
     return out, ratios

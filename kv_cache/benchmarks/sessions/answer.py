@@ -203,8 +203,8 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         ci = {"estimate": fit.sessions, "low": fit.low, "high": fit.high, "low_is_bound": fit.low_bound,
               "high_is_bound": fit.high_bound, "n": len(fit_cells(cells)), "confidence": 0.95,
               "method": "isotonic fit of log p90 on log sessions over every cell (weighted by returning turns), "
-                        "monotone cubic between its blocks; paired residual bootstrap over replications "
-                        "(kv_cache/metrics/slo_fit.py)"}
+                        "monotone cubic between its blocks; paired two-level residual bootstrap (replications' "
+                        "effects, then cells) (kv_cache/metrics/slo_fit.py)"}
     if status in ("censored_high", "censored_low"):
         flags.append(f"censored: {fit.why}")
     elif status == "not_enough_evidence":
