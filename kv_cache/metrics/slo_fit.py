@@ -21,16 +21,21 @@ The data are cells: one (rung, replication), its p90 return TTFT and the returni
 - **The crossing** is where the fitted curve reaches log S. It is censored only by the fit: when the fit
   stays below S up to the top counted rung ("at least N": the SLO is met throughout the ladder) or above S
   from the lowest ("fewer than N"); then a bound is printed, with why.
-- **The interval** comes from a residual bootstrap over replications: each cell's residual from the fit,
-  scaled by the square root of its turns and inflated by sqrt(n / (n - blocks)) for the blocks the fit
-  used, is redrawn from the cell of a random replication at a random place on the ladder (the configuration's
-  own cell of that replication there). The draws (replication, place) are the same for every configuration:
-  replication k of every configuration replays the same sessions, so a replication's effect on both is
-  carried into the ratio (paired). Residuals are pooled over the ladder because redrawing them within a rung
-  (3 values at K = 3) covered 0.78-0.80 in the coverage study. The fit and crossing are recomputed on every
-  draw; the interval is the percentile interval of the draws around the estimate, widened by the t-quantile
-  over the normal one at the residual degrees of freedom; an end where draws cross outside the ladder is a
-  bound there. Each replication is a fresh sample of sessions (workload/session_supply.py resamples a
+- **The interval** comes from a two-level residual bootstrap over replications and cells. A replication
+  replays one sample of sessions at every rung, so its effect is shared along the ladder: each
+  replication's effect (the mean of its cells' residuals, centred) is redrawn whole, from a random
+  replication, scaled by sqrt(K / (K - 1)). The rest of each cell's residual, scaled by the square root of its
+  turns and inflated by sqrt(n / (n - blocks - (K - 1))), is redrawn from the cell of a random replication at
+  a random place on the ladder (the configuration's own cell of that replication there). Every draw
+  (replication effects, cells' replication and place) is the same for every configuration: replication k of
+  every configuration replays the same sessions, so a replication's effect on both is carried into the ratio
+  (paired). Residuals are pooled over the ladder because redrawing them within a rung (3 values at K = 3)
+  covered 0.78-0.80 in the coverage study; redrawing cells alone, without the replication level, covered
+  0.74-0.79 where the noise is a replication effect. The fit and crossing are recomputed on every draw;
+  the interval is the percentile interval of the draws around the estimate, widened by the t-quantile over
+  the normal one at Satterthwaite's degrees of freedom (K - 1 for the replications' share of the crossing's
+  variance, the cells' residual df for the rest); an end where draws cross outside the ladder is a bound
+  there. With one replication the cells' level alone is redrawn. Each replication is a fresh sample of sessions (workload/session_supply.py resamples a
   trace's sessions per replication), so resampling replications resamples sessions.
 - **The ratio** of two configurations' crossings comes from the same draws (paired).
 """
@@ -51,6 +56,7 @@ __all__ = ["MIN_CELL_TURNS", "MIN_RUNG_TURNS", "Cell", "Crossing", "estimate", "
 
 MIN_CELL_TURNS = 10
 N_BOOT = 400
+N_COMPONENT_DRAWS = 100  # draws of each level alone, for the degrees of freedom of the t widening
 CONFIDENCE = 0.95
 
 
@@ -238,6 +244,17 @@ def _prepare(cells: Sequence[Cell], replications: int = 1) -> _Prepared:
                      np.array(y), np.array(t), short, [c.turns for c in cells])
 
 
+def _crossings(p: _Prepared, w: np.ndarray, target: float, yb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fit's crossing (log sessions) and status on every bootstrap draw of the cells' log p90 (rows)."""
+    ymb, _ = p.means(yb)
+    lx = np.log(p.rungs)
+    xs, sts = np.empty(yb.shape[0]), np.empty(yb.shape[0], dtype=object)
+    for b in range(yb.shape[0]):
+        bx, by, _ = fit_curve(lx, ymb[b], w)
+        xs[b], sts[b] = _cross(bx, by, target)
+    return xs, sts
+
+
 def _widen(df: int, alpha: float) -> float:
     """t over z at the residual degrees of freedom: the percentile interval's widening for a small sample."""
     return t_quantile(1.0 - alpha, df) / 1.959963984540054
@@ -258,6 +275,8 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
     n_cells = max((p.t.size for p in prepared.values()), default=1) or 1
     src_rep = rng.integers(0, max_rep, size=(n_boot, n_cells))
     src_pos = rng.random((n_boot, n_cells))
+    # and per (bootstrap, replication) the replication whose effect it takes: shared by every configuration too
+    src_effect = rng.integers(0, max_rep, size=(n_boot, max_rep))
     draws: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
     for name, p in prepared.items():
         if p.rungs.size < 2:
@@ -291,16 +310,36 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                 ri, rp = int(rung_pick[bi, j]), int(rep_pick[bi, j])
                 cell = index.get((rp, ri))
                 src[bi, j] = cell if cell is not None else by_rung[ri][rp % by_rung[ri].size]
-        yb = fitted[None, :] + r[src] / np.sqrt(p.t)[None, :]
-        ymb, _ = p.means(yb)
-        xs, sts = np.empty(n_boot), np.empty(n_boot, dtype=object)
-        lx = np.log(p.rungs)
-        for b in range(n_boot):
-            bx, by, _ = fit_curve(lx, ymb[b], w)
-            xs[b], sts[b] = _cross(bx, by, target)
+        present = np.unique(p.rep)
+        if present.size >= 2:
+            # two levels: a replication replays one sample of sessions at every rung, so its effect is shared
+            # across the ladder (a heavy sample is slow everywhere); redrawing cells alone averaged it away
+            # (coverage 0.74-0.79 with such an effect, benchmarks/slo_fit_coverage.py). Each replication's
+            # effect (the mean of its residuals, centred) is redrawn whole, scaled by sqrt(K / (K - 1)); the
+            # rest of each residual is redrawn as a cell's
+            d, kp = p.y - fitted, present.size
+            u = np.zeros(max_rep)
+            for k_ in present:
+                u[k_] = d[p.rep == k_].mean()
+            u[present] -= u[present].mean()
+            df_w = max(1, p.t.size - cx.size - (kp - 1))
+            r = (d - u[p.rep]) * np.sqrt(p.t) * math.sqrt(p.t.size / df_w)
+            effect = u[present[src_effect % kp]][:, p.rep] * math.sqrt(kp / (kp - 1))
+            cell_part = r[src] / np.sqrt(p.t)[None, :]
+            xs, sts = _crossings(p, w, target, fitted[None, :] + effect + cell_part)
+            # the degrees of freedom for the t widening (Satterthwaite): K - 1 for the replications' part of the
+            # crossing's variance, the cells' residual df for the rest, each part's variance from its own draws
+            # (the first N_COMPONENT_DRAWS: a df needs no more)
+            m = min(n_boot, N_COMPONENT_DRAWS)
+            v_rep = float(np.var(_crossings(p, w, target, fitted[None, :] + effect[:m])[0]))
+            v_cell = float(np.var(_crossings(p, w, target, fitted[None, :] + cell_part[:m])[0]))
+            df = (max(1, int((v_rep + v_cell) ** 2 / (v_rep**2 / (kp - 1) + v_cell**2 / df_w)))
+                  if v_rep + v_cell > 0 else df_w)
+        else:
+            xs, sts = _crossings(p, w, target, fitted[None, :] + r[src] / np.sqrt(p.t)[None, :])
         # no residual to redraw (one cell per block: e.g. one replication on a monotone curve): every draw is
         # the fit itself, a zero-width "interval"
-        flat = p.t.size <= cx.size or bool(np.allclose(r, 0.0))
+        flat = p.t.size <= cx.size or bool(np.allclose(p.y - fitted, 0.0))
         draws[name] = (xs, sts, df, flat)
     alpha = (1.0 - confidence) / 2.0
     for name, (xs, sts, df, flat) in draws.items():
@@ -310,13 +349,15 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
         lo_q, hi_q = np.quantile(xs, [alpha, 1.0 - alpha])
         mid, k = math.log(c.sessions), _widen(df, alpha)
         bottom, top = min(c.rungs_counted), max(c.rungs_counted)
-        c.low = max(bottom, math.exp(mid - k * (mid - lo_q)))
-        c.high = min(top, math.exp(mid + k * (hi_q - mid)))
+        raw_low, raw_high = math.exp(mid - k * (mid - lo_q)), math.exp(mid + k * (hi_q - mid))
+        c.low, c.high = max(bottom, raw_low), min(top, raw_high)
         # an interval must hold its own estimate: draws all on one side of it (a bootstrap at odds with the
         # fit, e.g. two records of one rung) widen it to the estimate rather than exclude it
         c.low, c.high = min(c.low, c.sessions), max(c.high, c.sessions)
-        c.low_bound = c.low <= bottom * (1 + 1e-9) and bool(np.any(sts == "censored_low"))
-        c.high_bound = c.high >= top * (1 - 1e-9) and bool(np.any(sts == "censored_high"))
+        # an end at the ladder's end is a bound when draws crossed beyond it, or when the widened interval
+        # reached past it and was cut there (16.0 printed as the interval's end where the interval went on)
+        c.low_bound = c.low <= bottom * (1 + 1e-9) and (bool(np.any(sts == "censored_low")) or raw_low < bottom)
+        c.high_bound = c.high >= top * (1 - 1e-9) and (bool(np.any(sts == "censored_high")) or raw_high > top)
         above = [n for n in c.rungs_short if n > top]
         below = [n for n in c.rungs_short if n < bottom]
         if c.status == "censored_high":
@@ -374,6 +415,7 @@ def estimate(configs: Mapping[str, Sequence[Cell]], slo_s: float, seed: int = 0,
                 "low_is_bound": bool(out[a].low_bound or out[b].high_bound),
                 "high_is_bound": bool(out[a].high_bound or out[b].low_bound),
                 "n": max_rep, "bootstrap_draws": n_boot, "confidence": confidence,
-                "method": "paired residual bootstrap over replications (the same draws for both configurations), "
-                          "percentile interval widened by t/z at the residual degrees of freedom"}
+                "method": "paired two-level residual bootstrap (each replication's effect redrawn whole, then the "
+                          "cells' residuals; the same draws for both configurations), percentile interval widened "
+                          "by t/z at Satterthwaite's degrees of freedom"}
     return out, ratios

@@ -42,7 +42,7 @@ METHOD = (
     "Effective capacity = the rung (sessions) with the highest mean per-GPU throughput, or with "
     "--slo-ttft-p90 the largest session count whose p90 TTFT of returning turns meets the SLO; the answer: "
     "the SLO bracket bisected (up to 3 extra rungs), then a monotone fit of log p90 on log sessions over every "
-    "cell with the evidence (>= 36 returning turns per rung), its crossing, and a paired residual bootstrap "
+    "cell with the evidence (>= 36 returning turns per rung), its crossing, and a paired two-level (replications, cells) residual bootstrap "
     "interval (metrics/slo_fit.py)."
 )
 

@@ -23,7 +23,7 @@ called capacity.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kv_cache.metrics.slo_fit import (
@@ -203,8 +203,8 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
         ci = {"estimate": fit.sessions, "low": fit.low, "high": fit.high, "low_is_bound": fit.low_bound,
               "high_is_bound": fit.high_bound, "n": len(fit_cells(cells)), "confidence": 0.95,
               "method": "isotonic fit of log p90 on log sessions over every cell (weighted by returning turns), "
-                        "monotone cubic between its blocks; paired residual bootstrap over replications "
-                        "(kv_cache/metrics/slo_fit.py)"}
+                        "monotone cubic between its blocks; paired two-level residual bootstrap (replications' "
+                        "effects, then cells) (kv_cache/metrics/slo_fit.py)"}
     if status in ("censored_high", "censored_low"):
         flags.append(f"censored: {fit.why}")
     elif status == "not_enough_evidence":
@@ -218,8 +218,9 @@ def _config_answer(cells: list[dict[str, Any]], slo: float, fit: Crossing) -> di
                      + ", ".join(f"{p:.2f} s at {n:g}" for n, p in fit.pooled_across_slo)
                      + f", against {slo:g} s); the figure assumes p90 rises with sessions")
     if status == "interpolated" and (fit.low_bound or fit.high_bound):
-        flags.append("interval reaches the ladder's end: some bootstrap draws cross outside the ladder "
-                     f"({1 - fit.answered_draws:.0%} of them); a bound is printed there")
+        flags.append("interval reaches the ladder's end: the interval (the bootstrap draws' percentiles, widened by "
+                     f"t) goes past it, {1 - fit.answered_draws:.0%} of the draws crossing outside the ladder; a "
+                     "bound is printed there")
     if status == "interpolated" and fit.no_residuals:
         ci["no_residuals"] = True
         ci["method"] = ("bounds, not a confidence interval: the counted rungs either side of the crossing (the fit "
@@ -383,10 +384,12 @@ def evidence_text(rungs: list[dict[str, Any]], replications: int | None = None, 
                    "long is needed, or pauses over sessions.human_threshold_s")
 
 
-def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) -> tuple[str, dict[str, Any]]:
+def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str,
+           run_flags: Sequence[str] = ()) -> tuple[str, dict[str, Any]]:
     """The one-sentence answer and its structured detail (per configuration and each ratio to the baseline:
     `none` when it ran, else the first configuration). Every figure carries its interval or a bound, and the
-    sentence ends with the flags that qualify it; without the evidence, it says so and gives no figure."""
+    sentence ends with the flags that qualify it (`run_flags`: the run's own, e.g. an engine model no published
+    run of this GPU supports); without the evidence, it says so and gives no figure."""
     configs = list(dict.fromkeys(r["tiers"] for r in rungs))
     by_cfg = {cfg: [r for r in rungs if r["tiers"] == cfg] for cfg in configs}
     fits, fitted_ratios = estimate({cfg: fit_cells(cells) for cfg, cells in by_cfg.items()}, slo)
@@ -430,7 +433,7 @@ def answer(rungs: list[dict[str, Any]], slo: float, gpus: int, gpu_name: str) ->
             cut = set(per[c]["fit"]["rungs_short_of_evidence"])
             sentence += (f" ({c}, beyond the bound: "
                          f"{evidence_text([r for r in rungs if r['tiers'] == c and r['sessions'] in cut], k_run, True)})")
-    tags = sentence_flags(rungs, per)
+    tags = sentence_flags(rungs, per) + [f for f in run_flags if f]
     if tags:
         sentence += f" [flags: {'; '.join(tags)}]"
     detail = {"slo_ttft_p90_s": slo, "baseline": base, "configs": per,
@@ -452,7 +455,9 @@ def sentence_flags(rungs: list[dict[str, Any]], per: dict[str, dict[str, Any]]) 
     """Every flag that qualifies the answer, in a few words each (their whole text is in answer_detail):
     the configurations' (censored, short of evidence, interval at the ladder's end, ratio not significant,
     one replication, an SLO met only within its interval) and the rungs' (windows under 3 turn cycles,
-    warm-ups not detected)."""
+    warm-ups not detected, windows the plan lengthened, and, counted by kind, the rung flags that qualify what
+    was measured: HBM never filled, an offload tier never read, a storage tier in RAM unshaped, a tier faster
+    than the host link, work per turn unlike the other configurations')."""
     tags = []
     for cfg, c in per.items():
         for f in c["flags"]:
@@ -465,7 +470,25 @@ def sentence_flags(rungs: list[dict[str, Any]], per: dict[str, dict[str, Any]]) 
     if nowarm:
         tags.append(f"no stationary warm-up detected at {nowarm} of {len(rungs)} rungs")
     tags += planned_windows_flag(rungs)
+    for words, hit in _QUALIFYING_RUNG_FLAGS:
+        n = sum(1 for r in rungs if any(hit(f) for f in r.get("flags", [])))
+        if n:
+            tags.append(f"{words} at {n} of {len(rungs)} rungs")
+    # flag_work_equivalence's verdict (a configuration that "holds more" may have done less work per turn)
+    unequal = sum(1 for r in rungs if (r.get("work") or {}).get("flagged") and (r.get("work") or {}).get("turns_completed"))
+    if unequal:
+        tags.append(f"work per turn differs from the other configurations' at {unequal} of {len(rungs)} rungs")
     return list(dict.fromkeys(tags))
+
+
+# the rung flags that qualify what a figure measured (rung_results.rung_flags, tier_checks.tier_flags): the
+# sentence names each kind with its count of rungs; the table under it gives their whole text
+_QUALIFYING_RUNG_FLAGS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("HBM never filled (the offload tier cannot matter)", lambda f: f.startswith("HBM never filled")),
+    ("offload tier never read", lambda f: f.startswith("the offload tier was never read")),
+    ("storage tier in RAM, unshaped", lambda f: f.startswith("the storage tier is on") and "(RAM), unshaped" in f),
+    ("a tier faster than the GPU's host link", lambda f: "is faster than the GPU's host link" in f),
+)
 
 
 def planned_windows_flag(rungs: list[dict[str, Any]]) -> list[str]:

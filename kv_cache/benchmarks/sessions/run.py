@@ -139,7 +139,9 @@ def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply: 
     if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
         progress.total = None
         refine_ladder(rungs, tiers, slo_ttft_p90_s, run_cell)
-        body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name)
+        flag_work_equivalence(rungs)  # before the answer: its sentence carries the rungs the control flagged
+        unvalidated = ["engine model unvalidated on this GPU"] if engine_gpu_warning(ls) else []
+        body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name, unvalidated)
     flag_work_equivalence(rungs)
     summary = summarize(rungs, raw, slo_ttft_p90_s)
     return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary), **body}
