@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(1, str(ROOT))  # this checkout's kv_cache (the runs' `-m kv_cache` from ROOT use it too)
 import servers  # noqa: E402  (tests/servers.py: moto_server, redis-server, valkey-server on free ports)
 
 from kv_cache.metrics.stats import mean_ci  # noqa: E402
