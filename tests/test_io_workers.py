@@ -352,7 +352,7 @@ def test_the_remote_tiers_slot_rings_count_in_the_memory_budget_and_the_run_says
         notes = []
         c = iw.choose(0, users=20, limit_allocs=0, chunk_bytes=64 * 1024, mem=small, strict=False, notes=notes,
                       store=store, probe_seconds=0.01)
-    assert c.memory_cap == 5 and {r["workers"] for r in c.probe} <= {1, 2, 4} and c.count <= 4
+    assert c.memory_cap == 5 and max(r["workers"] for r in c.probe) <= 4 and c.count <= 4  # the step up too
     assert c.clamped and "limited the probe to 4 workers" in c.clamped and "64 MiB slot ring" in c.clamped
     assert any("limited the probe" in n for n in notes)
 
@@ -462,15 +462,19 @@ def test_the_step_up_with_missing_zero_or_nan_rates_no_room_or_a_stop_keeps_the_
 def test_the_probe_steps_up_only_within_the_memory_and_reports_it(tmp_path):
     """Through choose: the step up's pairs are in the probe's figures and its account in `how`; with
     memory for one worker only (a single candidate count) there is no step up; with no budget (room for
-    one count) the step up measures nothing and the count is the one probed."""
+    one count) there is no knee above the one count probed, so no step up (step_up's own answer to a
+    budget with no room: the test above)."""
     base = 60 * MIB
     with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
         c = iw.choose(0, users=40, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
                       store=store, probe_seconds=0.01, base_bytes=base)
         ups = [r for r in c.probe if r.get("step_up")]
-        if ups:  # the chosen count was below 32, whose 64 KiB buffers are within 1.5x of its memory
-            assert {r["workers"] for r in ups} == {32, ups[1]["workers"]} and "then 32 workers" in c.how
-            assert c.count in {32, ups[1]["workers"]} and "60 MiB resident at the probe" in c.how
+        if ups:  # the chosen count was below the figures' knee (64 KiB buffers: up to 32 within 1.5x)
+            target, below = ups[0]["workers"], ups[1]["workers"]
+            assert target > below and {r["workers"] for r in ups} == {target, below}
+            assert target <= iw.knee([r for r in c.probe if not r.get("step_up")])
+            assert f"then {target} workers" in c.how and "60 MiB resident at the probe" in c.how
+            assert c.count in {target, below}
         one = MemoryLimit(int((256 * MIB + 2 * 2 * 64 * 1024 + 2 * 16 * MIB) / 0.9), "test")  # room for 1
         assert iw.memory_cap(16 * MIB, one) == 1
         notes: list[str] = []
@@ -480,4 +484,24 @@ def test_the_probe_steps_up_only_within_the_memory_and_reports_it(tmp_path):
         c0 = iw.choose(0, users=40, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
                        store=store, probe_seconds=0.01, budget_s=0.0, base_bytes=base)
         assert c0.count == 1 and [r["workers"] for r in c0.probe] == [1]
-        assert "no pair measured (the budget had no room)" in c0.how and store.keys() == []
+        assert "then " not in c0.how and store.keys() == []  # one count measured: no knee above it
+
+
+def test_the_step_up_goes_at_most_to_the_figures_own_knee():
+    """A choice already at or past the knee of the figures (taken at face value) is not stepped up: on a
+    plateau from 4 the rule's 16 (its noise) would have gone to 24 at 1.5x its memory, 2.2x that of 8;
+    below the knee the step goes toward it, and never past it."""
+    def rows(rates):
+        return [{"workers": w, "write_gibps": g, "read_gibps": g} for w, g in rates.items()]
+
+    plateau4 = rows({1: 0.5, 2: 0.8, 4: 1.0, 8: 1.02, 16: 0.99, 32: 1.01})
+    assert iw.knee(plateau4) == 4
+    step8 = rows({1: 0.5, 2: 0.7, 4: 0.88, 8: 1.0, 16: 1.0, 32: 1.0})
+    assert iw.knee(step8) == 8
+    assert iw.knee(rows(dict.fromkeys(iw.PROBE_COUNTS, 1.0))) == 1  # all counts equal: no step anywhere
+    assert iw.knee(rows({1: 0.0, 2: float("nan"), 4: 1.0})) == 4  # zero / NaN figures are left out
+    assert iw.knee([]) == 1
+    base, w = 60 * MIB, 32 * MIB
+    assert min(iw.step_target(16, 32, w, base), max(16, iw.knee(plateau4))) == 16  # no step from 16
+    assert min(iw.step_target(4, 32, w, base), max(4, iw.knee(step8))) == 6
+    assert min(iw.step_target(2, 32, w, base), max(2, iw.knee(step8))) == 3
