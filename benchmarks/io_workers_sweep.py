@@ -18,10 +18,14 @@ configuration and window length, so their bandwidths compare. `--full` runs the 
 Prints storage read + write GiB/s, peak RSS and CPU-s per GiB for each count, the load average (the
 machine's 2 cores are shared: `uptime` beside each figure), and marks the default: its count, its
 bandwidth against the best, and its memory against that of the best count (the Done-when of issue 35:
-within 5 % of the best bandwidth, at no more than 1.5x its memory).
+within 5 % of the best bandwidth, at no more than 1.5x its memory), per pair and as the mean of the
+pairs' ratios with its 90 % t-interval. `--control N` is the A/A control: N workers against N, both
+fixed, judged the same way, which measures how often an identical configuration misses 5 % of itself
+(docs/performance.md: on this machine's virtio disk, 3 of 8 pairs; hence the mean reading).
 
     python benchmarks/io_workers_sweep.py /tmp/ext4 /dev/shm s3 redis --counts 1,2,4,8,16,32,64 --duration 20
     python benchmarks/io_workers_sweep.py /dev/shm --pairs 3 -- --io-chunk-mb 16   # kv-cache flags after --
+    python benchmarks/io_workers_sweep.py /tmp/sweep --control 32 --pairs 8         # the A/A control
 """
 
 from __future__ import annotations
