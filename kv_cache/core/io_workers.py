@@ -14,6 +14,16 @@
   comparison the choice hangs on most narrowly (`closest_call`) is measured again in CONFIRM_PAIRS
   alternating pairs, and the rule applied again, up to CONFIRM_ROUNDS times, while the budget has room.
   `decide` is the rule on the figures alone (tests/test_io_workers.py feeds it synthetic ones).
+  Then the step up (`step_up`): the rule's burden is on the larger count (it must be shown more than 5 %
+  better), so a real step of 10 % at 15-40 % noise per figure passed as a plateau and the run took the
+  count below it (ext4 here: 4 workers, up to 16 % under the plateau from 8). The most workers whose
+  memory (the process's resident memory at the probe plus their buffers and slot rings) stays within
+  STEP_UP_MEMORY of the chosen count's is measured against it in CONFIRM_PAIRS alternating pairs, and
+  taken unless the median of the pairs' ratios is below STEP_UP_KEEP (2.5 % worse): under doubt the
+  larger count, at a memory the goal allows. It goes at most to the figures' own knee (`knee`: the
+  smallest count within 5 % of the best mean figure), so a choice already at or past it stays (issue
+  35: within 5 % of the best, at no more than 1.5x the memory). Paired ratios, not the two counts' rates
+  apart: the disk's drift over the pairs is in both counts of a pair alike.
   The whole probe keeps to a wall-clock budget (probe_budget_s). A run shorter than PROBE_MIN_RUN_S is
   not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +66,8 @@ PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, wo
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
 PROBE_BUDGET_FRACTION = 0.1  # of the run's duration: the whole probe's wall-clock allowance (12 s at 120 s)
 PROBE_BUDGET_MAX_S = 30.0
+STEP_UP_MEMORY = 1.5  # the step up (step_up): at most this many times the chosen count's memory
+STEP_UP_KEEP = 0.975  # the step up is taken unless the larger count's median ratio is below this (2.5 % worse)
 WORKER_MEMORY_FRACTION = 0.5  # of the RAM budget: the rest stays for the CPU tier
 MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
 RESERVE_BYTES = 256 << 20
@@ -126,10 +139,13 @@ def probe_text(rows: list[dict[str, Any]]) -> str:
     def fig(r: dict[str, Any]) -> str:
         return f"{r['workers']}: {r.get('write_gibps', 0):.2f}/{r.get('read_gibps', 0):.2f}"
 
-    text = "probe GiB/s write/read " + ", ".join(fig(r) for r in rows if not r.get("confirm") and r.get("pass", 1) == 1)
+    first = (fig(r) for r in rows if not r.get("confirm") and not r.get("step_up") and r.get("pass", 1) == 1)
+    text = "probe GiB/s write/read " + ", ".join(first)
     again = [fig(r) for r in rows if r.get("pass") == 2]
     pairs = [fig(r) for r in rows if r.get("confirm")]
-    return text + ("; again " + ", ".join(again) if again else "") + ("; pairs " + ", ".join(pairs) if pairs else "")
+    ups = [fig(r) for r in rows if r.get("step_up")]
+    return (text + ("; again " + ", ".join(again) if again else "") + ("; pairs " + ", ".join(pairs) if pairs else "")
+            + ("; step up " + ", ".join(ups) if ups else ""))
 
 
 def buffer_bytes(workers: int, chunk_bytes: int, ring: int = 0) -> int:
@@ -411,18 +427,91 @@ def decide(rows: list[dict[str, Any]], measure: Callable[[int], dict[str, float]
     return count, extra
 
 
+def step_target(count: int, top: int, worker_bytes: int, base_bytes: int) -> int:
+    """The most workers, at most `top`, whose memory (`base_bytes` and `worker_bytes` each) is within
+    STEP_UP_MEMORY of `count` workers' (`count` itself where none more is)."""
+    if worker_bytes <= 0 or count >= top:
+        return count
+    room = STEP_UP_MEMORY * (max(0, base_bytes) + count * worker_bytes) - max(0, base_bytes)
+    return max(count, min(top, int(room // worker_bytes)))
+
+
+def knee(rows: list[dict[str, Any]]) -> int:
+    """The figures at face value: the smallest count whose mean log mixed rate is within 5 %
+    (PROBE_FRACTION) of the best count's (1 without figures). Where the step up may go at most: where the
+    rule's choice is already there or beyond (a noisy plateau's high end), a step up adds only memory
+    (a sweep here: the rule took 16, the step up 20, 1.56x the memory of the best count, 12)."""
+    means = {n: sum(v) / len(v) for n, v in figures(rows).items()}
+    if not means:
+        return 1
+    top = max(means.values())
+    return min(n for n, m in means.items() if m >= top + math.log(PROBE_FRACTION))
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def step_up(count: int, target: int, measure: Callable[[int], dict[str, float]], pairs: int = CONFIRM_PAIRS,
+            stop: threading.Event | None = None) -> tuple[int, list[dict], str]:
+    """`target` workers (step_target: the most within STEP_UP_MEMORY of `count`'s memory) against `count`
+    in `pairs` alternating pairs (target, count, target, count: the drift in both alike), `measure(n)`
+    giving the write and read rates ({}: no room in the budget); a pair with a rate missing, zero or
+    not finite is left out. `target` unless the median of the pairs' ratios of the mixed rate is below
+    STEP_UP_KEEP (the larger count more than 2.5 % worse: half the goal's 5 %): under doubt the larger
+    count, whose memory the goal allows, since one no more than 2.5 % worse costs at most half the margin
+    and one across a step gains it all. Returns the count, the pairs' rows (marked "step_up", "vs") and what was done, for
+    the run's account ("" where nothing was measured: target is count, or no room)."""
+    if target <= count:
+        return count, [], ""
+    rows: list[dict] = []
+    logs: list[float] = []
+    for _ in range(pairs):
+        if stop is not None and stop.is_set():
+            break
+        got = [(n, vs, measure(n)) for n, vs in ((target, count), (count, target))]
+        if not all(rates for _, _, rates in got):
+            break
+        rows += [{"workers": n, "vs": vs, "step_up": True, **rates} for n, vs, rates in got]
+        if all(math.isfinite(rates.get(k) or 0.0) for _, _, rates in got for k in KEYS):
+            big, small = mixed_rate(got[0][2]), mixed_rate(got[1][2])
+        else:
+            big = small = 0.0
+        if big > 0 and small > 0:
+            logs.append(math.log(big / small))
+    head = f"then {target} workers (the most within {STEP_UP_MEMORY:g}x the memory of {count}) against {count}"
+    if not logs:
+        return count, rows, f"{head}: no pair measured" + (" (the budget had no room)" if not rows else "")
+    r = math.exp(median(logs))
+    chosen = target if r >= STEP_UP_KEEP else count
+    return chosen, rows, (f"{head} in {len(logs)} alternating pair{'s' if len(logs) > 1 else ''}: median ratio "
+                          f"{r:.3f}, so {chosen}")
+
+
+def resident_bytes() -> int:
+    """The process's resident memory now (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem: MemoryLimit, strict: bool,
            notes: list[str], store: Any = None, seed: int = 0,
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
            demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S,
-           ring: int | None = None) -> WorkerChoice:
+           ring: int | None = None, base_bytes: int | None = None) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
     probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory: each
     worker's two buffers and `ring` bytes of slot ring (None: the store's `ring_bytes`, 0 for a store
     without one). `demand` (> 0): the most requests that can be in flight at once (closed loop: one per
     user), above which a probed count adds only buffers. `ranks` > 1: several ranks of one run (MPI,
     --processes) are not probed: their probes would measure each other, and a rank waiting at a barrier
-    meanwhile."""
+    meanwhile. `base_bytes`: the memory besides the workers' for the step up (None: the process's resident
+    memory at the probe, resident_bytes)."""
     ring = int(getattr(store, "ring_bytes", 0) or 0) if ring is None else ring
     cap = memory_cap(chunk_bytes, mem, ring)
     if io_workers:
@@ -445,15 +534,32 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                               budget=budget, known=known, label="the second pass at ")  # descending: drift cancels
                 rows += [{**r, "pass": 2} for r in again]
 
-                def measure(n: int) -> dict[str, float]:  # one confirmation figure, if the budget has room
-                    est = 2 * step_estimate(n, known.get(n, 0.0), chunk_bytes, probe_seconds)
-                    if not budget.fits(est):
-                        budget.cut = budget.cut or f"a confirmation at {n} workers (about {est:.0f} s more)"
+                base = resident_bytes() if base_bytes is None else base_bytes
+                per_worker = buffer_bytes(1, chunk_bytes, ring)
+
+                def cost(n: int) -> float:  # a write and a read step at n workers, estimated
+                    below = max((k for k in known if k <= n), default=0)  # a count not probed: the one below
+                    rate = known.get(n) or known.get(below) or max(known.values(), default=0.0)
+                    return 2 * step_estimate(n, rate, chunk_bytes, probe_seconds)
+
+                def pairs_cost(count: int) -> float:  # the step up's pairs from `count`
+                    target = min(step_target(count, counts[-1], per_worker, base), max(count, knee(rows)))
+                    return CONFIRM_PAIRS * (cost(target) + cost(count)) if target > count else 0.0
+
+                reserve = [pairs_cost(plateau(rows))]  # the step up's room, kept from the confirmations
+
+                def measure(n: int, what: str = "a confirmation") -> dict[str, float]:  # if the budget has room
+                    est = cost(n)
+                    if not budget.fits(est + reserve[0]):
+                        budget.cut = budget.cut or f"{what} at {n} workers (about {est:.0f} s more)"
                         return {}
                     return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop)
 
                 picked, pairs = decide(rows, measure, stop=stop)
-                rows = [*rows, *pairs]
+                reserve[0] = 0.0
+                target = min(step_target(picked, counts[-1], per_worker, base), max(picked, knee([*rows, *pairs])))
+                picked, ups, stepped = step_up(picked, target, lambda n: measure(n, "the step up"), stop=stop)
+                rows = [*rows, *pairs, *ups]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
                 why_not, rows = f"the probe failed: {exc}", []
                 notes.append(f"I/O worker probe of the storage tier failed ({exc}): one worker per user instead")
@@ -478,6 +584,9 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         if confirmed:
             how += "; checked again in alternating pairs: " + ", ".join(
                 f"{min(a, b)} vs {max(a, b)}" for a, b in sorted({(min(a, b), max(a, b)) for a, b in confirmed}))
+        if stepped:
+            how += f"; {stepped} (memory: {base / (1 << 20):.0f} MiB resident at the probe + "\
+                   f"{per_worker_text(chunk_bytes, ring)})"
         if budget.cut:
             how += f"; the probe's {budget.seconds:.0f} s budget left out {budget.cut}"
         if 0 < demand < count:
