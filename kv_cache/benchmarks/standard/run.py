@@ -35,6 +35,7 @@ from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.core.observe import RankConsole
 from kv_cache.errors import RunOutcome, StorageError, StorageSetupError
+from kv_cache.host import malloc
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
@@ -280,6 +281,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
+    trimmer = malloc.MallocTrimmer(malloc.configure(), settings.driver.malloc_trim_interval)  # (before any thread)
     workers = io_worker_count(settings)  # the most it may be: the RAM tiers keep room for their buffers
     buffers = (2 * settings.storage.chunk_bytes + worker_ring_bytes(settings)) * workers  # buffers + slot ring each
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
@@ -330,7 +332,8 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         rag=rag, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None, run_id=run.run_id,
         tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
-    observers = _progress(settings, run.group) + ([partial] if partial is not None else [])
+    observers = (_progress(settings, run.group) + ([partial] if partial is not None else [])
+                 + ([trimmer] if trimmer.active else []))
     driver = Driver(users, cache, run.metrics, driver_options(settings, workers, record_plans), run.stop,
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
@@ -361,6 +364,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}, process_io=process_bytes))
     if "measurement" in results:
         results["measurement"]["io_workers_choice"] = choice.as_dict()
+        results["measurement"]["malloc"] = trimmer.record()
         if partial is not None:
             results["measurement"]["partial_documents"] = partial.record()
     if hasattr(stores.file_store, "remote_stats"):  # a remote tier: its counters and the interface's bytes
