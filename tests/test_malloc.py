@@ -111,3 +111,14 @@ def test_the_real_malloc_where_it_is_glibc():
     trimmer.trim_once()
     rec = trimmer.record()
     assert rec["trims"] == 1 and rec["trim_returned_bytes"] >= 0 and malloc.rss_bytes() > 0
+
+
+def test_trim_soon_trims_once_on_the_trimmers_thread_and_not_after_done():
+    libc = FakeLibc()
+    trimmer = malloc.MallocTrimmer(malloc.configure({}, _probe(libc)), 60, rss=lambda: 10)
+    trimmer.trim_soon()  # (what the periodic document's thread calls once a document is freed)
+    while trimmer.record()["trims"] < 1:
+        time.sleep(0.001)
+    trimmer.done()
+    trimmer.trim_soon()
+    assert libc.trims == 1 and not trimmer._thread.is_alive()

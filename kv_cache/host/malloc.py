@@ -9,8 +9,10 @@ objects stay resident. Two things bound it:
 - `mallopt(M_ARENA_MAX, ARENA_MAX)` before the run's threads start: the threads share two arenas
   (nearly every allocation of a Python thread is made holding the GIL, so a shared arena adds no
   waiting that the GIL does not already impose);
-- `malloc_trim(0)` every `--malloc-trim-interval` seconds of the window (default 60), on a thread of its
-  own, woken by the driver's 1-second tick: ctypes releases the GIL for the call, the I/O workers' syscalls
+- `malloc_trim(0)` every `--malloc-trim-interval` seconds of the window (default 60), and after each
+  periodic results document (`--partial-results-interval`: its build allocates in proportion to the
+  per-request lists, the largest transient of a run), on a thread of its own, woken by the driver's
+  1-second tick or the document's thread: ctypes releases the GIL for the call, the I/O workers' syscalls
   do not allocate, and each call's duration is recorded (the longest is the most an allocation of another
   thread could have waited for an arena's lock).
 
@@ -18,6 +20,10 @@ The run reports both (`measurement.malloc`): the arena cap and where it came fro
 gave back and their time. A `MALLOC_ARENA_MAX` (or `GLIBC_TUNABLES` arena_max) in the environment is the
 user's choice and is kept. Where malloc is not glibc's (musl, macOS, a preloaded jemalloc / tcmalloc /
 mimalloc) nothing is changed and the record says why.
+
+`M_MMAP_THRESHOLD` is left to glibc: a fixed threshold would send every large allocation to mmap, page
+faults and all, and a remote tier's replies are such allocations; the trims already give back the free
+pages of large chunks that the heap holds.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 ARENA_MAX = 2
 OTHER_ALLOCATORS = ("libjemalloc", "libtcmalloc", "libmimalloc", "libhoard")
 METHOD = ("malloc_trim(0) by ctypes (the GIL released) on a thread of its own, every trim_interval_s of the "
-          "window, woken by the driver's 1-second tick; returned_bytes: the fall of this process's RSS "
+          "window (woken by the driver's 1-second tick) and after each periodic results document is freed; "
+          "returned_bytes: the fall of this process's RSS "
           "(/proc/self/statm) across each call, summed (other threads allocate meanwhile: an estimate)")
 
 
@@ -164,9 +171,17 @@ class MallocTrimmer:
         if not self.active or tick.elapsed_s < self._next_s:
             return
         self._next_s = tick.elapsed_s + self.interval_s
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kv-malloc-trim", daemon=True)
-            self._thread.start()
+        self.trim_soon()
+
+    def trim_soon(self) -> None:
+        """A trim on the trimmer's thread now (the periodic document's thread calls it once a document is
+        freed: the largest allocations of a run, in proportion to its per-request lists)."""
+        if not self.active or self._stop:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="kv-malloc-trim", daemon=True)
+                self._thread.start()
         self._wake.set()
 
     def done(self) -> None:

@@ -325,7 +325,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
     proc_io = IOSnapshot(blockdev.name if blockdev else None)  # this process's (and its cgroup's) bytes, window
-    partial = run.partial = _partial_documents(settings, run, cache, autoscaler, lambda snap: RunRecord(
+    partial = run.partial = _partial_documents(settings, run, cache, autoscaler, trimmer, lambda snap: RunRecord(
         settings, snap.metrics, snap.outcome, snap.usage, [], workers, run.started, run.rusage0, list(stores.notes),
         file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev, disk_before=before,
         disk_after=blockdev.snapshot() if blockdev else None, phases=dict(run.phases), autoscaler=snap.autoscaler,
@@ -383,10 +383,12 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     return results
 
 
-def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, record_of) -> PartialDocuments | None:
+def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, trimmer: malloc.MallocTrimmer,
+                       record_of) -> PartialDocuments | None:
     """The periodic INCOMPLETE document of the window so far at --output (benchmarks/standard/partial.py),
     every --partial-results-interval seconds; None when it is 0. `record_of(snapshot)`: the RunRecord of a
-    snapshot, as the final document's is made."""
+    snapshot, as the final document's is made. Each document's build allocates in proportion to the
+    per-request lists (up to their caps): once it is freed, `trimmer` gives that memory back."""
     interval = float(settings.outputs.partial_results_interval or 0.0)
     if interval <= 0:
         return None
@@ -399,7 +401,8 @@ def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, reco
                         sequence, autoscaler=(_History(list(history)) if history is not None else None))
 
     partial = holder["partial"] = PartialDocuments(settings.outputs.output, interval, float(settings.driver.duration),
-                                                   take, lambda snap: build_results(record_of(snap)))
+                                                   take, lambda snap: build_results(record_of(snap)),
+                                                   after_write=trimmer.trim_soon if trimmer.active else None)
     return partial
 
 
