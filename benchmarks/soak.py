@@ -95,6 +95,9 @@ def main() -> None:
     p.add_argument("dir", type=Path)
     p.add_argument("--duration", type=int, default=3600)
     p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("--poll", type=float, default=1.0,
+                   help="also poll RSS every S s, and keep each interval's min and max (0 = off): a sample that "
+                        "lands in a periodic results document's build is a transient, the min is the floor")
     p.add_argument("--model", default="llama3.1-8b")
     p.add_argument("--users", type=int, default=16)
     p.add_argument("--cpu-mem-gb", type=float, default=2.0)
@@ -115,13 +118,23 @@ def main() -> None:
         t0 = time.monotonic()
         samples: list[tuple[float, float]] = []
         loads: list[float | None] = []
+        spans: list[tuple[float, float]] = []  # (min, max) of the RSS polled every --poll s since the last sample
+        polled: list[float] = []
+        next_s = 0.0
         while proc.poll() is None:
             rss = rss_mib(proc.pid)
+            now = time.monotonic() - t0
             if rss is not None:
-                samples.append((time.monotonic() - t0, rss))
+                polled.append(rss)
+            if rss is not None and now >= next_s:
+                samples.append((now, rss))
                 loads.append(loadavg())
-                print(f"{samples[-1][0]:7.0f} s  RSS {rss:8.1f} MiB  load {loads[-1]}", flush=True)
-            time.sleep(args.interval)
+                spans.append((min(polled), max(polled)))
+                polled = []
+                next_s += args.interval
+                print(f"{now:7.0f} s  RSS {rss:8.1f} MiB  (min {spans[-1][0]:.1f} max {spans[-1][1]:.1f} since the "
+                      f"last)  load {loads[-1]}", flush=True)
+            time.sleep(min(args.poll, args.interval) if args.poll > 0 else args.interval)
         log.close()
         results = json.loads(results_path.read_text()) if results_path.exists() else {}
     meas = results.get("measurement", {})
@@ -133,6 +146,8 @@ def main() -> None:
         "growth_whole_run_mib_per_hour": growth_mib_per_hour(samples, args.duration, whole=True),
         "results_peak_rss_mib": meas.get("peak_rss_mib"), "requests_completed": results.get("requests_completed"),
         "storage_errors_total": meas.get("storage_errors_total"), "loadavg_1min": loads,
+        "rss_min_max_per_interval_mib": spans, "growth_second_half_of_minima_mib_per_hour":
+            growth_mib_per_hour([(t, lo) for (t, _), (lo, _) in zip(samples, spans, strict=True)], args.duration),
         "malloc": meas.get("malloc"),
     }
     g = summary["growth_second_half_mib_per_hour"]
