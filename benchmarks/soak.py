@@ -55,23 +55,39 @@ def growth_mib_per_hour(samples: list[tuple[float, float]], until_s: float | Non
     return float(np.polyfit(t, r, 1)[0] * 3600)
 
 
-FLAT_PCT_PER_HOUR = 1.0
+FLAT_PCT_PER_DAY = 1.0
 
 
 def flatness(samples: list[tuple[float, float]], until_s: float | None = None) -> dict:
-    """The second half's slope as a share of its mean RSS per hour, the residuals' SD around the fitted
-    line (the per-sample noise), and whether the slope is under FLAT_PCT_PER_HOUR."""
+    """"Flat": RSS grown at the second half's least-squares slope for a whole day adds less than
+    FLAT_PCT_PER_DAY of the second half's mean RSS (the earlier definition, 1 % per hour, let a day add
+    24 %). Beside it: the slope as a share of RSS per hour, its standard error (ordinary least squares; the
+    1-MiB steps are not independent noise, so it is a lower bound of the slope's uncertainty) and the
+    residuals' SD around the fitted line (the per-sample noise)."""
     kept = [s for s in samples if until_s is None or s[0] <= until_s]
     half = kept[len(kept) // 2:]
     if len(half) < 3:
         return {}
     t, r = np.array(half).T
     slope, icpt = np.polyfit(t, r, 1)
-    pct = float(slope * 3600 / r.mean() * 100)
-    return {"growth_second_half_pct_of_rss_per_hour": pct,
-            "residual_sd_mib": float(np.std(r - (slope * t + icpt))),
-            "flat_definition": f"second-half slope < {FLAT_PCT_PER_HOUR:g} % of RSS per hour",
-            "flat": pct < FLAT_PCT_PER_HOUR}
+    resid = r - (slope * t + icpt)
+    se = float(np.sqrt(np.sum(resid ** 2) / (len(t) - 2) / np.sum((t - t.mean()) ** 2)) * 3600)
+    day_mib = float(slope * 3600 * 24)
+    limit_mib = float(r.mean() * FLAT_PCT_PER_DAY / 100)
+    return {"growth_second_half_pct_of_rss_per_hour": float(slope * 3600 / r.mean() * 100),
+            "growth_second_half_se_mib_per_hour": se,
+            "growth_24h_at_second_half_slope_mib": day_mib, "flat_limit_24h_mib": limit_mib,
+            "residual_sd_mib": float(np.std(resid)),
+            "flat_definition": f"24 h at the second half's slope add < {FLAT_PCT_PER_DAY:g} % of its mean RSS",
+            "flat": day_mib < limit_mib}
+
+
+def loadavg() -> float | None:
+    try:
+        with open("/proc/loadavg") as fh:
+            return float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def main() -> None:
@@ -79,6 +95,9 @@ def main() -> None:
     p.add_argument("dir", type=Path)
     p.add_argument("--duration", type=int, default=3600)
     p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("--poll", type=float, default=1.0,
+                   help="also poll RSS every S s, and keep each interval's min and max (0 = off): a sample that "
+                        "lands in a periodic results document's build is a transient, the min is the floor")
     p.add_argument("--model", default="llama3.1-8b")
     p.add_argument("--users", type=int, default=16)
     p.add_argument("--cpu-mem-gb", type=float, default=2.0)
@@ -98,12 +117,24 @@ def main() -> None:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         t0 = time.monotonic()
         samples: list[tuple[float, float]] = []
+        loads: list[float | None] = []
+        spans: list[tuple[float, float]] = []  # (min, max) of the RSS polled every --poll s since the last sample
+        polled: list[float] = []
+        next_s = 0.0
         while proc.poll() is None:
             rss = rss_mib(proc.pid)
+            now = time.monotonic() - t0
             if rss is not None:
-                samples.append((time.monotonic() - t0, rss))
-                print(f"{samples[-1][0]:7.0f} s  RSS {rss:8.1f} MiB", flush=True)
-            time.sleep(args.interval)
+                polled.append(rss)
+            if rss is not None and now >= next_s:
+                samples.append((now, rss))
+                loads.append(loadavg())
+                spans.append((min(polled), max(polled)))
+                polled = []
+                next_s += args.interval
+                print(f"{now:7.0f} s  RSS {rss:8.1f} MiB  (min {spans[-1][0]:.1f} max {spans[-1][1]:.1f} since the "
+                      f"last)  load {loads[-1]}", flush=True)
+            time.sleep(min(args.poll, args.interval) if args.poll > 0 else args.interval)
         log.close()
         results = json.loads(results_path.read_text()) if results_path.exists() else {}
     meas = results.get("measurement", {})
@@ -114,7 +145,10 @@ def main() -> None:
         "growth_second_half_mib_per_hour": growth_mib_per_hour(samples, args.duration),
         "growth_whole_run_mib_per_hour": growth_mib_per_hour(samples, args.duration, whole=True),
         "results_peak_rss_mib": meas.get("peak_rss_mib"), "requests_completed": results.get("requests_completed"),
-        "storage_errors_total": meas.get("storage_errors_total"),
+        "storage_errors_total": meas.get("storage_errors_total"), "loadavg_1min": loads,
+        "rss_min_max_per_interval_mib": spans, "growth_second_half_of_minima_mib_per_hour":
+            growth_mib_per_hour([(t, lo) for (t, _), (lo, _) in zip(samples, spans, strict=True)], args.duration),
+        "malloc": meas.get("malloc"),
     }
     g = summary["growth_second_half_mib_per_hour"]
     # "Flat": the second half's least-squares slope under FLAT_PCT_PER_HOUR of the RSS per hour (a 24-hour
@@ -122,11 +156,16 @@ def main() -> None:
     summary.update(flatness(samples, args.duration))
     summary["projected_24h_rss_mib"] = (summary["rss_last_mib"] + g * (24 - args.duration / 3600)
                                         if g is not None and summary["rss_last_mib"] is not None else None)
+    w = summary["growth_whole_run_mib_per_hour"]
+    summary["projected_24h_rss_mib_whole_run_slope"] = (summary["rss_last_mib"] + w * (24 - args.duration / 3600)
+                                                        if w is not None and summary["rss_last_mib"] is not None
+                                                        else None)
     args.out.write_text(json.dumps(summary, indent=1))
     print(f"exit {proc.returncode}; RSS first {summary['rss_first_mib']}, last {summary['rss_last_mib']}, max "
           f"{summary['rss_max_mib']} MiB; growth over the second half {summary['growth_second_half_mib_per_hour']}"
           f" MiB/h (whole run {summary['growth_whole_run_mib_per_hour']}); projected at 24 h "
-          f"{summary['projected_24h_rss_mib']} MiB; results peak RSS {summary['results_peak_rss_mib']} MiB; "
+          f"{summary['projected_24h_rss_mib']} MiB (whole-run slope: {summary['projected_24h_rss_mib_whole_run_slope']}); "
+          f"malloc {summary['malloc']}; results peak RSS {summary['results_peak_rss_mib']} MiB; "
           f"flat ({summary.get('flat_definition')}): {summary.get('flat')} "
           f"({summary.get('growth_second_half_pct_of_rss_per_hour')} %/h, residual SD {summary.get('residual_sd_mib')} MiB); "
           f"written to {args.out}")

@@ -126,6 +126,7 @@ def test_reference_defaults():
         "s3_concurrency": 4, "redis_url": None, "redis_pipeline": 8,
         "remote_grace_s": None, "remote_failover_s": None,  # None: the config's storage section (10 s, 30 s)
         "partial_results_interval": 10.0,  # ours: the periodic INCOMPLETE document (0 = only at the end)
+        "malloc_trim_interval": 60.0,  # ours: glibc's malloc_trim every 60 s of the window (0 = never)
     }
     assert {k: getattr(a, k) for k in expected} == expected
     assert set(vars(a)) == set(expected) | {"output", "plots"}  # --plots DIR: ours, not the reference's
@@ -210,6 +211,7 @@ def test_argparse_errors_are_one_line_exit_2(capsys, argv, fragment):
         ({"io_chunk_mb": 0}, "--io-chunk-mb must be >= 1, got 0"),
         ({"io_workers": -1}, "--io-workers cannot be negative, got -1"),
         ({"partial_results_interval": -1.0}, "--partial-results-interval cannot be negative, got -1"),
+        ({"malloc_trim_interval": -1.0}, "--malloc-trim-interval cannot be negative, got -1"),
         ({"partial_results_interval": float("nan")}, "--partial-results-interval must be a finite number, got nan"),
         # the remote tiers' deadline: a NaN grace ended no wait on a frozen server, a negative one every wait
         ({"remote_grace_s": -1.0}, "--remote-grace-s cannot be negative, got -1"),

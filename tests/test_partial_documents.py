@@ -1,6 +1,7 @@
 """A rank's periodic INCOMPLETE document: the recorder's snapshot, the atomic rewrite, the writer's
 schedule and end, and the merge of a rank that left only its periodic document."""
 
+import gc
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +172,32 @@ def test_the_writer_takes_a_snapshot_every_interval_and_its_thread_ends_at_close
     assert writer.owns()
     write_document(str(tmp_path / "X_rank0.json"), {"final": True}, keep=not writer.owns())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X_rank0.json", "X_rank0.json.1"]
+
+
+def test_the_hook_runs_once_per_document_after_it_is_freed(tmp_path):
+    """after_write (the run's malloc trim) comes once per document written, or failed, on the writer's
+    thread, when the document and its snapshot are no longer held."""
+    alive = []
+    calls = []
+
+    def take(elapsed, sequence):
+        snap = Snapshot(RunMetrics(), None, {}, elapsed, sequence)
+        alive.append(weakref.ref(snap))
+        return snap
+
+    def hook():
+        gc.collect()  # (a reference cycle would be freed here too; a reference held would not)
+        calls.append(sum(r() is not None for r in alive))
+
+    writer = PartialDocuments(str(tmp_path / "X_rank0.json"), 1.0, 10.0, take,
+                              lambda snap: {"measurement": {"notes": []}}, after_write=hook)
+    for t in range(1, 4):
+        writer.tick(_tick(t))
+        _settle(writer)
+        while len(calls) < t:
+            threading.Event().wait(0.001)
+    writer.close()
+    assert writer.written == 3 and calls == [0, 0, 0]
 
 
 def test_a_tick_while_the_previous_document_is_written_is_skipped_not_queued(tmp_path):

@@ -165,3 +165,16 @@ def test_buffered_mode_is_reported(quick_settings, sink):
     results, _ = execute(quick_settings("--io-mode", "buffered"), sink)
     assert results["measurement"]["io_mode"] == "buffered"
     assert results["measurement"]["direct_io"] is False
+
+
+@pytest.mark.slow  # a real run (wall clock)
+def test_malloc_trims_are_reported(quick_settings, sink):
+    """--malloc-trim-interval 1 over a 3 s window: the run trims at its ticks and says so (glibc), or says
+    why it changed nothing (another malloc)."""
+    results, _ = execute(quick_settings("--duration", "3", "--malloc-trim-interval", "1"), sink)
+    rec = results["measurement"]["malloc"]
+    if rec["allocator"] is None:
+        assert rec["note"]
+        return
+    assert rec["trims"] >= 1 and rec["trim_interval_s"] == 1.0 and rec["trim_returned_bytes"] >= 0
+    assert rec["trim_seconds_max"] <= rec["trim_seconds_total"]

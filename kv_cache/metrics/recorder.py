@@ -70,6 +70,13 @@ def _request_list(cap: int = SAMPLE_CAP, histogram: bool = True):
     return lambda: LatencySamples(cap, histogram=histogram)
 
 
+def _op_stats(cap: int):
+    """The factory of RunMetrics.io: not a bound method of the recorder, whose defaultdict would then hold
+    the recorder (a reference cycle: a periodic document's snapshot, its lists and histograms, would wait
+    for the cyclic collector's full pass instead of being freed when dropped)."""
+    return lambda: TierOpStats(LatencySamples(cap, recent=RECENT), LatencySamples(cap), LatencySamples(cap))
+
+
 @dataclass
 class TierOpStats:
     """One tier x one direction: per-operation timings (bounded: metrics/reservoir.py) and byte counts."""
@@ -119,7 +126,7 @@ class RunMetrics:
         self._lock = threading.Lock()
         self.window_start_ns: int | None = None
         self.window_end_ns: int | None = None
-        self.io: dict[tuple[str, str], TierOpStats] = defaultdict(self._new_op_stats)
+        self.io: dict[tuple[str, str], TierOpStats] = defaultdict(_op_stats(sample_cap))
         self.io_by_cause: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])  # ops, bytes
         self.counters: dict[str, float] = defaultdict(int)
         new_list = _request_list(sample_cap, request_histograms)
@@ -170,10 +177,6 @@ class RunMetrics:
 
     def _in_window(self, end_ns: int) -> bool:
         return self.window_start_ns is not None and (self.window_end_ns is None or end_ns <= self.window_end_ns)
-
-    def _new_op_stats(self) -> TierOpStats:
-        cap = self.sample_cap
-        return TierOpStats(LatencySamples(cap, recent=RECENT), LatencySamples(cap), LatencySamples(cap))
 
     def reset(self) -> None:
         """Forget everything recorded so far (used after warm-up phases)."""
@@ -432,7 +435,7 @@ class RunMetrics:
                 sample_cap=self.sample_cap, _request_histograms=self._request_histograms, _lock=threading.Lock(),
                 window_start_ns=self.window_start_ns,
                 window_end_ns=self.window_end_ns if self.window_end_ns is not None else end,
-                io=defaultdict(snap._new_op_stats, {
+                io=defaultdict(_op_stats(self.sample_cap), {
                     k: TierOpStats(s.total_ns.copy(), s.device_ns.copy(), s.host_ns.copy(), s.ops, s.bytes,
                                    s.device_bytes, s.busy_ns, s.partial_bytes) for k, s in self.io.items()}),
                 io_by_cause=defaultdict(lambda: [0, 0], {k: list(v) for k, v in self.io_by_cause.items()}),

@@ -270,6 +270,11 @@ class DriverSettings:
         "--end-delay", type=float,
         help="Seconds to wait after the results are written (0 = none; mlperf_wrapper.py: "
              f"{MLPERF_SETTLE_S:g}). Ctrl-C during the wait keeps the run's results and exit status."))
+    malloc_trim_interval: float = setting(60.0, flag=Flag(
+        "--malloc-trim-interval", type=float,
+        help="Every S seconds of the measured window, give malloc's free space back to the kernel "
+             "(glibc's malloc_trim, on a thread of its own; reported in measurement.malloc), so that a long "
+             "run's RSS does not creep (0 = never; default 60; skipped where malloc is not glibc's)."))
     processes: int = setting(1, flag=Flag(
         "--processes", type=int,
         help="Run N worker processes on this host, one common window, one merged result at --output "

@@ -106,6 +106,10 @@ def _check_sizes(get: Callable[[str], Any], limits: ValidationLimits, errors: li
         if bound is not None and finite(flag, bound) and bound < 0:
             errors.append(f"{flag} cannot be negative, got {bound:g}")
 
+    trim = get("malloc_trim_interval")
+    if trim is not None and finite("--malloc-trim-interval", trim) and trim < 0:
+        errors.append(f"--malloc-trim-interval cannot be negative, got {trim:g} (0 = never)")
+
     interval = get("partial_results_interval")
     if interval is not None and finite("--partial-results-interval", interval) and interval < 0:
         errors.append(f"--partial-results-interval cannot be negative, got {interval:g} (0 = only at the end)")

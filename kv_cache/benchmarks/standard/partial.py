@@ -50,9 +50,23 @@ class Snapshot:
 
 
 @dataclass
+class _Times:
+    """Count, sum and longest of a cost's durations (not a list: one a document would grow with the run)."""
+
+    count: int = 0
+    total: float = 0.0
+    longest: float = 0.0
+
+    def append(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        self.longest = max(self.longest, seconds)
+
+
+@dataclass
 class _Cost:
-    snapshot_s: list[float] = field(default_factory=list)  # on the scheduler thread
-    write_s: list[float] = field(default_factory=list)  # build + serialise + write + fsync + rename, own thread
+    snapshot_s: _Times = field(default_factory=_Times)  # on the scheduler thread
+    write_s: _Times = field(default_factory=_Times)  # build + serialise + write + fsync + rename, own thread
     bytes_last: int = 0
     bytes_total: int = 0
     skipped_busy: int = 0
@@ -66,9 +80,11 @@ class PartialDocuments:
     document of it, as build_results makes the final one."""
 
     def __init__(self, path: str, interval_s: float, duration_s: float,
-                 take: Callable[[float, int], Snapshot], build: Callable[[Snapshot], dict[str, Any]]) -> None:
+                 take: Callable[[float, int], Snapshot], build: Callable[[Snapshot], dict[str, Any]],
+                 after_write: Callable[[], None] | None = None) -> None:
         self.path, self.interval_s, self.duration_s = path, float(interval_s), float(duration_s)
         self._take, self._build = take, build
+        self._after_write = after_write  # once a document and its snapshot are freed (the malloc trim)
         self._due = self.interval_s
         self._sequence = 0
         self._job: Snapshot | None = None
@@ -125,6 +141,9 @@ class PartialDocuments:
             finally:
                 with self._ready:
                     self._busy = False
+            del job  # (the snapshot's copies: freed before the hook, which gives their memory back)
+            if self._after_write is not None:
+                self._after_write()
 
     def _write(self, job: Snapshot) -> None:
         t0 = time.perf_counter()
@@ -187,8 +206,8 @@ class PartialDocuments:
         }
 
 
-def _stats_ms(values: list[float]) -> dict[str, float | int]:
-    if not values:
+def _stats_ms(times: _Times) -> dict[str, float | int]:
+    if not times.count:
         return {"count": 0}
-    return {"count": len(values), "mean": 1e3 * sum(values) / len(values), "max": 1e3 * max(values)}
+    return {"count": times.count, "mean": 1e3 * times.total / times.count, "max": 1e3 * times.longest}
 

@@ -35,6 +35,7 @@ from kv_cache.core import shapes
 from kv_cache.core.group import RankGroup, open_group, shared_filesystem_count, shared_run_id
 from kv_cache.core.observe import RankConsole
 from kv_cache.errors import RunOutcome, StorageError, StorageSetupError
+from kv_cache.host import malloc
 from kv_cache.host.blockdev import BlockDeviceCounter
 from kv_cache.host.netdev import NetCounter
 from kv_cache.host.preload import snapshot_at_start
@@ -280,6 +281,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
     cfg = settings.config
+    trimmer = malloc.MallocTrimmer(malloc.configure(), settings.driver.malloc_trim_interval)  # (before any thread)
     workers = io_worker_count(settings)  # the most it may be: the RAM tiers keep room for their buffers
     buffers = (2 * settings.storage.chunk_bytes + worker_ring_bytes(settings)) * workers  # buffers + slot ring each
     sharers = shared_filesystem_count(run.group, settings.tiers.cache_dir or tempfile.gettempdir())
@@ -323,14 +325,15 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
     proc_io = IOSnapshot(blockdev.name if blockdev else None)  # this process's (and its cgroup's) bytes, window
-    partial = run.partial = _partial_documents(settings, run, cache, autoscaler, lambda snap: RunRecord(
+    partial = run.partial = _partial_documents(settings, run, cache, autoscaler, trimmer, lambda snap: RunRecord(
         settings, snap.metrics, snap.outcome, snap.usage, [], workers, run.started, run.rusage0, list(stores.notes),
         file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev, disk_before=before,
         disk_after=blockdev.snapshot() if blockdev else None, phases=dict(run.phases), autoscaler=snap.autoscaler,
         rag=rag, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None, run_id=run.run_id,
         tier_sizes=stores.sizes, tier_backends=stores.backend_names(),
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}))
-    observers = _progress(settings, run.group) + ([partial] if partial is not None else [])
+    observers = (_progress(settings, run.group) + ([partial] if partial is not None else [])
+                 + ([trimmer] if trimmer.active else []))
     driver = Driver(users, cache, run.metrics, driver_options(settings, workers, record_plans), run.stop,
                     shape=autoscaler, make_user=factory,
                     arrivals=trace.arrivals if trace is not None else None,
@@ -361,6 +364,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         tier_shaping={tier: shaped.stats() for tier, shaped in stores.shaped.items()}, process_io=process_bytes))
     if "measurement" in results:
         results["measurement"]["io_workers_choice"] = choice.as_dict()
+        results["measurement"]["malloc"] = trimmer.record()
         if partial is not None:
             results["measurement"]["partial_documents"] = partial.record()
             _periodic_bytes_on_the_device(results["measurement"], settings.outputs.output, blockdev)
@@ -380,10 +384,12 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     return results
 
 
-def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, record_of) -> PartialDocuments | None:
+def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, trimmer: malloc.MallocTrimmer,
+                       record_of) -> PartialDocuments | None:
     """The periodic INCOMPLETE document of the window so far at --output (benchmarks/standard/partial.py),
     every --partial-results-interval seconds; None when it is 0. `record_of(snapshot)`: the RunRecord of a
-    snapshot, as the final document's is made."""
+    snapshot, as the final document's is made. Each document's build allocates in proportion to the
+    per-request lists (up to their caps): once it is freed, `trimmer` gives that memory back."""
     interval = float(settings.outputs.partial_results_interval or 0.0)
     if interval <= 0:
         return None
@@ -396,7 +402,8 @@ def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, reco
                         sequence, autoscaler=(_History(list(history)) if history is not None else None))
 
     partial = holder["partial"] = PartialDocuments(settings.outputs.output, interval, float(settings.driver.duration),
-                                                   take, lambda snap: build_results(record_of(snap)))
+                                                   take, lambda snap: build_results(record_of(snap)),
+                                                   after_write=trimmer.trim_soon if trimmer.active else None)
     return partial
 
 

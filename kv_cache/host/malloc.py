@@ -1,0 +1,202 @@
+"""glibc malloc over a long run: few arenas, and their free space given back to the kernel.
+
+A run's Python objects are bounded (streaming histograms, capped lists, flat time-series rows), but its
+RSS still rose about 1 MiB every 10-15 minutes over an hour: malloc's free space, not objects. glibc gives
+every thread that allocates its own arena (up to 8 per core) and trims an arena only from its top, so
+the free holes left by the periodic documents, the partial snapshots and the I/O workers' short-lived
+objects stay resident. Two things bound it:
+
+- `mallopt(M_ARENA_MAX, ARENA_MAX)` before the run's threads start: the threads share two arenas
+  (nearly every allocation of a Python thread is made holding the GIL, so a shared arena adds no
+  waiting that the GIL does not already impose);
+- `malloc_trim(0)` every `--malloc-trim-interval` seconds of the window (default 60), and after each
+  periodic results document (`--partial-results-interval`: its build allocates in proportion to the
+  per-request lists, the largest transient of a run), on a thread of its own, woken by the driver's
+  1-second tick or the document's thread: ctypes releases the GIL for the call, the I/O workers' syscalls
+  do not allocate, and each call's duration is recorded (the longest is the most an allocation of another
+  thread could have waited for an arena's lock).
+
+The run reports both (`measurement.malloc`): the arena cap and where it came from, the trims, the RSS they
+gave back and their time. A `MALLOC_ARENA_MAX` (or `GLIBC_TUNABLES` arena_max) in the environment is the
+user's choice and is kept. Where malloc is not glibc's (musl, macOS, a preloaded jemalloc / tcmalloc /
+mimalloc) nothing is changed and the record says why.
+
+`M_MMAP_THRESHOLD` is left to glibc: a fixed threshold would send every large allocation to mmap, page
+faults and all, and a remote tier's replies are such allocations; the trims already give back the free
+pages of large chunks that the heap holds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+M_ARENA_MAX = -8  # glibc's malloc.h
+ARENA_MAX = 2
+OTHER_ALLOCATORS = ("libjemalloc", "libtcmalloc", "libmimalloc", "libhoard")
+METHOD = ("malloc_trim(0) by ctypes (the GIL released) on a thread of its own, every trim_interval_s of the "
+          "window (woken by the driver's 1-second tick) and after each periodic results document is freed; "
+          "returned_bytes: the fall of this process's RSS "
+          "(/proc/self/statm) across each call, summed (other threads allocate meanwhile: an estimate)")
+
+
+class Libc(Protocol):
+    def malloc_trim(self, pad: int) -> int: ...
+
+    def mallopt(self, param: int, value: int) -> int: ...
+
+
+@dataclass
+class MallocPolicy:
+    """What was done to this process's malloc, and the trims of the window (`measurement.malloc`)."""
+
+    allocator: str | None  # "glibc 2.36"; None: not glibc's malloc (nothing is done)
+    note: str | None = None  # why nothing is done, or whose arena cap is in force
+    arena_max: int | None = None
+    arena_max_source: str | None = None
+    libc: Libc | None = field(default=None, repr=False)
+
+    def record(self) -> dict[str, Any]:
+        return {"allocator": self.allocator, "arena_max": self.arena_max, "arena_max_source": self.arena_max_source,
+                **({"note": self.note} if self.note else {})}
+
+
+def _other_allocator(environ: Mapping[str, str]) -> str | None:
+    preload = environ.get("LD_PRELOAD", "")
+    return next((name for name in OTHER_ALLOCATORS if name in preload), None)
+
+
+def _glibc() -> tuple[Libc | None, str | None]:
+    try:
+        libc = ctypes.CDLL(None)
+        version = libc.gnu_get_libc_version
+        libc.malloc_trim, libc.mallopt  # noqa: B018  (AttributeError where they are missing)
+    except (OSError, AttributeError):
+        return None, None
+    version.restype = ctypes.c_char_p
+    return libc, version().decode()
+
+
+def _env_arena_max(environ: Mapping[str, str]) -> str | None:
+    if "MALLOC_ARENA_MAX" in environ:
+        return f"MALLOC_ARENA_MAX={environ['MALLOC_ARENA_MAX']} in the environment"
+    if "glibc.malloc.arena_max" in environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES (glibc.malloc.arena_max) in the environment"
+    return None
+
+
+def configure(environ: Mapping[str, str] | None = None,
+              probe: Callable[[], tuple[Libc | None, str | None]] = _glibc) -> MallocPolicy:
+    """Caps glibc's arenas at ARENA_MAX (unless the environment sets them): call before the run's threads
+    start (arenas made earlier stay). Elsewhere, changes nothing and says why."""
+    environ = os.environ if environ is None else environ
+    other = _other_allocator(environ)
+    if other is not None:
+        return MallocPolicy(None, f"malloc is {other} (LD_PRELOAD): arenas and trims left to it")
+    libc, version = probe()
+    if libc is None:
+        return MallocPolicy(None, "not glibc (no gnu_get_libc_version / malloc_trim / mallopt): malloc left as it is")
+    allocator = f"glibc {version}"
+    theirs = _env_arena_max(environ)
+    if theirs is not None:
+        return MallocPolicy(allocator, arena_max=None, arena_max_source=theirs, libc=libc)
+    if libc.mallopt(M_ARENA_MAX, ARENA_MAX) != 1:
+        return MallocPolicy(allocator, "mallopt(M_ARENA_MAX) refused: glibc's default arenas (8 per core)",
+                            libc=libc)
+    return MallocPolicy(allocator, arena_max=ARENA_MAX, arena_max_source="kv-cache: mallopt(M_ARENA_MAX) at start",
+                        libc=libc)
+
+
+def rss_bytes(statm: str = "/proc/self/statm") -> int | None:
+    try:
+        with open(statm) as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MallocTrimmer:
+    """A run observer: every `interval_s` of ticks, `malloc_trim(0)` on its own thread (`trim_once`).
+    `record()`: how many, the RSS they gave back, their total and longest time."""
+
+    def __init__(self, policy: MallocPolicy, interval_s: float, rss: Callable[[], int | None] = rss_bytes,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.policy, self.interval_s, self._rss, self._clock = policy, float(interval_s), rss, clock
+        self.trims = 0
+        self.released = 0  # calls that said they released memory (malloc_trim's 1)
+        self.returned_bytes = 0
+        self.seconds_total = 0.0
+        self.seconds_max = 0.0
+        self._next_s = self.interval_s
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.policy.libc is not None and self.interval_s > 0
+
+    def trim_once(self) -> None:
+        libc = self.policy.libc
+        if libc is None:
+            return
+        before = self._rss()
+        t0 = self._clock()
+        freed = libc.malloc_trim(0)
+        seconds = self._clock() - t0
+        after = self._rss()
+        with self._lock:
+            self.trims += 1
+            self.released += int(freed == 1)
+            if before is not None and after is not None and before > after:
+                self.returned_bytes += before - after
+            self.seconds_total += seconds
+            self.seconds_max = max(self.seconds_max, seconds)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            self.trim_once()
+
+    def tick(self, tick: Any) -> None:  # (the scheduler thread: only sets an event)
+        if not self.active or tick.elapsed_s < self._next_s:
+            return
+        self._next_s = tick.elapsed_s + self.interval_s
+        self.trim_soon()
+
+    def trim_soon(self) -> None:
+        """A trim on the trimmer's thread now (the periodic document's thread calls it once a document is
+        freed: the largest allocations of a run, in proportion to its per-request lists)."""
+        if not self.active or self._stop:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="kv-malloc-trim", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def done(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def record(self) -> dict[str, Any]:
+        out = self.policy.record()
+        if self.policy.libc is None:
+            return out
+        with self._lock:
+            out.update({"trim_interval_s": self.interval_s, "trims": self.trims, "trims_released": self.released,
+                        "trim_returned_bytes": self.returned_bytes, "trim_seconds_total": self.seconds_total,
+                        "trim_seconds_max": self.seconds_max,
+                        "trim_method": METHOD if self.interval_s > 0 else "off (--malloc-trim-interval 0)"})
+        return out
