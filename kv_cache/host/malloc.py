@@ -40,7 +40,7 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 ARENA_MAX = 2
 OTHER_ALLOCATORS = ("libjemalloc", "libtcmalloc", "libmimalloc", "libhoard")
 METHOD = ("malloc_trim(0) by ctypes (the GIL released) on a thread of its own, every trim_interval_s of the "
-          "window (woken by the driver's 1-second tick) and after each periodic results document is freed; "
+          "window (woken by the driver's 1-second tick); "
           "returned_bytes: the fall of this process's RSS "
           "(/proc/self/statm) across each call, summed (other threads allocate meanwhile: an estimate)")
 
@@ -174,8 +174,9 @@ class MallocTrimmer:
         self.trim_soon()
 
     def trim_soon(self) -> None:
-        """A trim on the trimmer's thread now (the periodic document's thread calls it once a document is
-        freed: the largest allocations of a run, in proportion to its per-request lists)."""
+        """A trim on the trimmer's thread now (the tick calls it every trim_interval_s; the run does not call
+        it after each periodic document: a trim can hold an arena's lock for tens of ms, and an allocating
+        thread waits holding the GIL)."""
         if not self.active or self._stop:
             return
         with self._lock:

@@ -389,7 +389,9 @@ def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, trim
     """The periodic INCOMPLETE document of the window so far at --output (benchmarks/standard/partial.py),
     every --partial-results-interval seconds; None when it is 0. `record_of(snapshot)`: the RunRecord of a
     snapshot, as the final document's is made. Each document's build allocates in proportion to the
-    per-request lists (up to their caps): once it is freed, `trimmer` gives that memory back."""
+    per-request lists (up to their caps); `trimmer` gives that memory back at its own interval only, not
+    after each document: a trim can hold an arena's lock for tens of ms, and a thread that allocates in it
+    meanwhile waits holding the GIL, which would stall every Python thread once per document."""
     interval = float(settings.outputs.partial_results_interval or 0.0)
     if interval <= 0:
         return None
@@ -402,8 +404,7 @@ def _partial_documents(settings: RunSettings, run: _Run, cache, autoscaler, trim
                         sequence, autoscaler=(_History(list(history)) if history is not None else None))
 
     partial = holder["partial"] = PartialDocuments(settings.outputs.output, interval, float(settings.driver.duration),
-                                                   take, lambda snap: build_results(record_of(snap)),
-                                                   after_write=trimmer.trim_soon if trimmer.active else None)
+                                                   take, lambda snap: build_results(record_of(snap)))
     return partial
 
 
