@@ -129,6 +129,79 @@ def test_each_probe_thread_frees_what_the_store_holds_for_it(tmp_path):
         assert store.live == set() and store.released == 2 * (1 + 2 + 4)  # write and read threads alike
 
 
+def test_the_probe_threads_of_a_remote_tier_share_one_slot_ring(tmp_path):
+    """Issue 35: a Redis probe step of 16 threads held 16 chunks of slots at once, and a default run that
+    then chose 1 worker peaked at 371 MiB against 250 for --io-workers 1. With `shared_slots` (the remote
+    tiers') every probe thread writes from the one ring it makes: one ring in all, made on entry, freed
+    on exit, and none left on the store."""
+    import threading
+
+    from kv_cache.storage.remote import SharedSlots
+
+    class Shared(FileStore):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self._shared_ring, self.seen, self.made, self.lock = None, set(), [], threading.Lock()
+
+        def shared_slots(self):
+            s = SharedSlots(self, 4096, 2)
+            self.made.append(s)
+            return s
+
+        def write(self, key, nbytes, bufs, stop=None):
+            with self.lock:
+                self.seen.add(id(self._shared_ring))
+            return super().write(key, nbytes, bufs, stop)
+
+    with Shared(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(1, 2, 4, 8), seconds=0.01)
+        assert [r["workers"] for r in rows] == [1, 2, 4, 8]
+        assert len(store.made) == 1 and len(store.seen) == 1 and id(None) not in store.seen
+        assert store._shared_ring is None  # freed as the probe ended
+
+
+def test_a_remote_store_hands_the_shared_ring_to_every_thread_and_its_own_ring_otherwise():
+    """kvstore's and s3's `_ring`: inside shared_slots every thread gets the one shared ring (grown to what
+    a write needs, at most `pipeline`); outside it, a thread's own ring as before; on exit it is closed."""
+    import threading
+
+    from kv_cache.storage.kvstore import RedisStore
+    from kv_cache.storage.remote import SharedSlots
+    from kv_cache.storage.s3 import S3Store
+
+    class FakeKV:
+        pipeline, chunk_bytes, _shared_ring = 8, 8192, None
+        _ring, shared_slots = RedisStore._ring, RedisStore.shared_slots
+
+        def __init__(self):
+            self._tls, self._lock, self._slots = threading.local(), threading.Lock(), []
+
+    kv = FakeKV()
+    got: list[int] = []
+    with kv.shared_slots() as ring:
+        ts = [threading.Thread(target=lambda: got.append(id(kv._ring(3)))) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert set(got) == {id(ring.slots)} and len(ring.slots) == 3 and kv._slots == []
+    assert kv._shared_ring is None and ring.slots[0].__dict__.get("write_mv") is None  # closed
+    own = kv._ring(1)
+    assert len(own) == 1 and len(kv._slots) == 1  # a thread's own ring, outside the probe
+
+    class FakeS3:
+        slot_bytes, concurrency, _shared_ring = 8192, 4, None
+        _ring = S3Store._ring
+
+        def __init__(self):
+            self._tls, self._lock, self._rings = threading.local(), threading.Lock(), []
+
+    s3 = FakeS3()
+    with SharedSlots(s3, s3.slot_bytes, 6) as ring:
+        assert s3._ring() is ring and s3._rings == []
+    assert s3._ring() is not ring and len(s3._rings) == 1
+
+
 # ------------------------------------------------------------------ the rule, on synthetic probe figures
 def _synthetic(write: dict[int, float], read: dict[int, float], noise: float, seed: int,
                spike: tuple[int, float] | None = None):

@@ -39,6 +39,7 @@ The run reports the count, how it was chosen and the probe's figures (measuremen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -261,6 +262,8 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     rows: list[dict[str, float]] = []
     lock = threading.Lock()
     release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
+    shared = getattr(store, "shared_slots", None)  # remote tiers: one slot ring for all the probe's threads
+    slots = shared() if shared is not None else contextlib.nullcontext()
 
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
@@ -269,6 +272,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
         return store.write(key, nbytes, bufs).nbytes
 
     try:
+        slots.__enter__()
         for n in counts:
             if stop is not None and stop.is_set():
                 break
@@ -293,6 +297,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
             row["read_gibps"] = gibps
             row["seconds"] = round(row["seconds"] + elapsed, 3)
     finally:
+        slots.__exit__(None, None, None)
         for key in written:
             try:
                 store.delete(key)

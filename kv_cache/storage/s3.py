@@ -56,6 +56,7 @@ from kv_cache.storage.remote import (
     DaemonPool,
     RemoteStats,
     RunDeadline,
+    SharedSlots,
     SlotRing,
     Throttled,
     Watchdog,
@@ -104,6 +105,7 @@ class S3Store(SizedStore):
         self.deadline = RunDeadline(grace_s, failover_s)
         self._tls = threading.local()
         self._rings: list[SlotRing] = []
+        self._shared_ring: SlotRing | None = None  # the probe's, while it runs (shared_slots)
         self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
         self.name = name
         self.bucket, self.endpoint = bucket, endpoint
@@ -360,7 +362,10 @@ class S3Store(SizedStore):
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:
-        """This thread's ring of stamped slots, one part each (made on its first write, kept for the run)."""
+        """This thread's ring of stamped slots, one part each (made on its first write, kept for the run);
+        while the I/O worker probe runs, the one ring all its threads share (remote.py SharedSlots)."""
+        if self._shared_ring is not None:
+            return self._shared_ring
         ring = getattr(self._tls, "ring", None)
         if ring is None:
             ring = self._tls.ring = SlotRing(self.slot_bytes, s3_ring_slots(self.concurrency),
@@ -368,6 +373,12 @@ class S3Store(SizedStore):
             with self._lock:
                 self._rings.append(ring)
         return ring
+
+    def shared_slots(self) -> SharedSlots:
+        """A context in which every thread writes from one shared ring of concurrency + 2 parts (the I/O
+        worker probe's threads, whose bytes are not checked): the probe's slots cost one ring, not one per
+        thread."""
+        return SharedSlots(self, self.slot_bytes, s3_ring_slots(self.concurrency))
 
     def release_thread(self) -> None:
         """Free the calling thread's slot ring (concurrency + 2 parts), for a thread whose writes have all
