@@ -370,6 +370,62 @@ def test_the_probe_keeps_to_its_time_budget_and_says_what_it_left_out(tmp_path):
         assert store.keys() == []
 
 
+def test_a_short_budget_takes_fewer_operations_per_thread_at_the_larger_counts():
+    """S3 on moto (0.05 GiB/s, 16 MiB entries): MIN_OPS per thread let a 12 s budget reach 1-4 workers
+    where the run did best at 8 (the default 0.65 of the best). fit_ops: the most operations per thread
+    whose write and read steps fit the step's share of what is left, else the fewest that fit the room,
+    else none."""
+    one = 16 * MIB / GIB / 0.05  # seconds per 16 MiB operation at 0.05 GiB/s: 0.3125
+    assert iw.OPS_LADDER == (iw.MIN_OPS, 2, 1)
+    assert iw.fit_ops(1, 0.05, 16 * MIB, 0.2, room_s=100, share_s=100) == iw.MIN_OPS  # room: as before
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=10, share_s=2 * 8 * 2 * one) == 2
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=10, share_s=1.0) == 1  # no level in the share: the fewest
+    assert iw.fit_ops(16, 0.05, 16 * MIB, 0.2, room_s=2 * 16 * one - 0.01, share_s=1.0) == 0  # none fits
+    assert iw.fit_ops(4, 0.0, 16 * MIB, 0.2, room_s=100, share_s=100) == 0  # no rate: no estimate
+
+
+def test_one_operation_per_thread_is_counted_from_the_threads_start():
+    """At 1 operation per thread (fit_ops on a short budget) the figure is each thread's one operation,
+    from a mark at its start: every thread's bytes count, none is dropped as a first burst."""
+    import time as _t
+
+    calls: list[int] = []
+
+    def op(i, k):
+        calls.append(i)
+        _t.sleep(0.002)
+        return 1 << 20
+
+    gibps, _ = iw._timed(4, 0.0, op, None, ops=1)
+    assert len(calls) == 4 and gibps > 0
+    calls.clear()
+    assert iw._timed(2, 0.0, op, None)[0] > 0 and len(calls) == 2 * iw.MIN_OPS  # the default: as before
+
+
+def test_a_probe_step_on_a_short_budget_is_measured_with_fewer_operations_and_says_so(tmp_path):
+    """The probe picks the operations per thread with fit_ops and marks the row ("ops") where it took
+    fewer than MIN_OPS; the reads of that count take as many."""
+    counted: dict[str, int] = {"write": 0, "read": 0}
+
+    class Counted(FileStore):
+        def write(self, key, nbytes, bufs, stop=None):
+            counted["write"] += 1
+            return super().write(key, nbytes, bufs, stop)
+
+        def read(self, key, bufs, stop=None, verify=False, on_chunk=None):
+            counted["read"] += 1
+            return super().read(key, bufs, stop, verify, on_chunk)
+
+    with Counted(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        budget = iw.ProbeBudget(60.0)
+        # a known rate at which 4 threads' one operation each takes 20 s a direction: 40 s of the 60 s
+        # room, where two each (80 s) do not fit
+        slow = 4 * 64 * 1024 / GIB / 20.0
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(4,), seconds=0.0, budget=budget, known={4: slow})
+        assert rows[0].get("ops") == 1 and rows[0]["write_gibps"] > 0 and rows[0]["read_gibps"] > 0
+        assert counted == {"write": 4, "read": 4} and budget.cut is None and store.keys() == []
+
+
 def test_the_descending_pass_skips_a_count_that_does_not_fit_and_measures_the_smaller_ones(tmp_path):
     """On a slow tier the second pass's first count (32, the dearest) did not fit what the first pass left
     of the budget, and the pass stopped there: no count had a second figure, so no noise figure (a Redis
