@@ -310,10 +310,12 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                 ops = fit_ops(n, rate, nbytes, seconds, room, room / (len(counts) - j), len(directions))
                 if not ops:
                     est = len(directions) * step_estimate(n, rate, nbytes, seconds, OPS_LADDER[-1])
+                    more = f"about {est:.1f} s more" + (f", {budget.held:.1f} s kept for the step up"
+                                                         if budget.held > 0 else "")
                     if known is not None:  # a later pass, descending: the smaller counts after it cost less
-                        budget.cut = budget.cut or f"{label}{n} workers (about {est:.0f} s more)"
+                        budget.cut = budget.cut or f"{label}{n} workers ({more})"
                         continue
-                    budget.cut = budget.cut or f"{label}{n} workers and more (about {est:.0f} s more)"
+                    budget.cut = budget.cut or f"{label}{n} workers and more ({more})"
                     break
             gibps, elapsed = _timed(n, seconds, write, stop, release, ops)
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)}
