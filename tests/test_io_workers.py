@@ -426,6 +426,20 @@ def test_a_probe_step_on_a_short_budget_is_measured_with_fewer_operations_and_sa
         assert counted == {"write": 4, "read": 4} and budget.cut is None and store.keys() == []
 
 
+def test_a_confirmation_that_would_eat_the_step_ups_reserve_is_not_measured_and_says_so(tmp_path):
+    """choose's `measure`: both_rates under the probe's budget, with the step up's pairs' time held back
+    (ProbeBudget.held): a step that fits the room but not the room less the reserve is not measured ({}),
+    and the cut names the reserve (it read 'about 0 s more')."""
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        budget = iw.ProbeBudget(30.0)
+        fast = 1.0  # GiB/s: a step of 2 threads costs about `seconds`, 0.01 s a direction
+        assert iw.both_rates(store, 64 * 1024, 1, 2, 0.01, None, budget, {2: fast}, "a confirmation at ")
+        budget.held = budget.room() - 0.001
+        assert iw.both_rates(store, 64 * 1024, 1, 2, 0.01, None, budget, {2: fast}, "a confirmation at ") == {}
+        assert budget.cut.startswith("a confirmation at 2 workers (about 0.0 s more, ")
+        assert "s kept for the step up" in budget.cut and store.keys() == []
+
+
 def test_the_descending_pass_skips_a_count_that_does_not_fit_and_measures_the_smaller_ones(tmp_path):
     """On a slow tier the second pass's first count (32, the dearest) did not fit what the first pass left
     of the budget, and the pass stopped there: no count had a second figure, so no noise figure (a Redis
