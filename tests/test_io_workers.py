@@ -374,7 +374,8 @@ def test_a_short_budget_takes_fewer_operations_per_thread_at_the_larger_counts()
     """S3 on moto (0.05 GiB/s, 16 MiB entries): MIN_OPS per thread let a 12 s budget reach 1-4 workers
     where the run did best at 8 (the default 0.65 of the best). fit_ops: the most operations per thread
     whose write and read steps fit the step's share of what is left, else the fewest that fit the room,
-    else none."""
+    else none; the file tiers' fewest is 2 (their first operation, a burst into the device's cache, is
+    never counted)."""
     one = 16 * MIB / GIB / 0.05  # seconds per 16 MiB operation at 0.05 GiB/s: 0.3125
     assert iw.OPS_LADDER == (iw.MIN_OPS, 2, 1)
     assert iw.fit_ops(1, 0.05, 16 * MIB, 0.2, room_s=100, share_s=100) == iw.MIN_OPS  # room: as before
@@ -408,6 +409,8 @@ def test_a_probe_step_on_a_short_budget_is_measured_with_fewer_operations_and_sa
     counted: dict[str, int] = {"write": 0, "read": 0}
 
     class Counted(FileStore):
+        probe_counts_first_op = True  # as the remote tiers: no device write cache to burst into
+
         def write(self, key, nbytes, bufs, stop=None):
             counted["write"] += 1
             return super().write(key, nbytes, bufs, stop)
@@ -424,6 +427,14 @@ def test_a_probe_step_on_a_short_budget_is_measured_with_fewer_operations_and_sa
         rows = iw.probe(store, 64 * 1024, seed=1, counts=(4,), seconds=0.0, budget=budget, known={4: slow})
         assert rows[0].get("ops") == 1 and rows[0]["write_gibps"] > 0 and rows[0]["read_gibps"] > 0
         assert counted == {"write": 4, "read": 4} and budget.cut is None and store.keys() == []
+    with FileStore(tmp_path / "f", 64 * 1024, fsync=False, io_mode="buffered") as store:
+        # a file tier never counts a first operation (a burst into the device's cache): 2 each at least,
+        # which the room does not hold here
+        budget = iw.ProbeBudget(60.0)
+        assert iw.probe(store, 64 * 1024, seed=1, counts=(4,), seconds=0.0, budget=budget, known={4: slow}) == []
+        assert budget.cut.startswith("4 workers (about 75") and store.keys() == []  # 60 KiB entries
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=10, share_s=1.0, least=2) == 2
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=2 * 8 * 2 * 16 / 1024 / 0.05 - 0.01, share_s=1.0, least=2) == 0
 
 
 def test_a_confirmation_that_would_eat_the_step_ups_reserve_is_not_measured_and_says_so(tmp_path):

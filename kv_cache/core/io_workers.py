@@ -142,17 +142,17 @@ def step_estimate(n: int, gibps: float, nbytes: int, seconds: float, ops: int = 
 
 
 def fit_ops(n: int, gibps: float, nbytes: int, seconds: float, room_s: float, share_s: float,
-            steps: int = 2) -> int:
+            steps: int = 2, least: int = 1) -> int:
     """The operations per thread a probe step of `n` threads takes (0: none fits): the most of OPS_LADDER
     whose `steps` steps (a write and a read) fit in `share_s` (the step's share of what is left: the room
     over the counts still to come), else the fewest that fit in `room_s`. On a slow tier (moto at 0.05
     GiB/s: 16 MiB in 0.3 s) MIN_OPS per thread let a 12 s budget reach only 1-4 workers, where a run did
     best at 8: a larger count measured with fewer operations (at 1, its one operation counted from the
-    thread's start, _timed) is a figure where it was none."""
-    for ops in OPS_LADDER:
+    thread's start, _timed) is a figure where it was none. `least`: the fewest allowed (2 on the file
+    tiers, whose first operation may burst into the device's write cache: it is never counted there)."""
+    for ops in (o for o in OPS_LADDER if o >= least):
         if steps * step_estimate(n, gibps, nbytes, seconds, ops) <= share_s:
             return ops
-    least = OPS_LADDER[-1]
     return least if steps * step_estimate(n, gibps, nbytes, seconds, least) <= room_s else 0
 
 
@@ -291,6 +291,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
     shared = getattr(store, "shared_slots", None)  # remote tiers: one slot ring for all the probe's threads
     slots = shared() if shared is not None else contextlib.nullcontext()
+    least = 1 if getattr(store, "probe_counts_first_op", False) else 2  # fit_ops
 
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
@@ -307,9 +308,9 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
             ops = MIN_OPS
             if budget is not None and (rows or known):
                 room = budget.room()
-                ops = fit_ops(n, rate, nbytes, seconds, room, room / (len(counts) - j), len(directions))
+                ops = fit_ops(n, rate, nbytes, seconds, room, room / (len(counts) - j), len(directions), least)
                 if not ops:
-                    est = len(directions) * step_estimate(n, rate, nbytes, seconds, OPS_LADDER[-1])
+                    est = len(directions) * step_estimate(n, rate, nbytes, seconds, least)
                     more = f"about {est:.1f} s more" + (f", {budget.held:.1f} s kept for the step up"
                                                          if budget.held > 0 else "")
                     if known is not None:  # a later pass, descending: the smaller counts after it cost less
@@ -585,8 +586,10 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                     below = max((k for k in known if k <= n), default=0)  # a count not probed: the one below
                     return known.get(n) or known.get(below) or max(known.values(), default=0.0)
 
+                least = 1 if getattr(store, "probe_counts_first_op", False) else 2  # as in probe
+
                 def cost(n: int) -> float:  # a write and a read step at n workers, estimated (the fewest ops)
-                    return 2 * step_estimate(n, rate_at(n), chunk_bytes, probe_seconds, OPS_LADDER[-1])
+                    return 2 * step_estimate(n, rate_at(n), chunk_bytes, probe_seconds, least)
 
                 def pairs_cost(count: int) -> float:  # the step up's pairs from `count`
                     target = min(step_target(count, counts[-1], per_worker, base), max(count, knee(rows)))

@@ -97,6 +97,9 @@ class RedisStore(SizedStore):
     """Entries as chunked keys under this run's namespace (see the module docstring)."""
 
     keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
+    # device write cache for it to burst into (a first operation pays for a connection instead)
+    probe_counts_first_op = True
 
     def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "redis",
                  grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):

@@ -97,6 +97,9 @@ class S3Store(SizedStore):
     """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
 
     keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
+    # device write cache for it to burst into (a first operation pays for a connection instead)
+    probe_counts_first_op = True
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
                  concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "s3",
