@@ -28,7 +28,8 @@
   The whole probe keeps to a wall-clock budget (probe_budget_s). A run shorter than PROBE_MIN_RUN_S is
   not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
-  two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
+  two chunks of memory, not two per thread; on a remote tier they write from one shared slot ring too
+  (store.shared_slots, storage/remote.py SharedSlots), not one ring per thread. Without a storage tier (or in trace mode, moving no data) the
   count is one per user up to DEFAULT_MAX_WORKERS, as before.
 - Memory: each worker holds a read and a write buffer of one chunk, and on a remote tier its slot ring
   (storage/remote.py ring_bytes). They may take at most WORKER_MEMORY_FRACTION of what the run's RAM
