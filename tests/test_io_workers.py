@@ -129,6 +129,79 @@ def test_each_probe_thread_frees_what_the_store_holds_for_it(tmp_path):
         assert store.live == set() and store.released == 2 * (1 + 2 + 4)  # write and read threads alike
 
 
+def test_the_probe_threads_of_a_remote_tier_share_one_slot_ring(tmp_path):
+    """Issue 35: a Redis probe step of 16 threads held 16 chunks of slots at once, and a default run that
+    then chose 1 worker peaked at 371 MiB against 250 for --io-workers 1. With `shared_slots` (the remote
+    tiers') every probe thread writes from the one ring it makes: one ring in all, made on entry, freed
+    on exit, and none left on the store."""
+    import threading
+
+    from kv_cache.storage.remote import SharedSlots
+
+    class Shared(FileStore):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self._shared_ring, self.seen, self.made, self.lock = None, set(), [], threading.Lock()
+
+        def shared_slots(self):
+            s = SharedSlots(self, 4096, 2)
+            self.made.append(s)
+            return s
+
+        def write(self, key, nbytes, bufs, stop=None):
+            with self.lock:
+                self.seen.add(id(self._shared_ring))
+            return super().write(key, nbytes, bufs, stop)
+
+    with Shared(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(1, 2, 4, 8), seconds=0.01)
+        assert [r["workers"] for r in rows] == [1, 2, 4, 8]
+        assert len(store.made) == 1 and len(store.seen) == 1 and id(None) not in store.seen
+        assert store._shared_ring is None  # freed as the probe ended
+
+
+def test_a_remote_store_hands_the_shared_ring_to_every_thread_and_its_own_ring_otherwise():
+    """kvstore's and s3's `_ring`: inside shared_slots every thread gets the one shared ring (grown to what
+    a write needs, at most `pipeline`); outside it, a thread's own ring as before; on exit it is closed."""
+    import threading
+
+    from kv_cache.storage.kvstore import RedisStore
+    from kv_cache.storage.remote import SharedSlots
+    from kv_cache.storage.s3 import S3Store
+
+    class FakeKV:
+        pipeline, chunk_bytes, _shared_ring = 8, 8192, None
+        _ring, shared_slots = RedisStore._ring, RedisStore.shared_slots
+
+        def __init__(self):
+            self._tls, self._lock, self._slots = threading.local(), threading.Lock(), []
+
+    kv = FakeKV()
+    got: list[int] = []
+    with kv.shared_slots() as ring:
+        ts = [threading.Thread(target=lambda: got.append(id(kv._ring(3)))) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert set(got) == {id(ring.slots)} and len(ring.slots) == 3 and kv._slots == []
+    assert kv._shared_ring is None and ring.slots[0].__dict__.get("write_mv") is None  # closed
+    own = kv._ring(1)
+    assert len(own) == 1 and len(kv._slots) == 1  # a thread's own ring, outside the probe
+
+    class FakeS3:
+        slot_bytes, concurrency, _shared_ring = 8192, 4, None
+        _ring = S3Store._ring
+
+        def __init__(self):
+            self._tls, self._lock, self._rings = threading.local(), threading.Lock(), []
+
+    s3 = FakeS3()
+    with SharedSlots(s3, s3.slot_bytes, 6) as ring:
+        assert s3._ring() is ring and s3._rings == []
+    assert s3._ring() is not ring and len(s3._rings) == 1
+
+
 # ------------------------------------------------------------------ the rule, on synthetic probe figures
 def _synthetic(write: dict[int, float], read: dict[int, float], noise: float, seed: int,
                spike: tuple[int, float] | None = None):
@@ -295,6 +368,87 @@ def test_the_probe_keeps_to_its_time_budget_and_says_what_it_left_out(tmp_path):
         assert [r["workers"] for r in c.probe] == [1] and c.count == 1
         assert "budget left out 2 workers and more" in c.how
         assert store.keys() == []
+
+
+def test_a_short_budget_takes_fewer_operations_per_thread_at_the_larger_counts():
+    """S3 on moto (0.05 GiB/s, 16 MiB entries): MIN_OPS per thread let a 12 s budget reach 1-4 workers
+    where the run did best at 8 (the default 0.65 of the best). fit_ops: the most operations per thread
+    whose write and read steps fit the step's share of what is left, else the fewest that fit the room,
+    else none; the file tiers' fewest is 2 (their first operation, a burst into the device's cache, is
+    never counted)."""
+    one = 16 * MIB / GIB / 0.05  # seconds per 16 MiB operation at 0.05 GiB/s: 0.3125
+    assert iw.OPS_LADDER == (iw.MIN_OPS, 2, 1)
+    assert iw.fit_ops(1, 0.05, 16 * MIB, 0.2, room_s=100, share_s=100) == iw.MIN_OPS  # room: as before
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=10, share_s=2 * 8 * 2 * one) == 2
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=10, share_s=1.0) == 1  # no level in the share: the fewest
+    assert iw.fit_ops(16, 0.05, 16 * MIB, 0.2, room_s=2 * 16 * one - 0.01, share_s=1.0) == 0  # none fits
+    assert iw.fit_ops(4, 0.0, 16 * MIB, 0.2, room_s=100, share_s=100) == 0  # no rate: no estimate
+
+
+def test_one_operation_per_thread_is_counted_from_the_threads_start():
+    """At 1 operation per thread (fit_ops on a short budget) the figure is each thread's one operation,
+    from a mark at its start: every thread's bytes count, none is dropped as a first burst."""
+    import time as _t
+
+    calls: list[int] = []
+
+    def op(i, k):
+        calls.append(i)
+        _t.sleep(0.002)
+        return 1 << 20
+
+    gibps, _ = iw._timed(4, 0.0, op, None, ops=1)
+    assert len(calls) == 4 and gibps > 0
+    calls.clear()
+    assert iw._timed(2, 0.0, op, None)[0] > 0 and len(calls) == 2 * iw.MIN_OPS  # the default: as before
+
+
+def test_a_probe_step_on_a_short_budget_is_measured_with_fewer_operations_and_says_so(tmp_path):
+    """The probe picks the operations per thread with fit_ops and marks the row ("ops") where it took
+    fewer than MIN_OPS; the reads of that count take as many."""
+    counted: dict[str, int] = {"write": 0, "read": 0}
+
+    class Counted(FileStore):
+        probe_counts_first_op = True  # as the remote tiers: no device write cache to burst into
+
+        def write(self, key, nbytes, bufs, stop=None):
+            counted["write"] += 1
+            return super().write(key, nbytes, bufs, stop)
+
+        def read(self, key, bufs, stop=None, verify=False, on_chunk=None):
+            counted["read"] += 1
+            return super().read(key, bufs, stop, verify, on_chunk)
+
+    with Counted(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        budget = iw.ProbeBudget(60.0)
+        # a known rate at which 4 threads' one operation each takes 20 s a direction: 40 s of the 60 s
+        # room, where two each (80 s) do not fit
+        slow = 4 * 64 * 1024 / GIB / 20.0
+        rows = iw.probe(store, 64 * 1024, seed=1, counts=(4,), seconds=0.0, budget=budget, known={4: slow})
+        assert rows[0].get("ops") == 1 and rows[0]["write_gibps"] > 0 and rows[0]["read_gibps"] > 0
+        assert counted == {"write": 4, "read": 4} and budget.cut is None and store.keys() == []
+    with FileStore(tmp_path / "f", 64 * 1024, fsync=False, io_mode="buffered") as store:
+        # a file tier never counts a first operation (a burst into the device's cache): 2 each at least,
+        # which the room does not hold here
+        budget = iw.ProbeBudget(60.0)
+        assert iw.probe(store, 64 * 1024, seed=1, counts=(4,), seconds=0.0, budget=budget, known={4: slow}) == []
+        assert budget.cut.startswith("4 workers (about 75") and store.keys() == []  # 60 KiB entries
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=10, share_s=1.0, least=2) == 2
+    assert iw.fit_ops(8, 0.05, 16 * MIB, 0.2, room_s=2 * 8 * 2 * 16 / 1024 / 0.05 - 0.01, share_s=1.0, least=2) == 0
+
+
+def test_a_confirmation_that_would_eat_the_step_ups_reserve_is_not_measured_and_says_so(tmp_path):
+    """choose's `measure`: both_rates under the probe's budget, with the step up's pairs' time held back
+    (ProbeBudget.held): a step that fits the room but not the room less the reserve is not measured ({}),
+    and the cut names the reserve (it read 'about 0 s more')."""
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        budget = iw.ProbeBudget(30.0)
+        fast = 1.0  # GiB/s: a step of 2 threads costs about `seconds`, 0.01 s a direction
+        assert iw.both_rates(store, 64 * 1024, 1, 2, 0.01, None, budget, {2: fast}, "a confirmation at ")
+        budget.held = budget.room() - 0.001
+        assert iw.both_rates(store, 64 * 1024, 1, 2, 0.01, None, budget, {2: fast}, "a confirmation at ") == {}
+        assert budget.cut.startswith("a confirmation at 2 workers (about 0.0 s more, ")
+        assert "s kept for the step up" in budget.cut and store.keys() == []
 
 
 def test_the_descending_pass_skips_a_count_that_does_not_fit_and_measures_the_smaller_ones(tmp_path):

@@ -4,7 +4,8 @@
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
   PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
   Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
-  (at least MIN_OPS each, the first not counted), then as many read them back; then a second pass, the
+  (at least MIN_OPS each, the first not counted; fewer, down to one counted from the thread's start,
+  where the budget is short: fit_ops), then as many read them back; then a second pass, the
   counts in descending order (a drift of the machine's load is in both passes' mean alike). The rule
   (`plateau`) judges one figure, the rate of writing bytes and reading them back (`mixed_rate`): the
   count is the smallest that no larger count beats by more than 5 % (1/PROBE_FRACTION) beyond the noise
@@ -27,7 +28,8 @@
   The whole probe keeps to a wall-clock budget (probe_budget_s). A run shorter than PROBE_MIN_RUN_S is
   not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
-  two chunks of memory, not two per thread. Without a storage tier (or in trace mode, moving no data) the
+  two chunks of memory, not two per thread; on a remote tier they write from one shared slot ring too
+  (store.shared_slots, storage/remote.py SharedSlots), not one ring per thread. Without a storage tier (or in trace mode, moving no data) the
   count is one per user up to DEFAULT_MAX_WORKERS, as before.
 - Memory: each worker holds a read and a write buffer of one chunk, and on a remote tier its slot ring
   (storage/remote.py ring_bytes). They may take at most WORKER_MEMORY_FRACTION of what the run's RAM
@@ -39,6 +41,7 @@ The run reports the count, how it was chosen and the probe's figures (measuremen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -62,6 +65,7 @@ CONFIRM_ROUNDS = 3  # confirmations at most (each may move the count, and so cal
 PROBE_Z = 1.645  # standard errors a larger count must be better by, beyond the 5 % margin (one-sided 95 %)
 NOISE_FLOOR = 0.01  # the least relative noise of one figure the rule assumes
 MIN_OPS = 3  # per thread and step: the first is not counted (a burst into the device's cache)
+OPS_LADDER = (MIN_OPS, 2, 1)  # operations per thread a step may take, where the budget is short (fit_ops)
 PROBE_MIN_RUN_S = 120  # shorter runs are not probed (the probe, up to ~10 s, would rival their window)
 PROBE_FRACTION = 0.95  # the smallest count reaching this share of the best rate
 PROBE_BUDGET_FRACTION = 0.1  # of the run's duration: the whole probe's wall-clock allowance (12 s at 120 s)
@@ -121,17 +125,36 @@ class ProbeBudget:
         self.seconds = float(seconds)
         self.end = time.perf_counter() + self.seconds
         self.cut: str | None = None
+        self.held = 0.0  # seconds kept for what comes after (the step up's pairs, while confirming)
+
+    def room(self) -> float:
+        return self.end - time.perf_counter() - self.held
 
     def fits(self, estimate_s: float) -> bool:
-        return time.perf_counter() + estimate_s <= self.end
+        return estimate_s <= self.room()
 
 
-def step_estimate(n: int, gibps: float, nbytes: int, seconds: float) -> float:
+def step_estimate(n: int, gibps: float, nbytes: int, seconds: float, ops: int = MIN_OPS) -> float:
     """How long a step of `n` threads takes at `gibps` (a rate measured before): `seconds`, or the time
-    its MIN_OPS operations per thread need at that rate, whichever is longer (inf without a rate)."""
+    its `ops` operations per thread need at that rate, whichever is longer (inf without a rate)."""
     if gibps <= 0:
         return float("inf")
-    return max(seconds, n * MIN_OPS * nbytes / (gibps * GIB))
+    return max(seconds, n * ops * nbytes / (gibps * GIB))
+
+
+def fit_ops(n: int, gibps: float, nbytes: int, seconds: float, room_s: float, share_s: float,
+            steps: int = 2, least: int = 1) -> int:
+    """The operations per thread a probe step of `n` threads takes (0: none fits): the most of OPS_LADDER
+    whose `steps` steps (a write and a read) fit in `share_s` (the step's share of what is left: the room
+    over the counts still to come), else the fewest that fit in `room_s`. On a slow tier (moto at 0.05
+    GiB/s: 16 MiB in 0.3 s) MIN_OPS per thread let a 12 s budget reach only 1-4 workers, where a run did
+    best at 8: a larger count measured with fewer operations (at 1, its one operation counted from the
+    thread's start, _timed) is a figure where it was none. `least`: the fewest allowed (2 on the file
+    tiers, whose first operation may burst into the device's write cache: it is never counted there)."""
+    for ops in (o for o in OPS_LADDER if o >= least):
+        if steps * step_estimate(n, gibps, nbytes, seconds, ops) <= share_s:
+            return ops
+    return least if steps * step_estimate(n, gibps, nbytes, seconds, least) <= room_s else 0
 
 
 def probe_text(rows: list[dict[str, Any]]) -> str:
@@ -188,22 +211,28 @@ def bounded(requested: int, chunk_bytes: int, limit: MemoryLimit, strict: bool, 
     return cap, message
 
 
-def _timed(n: int, seconds: float, op, stop: threading.Event | None, done=None) -> tuple[float, float]:
+def _timed(n: int, seconds: float, op, stop: threading.Event | None, done=None,
+           ops: int = MIN_OPS) -> tuple[float, float]:
     """`n` threads calling op(i, k) -> bytes until `seconds` have passed and each has done at least
     MIN_OPS: (GiB/s, seconds the step took). The rate is steady state: from the moment every thread has
     finished its first operation (a burst into whatever cache the device has) to the moment the first
     thread stopped, the bytes of the operations that ended in between over its length; where that span is
     empty, the bytes after each thread's first operation over the time from the first such end to the
     last thread's end. `done()`, when given, is called by each thread as it ends (the store frees what the
-    thread held: its slot ring)."""
+    thread held: its slot ring). `ops` (< MIN_OPS where the budget is short, fit_ops): the operations
+    each thread does at least; at 1 its first is counted too, from the thread's start (a mark of 0 bytes
+    at that moment stands for the operation not counted)."""
     ends: list[list[tuple[float, int]]] = [[] for _ in range(n)]  # per thread: (end time, bytes) per op
     start = time.perf_counter()
     deadline = start + seconds
+    least = ops + 1 if ops < 2 else ops  # with the start mark
 
     def work(i: int) -> None:
         mine = ends[i]
+        if ops < 2:
+            mine.append((time.perf_counter(), 0))
         try:
-            while len(mine) < MIN_OPS or time.perf_counter() < deadline:
+            while len(mine) < least or time.perf_counter() < deadline:
                 if stop is not None and stop.is_set():
                     break
                 b = op(i, len(mine))
@@ -261,6 +290,9 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     rows: list[dict[str, float]] = []
     lock = threading.Lock()
     release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
+    shared = getattr(store, "shared_slots", None)  # remote tiers: one slot ring for all the probe's threads
+    slots = shared() if shared is not None else contextlib.nullcontext()
+    least = 1 if getattr(store, "probe_counts_first_op", False) else 2  # fit_ops
 
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
@@ -269,30 +301,38 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
         return store.write(key, nbytes, bufs).nbytes
 
     try:
-        for n in counts:
+        slots.__enter__()
+        for j, n in enumerate(counts):
             if stop is not None and stop.is_set():
                 break
             rate = (known or {}).get(n) or (rows[-1]["write_gibps"] if rows else 0.0)
+            ops = MIN_OPS
             if budget is not None and (rows or known):
-                est = len(directions) * step_estimate(n, rate, nbytes, seconds)
-                if not budget.fits(est):
+                room = budget.room()
+                ops = fit_ops(n, rate, nbytes, seconds, room, room / (len(counts) - j), len(directions), least)
+                if not ops:
+                    est = len(directions) * step_estimate(n, rate, nbytes, seconds, least)
+                    more = f"about {est:.1f} s more" + (f", {budget.held:.1f} s kept for the step up"
+                                                         if budget.held > 0 else "")
                     if known is not None:  # a later pass, descending: the smaller counts after it cost less
-                        budget.cut = budget.cut or f"{label}{n} workers (about {est:.0f} s more)"
+                        budget.cut = budget.cut or f"{label}{n} workers ({more})"
                         continue
-                    budget.cut = budget.cut or f"{label}{n} workers and more (about {est:.0f} s more)"
+                    budget.cut = budget.cut or f"{label}{n} workers and more ({more})"
                     break
-            gibps, elapsed = _timed(n, seconds, write, stop, release)
-            rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)})
+            gibps, elapsed = _timed(n, seconds, write, stop, release, ops)
+            rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)}
+                        | ({"ops": ops} if ops != MIN_OPS else {}))
         keys = sorted(written)
         for row in rows:
             if stop is not None and stop.is_set() or not keys or "read" not in directions:
                 break
             n = int(row["workers"])
             gibps, elapsed = _timed(n, seconds, lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
-                                    stop, release)
+                                    stop, release, int(row.get("ops", MIN_OPS)))
             row["read_gibps"] = gibps
             row["seconds"] = round(row["seconds"] + elapsed, 3)
     finally:
+        slots.__exit__(None, None, None)
         for key in written:
             try:
                 store.delete(key)
@@ -303,10 +343,16 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
 
 
 def both_rates(store: Any, chunk_bytes: int, seed: int, n: int, seconds: float,
-               stop: threading.Event | None = None) -> dict[str, float]:
-    """The write and the read rate of `store` at `n` workers ({} where none was measured)."""
-    rows = probe(store, chunk_bytes, seed, (n,), seconds, stop)
-    return {k: rows[0][k] for k in KEYS if rows and k in rows[0]}
+               stop: threading.Event | None = None, budget: ProbeBudget | None = None,
+               known: dict[int, float] | None = None, label: str = "") -> dict[str, float]:
+    """The write and the read rate of `store` at `n` workers ({} where none was measured: with `budget`,
+    where no step fits what is left of it, estimated from `known`, fit_ops), and "ops" where fewer than
+    MIN_OPS per thread were done."""
+    rows = probe(store, chunk_bytes, seed, (n,), seconds, stop, budget=budget,
+                 known=known if budget is not None else None, label=label)
+    if not rows or not all(k in rows[0] for k in KEYS):
+        return {}
+    return {k: rows[0][k] for k in (*KEYS, "ops") if k in rows[0]}
 
 
 def mixed_rate(row: dict[str, Any]) -> float:
@@ -537,10 +583,14 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                 base = resident_bytes() if base_bytes is None else base_bytes
                 per_worker = buffer_bytes(1, chunk_bytes, ring)
 
-                def cost(n: int) -> float:  # a write and a read step at n workers, estimated
+                def rate_at(n: int) -> float:
                     below = max((k for k in known if k <= n), default=0)  # a count not probed: the one below
-                    rate = known.get(n) or known.get(below) or max(known.values(), default=0.0)
-                    return 2 * step_estimate(n, rate, chunk_bytes, probe_seconds)
+                    return known.get(n) or known.get(below) or max(known.values(), default=0.0)
+
+                least = 1 if getattr(store, "probe_counts_first_op", False) else 2  # as in probe
+
+                def cost(n: int) -> float:  # a write and a read step at n workers, estimated (the fewest ops)
+                    return 2 * step_estimate(n, rate_at(n), chunk_bytes, probe_seconds, least)
 
                 def pairs_cost(count: int) -> float:  # the step up's pairs from `count`
                     target = min(step_target(count, counts[-1], per_worker, base), max(count, knee(rows)))
@@ -549,11 +599,12 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                 reserve = [pairs_cost(plateau(rows))]  # the step up's room, kept from the confirmations
 
                 def measure(n: int, what: str = "a confirmation") -> dict[str, float]:  # if the budget has room
-                    est = cost(n)
-                    if not budget.fits(est + reserve[0]):
-                        budget.cut = budget.cut or f"{what} at {n} workers (about {est:.0f} s more)"
-                        return {}
-                    return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop)
+                    budget.held = reserve[0]
+                    try:
+                        return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop, budget,
+                                          {n: rate_at(n)}, f"{what} at ")
+                    finally:
+                        budget.held = 0.0
 
                 picked, pairs = decide(rows, measure, stop=stop)
                 reserve[0] = 0.0

@@ -50,6 +50,7 @@ from kv_cache.storage.remote import (
     MARKER,
     RemoteStats,
     RunDeadline,
+    SharedSlots,
     SlotRing,
     Watchdog,
     hand_on,
@@ -96,6 +97,9 @@ class RedisStore(SizedStore):
     """Entries as chunked keys under this run's namespace (see the module docstring)."""
 
     keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
+    # device write cache for it to burst into (a first operation pays for a connection instead)
+    probe_counts_first_op = True
 
     def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "redis",
                  grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
@@ -109,6 +113,7 @@ class RedisStore(SizedStore):
         self.stats = RemoteStats()
         self._tls = threading.local()
         self._slots: list[Any] = []
+        self._shared_ring: SlotRing | None = None  # the probe's, while it runs (shared_slots)
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
         self._chunks: dict[str, int] = {}  # key -> chunk keys it has on the server (created, not deleted)
@@ -353,12 +358,21 @@ class RedisStore(SizedStore):
         and kept for the run. An entry of one chunk needs one: the I/O worker probe's threads (one-chunk
         writes) held 8 x 16 MiB each, and a default run on Valkey peaked at 1,942 MiB where the same count
         without the probe took 713."""
+        shared = self._shared_ring
+        if shared is not None:  # the probe's threads, all writing from one ring (remote.py SharedSlots)
+            with self._lock:
+                return shared.slots if len(shared.slots) >= need else shared.grow(min(self.pipeline, need))
         ring = getattr(self._tls, "ring", None)
         if ring is None:
             ring = self._tls.ring = SlotRing(self.chunk_bytes, 0, threading.get_ident() & 0xFFFF)
             with self._lock:
                 self._slots.append(ring)
         return ring.slots if len(ring.slots) >= need else ring.grow(min(self.pipeline, need))
+
+    def shared_slots(self) -> SharedSlots:
+        """A context in which every thread writes from one shared ring (the I/O worker probe's threads,
+        whose bytes are not checked): the probe's slots cost one chunk, not one per thread."""
+        return SharedSlots(self, self.chunk_bytes, 1)
 
     def release_thread(self) -> None:
         """Free the calling thread's slot ring (`pipeline` chunks), for a thread that writes no more (the I/O

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
-__all__ = ["FAILOVER_S", "GRACE_S", "MARKER", "DaemonPool", "RemoteStats", "RunDeadline", "SlotRing", "Throttled", "Watchdog", "deliver",
+__all__ = ["FAILOVER_S", "GRACE_S", "MARKER", "DaemonPool", "RemoteStats", "RunDeadline", "SharedSlots", "SlotRing", "Throttled", "Watchdog", "deliver",
            "hand_on", "lost_connection", "marker_json", "new_run_name", "stale_owner", "tls_refused",
            "tls_verification_failure"]
 
@@ -515,6 +515,28 @@ def release_thread_ring(tls: Any, lock: Any, rings: list) -> None:
         if ring in rings:
             rings.remove(ring)
     ring.close()
+
+
+class SharedSlots:
+    """One slot ring that every thread of the I/O worker probe writes from (`store.shared_slots()`), in
+    place of one ring per thread: the probe's bytes are not checked (its reads do not verify), so its
+    threads may stamp and send the same slots at once. Without it a Redis probe step of 16 threads held
+    16 chunks of slots at once: a default run that then chose 1 worker peaked at 371 MiB against 250 for
+    `--io-workers 1` (issue 35: at most 1.5x the memory of the count chosen). `ring` is the store's
+    shared SlotRing while the probe runs (None otherwise); the store's `_ring` hands it to every thread."""
+
+    def __init__(self, store: Any, slot_bytes: int, count: int):
+        self.store, self.slot_bytes, self.count = store, slot_bytes, count
+
+    def __enter__(self) -> SlotRing:
+        ring = SlotRing(self.slot_bytes, self.count, 0xFFFF)
+        self.store._shared_ring = ring
+        return ring
+
+    def __exit__(self, *exc: object) -> None:
+        ring, self.store._shared_ring = self.store._shared_ring, None
+        if ring is not None:
+            ring.close()
 
 
 def deliver(body: memoryview, entry_off: int, nbytes: int, bufs: WorkerBuffers, kid: int, verify: bool,

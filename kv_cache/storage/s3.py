@@ -56,6 +56,7 @@ from kv_cache.storage.remote import (
     DaemonPool,
     RemoteStats,
     RunDeadline,
+    SharedSlots,
     SlotRing,
     Throttled,
     Watchdog,
@@ -96,6 +97,9 @@ class S3Store(SizedStore):
     """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
 
     keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
+    # device write cache for it to burst into (a first operation pays for a connection instead)
+    probe_counts_first_op = True
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
                  concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "s3",
@@ -104,6 +108,7 @@ class S3Store(SizedStore):
         self.deadline = RunDeadline(grace_s, failover_s)
         self._tls = threading.local()
         self._rings: list[SlotRing] = []
+        self._shared_ring: SlotRing | None = None  # the probe's, while it runs (shared_slots)
         self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
         self.name = name
         self.bucket, self.endpoint = bucket, endpoint
@@ -360,7 +365,10 @@ class S3Store(SizedStore):
 
     # ------------------------------------------------------------------ writes
     def _ring(self) -> SlotRing:
-        """This thread's ring of stamped slots, one part each (made on its first write, kept for the run)."""
+        """This thread's ring of stamped slots, one part each (made on its first write, kept for the run);
+        while the I/O worker probe runs, the one ring all its threads share (remote.py SharedSlots)."""
+        if self._shared_ring is not None:
+            return self._shared_ring
         ring = getattr(self._tls, "ring", None)
         if ring is None:
             ring = self._tls.ring = SlotRing(self.slot_bytes, s3_ring_slots(self.concurrency),
@@ -368,6 +376,12 @@ class S3Store(SizedStore):
             with self._lock:
                 self._rings.append(ring)
         return ring
+
+    def shared_slots(self) -> SharedSlots:
+        """A context in which every thread writes from one shared ring of concurrency + 2 parts (the I/O
+        worker probe's threads, whose bytes are not checked): the probe's slots cost one ring, not one per
+        thread."""
+        return SharedSlots(self, self.slot_bytes, s3_ring_slots(self.concurrency))
 
     def release_thread(self) -> None:
         """Free the calling thread's slot ring (concurrency + 2 parts), for a thread whose writes have all
