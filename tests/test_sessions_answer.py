@@ -666,3 +666,58 @@ def test_the_sentence_carries_the_rung_flags_that_qualify_what_it_measured():
     for r in quiet:
         r["flags"] = ["the cpu tier never filled nor evicted (peak 0.20 of 0.25 GiB): it held every block offered"]
     assert "never filled nor evicted" not in answer(quiet, 2.0, 1, "h100")[0]
+
+
+@pytest.mark.parametrize(("plan", "window_plan", "turns_per_s", "calls", "window", "pilot"), [
+    (True, "planned", 0.5, 4, 30.0, {"window_s": 20.0, "returning_turns": 10}),  # 10 of 12: again at 30 s
+    (True, "planned", 0.6, 3, 20.0, None),  # 12 of 12: the evidence, no pilot
+    (True, "planned", 0.05, 4, 80.0, {"window_s": 20.0, "returning_turns": 1}),  # capped at 4 x --window
+    (True, "planned", 0.0, 3, 20.0, None),  # no returning turn: no rate to plan from, nothing run again
+    (True, "fixed", 0.5, 3, 20.0, None),  # --window-plan fixed holds every window
+    (False, "planned", 0.5, 3, 20.0, None),  # no SLO: no plan
+])
+def test_a_first_replication_short_of_the_evidence_is_a_pilot_and_every_replication_runs_longer(
+        monkeypatch, plan, window_plan, turns_per_s, calls, window, pilot):
+    # issue 29 item 8: the lowest rung has no rung below to plan from, so at 20 s windows seed 7's 4-session
+    # baseline measured 10-12 returning turns per replication (12 needed with K = 3) and the answer was a
+    # bound. A first replication short of the evidence is now a pilot, left out of the cell; every replication
+    # runs at the window that would give 1.25 x the turns needed, in proportion, within 4 x --window
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    windows = []
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            self.ls = ls
+            self.throughput_samples = [1.0]
+
+        def run(self):
+            windows.append(self.ls.window_s)
+            return {"ttft": {"return": {"n": int(turns_per_s * self.ls.window_s)}}, "completed_turns": 1,
+                    "throughput_tokens_per_s_per_gpu": {"estimate": 1.0}}
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    monkeypatch.setattr(runmod, "merge_replications", lambda reps: {"reps": reps, "replications": {
+        "throughput_tokens_per_s_per_gpu": [1.0] * len(reps)}})
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(20.0, 1, 1.0)
+    rungs: list = []
+    cell = runmod._run_cell(ls, "none", 4, lambda seed: None, io.StringIO(), 3, {}, runmod.RungProgress(ls, 3),
+                            rungs, plan=plan, window_plan=window_plan)
+    assert len(windows) == calls and windows[-3:] == [pytest.approx(window)] * 3
+    assert len(cell["reps"]) == 3 and all(r["ttft"]["return"]["n"] == int(turns_per_s * window) for r in cell["reps"])
+    assert cell["window_plan"]["evidence_pilot"] == pilot and cell["window_plan"]["window_s"] == pytest.approx(window)
+    assert rungs == [cell]
+
+
+def test_evidence_window_refuses_what_it_cannot_plan_from():
+    from kv_cache.benchmarks.sessions.steady_state import evidence_window
+
+    assert evidence_window(20.0, 20.0, 12, 12) is None  # enough
+    assert evidence_window(20.0, 20.0, 0, 12) is None  # no rate
+    assert evidence_window(20.0, 20.0, -3, 12) is None
+    assert evidence_window(0.0, 20.0, 3, 12) is None
+    assert evidence_window(80.0, 20.0, 3, 12) is None  # already at the cap
+    assert evidence_window(20.0, 20.0, 11, 12) == pytest.approx(20.0 * 12 * 1.25 / 11)

@@ -59,10 +59,11 @@ class RungProgress:
             return f"[rung {self.done + 1}, {int(elapsed) // 60}m{int(elapsed) % 60:02d}s so far]"
         return f"[rung {self.done + 1} of {self.total}, {rung_eta(self.done, self.total, elapsed, self.ls)}]"
 
-    def running(self, out: TextIO, tier: str, n: int, k: int, replications: int, window_s: float) -> None:
+    def running(self, out: TextIO, tier: str, n: int, k: int, replications: int, window_s: float,
+                why: str = "3 planned cycles") -> None:
         out.write(self.pending + f"  {self.label()} running {tier:<13} {n:>5} sessions"
                   + (f" (replication {k + 1})" if replications > 1 else "")
-                  + (f", window {window_s:.0f} s (3 planned cycles)" if window_s != self.ls.window_s and k == 0 else "")
+                  + (f", window {window_s:.0f} s ({why})" if window_s != self.ls.window_s and k == 0 else "")
                   + " ...")
         out.flush()
         self.pending = ""

@@ -26,10 +26,17 @@ from kv_cache.benchmarks.sessions.ladder_summary import (
     rung_warnings,
     summarize,
 )
-from kv_cache.benchmarks.sessions.steady_state import MAX_PLANNED_WINDOW_FACTOR, plan_window, planned_cycle
+from kv_cache.benchmarks.sessions.steady_state import (
+    EVIDENCE_MARGIN,
+    MAX_PLANNED_WINDOW_FACTOR,
+    evidence_window,
+    plan_window,
+    planned_cycle,
+)
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
+from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS
 from kv_cache.render.sessions_live import (
     RungProgress,
     ladder_ended,
@@ -81,8 +88,13 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     reps = []
     cycle, from_rung = planned_cycle(rungs, tier, n) if plan else (None, None)
     window = plan_window(ls.window_s, cycle) if window_plan == "planned" else ls.window_s
-    for k in range(replications):
-        progress.running(out, tier, n, k, replications, window)
+    need = max(MIN_CELL_TURNS, -(-MIN_RUNG_TURNS // max(1, replications)))  # the answer's evidence rule
+    pilot: dict[str, Any] | None = None  # a first replication short of the evidence, run again longer
+    k = 0
+    while k < replications:
+        progress.running(out, tier, n, k, replications, window,
+                         *((f"the pilot had {pilot['returning_turns']} returning turns of {need}: all again",)
+                           if pilot else ()))
         lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
         rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
         result = rung.run()
@@ -91,17 +103,29 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
             progress.stopped(out)
             raise LadderStopped(result["storage_error"])
         result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
-        reps.append(result)
         progress.measured(result)
+        longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need)
+                  if plan and window_plan == "planned" and k == 0 and pilot is None else None)
+        if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
+            pilot = {"window_s": window, "returning_turns": int(result["ttft"]["return"].get("n") or 0)}
+            window = longer
+            continue
+        reps.append(result)
         if k == 0:
             raw[(tier, n)] = rung.throughput_samples
+        k += 1
     cell = merge_replications(reps)
     cell["window_plan"] = {"mode": window_plan if plan else "fixed", "requested_window_s": ls.window_s,
                            "window_s": window, "planned_cycle_s": cycle, "planned_from_rung": from_rung,
+                           "evidence_pilot": pilot,
                            "rule": "with --slo-ttft-p90 and --window-plan planned (the default): the window holds "
                                    ">= 3 loaded turn cycles planned from the rung below (its measured cycle x the "
                                    "ratio of sessions), within [--window, "
-                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; else (--window-plan fixed, or no "
+                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; and when the first replication "
+                                   f"measures fewer returning turns than the evidence rule needs per replication "
+                                   f"({need}), it is a pilot, left out: every replication runs again at the window "
+                                   f"that would give {EVIDENCE_MARGIN:g} x as many (in proportion), within the same "
+                                   "cap (evidence_pilot: its window and turns); else (--window-plan fixed, or no "
                                    "SLO) --window"}
     if replications > 1:
         raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]

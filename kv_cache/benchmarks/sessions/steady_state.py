@@ -47,7 +47,7 @@ from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.specs import GPUSpec
 from kv_cache.specs.models import ModelConfig
 
-__all__ = ["MAX_PLANNED_WINDOW_FACTOR", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
+__all__ = ["EVIDENCE_MARGIN", "MAX_PLANNED_WINDOW_FACTOR", "evidence_window", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
            "slope_steady", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
            "stationary_position", "window_cycles"]
 
@@ -278,6 +278,21 @@ def plan_window(window_s: float, cycle_s: float | None) -> float:
     if not cycle_s:
         return window_s
     return min(MAX_PLANNED_WINDOW_FACTOR * window_s, max(window_s, MIN_WINDOW_CYCLES * cycle_s))
+
+
+EVIDENCE_MARGIN = 1.25  # an evidence-planned window aims this much above the turns it needs (turns are noisy)
+
+
+def evidence_window(window_s: float, requested_s: float, returning_turns: int, need: int) -> float | None:
+    """The window a rung needs for `need` returning turns per replication, from a pilot replication that
+    measured `returning_turns` in `window_s` (returning turns grow with the window in proportion once it
+    holds a few turn cycles), with EVIDENCE_MARGIN, within [window_s, MAX_PLANNED_WINDOW_FACTOR x
+    `requested_s` (--window)]. None when the pilot had the evidence, measured no returning turn (no rate to
+    plan from), or the cap leaves the window as it was."""
+    if returning_turns >= need or returning_turns <= 0 or window_s <= 0:
+        return None
+    wanted = min(MAX_PLANNED_WINDOW_FACTOR * requested_s, window_s * need * EVIDENCE_MARGIN / returning_turns)
+    return wanted if wanted > window_s * 1.001 else None
 
 
 def window_cycles(sessions: int, window_s: float, completed_turns: int) -> tuple[float | None, str | None]:
