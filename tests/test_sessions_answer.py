@@ -670,7 +670,8 @@ def test_the_sentence_carries_the_rung_flags_that_qualify_what_it_measured():
 
 @pytest.mark.parametrize(("plan", "window_plan", "turns_per_s", "calls", "window", "pilot"), [
     (True, "planned", 0.5, 4, 30.0, {"window_s": 20.0, "returning_turns": 10}),  # 10 of 12: again at 30 s
-    (True, "planned", 0.6, 3, 20.0, None),  # 12 of 12: the evidence, no pilot
+    (True, "planned", 0.6, 4, 25.0, {"window_s": 20.0, "returning_turns": 12}),  # 12 of 12, not the margin
+    (True, "planned", 0.75, 3, 20.0, None),  # 15 of 12: the evidence with its margin, no pilot
     (True, "planned", 0.05, 4, 80.0, {"window_s": 20.0, "returning_turns": 1}),  # capped at 4 x --window
     (True, "planned", 0.0, 3, 20.0, None),  # no returning turn: no rate to plan from, nothing run again
     (True, "fixed", 0.5, 3, 20.0, None),  # --window-plan fixed holds every window
@@ -715,7 +716,8 @@ def test_a_first_replication_short_of_the_evidence_is_a_pilot_and_every_replicat
 def test_evidence_window_refuses_what_it_cannot_plan_from():
     from kv_cache.benchmarks.sessions.steady_state import evidence_window
 
-    assert evidence_window(20.0, 20.0, 12, 12) is None  # enough
+    assert evidence_window(20.0, 20.0, 15, 12) is None  # enough, with the margin
+    assert evidence_window(20.0, 20.0, 12, 12) == pytest.approx(25.0)  # enough alone: the others vary
     assert evidence_window(20.0, 20.0, 0, 12) is None  # no rate
     assert evidence_window(20.0, 20.0, -3, 12) is None
     assert evidence_window(0.0, 20.0, 3, 12) is None

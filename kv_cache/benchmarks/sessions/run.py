@@ -122,9 +122,9 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
                                    ">= 3 loaded turn cycles planned from the rung below (its measured cycle x the "
                                    "ratio of sessions), within [--window, "
                                    f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; and when the first replication "
-                                   f"measures fewer returning turns than the evidence rule needs per replication "
-                                   f"({need}), it is a pilot, left out: every replication runs again at the window "
-                                   f"that would give {EVIDENCE_MARGIN:g} x as many (in proportion), within the same "
+                                   f"measures fewer than {EVIDENCE_MARGIN:g} x the returning turns the evidence rule "
+                                   f"needs per replication ({need}), it is a pilot, left out: every replication runs "
+                                   f"again at the window that would give that many (in proportion), within the same "
                                    "cap (evidence_pilot: its window and turns); else (--window-plan fixed, or no "
                                    "SLO) --window"}
     if replications > 1:

@@ -284,12 +284,13 @@ EVIDENCE_MARGIN = 1.25  # an evidence-planned window aims this much above the tu
 
 
 def evidence_window(window_s: float, requested_s: float, returning_turns: int, need: int) -> float | None:
-    """The window a rung needs for `need` returning turns per replication, from a pilot replication that
-    measured `returning_turns` in `window_s` (returning turns grow with the window in proportion once it
-    holds a few turn cycles), with EVIDENCE_MARGIN, within [window_s, MAX_PLANNED_WINDOW_FACTOR x
-    `requested_s` (--window)]. None when the pilot had the evidence, measured no returning turn (no rate to
-    plan from), or the cap leaves the window as it was."""
-    if returning_turns >= need or returning_turns <= 0 or window_s <= 0:
+    """The window a rung needs for EVIDENCE_MARGIN x `need` returning turns per replication, from a pilot
+    replication that measured `returning_turns` in `window_s` (returning turns grow with the window in
+    proportion once it holds a few turn cycles), within [window_s, MAX_PLANNED_WINDOW_FACTOR x `requested_s`
+    (--window)]. The margin is in the trigger too: a pilot with exactly `need` leaves the other replications,
+    whose turns vary, short as often as not (seed 7's 4-session rung: 12, 10, 11 of 12). None when the pilot
+    had the margin, measured no returning turn (no rate to plan from), or the cap leaves the window as it was."""
+    if returning_turns >= need * EVIDENCE_MARGIN or returning_turns <= 0 or window_s <= 0:
         return None
     wanted = min(MAX_PLANNED_WINDOW_FACTOR * requested_s, window_s * need * EVIDENCE_MARGIN / returning_turns)
     return wanted if wanted > window_s * 1.001 else None
