@@ -708,7 +708,10 @@ def test_a_first_replication_short_of_the_evidence_is_a_pilot_and_every_replicat
                             rungs, plan=plan, window_plan=window_plan)
     assert len(windows) == calls and windows[-3:] == [pytest.approx(window)] * 3
     assert len(cell["reps"]) == 3 and all(r["ttft"]["return"]["n"] == int(turns_per_s * window) for r in cell["reps"])
-    assert cell["window_plan"]["evidence_pilot"] == pilot and cell["window_plan"]["window_s"] == pytest.approx(window)
+    got = cell["window_plan"]["evidence_pilot"]
+    assert (got and {k: got[k] for k in pilot}) == pilot and cell["window_plan"]["window_s"] == pytest.approx(window)
+    if pilot:  # what was left out, for a reader of the document
+        assert got["left_out"] and got["needed_returning_turns"] == 12 and got["rerun_window_s"] == pytest.approx(window)
     assert rungs == [cell]
 
 
@@ -721,3 +724,59 @@ def test_evidence_window_refuses_what_it_cannot_plan_from():
     assert evidence_window(0.0, 20.0, 3, 12) is None
     assert evidence_window(80.0, 20.0, 3, 12) is None  # already at the cap
     assert evidence_window(20.0, 20.0, 11, 12) == pytest.approx(20.0 * 12 * 1.25 / 11)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_the_pilot_needs_what_the_answer_counts_per_replication(k):
+    # the run's pilot and evidence_text share turns_needed_per_replication: K replications at that many turns
+    # each give a rung the evidence (rung_has_evidence), and one turn fewer in one of them does not
+    from kv_cache.metrics.slo_fit import Cell, rung_has_evidence, turns_needed_per_replication
+
+    need = turns_needed_per_replication(k)
+    assert need == {1: 36, 2: 18, 3: 12, 5: 10}[k]
+    assert rung_has_evidence([Cell(4, i, 1.0, need) for i in range(k)], k)
+    assert not rung_has_evidence([Cell(4, 0, 1.0, need - 1)] + [Cell(4, i, 1.0, need) for i in range(1, k)], k)
+
+
+def test_a_pilot_counts_as_one_more_run_in_the_progress_and_its_samples_are_not_the_cells(monkeypatch):
+    # the pilot ran (its time is in the elapsed): "rung i of n" counts it, so the label never passes its total
+    # and the ETA never goes negative; the cell's throughput samples (raw) are the kept replication's
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    calls = []
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            self.ls = ls
+            self.throughput_samples = [float(len(calls) + 1)]
+
+        def run(self):
+            calls.append(self.ls.window_s)
+            return {"ttft": {"return": {"n": int(0.5 * self.ls.window_s)}}, "completed_turns": 1, "seed": self.ls.seed,
+                    "throughput_tokens_per_s_per_gpu": {"estimate": float(len(calls))}}
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(20.0, 1, 1.0)
+    out, raw, rungs = io.StringIO(), {}, []
+    progress = runmod.RungProgress(ls, 2)
+    for n in (4, 8):
+        runmod._run_cell(ls, "none", n, lambda seed: None, out, 1, raw, progress, rungs, plan=True,
+                         window_plan="planned")
+    assert len(calls) == 4 and progress.total == 4 and progress.done == 4
+    assert "of 2" not in out.getvalue().split("\n")[-1] and "ETA -" not in out.getvalue()
+    assert raw[("none", 4)] == [2.0] and raw[("none", 8)] == [4.0]  # the kept runs', not the pilots'
+    assert [r["window_plan"]["evidence_pilot"]["throughput_tokens_per_s_per_gpu"] for r in rungs] == [1.0, 3.0]
+    assert [r["throughput_tokens_per_s_per_gpu"]["estimate"] for r in rungs] == [2.0, 4.0]
+
+
+def test_the_sentence_says_how_many_rungs_ran_again_after_a_pilot():
+    rungs = [cell("none", n, 8.0) for n in (4, 8, 16)]
+    for r, w in zip(rungs, (30.0, 8.0, 32.0), strict=True):
+        r["window_plan"] = {"mode": "planned", "requested_window_s": 8.0, "window_s": w, "evidence_pilot": None}
+    rungs[0]["window_plan"]["evidence_pilot"] = {"window_s": 8.0, "returning_turns": 6}
+    sentence, _ = answer(rungs, 2.0, 1, "h100")
+    assert ("windows planned to 30-32 s at 2 of 3 rungs, 1 run again after a pilot short of the evidence, left out "
+            "(--window 8; --window-plan fixed holds it)") in sentence

@@ -68,6 +68,11 @@ class RungProgress:
         out.flush()
         self.pending = ""
 
+    def pilot(self) -> None:
+        """A pilot was left out and its replication runs again: one more run than the ladder counted."""
+        if self.total is not None:
+            self.total += 1
+
     def measured(self, result: dict[str, Any]) -> None:
         self.done += 1
         t = result["throughput_tokens_per_s_per_gpu"]

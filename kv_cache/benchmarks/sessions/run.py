@@ -36,7 +36,7 @@ from kv_cache.benchmarks.sessions.steady_state import (
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
-from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS
+from kv_cache.metrics.slo_fit import turns_needed_per_replication
 from kv_cache.render.sessions_live import (
     RungProgress,
     ladder_ended,
@@ -77,6 +77,18 @@ class LadderStopped(Exception):
     """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
 
 
+def _pilot_record(result: dict[str, Any], window_s: float, rerun_window_s: float, need: int) -> dict[str, Any]:
+    """What a pilot (a first replication short of the evidence, left out of its cell) measured, for a reader
+    of the document to see what was left out: its window and returning turns, the turns needed per
+    replication, the window every replication ran at instead, and its own figures."""
+    p90 = (result["ttft"]["return"].get("p90_s") or {}).get("estimate")
+    thr = (result.get("throughput_tokens_per_s_per_gpu") or {}).get("estimate")
+    return {"window_s": window_s, "returning_turns": int(result["ttft"]["return"].get("n") or 0),
+            "needed_returning_turns": need, "rerun_window_s": rerun_window_s, "seed": result.get("seed"),
+            "completed_turns": result.get("completed_turns"), "ttft_return_p90_s": p90,
+            "throughput_tokens_per_s_per_gpu": thr, "left_out": True}
+
+
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
               rungs: list[dict[str, Any]], plan: bool = False, window_plan: str = "planned") -> dict[str, Any]:
@@ -88,7 +100,7 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     reps = []
     cycle, from_rung = planned_cycle(rungs, tier, n) if plan else (None, None)
     window = plan_window(ls.window_s, cycle) if window_plan == "planned" else ls.window_s
-    need = max(MIN_CELL_TURNS, -(-MIN_RUNG_TURNS // max(1, replications)))  # the answer's evidence rule
+    need = turns_needed_per_replication(replications)  # the answer's evidence rule (evidence_text's)
     pilot: dict[str, Any] | None = None  # a first replication short of the evidence, run again longer
     k = 0
     while k < replications:
@@ -107,8 +119,9 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
         longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need)
                   if plan and window_plan == "planned" and k == 0 and pilot is None else None)
         if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
-            pilot = {"window_s": window, "returning_turns": int(result["ttft"]["return"].get("n") or 0)}
+            pilot = _pilot_record(result, window, longer, need)
             window = longer
+            progress.pilot()  # one more run than the ladder counted: "rung i of n" and the ETA say so
             continue
         reps.append(result)
         if k == 0:
