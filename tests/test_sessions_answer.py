@@ -780,3 +780,48 @@ def test_the_sentence_says_how_many_rungs_ran_again_after_a_pilot():
     sentence, _ = answer(rungs, 2.0, 1, "h100")
     assert ("windows planned to 30-32 s at 2 of 3 rungs, 1 run again after a pilot short of the evidence, left out "
             "(--window 8; --window-plan fixed holds it)") in sentence
+
+
+def test_an_interrupt_inside_a_rung_after_its_pilot_says_what_was_left_out(monkeypatch, capsys):
+    # Ctrl-C in the run after a pilot: the finished rungs are kept, and the document (unfinished_rung) and the
+    # console say which rung it stopped in, how many of its replications had finished and that a pilot ran
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    calls = []
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            self.ls, self.n = ls, n
+            self.throughput_samples = [1.0]
+
+        def run(self):
+            calls.append((self.n, self.ls.window_s))
+            if self.n == 8 and len([c for c in calls if c[0] == 8]) == 3:  # 8 sessions: pilot, rep 1, then stop
+                raise KeyboardInterrupt
+            return {"ttft": {"return": {"n": int(0.5 * self.ls.window_s), "p90_s": {"estimate": 0.5}}},
+                    "completed_turns": 1, "seed": self.ls.seed, "throughput_tokens_per_s_per_gpu": {"estimate": 1.0}}
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    monkeypatch.setattr(runmod, "merge_replications", lambda reps: {"tiers": "none", "sessions": 0, "replications": {
+        "throughput_tokens_per_s_per_gpu": [1.0] * len(reps)}})
+    monkeypatch.setattr(runmod, "refine_ladder", lambda *a: None)
+    monkeypatch.setattr(runmod, "print_banner", lambda *a: None)
+    monkeypatch.setattr(runmod, "plan_window", lambda w, c: w)
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(20.0, 1, 1.0)
+    s = dataclasses.make_dataclass("S", [("ladder", list), ("tiers", list), ("sessions", int), ("replications", int),
+                                         ("slo_ttft_p90_s", float), ("ladder_auto_start", int), ("window_plan", str)])(
+        [4, 8], ["none"], 4, 2, 2.0, 0, "planned")
+    monkeypatch.setattr(runmod, "engine_gpu_warning", lambda ls: [])
+    monkeypatch.setattr(runmod, "flag_work_equivalence", lambda rungs: None)
+    monkeypatch.setattr(runmod, "rung_warnings", lambda rungs, summary: [])
+    done: list = []
+    body, interrupted, error = runmod._climb(s, ls, None, io.StringIO(), done)
+    assert interrupted and error is None and len(done) == 1  # the 4-session rung is kept
+    u = body["unfinished_rung"]
+    assert (u["tiers"], u["sessions"], u["replications"], u["replications_finished"]) == ("none", 8, 2, 1)
+    assert u["evidence_pilot"]["returning_turns"] == 10 and u["window_s"] == pytest.approx(45.0)
+    assert u["ttft_return_n"] == [22] and u["ttft_return_p90_s"] == [0.5]
+    assert "none at 8 sessions left out: 1 of 2 replications finished, after a pilot" in capsys.readouterr().err

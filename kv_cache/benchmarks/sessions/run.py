@@ -103,30 +103,40 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     need = turns_needed_per_replication(replications)  # the answer's evidence rule (evidence_text's)
     pilot: dict[str, Any] | None = None  # a first replication short of the evidence, run again longer
     k = 0
-    while k < replications:
-        progress.running(out, tier, n, k, replications, window,
-                         *((f"the pilot had {pilot['returning_turns']} returning turns of {need}: all again",)
-                           if pilot else ()))
-        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
-        rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
-        result = rung.run()
-        if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
-            rungs.append(result)
-            progress.stopped(out)
-            raise LadderStopped(result["storage_error"])
-        result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
-        progress.measured(result)
-        longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need)
-                  if plan and window_plan == "planned" and k == 0 and pilot is None else None)
-        if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
-            pilot = _pilot_record(result, window, longer, need)
-            window = longer
-            progress.pilot()  # one more run than the ladder counted: "rung i of n" and the ETA say so
-            continue
-        reps.append(result)
-        if k == 0:
-            raw[(tier, n)] = rung.throughput_samples
-        k += 1
+    try:
+        while k < replications:
+            progress.running(out, tier, n, k, replications, window,
+                             *((f"the pilot had {pilot['returning_turns']} returning turns of {need}: all again",)
+                               if pilot else ()))
+            lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
+            rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
+            result = rung.run()
+            if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
+                rungs.append(result)
+                progress.stopped(out)
+                raise LadderStopped(result["storage_error"])
+            result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
+            progress.measured(result)
+            longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need)
+                      if plan and window_plan == "planned" and k == 0 and pilot is None else None)
+            if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
+                pilot = _pilot_record(result, window, longer, need)
+                window = longer
+                progress.pilot()  # one more run than the ladder counted: "rung i of n" and the ETA say so
+                continue
+            reps.append(result)
+            if k == 0:
+                raw[(tier, n)] = rung.throughput_samples
+            k += 1
+    except KeyboardInterrupt as exc:  # a cell's finished runs are no cell: the document says what was lost
+        exc.unfinished_rung = {  # type: ignore[attr-defined]
+            "tiers": tier, "sessions": n, "replications": replications, "replications_finished": len(reps),
+            "window_s": window, "evidence_pilot": pilot,
+            "ttft_return_n": [int(r["ttft"]["return"].get("n") or 0) for r in reps],
+            "ttft_return_p90_s": [(r["ttft"]["return"].get("p90_s") or {}).get("estimate") for r in reps],
+            "note": "interrupted inside this rung: its finished replications (and a pilot, left out) are not a "
+                    "cell and are not in `rungs`"}
+        raise
     cell = merge_replications(reps)
     cell["window_plan"] = {"mode": window_plan if plan else "fixed", "requested_window_s": ls.window_s,
                            "window_s": window, "planned_cycle_s": cycle, "planned_from_rung": from_rung,
@@ -198,15 +208,17 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts: list[SessionScript]
         body = run_ladder(ls, list(s.ladder), list(s.tiers),
                           lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start, s.window_plan)
-    except KeyboardInterrupt:  # the rungs that completed, work control included
+    except KeyboardInterrupt as exc:  # the rungs that completed, work control included
         interrupted = True
         body = {"rungs": done_rungs, "summary": None, "interrupted": True}
+        if getattr(exc, "unfinished_rung", None):  # the rung it stopped in, and what of it was lost
+            body["unfinished_rung"] = exc.unfinished_rung
     except LadderStopped as exc:  # say why it stopped, exit 3
         error = str(exc)
         body = {"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}"}
     if interrupted or error is not None:
         flag_work_equivalence(done_rungs)
-        ladder_ended(len(done_rungs), error)
+        ladder_ended(len(done_rungs), error, body.get("unfinished_rung"))
         body["warnings"] = rung_warnings(done_rungs, None)
     body["warnings"] = engine_gpu_warning(ls) + list(body.get("warnings") or [])
     return body, interrupted, error
