@@ -670,7 +670,8 @@ def test_the_sentence_carries_the_rung_flags_that_qualify_what_it_measured():
 
 @pytest.mark.parametrize(("plan", "window_plan", "turns_per_s", "calls", "window", "pilot"), [
     (True, "planned", 0.5, 4, 30.0, {"window_s": 20.0, "returning_turns": 10}),  # 10 of 12: again at 30 s
-    (True, "planned", 0.6, 3, 20.0, None),  # 12 of 12: the evidence, no pilot
+    (True, "planned", 0.75, 3, 20.0, None),  # 15 of 12 x 1.25: the evidence with a margin, no pilot
+    (True, "planned", 0.6, 4, 25.0, {"window_s": 20.0, "returning_turns": 12}),  # 12 of 12: the other two replications would be even odds short
     (True, "planned", 0.05, 4, 80.0, {"window_s": 20.0, "returning_turns": 1}),  # capped at 4 x --window
     (True, "planned", 0.0, 3, 20.0, None),  # no returning turn: no rate to plan from, nothing run again
     (True, "fixed", 0.5, 3, 20.0, None),  # --window-plan fixed holds every window
@@ -711,14 +712,18 @@ def test_a_first_replication_short_of_the_evidence_is_a_pilot_and_every_replicat
     got = cell["window_plan"]["evidence_pilot"]
     assert (got and {k: got[k] for k in pilot}) == pilot and cell["window_plan"]["window_s"] == pytest.approx(window)
     if pilot:  # what was left out, for a reader of the document
-        assert got["left_out"] and got["needed_returning_turns"] == 12 and got["rerun_window_s"] == pytest.approx(window)
+        assert got["left_out"] and got["needed_returning_turns"] == 12 and got["wanted_returning_turns"] == 15
+        assert got["rerun_window_s"] == pytest.approx(window)
     assert rungs == [cell]
 
 
 def test_evidence_window_refuses_what_it_cannot_plan_from():
     from kv_cache.benchmarks.sessions.steady_state import evidence_window
 
-    assert evidence_window(20.0, 20.0, 12, 12) is None  # enough
+    assert evidence_window(20.0, 20.0, 12, 12) is None  # enough, with no other replication to come
+    assert evidence_window(20.0, 20.0, 12, 12, replications=3) == pytest.approx(25.0)  # the others may fall short
+    assert evidence_window(20.0, 20.0, 15, 12, replications=3) is None  # 1.25 x 12
+    assert evidence_window(20.0, 20.0, 36, 36, replications=1) is None
     assert evidence_window(20.0, 20.0, 0, 12) is None  # no rate
     assert evidence_window(20.0, 20.0, -3, 12) is None
     assert evidence_window(0.0, 20.0, 3, 12) is None

@@ -30,6 +30,7 @@ from kv_cache.benchmarks.sessions.steady_state import (
     EVIDENCE_MARGIN,
     MAX_PLANNED_WINDOW_FACTOR,
     evidence_window,
+    pilot_enough,
     plan_window,
     planned_cycle,
 )
@@ -77,14 +78,16 @@ class LadderStopped(Exception):
     """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
 
 
-def _pilot_record(result: dict[str, Any], window_s: float, rerun_window_s: float, need: int) -> dict[str, Any]:
+def _pilot_record(result: dict[str, Any], window_s: float, rerun_window_s: float, need: int,
+                  wanted: int) -> dict[str, Any]:
     """What a pilot (a first replication short of the evidence, left out of its cell) measured, for a reader
     of the document to see what was left out: its window and returning turns, the turns needed per
-    replication, the window every replication ran at instead, and its own figures."""
+    replication (and wanted of a first one, steady_state.pilot_enough), the window every replication ran at
+    instead, and its own figures."""
     p90 = (result["ttft"]["return"].get("p90_s") or {}).get("estimate")
     thr = (result.get("throughput_tokens_per_s_per_gpu") or {}).get("estimate")
     return {"window_s": window_s, "returning_turns": int(result["ttft"]["return"].get("n") or 0),
-            "needed_returning_turns": need, "rerun_window_s": rerun_window_s, "seed": result.get("seed"),
+            "needed_returning_turns": need, "wanted_returning_turns": wanted, "rerun_window_s": rerun_window_s, "seed": result.get("seed"),
             "completed_turns": result.get("completed_turns"), "ttft_return_p90_s": p90,
             "throughput_tokens_per_s_per_gpu": thr, "left_out": True}
 
@@ -106,7 +109,8 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     try:
         while k < replications:
             progress.running(out, tier, n, k, replications, window,
-                             *((f"the pilot had {pilot['returning_turns']} returning turns of {need}: all again",)
+                             *((f"the pilot had {pilot['returning_turns']} returning turns, under {pilot['wanted_returning_turns']} "
+                                f"({need} needed per replication): all again",)
                                if pilot else ()))
             lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
             rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
@@ -117,10 +121,11 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
                 raise LadderStopped(result["storage_error"])
             result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
             progress.measured(result)
-            longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need)
+            longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need,
+                                      replications)
                       if plan and window_plan == "planned" and k == 0 and pilot is None else None)
             if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
-                pilot = _pilot_record(result, window, longer, need)
+                pilot = _pilot_record(result, window, longer, need, pilot_enough(need, replications))
                 window = longer
                 progress.pilot()  # one more run than the ladder counted: "rung i of n" and the ETA say so
                 continue
@@ -146,7 +151,8 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
                                    "ratio of sessions), within [--window, "
                                    f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; and when the first replication "
                                    f"measures fewer returning turns than the evidence rule needs per replication "
-                                   f"({need}), it is a pilot, left out: every replication runs again at the window "
+                                   f"({need}; {EVIDENCE_MARGIN:g} x that with replications > 1, as each must have "
+                                   f"it), it is a pilot, left out: every replication runs again at the window "
                                    f"that would give {EVIDENCE_MARGIN:g} x as many (in proportion), within the same "
                                    "cap (evidence_pilot: its window and turns); else (--window-plan fixed, or no "
                                    "SLO) --window"}
