@@ -670,8 +670,8 @@ def test_the_sentence_carries_the_rung_flags_that_qualify_what_it_measured():
 
 @pytest.mark.parametrize(("plan", "window_plan", "turns_per_s", "calls", "window", "pilot"), [
     (True, "planned", 0.5, 4, 30.0, {"window_s": 20.0, "returning_turns": 10}),  # 10 of 12: again at 30 s
-    (True, "planned", 0.6, 4, 25.0, {"window_s": 20.0, "returning_turns": 12}),  # 12 of 12, not the margin
-    (True, "planned", 0.75, 3, 20.0, None),  # 15 of 12: the evidence with its margin, no pilot
+    (True, "planned", 0.75, 3, 20.0, None),  # 15 of 12 x 1.25: the evidence with a margin, no pilot
+    (True, "planned", 0.6, 4, 25.0, {"window_s": 20.0, "returning_turns": 12}),  # 12 of 12: the other two replications would be even odds short
     (True, "planned", 0.05, 4, 80.0, {"window_s": 20.0, "returning_turns": 1}),  # capped at 4 x --window
     (True, "planned", 0.0, 3, 20.0, None),  # no returning turn: no rate to plan from, nothing run again
     (True, "fixed", 0.5, 3, 20.0, None),  # --window-plan fixed holds every window
@@ -709,17 +709,124 @@ def test_a_first_replication_short_of_the_evidence_is_a_pilot_and_every_replicat
                             rungs, plan=plan, window_plan=window_plan)
     assert len(windows) == calls and windows[-3:] == [pytest.approx(window)] * 3
     assert len(cell["reps"]) == 3 and all(r["ttft"]["return"]["n"] == int(turns_per_s * window) for r in cell["reps"])
-    assert cell["window_plan"]["evidence_pilot"] == pilot and cell["window_plan"]["window_s"] == pytest.approx(window)
+    got = cell["window_plan"]["evidence_pilot"]
+    assert (got and {k: got[k] for k in pilot}) == pilot and cell["window_plan"]["window_s"] == pytest.approx(window)
+    if pilot:  # what was left out, for a reader of the document
+        assert got["left_out"] and got["needed_returning_turns"] == 12 and got["wanted_returning_turns"] == 15
+        assert got["rerun_window_s"] == pytest.approx(window)
     assert rungs == [cell]
 
 
 def test_evidence_window_refuses_what_it_cannot_plan_from():
     from kv_cache.benchmarks.sessions.steady_state import evidence_window
 
-    assert evidence_window(20.0, 20.0, 15, 12) is None  # enough, with the margin
-    assert evidence_window(20.0, 20.0, 12, 12) == pytest.approx(25.0)  # enough alone: the others vary
+    assert evidence_window(20.0, 20.0, 12, 12) is None  # enough, with no other replication to come
+    assert evidence_window(20.0, 20.0, 12, 12, replications=3) == pytest.approx(25.0)  # the others may fall short
+    assert evidence_window(20.0, 20.0, 15, 12, replications=3) is None  # 1.25 x 12
+    assert evidence_window(20.0, 20.0, 36, 36, replications=1) is None
     assert evidence_window(20.0, 20.0, 0, 12) is None  # no rate
     assert evidence_window(20.0, 20.0, -3, 12) is None
     assert evidence_window(0.0, 20.0, 3, 12) is None
     assert evidence_window(80.0, 20.0, 3, 12) is None  # already at the cap
     assert evidence_window(20.0, 20.0, 11, 12) == pytest.approx(20.0 * 12 * 1.25 / 11)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_the_pilot_needs_what_the_answer_counts_per_replication(k):
+    # the run's pilot and evidence_text share turns_needed_per_replication: K replications at that many turns
+    # each give a rung the evidence (rung_has_evidence), and one turn fewer in one of them does not
+    from kv_cache.metrics.slo_fit import Cell, rung_has_evidence, turns_needed_per_replication
+
+    need = turns_needed_per_replication(k)
+    assert need == {1: 36, 2: 18, 3: 12, 5: 10}[k]
+    assert rung_has_evidence([Cell(4, i, 1.0, need) for i in range(k)], k)
+    assert not rung_has_evidence([Cell(4, 0, 1.0, need - 1)] + [Cell(4, i, 1.0, need) for i in range(1, k)], k)
+
+
+def test_a_pilot_counts_as_one_more_run_in_the_progress_and_its_samples_are_not_the_cells(monkeypatch):
+    # the pilot ran (its time is in the elapsed): "rung i of n" counts it, so the label never passes its total
+    # and the ETA never goes negative; the cell's throughput samples (raw) are the kept replication's
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    calls = []
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            self.ls = ls
+            self.throughput_samples = [float(len(calls) + 1)]
+
+        def run(self):
+            calls.append(self.ls.window_s)
+            return {"ttft": {"return": {"n": int(0.5 * self.ls.window_s)}}, "completed_turns": 1, "seed": self.ls.seed,
+                    "throughput_tokens_per_s_per_gpu": {"estimate": float(len(calls))}}
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(20.0, 1, 1.0)
+    out, raw, rungs = io.StringIO(), {}, []
+    progress = runmod.RungProgress(ls, 2)
+    for n in (4, 8):
+        runmod._run_cell(ls, "none", n, lambda seed: None, out, 1, raw, progress, rungs, plan=True,
+                         window_plan="planned")
+    assert len(calls) == 4 and progress.total == 4 and progress.done == 4
+    assert "of 2" not in out.getvalue().split("\n")[-1] and "ETA -" not in out.getvalue()
+    assert raw[("none", 4)] == [2.0] and raw[("none", 8)] == [4.0]  # the kept runs', not the pilots'
+    assert [r["window_plan"]["evidence_pilot"]["throughput_tokens_per_s_per_gpu"] for r in rungs] == [1.0, 3.0]
+    assert [r["throughput_tokens_per_s_per_gpu"]["estimate"] for r in rungs] == [2.0, 4.0]
+
+
+def test_the_sentence_says_how_many_rungs_ran_again_after_a_pilot():
+    rungs = [cell("none", n, 8.0) for n in (4, 8, 16)]
+    for r, w in zip(rungs, (30.0, 8.0, 32.0), strict=True):
+        r["window_plan"] = {"mode": "planned", "requested_window_s": 8.0, "window_s": w, "evidence_pilot": None}
+    rungs[0]["window_plan"]["evidence_pilot"] = {"window_s": 8.0, "returning_turns": 6}
+    sentence, _ = answer(rungs, 2.0, 1, "h100")
+    assert ("windows planned to 30-32 s at 2 of 3 rungs, 1 run again after a pilot short of the evidence, left out "
+            "(--window 8; --window-plan fixed holds it)") in sentence
+
+
+def test_an_interrupt_inside_a_rung_after_its_pilot_says_what_was_left_out(monkeypatch, capsys):
+    # Ctrl-C in the run after a pilot: the finished rungs are kept, and the document (unfinished_rung) and the
+    # console say which rung it stopped in, how many of its replications had finished and that a pilot ran
+    import dataclasses
+    import io
+
+    from kv_cache.benchmarks.sessions import run as runmod
+
+    calls = []
+
+    class FakeRung:
+        def __init__(self, ls, tier, n, supply, planned_cycle_s=None):
+            self.ls, self.n = ls, n
+            self.throughput_samples = [1.0]
+
+        def run(self):
+            calls.append((self.n, self.ls.window_s))
+            if self.n == 8 and len([c for c in calls if c[0] == 8]) == 3:  # 8 sessions: pilot, rep 1, then stop
+                raise KeyboardInterrupt
+            return {"ttft": {"return": {"n": int(0.5 * self.ls.window_s), "p90_s": {"estimate": 0.5}}},
+                    "completed_turns": 1, "seed": self.ls.seed, "throughput_tokens_per_s_per_gpu": {"estimate": 1.0}}
+
+    monkeypatch.setattr(runmod, "RungRun", FakeRung)
+    monkeypatch.setattr(runmod, "merge_replications", lambda reps: {"tiers": "none", "sessions": 0, "replications": {
+        "throughput_tokens_per_s_per_gpu": [1.0] * len(reps)}})
+    monkeypatch.setattr(runmod, "refine_ladder", lambda *a: None)
+    monkeypatch.setattr(runmod, "print_banner", lambda *a: None)
+    monkeypatch.setattr(runmod, "plan_window", lambda w, c: w)
+    ls = dataclasses.make_dataclass("LS", [("window_s", float), ("seed", int), ("warmup_s", float)])(20.0, 1, 1.0)
+    s = dataclasses.make_dataclass("S", [("ladder", list), ("tiers", list), ("sessions", int), ("replications", int),
+                                         ("slo_ttft_p90_s", float), ("ladder_auto_start", int), ("window_plan", str)])(
+        [4, 8], ["none"], 4, 2, 2.0, 0, "planned")
+    monkeypatch.setattr(runmod, "engine_gpu_warning", lambda ls: [])
+    monkeypatch.setattr(runmod, "flag_work_equivalence", lambda rungs: None)
+    monkeypatch.setattr(runmod, "rung_warnings", lambda rungs, summary: [])
+    done: list = []
+    body, interrupted, error = runmod._climb(s, ls, None, io.StringIO(), done)
+    assert interrupted and error is None and len(done) == 1  # the 4-session rung is kept
+    u = body["unfinished_rung"]
+    assert (u["tiers"], u["sessions"], u["replications"], u["replications_finished"]) == ("none", 8, 2, 1)
+    assert u["evidence_pilot"]["returning_turns"] == 10 and u["window_s"] == pytest.approx(45.0)
+    assert u["ttft_return_n"] == [22] and u["ttft_return_p90_s"] == [0.5]
+    assert "none at 8 sessions left out: 1 of 2 replications finished, after a pilot" in capsys.readouterr().err

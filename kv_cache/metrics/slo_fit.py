@@ -52,7 +52,7 @@ import numpy as np
 from kv_cache.metrics.stats import t_quantile
 
 __all__ = ["MIN_CELL_TURNS", "MIN_RUNG_TURNS", "Cell", "Crossing", "estimate", "fit_curve", "isotonic",
-           "min_turns_for_p90_interval", "rung_has_evidence"]
+           "min_turns_for_p90_interval", "rung_has_evidence", "turns_needed_per_replication"]
 
 MIN_CELL_TURNS = 10
 N_BOOT = 400
@@ -210,6 +210,12 @@ class _Prepared:
         m[np.arange(self.t.size), self.rung_of] = 1.0 / per_rung[self.rung_of]
         w = np.bincount(self.rung_of, weights=self.t, minlength=self.rungs.size)
         return y @ m, w
+
+
+def turns_needed_per_replication(replications: int) -> int:
+    """The fewest returning turns each of `replications` alike needs for its rung to count (rung_has_evidence):
+    MIN_CELL_TURNS, and MIN_RUNG_TURNS over the K (K = 1: 36, 2: 18, 3: 12, 5: 10)."""
+    return max(MIN_CELL_TURNS, math.ceil(MIN_RUNG_TURNS / max(1, replications)))
 
 
 def rung_has_evidence(cells: Sequence[Cell], replications: int) -> bool:

@@ -68,6 +68,11 @@ class RungProgress:
         out.flush()
         self.pending = ""
 
+    def pilot(self) -> None:
+        """A pilot was left out and its replication runs again: one more run than the ladder counted."""
+        if self.total is not None:
+            self.total += 1
+
     def measured(self, result: dict[str, Any]) -> None:
         self.done += 1
         t = result["throughput_tokens_per_s_per_gpu"]
@@ -87,10 +92,16 @@ def print_grid_heading(i: int, cells: int, ls: LadderSettings, out: TextIO) -> N
     out.write(f"\n=== grid cell {i} of {cells}: {ls.model_name} on {ls.num_gpus} x {ls.gpu_name} ===\n")
 
 
-def ladder_ended(rungs: int, storage_error: str | None = None) -> None:
-    """On stderr: the ladder stopped early (interrupted, or by a storage error), and its rungs are written."""
+def ladder_ended(rungs: int, storage_error: str | None = None, unfinished: dict[str, Any] | None = None) -> None:
+    """On stderr: the ladder stopped early (interrupted, or by a storage error), and its rungs are written;
+    an interrupt inside a rung says what of it is left out (its finished replications, a pilot)."""
+    lost = ""
+    if unfinished:
+        lost = (f" ({unfinished['tiers']} at {unfinished['sessions']} sessions left out: "
+                f"{unfinished['replications_finished']} of {unfinished['replications']} replications finished"
+                + (", after a pilot" if unfinished.get("evidence_pilot") else "") + "; unfinished_rung)")
     sys.stderr.write(f"kv-cache sessions: stopped by a storage error: {storage_error}\n" if storage_error is not None
-                     else f"kv-cache sessions: interrupted after {rungs} rung(s); writing them\n")
+                     else f"kv-cache sessions: interrupted after {rungs} rung(s){lost}; writing them\n")
 
 
 def print_written(results: dict[str, Any], complete: bool, output: str, written: Written, out: TextIO) -> None:

@@ -33,6 +33,7 @@ from kv_cache.metrics.slo_fit import (
     Crossing,
     estimate,
     rung_has_evidence,
+    turns_needed_per_replication,
 )
 
 __all__ = ["DEFAULT_ANSWER_REPLICATIONS", "MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
@@ -350,7 +351,7 @@ def evidence_text(rungs: list[dict[str, Any]], replications: int | None = None, 
     kv_cache/metrics/slo_fit.py: >= MIN_RUNG_TURNS over a rung's replications, >= MIN_CELL_TURNS in each;
     turns grow with the window in proportion once it holds a few loaded turn cycles)."""
     k = replications or max((len(_p90s(r)) for r in rungs), default=1)  # the run's K (estimate's rule)
-    need = max(MIN_CELL_TURNS, math.ceil(MIN_RUNG_TURNS / k))
+    need = turns_needed_per_replication(k)
     turns, wanted = [], []  # every cell's returning turns; the window each short one would need
     for r in rungs:
         for c in fit_cells([r]):
@@ -493,7 +494,8 @@ _QUALIFYING_RUNG_FLAGS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 
 def planned_windows_flag(rungs: list[dict[str, Any]]) -> list[str]:
     """The windows the planning lengthened beyond --window (a figure from them is not a --window figure):
-    "windows planned to 16-32 s at 5 of 8 rungs (--window 8; --window-plan fixed holds it)"; [] when none."""
+    "windows planned to 16-32 s at 5 of 8 rungs (--window 8; --window-plan fixed holds it)", with ", 2 run
+    again after a pilot short of the evidence, left out" when the evidence lengthened some; [] when none."""
     plans = [r.get("window_plan") or {} for r in rungs]
     longer = [float(p["window_s"]) for p in plans
               if p.get("window_s") and p.get("requested_window_s") and p["window_s"] > p["requested_window_s"]]
@@ -504,5 +506,7 @@ def planned_windows_flag(rungs: list[dict[str, Any]]) -> list[str]:
         return f"{x:.1f}".rstrip("0").rstrip(".")
 
     span = f"{secs(min(longer))}-{secs(max(longer))}" if secs(min(longer)) != secs(max(longer)) else secs(longer[0])
-    return [f"windows planned to {span} s at {len(longer)} of {len(rungs)} rungs "
-            f"(--window {requested:g}; --window-plan fixed holds it)"]
+    piloted = sum(1 for p in plans if p.get("evidence_pilot"))
+    return [f"windows planned to {span} s at {len(longer)} of {len(rungs)} rungs"
+            + (f", {piloted} run again after a pilot short of the evidence, left out" if piloted else "")
+            + f" (--window {requested:g}; --window-plan fixed holds it)"]

@@ -30,13 +30,14 @@ from kv_cache.benchmarks.sessions.steady_state import (
     EVIDENCE_MARGIN,
     MAX_PLANNED_WINDOW_FACTOR,
     evidence_window,
+    pilot_enough,
     plan_window,
     planned_cycle,
 )
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
 from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
-from kv_cache.metrics.slo_fit import MIN_CELL_TURNS, MIN_RUNG_TURNS
+from kv_cache.metrics.slo_fit import turns_needed_per_replication
 from kv_cache.render.sessions_live import (
     RungProgress,
     ladder_ended,
@@ -77,6 +78,20 @@ class LadderStopped(Exception):
     """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
 
 
+def _pilot_record(result: dict[str, Any], window_s: float, rerun_window_s: float, need: int,
+                  wanted: int) -> dict[str, Any]:
+    """What a pilot (a first replication short of the evidence, left out of its cell) measured, for a reader
+    of the document to see what was left out: its window and returning turns, the turns needed per
+    replication (and wanted of a first one, steady_state.pilot_enough), the window every replication ran at
+    instead, and its own figures."""
+    p90 = (result["ttft"]["return"].get("p90_s") or {}).get("estimate")
+    thr = (result.get("throughput_tokens_per_s_per_gpu") or {}).get("estimate")
+    return {"window_s": window_s, "returning_turns": int(result["ttft"]["return"].get("n") or 0),
+            "needed_returning_turns": need, "wanted_returning_turns": wanted, "rerun_window_s": rerun_window_s, "seed": result.get("seed"),
+            "completed_turns": result.get("completed_turns"), "ttft_return_p90_s": p90,
+            "throughput_tokens_per_s_per_gpu": thr, "left_out": True}
+
+
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
               rungs: list[dict[str, Any]], plan: bool = False, window_plan: str = "planned") -> dict[str, Any]:
@@ -88,32 +103,45 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     reps = []
     cycle, from_rung = planned_cycle(rungs, tier, n) if plan else (None, None)
     window = plan_window(ls.window_s, cycle) if window_plan == "planned" else ls.window_s
-    need = max(MIN_CELL_TURNS, -(-MIN_RUNG_TURNS // max(1, replications)))  # the answer's evidence rule
+    need = turns_needed_per_replication(replications)  # the answer's evidence rule (evidence_text's)
     pilot: dict[str, Any] | None = None  # a first replication short of the evidence, run again longer
     k = 0
-    while k < replications:
-        progress.running(out, tier, n, k, replications, window,
-                         *((f"the pilot had {pilot['returning_turns']} returning turns of {need}: all again",)
-                           if pilot else ()))
-        lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
-        rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
-        result = rung.run()
-        if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
-            rungs.append(result)
-            progress.stopped(out)
-            raise LadderStopped(result["storage_error"])
-        result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
-        progress.measured(result)
-        longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need)
-                  if plan and window_plan == "planned" and k == 0 and pilot is None else None)
-        if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
-            pilot = {"window_s": window, "returning_turns": int(result["ttft"]["return"].get("n") or 0)}
-            window = longer
-            continue
-        reps.append(result)
-        if k == 0:
-            raw[(tier, n)] = rung.throughput_samples
-        k += 1
+    try:
+        while k < replications:
+            progress.running(out, tier, n, k, replications, window,
+                             *((f"the pilot had {pilot['returning_turns']} returning turns, under {pilot['wanted_returning_turns']} "
+                                f"({need} needed per replication): all again",)
+                               if pilot else ()))
+            lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
+            rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
+            result = rung.run()
+            if result.get("storage_error"):  # the error policy stopped it: the ladder ends here, this rung kept
+                rungs.append(result)
+                progress.stopped(out)
+                raise LadderStopped(result["storage_error"])
+            result["throughput_subwindow_tokens_per_s_per_gpu"] = list(rung.throughput_samples)  # for compare
+            progress.measured(result)
+            longer = (evidence_window(window, ls.window_s, int(result["ttft"]["return"].get("n") or 0), need,
+                                      replications)
+                      if plan and window_plan == "planned" and k == 0 and pilot is None else None)
+            if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
+                pilot = _pilot_record(result, window, longer, need, pilot_enough(need, replications))
+                window = longer
+                progress.pilot()  # one more run than the ladder counted: "rung i of n" and the ETA say so
+                continue
+            reps.append(result)
+            if k == 0:
+                raw[(tier, n)] = rung.throughput_samples
+            k += 1
+    except KeyboardInterrupt as exc:  # a cell's finished runs are no cell: the document says what was lost
+        exc.unfinished_rung = {  # type: ignore[attr-defined]
+            "tiers": tier, "sessions": n, "replications": replications, "replications_finished": len(reps),
+            "window_s": window, "evidence_pilot": pilot,
+            "ttft_return_n": [int(r["ttft"]["return"].get("n") or 0) for r in reps],
+            "ttft_return_p90_s": [(r["ttft"]["return"].get("p90_s") or {}).get("estimate") for r in reps],
+            "note": "interrupted inside this rung: its finished replications (and a pilot, left out) are not a "
+                    "cell and are not in `rungs`"}
+        raise
     cell = merge_replications(reps)
     cell["window_plan"] = {"mode": window_plan if plan else "fixed", "requested_window_s": ls.window_s,
                            "window_s": window, "planned_cycle_s": cycle, "planned_from_rung": from_rung,
@@ -122,9 +150,10 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
                                    ">= 3 loaded turn cycles planned from the rung below (its measured cycle x the "
                                    "ratio of sessions), within [--window, "
                                    f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; and when the first replication "
-                                   f"measures fewer than {EVIDENCE_MARGIN:g} x the returning turns the evidence rule "
-                                   f"needs per replication ({need}), it is a pilot, left out: every replication runs "
-                                   f"again at the window that would give that many (in proportion), within the same "
+                                   f"measures fewer returning turns than the evidence rule needs per replication "
+                                   f"({need}; {EVIDENCE_MARGIN:g} x that with replications > 1, as each must have "
+                                   f"it), it is a pilot, left out: every replication runs again at the window "
+                                   f"that would give {EVIDENCE_MARGIN:g} x as many (in proportion), within the same "
                                    "cap (evidence_pilot: its window and turns); else (--window-plan fixed, or no "
                                    "SLO) --window"}
     if replications > 1:
@@ -185,15 +214,17 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts: list[SessionScript]
         body = run_ladder(ls, list(s.ladder), list(s.tiers),
                           lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1), out,
                           done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start, s.window_plan)
-    except KeyboardInterrupt:  # the rungs that completed, work control included
+    except KeyboardInterrupt as exc:  # the rungs that completed, work control included
         interrupted = True
         body = {"rungs": done_rungs, "summary": None, "interrupted": True}
+        if getattr(exc, "unfinished_rung", None):  # the rung it stopped in, and what of it was lost
+            body["unfinished_rung"] = exc.unfinished_rung
     except LadderStopped as exc:  # say why it stopped, exit 3
         error = str(exc)
         body = {"rungs": done_rungs, "summary": None, "stop_reason": f"storage error: {exc}"}
     if interrupted or error is not None:
         flag_work_equivalence(done_rungs)
-        ladder_ended(len(done_rungs), error)
+        ladder_ended(len(done_rungs), error, body.get("unfinished_rung"))
         body["warnings"] = rung_warnings(done_rungs, None)
     body["warnings"] = engine_gpu_warning(ls) + list(body.get("warnings") or [])
     return body, interrupted, error

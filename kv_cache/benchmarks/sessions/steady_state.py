@@ -47,7 +47,7 @@ from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.specs import GPUSpec
 from kv_cache.specs.models import ModelConfig
 
-__all__ = ["EVIDENCE_MARGIN", "MAX_PLANNED_WINDOW_FACTOR", "evidence_window", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
+__all__ = ["EVIDENCE_MARGIN", "MAX_PLANNED_WINDOW_FACTOR", "evidence_window", "pilot_enough", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
            "slope_steady", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
            "stationary_position", "window_cycles"]
 
@@ -283,14 +283,22 @@ def plan_window(window_s: float, cycle_s: float | None) -> float:
 EVIDENCE_MARGIN = 1.25  # an evidence-planned window aims this much above the turns it needs (turns are noisy)
 
 
-def evidence_window(window_s: float, requested_s: float, returning_turns: int, need: int) -> float | None:
-    """The window a rung needs for EVIDENCE_MARGIN x `need` returning turns per replication, from a pilot
-    replication that measured `returning_turns` in `window_s` (returning turns grow with the window in
-    proportion once it holds a few turn cycles), within [window_s, MAX_PLANNED_WINDOW_FACTOR x `requested_s`
-    (--window)]. The margin is in the trigger too: a pilot with exactly `need` leaves the other replications,
-    whose turns vary, short as often as not (seed 7's 4-session rung: 12, 10, 11 of 12). None when the pilot
-    had the margin, measured no returning turn (no rate to plan from), or the cap leaves the window as it was."""
-    if returning_turns >= need * EVIDENCE_MARGIN or returning_turns <= 0 or window_s <= 0:
+def pilot_enough(need: int, replications: int) -> int:
+    """The returning turns a first replication needs to stand (not a pilot): `need` alone, or with other
+    replications to come (each must have `need`) EVIDENCE_MARGIN x `need`."""
+    return need if replications <= 1 else math.ceil(EVIDENCE_MARGIN * need)
+
+
+def evidence_window(window_s: float, requested_s: float, returning_turns: int, need: int,
+                    replications: int = 1) -> float | None:
+    """The window a rung needs for `need` returning turns per replication, from a pilot replication that
+    measured `returning_turns` in `window_s` (returning turns grow with the window in proportion once it
+    holds a few turn cycles), with EVIDENCE_MARGIN, within [window_s, MAX_PLANNED_WINDOW_FACTOR x
+    `requested_s` (--window)]. With `replications` > 1 the pilot needs EVIDENCE_MARGIN x `need` to stand:
+    the rung counts only when every replication has `need`, and a first one at exactly `need` leaves each
+    other about even odds of falling short. None when the pilot had that, measured no returning turn (no
+    rate to plan from), or the cap leaves the window as it was."""
+    if returning_turns >= pilot_enough(need, replications) or returning_turns <= 0 or window_s <= 0:
         return None
     wanted = min(MAX_PLANNED_WINDOW_FACTOR * requested_s, window_s * need * EVIDENCE_MARGIN / returning_turns)
     return wanted if wanted > window_s * 1.001 else None
