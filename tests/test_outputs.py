@@ -51,16 +51,22 @@ def test_an_existing_file_is_kept_with_a_suffix(tmp_path):
     assert new["new"] == 1 and "kept as" in new["measurement"]["notes"][0]
 
 
-def test_a_failed_write_goes_to_a_named_fallback(tmp_path, monkeypatch):
-    target = str(tmp_path / "r.json")
+def _fail_writes_to(monkeypatch, target: str, fallback_dir: str, err: int) -> None:
+    """write_json_atomic fails with `err` for `target` only (a read-only directory, a full disk); the
+    fallback goes under `fallback_dir`."""
     real = write_mod.write_json_atomic
 
     def fail_first(path, data):
         if str(path) == target:
-            raise OSError(errno.EROFS, "Read-only file system")
+            raise OSError(err, os.strerror(err))
         return real(path, data)
     monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)
-    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path / "fb"))
+    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: fallback_dir)
+
+
+def test_a_failed_write_goes_to_a_named_fallback(tmp_path, monkeypatch):
+    target = str(tmp_path / "r.json")
+    _fail_writes_to(monkeypatch, target, str(tmp_path / "fb"), errno.EROFS)
     os.mkdir(tmp_path / "fb")
     w = write_results(target, {"x": 1})
     assert w.error and "Read-only" in w.error and w.path.startswith(str(tmp_path / "fb"))
@@ -86,14 +92,7 @@ def test_the_report_is_printed_when_the_results_cannot_be_written(quick_settings
     from kv_cache.results.run_document import interrupted_results
 
     settings = quick_settings("--output", str(tmp_path / "r.json"))
-    real = write_mod.write_json_atomic
-
-    def fail_first(path, data):
-        if str(path) == settings.outputs.output:
-            raise OSError(errno.EROFS, "Read-only file system")
-        return real(path, data)
-    monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)
-    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path))
+    _fail_writes_to(monkeypatch, settings.outputs.output, str(tmp_path), errno.EROFS)
     out = io.StringIO()
     write_outputs(settings, interrupted_results({}, settings), out)
     text = out.getvalue()
@@ -115,14 +114,7 @@ def test_a_final_document_that_cannot_replace_the_periodic_one_says_so(quick_set
     from kv_cache.results.run_document import interrupted_results
 
     settings = quick_settings("--output", str(tmp_path / "r.json"))
-    real = write_mod.write_json_atomic
-
-    def fail_first(path, data):
-        if str(path) == settings.outputs.output:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data)
-    monkeypatch.setattr(write_mod, "write_json_atomic", fail_first)
-    monkeypatch.setattr(write_mod.tempfile, "gettempdir", lambda: str(tmp_path))
+    _fail_writes_to(monkeypatch, settings.outputs.output, str(tmp_path), errno.ENOSPC)
     out = io.StringIO()
     write_outputs(settings, interrupted_results({}, settings), out, keep=False)
     fallback = out.getvalue().rsplit("Results written to ", 1)[1].split("\n", 1)[0].strip()
