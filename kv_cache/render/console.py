@@ -261,10 +261,15 @@ def tier_sections(results: Results) -> list[str]:
 
 def tier_distribution(results: Results) -> list[str]:
     cs = _cache_stats(results)
-    return ["", "### CACHE TIER DISTRIBUTION (entries held at the end of the run) ###",
-            f"  GPU Entries: {cs['gpu_entries']} ({cs['gpu_memory_used_gb']:.2f} GiB){_gpu_mark(results)}",
-            f"  CPU Entries: {cs['cpu_entries']} ({cs['cpu_memory_used_gb']:.2f} GiB)",
-            f"  Storage Entries: {cs['storage_entries']} ({cs['storage_memory_used_gb']:.2f} GiB)"]
+    return _section("CACHE TIER DISTRIBUTION (entries held at the end of the run)", [
+        f"GPU Entries: {cs['gpu_entries']} ({cs['gpu_memory_used_gb']:.2f} GiB){_gpu_mark(results)}",
+        f"CPU Entries: {cs['cpu_entries']} ({cs['cpu_memory_used_gb']:.2f} GiB)",
+        f"Storage Entries: {cs['storage_entries']} ({cs['storage_memory_used_gb']:.2f} GiB)"])
+
+
+def _section(title: str, rows: list[str]) -> list[str]:
+    """A blank line, the ``### title ###`` heading and its rows indented by two spaces."""
+    return ["", f"### {title} ###", *(f"  {row}" for row in rows)]
 
 
 def storage_latency_breakdown(results: Results) -> list[str]:
@@ -280,10 +285,9 @@ def storage_latency_breakdown(results: Results) -> list[str]:
 
 def cache_types(results: Results) -> list[str]:
     cs = _cache_stats(results)
-    return ["", "### CACHE TYPE BREAKDOWNS (which kind of entry each cache hit was) ###",
-            f"  System Prompt Hits: {cs['system_prompt_hits']}",
-            f"  User Cache Hits: {cs['user_cache_hits']}",
-            f"  Multi-turn Hits: {cs['multi_turn_hits']}"]
+    return _section("CACHE TYPE BREAKDOWNS (which kind of entry each cache hit was)", [
+        f"System Prompt Hits: {cs['system_prompt_hits']}", f"User Cache Hits: {cs['user_cache_hits']}",
+        f"Multi-turn Hits: {cs['multi_turn_hits']}"])
 
 
 def prefix_caching(results: Results) -> list[str]:

@@ -95,6 +95,14 @@ def _totals() -> list[int]:
     return t
 
 
+def _counted(slot: int, done: int, ns: int, calls: int) -> tuple[int, int]:
+    """Add ``calls`` and ``ns`` to this thread's totals at ``slot`` and ``slot + 1``; ``(done, ns)``."""
+    t = _totals()
+    t[slot] += calls
+    t[slot + 1] += ns
+    return done, ns
+
+
 def syscall_totals() -> dict[str, tuple[int, int]]:
     """{"preadv" | "pwritev" | "fdatasync": (calls, ns)} of every FileStore in this process so far, as
     timed by the tool (:mod:`.timedio`); differences of two snapshots give a span's."""
@@ -285,10 +293,7 @@ class FileStore(SizedStore):
             ns += more
             done += n
             calls += 1
-        t = _totals()
-        t[2] += calls
-        t[3] += ns
-        return done, ns
+        return _counted(2, done, ns, calls)
 
     @staticmethod
     def _preadv_all(fd: int, view: memoryview, offset: int, path: str) -> tuple[int, int]:
@@ -304,10 +309,7 @@ class FileStore(SizedStore):
             ns += more
             done += n
             calls += 1
-        t = _totals()
-        t[0] += calls
-        t[1] += ns
-        return done, ns
+        return _counted(0, done, ns, calls)
 
     # ------------------------------------------------------------------ primitives
     def _begin_write(self, key: str, nbytes: int) -> tuple[_Write, int]:
