@@ -13,6 +13,17 @@ from kv_cache.storage import BLOCK, WorkerBuffers, key_id
 TRACE_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 
+@pytest.fixture(autouse=True)
+def _no_stop_signal_from_an_earlier_test():
+    """ABANDON_IO is process-wide: a test that calls a run's signal handler directly (test_leftovers) must not
+    make a remote store in the next test on the same xdist worker abandon its requests. The runs themselves
+    clear it when they return (tests/test_signal_scope.py checks that without this fixture's help)."""
+    from kv_cache.host.signals import ABANDON_IO
+
+    ABANDON_IO.clear()
+    yield
+
+
 @pytest.fixture
 def quick_settings(tmp_path):
     """Settings for a tiny, fast, real run on tmp_path (ext4 here, so O_DIRECT is exercised)."""

@@ -36,7 +36,7 @@ from kv_cache.benchmarks.sessions.steady_state import (
 )
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
-from kv_cache.host.signals import ABANDON_IO, catch_stop_signals
+from kv_cache.host.signals import ABANDON_IO, catch_stop_signals, process_exits_after_run
 from kv_cache.metrics.slo_fit import turns_needed_per_replication
 from kv_cache.render.sessions_live import (
     RungProgress,
@@ -237,11 +237,24 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
     libraries = snapshot_at_start()  # mapped libraries (an LD_PRELOAD shim), judged in the integrity block
     ls0, trace_scripts = load_trace_sessions(s)  # a bad trace fails here, before any rung runs
     started = datetime.now()
-    interrupted, storage_error = False, None
+    previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         # a lost terminal keeps the rungs measured, as Ctrl-C does (a SIGHUP ignored under nohup stays so);
         # Ctrl-C itself also abandons a remote tier's waits on a frozen server (ABANDON_IO)
-        catch_stop_signals(_interrupt, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+        previous = catch_stop_signals(_interrupt, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+    try:
+        return _run_cells(s, ls0, trace_scripts, libraries, started, out)
+    finally:
+        # the stop signal was this run's: a store opened by a later run in this process starts clear, and an
+        # in-process caller (a library, the tests) gets its own handlers back (the CLI exits next: left as is)
+        ABANDON_IO.clear()
+        if not process_exits_after_run():
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+def _run_cells(s: SessionsSettings, ls0, trace_scripts, libraries, started, out: TextIO) -> RunOutcome:
+    interrupted, storage_error = False, None
     cells: list[dict[str, Any]] = []
     for cell_ls in s.grid or (s.ladder_settings,):
         ls = dataclasses.replace(cell_ls, block_tokens=ls0.block_tokens,

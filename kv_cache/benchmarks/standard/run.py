@@ -96,11 +96,14 @@ class Interrupts:
         self.seen = 0
         self.window_closed = False
         self.drain_cut = threading.Event()
+        self.ended = False  # the run has returned: a signal to an in-process caller changes nothing of it
 
     def close_window(self) -> None:
         self.window_closed = True
 
     def __call__(self, signum, frame):
+        if self.ended:  # the handler left in place after an in-process run (run_benchmark): nothing to stop
+            return
         self.seen += 1
         if self.window_closed:
             if self.seen == 1:
@@ -131,6 +134,10 @@ def run_benchmark(settings: RunSettings, out=None, group: RankGroup | None = Non
     try:
         return execute(settings, out, group=group, interrupts=handler)[1]
     finally:
+        # the stop signal was this run's: a remote store opened after it (a library's next run, the next test
+        # in the same process) must not take it for its own and abandon its first request (host/signals.py)
+        handler.ended = True
+        ABANDON_IO.clear()
         if previous and process_exits_after_run():
             # from the results to the exit a signal changes nothing: ignored (not our Python handler, which
             # the interpreter's shutdown would put back to SIG_DFL under a late Ctrl-C: status -2). Only in a
