@@ -423,11 +423,8 @@ class S3Store(RemoteStore):
             self._call(f"s3 write of {h.path}", lambda: self.obstore.put(self._s3, h.path, body, use_multipart=False))
         h.single = None
         ns += perf_counter_ns() - t
-        with self._lock:
-            if not self._closed and self._paths.get(h.key) == h.path:
-                self._sizes[h.key] = h.nbytes
-                return ns
-        raise RuntimeError(f"{self.name}: entry {h.key!r} was removed or the store closed during its write")
+        self._record(self._paths, h.key, h.path, h.nbytes)
+        return ns
 
     def _abort(self, h: _Pending) -> int:
         """Drop the entry being written (its upload aborted, its object deleted); returns the bytes handed
@@ -436,11 +433,7 @@ class S3Store(RemoteStore):
         upload, h.upload, h.single, h.slot = h.upload, None, None, None
         if upload is not None:
             unsent += upload.abort()
-        with self._lock:
-            mine = self._paths.get(h.key) == h.path
-            if mine:
-                del self._paths[h.key]
-                self._sizes.pop(h.key, None)
+        self._unbook(self._paths, h.key, h.path)
         try:  # within the run's deadline: a frozen server cannot hold the abort either
             self._call(f"s3 delete of {h.path}", lambda: self.obstore.delete(self._s3, h.path))
         except (Exception, IOAborted):
@@ -499,9 +492,7 @@ class S3Store(RemoteStore):
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:
-        with self._lock:
-            path = self._paths.pop(key, None)
-            self._sizes.pop(key, None)
+        path = self._unbook(self._paths, key)
         if path is not None:
             try:
                 self._call(f"s3 delete of {path}", lambda: self.obstore.delete(self._s3, path))
