@@ -369,6 +369,7 @@ class SizedStore(StoreBase):
 
     _sizes: dict[str, int]
     _lock: threading.Lock
+    _closed: bool
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -377,6 +378,26 @@ class SizedStore(StoreBase):
     def __len__(self) -> int:
         with self._lock:
             return len(self._sizes)
+
+    def _record(self, paths: dict[str, str], key: str, path: str, nbytes: int) -> None:
+        """Count the entry just written at `path` as stored (its size in `_sizes`); RuntimeError when it was
+        removed or replaced meanwhile (`paths`, key -> where it is, no longer says `path`) or the store closed."""
+        with self._lock:
+            if not self._closed and paths.get(key) == path:
+                self._sizes[key] = nbytes
+                return
+        raise RuntimeError(f"{self.name}: entry {key!r} was removed or the store closed during its write")
+
+    def _unbook(self, paths: dict[str, str], key: str, path: str | None = None) -> str | None:
+        """Forget `key` (in `paths` and `_sizes`), but with `path` only while it is still there; where it was,
+        or None (not stored, or elsewhere than `path`: then nothing is forgotten)."""
+        with self._lock:
+            had = paths.get(key)
+            if path is not None and had != path:
+                return None
+            paths.pop(key, None)
+            self._sizes.pop(key, None)
+            return had
 
 
 def close_at_exit(store: Any) -> None:

@@ -365,11 +365,8 @@ class FileStore(SizedStore):
             ns += perf_counter_ns() - t
         h.fd = -1
         ns += _tio.close(fd)
-        with self._lock:
-            if not self._closed and self._files.get(h.key) == h.path:
-                self._sizes[h.key] = h.nbytes
-                return ns
-        raise RuntimeError(f"{self.name}: entry {h.key!r} was removed or the store closed during its write")
+        self._record(self._files, h.key, h.path, h.nbytes)
+        return ns
 
     def _abort(self, h: _Write) -> None:
         if h.fd >= 0:
@@ -378,12 +375,7 @@ class FileStore(SizedStore):
             except OSError:
                 pass
             h.fd = -1
-        with self._lock:
-            mine = self._files.get(h.key) == h.path
-            if mine:
-                del self._files[h.key]
-                self._sizes.pop(h.key, None)
-        if mine or self._closed:
+        if self._unbook(self._files, h.key, h.path) is not None or self._closed:
             try:
                 os.unlink(h.path)
             except OSError:
@@ -422,9 +414,7 @@ class FileStore(SizedStore):
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:
         """Remove the entry's file (missing is fine)."""
-        with self._lock:
-            path = self._files.pop(key, None)
-            self._sizes.pop(key, None)
+        path = self._unbook(self._files, key)
         if path is not None:
             try:
                 os.unlink(path)

@@ -32,7 +32,7 @@ import numpy as np
 
 from kv_cache.storage.base import BLOCK, StoreFull, padded
 from kv_cache.storage.gpu_device import Device
-from kv_cache.storage.slabs import SlabEntry, SlabPending, SlabStore
+from kv_cache.storage.slabs import SlabEntry, SlabPending, SlabStore, direction_figures
 
 __all__ = ["DeviceStore"]
 
@@ -233,14 +233,6 @@ class DeviceStore(SlabStore):
                       "setup phases included; plain_pinned_copy_gbs = one chunk copied pinned <-> device at setup"),
         }
         for d, (ops, nbytes, dev_ns, wall_ns) in dirs.items():
-            out[d] = {
-                "copies": ops,
-                "bytes": nbytes,  # entry bytes (per GPU)
-                "bytes_per_replica": nbytes * self.tp,
-                "device_seconds": dev_ns / 1e9,
-                "device_gbs": nbytes / dev_ns if dev_ns else 0.0,
-                "copy_wall_seconds": wall_ns / 1e9,
-                "copy_wall_gbs": nbytes / wall_ns if wall_ns else 0.0,
-                "plain_pinned_copy_gbs": plain.get(d),
-            }
+            out[d] = {**direction_figures("copies", ops, nbytes, self.tp, device=dev_ns, copy_wall=wall_ns),
+                      "plain_pinned_copy_gbs": plain.get(d)}
         return out

@@ -30,6 +30,7 @@ from typing import Any
 
 from kv_cache.storage.base import IOResult
 from kv_cache.storage.memory import MemoryStore
+from kv_cache.storage.slabs import direction_figures
 
 __all__ = ["SimulatedGPUStore", "TransferModel", "standin_ns"]
 
@@ -123,16 +124,8 @@ class SimulatedGPUStore(MemoryStore):
                       "the whole run, setup phases included; "
                       "data held in host RAM"),
         }
-        for d, (ops, nbytes, mod_ns, cpy_ns) in dirs.items():
-            out[d] = {
-                "operations": ops,
-                "bytes": nbytes,  # entry bytes (per GPU)
-                "bytes_per_replica": nbytes * m.shards,  # each GPU of the group moves its own shard
-                "modelled_seconds": mod_ns / 1e9,
-                "modelled_gbs": nbytes / mod_ns if mod_ns else 0.0,
-                "host_memcpy_seconds": cpy_ns / 1e9,
-                "host_memcpy_gbs": nbytes / cpy_ns if cpy_ns else 0.0,
-            }
+        for d, (ops, nbytes, mod_ns, cpy_ns) in dirs.items():  # each GPU of a group moves its own shard
+            out[d] = direction_figures("operations", ops, nbytes, m.shards, modelled=mod_ns, host_memcpy=cpy_ns)
         return out
 
     def __repr__(self) -> str:

@@ -37,7 +37,6 @@ from kv_cache.storage.base import (
     DataCorruption,
     IOAborted,
     IOResult,
-    SizedStore,
     close_at_exit,
     forget_at_exit,
     key_id,
@@ -48,8 +47,7 @@ from kv_cache.storage.remote import (
     FAILOVER_S,
     GRACE_S,
     MARKER,
-    RemoteStats,
-    RunDeadline,
+    RemoteStore,
     SharedSlots,
     SlotRing,
     Watchdog,
@@ -93,33 +91,19 @@ def _refusal(what: str, text: str) -> OSError:
     return OSError(errno.EIO, f"{what}: {text}")
 
 
-class RedisStore(SizedStore):
+class RedisStore(RemoteStore):
     """Entries as chunked keys under this run's namespace (see the module docstring)."""
-
-    keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
-    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
-    # device write cache for it to burst into (a first operation pays for a connection instead)
-    probe_counts_first_op = True
 
     def __init__(self, url: str, chunk_bytes: int, pipeline: int = 8, workers: int = 8, *, name: str = "redis",
                  grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
         self.redis, self.hiredis = _import_redis()
-        self.deadline = RunDeadline(grace_s, failover_s)
-        self.name = name
+        super().__init__(name, grace_s, failover_s)
         self.url = url
         self.chunk_bytes = int(chunk_bytes)
         self.pipeline = max(1, int(pipeline))
         self.ring_bytes = ring_bytes("redis", self.chunk_bytes, pipeline=self.pipeline)  # the most a worker's slots hold
-        self.stats = RemoteStats()
-        self._tls = threading.local()
         self._slots: list[Any] = []
-        self._shared_ring: SlotRing | None = None  # the probe's, while it runs (shared_slots)
-        self._lock = threading.Lock()
-        self._sizes: dict[str, int] = {}
         self._chunks: dict[str, int] = {}  # key -> chunk keys it has on the server (created, not deleted)
-        self._closed = False
-        self.swept: list[str] = []
-        self.leftovers: str | None = None  # what close() could not remove, and how to
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
 
@@ -132,10 +116,11 @@ class RedisStore(SizedStore):
             raise StorageSetupError(f"redis: bad --redis-url {redacted_argv([url])[0]!r}: {e}").about("redis_url") from None
         self._setup("reach the server", self._r.ping)
         self.evicting = self._eviction_policy()
-        self.notes: list[str] = [] if not self.evicting else [
-            f"redis: the server evicts keys on its own at maxmemory (maxmemory-policy {self.evicting}): entries "
-            "it drops are read errors, not a full tier; set maxmemory-policy noeviction to have a full tier refuse "
-            "writes (ENOSPC)"]
+        if self.evicting:
+            self.notes.append(
+                f"redis: the server evicts keys on its own at maxmemory (maxmemory-policy {self.evicting}): entries "
+                "it drops are read errors, not a full tier; set maxmemory-policy noeviction to have a full tier "
+                "refuse writes (ENOSPC)")
         if self.endpoint_host is None:
             self.notes.append("redis: the server is reached over a unix socket, which crosses no network interface: "
                               "no interface's bytes are compared with the tier's")
@@ -145,10 +130,6 @@ class RedisStore(SizedStore):
         self._watchdog = Watchdog(self.deadline, self._reap, "redis")
         self.deadline.opening = False  # from here on a lost server is retried within the failover budget
         close_at_exit(self)
-
-    def watch(self, stop) -> None:
-        """The run's stop event: an operation still waiting on the server `grace_s` after it is abandoned."""
-        self.deadline.watch(stop)
 
     def _reap(self) -> None:
         """Shut every connection down (the Watchdog, once an operation is past its deadline): a thread
@@ -219,9 +200,6 @@ class RedisStore(SizedStore):
         info = self._call("redis INFO", lambda: self._r.info("memory"))
         limit = int(info.get("maxmemory", 0))
         return max(0, limit - int(info.get("used_memory", 0))) if limit else None
-
-    def footprint(self, nbytes: int) -> int:
-        return padded(nbytes)
 
     def path_of(self, key: str) -> str:
         return f"{self._where()}/{self._base(key)}:*"
@@ -547,18 +525,9 @@ class RedisStore(SizedStore):
 
     def close(self) -> None:
         """Delete the keys this run created, then its marker; never anything else. Idempotent."""
-        got = self._lock.acquire(timeout=1.0)
-        try:
-            if self._closed:
-                return
-            self._closed = True
-            chunks = dict(self._chunks)
-            self._chunks.clear()
-            self._sizes.clear()
-        finally:
-            if got:
-                self._lock.release()
-        self.deadline.closing()
+        chunks = self._take_books(self._chunks)
+        if chunks is None:
+            return
         keys = [k for key, n in chunks.items() for k in self._chunk_keys(key, n)]
         left, why = len(keys), ""
         try:

@@ -35,13 +35,13 @@ from kv_cache.host.rundir import (
     process_start,
 )
 from kv_cache.host.signals import ABANDON_IO
-from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted
+from kv_cache.storage.base import BLOCK, DataCorruption, IOAborted, SizedStore, padded
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
     from kv_cache.storage.buffers import WorkerBuffers
 
-__all__ = ["FAILOVER_S", "GRACE_S", "MARKER", "DaemonPool", "RemoteStats", "RunDeadline", "SharedSlots", "SlotRing", "Throttled", "Watchdog", "deliver",
+__all__ = ["FAILOVER_S", "GRACE_S", "MARKER", "DaemonPool", "RemoteStats", "RemoteStore", "RunDeadline", "SharedSlots", "SlotRing", "Throttled", "Watchdog", "deliver",
            "hand_on", "lost_connection", "marker_json", "new_run_name", "stale_owner", "tls_refused",
            "tls_verification_failure"]
 
@@ -566,3 +566,52 @@ def hand_on(n: int, entry_off: int, nbytes: int, bufs: WorkerBuffers, kid: int, 
     if on_chunk is not None:
         on_chunk(chunk_index, bufs.read_mv[: min(n, max(0, nbytes - entry_off))])
     return chunk_index + 1
+
+
+class RemoteStore(SizedStore):
+    """What a store on a server (RedisStore, S3Store) is besides its client: written from its own slot rings,
+    every operation under the run's deadline (RunDeadline, `watch`) and counted (RemoteStats), entries padded
+    to whole blocks, the notes of the sweep of earlier runs' leftovers, and a close that takes the books once."""
+
+    keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
+    # device write cache for it to burst into (a first operation pays for a connection instead)
+    probe_counts_first_op = True
+
+    def __init__(self, name: str, grace_s: float, failover_s: float) -> None:
+        self.name = name
+        self.deadline = RunDeadline(grace_s, failover_s)
+        self.stats = RemoteStats()
+        self._tls = threading.local()
+        self._shared_ring: SlotRing | None = None  # the probe's, while it runs (shared_slots)
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        self._closed = False
+        self.swept: list[str] = []  # what the sweep did with earlier runs' namespaces (notes for the results)
+        self.notes: list[str] = []  # what else the results should say of the server
+        self.leftovers: str | None = None  # what close() could not remove, and how to
+
+    def watch(self, stop) -> None:
+        """The run's stop event: an operation still waiting on the server `grace_s` after it is abandoned."""
+        self.deadline.watch(stop)
+
+    def footprint(self, nbytes: int) -> int:
+        return padded(nbytes)
+
+    def _take_books(self, books: dict[str, Any]) -> dict[str, Any] | None:
+        """At close: the store marked closed, `books` (what the run created on the server) handed back and
+        emptied with the sizes; None when it was closed before. The lock is waited for a moment at most (an
+        interrupted caller may hold it: atexit, a signal)."""
+        got = self._lock.acquire(timeout=1.0)
+        try:
+            if self._closed:
+                return None
+            self._closed = True
+            taken = dict(books)
+            books.clear()
+            self._sizes.clear()
+        finally:
+            if got:
+                self._lock.release()
+        self.deadline.closing()
+        return taken

@@ -42,7 +42,6 @@ from kv_cache.storage.base import (
     BLOCK,
     IOAborted,
     IOResult,
-    SizedStore,
     close_at_exit,
     forget_at_exit,
     key_id,
@@ -54,8 +53,7 @@ from kv_cache.storage.remote import (
     GRACE_S,
     MARKER,
     DaemonPool,
-    RemoteStats,
-    RunDeadline,
+    RemoteStore,
     SharedSlots,
     SlotRing,
     Throttled,
@@ -93,29 +91,20 @@ class _Pending:
         self.fill = 0
 
 
-class S3Store(SizedStore):
+class S3Store(RemoteStore):
     """Entries as objects under ``s3://bucket/<prefix>kv-cache-run-.../`` (see the module docstring)."""
-
-    keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
-    # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
-    # device write cache for it to burst into (a first operation pays for a connection instead)
-    probe_counts_first_op = True
 
     def __init__(self, bucket: str, endpoint: str | None = None, prefix: str = "", part_bytes: int = 8 << 20,
                  concurrency: int = 4, workers: int = 8, chunk_bytes: int = 16 << 20, *, name: str = "s3",
                  grace_s: float = GRACE_S, failover_s: float = FAILOVER_S):
         self.obstore, s3_class = import_obstore()
-        self.deadline = RunDeadline(grace_s, failover_s)
-        self._tls = threading.local()
+        super().__init__(name, grace_s, failover_s)
         self._rings: list[SlotRing] = []
-        self._shared_ring: SlotRing | None = None  # the probe's, while it runs (shared_slots)
         self.slot_bytes = int(part_bytes)  # a write slot is one part: each part's body is one slot's view
-        self.name = name
         self.bucket, self.endpoint = bucket, endpoint
         self.shown_endpoint = redacted(endpoint) if endpoint else endpoint  # what messages and results show
         self.part_bytes, self.concurrency = int(part_bytes), max(1, int(concurrency))
         self.ring_bytes = ring_bytes("s3", chunk_bytes, part_bytes=self.part_bytes, concurrency=self.concurrency)
-        self.stats = RemoteStats()
         self.base_prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         options: dict[str, Any] = {"timeout": "120s", "connect_timeout": "5s",
                                    "pool_max_idle_per_host": str(max(16, workers * self.concurrency))}
@@ -146,11 +135,7 @@ class S3Store(SizedStore):
                                  self.deadline)
         self._calls = DaemonPool(workers + 2, thread_name_prefix="kv-s3-call")  # obstore's calls, waited
         # for within the run's deadline (RunDeadline.result): a frozen server cannot hold a worker past it
-        self.swept: list[str] = []
-        self._lock = threading.Lock()
-        self._sizes: dict[str, int] = {}
         self._paths: dict[str, str] = {}  # key -> object path of every object we created and did not delete
-        self._closed = False
         self.run_name = new_run_name()
         self.run_prefix = f"{self.base_prefix}{self.run_name}/"
         self._sweep()  # its listing is also the check that the server answers, the bucket exists, the keys work
@@ -161,16 +146,11 @@ class S3Store(SizedStore):
             self._setup_call("sign a request", lambda: self._sign(self.run_prefix + MARKER)),
             workers * self.concurrency, 120.0, ca), self.stats, self.part_bytes, self.concurrency, bucket, name,
             self.deadline)
-        self.leftovers: str | None = None  # what close() could not remove, and how to
         close_at_exit(self)
         self._check_clients(len(marker))
         self._watchdog = Watchdog(self.deadline, self._reads.conns.reap, "s3")
         self.deadline.opening = False  # from here on a lost server is retried within the failover budget
         self.ca = ca
-
-    def watch(self, stop) -> None:
-        """The run's stop event: an operation still waiting on the server `grace_s` after it is abandoned."""
-        self.deadline.watch(stop)
 
     def _check_clients(self, marker_bytes: int) -> None:
         """Prove, before anything runs, the two clients the listing and the marker did not use: the reads'
@@ -215,9 +195,6 @@ class S3Store(SizedStore):
     def free_bytes(self) -> int | None:
         """None: a bucket has no free space to read (the capacity is --storage-capacity-gb, or unbounded)."""
         return None
-
-    def footprint(self, nbytes: int) -> int:
-        return padded(nbytes)
 
     def path_of(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._object(key)}"
@@ -446,11 +423,8 @@ class S3Store(SizedStore):
             self._call(f"s3 write of {h.path}", lambda: self.obstore.put(self._s3, h.path, body, use_multipart=False))
         h.single = None
         ns += perf_counter_ns() - t
-        with self._lock:
-            if not self._closed and self._paths.get(h.key) == h.path:
-                self._sizes[h.key] = h.nbytes
-                return ns
-        raise RuntimeError(f"{self.name}: entry {h.key!r} was removed or the store closed during its write")
+        self._record(self._paths, h.key, h.path, h.nbytes)
+        return ns
 
     def _abort(self, h: _Pending) -> int:
         """Drop the entry being written (its upload aborted, its object deleted); returns the bytes handed
@@ -459,11 +433,7 @@ class S3Store(SizedStore):
         upload, h.upload, h.single, h.slot = h.upload, None, None, None
         if upload is not None:
             unsent += upload.abort()
-        with self._lock:
-            mine = self._paths.get(h.key) == h.path
-            if mine:
-                del self._paths[h.key]
-                self._sizes.pop(h.key, None)
+        self._unbook(self._paths, h.key, h.path)
         try:  # within the run's deadline: a frozen server cannot hold the abort either
             self._call(f"s3 delete of {h.path}", lambda: self.obstore.delete(self._s3, h.path))
         except (Exception, IOAborted):
@@ -522,9 +492,7 @@ class S3Store(SizedStore):
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:
-        with self._lock:
-            path = self._paths.pop(key, None)
-            self._sizes.pop(key, None)
+        path = self._unbook(self._paths, key)
         if path is not None:
             try:
                 self._call(f"s3 delete of {path}", lambda: self.obstore.delete(self._s3, path))
@@ -533,18 +501,10 @@ class S3Store(SizedStore):
 
     def close(self) -> None:
         """Delete the objects this run created, then its marker; never anything else. Idempotent."""
-        got = self._lock.acquire(timeout=1.0)
-        try:
-            if self._closed:
-                return
-            self._closed = True
-            paths = list(self._paths.values())
-            self._paths.clear()
-            self._sizes.clear()
-        finally:
-            if got:
-                self._lock.release()
-        self.deadline.closing()
+        taken = self._take_books(self._paths)
+        if taken is None:
+            return
+        paths = list(taken.values())
         left, uploads, why = len(paths), 0, ""
         try:  # a throttled delete is retried after backoffs (it used to leave the run's objects, marker too)
             if self.deadline.dead:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kv_cache.storage.base import StoreBase
 
-__all__ = ["SlabEntry", "SlabPending", "SlabStore"]
+__all__ = ["SlabEntry", "SlabPending", "SlabStore", "direction_figures"]
 
 
 class SlabEntry:
@@ -129,3 +129,14 @@ class SlabStore(StoreBase):
             e = self._entries.pop(key, None)
             if e is not None:
                 self._release(e)
+
+
+def direction_figures(count: str, ops: int, nbytes: int, shards: int, **times_ns: int) -> dict[str, Any]:
+    """One copy direction in a GPU tier's stats: its `count` of operations, its entry bytes (per GPU) and
+    bytes per replica (x `shards`), then ``<name>_seconds`` and ``<name>_gbs`` of each of `times_ns`, in
+    order (0 GB/s for no time)."""
+    out: dict[str, Any] = {count: ops, "bytes": nbytes, "bytes_per_replica": nbytes * shards}
+    for name, ns in times_ns.items():
+        out[f"{name}_seconds"] = ns / 1e9
+        out[f"{name}_gbs"] = nbytes / ns if ns else 0.0
+    return out

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kv_cache.specs.models import GIB, GPU_SPECS, GPUSpec
 
@@ -274,18 +274,7 @@ def iteration_cost(
                          attention_s=max((flops - linear_flops) / rate, kv / bandwidth))
 
 
-def iteration_seconds(
-    gpu: GPUSpec,
-    eff: Efficiency,
-    model: ModelConfig,
-    prefill_tokens_with_cached: Iterable[tuple[float, float]],
-    decode_batch_size: int,
-    decode_context_tokens: float,
-    tp: int = 1,
-) -> float:
-    """Seconds of one continuous-batching iteration: ``iteration_cost(...).seconds``, its linear layers'
-    roofline time plus its attention's."""
-    cost = iteration_cost(
-        gpu, eff, model, prefill_tokens_with_cached, decode_batch_size, decode_context_tokens, tp
-    )
-    return cost.seconds
+def iteration_seconds(*args: Any, **kwargs: Any) -> float:
+    """Seconds of one continuous-batching iteration: ``iteration_cost(...).seconds`` (the same arguments),
+    its linear layers' roofline time plus its attention's."""
+    return iteration_cost(*args, **kwargs).seconds

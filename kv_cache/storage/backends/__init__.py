@@ -20,9 +20,10 @@ from kv_cache.storage.tiername import TierName
 if TYPE_CHECKING:  # pragma: no cover  (the settings are read, never imported at run time)
     from kv_cache.settings.run import StorageSettings, TierSettings
     from kv_cache.storage.base import Store
+    from kv_cache.storage.remote import RemoteStore
 
 __all__ = ["Backend", "BackendRequest", "Capabilities", "Option", "all_backends", "choose", "get", "names",
-           "register"]
+           "gpu_backend", "register", "remote_backend"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,47 @@ class Backend:
     priority: int = 0
     options: tuple[Option, ...] = ()
     check: Callable[[TierSettings], object] = lambda tiers: None  # raises StorageSetupError before any sizing
+
+
+def remote_backend(name: str, summary: str, store: Callable[[BackendRequest], RemoteStore],
+                   options: tuple[Option, ...], capacity: str) -> Backend:
+    """The entry of a storage tier on a server, chosen by ``--storage-backend NAME``: `store(request)` opens
+    it, and its notes (the sweep of earlier runs' leftovers, what it says of the server, where the run's
+    namespace is) go to the results. Its reads can verify, and besides its own `options` it reads what every
+    remote store does: the grace after the run's stop, the failover budget and the tier's capacity
+    (`capacity`: what 0 means there)."""
+
+    def open_store(request: BackendRequest) -> RemoteStore:
+        opened = store(request)
+        request.notes.extend(opened.swept)
+        request.notes.extend(opened.notes)
+        request.notes.append(f"storage tier: {opened.run_dir} ({opened.io_mode_reason})")
+        return opened
+
+    return Backend(
+        name=name, tier=TierName.STORAGE, summary=summary, capabilities=Capabilities(verify=True), open=open_store,
+        selects=lambda tiers: tiers.remote.storage_backend == name, priority=20,
+        options=(*options, Option("remote_grace_s", "seconds an operation may wait after the run's stop"),
+                 Option("remote_failover_s", "seconds a lost server is retried"),
+                 Option("storage_capacity_gb", f"the tier's capacity (0: {capacity})")))
+
+
+def gpu_backend(name: str, mode: str, summary: str, open: Callable[[BackendRequest], Store],
+                options: tuple[Option, ...], *, host_ram: bool = False,
+                check: Callable[[TierSettings], object] = lambda tiers: None) -> Backend:
+    """The entry of the GPU tier when --gpu-tier comes to `mode` ("real", "simulated"; auto: real where CUDA
+    is present, gpu_device.gpu_tier_mode): its reads can verify, and besides its own `options` it reads the
+    tensor parallelism (each GPU of a group holds its 1/T shard of an entry)."""
+
+    def selects(tiers: TierSettings) -> bool:
+        from kv_cache.storage.gpu_device import gpu_tier_mode  # noqa: PLC0415  (not at this package's import)
+
+        return gpu_tier_mode(tiers) == mode
+
+    return Backend(
+        name=name, tier=TierName.GPU, summary=summary, capabilities=Capabilities(verify=True, host_ram=host_ram),
+        open=open, selects=selects, check=check,
+        options=(*options, Option("tensor_parallel", "GPUs per group (each holds the entry's 1/T shard)")))
 
 
 _REGISTRY: Registry[Backend] = Registry("storage backend", __name__, __path__, key=lambda e: e.name, by_name=True)

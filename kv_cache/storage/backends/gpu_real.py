@@ -7,9 +7,8 @@ from typing import Any
 
 from kv_cache.errors import StorageSetupError
 from kv_cache.storage import gpu_device
-from kv_cache.storage.backends import Backend, BackendRequest, Capabilities, Option, register
+from kv_cache.storage.backends import BackendRequest, Option, gpu_backend, register
 from kv_cache.storage.gpu_real import DeviceStore
-from kv_cache.storage.tiername import TierName
 
 GIB = 1 << 30
 PROCESSES_INDEX = "the --processes index"  # local_rank_from of a --processes child (benchmarks/standard/processes.py)
@@ -99,11 +98,6 @@ def _open(request: BackendRequest) -> DeviceStore:
     return store
 
 
-BACKEND = register(Backend(
-    name="gpu_real", tier=TierName.GPU, summary="CUDA device memory, copies through pinned staging slots",
-    capabilities=Capabilities(verify=True), open=_open,
-    selects=lambda tiers: gpu_device.gpu_tier_mode(tiers) == "real",
-    options=(Option("gpu_mem_gb", "HBM per GPU"), Option("num_gpus", "devices"),
-             Option("tensor_parallel", "GPUs per group (each holds the entry's 1/T shard)"),
-             Option("gpu_tier", "auto | real | simulated | off")),
-))
+BACKEND = register(gpu_backend(
+    "gpu_real", "real", "CUDA device memory, copies through pinned staging slots", _open,
+    (Option("gpu_mem_gb", "HBM per GPU"), Option("num_gpus", "devices"), Option("gpu_tier", "auto | real | simulated | off"))))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from kv_cache.errors import StorageSetupError
-from kv_cache.storage import gpu_device
-from kv_cache.storage.backends import Backend, BackendRequest, Capabilities, Option, register
+from kv_cache.storage.backends import BackendRequest, Option, gpu_backend, register
 from kv_cache.storage.gpu_sim import SimulatedGPUStore, TransferModel
-from kv_cache.storage.tiername import TierName
 
 GIB = 1 << 30
 
@@ -34,11 +32,7 @@ def _open(request: BackendRequest) -> SimulatedGPUStore:
     return store
 
 
-BACKEND = register(Backend(
-    name="gpu_sim", tier=TierName.GPU, summary="host RAM standing in for HBM, transfer times modelled",
-    capabilities=Capabilities(verify=True, host_ram=True), open=_open,
-    selects=lambda tiers: gpu_device.gpu_tier_mode(tiers) == "simulated", check=transfer_model,
-    options=(Option("gpu_mem_gb", "HBM per GPU (all GPUs' worth is held in RAM)"), Option("num_gpus", "GPUs"),
-             Option("gpu_type", "the GPU spec whose host link is modelled"),
-             Option("tensor_parallel", "GPUs per group (each holds the entry's 1/T shard)")),
-))
+BACKEND = register(gpu_backend(
+    "gpu_sim", "simulated", "host RAM standing in for HBM, transfer times modelled", _open,
+    (Option("gpu_mem_gb", "HBM per GPU (all GPUs' worth is held in RAM)"), Option("num_gpus", "GPUs"),
+     Option("gpu_type", "the GPU spec whose host link is modelled")), host_ram=True, check=transfer_model))

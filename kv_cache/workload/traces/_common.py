@@ -5,26 +5,18 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
+from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
-from .model import TraceStats
+from .model import TraceRequest, TraceStats
 
-
-class Row(NamedTuple):
-    """A parsed request before the source numbers it (TraceRequest minus ``index``)."""
-
-    session_id: str | None
-    turn: int
-    arrival_s: float | None
-    think_time_s: float | None
-    input_tokens: int
-    new_tokens: int
-    output_tokens: int
-    hash_ids: tuple[int, ...] | None
-    block_tokens: int | None
-    kind: str = "request"
+# A parsed request before the source numbers it: TraceRequest's fields but ``index``, in its order and with
+# its defaults (one definition of the fields; the source makes ``TraceRequest(index, *row)``).
+_FIELDS = fields(TraceRequest)[1:]
+Row = namedtuple("Row", [f.name for f in _FIELDS], defaults=[f.default for f in _FIELDS if f.default is not MISSING])
 
 
 class Bad(Exception):
