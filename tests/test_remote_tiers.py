@@ -1073,7 +1073,9 @@ def test_s3_reads_reuse_kept_alive_connections_whose_descriptors_are_above_1023(
         for _ in range(3):
             assert store.read("e", bufs, verify=True).nbytes == 11 * MIB
         idle = [c.sock.fileno() for c in store._reads.conns._idle if c.sock is not None]
-        assert idle and min(idle) > 1023, idle  # the connections were kept, and reused above 1023
+        # the connections were kept, and reused above 1023 (at least one: a descriptor that another thread of
+        # this process frees meanwhile, a leaked socket of an earlier test, can be taken by a later connection)
+        assert idle and max(idle) > 1023, idle
         assert store.remote_stats()["lost_connections"] == 0
     finally:
         store.close()
