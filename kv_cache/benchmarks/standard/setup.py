@@ -69,7 +69,24 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop:
                                                                     settings.driver.max_requests),
                              demand=closed_loop_demand(settings), ranks=ranks,
                              budget_s=io_workers.probe_budget_s(settings.driver.duration),
-                             ring=worker_ring_bytes(settings) if store is not None else 0)
+                             ring=worker_ring_bytes(settings) if store is not None else 0,
+                             entry_bytes=probe_entry_bytes(settings))
+
+
+def probe_entry_bytes(settings: RunSettings) -> tuple[int, ...]:
+    """The run's entry sizes the probe's operations take on a remote storage tier (S3, Redis, Valkey:
+    each entry one object, or one set of pipelined chunk keys, whose cost per byte the server sets by its
+    size): an entry at the user templates' shortest, middle and longest context (io_workers.op_sizes caps
+    them); () on the file tiers and in trace mode, where an operation is one chunk-sized syscall, as the
+    run's."""
+    if not io_chunk_bytes(settings) or settings.tiers.remote.storage_backend not in ("s3", "redis"):
+        return ()
+    ranges = [t.context_range for t in settings.config.user_templates.values()]
+    if not ranges:
+        return ()
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    tp, bpt = max(1, settings.tiers.tensor_parallel), settings.model.bytes_per_token
+    return tuple(max(1, tokens * bpt // tp) for tokens in (lo, (lo + hi) // 2, hi))
 
 
 def closed_loop_demand(settings: RunSettings) -> int:
