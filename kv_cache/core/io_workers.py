@@ -2,8 +2,9 @@
 
 - ``--io-workers N`` sets the count exactly (bounded only by memory, below).
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
-  PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
-  Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
+  PROBE_COUNTS, that many threads write entries through the tier's own store (files, S3 or Redis alike,
+  with the tier's own concurrency: its client's calls, one per thread), of one chunk on the file tiers, of
+  the run's entry sizes (at most REMOTE_OP_CHUNKS chunks: op_sizes) on a remote one, for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted; fewer, down to one counted from the thread's start,
   where the budget is short: fit_ops), then as many read them back; then a second pass, the
   counts in descending order (a drift of the machine's load is in both passes' mean alike). The rule
