@@ -718,6 +718,7 @@ def test_on_a_remote_tier_the_probe_chooses_by_the_runs_entry_sizes_not_by_one_c
         monkeypatch.setattr(iw, "_timed", _model_timed(store))
         c = iw.choose(0, users=64, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=[],
                       store=store, probe_seconds=0.01, budget_s=1e6, base_bytes=0, entry_bytes=entry_bytes)
+        assert store.sizes == {}  # the probe's entries, the warm-up's too, deleted
         return c, store
 
     one_chunk, store = pick(())

@@ -295,7 +295,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
           seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
           directions: tuple[str, ...] = ("write", "read"),
           budget: ProbeBudget | None = None, known: dict[int, float] | None = None,
-          label: str = "", entry_bytes: tuple[int, ...] = ()) -> list[dict[str, float]]:
+          label: str = "", entry_bytes: tuple[int, ...] = (), warm: bool = False) -> list[dict[str, float]]:
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
     "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
     left of it (estimated, step_estimate, from the rate `known` at that count, a pass before, else from
@@ -307,12 +307,16 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     and their operations (op_sizes); each row's "op_bytes" is then the mean size of the writes it
     measured. Reads: each thread reads back, as long, the entries the writes left (round robin from its
     own offset), so the reads meet data written before them, as a run's do. Rates are steady state (see
-    _timed). The entries are deleted afterwards."""
+    _timed). The entries are deleted afterwards. `warm` (with `entry_bytes`, the first pass): one entry of
+    the largest size written and read back first, not counted, so that the first step, whose one operation
+    a thread is counted from its start, does not pay for what any first operation pays once (the shared
+    slot ring grown to its size, the connections opened)."""
     bufs = WorkerBuffers(chunk_bytes, seed, buffer_id(Stream.PROBE, 0))
     sizes = op_sizes(chunk_bytes, entry_bytes)
     nbytes = mean_op(sizes)  # what an operation moves, for the budget's estimates
     tally = [0, 0]  # the step's write bytes and operations (its row's op_bytes)
     written: set[str] = set()
+    warmed: list[str] = []  # the warm-up's entry (warm), not among the ones the reads meet
     rows: list[dict[str, float]] = []
     lock = threading.Lock()
     release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
@@ -345,6 +349,10 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
 
     try:
         slots.__enter__()
+        if warm and entry_bytes and not (stop is not None and stop.is_set()):
+            warmed.append("kv-cache-probe-warm")
+            store.write(warmed[0], max(sizes), bufs)
+            store.read(warmed[0], bufs)
         for j, n in enumerate(counts):
             if stop is not None and stop.is_set():
                 break
@@ -379,7 +387,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                 break
     finally:
         slots.__exit__(None, None, None)
-        for key in written:
+        for key in [*written, *warmed]:
             try:
                 store.delete(key)
             except Exception:  # noqa: BLE001  (a probe entry left behind is removed with the run dir)
@@ -626,7 +634,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                 budget = ProbeBudget(budget_s)
                 sizes = op_sizes(chunk_bytes, entry_bytes)
                 rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget,
-                             entry_bytes=entry_bytes)
+                             entry_bytes=entry_bytes, warm=True)
                 known = {int(r["workers"]): mixed_rate(r) if entry_bytes else min(r.get(k, 0.0) for k in KEYS)
                          for r in rows}
                 again = probe(store, chunk_bytes, seed, tuple(sorted(known, reverse=True)), probe_seconds, stop,
