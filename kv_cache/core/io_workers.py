@@ -4,7 +4,7 @@
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
   PROBE_COUNTS, that many threads write entries through the tier's own store (files, S3 or Redis alike,
   with the tier's own concurrency: its client's calls, one per thread), of one chunk on the file tiers, of
-  the run's entry sizes (at most REMOTE_OP_CHUNKS chunks: op_sizes) on a remote one, for PROBE_SECONDS
+  the run's entry sizes (at most REMOTE_OP_CHUNKS chunks: op_sizes) on S3, for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted; fewer, down to one counted from the thread's start,
   where the budget is short: fit_ops), then as many read them back; then a second pass, the
   counts in descending order (a drift of the machine's load is in both passes' mean alike). The rule
@@ -123,8 +123,8 @@ def probe_budget_s(duration_s: float) -> float:
 
 def op_sizes(chunk_bytes: int, entry_bytes: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The bytes of the probe's operations, cycled over its threads and operations: without `entry_bytes`
-    (the file tiers) one chunk less its 4 KiB header, one chunk-sized syscall as the run's; with them (a
-    remote tier, whose run writes each entry as one object or one set of pipelined chunk keys) the run's
+    (the file tiers, Redis) one chunk less its 4 KiB header, one chunk-sized syscall as the run's; with
+    them (S3, whose run writes each entry as one object: benchmarks/standard/setup.py) the run's
     entry sizes, each at most REMOTE_OP_CHUNKS chunks (less the header) so that the probe's budget still
     reaches the larger counts. On moto 16 MiB objects made 1 worker the best (reads 0.5 GiB/s at 1
     against 0.29-0.69 at 4-8) where objects of 32-128 MiB, as the run's, rose 1.3-1.5x from 1 to 4-8
@@ -303,7 +303,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     counts after it cost less) the counts after it still are, where they fit.
 
     Writes: each thread writes entries under its own keys for `seconds` (and at least MIN_OPS of them),
-    of one chunk, or with `entry_bytes` (a remote tier) of the run's entry sizes, cycled over the threads
+    of one chunk, or with `entry_bytes` (S3) of the run's entry sizes, cycled over the threads
     and their operations (op_sizes); each row's "op_bytes" is then the mean size of the writes it
     measured. Reads: each thread reads back, as long, the entries the writes left (round robin from its
     own offset), so the reads meet data written before them, as a run's do. Rates are steady state (see
@@ -366,6 +366,8 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
             if budget is not None and (rows or known):
                 room = budget.room()
                 ops = fit_ops(n, rate, nbytes, seconds, room, room / (len(counts) - j), len(directions), least)
+                if entry_bytes:  # one a thread: an estimate from one noisy figure let 3 at 32 take 17 s of 12
+                    ops = min(ops, least)
                 if not ops:
                     est = len(directions) * step_estimate(n, rate, nbytes, seconds, least)
                     more = f"about {est:.1f} s more" + (f", {budget.held:.1f} s kept for the step up"
@@ -614,7 +616,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     --processes) are not probed: their probes would measure each other, and a rank waiting at a barrier
     meanwhile. `base_bytes`: the memory besides the workers' for the step up (None: the process's resident
     memory at the probe, resident_bytes). `entry_bytes`: the run's entry sizes, the probe's operations
-    on a remote tier (op_sizes; () for one chunk each, the file tiers)."""
+    on S3 (op_sizes; () for one chunk each: the file tiers, Redis)."""
     ring = int(getattr(store, "ring_bytes", 0) or 0) if ring is None else ring
     sizes: tuple[int, ...] = ()
     cap = memory_cap(chunk_bytes, mem, ring)
