@@ -659,3 +659,95 @@ def test_the_step_up_goes_at_most_to_the_figures_own_knee():
     assert min(iw.step_target(16, 32, w, base), max(16, iw.knee(plateau4))) == 16  # no step from 16
     assert min(iw.step_target(4, 32, w, base), max(4, iw.knee(step8))) == 6
     assert min(iw.step_target(2, 32, w, base), max(2, iw.knee(step8))) == 3
+
+
+# ------------------------------------------------------------------ a remote tier: the run's entry sizes
+class _OverheadStore:
+    """A remote store whose operation of s bytes takes a fixed overhead plus s over a stream's rate, at
+    most CAP GiB/s over all threads: n threads do min(CAP, n * s / (OVERHEAD_S + s / STREAM)) GiB/s
+    (`model`; _model_timed below measures it so, deterministically, in place of the wall clock)."""
+
+    OVERHEAD_S, STREAM_GIBPS, CAP_GIBPS = 0.02, 2.0, 1.0
+    probe_counts_first_op = True  # as S3Store and RedisStore
+    ring_bytes = 0
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.ops: list[int] = []
+
+    def model(self, n: int, nbytes: float) -> float:
+        s = nbytes / GIB
+        return min(self.CAP_GIBPS, n * s / (self.OVERHEAD_S + s / self.STREAM_GIBPS))
+
+    def write(self, key, nbytes, bufs):
+        self.sizes[key] = nbytes
+        self.ops.append(nbytes)
+        return type("R", (), {"nbytes": nbytes})()
+
+    def read(self, key, bufs):
+        return type("R", (), {"nbytes": self.sizes[key]})()
+
+    def delete(self, key):
+        self.sizes.pop(key, None)
+
+
+def _model_timed(store: _OverheadStore):
+    """io_workers._timed for `store`: each of n threads does its `ops` operations (as _timed calls them,
+    op(i, k), so the probe's sizes are the ones it would write), and the rate is the store's model at n
+    threads and the operations' mean size."""
+    def timed(n, seconds, op, stop, done=None, ops=iw.MIN_OPS):
+        moved = count = 0
+        for i in range(n):
+            for k in range(1 if ops < 2 else 0, ops + (1 if ops < 2 else 0)):
+                moved += op(i, k)
+                count += 1
+            if done is not None:
+                done()
+        rate = store.model(n, moved / count)
+        return rate, moved / GIB / rate
+    return timed
+
+
+def test_on_a_remote_tier_the_probe_chooses_by_the_runs_entry_sizes_not_by_one_chunk(monkeypatch):
+    """A store with a fixed cost per operation: at one-chunk (16 MiB) operations 2 threads reach its
+    cap, at the run's 1 MiB entries it takes 21, so 32 of the probe's counts. With `entry_bytes` the
+    probe writes the run's sizes (at most REMOTE_OP_CHUNKS chunks each), records them, and chooses 32;
+    without (the file tiers' one chunk) it chooses 2."""
+    def pick(entry_bytes):
+        store = _OverheadStore()
+        monkeypatch.setattr(iw, "_timed", _model_timed(store))
+        c = iw.choose(0, users=64, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=[],
+                      store=store, probe_seconds=0.01, budget_s=1e6, base_bytes=0, entry_bytes=entry_bytes)
+        assert store.sizes == {}  # the probe's entries, the warm-up's too, deleted
+        return c, store
+
+    one_chunk, store = pick(())
+    assert one_chunk.count == 2 and set(store.ops) == {16 * MIB - 4096}
+    assert one_chunk.as_dict()["op_bytes"] == [16 * MIB - 4096] and "op_bytes" not in one_chunk.probe[0]
+
+    small, store = pick((MIB, MIB))
+    assert small.count == 32 and set(store.ops) == {MIB}
+    assert small.as_dict()["op_bytes"] == [MIB, MIB] and all(r["op_bytes"] == MIB for r in small.probe)
+    assert "entry sizes 1/1 MiB" in small.how
+
+    # entries past REMOTE_OP_CHUNKS chunks are written at that size; the sizes cycle over the operations
+    big, store = pick((MIB, 1 << 34))
+    most = iw.REMOTE_OP_CHUNKS * 16 * MIB - 4096
+    assert big.as_dict()["op_bytes"] == [MIB, most] and set(store.ops) == {MIB, most}
+
+
+def test_the_probe_sizes_are_the_runs_entries_on_s3_and_one_chunk_on_redis_and_the_file_tiers(quick_settings):
+    """setup.probe_entry_bytes: an entry (tokens x bytes per token / tensor parallel, as the run's) at the
+    templates' shortest, middle and longest context on S3; () on Redis and the file tiers (one chunk)."""
+    from kv_cache.benchmarks.standard.setup import probe_entry_bytes
+
+    s3 = quick_settings("--storage-backend", "s3", "--s3-bucket", "b")
+    ranges = [t.context_range for t in s3.config.user_templates.values()]
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    assert (lo, hi) == (512, 25000)  # the default templates
+    assert probe_entry_bytes(s3) == (512 * 512, (lo + hi) // 2 * 512, 25000 * 512)  # micro: 512 bytes a token
+    redis = quick_settings("--storage-backend", "redis", "--redis-url", "redis://127.0.0.1:1")
+    assert probe_entry_bytes(redis) == ()
+    assert probe_entry_bytes(quick_settings()) == ()
+    assert iw.op_sizes(MIB, probe_entry_bytes(s3)) == (512 * 512, 2 * MIB - 4096, 2 * MIB - 4096)
+    assert iw.op_sizes(MIB) == (MIB - 4096,)

@@ -2,8 +2,9 @@
 
 - ``--io-workers N`` sets the count exactly (bounded only by memory, below).
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
-  PROBE_COUNTS, that many threads write entries of one chunk through the tier's own store (files, S3 or
-  Redis alike, with the tier's own concurrency: its client's calls, one per thread) for PROBE_SECONDS
+  PROBE_COUNTS, that many threads write entries through the tier's own store (files, S3 or Redis alike,
+  with the tier's own concurrency: its client's calls, one per thread), of one chunk on the file tiers, of
+  the run's entry sizes (at most REMOTE_OP_CHUNKS chunks: op_sizes) on S3, for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted; fewer, down to one counted from the thread's start,
   where the budget is short: fit_ops), then as many read them back; then a second pass, the
   counts in descending order (a drift of the machine's load is in both passes' mean alike). The rule
@@ -77,6 +78,7 @@ MEMORY_FRACTION = 0.9  # as serving/tiers.py: of what the process may use
 RESERVE_BYTES = 256 << 20
 GIB = float(1 << 30)
 KEYS = ("write_gibps", "read_gibps")
+REMOTE_OP_CHUNKS = 2  # a remote probe operation: the run's entry size, at most this many chunks (op_sizes)
 MIXED = "mixed_gibps"  # the rule's figure: each byte written once and read back once (see mixed_rate)
 
 
@@ -89,11 +91,12 @@ class WorkerChoice:
     probe: list[dict[str, float]] = field(default_factory=list)  # [{"workers", "gibps", "seconds"}]
     clamped: str | None = None  # why the memory budget capped it (None: it did not)
     memory_cap: int = 0
+    op_bytes: tuple[int, ...] = ()  # the probe's operation sizes, cycled (op_sizes); () where not probed
 
     def as_dict(self) -> dict[str, Any]:
         return {"count": self.count, "how": self.how, "probe": self.probe, "probe_fraction": PROBE_FRACTION,
                 "probe_z": PROBE_Z, "noise": noise(self.probe) if self.probe else None,
-                "clamped": self.clamped, "memory_cap": self.memory_cap}
+                "clamped": self.clamped, "memory_cap": self.memory_cap, "op_bytes": list(self.op_bytes)}
 
     def line(self) -> str:
         """The console's account of it."""
@@ -116,6 +119,25 @@ def probe_budget_s(duration_s: float) -> float:
     MIN_OPS per thread made a step on a slow tier long (moto at 0.05 GiB/s: 32 threads x 3 x 16 MiB is
     30 s a direction), and an unbounded probe of S3 ran for minutes before a 120 s window."""
     return min(PROBE_BUDGET_MAX_S, PROBE_BUDGET_FRACTION * float(duration_s or 0))
+
+
+def op_sizes(chunk_bytes: int, entry_bytes: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The bytes of the probe's operations, cycled over its threads and operations: without `entry_bytes`
+    (the file tiers, Redis) one chunk less its 4 KiB header, one chunk-sized syscall as the run's; with
+    them (S3, whose run writes each entry as one object: benchmarks/standard/setup.py) the run's
+    entry sizes, each at most REMOTE_OP_CHUNKS chunks (less the header) so that the probe's budget still
+    reaches the larger counts. On moto 16 MiB objects made 1 worker the best (reads 0.5 GiB/s at 1
+    against 0.29-0.69 at 4-8) where objects of 32-128 MiB, as the run's, rose 1.3-1.5x from 1 to 4-8
+    (reads 0.07-0.2 GiB/s): the server's cost of an object grows faster than its size."""
+    one = max(1, chunk_bytes - 4096)
+    if not entry_bytes:
+        return (one,)
+    most = max(one, REMOTE_OP_CHUNKS * chunk_bytes - 4096)
+    return tuple(max(1, min(int(e), most)) for e in entry_bytes)
+
+
+def mean_op(sizes: tuple[int, ...]) -> int:
+    return max(1, sum(sizes) // max(1, len(sizes)))
 
 
 class ProbeBudget:
@@ -273,20 +295,28 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
           seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
           directions: tuple[str, ...] = ("write", "read"),
           budget: ProbeBudget | None = None, known: dict[int, float] | None = None,
-          label: str = "") -> list[dict[str, float]]:
+          label: str = "", entry_bytes: tuple[int, ...] = (), warm: bool = False) -> list[dict[str, float]]:
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
     "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
     left of it (estimated, step_estimate, from the rate `known` at that count, a pass before, else from
     the count before it) is not probed, nor any after it; with `known` (the descending second pass, whose
     counts after it cost less) the counts after it still are, where they fit.
 
-    Writes: each thread writes entries of one chunk under its own keys for `seconds` (and at least
-    MIN_OPS of them). Reads: each thread reads back, as long, the entries the writes left (round robin
-    from its own offset), so the reads meet data written before them, as a run's do. Rates are steady
-    state (see _timed). The entries are deleted afterwards."""
+    Writes: each thread writes entries under its own keys for `seconds` (and at least MIN_OPS of them),
+    of one chunk, or with `entry_bytes` (S3) of the run's entry sizes, cycled over the threads
+    and their operations (op_sizes); each row's "op_bytes" is then the mean size of the writes it
+    measured. Reads: each thread reads back, as long, the entries the writes left (round robin from its
+    own offset), so the reads meet data written before them, as a run's do. Rates are steady state (see
+    _timed). The entries are deleted afterwards. `warm` (with `entry_bytes`, the first pass): one entry of
+    the largest size written and read back first, not counted, so that the first step, whose one operation
+    a thread is counted from its start, does not pay for what any first operation pays once (the shared
+    slot ring grown to its size, the connections opened)."""
     bufs = WorkerBuffers(chunk_bytes, seed, buffer_id(Stream.PROBE, 0))
-    nbytes = chunk_bytes - 4096  # one chunk-sized syscall with the header (file tier)
+    sizes = op_sizes(chunk_bytes, entry_bytes)
+    nbytes = mean_op(sizes)  # what an operation moves, for the budget's estimates
+    tally = [0, 0]  # the step's write bytes and operations (its row's op_bytes)
     written: set[str] = set()
+    warmed: list[str] = []  # the warm-up's entry (warm), not among the ones the reads meet
     rows: list[dict[str, float]] = []
     lock = threading.Lock()
     release = getattr(store, "release_thread", None)  # remote tiers: each thread's slot ring, freed as it ends
@@ -296,20 +326,48 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
 
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
+        size = sizes[(i + k) % len(sizes)]
         with lock:
             written.add(key)
-        return store.write(key, nbytes, bufs).nbytes
+        done = store.write(key, size, bufs).nbytes
+        with lock:
+            tally[0] += size
+            tally[1] += 1
+        return done
+
+    def read_step(row: dict[str, float]) -> bool:
+        """The reads at the row's count, of the entries written so far (False: none, or stopped)."""
+        keys = sorted(written)
+        if stop is not None and stop.is_set() or not keys or "read" not in directions:
+            return False
+        gibps, elapsed = _timed(int(row["workers"]), seconds,
+                                lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
+                                stop, release, int(row.get("ops", MIN_OPS)))
+        row["read_gibps"] = gibps
+        row["seconds"] = round(row["seconds"] + elapsed, 3)
+        return True
 
     try:
         slots.__enter__()
+        if warm and entry_bytes and not (stop is not None and stop.is_set()):
+            warmed.append("kv-cache-probe-warm")
+            store.write(warmed[0], max(sizes), bufs)
+            store.read(warmed[0], bufs)
         for j, n in enumerate(counts):
             if stop is not None and stop.is_set():
                 break
-            rate = (known or {}).get(n) or (rows[-1]["write_gibps"] if rows else 0.0)
-            ops = MIN_OPS
+            # with the run's entry sizes each count's reads follow its writes (read_step), and the estimate
+            # takes both: the writes' rate alone (moto: 0.04 GiB/s writes, 0.2 reads) left 8 workers out
+            last = (mixed_rate(rows[-1]) if entry_bytes else rows[-1]["write_gibps"]) if rows else 0.0
+            rate = (known or {}).get(n) or last
+            # the run's entry sizes on a remote tier that counts a first operation: one each from the start
+            # (moto writes 32 MiB objects at 0.03-0.06 GiB/s: MIN_OPS at 1 worker took 3.6 s of a 12 s budget)
+            ops = least if entry_bytes and budget is not None else MIN_OPS
             if budget is not None and (rows or known):
                 room = budget.room()
                 ops = fit_ops(n, rate, nbytes, seconds, room, room / (len(counts) - j), len(directions), least)
+                if entry_bytes:  # one a thread: an estimate from one noisy figure let 3 at 32 take 17 s of 12
+                    ops = min(ops, least)
                 if not ops:
                     est = len(directions) * step_estimate(n, rate, nbytes, seconds, least)
                     more = f"about {est:.1f} s more" + (f", {budget.held:.1f} s kept for the step up"
@@ -319,21 +377,19 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                         continue
                     budget.cut = budget.cut or f"{label}{n} workers and more ({more})"
                     break
+            tally[:] = [0, 0]
             gibps, elapsed = _timed(n, seconds, write, stop, release, ops)
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)}
-                        | ({"ops": ops} if ops != MIN_OPS else {}))
-        keys = sorted(written)
-        for row in rows:
-            if stop is not None and stop.is_set() or not keys or "read" not in directions:
+                        | ({"ops": ops} if ops != MIN_OPS else {})
+                        | ({"op_bytes": tally[0] // tally[1]} if entry_bytes and tally[1] else {}))
+            if entry_bytes and not read_step(rows[-1]):
                 break
-            n = int(row["workers"])
-            gibps, elapsed = _timed(n, seconds, lambda i, k: store.read(keys[(i * 7 + k) % len(keys)], bufs).nbytes,
-                                    stop, release, int(row.get("ops", MIN_OPS)))
-            row["read_gibps"] = gibps
-            row["seconds"] = round(row["seconds"] + elapsed, 3)
+        for row in rows if not entry_bytes else ():
+            if not read_step(row):
+                break
     finally:
         slots.__exit__(None, None, None)
-        for key in written:
+        for key in [*written, *warmed]:
             try:
                 store.delete(key)
             except Exception:  # noqa: BLE001  (a probe entry left behind is removed with the run dir)
@@ -344,15 +400,16 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
 
 def both_rates(store: Any, chunk_bytes: int, seed: int, n: int, seconds: float,
                stop: threading.Event | None = None, budget: ProbeBudget | None = None,
-               known: dict[int, float] | None = None, label: str = "") -> dict[str, float]:
+               known: dict[int, float] | None = None, label: str = "",
+               entry_bytes: tuple[int, ...] = ()) -> dict[str, float]:
     """The write and the read rate of `store` at `n` workers ({} where none was measured: with `budget`,
     where no step fits what is left of it, estimated from `known`, fit_ops), and "ops" where fewer than
-    MIN_OPS per thread were done."""
+    MIN_OPS per thread were done; `entry_bytes` as in probe ("op_bytes" then too)."""
     rows = probe(store, chunk_bytes, seed, (n,), seconds, stop, budget=budget,
-                 known=known if budget is not None else None, label=label)
+                 known=known if budget is not None else None, label=label, entry_bytes=entry_bytes)
     if not rows or not all(k in rows[0] for k in KEYS):
         return {}
-    return {k: rows[0][k] for k in (*KEYS, "ops") if k in rows[0]}
+    return {k: rows[0][k] for k in (*KEYS, "ops", "op_bytes") if k in rows[0]}
 
 
 def mixed_rate(row: dict[str, Any]) -> float:
@@ -549,7 +606,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
            notes: list[str], store: Any = None, seed: int = 0,
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
            demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S,
-           ring: int | None = None, base_bytes: int | None = None) -> WorkerChoice:
+           ring: int | None = None, base_bytes: int | None = None,
+           entry_bytes: tuple[int, ...] = ()) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
     probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory: each
     worker's two buffers and `ring` bytes of slot ring (None: the store's `ring_bytes`, 0 for a store
@@ -557,8 +615,10 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     user), above which a probed count adds only buffers. `ranks` > 1: several ranks of one run (MPI,
     --processes) are not probed: their probes would measure each other, and a rank waiting at a barrier
     meanwhile. `base_bytes`: the memory besides the workers' for the step up (None: the process's resident
-    memory at the probe, resident_bytes)."""
+    memory at the probe, resident_bytes). `entry_bytes`: the run's entry sizes, the probe's operations
+    on S3 (op_sizes; () for one chunk each: the file tiers, Redis)."""
     ring = int(getattr(store, "ring_bytes", 0) or 0) if ring is None else ring
+    sizes: tuple[int, ...] = ()
     cap = memory_cap(chunk_bytes, mem, ring)
     if io_workers:
         count, clamped = bounded(io_workers, chunk_bytes, mem, strict, notes, ring=ring)
@@ -574,10 +634,14 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         if not why_not:
             try:
                 budget = ProbeBudget(budget_s)
-                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget)
-                known = {int(r["workers"]): min(r.get(k, 0.0) for k in KEYS) for r in rows}
+                sizes = op_sizes(chunk_bytes, entry_bytes)
+                rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget,
+                             entry_bytes=entry_bytes, warm=True)
+                known = {int(r["workers"]): mixed_rate(r) if entry_bytes else min(r.get(k, 0.0) for k in KEYS)
+                         for r in rows}
                 again = probe(store, chunk_bytes, seed, tuple(sorted(known, reverse=True)), probe_seconds, stop,
-                              budget=budget, known=known, label="the second pass at ")  # descending: drift cancels
+                              budget=budget, known=known, label="the second pass at ",  # descending: drift cancels
+                              entry_bytes=entry_bytes)
                 rows += [{**r, "pass": 2} for r in again]
 
                 base = resident_bytes() if base_bytes is None else base_bytes
@@ -590,7 +654,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                 least = 1 if getattr(store, "probe_counts_first_op", False) else 2  # as in probe
 
                 def cost(n: int) -> float:  # a write and a read step at n workers, estimated (the fewest ops)
-                    return 2 * step_estimate(n, rate_at(n), chunk_bytes, probe_seconds, least)
+                    return 2 * step_estimate(n, rate_at(n), mean_op(sizes), probe_seconds, least)
 
                 def pairs_cost(count: int) -> float:  # the step up's pairs from `count`
                     target = min(step_target(count, counts[-1], per_worker, base), max(count, knee(rows)))
@@ -602,7 +666,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                     budget.held = reserve[0]
                     try:
                         return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop, budget,
-                                          {n: rate_at(n)}, f"{what} at ")
+                                          {n: rate_at(n)}, f"{what} at ", entry_bytes)
                     finally:
                         budget.held = 0.0
 
@@ -631,6 +695,9 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                f"more than {1 / PROBE_FRACTION - 1:.0%} beyond the noise ({PROBE_Z:g} standard errors; one "
                f"figure's noise {'unknown' if sigma is None else f'{sigma:.0%}'}), in the rate of writing bytes "
                "and reading them back")
+        if entry_bytes:
+            how += (f", operations of the run's entry sizes {'/'.join(f'{b / (1 << 20):.0f}' for b in sizes)} MiB "
+                    f"(at most {REMOTE_OP_CHUNKS} chunks)")
         confirmed = sorted({(int(r["workers"]), int(r["vs"])) for r in rows if r.get("confirm")})
         if confirmed:
             how += "; checked again in alternating pairs: " + ", ".join(
@@ -646,7 +713,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     if limit_allocs > 0 and count > limit_allocs:
         count = limit_allocs
         how += f", at most --max-concurrent-allocs {limit_allocs}"
-    return WorkerChoice(max(1, count), how, rows, clamped, cap)
+    return WorkerChoice(max(1, count), how, rows, clamped, cap, sizes if rows else ())
 
 
 def provisional(io_workers: int, users: int, chunk_bytes: int, mem: MemoryLimit, strict: bool, ring: int = 0) -> int:

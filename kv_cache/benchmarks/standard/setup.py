@@ -69,7 +69,26 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop:
                                                                     settings.driver.max_requests),
                              demand=closed_loop_demand(settings), ranks=ranks,
                              budget_s=io_workers.probe_budget_s(settings.driver.duration),
-                             ring=worker_ring_bytes(settings) if store is not None else 0)
+                             ring=worker_ring_bytes(settings) if store is not None else 0,
+                             entry_bytes=probe_entry_bytes(settings))
+
+
+def probe_entry_bytes(settings: RunSettings) -> tuple[int, ...]:
+    """The run's entry sizes the probe's operations take on S3 (each entry one object, whose cost per
+    byte the server sets by its size: on moto a 16 MiB object made 1 worker the best where the run's
+    larger ones rose 1.3-1.5x to 4-8): an entry at the user templates' shortest, middle and longest
+    context (io_workers.op_sizes caps them). () elsewhere: on the file tiers an operation is one
+    chunk-sized syscall, as the run's; on Redis and Valkey an entry is chunk keys of one chunk, and the
+    entry sizes there cost the probe its second pass (a sweep here: 16 workers taken at 9.2x the memory
+    of the best count, 1, from one figure where one chunk an operation took 1 in 3 of 3 pairs)."""
+    if not io_chunk_bytes(settings) or settings.tiers.remote.storage_backend != "s3":
+        return ()
+    ranges = [t.context_range for t in settings.config.user_templates.values()]
+    if not ranges:
+        return ()
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    tp, bpt = max(1, settings.tiers.tensor_parallel), settings.model.bytes_per_token
+    return tuple(max(1, tokens * bpt // tp) for tokens in (lo, (lo + hi) // 2, hi))
 
 
 def closed_loop_demand(settings: RunSettings) -> int:
