@@ -452,7 +452,13 @@ def test_the_timer_says_what_it_is_and_both_time_the_same_syscalls(tmp_path):
         buf = bytearray(8)
         n, ns = t.preadv(fd, buf, 0)
         assert (n, bytes(buf), ns > 0) == (8, b"abcdefgh", True)
+        assert t.fadvise_dontneed(fd) >= 0
         assert t.fdatasync(fd) > 0 and t.close(fd) >= 0
+        with pytest.raises(OSError):
+            t.fadvise_dontneed(fd)  # closed
+        assert t.unlink(path) >= 0 and not os.path.exists(path)
+        with pytest.raises(FileNotFoundError):
+            t.unlink(path)
         with pytest.raises(FileNotFoundError):
             t.open(str(tmp_path / "missing" / "x"), os.O_RDONLY)
         with pytest.raises(OSError):

@@ -1,7 +1,8 @@
 """The storage tier's syscalls with their device time: the C helper where it built, else Python.
 
 ``pwritev(fd, buffers, offset)`` and ``preadv(fd, buffer, offset)`` return ``(bytes, ns)``;
-``fdatasync(fd)`` and ``close(fd)`` return ``ns``; ``open(path, flags, mode)`` returns ``(fd, ns)``.
+``fdatasync(fd)``, ``close(fd)``, ``unlink(path)`` and ``fadvise_dontneed(fd)`` (``posix_fadvise(fd, 0, 0,
+POSIX_FADV_DONTNEED)``, the buffered mode's) return ``ns``; ``open(path, flags, mode)`` returns ``(fd, ns)``.
 
 - **c** (``kv_cache.storage._timedio``, built at install from ``_timedio.c``): ``clock_gettime
   (CLOCK_MONOTONIC)`` on both sides of the syscall, in C, with the GIL released. The duration ends when the
@@ -20,7 +21,8 @@ import importlib
 import os
 from time import perf_counter_ns
 
-__all__ = ["TIMER", "TIMER_DESCRIPTION", "close", "fdatasync", "open", "preadv", "pwritev", "timer_info"]
+__all__ = ["TIMER", "TIMER_DESCRIPTION", "close", "fadvise_dontneed", "fdatasync", "open", "preadv", "pwritev",
+           "timer_info", "unlink"]
 
 _why_python = ""
 _c = None
@@ -32,6 +34,13 @@ else:
     except ImportError as e:  # the C helper did not build (no compiler or headers at install)
         _why_python = f"the C helper is not built ({e})"
 
+def _py_fadvise_dontneed(fd: int) -> int:
+    """posix_fadvise(DONTNEED) timed in Python (the fallback; also where the C helper has no such call)."""
+    t = perf_counter_ns()
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return perf_counter_ns() - t
+
+
 if _c is not None:
     TIMER = "c"
     TIMER_DESCRIPTION = ("clock_gettime(CLOCK_MONOTONIC) around each syscall in C, GIL released "
@@ -41,6 +50,8 @@ if _c is not None:
     fdatasync = _c.fdatasync
     open = _c.open  # noqa: A001
     close = _c.close
+    unlink = _c.unlink
+    fadvise_dontneed = getattr(_c, "fadvise_dontneed", _py_fadvise_dontneed)
 else:
     TIMER = "python"
     TIMER_DESCRIPTION = ("perf_counter_ns() around os.pwritev/os.preadv in Python (fallback: "
@@ -70,6 +81,13 @@ else:
         t = perf_counter_ns()
         os.close(fd)
         return perf_counter_ns() - t
+
+    def unlink(path) -> int:
+        t = perf_counter_ns()
+        os.unlink(path)
+        return perf_counter_ns() - t
+
+    fadvise_dontneed = _py_fadvise_dontneed
 
 
 def timer_info() -> dict[str, str]:
