@@ -463,3 +463,21 @@ def test_the_timer_says_what_it_is_and_both_time_the_same_syscalls(tmp_path):
             t.open(str(tmp_path / "missing" / "x"), os.O_RDONLY)
         with pytest.raises(OSError):
             t.preadv(fd, buf, 0)  # closed
+
+
+def test_a_c_helper_built_from_an_older_source_is_not_used_and_the_run_says_rebuild():
+    """A _timedio built before unlink/fadvise_dontneed (a checkout updated without a rebuild) made the
+    package fail at import; now the tier falls back to Python and the timer's description says why."""
+    import subprocess
+    import sys
+
+    code = ("import sys, types\n"
+            "fake = types.ModuleType('kv_cache.storage._timedio')\n"
+            "for n in ('pwritev', 'preadv', 'fdatasync', 'open', 'close'): setattr(fake, n, print)\n"
+            "sys.modules['kv_cache.storage._timedio'] = fake\n"
+            "from kv_cache.storage import timedio as t\n"
+            "print(t.TIMER); print(t.TIMER_DESCRIPTION)\n")
+    env = {k: v for k, v in os.environ.items() if k != "KV_CACHE_PURE_TIMER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.splitlines()
+    assert out[0] == "python" and "out of date (it has no unlink): rebuild it" in out[1]

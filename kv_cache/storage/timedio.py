@@ -33,6 +33,11 @@ else:
         _c = importlib.import_module("kv_cache.storage._timedio")
     except ImportError as e:  # the C helper did not build (no compiler or headers at install)
         _why_python = f"the C helper is not built ({e})"
+    else:
+        _missing = [n for n in ("pwritev", "preadv", "fdatasync", "open", "close", "unlink") if not hasattr(_c, n)]
+        if _missing:  # built from an older _timedio.c: rebuild (pip install ., or setup.py build_ext --inplace)
+            _c, _why_python = None, f"the C helper is out of date (it has no {', '.join(_missing)}): rebuild it"
+
 
 def _py_fadvise_dontneed(fd: int) -> int:
     """posix_fadvise(DONTNEED) timed in Python (the fallback; also where the C helper has no such call)."""
