@@ -7,7 +7,7 @@ POSIX_FADV_DONTNEED)``, the buffered mode's) return ``ns``; ``open(path, flags, 
 - **c** (``kv_cache.storage._timedio``, built at install from ``_timedio.c``): ``clock_gettime
   (CLOCK_MONOTONIC)`` on both sides of the syscall, in C, with the GIL released. The duration ends when the
   syscall returns, not when the thread wins the GIL back.
-- **python** (the fallback, when the extension did not build or ``KV_CACHE_PURE_TIMER=1``):
+- **python** (the fallback, when the extension did not build, is out of date, or ``KV_CACHE_PURE_TIMER=1``):
   ``time.perf_counter_ns()`` around ``os.pwritev`` / ``os.preadv``; the stop timestamp is taken after the
   GIL is taken back, so under load or beside a busy thread the figure includes that wait. The run says so.
 
