@@ -123,9 +123,10 @@ def _trace_start(out: Path, explain: bool = False) -> subprocess.Popen | None:
            if explain else bpf.replace("EXPLAIN_EXIT", "").replace("EXPLAIN_END", "").replace("EXPLAIN", ""))
     script.write_text(bpf)
     # stdout line-buffered (-B line), not -o: bpftrace buffers a file it opens, so "ARMED" would come at its exit
-    with open(out, "w") as fh:
+    # stderr to a file, not a pipe nobody reads until the end: a full pipe would stall bpftrace mid-phase
+    with open(out, "w") as fh, open(out.with_suffix(".err"), "w") as eh:
         p = subprocess.Popen(["unshare", "-m", "sh", "-c", LAUNCH, "sh", "-B", "line", str(script), str(os.getpid())],
-                             stdout=fh, stderr=subprocess.PIPE)
+                             stdout=fh, stderr=eh)
     # Armed: the kernel counts only the preadv calls after it saw our getppid, the last probe in the script,
     # so the phase (started after "ARMED") and the kernel's figures cover the same syscalls; the counts are
     # compared (n_tool against n_kernel) in every row.
@@ -137,10 +138,11 @@ def _trace_start(out: Path, explain: bool = False) -> subprocess.Popen | None:
         if "Attaching" in text:
             os.getppid()
         if p.poll() is not None:
-            sys.stderr.write(f"bpftrace failed: {p.stderr.read().decode()[:300]}\n")
+            sys.stderr.write(f"bpftrace failed: {out.with_suffix('.err').read_text(errors='replace')[:300]}\n")
             return None
     p.kill()
     p.wait()
+    sys.stderr.write("bpftrace printed no ARMED within 60 s: this phase has no kernel figures\n")
     return None
 
 
@@ -154,11 +156,13 @@ def _trace_stop(p: subprocess.Popen, out: Path) -> dict:
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-        return {"n": 0}
+        return {"n": 0, "why": "bpftrace did not print its maps within 120 s of SIGINT (killed)"}
     maps = {k.lstrip("@"): v for k, v in parse_output(out.read_text()).items()}
     ll = log_linear(maps, "vfs_read")
     if not total(ll) or not isinstance(maps.get("vfs_read_avg_ns"), int):
-        return {"n": 0}
+        err = out.with_suffix(".err").read_text(errors="replace").strip()
+        return {"n": 0, "why": f"bpftrace (exit {p.returncode}) printed no preadv figures"
+                + (f": {err[:200]}" if err else "")}
     n = total(ll)
     res = {"n": n, "mean_us": maps["vfs_read_avg_ns"] / 1e3, "p50_us": quantile_value(ll, 0.5),
            "p95_us": quantile_value(ll, 0.95)}
@@ -273,7 +277,10 @@ def main() -> int:
                     out = tmp / f"trace-{w}-{name}-{busy}.txt"
                     tr = None if a.no_trace else _trace_start(out, a.explain)
                     ours = phase(path, size, chunk, w, a.seconds, timers[name], busy, direct=not a.buffered)
-                    kern = _trace_stop(tr, out) if tr is not None else {"n": 0}
+                    if tr is not None:
+                        kern = _trace_stop(tr, out)
+                    else:
+                        kern = {"n": 0, "why": "not traced" if a.no_trace else "bpftrace did not start"}
                     row = {"workers": w, "busy_thread": busy, "timer": name, "tool": stats(ours),
                            "kernel": kern, "load_avg": os.getloadavg()[0]}
                     if kern["n"]:
@@ -292,6 +299,7 @@ def main() -> int:
                           + (" | binned P50/P95 " + " ".join(f"{row['error_binned_pct'][k]:+6.1f}%" for k in
                                                                 ("p50_us", "p95_us")) if "error_binned_pct" in row else "")
                           + (f" | n kernel {kern['n']}" if kern["n"] and kern["n"] != row["tool"]["n"] else "")
+                          + (f" | NO KERNEL FIGURES: {kern['why']}" if "why" in kern else "")
                           + (f" | preempted after exit {kern['post_preempts']} ops, {kern['post_preempt_us_per_op']:.2f}"
                              " us/op" if "post_preempts" in kern else "") + f" | load {row['load_avg']:.1f}",
                           flush=True)
@@ -301,6 +309,12 @@ def main() -> int:
         tmp.rmdir()
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
+    missing = [r for r in rows if not r["kernel"]["n"]] if not a.no_trace else []
+    if missing:  # a row without the kernel's side proves nothing: say so, and fail, so that it is rerun
+        print(f"{len(missing)} of {len(rows)} rows have no kernel figures (rerun them): "
+              + "; ".join(f"{r['workers']} workers busy {r['busy_thread']} {r['timer']}" for r in missing),
+              file=sys.stderr)
+        return 1
     return 0
 
 

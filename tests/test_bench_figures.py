@@ -68,3 +68,22 @@ def test_binned_percentiles_use_the_kernels_buckets(device_timer):
     b = device_timer.binned(np.array([1_500] * 10 + [2_345_000] * 10, dtype=np.int64))
     assert b["p50_us"] == pytest.approx(2.0) and b["p95_us"] == pytest.approx(2300 + 100 * 0.9)
     assert device_timer.binned(np.array([], dtype=np.int64)) == {}
+
+
+def test_a_phase_whose_trace_came_back_empty_says_why(device_timer, tmp_path):
+    # bpftrace exited without the preadv maps (so the row has nothing to compare against): the kernel's side
+    # says why instead of passing for a row of zeros (it printed "+nan%" and nothing else before)
+    class Done:
+        returncode = 0
+
+        def send_signal(self, sig: int) -> None:
+            pass
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    out = tmp_path / "trace.txt"
+    out.write_text("Attaching 7 probes...\nARMED\n")
+    out.with_suffix(".err").write_text("WARNING: something went wrong\n")
+    kern = device_timer._trace_stop(Done(), out)
+    assert kern["n"] == 0 and "no preadv figures" in kern["why"] and "something went wrong" in kern["why"]

@@ -31,6 +31,35 @@ def test_merged_percentiles_are_within_a_tenth_of_a_percent_of_the_exact_union(m
         assert abs(got - exact) / exact <= hg.RELATIVE_PRECISION
 
 
+_EDGES = [2047, 2048, 2049, 4095, 4096, 4097, 2**20 - 1, 2**20, 2**20 + 1, 2**31, 2**32 + 1]
+
+
+@pytest.mark.parametrize("name", ["one 1 ns", "one 23 us", "all 1 ns", "many equal", "bucket edges",
+                                  "1 ns and 1 h", "log-uniform 1 ns - 1 h", "bimodal 50 ns / 2 s",
+                                  "lowest of a top half-bucket", "13 values, ranks split"])
+def test_the_percentiles_a_document_reads_hold_the_precision_on_adversarial_values(name):
+    """What the documents read (percentiles_ms, after encode and a merge of 4 parts) on values chosen to
+    break it: a single sample, 1 ns, bucket edges, the widest relative buckets (1025 x 2^k), 1 ns beside
+    1 h, ties; and round(q/100 n) is the rank (13 values: p95 is the 12th, not ceil's 13th)."""
+    rng = np.random.default_rng(7)
+    values = {
+        "one 1 ns": [1], "one 23 us": [23_456], "all 1 ns": [1] * 1000, "many equal": [123_457] * 50_000,
+        "bucket edges": [v + d for v in _EDGES for d in (-1, 0, 1) for _ in range(10)],
+        "1 ns and 1 h": [1] * 500 + [3_600 * 10**9] * 500,
+        "log-uniform 1 ns - 1 h": np.exp(rng.uniform(0, math.log(3.6e12), 50_000)).astype(np.int64).tolist(),
+        "bimodal 50 ns / 2 s": [50] * 949 + [2 * 10**9] * 51,
+        "lowest of a top half-bucket": [1025 * 2**k for k in range(1, 31) for _ in range(20)],
+        "13 values, ranks split": [1000] * 12 + [10**9],
+    }[name]
+    union = np.asarray(values, dtype=np.int64)
+    part = rng.integers(0, 4, len(union))
+    merged = hg.decode(hg.merge_encoded(hg.encode(hg.from_values(union[part == i].tolist())) for i in range(4)))
+    got = hg.percentiles_ms(merged, (50.0, 95.0, 99.0, 99.9))
+    for q, key in ((50.0, "p50"), (95.0, "p95"), (99.0, "p99"), (99.9, "p999")):
+        exact = _nearest_rank(union, q)
+        assert abs(got[key] * 1e6 - exact) <= exact * hg.RELATIVE_PRECISION, (q, got[key], exact)
+
+
 def test_the_old_one_microsecond_floor_fails_the_same_check():
     """Adversarial: the check above catches the imprecision it replaced (+1.4 % at 23 us)."""
     from hdrh.histogram import HdrHistogram

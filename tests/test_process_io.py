@@ -57,6 +57,9 @@ def test_a_buffered_run_served_from_the_page_cache_is_flagged_beside_another_wri
         quick_settings, sink, monkeypatch, background_writer):
     # what libnofadvise does, inside the process (so the interposer check cannot see it): the page cache stays
     monkeypatch.setattr(os, "posix_fadvise", lambda *a: None)
+    from kv_cache.storage import timedio  # the store's fadvise is timedio's (in C where it built)
+
+    monkeypatch.setattr(timedio, "fadvise_dontneed", lambda fd: 0)
     results, _ = execute(quick_settings("--io-mode", "buffered"), sink)
     c = _page_cache(results)
     assert c["status"] == integ.INVALID and c["numbers"]["source"] == "process", c

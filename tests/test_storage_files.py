@@ -404,7 +404,9 @@ def test_full_chunks_reuse_the_worker_buffer_and_argument_list(store, bufs, monk
 def test_streaming_memory_does_not_grow_with_entry_size(store, bufs):
     import tracemalloc
 
-    store.write("warm", 4 * CHUNK, bufs)
+    # the one thing sized by an entry: the worker's chunk marks (16 bytes a chunk, every chunk of the
+    # operation, made room for once by the largest operation so far: storage/buffers.py ChunkMarks)
+    store.write("warm", 256 * CHUNK, bufs)
     store.read("warm", bufs)
     tracemalloc.start()
     try:
@@ -450,8 +452,32 @@ def test_the_timer_says_what_it_is_and_both_time_the_same_syscalls(tmp_path):
         buf = bytearray(8)
         n, ns = t.preadv(fd, buf, 0)
         assert (n, bytes(buf), ns > 0) == (8, b"abcdefgh", True)
+        assert t.fadvise_dontneed(fd) >= 0
         assert t.fdatasync(fd) > 0 and t.close(fd) >= 0
+        with pytest.raises(OSError):
+            t.fadvise_dontneed(fd)  # closed
+        assert t.unlink(path) >= 0 and not os.path.exists(path)
+        with pytest.raises(FileNotFoundError):
+            t.unlink(path)
         with pytest.raises(FileNotFoundError):
             t.open(str(tmp_path / "missing" / "x"), os.O_RDONLY)
         with pytest.raises(OSError):
             t.preadv(fd, buf, 0)  # closed
+
+
+def test_a_c_helper_built_from_an_older_source_is_not_used_and_the_run_says_rebuild():
+    """A _timedio built before unlink/fadvise_dontneed (a checkout updated without a rebuild) made the
+    package fail at import; now the tier falls back to Python and the timer's description says why."""
+    import subprocess
+    import sys
+
+    code = ("import sys, types\n"
+            "fake = types.ModuleType('kv_cache.storage._timedio')\n"
+            "for n in ('pwritev', 'preadv', 'fdatasync', 'open', 'close'): setattr(fake, n, print)\n"
+            "sys.modules['kv_cache.storage._timedio'] = fake\n"
+            "from kv_cache.storage import timedio as t\n"
+            "print(t.TIMER); print(t.TIMER_DESCRIPTION)\n")
+    env = {k: v for k, v in os.environ.items() if k != "KV_CACHE_PURE_TIMER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.splitlines()
+    assert out[0] == "python" and "out of date (it has no unlink): rebuild it" in out[1]

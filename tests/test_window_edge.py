@@ -44,13 +44,19 @@ def test_marks_give_the_bytes_of_chunks_completed_by_a_time():
     assert m.bytes_by(t) == 100 and m.bytes_by(10**18) == 200 and m.bytes_by(0) == 0 and m.total == 200
 
 
-def test_marks_ring_bounds_an_older_time_from_above():
+def test_marks_hold_every_chunk_however_many():
     m = ChunkMarks()
     m.begin()
-    for i in range(1, MARKS + 11):
+    m.add(10)
+    t = time.perf_counter_ns()
+    while time.perf_counter_ns() == t:
+        pass
+    for i in range(2, 4 * MARKS + 11):  # more chunks after t than the room made at first
         m.add(i * 10)
-    # the 10 oldest marks are gone: the oldest kept is 110 bytes; before it, at most 100
-    assert m.bytes_by(0) == 100
+    assert m.bytes_by(t) == 10 and m.bytes_by(0) == 0 and m.total == (4 * MARKS + 10) * 10
+    m.begin()  # the next operation starts from nothing, in the room the last one made
+    m.add(5)
+    assert m.bytes_by(10**18) == 5 and m.total == 5
 
 
 def _cache(tmp_path, metrics, stop):
@@ -72,6 +78,22 @@ def test_an_aborted_write_after_a_late_stop_adds_only_its_chunks_inside_the_wind
     assert s.partial_bytes == 2 * CHUNK  # two of them inside the window: the rest is left out
     assert edge["aborted_ops"] == 1 and edge["edge_ops"] == 1 and edge["counted_bytes"] == 2 * CHUNK
     assert edge["excluded_bytes"] == moved - 2 * CHUNK and edge["unmeasured_ops"] == 0
+    fs.close()
+
+
+def test_a_write_aborted_hundreds_of_chunks_late_adds_only_its_chunks_inside_the_window(tmp_path, bufs):
+    # the stop comes 600 chunks after the window's end: with the marks a ring of 256, the chunks of the
+    # stop's first 343 were counted as inside the window (2.8 MB of 131 kB at 300, 22 MB at 600)
+    metrics = RunMetrics()
+    metrics.open_window()
+    stop = LateStop(metrics, close_at=3, stop_at=603)
+    fs, cache = _cache(tmp_path, metrics, stop)
+    with pytest.raises(IOAborted):
+        cache.allocate("k", 800, 800 * CHUNK, bufs)
+    moved = metrics.late["storage_write_aborted_device_bytes"]
+    assert moved >= 600 * CHUNK
+    assert metrics.tier_op("storage", "write").partial_bytes == 2 * CHUNK
+    assert metrics.edge_record()["excluded_bytes"] == moved - 2 * CHUNK
     fs.close()
 
 

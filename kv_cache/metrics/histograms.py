@@ -4,8 +4,10 @@ ranks and runs.
 One histogram covers 1 ns .. 1 hour in nanoseconds at 3 significant digits, in a fixed 264 KiB counts
 array however many values it holds: a 24-hour run does not grow it. Precision: 3 significant digits give
 2048 sub-buckets per power of two, so a value's bucket is at most 1/1024 of it wide (and 1 ns wide below
-2048 ns); a percentile read back is the top of its bucket, within 0.1 % of the exact (nearest-rank)
-percentile of the values recorded, at every magnitude from microseconds up (tests/test_histograms.py). The
+2048 ns); a percentile read back is the top of its bucket, within 0.1 % of the exact recorded value at the
+same rank, round(q/100 x n) as HdrHistogram ranks (not ceil(q/100 x n), the textbook nearest rank: of twelve
+1 us values and one of 1 s, p95 is 1 us here, 1 s by ceil), at every magnitude from 1 ns to 1 h
+(tests/test_histograms.py); 0 ns is recorded as 1 ns and values above 1 h as 1 h. The
 floor was 1 µs until Dec 2026: that gave 512-ns-wide buckets below ~1 ms, +1.4 % at 23 µs. `encode`/`decode` give the standard compressed base64 form, so histograms travel in the results
 JSON and between MPI ranks, and `merge` adds them up (the merge of two histograms is the histogram of the
 union of their values, within the precision above).
@@ -75,8 +77,8 @@ def merge_encoded(texts: Iterable[str]) -> str:
 
 
 def percentiles_ms(h: HdrHistogram, qs: Sequence[float] = (50.0, 95.0, 99.0)) -> dict[str, float]:
-    """{"p50": ms, ...} of a histogram ({} when it is empty): each within 0.1 % of the exact nearest-rank
-    percentile (RELATIVE_PRECISION)."""
+    """{"p50": ms, ...} of a histogram ({} when it is empty): each within 0.1 % of the exact recorded value
+    at the rank round(q/100 x n) (RELATIVE_PRECISION)."""
     if h.get_total_count() == 0:
         return {}
     values = h.get_percentile_to_value_dict(list(qs))

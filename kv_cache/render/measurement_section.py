@@ -147,6 +147,16 @@ def storage_lines(meas: dict[str, Any]) -> list[str]:
     return lines
 
 
+def timed_lines(meas: dict[str, Any]) -> list[str]:
+    """What was timed and with which timer (measurement.timed, which names measurement.device_timer's):
+    one line, or one per rank of a merge whose ranks timed differently (one rank on the Python fallback:
+    the merged `timed` is None, and 'Timed: None' said nothing of it)."""
+    ranks = _differing_ranks(meas, ("timed", "device_timer"))
+    if ranks:
+        return [f"  Timed (rank {r.get('rank')}): {r.get('timed')}" for r in ranks]
+    return [f"  Timed: {meas.get('timed')}"]
+
+
 def _backends_line(backends: dict[str, str] | None) -> list[str]:
     """The storage backend behind each tier (measurement.tier_backends); documents written before it was
     recorded have none, and their report is unchanged."""
@@ -179,7 +189,7 @@ def measurement(results: Results) -> list[str]:
     depth = meas.get("achieved_queue_depth", {})
     lines = ["", "### MEASUREMENT (what was timed and how) ###",
              *storage_lines(meas),
-             f"  Timed: {meas.get('timed')}",
+             *timed_lines(meas),
              *_workers_line(meas.get("io_workers_choice")),
              *_block_device_line(meas.get("block_device") or {}), *remote_lines(meas.get("remote_tier")),
              f"  Achieved storage queue depth (device-busy time / window): read {depth.get('read', 0):.2f},"

@@ -22,6 +22,20 @@ def integrity_sentence(results: dict[str, Any]) -> str:
     return f"Verdict {verdict}; integrity {integ}{why}"
 
 
+def _timer_lines(meas: dict[str, Any]) -> list[str]:
+    """The ranks that timed the device in Python (the fallback, storage/timedio.py: its figures include the
+    wait for the GIL), said on the console of a --processes run; nothing when every rank used the C helper
+    or the document records no timer."""
+    ranks = [r for r in meas.get("per_rank") or [] if isinstance(r, dict)]
+    timers = {r.get("rank"): (r.get("device_timer") or {}) for r in ranks if isinstance(r.get("device_timer"), dict)}
+    slow = sorted((k for k, t in timers.items() if t.get("timer") not in (None, "c")), key=str)
+    if not slow:
+        return []
+    first = timers[slow[0]]
+    return [f"  device timer: {first.get('timer')} on rank(s) {', '.join(map(str, slow))} of {len(ranks)}: "
+            f"{first.get('description')}"]
+
+
 def merged_table(doc: dict[str, Any]) -> str:
     """The merged figures and the per-rank table, as text for the console."""
     w, bw, lat = doc["window"], doc["bandwidth_gibps"], doc["latency_ms"]
@@ -34,6 +48,7 @@ def merged_table(doc: dict[str, Any]) -> str:
              f"  requests {doc['totals']['requests_completed']}, end-to-end P95 "
              f"{lat['end_to_end'].get('p95', 0.0):.2f} ms (merged), max of rank P95 "
              f"{doc['max_of_rank_p95_ms']['end_to_end_latency'] or 0.0:.2f} ms"]
+    lines += _timer_lines(doc.get("measurement") or {})
     methods = sorted({m for m in (doc.get("percentile_method") or {}).values() if m})
     if FROM_HISTOGRAMS in methods:
         lines.append(f"  percentiles of some lists from the {FROM_HISTOGRAMS} ({PRECISION})")

@@ -156,8 +156,8 @@ def after_window(metrics: RunMetrics) -> dict[str, int]:
     }
 
 
-WINDOW_EDGE_METHOD = ("each operation's chunk completion times (perf_counter_ns after every chunk, a ring of 256 "
-                      "per I/O worker): an operation that straddles the window's end or is aborted after it adds "
+WINDOW_EDGE_METHOD = ("each operation's chunk completion times (perf_counter_ns after every chunk, every chunk of "
+                      "the operation kept): an operation that straddles the window's end or is aborted after it adds "
                       "the bytes of its chunks completed by the end; a store that marks no chunk (S3, Redis, GDS) "
                       "adds its operation whole, counted in unmeasured_*")
 

@@ -141,6 +141,42 @@ static PyObject *timed_open(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iL)", fd, ns);
 }
 
+/* unlink(path) -> ns (a replaced entry's file, removed inside the write's device time) */
+static PyObject *timed_unlink(PyObject *self, PyObject *args) {
+    PyObject *path;
+    int r, err;
+    long long ns;
+    if (!PyArg_ParseTuple(args, "O&:unlink", PyUnicode_FSConverter, &path)) return NULL;
+    const char *p = PyBytes_AS_STRING(path);
+    TIMED_RETRY(r, unlink(p), r < 0)
+    if (r < 0) {
+        if (!PyErr_Occurred()) {
+            errno = err;
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        }
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    return PyLong_FromLongLong(ns);
+}
+
+#ifdef POSIX_FADV_DONTNEED
+/* fadvise_dontneed(fd) -> ns: posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), the buffered mode's page-cache
+ * drop; it returns its error rather than setting errno, and is retried on EINTR as os.posix_fadvise is. */
+static PyObject *timed_fadvise_dontneed(PyObject *self, PyObject *args) {
+    int fd, r, err;
+    long long ns;
+    if (!PyArg_ParseTuple(args, "i:fadvise_dontneed", &fd)) return NULL;
+    TIMED_RETRY(r, posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), (err = r) != 0)
+    if (r != 0) {
+        set_os_error(r);
+        return NULL;
+    }
+    return PyLong_FromLongLong(ns);
+}
+#endif
+
 /* close(fd) -> ns (never retried: Linux closes the descriptor even when close reports EINTR) */
 static PyObject *timed_close(PyObject *self, PyObject *args) {
     int fd, r, err;
@@ -165,6 +201,11 @@ static PyMethodDef methods[] = {
     {"fdatasync", timed_fdatasync, METH_VARARGS, "fdatasync(fd) -> ns, timed in C"},
     {"open", timed_open, METH_VARARGS, "open(path, flags, mode=0o777) -> (fd, ns), timed in C"},
     {"close", timed_close, METH_VARARGS, "close(fd) -> ns, timed in C"},
+    {"unlink", timed_unlink, METH_VARARGS, "unlink(path) -> ns, timed in C"},
+#ifdef POSIX_FADV_DONTNEED
+    {"fadvise_dontneed", timed_fadvise_dontneed, METH_VARARGS,
+     "fadvise_dontneed(fd) -> ns: posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), timed in C"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 from array import array
+from bisect import bisect_right
 from time import perf_counter_ns
 
 import numpy as np
@@ -46,17 +47,20 @@ def _aligned_map(nbytes: int) -> mmap.mmap:
     return mm
 
 
-MARKS = 256  # chunk completions kept per operation (a ring): enough for any late stop of a few seconds
+MARKS = 256  # chunk completions room is made for at first; it doubles when an operation has more chunks
 
 
 class ChunkMarks:
     """When each chunk of the current operation completed, and the bytes moved by then: the measured
     in-window part of an operation that straddles the window's end or is aborted after it.
 
-    A ring of ``MARKS`` (time, cumulative bytes) pairs in two preallocated ``array('q')``; ``begin`` at
-    the start of an operation, ``add`` after each chunk (one clock read and two stores: nothing is
-    allocated per chunk).  ``bytes_by(t)`` is the bytes moved by chunks that completed by ``t``.  Only one
-    thread (the worker owning the buffers) touches it.
+    (time, cumulative bytes) pairs of every chunk of the operation in two preallocated ``array('q')``;
+    ``begin`` at the start of an operation, ``add`` after each chunk (one clock read and two stores; the
+    arrays double only when an operation has more chunks than any before on this worker, so their size is
+    bounded by the largest operation's chunk count, 16 bytes a chunk, not by the run's length).
+    ``bytes_by(t)`` is the bytes moved by chunks that completed by ``t``, however many chunks came after
+    ``t`` (a ring of 256 marks counted the chunks of a stop more than 256 chunks late as inside the
+    window). Only one thread (the worker owning the buffers) touches it.
     """
 
     __slots__ = ("_t", "_b", "count", "seq", "t0")
@@ -74,33 +78,26 @@ class ChunkMarks:
         self.t0 = perf_counter_ns()
 
     def add(self, cumulative_bytes: int) -> None:
-        i = self.count % MARKS
+        i = self.count
+        if i == len(self._t):  # more chunks than ever before on this worker: double the room
+            self._t.extend(self._t)
+            self._b.extend(self._b)
         self._t[i] = perf_counter_ns()
         self._b[i] = cumulative_bytes
-        self.count += 1
+        self.count = i + 1
 
     @property
     def total(self) -> int:
         """Bytes at the last mark (0 without one)."""
-        return self._b[(self.count - 1) % MARKS] if self.count else 0
+        return self._b[self.count - 1] if self.count else 0
 
     def bytes_by(self, t_ns: int) -> int | None:
         """Bytes moved by the chunks completed at or before ``t_ns``; None without a mark (the store does
-        not mark its chunks). Older marks than the ring holds: the oldest kept mark's bytes less the chunk
-        that led to it is an upper bound, used then."""
+        not mark its chunks)."""
         if not self.count:
             return None
-        n = min(self.count, MARKS)
-        last = self.count - 1
-        for k in range(n):  # newest first: the window's end is usually near the end of the operation
-            i = (last - k) % MARKS
-            if self._t[i] <= t_ns:
-                return self._b[i]
-        if self.count <= MARKS:
-            return 0
-        oldest = (last - n + 1) % MARKS
-        before = self._b[(oldest + 1) % MARKS] - self._b[oldest] if n > 1 else 0
-        return max(0, self._b[oldest] - before)
+        k = bisect_right(self._t, t_ns, 0, self.count)  # the marks' times never decrease
+        return self._b[k - 1] if k else 0
 
 
 class WorkerBuffers:

@@ -33,7 +33,6 @@ import secrets
 import struct
 import threading
 from pathlib import Path
-from time import perf_counter_ns
 
 from kv_cache.errors import StorageSetupError
 from kv_cache.host.blockdev import mount_info
@@ -57,8 +56,7 @@ MEMORY_FS = frozenset({"tmpfs", "ramfs", "hugetlbfs", "devtmpfs", "shm", "rootfs
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 4)
-_HAVE_FADVISE = hasattr(os, "posix_fadvise")
+_HAVE_FADVISE = hasattr(os, "posix_fadvise")  # (where it is not, buffered mode drops no page cache)
 _BAD_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _UNSUPPORTED = {errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
@@ -326,12 +324,10 @@ class FileStore(SizedStore):
         try:
             if old is not None:
                 # unlink first: a reader that has the old file open keeps its inode intact
-                t = perf_counter_ns()
                 try:
-                    os.unlink(old)
+                    ns += _tio.unlink(old)
                 except FileNotFoundError:
                     pass
-                ns += perf_counter_ns() - t
             h.fd, t = _tio.open(path, self._flags_w, 0o644)
             ns += t
             if self._closed:  # close() ran meanwhile: do not leave a file behind it
@@ -360,9 +356,7 @@ class FileStore(SizedStore):
             t[4] += 1
             t[5] += sync_ns
         if not self._direct and _HAVE_FADVISE:
-            t = perf_counter_ns()
-            os.posix_fadvise(fd, 0, 0, _FADV_DONTNEED)
-            ns += perf_counter_ns() - t
+            ns += _tio.fadvise_dontneed(fd)
         h.fd = -1
         ns += _tio.close(fd)
         self._record(self._files, h.key, h.path, h.nbytes)
@@ -390,13 +384,11 @@ class FileStore(SizedStore):
         except FileNotFoundError:
             raise KeyError(key) from None
         if not self._direct and _HAVE_FADVISE:
-            t = perf_counter_ns()
             try:
-                os.posix_fadvise(fd, 0, 0, _FADV_DONTNEED)  # make the read go to the device
+                ns += _tio.fadvise_dontneed(fd)  # make the read go to the device
             except OSError:
                 os.close(fd)
                 raise
-            ns += perf_counter_ns() - t
         return _Read(fd, path), nbytes, ns
 
     def _get(self, h: _Read, offset: int, view: memoryview) -> tuple[int, int]:

@@ -1,12 +1,13 @@
 """The storage tier's syscalls with their device time: the C helper where it built, else Python.
 
 ``pwritev(fd, buffers, offset)`` and ``preadv(fd, buffer, offset)`` return ``(bytes, ns)``;
-``fdatasync(fd)`` and ``close(fd)`` return ``ns``; ``open(path, flags, mode)`` returns ``(fd, ns)``.
+``fdatasync(fd)``, ``close(fd)``, ``unlink(path)`` and ``fadvise_dontneed(fd)`` (``posix_fadvise(fd, 0, 0,
+POSIX_FADV_DONTNEED)``, the buffered mode's) return ``ns``; ``open(path, flags, mode)`` returns ``(fd, ns)``.
 
 - **c** (``kv_cache.storage._timedio``, built at install from ``_timedio.c``): ``clock_gettime
   (CLOCK_MONOTONIC)`` on both sides of the syscall, in C, with the GIL released. The duration ends when the
   syscall returns, not when the thread wins the GIL back.
-- **python** (the fallback, when the extension did not build or ``KV_CACHE_PURE_TIMER=1``):
+- **python** (the fallback, when the extension did not build, is out of date, or ``KV_CACHE_PURE_TIMER=1``):
   ``time.perf_counter_ns()`` around ``os.pwritev`` / ``os.preadv``; the stop timestamp is taken after the
   GIL is taken back, so under load or beside a busy thread the figure includes that wait. The run says so.
 
@@ -20,7 +21,8 @@ import importlib
 import os
 from time import perf_counter_ns
 
-__all__ = ["TIMER", "TIMER_DESCRIPTION", "close", "fdatasync", "open", "preadv", "pwritev", "timer_info"]
+__all__ = ["TIMER", "TIMER_DESCRIPTION", "close", "fadvise_dontneed", "fdatasync", "open", "preadv", "pwritev",
+           "timer_info", "unlink"]
 
 _why_python = ""
 _c = None
@@ -31,6 +33,18 @@ else:
         _c = importlib.import_module("kv_cache.storage._timedio")
     except ImportError as e:  # the C helper did not build (no compiler or headers at install)
         _why_python = f"the C helper is not built ({e})"
+    else:
+        _missing = [n for n in ("pwritev", "preadv", "fdatasync", "open", "close", "unlink") if not hasattr(_c, n)]
+        if _missing:  # built from an older _timedio.c: rebuild (pip install ., or setup.py build_ext --inplace)
+            _c, _why_python = None, f"the C helper is out of date (it has no {', '.join(_missing)}): rebuild it"
+
+
+def _py_fadvise_dontneed(fd: int) -> int:
+    """posix_fadvise(DONTNEED) timed in Python (the fallback; also where the C helper has no such call)."""
+    t = perf_counter_ns()
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return perf_counter_ns() - t
+
 
 if _c is not None:
     TIMER = "c"
@@ -41,6 +55,8 @@ if _c is not None:
     fdatasync = _c.fdatasync
     open = _c.open  # noqa: A001
     close = _c.close
+    unlink = _c.unlink
+    fadvise_dontneed = getattr(_c, "fadvise_dontneed", _py_fadvise_dontneed)
 else:
     TIMER = "python"
     TIMER_DESCRIPTION = ("perf_counter_ns() around os.pwritev/os.preadv in Python (fallback: "
@@ -70,6 +86,13 @@ else:
         t = perf_counter_ns()
         os.close(fd)
         return perf_counter_ns() - t
+
+    def unlink(path) -> int:
+        t = perf_counter_ns()
+        os.unlink(path)
+        return perf_counter_ns() - t
+
+    fadvise_dontneed = _py_fadvise_dontneed
 
 
 def timer_info() -> dict[str, str]:
