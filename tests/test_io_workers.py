@@ -555,16 +555,71 @@ def test_the_step_up_target_is_the_most_workers_within_1_5x_of_the_chosen_counts
 
 
 def test_the_step_up_takes_the_larger_count_across_a_step_the_rule_could_not_resolve():
-    """The knee the probe missed (ext4: 4 workers 10 % under a plateau that 6 nearly reaches): 6 against 4
-    in three alternating pairs at 10 % noise per figure is taken in at least 80 of 100 draws (the median
-    of three ratios at or above 0.975: about 0.87 by the normal approximation); with no difference the
-    larger in more than half (under doubt the larger, within 1.5x the memory of 4), not always."""
+    """The knee the probe missed (ext4: 4 workers 10 % under a plateau that 6 reaches): 6 against 4 in
+    three alternating pairs (the median of three ratios at least 1.025) is taken in at least 85 of 100
+    draws at 5 % noise per figure and at least 70 at 10 %. (Before, taken unless the median was below
+    0.975, a 9 % step at 10 % noise was taken in 83; the same rule took the larger count of a flat pair in
+    52-63 of 100: see the next test.)"""
     from collections import Counter
 
-    step = Counter(iw.step_up(4, 6, _pairs_measure({4: 0.9, 6: 0.98}, 0.10, seed))[0] for seed in range(100))
-    assert step[6] >= 80, step
-    flat = Counter(iw.step_up(4, 6, _pairs_measure({4: 1.0, 6: 1.0}, 0.10, seed))[0] for seed in range(100))
-    assert set(flat) == {4, 6} and 50 <= flat[6] <= 85, flat
+    for noise, least in ((0.05, 85), (0.10, 70)):
+        step = Counter(iw.step_up(4, 6, _pairs_measure({4: 0.9, 6: 1.0}, noise, seed))[0] for seed in range(100))
+        assert step[6] >= least, (noise, step)
+
+
+def test_the_step_up_keeps_the_smaller_count_of_a_noisy_flat_pair():
+    """Two counts equal in truth, each figure off by 5 % or 10 % (seeded): the smaller is kept in at least 60
+    of 100 draws, and the larger still taken in some (its figures can show it better by chance). The
+    larger count's memory is certain where its gain is not: the old rule (taken unless 2.5 % worse) took
+    it in more than half, so a toss-up drifted up and cost memory against a best at the smaller count."""
+    from collections import Counter
+
+    for noise in (0.05, 0.10):
+        flat = Counter(iw.step_up(4, 6, _pairs_measure({4: 1.0, 6: 1.0}, noise, seed))[0] for seed in range(100))
+        assert set(flat) == {4, 6} and flat[4] >= 60, (noise, flat)
+    assert iw.STEP_UP_GAIN == pytest.approx(1.025)
+
+
+def _one_pass(rates: dict[int, float], noise: float, seed: int, lucky: tuple[int, float] | None = None):
+    """Rows of one pass (no count measured twice: a slow tier whose budget held one pass), each figure off
+    by a lognormal factor of sd `noise` (seeded); `lucky` (count, factor): that count's figure multiplied."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for n, g in rates.items():
+        g *= rng.lognormvariate(0.0, noise) * (lucky[1] if lucky and lucky[0] == n else 1.0)
+        rows.append({"workers": n, "write_gibps": g, "read_gibps": g})
+    return rows
+
+
+def test_a_single_lucky_figure_at_a_high_count_does_not_win():
+    """A flat curve, 1-32 workers, one pass (no noise figure: the 5 % margin alone) at 2 % noise, and one
+    figure at 16 workers 1.6x the rest (a burst the server gave once; a Redis probe took 16 so, at 9.2x
+    the memory of the best count): the 32 workers after it, back on the plateau, do not bear the rise
+    out, so 16 is not chosen in any of 100 draws, with no budget for a confirmation (measure gives {}).
+    Before, 16 in every one of them."""
+    flat = dict.fromkeys(iw.PROBE_COUNTS, 1.0)
+    for seed in range(100):
+        rows = _one_pass(flat, 0.02, seed, lucky=(16, 1.6))
+        assert iw.plateau(rows) < 16, seed
+        assert iw.decide(rows, lambda n: {})[0] < 16, seed
+    # the same figure at the largest count measured has nothing above it: it stands (a rise to the top)
+    top = [r for r in _one_pass(flat, 0.0, 0, lucky=(16, 1.6)) if r["workers"] <= 16]
+    assert iw.plateau(top) == 16
+
+
+def test_a_real_rise_measured_once_is_followed_and_a_flat_one_keeps_the_smallest_count():
+    """One pass at 2 % noise: a rise to 8 that holds at 16 and 32 (33 % above 4) takes 8 or more in every
+    draw (8 in at least 90: 16 or 32 where its figure came out more than 5 % above 8's); a flat curve takes
+    a count below 8 in every draw."""
+    from collections import Counter
+
+    rise = {1: 0.4, 2: 0.6, 4: 0.75, 8: 1.0, 16: 1.0, 32: 1.0}
+    flat = dict.fromkeys(iw.PROBE_COUNTS, 1.0)
+    took = Counter(iw.plateau(_one_pass(rise, 0.02, seed)) for seed in range(100))
+    assert min(took) >= 8 and took[8] >= 90, took
+    assert all(iw.plateau(_one_pass(flat, 0.02, seed)) < 8 for seed in range(100))
 
 
 def test_the_step_up_keeps_the_count_where_the_larger_one_is_worse():
