@@ -22,7 +22,8 @@ import numpy as np
 
 from kv_cache.host.files import atomic_target, keep_existing
 
-__all__ = ["Written", "fallback_path", "keep_existing", "replace_document", "write_document", "write_json_atomic"]
+__all__ = ["Written", "dumps", "fallback_path", "keep_existing", "replace_document", "write_document",
+           "write_json_atomic"]
 
 try:  # (a dependency; the standard library's json where it is missing)
     import orjson
@@ -38,6 +39,13 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def dumps(data: Any, **kwargs: Any) -> str:
+    """`data` as JSON text with the writers' encoding: a document built in this process holds its per-request
+    and per-operation lists as numpy arrays (results/summary.py `_seconds`), written as the lists they
+    stand for (the standard library's json.dumps alone refuses them)."""
+    return json.dumps(data, default=_default, allow_nan=False, **kwargs)
 
 
 def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
