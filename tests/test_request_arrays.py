@@ -159,3 +159,30 @@ def test_the_readers_of_the_lists_take_an_array_as_the_list_it_stands_for():
     bare = {k: doc[k] for k in ("requests_completed", "total_storage_io_latency", "end_to_end_latencies",
                                 "storage_latencies")}
     assert rank_view(bare).latencies_s("storage_latencies") == old["storage_latencies"]
+
+
+def test_reserved_rows_and_their_copy_read_back_as_appended_past_the_reserve_too():
+    """A run's time series allocates its rows' figures up front (metrics/timeseries.py RESERVED) and a
+    snapshot copies them compactly (no dict per row): both read back the rows appended, in order, ints as
+    ints, a row that does not fit kept as it is."""
+    from kv_cache.metrics.timeseries import Rows, TimeSeries
+
+    rng = np.random.default_rng(5)
+    rows = [{"t_s": float(i), "seconds": 1.0, "requests": int(i), "storage_read_gibps": float(rng.random()),
+             **({"extra": 3} if i % 7 == 0 else {})} for i in range(300)]
+    rows[11]["storage_read_p95_ms"] = None  # (an odd row, kept as it is)
+    for reserve in (0, 10, 4 * 300, 10_000):
+        kept = Rows(reserve=reserve)
+        for i, row in enumerate(rows):
+            kept.append(row)
+            if i == 150:
+                half = kept.copy()
+        assert list(kept) == rows and list(half) == rows[:151] and json.dumps(list(kept)) == json.dumps(rows)
+        half.append(rows[0])  # a copy is its own
+        assert len(kept) == len(rows) and list(half)[-1] == rows[0]
+    series = TimeSeries()
+    for row in rows[:20]:
+        series.rows.append(row)
+    snap = series.snapshot()
+    series.rows.append(rows[20])
+    assert isinstance(snap.rows, Rows) and list(snap.rows) == rows[:20] and len(series.rows) == 21
