@@ -186,3 +186,22 @@ def test_reserved_rows_and_their_copy_read_back_as_appended_past_the_reserve_too
     snap = series.snapshot()
     series.rows.append(rows[20])
     assert isinstance(snap.rows, Rows) and list(snap.rows) == rows[:20] and len(series.rows) == 21
+
+
+def test_a_built_document_holds_copies_and_the_lists_go_on_growing():
+    """The arrays are the document's own: a list that grows as it fills (a merge's, past the run's cap)
+    can still be appended to while a document built from it lives, and the document does not change."""
+    from kv_cache.metrics.recorder import RunMetrics
+    from kv_cache.storage.base import IOResult
+
+    m = RunMetrics(sample_cap=SAMPLE_CAP * 2)  # (not allocated whole: it grows)
+    m.open_window(0)
+    for i in range(50):
+        m.record_request("interactive", 1, 1000 + i, 10, 0, None, None, 1, 1)
+        m.record_io("storage", "read", IOResult(4096, 4096, 100 + i, 90 + i, 10), 1, "decode")
+    doc = {**request_lists(m), "latency_samples": latency_samples(m), "recorder": m.state()}
+    text = dumps(doc)
+    for i in range(50):
+        m.record_request("interactive", 1, 5000 + i, 10, 0, None, None, 1, 1)
+        m.record_io("storage", "read", IOResult(4096, 4096, 500 + i, 490 + i, 10), 1, "decode")
+    assert dumps(doc) == text and len(m.requests.e2e_ns) == 100

@@ -472,7 +472,7 @@ class RunMetrics:
                 "requests": {"completed": self.requests.completed,
                              "tokens_generated": self.requests.tokens_generated,
                              "context_tokens": self.requests.context_tokens},
-                "qos_e2e_ns": {level: np.asarray(v.values, dtype=np.int64)  # (an array: no int object per value)
+                "qos_e2e_ns": {level: v.array().copy()  # (an array of its own: no int object per value)
                                for level, v in sorted(self.qos_e2e_ns.items())},
                 "late": dict(self.late),
                 "turns": {str(t): list(v) for t, v in sorted(self.turns.items())},

@@ -28,9 +28,9 @@ def _bounded(samples, cap: int) -> tuple[np.ndarray, int]:
     """The list's held values (a reservoir once it samples) as at most `cap`, an int64 array (written as
     the list of ints it stands for; no Python int per value, see results/summary.py `_seconds`); `stride`
     > 1 says it is not every operation's (count / values kept, rounded up)."""
-    held = np.asarray(samples.values, dtype=np.int64)
+    held = samples.array()  # (a view: the copy below is the document's own, the list stays appendable)
     step = max(1, -(-len(held) // cap))
-    values = np.ascontiguousarray(held[::step]) if step > 1 else held
+    values = held[::step].copy() if step > 1 else held.copy()
     return values, max(1, -(-len(samples) // max(1, len(values))))
 
 

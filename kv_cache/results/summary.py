@@ -43,7 +43,7 @@ def _seconds(samples_ns) -> np.ndarray:
     1-hour soak's RSS growth). Both writers (results/write.py) write it as the list it stands for, the
     same bytes (tests/test_request_arrays.py); a reader of the in-memory document takes it with
     np.asarray, never `or []`."""
-    return np.asarray(samples_ns.values, dtype=np.int64) / 1e9
+    return samples_ns.array() / 1e9  # (a view of the held values, then the one new array)
 
 
 def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> dict[str, Any]:
