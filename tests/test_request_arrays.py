@@ -205,3 +205,26 @@ def test_a_built_document_holds_copies_and_the_lists_go_on_growing():
         m.record_request("interactive", 1, 5000 + i, 10, 0, None, None, 1, 1)
         m.record_io("storage", "read", IOResult(4096, 4096, 500 + i, 490 + i, 10), 1, "decode")
     assert dumps(doc) == text and len(m.requests.e2e_ns) == 100
+
+
+def test_the_periodic_writer_writes_its_large_arrays_one_at_a_time_with_the_bytes_of_one_dump(tmp_path):
+    """replace_document serialises each large array apart (results/write.py `_orjson_pieces`): the file is
+    the bytes of one orjson.dumps of the whole, whatever the arrays' place, size, dtype or layout, and the
+    caller's document is left as it was."""
+    import orjson
+
+    from kv_cache.results.write import PIECE_VALUES, _orjson_pieces
+
+    rng = np.random.default_rng(6)
+    big = rng.random(PIECE_VALUES * 3)
+    doc = {"a": big, "small": rng.random(5), "n": {"deep": {"ints": np.arange(PIECE_VALUES, dtype=np.int64),
+                                                             "x": 1}, "rows": [{"t": 1.5}]},
+           "strided": np.arange(PIECE_VALUES * 4, dtype=np.int64)[::2], "empty": np.zeros(0), "s": "@kv-cache-array-"}
+    before = {k: v for k, v in doc.items()}
+    want = orjson.dumps({**doc, "strided": doc["strided"].tolist()}, option=orjson.OPT_SERIALIZE_NUMPY
+                        | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+    assert len(_orjson_pieces(doc)) == 2 * 3 + 1  # (a, deep ints, strided)
+    n = replace_document(tmp_path / "p.json", doc)
+    assert (tmp_path / "p.json").read_bytes() == want and n == len(want)
+    assert doc.keys() == before.keys() and all(doc[k] is before[k] for k in doc)
+    assert doc["n"]["deep"]["ints"] is before["n"]["deep"]["ints"]
