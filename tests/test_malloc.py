@@ -40,7 +40,17 @@ def test_configure_caps_the_arenas_once_at_start():
     policy = malloc.configure({}, _probe(libc))
     assert libc.mallopt_calls == [(malloc.M_ARENA_MAX, malloc.ARENA_MAX)]
     assert policy.record() == {"allocator": "glibc 2.36", "arena_max": 2,
-                               "arena_max_source": "kv-cache: mallopt(M_ARENA_MAX) at start"}
+                               "arena_max_source": "kv-cache: mallopt(M_ARENA_MAX) at start",
+                               "mmap_threshold": malloc.DYNAMIC}
+
+
+@pytest.mark.parametrize("environ", [{"MALLOC_MMAP_THRESHOLD_": "131072"},
+                                     {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}])
+def test_an_mmap_threshold_of_the_environment_is_said_and_nothing_is_changed_for_it(environ):
+    libc = FakeLibc()
+    policy = malloc.configure(environ, _probe(libc))
+    assert libc.mallopt_calls == [(malloc.M_ARENA_MAX, malloc.ARENA_MAX)]  # (no mallopt of the threshold)
+    assert "in the environment" in policy.record()["mmap_threshold"]
 
 
 @pytest.mark.parametrize("environ", [{"MALLOC_ARENA_MAX": "8"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}])

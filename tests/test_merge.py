@@ -26,6 +26,7 @@ from kv_cache.results.samples import latency_samples
 from kv_cache.results.series import latency_histograms, time_series
 from kv_cache.results.summary import build_summary, harness_keys, request_lists
 from kv_cache.results.verdict import INCOMPLETE, RANKS_CRITERION, STORAGE_STOP_CRITERION, UNKNOWN_END
+from kv_cache.results.write import dumps
 from kv_cache.storage.base import IOResult
 from kv_cache.workload.qos import QOS_LEVELS
 
@@ -232,7 +233,7 @@ def test_a_lost_rank_can_be_merged_when_asked_and_the_verdict_says_so():
 
 def _write_ranks(folder, docs, stem="x"):
     for d in docs:
-        (folder / f"{stem}_rank{d['run_parameters']['mpi_rank']}.json").write_text(json.dumps(d))
+        (folder / f"{stem}_rank{d['run_parameters']['mpi_rank']}.json").write_text(dumps(d))
 
 
 def test_merge_of_a_folder_with_three_runs_refuses_naming_them(tmp_path, capsys):
@@ -253,7 +254,7 @@ def test_merge_reads_the_harness_layout_and_keeps_an_earlier_merge(tmp_path, cap
         rank_dir = tmp_path / f"rank_{d['run_parameters']['mpi_rank']}"
         rank_dir.mkdir()
         (rank_dir / "kvcache_results_20260101_000000.json").write_text("{}")  # an older run: the newest wins
-        (rank_dir / "kvcache_results_20260102_000000.json").write_text(json.dumps(d))
+        (rank_dir / "kvcache_results_20260102_000000.json").write_text(dumps(d))
     files = find_rank_files([str(tmp_path)])
     assert [f.split("/")[-2] for f in files] == ["rank_0", "rank_1", "rank_2"]
     assert main(["merge", str(tmp_path)]) == 0
@@ -304,8 +305,8 @@ def test_latency_samples_are_bounded_and_say_their_stride():
         metrics.record_io("storage", "read", IOResult(4096, 4096, i * 10, i, i * 9), 1, "decode")
     s = latency_samples(metrics, cap=10)
     block = s["storage_read_total_ns"]
-    assert block["count"] == 25 and block["stride"] == 3 and block["values"] == list(range(10, 260, 30))
-    assert latency_samples(metrics)["storage_read_device_ns"]["values"] == list(range(1, 26))
+    assert block["count"] == 25 and block["stride"] == 3 and block["values"].tolist() == list(range(10, 260, 30))
+    assert latency_samples(metrics)["storage_read_device_ns"]["values"].tolist() == list(range(1, 26))
 
 
 def test_nothing_to_merge_raises():

@@ -3,13 +3,12 @@ are one run's by every other sign: the same command and totals, and windows that
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from test_merge import _ranks
 
 from kv_cache.cli import main
 from kv_cache.results.merge import MergeError, merge_documents
+from kv_cache.results.write import dumps
 
 
 def _strip(docs, command="kv-cache --num-users 8"):
@@ -21,7 +20,7 @@ def _strip(docs, command="kv-cache --num-users 8"):
 
 def _write(tmp_path, docs):
     for rank, d in enumerate(docs):
-        (tmp_path / f"kvcache_rank{rank}.json").write_text(json.dumps(d))
+        (tmp_path / f"kvcache_rank{rank}.json").write_text(dumps(d))
 
 
 def test_one_runs_ranks_without_a_run_id_still_merge():

@@ -18,6 +18,7 @@ from kv_cache.results.rules_score import find_harness_files
 from kv_cache.results.samples import latency_samples
 from kv_cache.results.series import latency_histograms, time_series
 from kv_cache.results.summary import build_summary, harness_keys, request_lists
+from kv_cache.results.write import dumps
 from kv_cache.storage.base import IOResult
 from kv_cache.workload.qos import QOS_LEVELS
 
@@ -150,7 +151,7 @@ def test_merge_of_a_harness_directory_in_both_formats_with_our_pooled_figures(tm
             ours[(trial, rank)] = d
             p = tmp_path / "run" / "option_1" / f"trial_{trial}" / f"rank_{rank}" / "kvcache_results_20260101_000000.json"
             p.parent.mkdir(parents=True)
-            p.write_text(json.dumps(d))
+            p.write_text(dumps(d))
     assert main(["merge", str(tmp_path / "run"), "--json"]) == 0
     score = json.loads(capsys.readouterr().out)["score"]
     o1 = score["options"]["1"]

@@ -21,6 +21,7 @@ from kv_cache.cli import main
 from kv_cache.core.group import GroupBroken, filesystem_id, shared_filesystem_count
 from kv_cache.errors import RanksLost
 from kv_cache.host.rundir import RUN_DIR_NAME
+from kv_cache.results.write import dumps
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ("model_configs:\n  micro:\n    name: Micro\n    num_layers: 1\n    hidden_dim: 512\n    num_heads: 4\n"
@@ -386,8 +387,8 @@ def test_the_lowest_live_rank_merges_a_lost_ranks_periodic_document_of_this_run(
     from kv_cache.results.partial import mark_partial
 
     docs, _ = _ranks()
-    left = mark_partial(json.loads(json.dumps(docs[1])), 2.0, 10.0, 2000.0, 1.0, 2)
-    (tmp_path / "X_rank1.json").write_text(json.dumps(left))
+    left = mark_partial(json.loads(dumps(docs[1])), 2.0, 10.0, 2000.0, 1.0, 2)
+    (tmp_path / "X_rank1.json").write_text(dumps(left))
     out = io.StringIO()
     assert write_merged(_settings(tmp_path), _Survivors(3, [1], [docs[0], docs[2]]), docs[0], out) == [1]
     merged = json.loads((tmp_path / "X.json").read_text())

@@ -24,7 +24,7 @@ from kv_cache.render.merged_table import merged_table
 from kv_cache.results.merge import CUT_SHORT, PERIODIC, merge_documents
 from kv_cache.results.partial import PARTIAL_STOP, is_partial, mark_partial
 from kv_cache.results.verdict import INCOMPLETE
-from kv_cache.results.write import replace_document, write_document
+from kv_cache.results.write import dumps, replace_document, write_document
 from kv_cache.storage.base import IOResult
 
 
@@ -81,8 +81,9 @@ def test_a_snapshot_is_one_consistent_state_while_another_thread_records():
 def test_a_snapshot_builds_the_same_document_blocks_as_the_recorder():
     m = _metrics(np.random.default_rng(3), 40, 30, 10, 4.0)
     snap = m.snapshot()
-    assert snap.state() == m.state()
-    assert _doc(snap, 0, 1, 0.0, 4.0)["latency_samples"] == _doc(m, 0, 1, 0.0, 4.0)["latency_samples"]
+    assert json.loads(dumps(snap.state())) == json.loads(dumps(m.state()))  # (its lists: arrays, as written)
+    assert (json.loads(dumps(_doc(snap, 0, 1, 0.0, 4.0)["latency_samples"]))
+            == json.loads(dumps(_doc(m, 0, 1, 0.0, 4.0)["latency_samples"])))
     assert _doc(snap, 0, 1, 0.0, 4.0)["latency_histograms"] == _doc(m, 0, 1, 0.0, 4.0)["latency_histograms"]
 
 
@@ -350,11 +351,11 @@ def test_audit_says_a_periodic_document_is_not_a_finished_run_and_skips_a_killed
     from kv_cache.host.files import atomic_target
 
     doc, _ = _periodic(1, 2, 2.0, 1000.0)
-    (tmp_path / "r_rank1.json").write_text(json.dumps(doc))
+    (tmp_path / "r_rank1.json").write_text(dumps(doc))
     whole = _doc(_metrics(np.random.default_rng(1), 30, 30, 0, 3.0), 0, 2, 1000.0, 1003.0)
     whole.update(verdict="PASS", window_fraction=1.0)
     with pytest.raises(KeyboardInterrupt), atomic_target(tmp_path / "r_rank0.json") as tmp:
-        Path(tmp).write_text(json.dumps(whole))
+        Path(tmp).write_text(dumps(whole))
         leftover = Path(tmp).name
         os.link(tmp, tmp_path / (leftover + ".keep"))  # (as a SIGKILL would leave it: the clean-up does not run)
         raise KeyboardInterrupt
@@ -370,7 +371,7 @@ def test_audit_says_a_periodic_document_is_not_a_finished_run_and_skips_a_killed
     assert printed["skipped_temporary_files"] == [leftover]
     assert "a periodic document" in printed["files"]["r_rank1.json"]["document"]
     # a whole run's document says nothing of the kind; a named temporary file is audited (it was asked for)
-    (tmp_path / "whole.json").write_text(json.dumps(whole))
+    (tmp_path / "whole.json").write_text(dumps(whole))
     assert main(["audit", str(tmp_path / "whole.json")]) == 0
     assert "[incomplete]" not in capsys.readouterr().out
     assert main(["audit", str(tmp_path / leftover)]) == 0
@@ -433,8 +434,8 @@ def test_compare_warns_that_a_periodic_document_is_not_a_finished_run(tmp_path, 
     whole = _doc(_metrics(np.random.default_rng(1), 30, 30, 0, 3.0), 0, 1, 1000.0, 1003.0)
     whole.update(verdict="PASS", window_fraction=1.0)
     part, _ = _periodic(0, 1, 2.0, 1000.0)
-    (tmp_path / "a.json").write_text(json.dumps(whole))
-    (tmp_path / "b.json").write_text(json.dumps(part))
+    (tmp_path / "a.json").write_text(dumps(whole))
+    (tmp_path / "b.json").write_text(dumps(part))
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     err = capsys.readouterr().err
     assert f"kv-cache compare: warning: {tmp_path / 'b.json'} is a periodic document (verdict INCOMPLETE)" in err

@@ -9,6 +9,7 @@ import json
 from test_merge import _ranks
 
 from kv_cache.results.merge import merge_documents
+from kv_cache.results.write import dumps
 
 RATE_SUFFIXES = ("_gbps", "_gibps", "_mbps", "_per_sec", "_per_second", "_req_per_sec")
 
@@ -32,7 +33,7 @@ def _short_ranks():
 
 def test_rank_documents_of_a_short_window_hold_numbers():
     for doc in _short_ranks():
-        found = dict(_rate_values(json.loads(json.dumps(doc))))
+        found = dict(_rate_values(json.loads(dumps(doc))))
         assert len(found) > 15
         assert {p: v for p, v in found.items() if not isinstance(v, (int, float)) or isinstance(v, bool)} == {}
         assert doc["summary"]["rates_undefined_reason"].startswith("window 0.4 s is under 1 s")

@@ -45,6 +45,9 @@ METHOD = ("malloc_trim(0) by ctypes (the GIL released) on a thread of its own, e
           "(/proc/self/statm) across each call, summed (other threads allocate meanwhile: an estimate)")
 
 
+DYNAMIC = "glibc's dynamic threshold (left alone)"
+
+
 class Libc(Protocol):
     def malloc_trim(self, pad: int) -> int: ...
 
@@ -60,9 +63,11 @@ class MallocPolicy:
     arena_max: int | None = None
     arena_max_source: str | None = None
     libc: Libc | None = field(default=None, repr=False)
+    mmap_threshold: str = DYNAMIC  # whose threshold sends large allocations to mmap
 
     def record(self) -> dict[str, Any]:
         return {"allocator": self.allocator, "arena_max": self.arena_max, "arena_max_source": self.arena_max_source,
+                **({"mmap_threshold": self.mmap_threshold} if self.allocator else {}),
                 **({"note": self.note} if self.note else {})}
 
 
@@ -90,6 +95,18 @@ def _env_arena_max(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def _env_mmap_threshold(environ: Mapping[str, str]) -> str:
+    """Whose M_MMAP_THRESHOLD is in force: glibc's dynamic one unless the environment fixes it (a fixed one
+    sends every allocation above it to mmap, given back at free; the dynamic one rises to the largest chunk
+    freed, up to 32 MiB, so the periodic documents' MiB-sized arrays then come from the heap, whose free
+    space stays resident until a trim: docs/performance.md, memory over a long run)."""
+    if "MALLOC_MMAP_THRESHOLD_" in environ:
+        return f"MALLOC_MMAP_THRESHOLD_={environ['MALLOC_MMAP_THRESHOLD_']} in the environment"
+    if "glibc.malloc.mmap_threshold" in environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES (glibc.malloc.mmap_threshold) in the environment"
+    return DYNAMIC
+
+
 def configure(environ: Mapping[str, str] | None = None,
               probe: Callable[[], tuple[Libc | None, str | None]] = _glibc) -> MallocPolicy:
     """Caps glibc's arenas at ARENA_MAX (unless the environment sets them): call before the run's threads
@@ -102,14 +119,15 @@ def configure(environ: Mapping[str, str] | None = None,
     if libc is None:
         return MallocPolicy(None, "not glibc (no gnu_get_libc_version / malloc_trim / mallopt): malloc left as it is")
     allocator = f"glibc {version}"
+    mmap = _env_mmap_threshold(environ)
     theirs = _env_arena_max(environ)
     if theirs is not None:
-        return MallocPolicy(allocator, arena_max=None, arena_max_source=theirs, libc=libc)
+        return MallocPolicy(allocator, arena_max=None, arena_max_source=theirs, libc=libc, mmap_threshold=mmap)
     if libc.mallopt(M_ARENA_MAX, ARENA_MAX) != 1:
         return MallocPolicy(allocator, "mallopt(M_ARENA_MAX) refused: glibc's default arenas (8 per core)",
-                            libc=libc)
+                            libc=libc, mmap_threshold=mmap)
     return MallocPolicy(allocator, arena_max=ARENA_MAX, arena_max_source="kv-cache: mallopt(M_ARENA_MAX) at start",
-                        libc=libc)
+                        libc=libc, mmap_threshold=mmap)
 
 
 def rss_bytes(statm: str = "/proc/self/statm") -> int | None:

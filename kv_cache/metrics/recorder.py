@@ -460,7 +460,8 @@ class RunMetrics:
     # -- the recorder as data (a rank's document carries it; a merge adds the ranks' up) -------------
     def state(self) -> dict:
         """Everything this recorder holds except the sample lists, histograms and time series (which
-        the document carries in their own blocks), JSON-ready: what `absorb_state` adds back up."""
+        the document carries in their own blocks), JSON-ready for results/write.py (the per-QoS lists are
+        int64 arrays, written as lists): what `absorb_state` adds back up."""
         with self._lock:
             return {
                 "io": {f"{t}/{o}": {"ops": s.ops, "bytes": s.bytes, "device_bytes": s.device_bytes,
@@ -471,7 +472,8 @@ class RunMetrics:
                 "requests": {"completed": self.requests.completed,
                              "tokens_generated": self.requests.tokens_generated,
                              "context_tokens": self.requests.context_tokens},
-                "qos_e2e_ns": {level: v.values.tolist() for level, v in sorted(self.qos_e2e_ns.items())},
+                "qos_e2e_ns": {level: v.array().copy()  # (an array of its own: no int object per value)
+                               for level, v in sorted(self.qos_e2e_ns.items())},
                 "late": dict(self.late),
                 "turns": {str(t): list(v) for t, v in sorted(self.turns.items())},
                 "errors": dict(self.errors),

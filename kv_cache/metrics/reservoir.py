@@ -91,7 +91,7 @@ class LatencySamples:
         ring of recent values and is not meant to be appended to."""
         other = LatencySamples.__new__(LatencySamples)
         other.cap, other.count, other.sum, other.max = self.cap, self.count, self.sum, self.max
-        other._buf = array("q", self._buf[: self._n])  # the filled part only: a copy is never appended to
+        other._buf = self._buf[: self._n]  # (one copy, of the filled part only: a copy is never appended to)
         other._n, other._pre = self._n, False
         other.hist = merge([self.hist]) if self.hist is not None else None
         other._rng, other._ring, other._ring_n = self._rng, None, 0

@@ -37,6 +37,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kv_cache.results.mlperf_tool import rank_view
 from kv_cache.storage.tiername import TierName
 
@@ -663,6 +665,17 @@ def _num(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
+def _max_number(values: Any) -> float | None:
+    """The largest finite number of a per-request list: a list as read from a file, or the float64 array of
+    a document built in this process (results/summary.py `_seconds`; read without a Python float per
+    value); None when it holds none."""
+    if isinstance(values, np.ndarray):
+        finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+        return float(finite.max()) if finite.size else None
+    numbers = [x for x in values if _num(x) is not None] if isinstance(values, list) else []
+    return float(max(numbers)) if numbers else None
+
+
 def _gib_bytes(v: Any) -> float | None:
     """Bytes of a `*_gb` figure (both tools write GiB under that name)."""
     n = _num(v)
@@ -704,7 +717,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         busy = _num(summary.get("total_storage_io_time"))
     else:
         busy = sum(v for v in qd.values() if isinstance(v, (int, float))) * window if qd and window else None
-    e2e = [x for x in doc.get("end_to_end_latencies") or [] if isinstance(x, (int, float))]
+    e2e_max = _max_number(doc.get("end_to_end_latencies"))
     bd = m.get("block_device") or {}
     net = (m.get("remote_tier") or {}).get("network") or {}
     tool_r, tool_w = _num(net.get("tool_bytes_read")) or 0, _num(net.get("tool_bytes_written")) or 0
@@ -746,7 +759,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         max_entry_bytes=(_num((m.get("entry_size_mib") or {}).get("max")) or 0) * 2 ** 20 or None
         if isinstance(m.get("entry_size_mib"), dict) else None,
         summed_storage_s=busy,
-        e2e_p95_s=e2e_p95 / 1000 if e2e_p95 is not None else None, e2e_max_s=max(e2e) if e2e else None,
+        e2e_p95_s=e2e_p95 / 1000 if e2e_p95 is not None else None, e2e_max_s=e2e_max,
         in_flight_at_stop=_int(m.get("requests_in_flight_at_stop")),
         users=_int(params.get("num_users")) if closed else None,
         ld_preload=tuple(libs.get("ld_preload") or ()), preload_recorded=bool(libs),

@@ -111,7 +111,9 @@ def _absorb(metrics: RunMetrics, lists: _Lists, doc: dict[str, Any], exact_cap: 
     """Add one rank's recorder, samples and histograms to `metrics`."""
     metrics.absorb_state(doc["recorder"])
     for key, (name, _) in _REQUEST_LISTS.items():
-        metrics.absorb_request_samples(name, np.rint(np.asarray(doc.get(key) or [], dtype=float) * 1e9))
+        listed = doc.get(key)  # a list as read from a file, a float64 array in a document built here
+        seconds = np.asarray(listed if listed is not None else (), dtype=float)
+        metrics.absorb_request_samples(name, np.rint(seconds * 1e9))
     for key, block in (doc.get("latency_histograms") or {}).items():
         a, b, kind = key.split("_")
         metrics.absorb_histogram((a, b, kind), block["hdr"])

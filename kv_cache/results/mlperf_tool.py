@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = ["HARNESS_SCHEMA", "KEYS", "RANK_SHAPE", "HarnessSummary", "MlperfToolRank", "harness_place",
            "is_harness_summary", "is_mlperf_tool_file", "load_harness_summary", "load_mlperf_rank", "rank_view"]
 
@@ -89,7 +91,7 @@ def is_mlperf_tool_file(data: Any) -> bool:
     """The shape of the MLPerf tool's per-rank results: no schema_version, every key of RANK_SHAPE, the
     latencies a list."""
     return (isinstance(data, Mapping) and "schema_version" not in data and all(k in data for k in RANK_SHAPE)
-            and isinstance(data.get("end_to_end_latencies"), list))
+            and isinstance(data.get("end_to_end_latencies"), (list, np.ndarray)))
 
 
 def is_harness_summary(data: Any) -> bool:
@@ -157,6 +159,8 @@ class MlperfToolRank:
     def latencies_s(self, key: str) -> list[float]:
         """A per-request list as written (seconds): end_to_end_latencies, storage_latencies, ..."""
         values = self.data.get(key)
+        if isinstance(values, np.ndarray):  # (a document built in this process: results/summary.py _seconds)
+            values = values.tolist()
         return [float(v) for v in values if _number(v) is not None] if isinstance(values, list) else []
 
 

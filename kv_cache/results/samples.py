@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from kv_cache.metrics.recorder import RunMetrics
 from kv_cache.storage.tiername import TierName
 
@@ -22,17 +24,18 @@ __all__ = ["SAMPLE_CAP", "latency_samples", "window_wallclock"]
 SAMPLE_CAP = 200_000  # per list (beyond, a merge takes its percentiles from the HdrHistograms): 16 MiB-class operations at ~2 GiB/s give ~40k per 300 s run
 
 
-def _bounded(samples, cap: int) -> tuple[list[int], int]:
-    """The list's held values (a reservoir once it samples) as at most `cap`; `stride` > 1 says it is not
-    every operation's (count / values kept, rounded up)."""
-    held = samples.values
+def _bounded(samples, cap: int) -> tuple[np.ndarray, int]:
+    """The list's held values (a reservoir once it samples) as at most `cap`, an int64 array (written as
+    the list of ints it stands for; no Python int per value, see results/summary.py `_seconds`); `stride`
+    > 1 says it is not every operation's (count / values kept, rounded up)."""
+    held = samples.array()  # (a view: the copy below is the document's own, the list stays appendable)
     step = max(1, -(-len(held) // cap))
-    values = held[::step].tolist() if step > 1 else held.tolist()
+    values = held[::step].copy() if step > 1 else held.copy()
     return values, max(1, -(-len(samples) // max(1, len(values))))
 
 
 def latency_samples(metrics: RunMetrics, cap: int = SAMPLE_CAP) -> dict[str, Any]:
-    """{"unit": "ns", "<tier>_<op>_<total|device>_ns": {"values": [...], "count": n, "stride": k}, ...}."""
+    """{"unit": "ns", "<tier>_<op>_<total|device>_ns": {"values": int64 array, "count": n, "stride": k}, ...}."""
     out: dict[str, Any] = {"unit": "ns", "cap": cap}
     for tier in (TierName.STORAGE, TierName.CPU):
         for op in ("read", "write"):

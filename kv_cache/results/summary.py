@@ -34,10 +34,16 @@ def _latency_block(samples_ns) -> dict[str, float]:
     return out
 
 
-def _seconds(samples_ns) -> list[float]:
+def _seconds(samples_ns) -> np.ndarray:
     """A per-request list in seconds: every request's while the list holds them all (SAMPLE_CAP, 200,000),
-    a uniform reservoir of that many beyond (a 24-hour run's JSON does not grow with its length)."""
-    return [x / 1e9 for x in samples_ns.values]
+    a uniform reservoir of that many beyond (a 24-hour run's JSON does not grow with its length).
+
+    A float64 array, not a list of Python floats: a periodic document built every 10 s then makes no
+    200,000 float objects per list, which left Python's small-object arenas larger after each build (the
+    1-hour soak's RSS growth). Both writers (results/write.py) write it as the list it stands for, the
+    same bytes (tests/test_request_arrays.py); a reader of the in-memory document takes it with
+    np.asarray, never `or []`."""
+    return samples_ns.array() / 1e9  # (a view of the held values, then the one new array)
 
 
 def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> dict[str, Any]:

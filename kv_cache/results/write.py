@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ import numpy as np
 
 from kv_cache.host.files import atomic_target, keep_existing
 
-__all__ = ["Written", "fallback_path", "keep_existing", "replace_document", "write_document", "write_json_atomic"]
+__all__ = ["Written", "dumps", "fallback_path", "keep_existing", "replace_document", "write_document",
+           "write_json_atomic"]
 
 try:  # (a dependency; the standard library's json where it is missing)
     import orjson
@@ -40,6 +42,13 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def dumps(data: Any, **kwargs: Any) -> str:
+    """`data` as JSON text with the writers' encoding: a document built in this process holds its per-request
+    and per-operation lists as numpy arrays (results/summary.py `_seconds`), written as the lists they
+    stand for (the standard library's json.dumps alone refuses them)."""
+    return json.dumps(data, default=_default, allow_nan=False, **kwargs)
+
+
 def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
     """`data` as indented JSON at `path`, atomically (the old content or the new, never a part)."""
     with atomic_target(path) as tmp, open(tmp, "w") as fh:  # (host/files.py: fsync, rename, clean-up)
@@ -48,19 +57,66 @@ def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
     return Path(path)
 
 
+PIECE_VALUES = 4096  # arrays of at least this many values are serialised and written one at a time
+
+
+def _lift_arrays(node: Any, token: str, lifted: list[np.ndarray]) -> Any:
+    """`node` with each large array in its dicts replaced by a placeholder string (`token` and its index in
+    `lifted`); the dicts on the way to one are copies, the rest is `node`'s own (never changed)."""
+    if isinstance(node, np.ndarray) and node.size >= PIECE_VALUES:
+        lifted.append(node)
+        return f"{token}{len(lifted) - 1}@"
+    if isinstance(node, dict):
+        out = None
+        for k, v in node.items():
+            new = _lift_arrays(v, token, lifted)
+            if new is not v:
+                out = dict(node) if out is None else out
+                out[k] = new
+        return node if out is None else out
+    return node
+
+
+def _orjson_pieces(data: dict[str, Any]) -> list[bytes]:
+    """The orjson bytes of `data` as pieces: the document without its large arrays, cut where each stood,
+    and each array's own bytes between (the same bytes as one orjson.dumps: it writes no whitespace). The
+    largest transient is then one list's text (~4 MiB), not the document's (~30 MiB at 200,000 values a
+    list), which glibc's heap kept resident until the next trim (docs/performance.md)."""
+    token = f"@kv-cache-array-{uuid.uuid4().hex}-"
+    lifted: list[np.ndarray] = []
+    skeleton = orjson.dumps(_lift_arrays(data, token, lifted), default=_default,
+                            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+    if not lifted:
+        return [skeleton]
+    pieces: list[Any] = []
+    rest = skeleton
+    for i, array in enumerate(lifted):
+        mark = f'"{token}{i}@"'.encode()
+        head, rest = rest.split(mark, 1)
+        pieces += [head, array]
+    pieces.append(rest)
+    return pieces
+
+
 def replace_document(path: str | os.PathLike, data: dict[str, Any]) -> int:
     """`data` as JSON at `path`, atomically (a temporary file in the same directory, fsync, rename: a reader
     sees the old document or the new one, never a part), replacing what is there without keeping it: the
     writer's own earlier version (a rank's periodic document, benchmarks/standard/partial.py). orjson, not
-    indented, to keep the writer's CPU time small. Returns the bytes written; an OSError is raised."""
+    indented, to keep the writer's CPU time small; its large arrays serialised one at a time as they are
+    written (`_orjson_pieces`). Returns the bytes written; an OSError is raised."""
     if orjson is not None:
-        raw = orjson.dumps(data, default=_default,
-                           option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+        pieces = _orjson_pieces(data)
     else:  # pragma: no cover
-        raw = (json.dumps(data, default=_default) + "\n").encode()
+        pieces = [(json.dumps(data, default=_default) + "\n").encode()]
+    written = 0
     with atomic_target(path) as tmp, open(tmp, "wb") as fh:  # (host/files.py: fsync, rename, clean-up)
-        fh.write(raw)
-    return len(raw)
+        for piece in pieces:
+            raw = piece if isinstance(piece, bytes) else orjson.dumps(piece, default=_default,
+                                                                      option=orjson.OPT_SERIALIZE_NUMPY)
+            fh.write(raw)
+            written += len(raw)
+            del raw
+    return written
 
 
 @dataclass(frozen=True)
