@@ -13,6 +13,21 @@ from kv_cache.storage import BLOCK, WorkerBuffers, key_id
 TRACE_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 
+def pytest_configure(config):
+    """The suite runs with the stop signals at their defaults, however it was started: a CI launcher that
+    starts it with SIGHUP or SIGINT ignored (nohup, a background job of a non-interactive shell) would hand
+    SIG_IGN to every run the tests start, and a run keeps a SIGHUP ignored on purpose (nohup's meaning), so
+    the signal tests would test the launcher instead. The tests of that nohup rule set SIG_IGN themselves."""
+    import signal
+
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def _no_stop_signal_from_an_earlier_test():
     """ABANDON_IO is process-wide: a test that calls a run's signal handler directly (test_leftovers) must not
