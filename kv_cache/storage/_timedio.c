@@ -121,6 +121,17 @@ static PyObject *timed_fdatasync(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(ns);
 }
 
+/* The OSError of a failed call on `path` (errno `err`, unless a signal handler already raised), with the
+ * path's reference (from PyUnicode_FSConverter) given back: NULL, for the caller to return. */
+static PyObject *path_error(int err, PyObject *path) {
+    if (!PyErr_Occurred()) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+    }
+    Py_DECREF(path);
+    return NULL;
+}
+
 /* open(path, flags, mode) -> (fd, ns) */
 static PyObject *timed_open(PyObject *self, PyObject *args) {
     PyObject *path;
@@ -130,12 +141,7 @@ static PyObject *timed_open(PyObject *self, PyObject *args) {
     const char *p = PyBytes_AS_STRING(path);
     TIMED_RETRY(fd, open(p, flags | O_CLOEXEC, mode), fd < 0)
     if (fd < 0) {
-        if (!PyErr_Occurred()) {
-            errno = err;
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
-        }
-        Py_DECREF(path);
-        return NULL;
+        return path_error(err, path);
     }
     Py_DECREF(path);
     return Py_BuildValue("(iL)", fd, ns);
@@ -150,12 +156,7 @@ static PyObject *timed_unlink(PyObject *self, PyObject *args) {
     const char *p = PyBytes_AS_STRING(path);
     TIMED_RETRY(r, unlink(p), r < 0)
     if (r < 0) {
-        if (!PyErr_Occurred()) {
-            errno = err;
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
-        }
-        Py_DECREF(path);
-        return NULL;
+        return path_error(err, path);
     }
     Py_DECREF(path);
     return PyLong_FromLongLong(ns);
