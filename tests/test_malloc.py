@@ -38,10 +38,22 @@ def _tick(s: float):
 def test_configure_caps_the_arenas_once_at_start():
     libc = FakeLibc()
     policy = malloc.configure({}, _probe(libc))
-    assert libc.mallopt_calls == [(malloc.M_ARENA_MAX, malloc.ARENA_MAX)]
+    assert libc.mallopt_calls == [(malloc.M_MMAP_THRESHOLD, 131072), (malloc.M_ARENA_MAX, malloc.ARENA_MAX)]
     assert policy.record() == {"allocator": "glibc 2.36", "arena_max": 2,
                                "arena_max_source": "kv-cache: mallopt(M_ARENA_MAX) at start",
-                               "mmap_threshold": malloc.DYNAMIC}
+                               "mmap_threshold": "kv-cache: mallopt(M_MMAP_THRESHOLD=131072) at start"}
+
+
+def test_a_refused_threshold_is_said_as_glibcs_dynamic_one():
+    policy = malloc.configure({}, _probe(FakeLibc(mallopt_ok=False)))
+    assert policy.record()["mmap_threshold"] == "mallopt(M_MMAP_THRESHOLD) refused: glibc's dynamic threshold"
+
+
+def test_the_users_arena_setting_keeps_our_threshold():
+    libc = FakeLibc()
+    policy = malloc.configure({"MALLOC_ARENA_MAX": "8"}, _probe(libc))
+    assert libc.mallopt_calls == [(malloc.M_MMAP_THRESHOLD, 131072)]
+    assert policy.record()["mmap_threshold"] == malloc.FIXED
 
 
 @pytest.mark.parametrize("environ", [{"MALLOC_MMAP_THRESHOLD_": "131072"},
@@ -57,7 +69,7 @@ def test_an_mmap_threshold_of_the_environment_is_said_and_nothing_is_changed_for
 def test_the_users_arena_setting_is_kept(environ):
     libc = FakeLibc()
     policy = malloc.configure(environ, _probe(libc))
-    assert libc.mallopt_calls == []
+    assert libc.mallopt_calls == [(malloc.M_MMAP_THRESHOLD, 131072)]  # (the arenas left alone)
     assert policy.arena_max is None and "in the environment" in policy.arena_max_source
     assert policy.libc is libc  # the trims still run
 

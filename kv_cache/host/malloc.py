@@ -4,26 +4,28 @@ A run's Python objects are bounded (streaming histograms, capped lists, flat tim
 RSS still rose about 1 MiB every 10-15 minutes over an hour: malloc's free space, not objects. glibc gives
 every thread that allocates its own arena (up to 8 per core) and trims an arena only from its top, so
 the free holes left by the periodic documents, the partial snapshots and the I/O workers' short-lived
-objects stay resident. Two things bound it:
+objects stay resident. Three things bound it:
 
 - `mallopt(M_ARENA_MAX, ARENA_MAX)` before the run's threads start: the threads share two arenas
   (nearly every allocation of a Python thread is made holding the GIL, so a shared arena adds no
   waiting that the GIL does not already impose);
-- `malloc_trim(0)` every `--malloc-trim-interval` seconds of the window (default 60), and after each
-  periodic results document (`--partial-results-interval`: its build allocates in proportion to the
-  per-request lists, the largest transient of a run), on a thread of its own, woken by the driver's
-  1-second tick or the document's thread: ctypes releases the GIL for the call, the I/O workers' syscalls
-  do not allocate, and each call's duration is recorded (the longest is the most an allocation of another
-  thread could have waited for an arena's lock).
+- `malloc_trim(0)` every `--malloc-trim-interval` seconds of the window (default 60), on a thread of its
+  own, woken by the driver's 1-second tick: ctypes releases the GIL for the call, the I/O workers'
+  syscalls do not allocate, and each call's duration is recorded (the longest is the most an allocation of
+  another thread could have waited for an arena's lock);
+- `mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)` (128 KiB, glibc's initial value) at start, which fixes the
+  threshold: glibc's dynamic one rises to the largest chunk freed (up to 32 MiB), so once a periodic
+  document's MiB-sized arrays and JSON text are freed, the next ones come from the heap, whose free space
+  stays resident between trims. An hour's soak with the dynamic threshold rose +22.4 MiB/h; the
+  threshold fixed, RSS held (docs/performance.md, memory over a long run). Allocations above it are
+  mmapped and given back at free, page faults and all: the I/O hot path is built to make none per request
+  (its buffers are pooled, the remote tiers receive into them), so they fall on the documents' builds.
 
-The run reports both (`measurement.malloc`): the arena cap and where it came from, the trims, the RSS they
-gave back and their time. A `MALLOC_ARENA_MAX` (or `GLIBC_TUNABLES` arena_max) in the environment is the
-user's choice and is kept. Where malloc is not glibc's (musl, macOS, a preloaded jemalloc / tcmalloc /
-mimalloc) nothing is changed and the record says why.
-
-`M_MMAP_THRESHOLD` is left to glibc: a fixed threshold would send every large allocation to mmap, page
-faults and all, and a remote tier's replies are such allocations; the trims already give back the free
-pages of large chunks that the heap holds.
+The run reports all three (`measurement.malloc`): the arena cap and the threshold and where they came
+from, the trims, the RSS they gave back and their time. A `MALLOC_ARENA_MAX` or `MALLOC_MMAP_THRESHOLD_` (or
+the `GLIBC_TUNABLES` arena_max / mmap_threshold) in the environment is the user's choice and is kept. Where
+malloc is not glibc's (musl, macOS, a preloaded jemalloc / tcmalloc / mimalloc) nothing is changed and the
+record says why.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 M_ARENA_MAX = -8  # glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 ARENA_MAX = 2
+MMAP_THRESHOLD = 128 * 1024
 OTHER_ALLOCATORS = ("libjemalloc", "libtcmalloc", "libmimalloc", "libhoard")
 METHOD = ("malloc_trim(0) by ctypes (the GIL released) on a thread of its own, every trim_interval_s of the "
           "window (woken by the driver's 1-second tick); "
@@ -46,6 +50,8 @@ METHOD = ("malloc_trim(0) by ctypes (the GIL released) on a thread of its own, e
 
 
 DYNAMIC = "glibc's dynamic threshold (left alone)"
+FIXED = f"kv-cache: mallopt(M_MMAP_THRESHOLD={MMAP_THRESHOLD}) at start"
+REFUSED = "mallopt(M_MMAP_THRESHOLD) refused: glibc's dynamic threshold"
 
 
 class Libc(Protocol):
@@ -96,10 +102,7 @@ def _env_arena_max(environ: Mapping[str, str]) -> str | None:
 
 
 def _env_mmap_threshold(environ: Mapping[str, str]) -> str:
-    """Whose M_MMAP_THRESHOLD is in force: glibc's dynamic one unless the environment fixes it (a fixed one
-    sends every allocation above it to mmap, given back at free; the dynamic one rises to the largest chunk
-    freed, up to 32 MiB, so the periodic documents' MiB-sized arrays then come from the heap, whose free
-    space stays resident until a trim: docs/performance.md, memory over a long run)."""
+    """The environment's M_MMAP_THRESHOLD, if it sets one (kept: the run does not fix its own), else DYNAMIC."""
     if "MALLOC_MMAP_THRESHOLD_" in environ:
         return f"MALLOC_MMAP_THRESHOLD_={environ['MALLOC_MMAP_THRESHOLD_']} in the environment"
     if "glibc.malloc.mmap_threshold" in environ.get("GLIBC_TUNABLES", ""):
@@ -109,8 +112,9 @@ def _env_mmap_threshold(environ: Mapping[str, str]) -> str:
 
 def configure(environ: Mapping[str, str] | None = None,
               probe: Callable[[], tuple[Libc | None, str | None]] = _glibc) -> MallocPolicy:
-    """Caps glibc's arenas at ARENA_MAX (unless the environment sets them): call before the run's threads
-    start (arenas made earlier stay). Elsewhere, changes nothing and says why."""
+    """Caps glibc's arenas at ARENA_MAX and fixes its mmap threshold at MMAP_THRESHOLD (each unless the
+    environment sets it): call before the run's threads start (arenas made earlier stay). Elsewhere, changes
+    nothing and says why."""
     environ = os.environ if environ is None else environ
     other = _other_allocator(environ)
     if other is not None:
@@ -120,6 +124,8 @@ def configure(environ: Mapping[str, str] | None = None,
         return MallocPolicy(None, "not glibc (no gnu_get_libc_version / malloc_trim / mallopt): malloc left as it is")
     allocator = f"glibc {version}"
     mmap = _env_mmap_threshold(environ)
+    if mmap == DYNAMIC:
+        mmap = FIXED if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 else REFUSED
     theirs = _env_arena_max(environ)
     if theirs is not None:
         return MallocPolicy(allocator, arena_max=None, arena_max_source=theirs, libc=libc, mmap_threshold=mmap)
