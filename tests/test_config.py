@@ -500,15 +500,15 @@ def test_gpus_merge_field_by_field_and_accept_new_gpus(tmp_path):
         write(
             tmp_path,
             "gpus:\n  h100:\n    hbm_gb: 94\n"
-            "  mi300x:\n    name: AMD MI300X\n    hbm_gb: 192\n    hbm_bandwidth_gbs: 5300\n"
-            "    peak_dense_tflops: 1307\n    source: AMD datasheet\n",
+            "  z9:\n    name: Z9 (no GPU of the table)\n    hbm_gb: 192\n    hbm_bandwidth_gbs: 5300\n"
+            "    peak_dense_tflops: 1307\n    source: its datasheet\n",
         )
     )
     assert c.gpus["h100"].hbm_gb == 94.0 and c.gpus["h100"].hbm_bandwidth_gbs == 3350
-    assert c.gpus["mi300x"].peak_dense_tflops == 1307.0 and c.gpus["mi300x"].name == "AMD MI300X"
+    assert c.gpus["z9"].peak_dense_tflops == 1307.0 and c.gpus["z9"].name == "Z9 (no GPU of the table)"
     from kv_cache.specs.models import GPU_SPECS
 
-    assert set(c.gpus) == {*GPU_SPECS, "mi300x"}
+    assert "z9" not in GPU_SPECS and set(c.gpus) == {*GPU_SPECS, "z9"}
     bare = load_config(
         write(
             tmp_path,

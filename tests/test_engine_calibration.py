@@ -428,7 +428,7 @@ def test_gpu_checks_of_a_respecified_builtin_gpu_do_not_vouch_for_it():
     assert slow["respecified"] == "peak_dense_tflops 400 (the checks' 989)"
     assert "not the table's" in slow["statement"] and slow["statement"].endswith("are unvalidated")
     assert len(slow["checks"]) == len(plain["checks"])
-    new = gpu_checks(ROWS, "mi300x", 2.0, dataclasses.replace(h100, name="MI300X", hbm_gb=192.0))
+    new = gpu_checks(ROWS, "z9", 2.0, dataclasses.replace(h100, name="Z9 (no GPU of the table)", hbm_gb=192.0))
     assert new["status"] == "unchecked" and new["unvalidated"] and new["respecified"] == ""
 
 

@@ -22,6 +22,7 @@ def test_builtin_gpu_table_matches_the_datasheets():
         "h200": (141, 4800, 989),
         "b200": (180, 8000, 2250),
         "l40s": (48, 864, 362),
+        "mi300x": (192, 5300, 1307.4),
     }
     assert set(g.GPU_SPECS) == set(expected)
     for name, (hbm, bw, tf) in expected.items():

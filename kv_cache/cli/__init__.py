@@ -21,6 +21,7 @@ from typing import NoReturn
 from kv_cache import __version__
 from kv_cache.cli import settle
 from kv_cache.cli.audit import add_audit_flags, audit_command
+from kv_cache.cli.catalogue_cmd import add_catalogue_flags, catalogue_command
 from kv_cache.cli.compare_cmd import add_compare_flags, compare_command
 from kv_cache.cli.exits import EXIT_CODES, after_output, exit_code_for, exit_status
 from kv_cache.cli.flags import add_run_flags, add_sessions_flags
@@ -172,7 +173,8 @@ COMMANDS: dict[str, Command] = {
                "sessions (sessions held: modelled GPUs, concurrency ladder, real offload I/O); merge (per-rank "
                "results of one run into one document); report (a saved result's report and plots); compare "
                "(results side by side, with their storage, plots and JSON); audit (an integrity verdict of "
-               "results, ours or the MLPerf tool's)",
+               "results, ours or the MLPerf tool's); catalogue (what the registries hold: storage backends, "
+               "trace formats, GPU specs, metrics, load shapes)",
         add_flags=_with_plots_flag(add_run_flags),
         handler=_run_command,
     ),
@@ -217,6 +219,15 @@ COMMANDS: dict[str, Command] = {
                     "directory.",
         add_flags=add_audit_flags,
         handler=audit_command,
+    ),
+    "catalogue": Command(
+        prog=f"{PROG} catalogue",
+        summary="what the registries hold: storage backends, trace formats, GPU specs, metrics, load shapes",
+        description="`kv-cache catalogue [SECTION ...] [--json]`: the entries of each registry (storage "
+                    "backends, trace formats, GPU specs, output metrics, load shapes), read from the registries "
+                    "themselves, so an entry added as a module is listed without any other change.",
+        add_flags=add_catalogue_flags,
+        handler=catalogue_command,
     ),
 }
 DEFAULT_COMMAND = "run"
