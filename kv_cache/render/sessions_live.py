@@ -60,7 +60,10 @@ class RungProgress:
         return f"[rung {self.done + 1} of {self.total}, {rung_eta(self.done, self.total, elapsed, self.ls)}]"
 
     def running(self, out: TextIO, tier: str, n: int, k: int, replications: int, window_s: float,
-                why: str = "3 planned cycles") -> None:
+                pilot: dict[str, Any] | None = None) -> None:
+        """A run's start; a window other than --window says why: 3 planned cycles, or the `pilot` left out."""
+        why = (f"the pilot had {pilot['returning_turns']} returning turns, under {pilot['wanted_returning_turns']} "
+               f"({pilot['needed_returning_turns']} needed per replication): all again" if pilot else "3 planned cycles")
         out.write(self.pending + f"  {self.label()} running {tier:<13} {n:>5} sessions"
                   + (f" (replication {k + 1})" if replications > 1 else "")
                   + (f", window {window_s:.0f} s ({why})" if window_s != self.ls.window_s and k == 0 else "")
