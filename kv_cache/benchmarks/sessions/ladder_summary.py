@@ -301,17 +301,14 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
         if not cap_b or a.get("no_completed_turns") or b.get("no_completed_turns"):
             entry["effective_capacity_ratio"] = None
         out["ratios"].append(entry)
-    for cfg in configs:
-        if cfg == base:
-            continue
         for (c, n), r in by_rung.items():
             if c != cfg or (base, n) not in by_rung:
                 continue
-            b = by_rung[(base, n)]
+            done = by_rung[(base, n)]["completed_turns"]
             out.setdefault("ratios_by_rung", []).append({
                 "config": cfg, "baseline": base, "sessions": n,
                 "throughput_ratio": nonnegative(_ratio_ci(by_rung, raw, (cfg, n), (base, n))).to_dict(),
-                "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
+                "completed_turns_ratio": r["completed_turns"] / done if done else None,
             })
     return out
 

@@ -134,7 +134,7 @@ def run_ladder(ls: LadderSettings, s: SessionsSettings, supply: Supply, out: Tex
     rungs = [] if rungs is None else rungs
     raw: dict[tuple[str, int], list[float]] = {}
     tiers, slo = list(s.tiers), s.slo_ttft_p90_s
-    print_banner(ls, s.ladder, tiers, s.ladder_auto_start, out)
+    print_banner(ls, s, out)
     progress = RungProgress(ls, None if s.ladder_auto_start else len(tiers) * len(s.ladder) * s.replications)
     plan = slo is not None  # an answer run plans each rung's window from the loaded turn cycle
 
