@@ -155,8 +155,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
         replications=_replications(args), slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
-        window_plan=args.window_plan,
-        grid=(),
+        window_plan=args.window_plan, grid=(),
     )
 
 
