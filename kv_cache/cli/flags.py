@@ -1,5 +1,5 @@
 """The flags of each sub-command, generated from the settings tree: every flag is declared once, on its
-setting's dataclass field (`setting(default, flag=Flag(...))` in settings/run.py and cli/sessions.py), with
+setting's dataclass field (`setting(default, flag=Flag(...))` in settings/run.py and settings/sessions.py), with
 its name, type, choices, help and default; this module only flattens the tree into argparse calls.
 """
 
@@ -9,10 +9,11 @@ import argparse
 from datetime import datetime
 
 from kv_cache import __version__
-from kv_cache.cli.sessions import SessionsFlags, timestamped
+from kv_cache.cli.sessions import timestamped
 from kv_cache.core import shapes
 from kv_cache.settings.fields import flag_defaults, flags_of
 from kv_cache.settings.run import RUN_FLAG_TREE, RemoteTierSettings
+from kv_cache.settings.sessions import SessionsFlags
 from kv_cache.specs import gpu_specs
 from kv_cache.workload.traces import formats as trace_formats
 

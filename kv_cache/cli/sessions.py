@@ -1,4 +1,4 @@
-"""`kv-cache sessions` settings: the flags' defaults, and parsed flags + config.yaml -> SessionsSettings.
+"""`kv-cache sessions` settings: parsed flags (settings/sessions.py SessionsFlags) + config.yaml -> SessionsSettings.
 
 The trace (when one is given) is not opened here: the composition root loads its sessions once and
 adjusts the block size to the trace's.
@@ -9,130 +9,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from dataclasses import dataclass
 from datetime import datetime
 
 from kv_cache.errors import UsageError
-from kv_cache.host.capacity import AUTO_FRACTION
 from kv_cache.metrics.recorder import GIB
 from kv_cache.results.outputs import check_output_path
 from kv_cache.serving.engine import roofline as gpumod
-from kv_cache.settings.fields import Flag, setting
 from kv_cache.settings.pacing import PaceError, parse_pace
-from kv_cache.settings.run import (
-    DEFAULT_GPU,
-    DEFAULT_MODEL,
-    IO_MODES,
-    LOG_LEVELS,
-    RemoteTierSettings,
-    StorageSettings,
-)
+from kv_cache.settings.run import RemoteTierSettings, StorageSettings
 from kv_cache.settings.schema import load_config
 from kv_cache.settings.sessions import (
     DEFAULT_ANSWER_REPLICATIONS,
-    LOAD_POLICIES,
     TIER_CONFIGS,
-    WINDOW_PLANS,
     LadderSettings,
+    SessionsFlags,
     SessionsSettings,
 )
-from kv_cache.settings.shaping import BANDWIDTH_HELP, LATENCY_HELP, shaping_fields, spec_errors
+from kv_cache.settings.shaping import shaping_fields, spec_errors
 from kv_cache.settings.validation import check_cache_dir, remote_errors
 from kv_cache.specs.models import SESSION_MODELS
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
-
-
-@dataclass(frozen=True)
-class SessionsFlags:
-    """The `kv-cache sessions` flags: each one's default, help and argparse arguments, written once here
-    (cli/flags.py generates the parser from these fields)."""
-
-    config: str | None = setting(None, flag=Flag(
-        "--config", help="YAML config (sections sessions, gpus, inference_model, model_configs)."))
-    model: str = setting(DEFAULT_MODEL, flag=Flag("--model", help="Model key."))
-    gpu: str = setting(DEFAULT_GPU, flag=Flag(
-        "--gpu", registry="gpu_specs", help="GPU spec."))
-    gpu_mem_gb: float = setting(0.0, flag=Flag(
-        "--gpu-mem-gb", type=float, help="HBM per GPU in GiB (0 = the GPU spec's)."))  # 0 = the GPU spec's HBM
-    num_gpus: int = setting(1, flag=Flag(
-        "--num-gpus", type=int, help="GPUs; replicas = num-gpus / tensor-parallel."))
-    tensor_parallel: int = setting(1, flag=Flag("--tensor-parallel", type=int, help="GPUs per model replica."))
-    ladder: str = setting("4,8,16", flag=Flag(
-        "--ladder", help="Comma-separated concurrent-session counts (rungs), or auto[:START] (double from START, "
-                         "default 2, until throughput has peaked)."))
-    window: float = setting(30.0, flag=Flag(
-        "--window", type=float, help="Measured seconds per rung (the article used 720)."))
-    window_plan: str = setting("planned", flag=Flag(
-        "--window-plan", choices=WINDOW_PLANS,
-        help="With --slo-ttft-p90: planned (each rung's window holds >= 3 loaded turn cycles measured at the rung "
-             "below, within [--window, 4 x --window]) or fixed (every window is --window: the answer then says "
-             "'not enough evidence' where --window is too short, with the --window that would do)."))
-    warmup: float = setting(10.0, flag=Flag(
-        "--warmup", type=float, help="Unmeasured seconds before each window."))
-    subwindows: int = setting(5, flag=Flag(
-        "--subwindows", type=int, help="Sub-windows for the confidence intervals (>= 2)."))
-    tiers: str = setting(",".join(TIER_CONFIGS), flag=Flag(
-        "--tiers", help=f"Offload configurations: {', '.join(TIER_CONFIGS)}."))
-    cpu_mem_gb: float = setting(8.0, flag=Flag("--cpu-mem-gb", type=float, help="DRAM offload tier per run, GiB."))
-    cache_dir: str | None = setting(None, flag=Flag(
-        "--cache-dir", help="Directory of the storage offload tier (default: a temp dir)."))
-    storage_capacity_gb: float = setting(0.0, flag=Flag(
-        "--storage-capacity-gb", type=float,
-        help=f"Storage tier capacity, GiB (0 = automatic: {AUTO_FRACTION * 100:.0f}%% of the free space, less one block; "
-             "on tmpfs also within the memory budget)."))
-    tier_bandwidth: float | str = setting(0.0, flag=Flag(
-        "--tier-bandwidth", metavar="GB/s|TIER=GB/s,...", help=BANDWIDTH_HELP))  # settings/shaping.py parses it
-    tier_latency: float | str = setting(0.0, flag=Flag(
-        "--tier-latency", metavar="ms|TIER=ms,...", help=LATENCY_HELP))
-    trace: str | None = setting(None, flag=Flag(
-        "--trace", help="Sessions from a trace (agentic-coding dir, AIPerf, Bailian, Mooncake)."))
-    trace_format: str = setting("auto", flag=Flag("--trace-format", help="Trace format (default: detected)."))
-    max_sessions: int = setting(0, flag=Flag(
-        "--max-sessions", type=int, help="Use at most this many sessions of the trace (0 = all)."))
-    pace: str = setting("trace", flag=Flag(
-        "--pace", help="Pause transform: trace | human:A:B | agentic:A:B | fixed:S."))
-    seed: int = setting(42, flag=Flag(
-        "--seed", type=int, help="Seed of the session generator and the pace transform."))
-    output: str = setting("sessions_results.json", flag=Flag(
-        "--output", help="Results JSON."))  # the parser adds the start time to the name
-    io_workers: int = setting(8, flag=Flag(
-        "--io-workers", type=int, help="I/O worker threads moving blocks to/from the offload tiers."))
-    io_chunk_mb: int | None = setting(None, flag=Flag(
-        "--io-chunk-mb", type=int,
-        help="MiB per pwritev/preadv call (default: config storage)."))  # None = the config's storage section
-    io_mode: str | None = setting(None, flag=Flag("--io-mode", choices=IO_MODES))
-    no_fsync: bool | None = setting(None, flag=Flag("--no-fsync", action="store_true"))
-    prefill_chunk_tokens: int = setting(8192, flag=Flag(
-        "--prefill-chunk-tokens", type=int, help="Prefill tokens per batching iteration."))
-    log_level: str = setting("WARNING", flag=Flag("--log-level", choices=LOG_LEVELS))
-    load_policy: str = setting("always", flag=Flag(
-        "--load-policy", choices=LOAD_POLICIES,
-        help="always: load every offloaded prefix hit; cost: recompute it when loading at the tier's measured "
-             "bandwidth would take longer than the modelled prefill."))
-    replications: int | None = setting(None, flag=Flag(
-        "--replications", type=int,
-        help="Independent seeded replications per (config, sessions) cell; CIs across them (t). Default: 3 "
-             "with --slo-ttft-p90 (the answer's intervals come from them), else 1."))
-    slo_ttft_p90: float | None = setting(None, flag=Flag(
-        "--slo-ttft-p90", type=float, metavar="S",
-        help="SLO on the p90 TTFT of returning turns: the run bisects each configuration's crossing (up to 3 "
-             "extra rungs) and ends with one sentence: the sessions held at the SLO, with intervals."))
-    verify: bool = setting(False, flag=Flag(
-        "--verify", action="store_true",
-        help="Every offload-tier read checks each 4 KiB block's stamp (mismatches are storage errors)."))
-    steady_state: bool = setting(False, flag=Flag(
-        "--steady-state", action="store_true",
-        help="Start each rung as a long run would leave it (sessions mid-way, HBM full, evicted blocks in the "
-             "tiers, staggered arrivals); the warm-up ends when occupancy is steady (--warmup = its cap)."))
-    dram_write_through: bool = setting(False, flag=Flag(
-        "--dram-write-through", action="store_true",
-        help="Inclusive offload, as vLLM's CPU offloading connector: every block a turn computes is written to "
-             "the offload tiers when the turn completes, not only when HBM evicts it (configurations with dram)."))
-    models: str | None = setting(None, flag=Flag(
-        "--models", help="Grid: comma-separated model keys (overrides --model); every (model, GPU) cell runs."))
-    gpus: str | None = setting(None, flag=Flag(
-        "--gpus", help="Grid: comma-separated GPU specs (overrides --gpu); one table and answer per cell."))
 
 
 def timestamped(name: str, when: datetime) -> str:
@@ -258,8 +155,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         trace_format=args.trace_format, max_sessions=args.max_sessions, pace_text=args.pace,
         output=args.output, log_level=args.log_level, argv=tuple(argv),
         replications=_replications(args), slo_ttft_p90_s=args.slo_ttft_p90, ladder_auto_start=auto_start,
-        window_plan=args.window_plan,
-        grid=(),
+        window_plan=args.window_plan, grid=(),
     )
 
 

@@ -5,9 +5,9 @@ beyond what is counted, and a tier that fills the disk to the last byte turns ev
 
 from __future__ import annotations
 
-__all__ = ["AUTO_FRACTION", "auto_capacity"]
+from kv_cache.settings.sections import AUTO_FRACTION  # of the free space, before the largest entry
 
-AUTO_FRACTION = 0.90  # of the free space, shared with the other live runs, before the largest entry
+__all__ = ["AUTO_FRACTION", "auto_capacity"]
 
 
 def auto_capacity(free: int, largest_entry: int, runs: int = 1, ram_room: int | None = None) -> float:

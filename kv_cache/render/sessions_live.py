@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kv_cache import __version__
@@ -14,19 +13,19 @@ from kv_cache.render.console import integrity_line
 from kv_cache.render.sessions import engine_line, print_grid, print_table
 from kv_cache.results.sessions_document import engine_calibration, pace_transform
 from kv_cache.results.write import Written
-from kv_cache.settings.sessions import LadderSettings
+from kv_cache.settings.sessions import LadderSettings, SessionsSettings
 
 __all__ = ["RungProgress", "ladder_ended", "print_banner", "print_grid_heading", "print_written", "rung_eta"]
 
 
-def print_banner(ls: LadderSettings, ladder: Sequence[int], tiers: Sequence[str], auto_start: int, out: TextIO) -> None:
+def print_banner(ls: LadderSettings, s: SessionsSettings, out: TextIO) -> None:
     """The lines before a cell's first rung: what runs, on what, and the engine model's error."""
     cap_blocks = ls.hbm_capacity_blocks()
     out.write(
         f"kv-cache {__version__} sessions: {ls.model_name} on {ls.num_gpus} x {ls.gpu_name} "
         f"(HBM for KV: {cap_blocks} blocks of {ls.block_tokens} tokens = "
         f"{cap_blocks * ls.block_tokens:,} tokens per replica), "
-        f"rungs {f'auto from {auto_start}' if auto_start else list(ladder)}, tiers {list(tiers)}, "
+        f"rungs {f'auto from {s.ladder_auto_start}' if s.ladder_auto_start else list(s.ladder)}, tiers {list(s.tiers)}, "
         f"window {ls.window_s:g} s + warm-up {ls.warmup_s:g} s each\n"
     )
     out.write(engine_line(engine_calibration(ls)) + "\n")
@@ -60,7 +59,10 @@ class RungProgress:
         return f"[rung {self.done + 1} of {self.total}, {rung_eta(self.done, self.total, elapsed, self.ls)}]"
 
     def running(self, out: TextIO, tier: str, n: int, k: int, replications: int, window_s: float,
-                why: str = "3 planned cycles") -> None:
+                pilot: dict[str, Any] | None = None) -> None:
+        """A run's start; a window other than --window says why: 3 planned cycles, or the `pilot` left out."""
+        why = (f"the pilot had {pilot['returning_turns']} returning turns, under {pilot['wanted_returning_turns']} "
+               f"({pilot['needed_returning_turns']} needed per replication): all again" if pilot else "3 planned cycles")
         out.write(self.pending + f"  {self.label()} running {tier:<13} {n:>5} sessions"
                   + (f" (replication {k + 1})" if replications > 1 else "")
                   + (f", window {window_s:.0f} s ({why})" if window_s != self.ls.window_s and k == 0 else "")

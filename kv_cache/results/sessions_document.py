@@ -27,7 +27,7 @@ from kv_cache.specs import GIB
 from kv_cache.storage.shaped import Shaping
 
 __all__ = ["METHOD", "cell_parameters", "engine_calibration", "engine_gpu_warning", "pace_transform",
-           "sessions_document", "sessions_storage_location", "tier_backends", "tier_shaping", "this_gpu"]
+           "sessions_cell", "sessions_document", "sessions_storage_location", "tier_backends", "tier_shaping", "this_gpu"]
 
 METHOD = (
     "Closed loop: each of N session slots issues its next turn only after the previous answer completed and "
@@ -63,6 +63,12 @@ def sessions_document(s: SessionsSettings, started: datetime, cells: Sequence[Ma
         **({"grid": list(cells)} if s.grid else {}),
         "integrity": sessions_integrity(libraries),
     }, SESSIONS_SCHEMA_VERSION)
+
+
+def sessions_cell(s: SessionsSettings, ls: LadderSettings, body: Mapping[str, Any],
+                  rungs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (model, GPU) cell of the document: its `parameters`, its ladder's body, the backends its rungs ran on."""
+    return {"parameters": cell_parameters(s, ls, rungs), **body, "tier_backends": tier_backends(rungs)}
 
 
 def tier_backends(rungs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:

@@ -23,6 +23,9 @@ RETRIEVAL_DISTRIBUTIONS = ("zipfian", "uniform", "random")
 
 # How the storage tier opens its files: O_DIRECT where the filesystem allows it, or the page cache.
 IO_MODES = ("auto", "direct", "buffered")
+# The storage tier's automatic capacity (--storage-capacity-gb 0): this share of the free space, shared with the
+# other live runs, before the largest entry (host/capacity.py applies it).
+AUTO_FRACTION = 0.90
 
 
 @dataclass(frozen=True)

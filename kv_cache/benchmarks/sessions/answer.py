@@ -36,12 +36,11 @@ from kv_cache.metrics.slo_fit import (
     turns_needed_per_replication,
 )
 
-__all__ = ["DEFAULT_ANSWER_REPLICATIONS", "MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
+__all__ = ["MAX_REFINEMENTS", "answer", "crossing", "next_refinement", "plateau_and_knee", "refine_ladder"]
 
 MAX_REFINEMENTS = 3  # extra rungs per configuration
 BRACKET_FRACTION = 0.10  # a bracket at most max(1, 10 % of its lower end) wide is narrow enough
 KNEE_FRACTION = 0.90
-DEFAULT_ANSWER_REPLICATIONS = 3  # K when an answer is asked for and --replications is not given
 
 
 def _p90_ci(cell: dict[str, Any]) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from kv_cache.benchmarks.sessions.session_slots import Slot
 from kv_cache.benchmarks.sessions.steady_state import (
     WARMUP_CAP_CYCLES,
     StationarityDetector,
+    SteadyStart,
     modelled_service,
     prepare_steady_start,
     window_cycles,
@@ -84,7 +85,7 @@ class RungRun:
         self.loop = EventLoop({"open_window": self._on_open_window, "monitor": self._on_monitor,
                                "warmup_check": self._on_warmup_check})
         self.window_start_ns: int | None = None
-        self.steady = None
+        self.steady: SteadyStart | None = None
         self.warmup = StationarityDetector()
         self.cap_s = ls.warmup_s  # the latest the window opens (steady state: at least one turn cycle)
         self.tick_at = (0, 0)  # (completed turns, first tokens) seen by the last warm-up check

@@ -18,7 +18,8 @@ from kv_cache.benchmarks.sessions.rung_results import mean_of
 from kv_cache.metrics.block_bootstrap import paired_ratio_ci
 from kv_cache.metrics.stats import CI, nonnegative, ratio_ci
 
-__all__ = ["AUTO_MAX_RUNGS", "CENSORED", "auto_next_rung", "flag_work_equivalence", "merge_replications", "rung_warnings", "slo_capacity", "summarize"]
+__all__ = ["AUTO_MAX_RUNGS", "CENSORED", "auto_next_rung", "flag_work_equivalence", "merge_replications", "rung_warnings", "slo_capacity", "summarize",
+           "unfinished_rung"]
 
 CENSORED = "censored: extend the ladder"
 
@@ -300,19 +301,27 @@ def summarize(rungs: list[dict[str, Any]], raw: dict[tuple[str, int], list[float
         if not cap_b or a.get("no_completed_turns") or b.get("no_completed_turns"):
             entry["effective_capacity_ratio"] = None
         out["ratios"].append(entry)
-    for cfg in configs:
-        if cfg == base:
-            continue
         for (c, n), r in by_rung.items():
             if c != cfg or (base, n) not in by_rung:
                 continue
-            b = by_rung[(base, n)]
+            done = by_rung[(base, n)]["completed_turns"]
             out.setdefault("ratios_by_rung", []).append({
                 "config": cfg, "baseline": base, "sessions": n,
                 "throughput_ratio": nonnegative(_ratio_ci(by_rung, raw, (cfg, n), (base, n))).to_dict(),
-                "completed_turns_ratio": (r["completed_turns"] / b["completed_turns"]) if b["completed_turns"] else None,
+                "completed_turns_ratio": r["completed_turns"] / done if done else None,
             })
     return out
+
+
+def unfinished_rung(tier: str, n: int, replications: int, reps: list[dict[str, Any]], window_s: float,
+                    pilot: dict[str, Any] | None) -> dict[str, Any]:
+    """The document's `unfinished_rung`: the rung an interrupt stopped in, and what of it was lost."""
+    return {"tiers": tier, "sessions": n, "replications": replications, "replications_finished": len(reps),
+            "window_s": window_s, "evidence_pilot": pilot,
+            "ttft_return_n": [int(r["ttft"]["return"].get("n") or 0) for r in reps],
+            "ttft_return_p90_s": [(r["ttft"]["return"].get("p90_s") or {}).get("estimate") for r in reps],
+            "note": "interrupted inside this rung: its finished replications (and a pilot, left out) are not a "
+                    "cell and are not in `rungs`"}
 
 
 def rung_warnings(rungs: list[dict[str, Any]], summary: dict[str, Any] | None) -> list[str]:

@@ -25,14 +25,15 @@ from kv_cache.benchmarks.sessions.ladder_summary import (
     merge_replications,
     rung_warnings,
     summarize,
+    unfinished_rung,
 )
 from kv_cache.benchmarks.sessions.steady_state import (
-    EVIDENCE_MARGIN,
-    MAX_PLANNED_WINDOW_FACTOR,
     evidence_window,
     pilot_enough,
+    pilot_record,
     plan_window,
     planned_cycle,
+    window_plan_record,
 )
 from kv_cache.errors import RunOutcome
 from kv_cache.host.preload import snapshot_at_start
@@ -46,12 +47,7 @@ from kv_cache.render.sessions_live import (
     print_written,
 )
 from kv_cache.results.outputs import write_results
-from kv_cache.results.sessions_document import (
-    cell_parameters,
-    engine_gpu_warning,
-    sessions_document,
-    tier_backends,
-)
+from kv_cache.results.sessions_document import engine_gpu_warning, sessions_cell, sessions_document
 from kv_cache.settings.sessions import LadderSettings, SessionsSettings
 from kv_cache.workload.session_supply import script_supply
 from kv_cache.workload.sessions import SessionScript, sessions_from_trace
@@ -78,20 +74,6 @@ class LadderStopped(Exception):
     """A rung was stopped by the storage-error policy (a fatal error, or more than tolerated)."""
 
 
-def _pilot_record(result: dict[str, Any], window_s: float, rerun_window_s: float, need: int,
-                  wanted: int) -> dict[str, Any]:
-    """What a pilot (a first replication short of the evidence, left out of its cell) measured, for a reader
-    of the document to see what was left out: its window and returning turns, the turns needed per
-    replication (and wanted of a first one, steady_state.pilot_enough), the window every replication ran at
-    instead, and its own figures."""
-    p90 = (result["ttft"]["return"].get("p90_s") or {}).get("estimate")
-    thr = (result.get("throughput_tokens_per_s_per_gpu") or {}).get("estimate")
-    return {"window_s": window_s, "returning_turns": int(result["ttft"]["return"].get("n") or 0),
-            "needed_returning_turns": need, "wanted_returning_turns": wanted, "rerun_window_s": rerun_window_s, "seed": result.get("seed"),
-            "completed_turns": result.get("completed_turns"), "ttft_return_p90_s": p90,
-            "throughput_tokens_per_s_per_gpu": thr, "left_out": True}
-
-
 def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO, replications: int,
               raw: dict[tuple[str, int], list[float]], progress: RungProgress,
               rungs: list[dict[str, Any]], plan: bool = False, window_plan: str = "planned") -> dict[str, Any]:
@@ -108,10 +90,7 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     k = 0
     try:
         while k < replications:
-            progress.running(out, tier, n, k, replications, window,
-                             *((f"the pilot had {pilot['returning_turns']} returning turns, under {pilot['wanted_returning_turns']} "
-                                f"({need} needed per replication): all again",)
-                               if pilot else ()))
+            progress.running(out, tier, n, k, replications, window, pilot)
             lsk = dataclasses.replace(ls, seed=ls.seed + k * REPLICATION_SEED_STRIDE, window_s=window)
             rung = RungRun(lsk, tier, n, supply(lsk.seed), planned_cycle_s=cycle)
             result = rung.run()
@@ -125,7 +104,7 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
                                       replications)
                       if plan and window_plan == "planned" and k == 0 and pilot is None else None)
             if longer is not None:  # the pilot: every replication (this one again) at the window the evidence needs
-                pilot = _pilot_record(result, window, longer, need, pilot_enough(need, replications))
+                pilot = pilot_record(result, window, longer, need, pilot_enough(need, replications))
                 window = longer
                 progress.pilot()  # one more run than the ladder counted: "rung i of n" and the ETA say so
                 continue
@@ -134,28 +113,11 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
                 raw[(tier, n)] = rung.throughput_samples
             k += 1
     except KeyboardInterrupt as exc:  # a cell's finished runs are no cell: the document says what was lost
-        exc.unfinished_rung = {  # type: ignore[attr-defined]
-            "tiers": tier, "sessions": n, "replications": replications, "replications_finished": len(reps),
-            "window_s": window, "evidence_pilot": pilot,
-            "ttft_return_n": [int(r["ttft"]["return"].get("n") or 0) for r in reps],
-            "ttft_return_p90_s": [(r["ttft"]["return"].get("p90_s") or {}).get("estimate") for r in reps],
-            "note": "interrupted inside this rung: its finished replications (and a pilot, left out) are not a "
-                    "cell and are not in `rungs`"}
+        exc.unfinished_rung = unfinished_rung(tier, n, replications, reps, window, pilot)  # type: ignore[attr-defined]
         raise
     cell = merge_replications(reps)
-    cell["window_plan"] = {"mode": window_plan if plan else "fixed", "requested_window_s": ls.window_s,
-                           "window_s": window, "planned_cycle_s": cycle, "planned_from_rung": from_rung,
-                           "evidence_pilot": pilot,
-                           "rule": "with --slo-ttft-p90 and --window-plan planned (the default): the window holds "
-                                   ">= 3 loaded turn cycles planned from the rung below (its measured cycle x the "
-                                   "ratio of sessions), within [--window, "
-                                   f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; and when the first replication "
-                                   f"measures fewer returning turns than the evidence rule needs per replication "
-                                   f"({need}; {EVIDENCE_MARGIN:g} x that with replications > 1, as each must have "
-                                   f"it), it is a pilot, left out: every replication runs again at the window "
-                                   f"that would give {EVIDENCE_MARGIN:g} x as many (in proportion), within the same "
-                                   "cap (evidence_pilot: its window and turns); else (--window-plan fixed, or no "
-                                   "SLO) --window"}
+    cell["window_plan"] = window_plan_record(window_plan if plan else "fixed", ls.window_s, window, cycle, from_rung,
+                                             pilot, need)
     if replications > 1:
         raw[(tier, n)] = cell["replications"]["throughput_tokens_per_s_per_gpu"]
     rungs.append(cell)
@@ -163,40 +125,39 @@ def _run_cell(ls: LadderSettings, tier: str, n: int, supply: Supply, out: TextIO
     return cell
 
 
-def run_ladder(ls: LadderSettings, ladder: list[int], tiers: list[str], supply: Supply, out: TextIO,
-               rungs: list[dict[str, Any]] | None = None, replications: int = 1,
-               slo_ttft_p90_s: float | None = None, auto_start: int = 0,
-               window_plan: str = "planned") -> dict[str, Any]:
-    """Run every (tier config, rung), `replications` times each with its own seed; `rungs` (if given)
+def run_ladder(ls: LadderSettings, s: SessionsSettings, supply: Supply, out: TextIO,
+               rungs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run every (tier config, rung) of `s`, `s.replications` times each with its own seed; `rungs` (if given)
     receives each finished cell as it completes. `supply(seed)` -> the session supply of that seed.
-    `auto_start` > 0: ignore `ladder`, climb from that many sessions (doubling) until throughput peaked.
-    `window_plan` (with an SLO): "planned" windows of >= 3 loaded turn cycles, or "fixed" at --window."""
+    `s.ladder_auto_start` > 0: ignore `s.ladder`, climb from that many sessions (doubling) until throughput
+    peaked. `s.window_plan` (with an SLO): "planned" windows of >= 3 loaded turn cycles, or "fixed" at --window."""
     rungs = [] if rungs is None else rungs
     raw: dict[tuple[str, int], list[float]] = {}
-    print_banner(ls, ladder, tiers, auto_start, out)
-    progress = RungProgress(ls, None if auto_start else len(tiers) * len(ladder) * replications)
-    plan = slo_ttft_p90_s is not None  # an answer run plans each rung's window from the loaded turn cycle
+    tiers, slo = list(s.tiers), s.slo_ttft_p90_s
+    print_banner(ls, s, out)
+    progress = RungProgress(ls, None if s.ladder_auto_start else len(tiers) * len(s.ladder) * s.replications)
+    plan = slo is not None  # an answer run plans each rung's window from the loaded turn cycle
 
     def run_cell(tier: str, n: int) -> dict[str, Any]:
-        return _run_cell(ls, tier, n, supply, out, replications, raw, progress, rungs, plan, window_plan)
+        return _run_cell(ls, tier, n, supply, out, s.replications, raw, progress, rungs, plan, s.window_plan)
 
     for tier in tiers:
-        if not auto_start:
-            for n in ladder:
+        if not s.ladder_auto_start:
+            for n in s.ladder:
                 run_cell(tier, n)
             continue
         history: list[tuple[int, float]] = []
-        while (n := auto_next_rung(history, auto_start)) is not None:
+        while (n := auto_next_rung(history, s.ladder_auto_start)) is not None:
             history.append((n, run_cell(tier, n)["throughput_tokens_per_s_per_gpu"]["estimate"]))
     body: dict[str, Any] = {}
-    if slo_ttft_p90_s is not None:  # bisect each SLO bracket, then the answer from every rung
+    if slo is not None:  # bisect each SLO bracket, then the answer from every rung
         progress.total = None
-        refine_ladder(rungs, tiers, slo_ttft_p90_s, run_cell)
+        refine_ladder(rungs, tiers, slo, run_cell)
         flag_work_equivalence(rungs)  # before the answer: its sentence carries the rungs the control flagged
         unvalidated = ["engine model unvalidated on this GPU"] if engine_gpu_warning(ls) else []
-        body["answer"], body["answer_detail"] = answer(rungs, slo_ttft_p90_s, ls.num_gpus, ls.gpu_name, unvalidated)
+        body["answer"], body["answer_detail"] = answer(rungs, slo, ls.num_gpus, ls.gpu_name, unvalidated)
     flag_work_equivalence(rungs)
-    summary = summarize(rungs, raw, slo_ttft_p90_s)
+    summary = summarize(rungs, raw, slo)
     return {"rungs": rungs, "summary": summary, "warnings": rung_warnings(rungs, summary), **body}
 
 
@@ -211,9 +172,8 @@ def _climb(s: SessionsSettings, ls: LadderSettings, scripts: list[SessionScript]
     ended, and its warnings lead with the engine model's (engine_gpu_warning)."""
     interrupted, error = False, None
     try:
-        body = run_ladder(ls, list(s.ladder), list(s.tiers),
-                          lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1), out,
-                          done_rungs, s.replications, s.slo_ttft_p90_s, s.ladder_auto_start, s.window_plan)
+        body = run_ladder(ls, s, lambda seed: script_supply(scripts, s.sessions, seed, resample=s.replications > 1),
+                          out, done_rungs)
     except KeyboardInterrupt as exc:  # the rungs that completed, work control included
         interrupted = True
         body = {"rungs": done_rungs, "summary": None, "interrupted": True}
@@ -253,7 +213,8 @@ def run_sessions(s: SessionsSettings, out: TextIO | None = None) -> RunOutcome:
                 signal.signal(sig, old)
 
 
-def _run_cells(s: SessionsSettings, ls0, trace_scripts, libraries, started, out: TextIO) -> RunOutcome:
+def _run_cells(s: SessionsSettings, ls0: LadderSettings, trace_scripts: list[SessionScript] | None,
+               libraries: dict[str, Any], started: datetime, out: TextIO) -> RunOutcome:
     interrupted, storage_error = False, None
     cells: list[dict[str, Any]] = []
     for cell_ls in s.grid or (s.ladder_settings,):
@@ -263,8 +224,7 @@ def _run_cells(s: SessionsSettings, ls0, trace_scripts, libraries, started, out:
             print_grid_heading(len(cells) + 1, len(s.grid), ls, out)
         done_rungs: list[dict[str, Any]] = []
         body, interrupted, storage_error = _climb(s, ls, trace_scripts, out, done_rungs)
-        cells.append({"parameters": cell_parameters(s, ls, done_rungs), **body,
-                      "tier_backends": tier_backends(done_rungs)})
+        cells.append(sessions_cell(s, ls, body, done_rungs))
         if interrupted or storage_error is not None:
             break
     results = sessions_document(s, started, cells, libraries)

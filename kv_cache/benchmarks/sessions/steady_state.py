@@ -47,9 +47,9 @@ from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.specs import GPUSpec
 from kv_cache.specs.models import ModelConfig
 
-__all__ = ["EVIDENCE_MARGIN", "MAX_PLANNED_WINDOW_FACTOR", "evidence_window", "pilot_enough", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
+__all__ = ["EVIDENCE_MARGIN", "MAX_PLANNED_WINDOW_FACTOR", "evidence_window", "pilot_enough", "pilot_record", "WARMUP_CAP_CYCLES", "plan_window", "planned_cycle", "relative_slope",
            "slope_steady", "StationarityDetector", "SteadyStart", "mann_kendall_z", "modelled_service", "prepare_steady_start", "session_seconds",
-           "stationary_position", "window_cycles"]
+           "stationary_position", "window_cycles", "window_plan_record"]
 
 POOL_FACTOR = 8
 MIN_POOL = 64
@@ -302,6 +302,37 @@ def evidence_window(window_s: float, requested_s: float, returning_turns: int, n
         return None
     wanted = min(MAX_PLANNED_WINDOW_FACTOR * requested_s, window_s * need * EVIDENCE_MARGIN / returning_turns)
     return wanted if wanted > window_s * 1.001 else None
+
+
+def pilot_record(result: dict[str, Any], window_s: float, rerun_window_s: float, need: int,
+                 wanted: int) -> dict[str, Any]:
+    """What a pilot (a first replication short of the evidence, left out of its cell) measured, for a reader
+    of the document to see what was left out: its window and returning turns, the turns needed per
+    replication (and wanted of a first one, pilot_enough), the window every replication ran at instead, and
+    its own figures."""
+    p90 = (result["ttft"]["return"].get("p90_s") or {}).get("estimate")
+    thr = (result.get("throughput_tokens_per_s_per_gpu") or {}).get("estimate")
+    return {"window_s": window_s, "returning_turns": int(result["ttft"]["return"].get("n") or 0),
+            "needed_returning_turns": need, "wanted_returning_turns": wanted, "rerun_window_s": rerun_window_s, "seed": result.get("seed"),
+            "completed_turns": result.get("completed_turns"), "ttft_return_p90_s": p90,
+            "throughput_tokens_per_s_per_gpu": thr, "left_out": True}
+
+
+def window_plan_record(mode: str, requested_s: float, window_s: float, cycle_s: float | None,
+                       from_rung: int | None, pilot: dict[str, Any] | None, need: int) -> dict[str, Any]:
+    """A cell's `window_plan`: how its window was sized (`mode` planned or fixed), from what, and the rule."""
+    return {"mode": mode, "requested_window_s": requested_s, "window_s": window_s, "planned_cycle_s": cycle_s,
+            "planned_from_rung": from_rung, "evidence_pilot": pilot,
+            "rule": "with --slo-ttft-p90 and --window-plan planned (the default): the window holds "
+                    ">= 3 loaded turn cycles planned from the rung below (its measured cycle x the "
+                    "ratio of sessions), within [--window, "
+                    f"{MAX_PLANNED_WINDOW_FACTOR:g} x --window]; and when the first replication "
+                    f"measures fewer returning turns than the evidence rule needs per replication "
+                    f"({need}; {EVIDENCE_MARGIN:g} x that with replications > 1, as each must have "
+                    f"it), it is a pilot, left out: every replication runs again at the window "
+                    f"that would give {EVIDENCE_MARGIN:g} x as many (in proportion), within the same "
+                    "cap (evidence_pilot: its window and turns); else (--window-plan fixed, or no "
+                    "SLO) --window"}
 
 
 def window_cycles(sessions: int, window_s: float, completed_turns: int) -> tuple[float | None, str | None]:
