@@ -41,7 +41,7 @@ def _syscall_figures(maps: dict[str, Any], name: str, tool: dict[str, Any] | Non
         for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
             v = quantile_value(ll, q)
             out[key] = None if v is None else v / 1000
-        out["percentiles"] = "log-linear lhist buckets (1-10 % wide), interpolated inside the bucket"
+        out["percentiles"] = "log-linear lhist buckets (1-10 % wide from 10 us; 1 us wide below), interpolated inside the bucket"
     calls_ns = (tool or {}).get(TOOL_SYSCALL.get(name, ""))
     if calls_ns and calls_ns[0]:
         out["tool_count"] = int(calls_ns[0])
