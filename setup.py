@@ -5,11 +5,19 @@ tier falls back to timing in Python (kv_cache/storage/timedio.py), and every run
 Everything else about the package is in pyproject.toml.
 """
 
+import hashlib
+from pathlib import Path
+
 from setuptools import Extension, setup
+
+SOURCE = "kv_cache/storage/_timedio.c"
+# The source's SHA-256, in the module: timedio.py compares it with the _timedio.c beside it, so that a
+# helper built from an older source (a checkout updated without a rebuild) is not taken for the current one.
+SHA = hashlib.sha256((Path(__file__).parent / SOURCE).read_bytes()).hexdigest()
 
 setup(
     ext_modules=[
-        Extension("kv_cache.storage._timedio", ["kv_cache/storage/_timedio.c"], optional=True,
-                  extra_compile_args=["-O2"]),
+        Extension("kv_cache.storage._timedio", [SOURCE], optional=True, extra_compile_args=["-O2"],
+                  define_macros=[("TIMEDIO_SOURCE_SHA256", f'"{SHA}"')]),
     ],
 )

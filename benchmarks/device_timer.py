@@ -11,7 +11,7 @@ Each phase runs with and without a busy pure-Python thread beside the workers. W
 `apt-get install -y bpftrace`; tracefs is mounted inside `unshare -m`), the kernel's duration of every
 preadv of this process (sys_enter_preadv[2] -> sys_exit_preadv[2]: os.preadv calls preadv2) is the
 truth, recorded as --enable-latency-tracing records it (bpftrace avg: the exact mean; log-linear lhists:
-percentiles within 1-10 %; no per-event printf, whose cost would fall inside the tool's bracket): the table
+percentiles within 1-10 % from 10 us, 1 us below; no per-event printf, whose cost would fall inside the tool's bracket): the table
 gives each timer's mean, P50 and P95 and their error against the kernel's for the same syscalls. The
 ``python`` rows are today's error: the bracket every storage figure had before the C helper.
 

@@ -66,8 +66,9 @@ def _run_timed(workers: int, chunk_bytes: int, seed: int, duration: float, body)
 
     ``body(worker_id, bufs, stop, tally)`` loops until ``stop`` is set.  In-flight operations stop at
     their next chunk boundary; the bytes they moved are counted (as fio counts completed I/O units) over
-    the window (start to stop), as the kv-cache CLI counts them: at most one chunk per worker lies
-    beyond it.  The clean-up of a cut-off entry (close + unlink) is not timed, as fio does not time the
+    the window (start to stop): at most one chunk per worker lies beyond it (the one in flight at the
+    stop; the kv-cache CLI counts only the chunks completed by the window's end, storage/buffers.py
+    ChunkMarks).  The clean-up of a cut-off entry (close + unlink) is not timed, as fio does not time the
     unlink of its files either.
     """
     stop = threading.Event()

@@ -78,8 +78,12 @@ def flatness(samples: list[tuple[float, float]], until_s: float | None = None) -
             "growth_second_half_se_mib_per_hour": se,
             "growth_24h_at_second_half_slope_mib": day_mib, "flat_limit_24h_mib": limit_mib,
             "residual_sd_mib": float(np.std(resid)),
-            "flat_definition": f"24 h at the second half's slope add < {FLAT_PCT_PER_DAY:g} % of its mean RSS",
-            "flat": day_mib < limit_mib}
+            "flat_definition": f"24 h at the second half's slope add or take < {FLAT_PCT_PER_DAY:g} % of its mean RSS",
+            # two-sided: a fall extrapolated over a day is not a flat day either (it read "flat" before)
+            "flat": abs(day_mib) < limit_mib,
+            # the data bound the slope under the limit: |slope| + 2 SE over a day (a slope near 0 whose SE is
+            # many times the limit is "flat" by the point estimate, not shown flat)
+            "flat_shown_at_2se": abs(day_mib) + 2 * 24 * se < limit_mib}
 
 
 def loadavg() -> float | None:
@@ -154,6 +158,13 @@ def main() -> None:
     # "Flat": the second half's least-squares slope under FLAT_PCT_PER_HOUR of the RSS per hour (a 24-hour
     # run then grows less than a quarter), with the per-minute noise (residuals' SD) beside it
     summary.update(flatness(samples, args.duration))
+    # each interval's floor (its polled minimum: outside the periodic document's transient) and peak
+    minima = flatness([(t, lo) for (t, _), (lo, _) in zip(samples, spans, strict=True)], args.duration)
+    maxima = flatness([(t, hi) for (t, _), (_, hi) in zip(samples, spans, strict=True)], args.duration)
+    summary["minima"] = {k: minima.get(k) for k in ("growth_24h_at_second_half_slope_mib", "flat_limit_24h_mib",
+                                                     "growth_second_half_se_mib_per_hour", "flat", "flat_shown_at_2se")}
+    summary["maxima"] = {k: maxima.get(k) for k in ("growth_24h_at_second_half_slope_mib",
+                                                     "growth_second_half_se_mib_per_hour", "flat")}
     summary["projected_24h_rss_mib"] = (summary["rss_last_mib"] + g * (24 - args.duration / 3600)
                                         if g is not None and summary["rss_last_mib"] is not None else None)
     w = summary["growth_whole_run_mib_per_hour"]
@@ -166,7 +177,9 @@ def main() -> None:
           f" MiB/h (whole run {summary['growth_whole_run_mib_per_hour']}); projected at 24 h "
           f"{summary['projected_24h_rss_mib']} MiB (whole-run slope: {summary['projected_24h_rss_mib_whole_run_slope']}); "
           f"malloc {summary['malloc']}; results peak RSS {summary['results_peak_rss_mib']} MiB; "
-          f"flat ({summary.get('flat_definition')}): {summary.get('flat')} "
+          f"flat ({summary.get('flat_definition')}): {summary.get('flat')}, shown at 2 SE: "
+          f"{summary.get('flat_shown_at_2se')}; minima flat {summary['minima'].get('flat')} (shown "
+          f"{summary['minima'].get('flat_shown_at_2se')}), maxima flat {summary['maxima'].get('flat')} "
           f"({summary.get('growth_second_half_pct_of_rss_per_hour')} %/h, residual SD {summary.get('residual_sd_mib')} MiB); "
           f"written to {args.out}")
 

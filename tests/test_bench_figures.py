@@ -87,3 +87,24 @@ def test_a_phase_whose_trace_came_back_empty_says_why(device_timer, tmp_path):
     out.with_suffix(".err").write_text("WARNING: something went wrong\n")
     kern = device_timer._trace_stop(Done(), out)
     assert kern["n"] == 0 and "no preadv figures" in kern["why"] and "something went wrong" in kern["why"]
+
+
+def test_a_falling_rss_is_not_called_flat(soak):
+    """-34 MiB/h over the second half (a 30-min soak of 1fc9d74: a 16-MiB fall at 1500 s) read "flat" by
+    the one-sided rule, though docs/performance.md calls it "not evidence of a flat day"."""
+    f = soak.flatness(_hour(-34.0))
+    assert not f["flat"] and f["growth_24h_at_second_half_slope_mib"] < -f["flat_limit_24h_mib"]
+
+
+def test_flat_within_the_noise_says_whether_the_data_bound_the_slope(soak):
+    """A level RSS with the periodic document's transients (the soak's samples swing ~30 MiB between
+    minutes) fits a slope near 0 whose standard error is many times the limit: "flat" by the point
+    estimate, but not shown; the minima (each minute's floor) are judged too."""
+    rng = np.random.default_rng(3)
+    samples = [(60.0 * i, 483.0 + (30.0 if rng.random() < 0.2 else 0.0)) for i in range(1, 61)]
+    f = soak.flatness(samples)
+    assert "flat_shown_at_2se" in f
+    assert (abs(f["growth_24h_at_second_half_slope_mib"]) + 2 * 24 * f["growth_second_half_se_mib_per_hour"]
+            < f["flat_limit_24h_mib"]) == f["flat_shown_at_2se"]
+    assert not f["flat_shown_at_2se"]
+    assert soak.flatness(_hour(0.0, noise=0.001))["flat_shown_at_2se"]

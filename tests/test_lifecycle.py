@@ -360,3 +360,35 @@ def test_the_results_are_on_disk_before_the_runs_files_are_removed(quick_setting
     results, _ = execute(settings, sink)
     assert seen and seen[0] is True
     assert json.loads(Path(settings.outputs.output).read_text())["total_requests"] == results["total_requests"]
+
+
+def test_the_cpu_per_gib_counts_the_windows_cpu_not_the_set_up_before_it(quick_settings, sink, monkeypatch):
+    """measurement.cpu_seconds_per_gib divides by the window's bytes; its CPU was counted from before the
+    stores, the I/O-worker probe and the warm-up phases, so a set-up's CPU inflated the "CPU-s per GiB
+    moved" (a 5 s O_DIRECT run: 1.12 CPU-s, 0.10 per GiB). Here the phases before the window are charged
+    100 CPU-s through a stand-in getrusage: none of it may be in the figure."""
+    import resource
+
+    from kv_cache.benchmarks.standard import run as run_mod
+
+    real_getrusage, extra = resource.getrusage, {"s": 0.0}
+
+    class Usage:
+        def __init__(self, ru):
+            self._ru, self.ru_utime = ru, ru.ru_utime + extra["s"]  # the charge as it stands now
+
+        def __getattr__(self, name):
+            return getattr(self._ru, name)
+
+    real_phases = run_mod.run_phases
+
+    def phases(*args, **kwargs):
+        out = real_phases(*args, **kwargs)
+        extra["s"] = 100.0  # the set-up before the window burnt 100 CPU-s
+        return out
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: Usage(real_getrusage(who)))
+    monkeypatch.setattr(run_mod, "run_phases", phases)
+    results, _ = execute(quick_settings(), sink)
+    meas = results["measurement"]
+    assert extra["s"] == 100.0 and meas["process_cpu_seconds"] < 100.0

@@ -126,6 +126,7 @@ def test_modelled_time_runs_on_absolute_deadlines():
     assert len(stamps) == 8
     assert [b - a for a, b in zip(stamps, stamps[1:], strict=False)] == [2_000_000] * 7
     assert len(r.late_ns) == 8 and all(x >= 0 for x in r.late_ns) and r.modelled_ns == 16_000_000
+    assert r.late_ns.cap < 10**6  # bounded, whatever the rung's length
 
 
 class FakeIO:
@@ -442,3 +443,28 @@ def test_a_shaped_rung_names_its_storage_and_its_shaping(settings):
     assert set(block["tiers"][1]["latency_ms"]) == {"load", "store"}
     assert any("shaped" in n for n in result["tier_notes"]) and "queued_store_recomputed_turns" in result
     assert result["turn_cycle_s"] is None or result["turn_cycle_s"] > 0
+
+
+def test_a_replicas_lateness_is_kept_in_bounded_memory_and_engine_clock_reads_it_past_the_cap():
+    """One int an iteration went into a list for as long as a rung ran (a day of 10 ms iterations: 8.6
+    million per replica); now a LatencySamples (count, sum, max of all; values while they fit)."""
+    from kv_cache.benchmarks.sessions.rung_results import engine_clock
+    from kv_cache.metrics.reservoir import LatencySamples
+
+    class R:
+        modelled_ns = 0
+
+        def __init__(self, values, cap):
+            self.late_ns = LatencySamples(cap, histogram=True)
+            self.late_ns.extend(values)
+
+    small = [R(range(1, 101), 1000), R([1_000_000], 1000)]
+    exact = engine_clock(small)
+    union = list(range(1, 101)) + [1_000_000]
+    assert exact["iterations"] == 101 and exact["late_ms_max"] == 1.0
+    assert abs(exact["late_ms_mean"] - sum(union) / 101 / 1e6) < 1e-12
+    big = [R(range(1, 5001), 100), R(range(1, 5001), 100)]
+    c = engine_clock(big)
+    assert c["iterations"] == 10_000 and c["late_ms_max"] == 5000 / 1e6
+    assert abs(c["late_ms_p99"] * 1e6 - 4950) <= 4950 / 1024 + 1
+    assert all(len(r.late_ns.values) == 100 for r in big)  # memory: the cap, not the iterations

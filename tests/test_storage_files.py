@@ -481,3 +481,32 @@ def test_a_c_helper_built_from_an_older_source_is_not_used_and_the_run_says_rebu
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=env).stdout.splitlines()
     assert out[0] == "python" and "out of date (it has no unlink): rebuild it" in out[1]
+
+
+def test_a_c_helper_built_from_another_source_with_the_same_calls_is_not_used():
+    """Stale in substance, not in names: a _timedio built from an older _timedio.c that has every call
+    (a checkout updated without a rebuild) was used as the current one. The build records the source's
+    SHA-256 (setup.py); where the source lies beside the package and differs, the tier falls back and says
+    rebuild."""
+    import importlib
+    import subprocess
+    import sys
+
+    code = ("import sys, types\n"
+            "fake = types.ModuleType('kv_cache.storage._timedio')\n"
+            "for n in ('pwritev', 'preadv', 'fdatasync', 'open', 'close', 'unlink'): setattr(fake, n, print)\n"
+            "fake.SOURCE_SHA256 = '0' * 64\n"
+            "sys.modules['kv_cache.storage._timedio'] = fake\n"
+            "from kv_cache.storage import timedio as t\n"
+            "print(t.TIMER); print(t.TIMER_DESCRIPTION)\n")
+    env = {k: v for k, v in os.environ.items() if k != "KV_CACHE_PURE_TIMER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.splitlines()
+    assert out[0] == "python" and "built from another _timedio.c" in out[1] and "rebuild" in out[1]
+    built = subprocess.run([sys.executable, "-c", "from kv_cache.storage import timedio as t; print(t.TIMER)"],
+                           capture_output=True, text=True, check=True, env=env).stdout.strip()
+    try:
+        importlib.import_module("kv_cache.storage._timedio")
+    except ImportError:
+        return
+    assert built == "c"  # the helper built from this source is used

@@ -140,7 +140,7 @@ def bucket_text(b: dict | None, unit: str = "") -> str:
 
 def quantile_value(buckets: list[dict], q: float) -> float | None:
     """The q-quantile (0 < q <= 1) of a histogram, interpolated linearly inside the bucket holding it
-    (for log-linear buckets, within a bucket's width, 1-10 % of its value); None when it is empty or the
+    (for log-linear buckets, within a bucket's width: 1-10 % of its value from 10 us, 1 us below); None when it is empty or the
     quantile falls in an unbounded bucket."""
     n = total(buckets)
     if n == 0:

@@ -41,11 +41,14 @@ def _syscall_figures(maps: dict[str, Any], name: str, tool: dict[str, Any] | Non
         for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
             v = quantile_value(ll, q)
             out[key] = None if v is None else v / 1000
-        out["percentiles"] = "log-linear lhist buckets (1-10 % wide), interpolated inside the bucket"
+        out["percentiles"] = "log-linear lhist buckets (1-10 % wide from 10 us; 1 us wide below), interpolated inside the bucket"
     calls_ns = (tool or {}).get(TOOL_SYSCALL.get(name, ""))
     if calls_ns and calls_ns[0]:
         out["tool_count"] = int(calls_ns[0])
         out["tool_mean_ms"] = calls_ns[1] / calls_ns[0] / 1e6
+        # the same calls only when both counted as many (a probe attached late, or another caller of the
+        # syscall in this process, makes the error a comparison of different sets)
+        out["same_calls"] = int(calls_ns[0]) == total(merged(maps.get(name), None))
         if out.get("mean_ms"):
             out["tool_mean_error_pct"] = 100 * (out["tool_mean_ms"] / out["mean_ms"] - 1)
     return out
@@ -58,7 +61,7 @@ FIGURES = (
     ("Q2D", "q2d_us", None, "block requests, insert -> issue (queue)"),
     ("preadv syscall", "vfs_read_us", None, "read syscalls of this process"),
     ("pwritev syscall", "vfs_write_us", None, "write syscalls of this process"),
-    ("fdatasync", "fsync_us", None, "fdatasync/fsync syscalls"),
+    ("fdatasync", "fsync_us", None, "fdatasync syscalls (the storage tier's; fsync counted apart)"),
 )
 
 
@@ -90,6 +93,7 @@ def block_latency(maps: dict[str, Any] | None, reason: str | None, pid: int | No
     if maps is None:
         return {"enabled": True, "available": False, "reason": reason}
     figures = {}
+    fsyncs = maps.get("fsync_calls", 0)  # the results files' fsync calls (host/blocktrace.py), not a figure
     for label, name, prefix, counts in FIGURES:
         buckets = merged(maps.get(name), prefix)
         if total(buckets):
@@ -99,10 +103,14 @@ def block_latency(maps: dict[str, Any] | None, reason: str | None, pid: int | No
                               "p99_ms_bucket": _ms(quantile_bucket(buckets, 0.99))}
             if name in TOOL_SYSCALL:
                 figures[label].update(_syscall_figures(maps, name, tool))
-    return {"enabled": True, "available": True, "tool": "bpftrace", "pid": pid,
+    # syscalls the tool made over the span of which the kernel's trace holds none (probes not attached)
+    untraced = {call: int(v[0]) for fig, call in TOOL_SYSCALL.items()
+                if (v := (tool or {}).get(call)) and v[0] and not total(merged(maps.get(fig), None))}
+    return {"enabled": True, "available": True, "tool": "bpftrace", "pid": pid, "untraced_calls": untraced,
             "filter": "block requests this process inserted or issued; its own syscalls",
             "resolution": "power-of-two buckets: a percentile is the bucket holding it, [low, high) ms",
-            "figures": figures, "histograms_us": maps}
+            "figures": figures, "fsync_calls_not_traced": fsyncs if isinstance(fsyncs, int) else 0,
+            "histograms_us": maps}
 
 
 def _range(r: list | None) -> str:
@@ -124,6 +132,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
     if not bl.get("available"):
         return ["", title, f"  Not traced: {bl.get('reason')}"]
     lines = ["", title, f"  Filter: {bl['filter']}; {bl['resolution']}"]
+    for call, n in (bl.get("untraced_calls") or {}).items():
+        lines.append(f"  WARNING: the kernel's trace holds none of the tool's {n} {call} calls (traced none of them)")
     for label, f in bl["figures"].items():
         lines.append(f"  {label}: {f['count']} ({f['counts']}), p50 in {_range(f['p50_ms_bucket'])},"
                      f" p95 in {_range(f['p95_ms_bucket'])}, p99 in {_range(f['p99_ms_bucket'])}")
@@ -131,6 +141,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             p = " ".join(f"{k[:-3]} {f[k]:.3f}" for k in ("p50_ms", "p95_ms") if f.get(k) is not None)
             tool = (f", tool's mean {f['tool_mean_ms']:.3f} ms ({f['tool_mean_error_pct']:+.1f} %)"
                     if "tool_mean_error_pct" in f else "")
+            if f.get("same_calls") is False:
+                tool += f"; counts differ (kernel {f['count']}, tool {f['tool_count']}): not the same calls"
             lines.append(f"    kernel: mean {f['mean_ms']:.3f} ms, {p} ms (log-linear){tool}")
     cs = (results.get("summary") or {}).get("cache_stats") or {}
     for op in ("read", "write"):

@@ -72,7 +72,7 @@ class RunRecord:
 
     Setup: settings, file_store (None in trace mode), memory_store (None without a CPU tier), workers,
     started, notes, trace, rag. Measured: metrics, outcome, usage and entry_sizes (the cache at the end),
-    rusage0 (process usage at start), the block device's counters before and after the run phase,
+    rusage0 (process usage at the window's start), the block device's counters before and after the run phase,
     phases, autoscaler, tracer."""
 
     settings: RunSettings

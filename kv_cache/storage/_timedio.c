@@ -215,4 +215,16 @@ static struct PyModuleDef module = {
     "The storage tier's syscalls timed in C with the GIL released (see timedio.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__timedio(void) { return PyModule_Create(&module); }
+#ifndef TIMEDIO_SOURCE_SHA256
+#define TIMEDIO_SOURCE_SHA256 "" /* built without setup.py: timedio.py cannot tell it is current */
+#endif
+
+/* SOURCE_SHA256: this source's SHA-256 as setup.py computed it (timedio.py compares it with the source). */
+PyMODINIT_FUNC PyInit__timedio(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_SHA256", TIMEDIO_SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

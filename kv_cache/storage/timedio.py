@@ -7,7 +7,8 @@ POSIX_FADV_DONTNEED)``, the buffered mode's) return ``ns``; ``open(path, flags, 
 - **c** (``kv_cache.storage._timedio``, built at install from ``_timedio.c``): ``clock_gettime
   (CLOCK_MONOTONIC)`` on both sides of the syscall, in C, with the GIL released. The duration ends when the
   syscall returns, not when the thread wins the GIL back.
-- **python** (the fallback, when the extension did not build, is out of date, or ``KV_CACHE_PURE_TIMER=1``):
+- **python** (the fallback, when the extension did not build, is out of date (its calls, or the source's
+  SHA-256 setup.py built into it against the ``_timedio.c`` beside it, in a checkout), or ``KV_CACHE_PURE_TIMER=1``):
   ``time.perf_counter_ns()`` around ``os.pwritev`` / ``os.preadv``; the stop timestamp is taken after the
   GIL is taken back, so under load or beside a busy thread the figure includes that wait. The run says so.
 
@@ -17,8 +18,10 @@ re-takes the GIL before the next (the stop ``clock_gettime`` comes after the GIL
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+from pathlib import Path
 from time import perf_counter_ns
 
 __all__ = ["TIMER", "TIMER_DESCRIPTION", "close", "fadvise_dontneed", "fdatasync", "open", "preadv", "pwritev",
@@ -37,6 +40,14 @@ else:
         _missing = [n for n in ("pwritev", "preadv", "fdatasync", "open", "close", "unlink") if not hasattr(_c, n)]
         if _missing:  # built from an older _timedio.c: rebuild (pip install ., or setup.py build_ext --inplace)
             _c, _why_python = None, f"the C helper is out of date (it has no {', '.join(_missing)}): rebuild it"
+        else:  # the same calls, but built from another source? (the source lies here in a checkout)
+            _src = os.path.join(os.path.dirname(__file__), "_timedio.c")
+            _built = getattr(_c, "SOURCE_SHA256", "")
+            if os.path.exists(_src):
+                _sha = hashlib.sha256(Path(_src).read_bytes()).hexdigest()
+                if _built != _sha:
+                    _c, _why_python = None, (f"the C helper was built from another _timedio.c (built "
+                                             f"{_built[:12] or 'without its hash'}, source {_sha[:12]}): rebuild it")
 
 
 def _py_fadvise_dontneed(fd: int) -> int:

@@ -331,6 +331,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
     run.metrics.reset()  # nothing done before the window counts
+    run.rusage0 = resource.getrusage(resource.RUSAGE_SELF)  # nor its CPU (the set-up's, the probe's, the phases')
     proc_io = IOSnapshot(blockdev.name if blockdev else None)  # this process's (and its cgroup's) bytes, window
     partial = run.partial = _partial_documents(settings, run, cache, autoscaler, trimmer, lambda snap: RunRecord(
         settings, snap.metrics, snap.outcome, snap.usage, [], workers, run.started, run.rusage0, list(stores.notes),

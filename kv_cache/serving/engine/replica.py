@@ -23,6 +23,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kv_cache.metrics.reservoir import LatencySamples
 from kv_cache.serving.engine.io_pool import IOPool, _last_standin
 from kv_cache.settings.sessions import LOAD_POLICIES
 
@@ -125,7 +126,9 @@ class Replica:
         self.prefill_seconds = prefill_seconds
         self.write_through = write_through and io is not None
         self.max_occupied = 0  # most HBM blocks resident or reserved at once
-        self.late_ns: list[int] = []  # per iteration: wake-up time - modelled deadline
+        # per iteration: wake-up time - modelled deadline; count, sum and max of all, the values while they fit
+        # (a list grew by one int an iteration for as long as the rung ran)
+        self.late_ns = LatencySamples(histogram=True)
         self.modelled_ns = 0  # sum of modelled iteration time
         self.thread = threading.Thread(target=self._loop, name=f"kv-replica-{index}", daemon=True)
         self.thread.start()
