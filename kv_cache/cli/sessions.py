@@ -24,7 +24,6 @@ from kv_cache.settings.run import (
     DEFAULT_MODEL,
     IO_MODES,
     LOG_LEVELS,
-    RemoteTierSettings,
     StorageSettings,
 )
 from kv_cache.settings.schema import load_config
@@ -37,8 +36,9 @@ from kv_cache.settings.sessions import (
     SessionsSettings,
 )
 from kv_cache.settings.shaping import BANDWIDTH_HELP, LATENCY_HELP, shaping_fields, spec_errors
-from kv_cache.settings.validation import check_cache_dir, remote_errors
+from kv_cache.settings.validation import check_cache_dir
 from kv_cache.specs.models import SESSION_MODELS
+from kv_cache.storage import backends
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 
@@ -179,7 +179,7 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         problem = check_cache_dir(args.cache_dir)
         if problem:
             errors.append(problem)
-    return errors + remote_errors(args)
+    return errors + backends.option_errors(args)
 
 
 def _replications(args: argparse.Namespace) -> int:
@@ -251,7 +251,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
         dram_write_through=args.dram_write_through,
-        remote=RemoteTierSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RemoteTierSettings)}),
+        remote=backends.remote_settings(args),
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,
