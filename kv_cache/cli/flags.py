@@ -11,10 +11,11 @@ from datetime import datetime
 from kv_cache import __version__
 from kv_cache.cli.sessions import timestamped
 from kv_cache.core import shapes
-from kv_cache.settings.fields import flag_defaults, flags_of
+from kv_cache.settings.fields import flags_of
 from kv_cache.settings.run import RUN_FLAG_TREE, RemoteTierSettings
 from kv_cache.settings.sessions import SessionsFlags
 from kv_cache.specs import gpu_specs
+from kv_cache.storage import backends
 from kv_cache.workload.traces import formats as trace_formats
 
 __all__ = ["add_run_flags", "add_sessions_flags", "flags_of", "run_flag_defaults", "sessions_flag_defaults"]
@@ -24,8 +25,17 @@ SESSIONS_TREE = (SessionsFlags, RemoteTierSettings)  # `sessions`: its own flags
 _TIMESTAMPED = "output"  # the `--output` default gets the start time in its name
 
 
+def _flags(classes: tuple[type, ...]):
+    """flags_of(classes), each storage backend's own options' after RemoteTierSettings' (its registry entry
+    declares them, storage/backends `Option`)."""
+    for cls in classes:
+        yield from flags_of((cls,))
+        if cls is RemoteTierSettings:
+            yield from backends.option_flags()
+
+
 def _defaults(classes: tuple[type, ...], now: datetime | None) -> dict[str, object]:
-    out = flag_defaults(classes)
+    out = {flag.dest: flag.default_for(default) for flag, default in _flags(classes)}
     out[_TIMESTAMPED] = timestamped(str(out[_TIMESTAMPED]), now or datetime.now())
     return out
 
@@ -56,15 +66,22 @@ def _gpu_specs(kw: dict[str, object]) -> dict[str, object]:
     return {**kw, "help": f"{kw.get('help', '')} Built in: {keys}; a config's gpus section may add more.".strip()}
 
 
+def _storage_backends(kw: dict[str, object]) -> dict[str, object]:
+    chosen = backends.storage_choices()
+    listed = ", ".join(f"{b.name} ({b.choice})" for b in chosen)
+    return {**kw, "choices": tuple(b.name for b in chosen), "help": f"{kw.get('help', '')} {listed}.".strip()}
+
+
 # Flags whose choices and help come from a registry (Flag.registry): a new entry is listed with no edit here.
-_REGISTRIES = {"load_shapes": _load_shapes, "trace_formats": _trace_formats, "gpu_specs": _gpu_specs}
+_REGISTRIES = {"load_shapes": _load_shapes, "trace_formats": _trace_formats, "gpu_specs": _gpu_specs,
+               "storage_backends": _storage_backends}
 
 
 def _add(p: argparse.ArgumentParser, classes: tuple[type, ...]) -> None:
     """One `add_argument` per flag of `classes`; a flag with a group goes under that --help heading."""
     defaults = _defaults(classes, None)
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for flag, _ in flags_of(classes):
+    for flag, _ in _flags(classes):
         target = p if flag.group is None else groups.get(flag.group)
         if target is None:
             target = groups[flag.group] = p.add_argument_group(flag.group)

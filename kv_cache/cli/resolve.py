@@ -20,7 +20,6 @@ from kv_cache.settings.ranks import rank_share, share_errors
 from kv_cache.settings.run import (
     DriverSettings,
     OutputSettings,
-    RemoteTierSettings,
     RunSettings,
     StorageSettings,
     TierSettings,
@@ -29,6 +28,7 @@ from kv_cache.settings.run import (
 from kv_cache.settings.schema import BenchConfig, load_config
 from kv_cache.settings.shaping import shaping_fields
 from kv_cache.settings.validation import conflicting_features, validate_args
+from kv_cache.storage import backends
 from kv_cache.storage.gds import import_kvikio
 from kv_cache.storage.gpu_device import cuda_status
 from kv_cache.storage.tracelog import check_trace_path
@@ -52,7 +52,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
     if args.prefill_only and args.decode_only:
         raise UsageError("--prefill-only and --decode-only are mutually exclusive")
     config = load_config(args.config)
-    errors = validate_args(args, config.validation_limits)
+    errors = validate_args(args, config.validation_limits) + backends.option_errors(args)
     errors += conflicting_features(args)
     model = config.model_configs.get(args.model)
     if model is None:
@@ -80,7 +80,7 @@ def resolve_run(args: argparse.Namespace, argv: list[str], rank_paths: bool = Tr
         config_path=args.config,
         storage=_storage(args, config),
         tiers=from_flags(TierSettings, args, cache_dir=cache_dir, gpu_spec=config.gpus.get(args.gpu_type),
-                         remote=from_flags(RemoteTierSettings, args)),
+                         remote=backends.remote_settings(args)),
         workload=_workload(args),
         driver=from_flags(DriverSettings, args, processes=_processes(args, world)),
         outputs=from_flags(OutputSettings, args, output=output),

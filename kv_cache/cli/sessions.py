@@ -16,7 +16,7 @@ from kv_cache.metrics.recorder import GIB
 from kv_cache.results.outputs import check_output_path
 from kv_cache.serving.engine import roofline as gpumod
 from kv_cache.settings.pacing import PaceError, parse_pace
-from kv_cache.settings.run import RemoteTierSettings, StorageSettings
+from kv_cache.settings.run import StorageSettings
 from kv_cache.settings.schema import load_config
 from kv_cache.settings.sessions import (
     DEFAULT_ANSWER_REPLICATIONS,
@@ -26,8 +26,9 @@ from kv_cache.settings.sessions import (
     SessionsSettings,
 )
 from kv_cache.settings.shaping import shaping_fields, spec_errors
-from kv_cache.settings.validation import check_cache_dir, remote_errors
+from kv_cache.settings.validation import check_cache_dir
 from kv_cache.specs.models import SESSION_MODELS
+from kv_cache.storage import backends
 
 __all__ = ["SessionsFlags", "SessionsSettings", "resolve_sessions"]
 
@@ -76,7 +77,7 @@ def _range_errors(args: argparse.Namespace, tiers: list[str]) -> list[str]:
         problem = check_cache_dir(args.cache_dir)
         if problem:
             errors.append(problem)
-    return errors + remote_errors(args)
+    return errors + backends.option_errors(args)
 
 
 def _replications(args: argparse.Namespace) -> int:
@@ -148,7 +149,7 @@ def _resolve_cell(args: argparse.Namespace, argv: list[str]) -> SessionsSettings
         pace=pace, seed=args.seed, eviction=cfg.eviction,
         load_policy=args.load_policy, steady_state=args.steady_state,
         dram_write_through=args.dram_write_through,
-        remote=RemoteTierSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RemoteTierSettings)}),
+        remote=backends.remote_settings(args),
     )
     return SessionsSettings(
         ladder_settings=ls, ladder=tuple(ladder), tiers=tuple(tiers), sessions=sess, trace=args.trace,

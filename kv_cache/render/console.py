@@ -16,6 +16,7 @@ from kv_cache.render import catalogue_section
 from kv_cache.render.measurement_section import measurement
 from kv_cache.results import blocklatency
 from kv_cache.results.measurement import RAM_BACKED, filesystem_kind
+from kv_cache.storage import backends as storage_backends
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.traces.model import skip_kind
 
@@ -197,19 +198,13 @@ TIER_TITLES = {
 }
 
 
-REMOTE_STORAGE_TITLES = {
-    "s3": "### STORAGE PERFORMANCE (storage tier only: S3 object requests to the server, over the network) ###",
-    "redis": "### STORAGE PERFORMANCE (storage tier only: Redis/Valkey key requests to the server, over the network) ###",
-}
-
-
 def tier_title(results: Results, tier: str) -> str:
     """A tier section's header; the storage tier's says what its I/O is: files on the cache directory, or
     requests to a remote server (measurement.tier_backends)."""
     backends = results.get("measurement", {}).get("tier_backends") or {}
-    backend = backends.get(str(TierName.STORAGE)) if isinstance(backends, dict) else None
-    if tier == TierName.STORAGE and backend in REMOTE_STORAGE_TITLES:
-        return REMOTE_STORAGE_TITLES[backend]
+    backend = storage_backends.find(backends.get(str(TierName.STORAGE))) if isinstance(backends, dict) else None
+    if tier == TierName.STORAGE and backend is not None and backend.title:
+        return f"### STORAGE PERFORMANCE (storage tier only: {backend.title}) ###"
     return TIER_TITLES[tier]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from kv_cache.host.blockdev import BlockDeviceCounter, mount_info
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.metrics.stats import percentile
-from kv_cache.storage import timedio
+from kv_cache.storage import backends, timedio
 from kv_cache.storage.shaped import Shaping
 from kv_cache.storage.tiername import TierName
 
@@ -21,7 +21,6 @@ TIMED = ("device = open + pwritev/preadv + fdatasync + posix_fadvise + close sys
          f"timer: {timedio.TIMER_DESCRIPTION}; host = the rest of the operation (block stamping, bookkeeping); total = both "
          "(time.perf_counter_ns). RAM tier: device = the memcpy. GPU tier: see gpu_tier.timed (simulated: "
          "device = modelled copy time; real: CUDA events).")
-REMOTE_TIERS = ("s3", "redis")  # storage tiers spoken to over the network, not through a filesystem
 REMOTE = "remote"
 TIMED_REMOTE = ("device = time inside the remote client's calls (waiting for the network and the server, and the "
                 "client's own work there); host = the rest (block stamping, the copies into the read buffer, "
@@ -361,7 +360,7 @@ def filesystem_kind(fs: str | None) -> str | None:
         return None
     if fs in RAM_FILESYSTEMS:
         return RAM_BACKED
-    if fs in REMOTE_TIERS:
+    if fs in backends.remote_names():  # storage tiers spoken to over the network, not through a filesystem
         return REMOTE
     if fs in NETWORK_FILESYSTEMS or fs.startswith(("nfs", "fuse.")):
         return NETWORK

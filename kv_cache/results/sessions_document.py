@@ -24,6 +24,7 @@ from kv_cache.settings.pacing import Pace
 from kv_cache.settings.run import redacted_argv
 from kv_cache.settings.sessions import LadderSettings, SessionsSettings
 from kv_cache.specs import GIB
+from kv_cache.storage import backends
 from kv_cache.storage.shaped import Shaping
 
 __all__ = ["METHOD", "cell_parameters", "engine_calibration", "engine_gpu_warning", "pace_transform",
@@ -87,10 +88,11 @@ def sessions_storage_location(ls: LadderSettings, tiers: list[str]) -> dict[str,
     if "dram+storage" not in tiers:
         return meas.storage_location(None, None)
     remote = ls.remote.storage_backend
-    if remote != "file":  # a remote tier: the server, no path
-        where = redacted_argv([ls.remote.redis_url or ""])[0] if remote == "redis" else f"s3://{ls.remote.s3_bucket}/{ls.remote.s3_prefix}"
+    backend = backends.find(remote)
+    if backend is not None and backend.location is not None:  # a remote tier: the server, no path
+        where, source = backend.location(ls.remote)
         return {"cache_dir": where, "mount_point": None, "filesystem": remote, "filesystem_kind": meas.REMOTE,
-                "mount_source": (redacted_argv([ls.remote.s3_endpoint or ""])[0] or None) if remote == "s3" else None, "block_device": None,
+                "mount_source": source, "block_device": None,
                 "io_mode": "network", "io_mode_reason": "a remote storage tier (--storage-backend)"}
     return meas.storage_location(ls.cache_dir or tempfile.gettempdir(), ls.storage.io_mode,
                                  "requested; each rung's storage tier probes O_DIRECT (auto: used where it works)")

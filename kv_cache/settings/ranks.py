@@ -15,10 +15,11 @@ from typing import Any
 
 from kv_cache.errors import UsageError
 from kv_cache.settings.fields import OFFSET, SPLIT, FrozenMap, split_rule
-from kv_cache.settings.run import SECTIONS, RunSettings
+from kv_cache.settings.run import SECTIONS, RemoteTierSettings, RunSettings
 
 __all__ = ["rank_share", "rules", "setting_value", "share_errors", "split_value", "split_values", "totals"]
 
+REMOTE = "tiers.remote"  # the section of the storage backends' own options (RemoteTierSettings.options)
 _FLAGS = {"num_users": "--num-users", "max_requests": "--max-requests", "rag_num_docs": "--rag-num-docs"}
 
 
@@ -31,6 +32,8 @@ def rules() -> dict[str, tuple[str | None, str]]:
     for f in fields(RunSettings):
         if f.name not in SECTIONS:
             out.setdefault(f.name, (None, split_rule(f)))
+    for name, rule in RemoteTierSettings.option_rules.items():
+        out.setdefault(name, (REMOTE, rule))
     return out
 
 
@@ -52,7 +55,10 @@ def split_values(total: Any, n: int) -> list[Any]:
 
 
 def _read(settings: RunSettings, section: str | None, name: str) -> Any:
-    return getattr(settings, name) if section is None else getattr(getattr(settings, section), name)
+    owner: Any = settings
+    for part in section.split(".") if section else ():
+        owner = getattr(owner, part)
+    return getattr(owner, name)
 
 
 def setting_value(settings: RunSettings, name: str) -> Any:
@@ -99,6 +105,10 @@ def rank_share(settings: RunSettings, rank: int, n: int, host_ranks: int = 1) ->
         elif rule == OFFSET:
             changes.setdefault(section, {})[name] = given[name] + rank
     changes.setdefault("tiers", {})["host_ranks"] = max(1, host_ranks)
+    own = changes.pop(REMOTE, None)
+    if own:  # a backend's own options: its share in tiers.remote.options
+        remote = settings.tiers.remote
+        changes["tiers"]["remote"] = dataclasses.replace(remote, options=FrozenMap({**remote.options, **own}))
     top = changes.pop(None, {})
     parts = {section: dataclasses.replace(getattr(settings, section), **values) for section, values in changes.items()}
     return dataclasses.replace(settings, **top, **parts, mpi_rank=rank, mpi_world_size=n,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from kv_cache.settings.fields import OFFSET, SPLIT, Flag, setting
+from kv_cache.settings.fields import OFFSET, SPLIT, Flag, FrozenMap, setting
 from kv_cache.settings.pacing import ThinkTime
 from kv_cache.settings.sections import IO_MODES, GenerationTiming, StorageConfig
 from kv_cache.settings.shaping import BANDWIDTH_HELP, LATENCY_HELP
@@ -35,6 +35,7 @@ __all__ = [
     "IO_MODES",
     "LOG_LEVELS",
     "PERFORMANCE_PROFILES",
+    "REMOTE_GROUP",
     "RUN_FLAG_TREE",
     "SECTIONS",
     "DriverSettings",
@@ -57,8 +58,7 @@ DEFAULT_GPU = "h100"  # the GPU spec of the simulated GPU tier (run) and of the 
 _STORAGE = StorageConfig()  # the config file's storage section is the I/O engine's default
 _ENGINE = "storage engine (override the config 'storage' section)"  # --help group of the --io-* flags
 _TRACE = "trace replay and KV layout"  # --help group of the trace flags
-_REMOTE = "remote storage tiers (S3, Redis/Valkey)"  # --help group of the remote-tier flags
-STORAGE_BACKENDS = ("file", "s3", "redis")  # the storage tier's backends a user picks (gds: --gds)
+REMOTE_GROUP = "remote storage tiers (S3, Redis/Valkey)"  # --help group of the remote-tier flags
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,12 @@ class StorageSettings:
     io_retries: int = _STORAGE.io_retries  # retries after a transient error (EIO, ENOTCONN, EAGAIN)
     max_storage_errors: int = _STORAGE.max_storage_errors  # tolerated storage errors; one more stops the run
     remote_grace_s: float = setting(_STORAGE.remote_grace_s, flag=Flag(
-        "--remote-grace-s", type=float, default=None, group=_REMOTE,
+        "--remote-grace-s", type=float, default=None, group=REMOTE_GROUP,
         help="Seconds a remote tier's operation may still wait on its server after the run's stop (the "
              "window's end); then it is abandoned as 'the server stopped answering' and the run ends with its "
              "results (exit 3). Config: storage.remote_grace_s (default 10)."))
     remote_failover_s: float = setting(_STORAGE.remote_failover_s, flag=Flag(
-        "--remote-failover-s", type=float, default=None, group=_REMOTE,
+        "--remote-failover-s", type=float, default=None, group=REMOTE_GROUP,
         help="Seconds a lost remote server is retried (exponential backoff with jitter, counted) before the "
              "run stops (exit 3): a Sentinel or cluster failover is ridden through. Config: "
              "storage.remote_failover_s (default 30)."))
@@ -122,34 +122,27 @@ def _builtin_gpu(key: str) -> GPUSpec:
 
 @dataclass(frozen=True)
 class RemoteTierSettings:
-    """Which backend holds the storage tier, and the remote tiers' servers and knobs (settings.tiers.remote);
-    both `run` and `sessions` take these flags."""
+    """Which backend holds the storage tier, and the backends' own options (settings.tiers.remote; each
+    declared whole, flag and default, on its backend's registry entry, storage/backends: `Option`); both
+    `run` and `sessions` take these flags. An option reads as an attribute, `tiers.remote.s3_bucket`: its
+    value where one other than its default was given, else its default (`option_defaults`; `option_rules`:
+    the rules across ranks other than COPY, settings/ranks.py; the backends' registry fills both as it
+    registers them: settings sit below storage)."""
 
     storage_backend: str = setting("file", flag=Flag(
-        "--storage-backend", type=str, choices=STORAGE_BACKENDS, group=_REMOTE,
-        help="Where the storage tier lives: file (a directory, --cache-dir), s3 (an object store, --s3-*), "
-             "redis (a Redis/Valkey server, --redis-url)."))
-    s3_endpoint: str | None = setting(None, flag=Flag(
-        "--s3-endpoint", type=str, metavar="URL", group=_REMOTE,
-        help="S3 endpoint URL (MinIO, Ceph RGW...; none: AWS, from the region). Credentials: the usual "
-             "AWS environment and config files."))
-    s3_bucket: str | None = setting(None, flag=Flag(
-        "--s3-bucket", type=str, group=_REMOTE, help="Bucket of the s3 storage tier (it must exist)."))
-    s3_prefix: str = setting("", flag=Flag(
-        "--s3-prefix", type=str, group=_REMOTE,
-        help="Key prefix under which each run makes its own run prefix (with a marker object)."))
-    s3_part_mb: int = setting(8, flag=Flag(
-        "--s3-part-mb", type=int, group=_REMOTE,
-        help="MiB per multipart-upload part and per ranged GET (S3's minimum part is 5)."))
-    s3_concurrency: int = setting(4, flag=Flag(
-        "--s3-concurrency", type=int, group=_REMOTE,
-        help="Parts (uploads or ranged GETs) in flight per entry."))
-    redis_url: str | None = setting(None, flag=Flag(
-        "--redis-url", type=str, metavar="URL", group=_REMOTE,
-        help="redis://[user:password@]host:port/db of the redis storage tier (Valkey too)."))
-    redis_pipeline: int = setting(8, flag=Flag(
-        "--redis-pipeline", type=int, group=_REMOTE,
-        help="Chunk SETs/GETs per pipelined round trip."))
+        "--storage-backend", type=str, registry="storage_backends", group=REMOTE_GROUP,
+        help="Where the storage tier lives:"))
+    options: FrozenMap[str, Any] = field(default_factory=FrozenMap)  # option name -> value given (not its default)
+    option_defaults: ClassVar[dict[str, Any]] = {}
+    option_rules: ClassVar[dict[str, str]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options") or {}
+        if name in options:
+            return options[name]
+        if name in self.option_defaults:
+            return self.option_defaults[name]
+        raise AttributeError(f"{type(self).__name__!r} has no setting {name!r}")
 
 
 @dataclass(frozen=True)

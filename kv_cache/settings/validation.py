@@ -177,47 +177,6 @@ def _check_placement(get: Callable[[str], Any], errors: list[str]) -> None:
         errors.append(f"--io-chunk-mb must be >= 1, got {io_chunk_mb}")
     if io_workers is not None and io_workers < 0:
         errors.append(f"--io-workers cannot be negative, got {io_workers}")
-    _check_remote(get, errors)
-
-
-def remote_errors(args: Any) -> list[str]:
-    """The remote-tier flags' errors of a parsed namespace (the `sessions` command's check)."""
-    errors: list[str] = []
-    _check_remote(lambda name: getattr(args, name, None), errors)
-    return errors
-
-
-def _check_remote(get: Callable[[str], Any], errors: list[str]) -> None:
-    """The remote storage tiers' flags: what each backend needs, and sizes S3 accepts."""
-    backend = get("storage_backend")
-    if backend == "s3" and not get("s3_bucket"):
-        errors.append("--storage-backend s3 needs --s3-bucket")
-    if backend == "redis" and not get("redis_url"):
-        errors.append("--storage-backend redis needs --redis-url (redis://host:port/db)")
-    endpoint = get("s3_endpoint")
-    if endpoint:
-        from urllib.parse import urlparse  # noqa: PLC0415
-
-        url = urlparse(endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            errors.append(f"--s3-endpoint must be an http:// or https:// URL with a host, got {endpoint!r}")
-    prefix = (get("s3_prefix") or "").strip("/")
-    if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
-        errors.append(f"--s3-prefix {get('s3_prefix')!r} has an empty, '.' or '..' path segment (S3 clients refuse "
-                      "such keys); give segments joined by single '/'")
-    given = [flag for flag, name, owner in (("--s3-endpoint", "s3_endpoint", "s3"), ("--s3-bucket", "s3_bucket", "s3"),
-                                            ("--s3-prefix", "s3_prefix", "s3"), ("--redis-url", "redis_url", "redis"))
-             if get(name) and backend != owner]
-    if given:  # a forgotten --storage-backend would otherwise measure the local directory instead
-        errors.append(f"{', '.join(given)} given but --storage-backend is {backend or 'file'}: add "
-                      f"--storage-backend {'redis' if given == ['--redis-url'] else 's3'} (or drop the flag)")
-    if backend in ("s3", "redis") and get("gds"):  # (sessions has no --gds: None)
-        errors.append(f"--gds reads files into GPU memory; it cannot be combined with --storage-backend {backend}")
-    if get("s3_part_mb") < 5:
-        errors.append(f"--s3-part-mb must be >= 5 (S3's smallest multipart part), got {get('s3_part_mb')}")
-    for flag, name in (("--s3-concurrency", "s3_concurrency"), ("--redis-pipeline", "redis_pipeline")):
-        if get(name) < 1:
-            errors.append(f"{flag} must be >= 1, got {get(name)}")
 
 
 def conflicting_features(args: Any) -> list[str]:

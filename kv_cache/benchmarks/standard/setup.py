@@ -28,7 +28,7 @@ from kv_cache.host.memlimit import process_memory_limit
 from kv_cache.metrics.recorder import GIB
 from kv_cache.serving.cache import MultiTierCache, Tier
 from kv_cache.settings.run import RunSettings
-from kv_cache.storage.remote import ring_bytes
+from kv_cache.storage import backends
 from kv_cache.workload.rag import build_documents
 
 log = logging.getLogger("kv_cache")
@@ -50,11 +50,8 @@ def worker_ring_bytes(settings: RunSettings) -> int:
     figure as the opened store's `ring_bytes`: storage/remote.py ring_bytes); 0 on the file tiers and in
     trace mode."""
     chunk = io_chunk_bytes(settings)
-    r = settings.tiers.remote
-    if not chunk or r.storage_backend not in ("s3", "redis"):
-        return 0
-    return ring_bytes(r.storage_backend, chunk, pipeline=r.redis_pipeline, part_bytes=r.s3_part_mb << 20,
-                      concurrency=r.s3_concurrency)
+    backend = backends.find(settings.tiers.remote.storage_backend)
+    return backend.ring(settings.tiers.remote, chunk) if chunk and backend is not None else 0
 
 
 def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop: threading.Event,
@@ -81,7 +78,8 @@ def probe_entry_bytes(settings: RunSettings) -> tuple[int, ...]:
     chunk-sized syscall, as the run's; on Redis and Valkey an entry is chunk keys of one chunk, and the
     entry sizes there cost the probe its second pass (a sweep here: 16 workers taken at 9.2x the memory
     of the best count, 1, from one figure where one chunk an operation took 1 in 3 of 3 pairs)."""
-    if not io_chunk_bytes(settings) or settings.tiers.remote.storage_backend != "s3":
+    backend = backends.find(settings.tiers.remote.storage_backend)
+    if not io_chunk_bytes(settings) or backend is None or not backend.probe_entries:
         return ()
     ranges = [t.context_range for t in settings.config.user_templates.values()]
     if not ranges:

@@ -16,7 +16,7 @@ def _open(request: BackendRequest) -> FileStore:
 BACKEND = register(Backend(
     name="file", tier=TierName.STORAGE, summary="one file per entry, pwritev/preadv in chunks",
     capabilities=Capabilities(o_direct=True, verify=True, device_counters=True), open=_open,
-    selects=lambda tiers: True,  # the storage tier's default
+    selects=lambda tiers: True, choice="a directory, --cache-dir", order=0,  # the storage tier's default
     options=(Option("cache_dir", "where the run directory is made (none: a fresh temporary directory)"),
              Option("chunk_bytes", "bytes per data syscall"), Option("fsync", "fdatasync once per entry"),
              Option("io_mode", "auto | direct | buffered"),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from kv_cache.settings.fields import Flag
+from kv_cache.settings.run import REMOTE_GROUP, redacted
 from kv_cache.storage.backends import BackendRequest, Option, register, remote_backend
+from kv_cache.storage.remote import ring_bytes
 
 
 def _open(request: BackendRequest):
@@ -15,6 +18,15 @@ def _open(request: BackendRequest):
 
 BACKEND = register(remote_backend(
     "redis", "chunked keys in Redis/Valkey, pipelined SET/GET", _open,
-    (Option("redis_url", "redis://host:port/db"), Option("chunk_bytes", "bytes per key"),
-     Option("redis_pipeline", "chunk commands per round trip")),
-    capacity="the server's maxmemory left"))
+    (Option("redis_url", "redis://host:port/db", None, Flag(
+        "--redis-url", type=str, metavar="URL", group=REMOTE_GROUP,
+        help="redis://[user:password@]host:port/db of the redis storage tier (Valkey too)."), owned=True),
+     Option("chunk_bytes", "bytes per key"),
+     Option("redis_pipeline", "chunk commands per round trip", 8, Flag(
+         "--redis-pipeline", type=int, group=REMOTE_GROUP, help="Chunk SETs/GETs per pipelined round trip."),
+         lambda v: f"--redis-pipeline must be >= 1, got {v}" if v < 1 else None)),
+    capacity="the server's maxmemory left", choice="a Redis/Valkey server, --redis-url", order=2,
+    needs=(("redis_url", "--storage-backend redis needs --redis-url (redis://host:port/db)"),),
+    title="Redis/Valkey key requests to the server, over the network",
+    location=lambda r: (redacted(r.redis_url or ""), None),
+    ring=lambda r, chunk: ring_bytes("redis", chunk, pipeline=r.redis_pipeline)))
