@@ -13,21 +13,19 @@ PASS, whatever the part measured says (`mark_incomplete`, `mark_missing_ranks`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from kv_cache.results.figures import CacheStats
 
 NEVER_EXERCISED = "storage tier never exercised"
 STORAGE_STOP_CRITERION = "Not Stopped By A Storage Error"
 
 
-def storage_bytes_moved(stats: dict[str, Any]) -> float:
-    """GiB read plus written by the storage tier inside the measured window."""
-    return float(stats.get("tier_storage_kv_bytes_read_gb", 0.0)) + float(stats.get("tier_storage_kv_bytes_written_gb", 0.0))
-
-
-def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float, fatal_error: str | None,
+def run_criteria(stats: CacheStats | Mapping[str, Any], error_rate: float, max_error_rate: float, fatal_error: str | None,
                  storage_expected: bool, completed: int | None = None) -> list[dict[str, Any]]:
-    """The criteria every profile adds, as storage_health criteria dicts (`completed`: requests that
-    completed in the window; None: not known, no criterion)."""
+    """The criteria every profile adds, as storage_health criteria dicts (`stats`: the `cache_stats`, typed
+    or as written; `completed`: requests that completed in the window; None: not known, no criterion)."""
     out = [] if completed is None else [
         {"name": "Requests Completed > 0", "target": "> 0", "actual": str(completed), "unit": "",
          "passed": completed > 0}]
@@ -38,7 +36,7 @@ def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float
          "passed": fatal_error is None},
     ]
     if storage_expected:
-        moved = storage_bytes_moved(stats)
+        moved = (stats if isinstance(stats, CacheStats) else CacheStats.from_json(stats)).storage_gb_moved
         out.append({"name": "Storage Tier Exercised (bytes moved > 0)", "target": "> 0",
                     "actual": f"{moved:.3f} GiB" if moved > 0 else NEVER_EXERCISED, "unit": "",
                     "passed": moved > 0})
