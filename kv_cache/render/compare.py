@@ -29,10 +29,12 @@ the overlaid plots (render/compare_plots.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates
+from kv_cache.results.figures import CacheStats, Figures
 from kv_cache.results.storage_info import kind_of, storage_facts, storage_label
 
 GIB = float(1 << 30)
@@ -53,21 +55,20 @@ TOTALS = "totals of the whole run"
 SESSIONS_WORKLOAD = ("model", "gpu", "num_gpus", "tensor_parallel", "block_tokens", "ladder", "window_s",
                      "warmup_s", "subwindows", "pace", "seed", "trace")
 
-# (label, where in the document, time-series column giving its per-second rate or None, scale)
-STANDARD_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float], ...] = (
+# (label, where in the document: a path, or the figure of its `cache_stats` (results/figures.py),
+#  time-series column giving its per-second rate or None, scale)
+STANDARD_METRICS: tuple[tuple[str, tuple[str, ...] | Callable[[CacheStats], Any], str | None, float], ...] = (
     ("requests/s", ("summary", "requests_per_second"), "requests", 1.0),
     ("tokens/s", ("summary", "avg_throughput_tokens_per_sec"), None, 1.0),
-    ("storage read GiB/s", ("summary", "cache_stats", "tier_storage_read_bandwidth_gbps"),
-     "storage_read_bytes", 1 / GIB),
-    ("storage write GiB/s", ("summary", "cache_stats", "tier_storage_write_bandwidth_gbps"),
-     "storage_write_bytes", 1 / GIB),
-    ("storage read p95 ms", ("summary", "cache_stats", "storage_read_p95_ms"), None, 1.0),
-    ("storage write p95 ms", ("summary", "cache_stats", "storage_write_p95_ms"), None, 1.0),
-    ("storage read device p95 ms", ("summary", "cache_stats", "storage_read_device_p95_ms"), None, 1.0),
-    ("storage write device p95 ms", ("summary", "cache_stats", "storage_write_device_p95_ms"), None, 1.0),
+    ("storage read GiB/s", lambda cs: cs.storage.read.bandwidth_gbps, "storage_read_bytes", 1 / GIB),
+    ("storage write GiB/s", lambda cs: cs.storage.write.bandwidth_gbps, "storage_write_bytes", 1 / GIB),
+    ("storage read p95 ms", lambda cs: cs.storage.read.ms("p95"), None, 1.0),
+    ("storage write p95 ms", lambda cs: cs.storage.write.ms("p95"), None, 1.0),
+    ("storage read device p95 ms", lambda cs: cs.storage.read.ms("p95", "device"), None, 1.0),
+    ("storage write device p95 ms", lambda cs: cs.storage.write.ms("p95", "device"), None, 1.0),
     ("end-to-end p50 ms", ("summary", "end_to_end_latency_ms", "p50"), None, 1.0),
     ("end-to-end p95 ms", ("summary", "end_to_end_latency_ms", "p95"), None, 1.0),
-    ("cache hit rate", ("summary", "cache_stats", "cache_hit_rate"), None, 1.0),
+    ("cache hit rate", lambda cs: cs.hit_rate, None, 1.0),
 )
 
 
@@ -193,12 +194,15 @@ def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"#{i + 1}"
 
 
-def _get(doc: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    node: Any = doc
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
+def _get(doc: dict[str, Any], where: tuple[str, ...] | Callable[[CacheStats], Any]) -> float | None:
+    if callable(where):
+        node: Any = where(Figures.from_json(doc.get("summary")).cache)
+    else:
+        node = doc
+        for key in where:
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
     return float(node) if isinstance(node, (int, float)) else None
 
 

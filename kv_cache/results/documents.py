@@ -108,6 +108,12 @@ class ResultsDocument:
         return Figures.from_json(self.summary)
 
     @property
+    def has_figures(self) -> bool:
+        """Holds a run's storage figures (a summary with its `cache_stats`), whatever their age."""
+        summary = self.data.get("summary")
+        return isinstance(summary, dict) and summary.get("cache_stats") is not None
+
+    @property
     def interrupted(self) -> bool:
         return bool(self.data.get("interrupted"))
 

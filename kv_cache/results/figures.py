@@ -144,7 +144,7 @@ class StorageHealth:
 
     overall_status: str | None = None
     criteria: tuple[Criterion, ...] = ()
-    passed_count: int = 0
+    passed_count: int = 0  # (as a document wrote it)
     total_count: int = 0
 
     @classmethod
@@ -163,7 +163,7 @@ class StorageHealth:
         criteria = m.get("criteria")
         return cls(m.get("overall_status"),
                    tuple(Criterion.from_json(c) for c in criteria) if isinstance(criteria, list) else (),
-                   int(m.get("passed_count") or 0), int(m.get("total_count") or 0))
+                   m.get("passed_count", 0), m.get("total_count", 0))
 
 
 @dataclass(frozen=True)
