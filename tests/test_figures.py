@@ -73,3 +73,26 @@ def test_a_tier_op_without_samples_writes_no_percentile_keys():
     cs = CacheStats()
     assert TierOp().ms() is None
     assert not any(k.endswith("_ms") for k in cs.to_json()) and "storage_health" not in cs.to_json()
+
+
+def _written_cache_stats():
+    for path in sorted(FIXTURES.rglob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            continue
+        summary = doc.get("summary") if isinstance(doc, dict) else None
+        if isinstance(summary, dict) and isinstance(summary.get("cache_stats"), dict):
+            yield path.relative_to(FIXTURES), summary["cache_stats"]
+
+
+def test_every_fixture_s_cache_stats_reads_back_whole():
+    """Documents of older kv-cache versions and the MLPerf tool's own rank files under tests/fixtures: each key
+    they hold is a figure of the tree, read back with its value (nothing dropped, nothing misread)."""
+    seen = 0
+    for path, written in _written_cache_stats():
+        again = CacheStats.from_json(written).to_json()
+        assert [k for k in written if k not in again] == [], path
+        assert {k: again[k] for k in written} == written, path
+        seen += 1
+    assert seen >= 20
