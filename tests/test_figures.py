@@ -33,10 +33,18 @@ def test_round_trip(built, name):
     figures = CacheStats.from_json(written)
     assert CacheStats.from_json(figures.to_json()) == figures
     assert json.dumps(figures.to_json()) == json.dumps(written)  # keys, order and values as written
+    whole = Figures.from_json(built[name])
+    assert Figures.from_json(whole.to_json()) == whole and whole.cache == figures
+    head = list(built[name])[:list(built[name]).index("cache_stats") + 1]  # the summary's keys the tree makes
+    assert json.dumps(whole.to_json()) == json.dumps({k: built[name][k] for k in head})
 
 
 def test_typed_reading_of_a_built_summary(built):
-    cs = Figures.from_json(built["merged"]).cache
+    f = Figures.from_json(built["merged"])
+    assert f.e2e.p95 == built["merged"]["end_to_end_latency_ms"]["p95"] and f.e2e.count == 2  # a merge adds count
+    assert f.total_requests == 2 and f.tokens_per_sec == built["merged"]["avg_throughput_tokens_per_sec"]
+    assert Figures.from_json(built["empty_latency"]).e2e.count is None  # a run's own block has no count
+    cs = f.cache
     raw = built["merged"]["cache_stats"]
     assert cs.storage.read.bytes_gb == raw["tier_storage_kv_bytes_read_gb"]
     assert cs.tier("nvme") is cs.storage and cs.tier(TierName.CPU) is cs.cpu
@@ -66,6 +74,7 @@ def test_an_older_document_s_missing_keys_read_as_none():
     assert cs.storage.read.ms("p95", "device") is None and cs.storage.read.ms("p95") == 3.0
     assert cs.health is None and cs.storage_gb_moved == 2.0
     assert Figures.from_json(None) == Figures() == Figures.from_json({"cache_stats": "not a block"})
+    assert Figures.from_json({"end_to_end_latency_ms": {"p95": 4.0}}).e2e.p95 == 4.0
     assert CacheStats.from_json({"storage_health": {"overall_status": "PASS"}}).health == StorageHealth("PASS")
 
 

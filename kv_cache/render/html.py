@@ -73,8 +73,8 @@ def headline(results: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append((f"{cfg}: peak tokens/s per GPU", f"{_fmt(peak, 'tok/s')} at "
                          f"{c.get('peak_throughput_sessions', '-')} sessions"))
         return rows or [("sessions", "no completed ladder")]
-    s = results.get("summary") or {}
-    storage = Figures.from_json(s).cache.storage
+    f = Figures.from_json(results.get("summary"))
+    storage = f.cache.storage
     block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
     verdict = results.get("verdict") or ("PASS" if results.get("overall_passed") else "FAIL")
     integ = str(block.get("verdict", "not recorded")).upper()
@@ -84,7 +84,7 @@ def headline(results: dict[str, Any]) -> list[tuple[str, str]]:
             ("storage write", _fmt(storage.write.bandwidth_gbps, "GiB/s")),
             ("storage read device P95", _fmt(storage.read.ms("p95", "device"), "ms")),
             ("storage write device P95", _fmt(storage.write.ms("p95", "device"), "ms")),
-            ("end-to-end P95", _fmt((s.get("end_to_end_latency_ms") or {}).get("p95"), "ms"))]
+            ("end-to-end P95", _fmt(f.e2e.p95, "ms"))]
 
 
 def _cell(value: Any) -> str:

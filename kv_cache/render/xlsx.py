@@ -58,23 +58,21 @@ def run_parameter_columns(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def metric_columns(summary: dict[str, Any]) -> dict[str, Any]:
-    cs = Figures.from_json(summary).cache
-    e2e, st, gen = (summary.get(k, {}) for k in ("end_to_end_latency_ms", "storage_io_latency_ms", "generation_latency_ms"))
+    f = Figures.from_json(summary)
+    cs = f.cache
     cols: dict[str, Any] = {
-        "Total Requests": summary.get("total_requests"),
-        "Total Tokens": summary.get("total_tokens"),
-        "Elapsed Time (s)": summary.get("elapsed_time"),
-        "Avg Throughput (tok/s)": summary.get("avg_throughput_tokens_per_sec"),
-        "Storage Throughput (tok/s)": summary.get("storage_throughput_tokens_per_sec"),
-        "Requests/sec": summary.get("requests_per_second"),
+        "Total Requests": f.total_requests,
+        "Total Tokens": f.total_tokens,
+        "Elapsed Time (s)": f.elapsed_time,
+        "Avg Throughput (tok/s)": f.tokens_per_sec,
+        "Storage Throughput (tok/s)": f.storage_tokens_per_sec,
+        "Requests/sec": f.requests_per_second,
     }
-    for label, block in (("E2E Latency", e2e), ("Storage Latency", st)):
-        cols[f"{label} Mean (ms)"] = block.get("mean")
-        for name, key in PCT:
-            cols[f"{label} {name} (ms)"] = block.get(key)
-    cols["Gen Latency Mean (ms)"] = gen.get("mean")
-    for name, key in PCT[:3]:
-        cols[f"Gen Latency {name} (ms)"] = gen.get(key)
+    for label, block, pct in (("E2E Latency", f.e2e, PCT), ("Storage Latency", f.storage_io, PCT),
+                              ("Gen Latency", f.generation, PCT[:3])):
+        cols[f"{label} Mean (ms)"] = block.mean
+        for name, key in pct:
+            cols[f"{label} {name} (ms)"] = getattr(block, key)
     for part in ("Total", "Device", "Host"):
         for op in ("Read", "Write"):
             for name, key in PCT:

@@ -1,11 +1,12 @@
 """The summary's figures as a small tree of frozen dataclasses, typed once.
 
-results/summary.py builds the tree from a run's recorder (`Figures.cache`, the `cache_stats` block: per
-tier and direction the bytes, bandwidth, operations, demotion traffic and latency percentiles, the storage
-tier's device and host time; the request-level totals; the hit counts; the verdict) and writes it out at
-the edge with `to_json()`, which gives today's keys in today's order (the documents stay byte for byte as
-they were: tests/test_figures.py against tests/fixtures/golden/summary_figures.json). Readers take the tree
-back with `from_json` (documents.py: `doc.figures`), never through the JSON's key names.
+results/summary.py builds the tree from a run's recorder (the request counts, rates and latency blocks;
+`Figures.cache`, the `cache_stats` block: per tier and direction the bytes, bandwidth, operations, demotion
+traffic and latency percentiles, the storage tier's device and host time; the request-level totals; the
+hit counts; the verdict) and writes it out at the edge with `to_json()`, which gives today's keys in
+today's order (the documents stay byte for byte as they were: tests/test_figures.py against
+tests/fixtures/golden/summary_figures.json). Readers take the tree back with `from_json` (documents.py:
+`doc.figures`) rather than through the JSON's key names.
 
 `from_json` reads documents of older versions and of the MLPerf tool: a key that is not there reads as
 None (a percentile block with none of its keys: None), so each reader keeps its own default for a figure a
@@ -20,8 +21,8 @@ from typing import Any
 
 from kv_cache.storage.tiername import TierName
 
-__all__ = ["CacheStats", "Criterion", "Figures", "Hits", "Percentiles", "RequestTotals", "StorageHealth",
-           "TierFigures", "TierOp"]
+__all__ = ["CacheStats", "Criterion", "Figures", "Hits", "LatencyBlock", "Percentiles", "RequestTotals",
+           "StorageHealth", "TierFigures", "TierOp"]
 
 TIERS = tuple(TierName)
 OPS = ("read", "write")
@@ -263,12 +264,67 @@ class CacheStats:
 
 
 @dataclass(frozen=True)
-class Figures:
-    """A summary's figures: `cache` (its `cache_stats`). The other blocks of the summary join it here."""
+class LatencyBlock:
+    """A per-request latency block in ms (`end_to_end_latency_ms`, ...): mean and percentiles; a merge adds
+    the request count and the longest."""
 
+    mean: float | None = None
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    p9999: float | None = None
+    count: int | None = None  # (merged documents)
+    max: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("mean", *_PCT)}
+        return out | {k: v for k in ("count", "max") if (v := getattr(self, k)) is not None}
+
+    @classmethod
+    def from_json(cls, m: Any) -> LatencyBlock:
+        m = _map(m)
+        return cls(**{f.name: m.get(f.name) for f in fields(cls)})
+
+
+_LATENCY = {"e2e": "end_to_end_latency_ms", "storage_io": "storage_io_latency_ms", "generation": "generation_latency_ms"}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A summary's figures: the request-level ones, its three latency blocks and `cache` (its `cache_stats`).
+    The summary's other blocks (QoS, prefix cache, autoscaling, per turn, ...) are still mappings beside it."""
+
+    total_requests: int | None = None
+    total_tokens: int | None = None
+    elapsed_time: float | None = None  # the measured window, s
+    tokens_per_sec: float | None = None  # `avg_throughput_tokens_per_sec`
+    storage_io_s: float | None = None  # `total_storage_io_time`: the requests' storage seconds summed
+    storage_tokens_per_sec: float | None = None  # generated tokens / storage_io_s (the MLPerf tool's formula)
+    requests_per_second: float | None = None
+    rates_undefined_reason: str | None = None
+    e2e: LatencyBlock = field(default_factory=LatencyBlock)
+    storage_io: LatencyBlock = field(default_factory=LatencyBlock)
+    generation: LatencyBlock = field(default_factory=LatencyBlock)
     cache: CacheStats = field(default_factory=CacheStats)
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary's keys these figures make, in the summary's order (its first keys, to `cache_stats`)."""
+        return {"total_requests": self.total_requests, "total_tokens": self.total_tokens,
+                "elapsed_time": self.elapsed_time, "avg_throughput_tokens_per_sec": self.tokens_per_sec,
+                "total_storage_io_time": self.storage_io_s,
+                "storage_throughput_tokens_per_sec": self.storage_tokens_per_sec,
+                "requests_per_second": self.requests_per_second, "rates_undefined_reason": self.rates_undefined_reason,
+                **{key: getattr(self, name).to_json() for name, key in _LATENCY.items()},
+                "cache_stats": self.cache.to_json()}
 
     @classmethod
     def from_json(cls, summary: Any) -> Figures:
         """The figures of a document's `summary` mapping (None or a non-mapping: every figure None)."""
-        return cls(CacheStats.from_json(_map(summary).get("cache_stats")))
+        m = _map(summary)
+        return cls(m.get("total_requests"), m.get("total_tokens"), m.get("elapsed_time"),
+                   m.get("avg_throughput_tokens_per_sec"), m.get("total_storage_io_time"),
+                   m.get("storage_throughput_tokens_per_sec"), m.get("requests_per_second"),
+                   m.get("rates_undefined_reason"),
+                   **{name: LatencyBlock.from_json(m.get(key)) for name, key in _LATENCY.items()},
+                   cache=CacheStats.from_json(m.get("cache_stats")))

@@ -710,13 +710,14 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     """IntegrityFacts of a kv-cache results document (a run's or a merge's). `device_limit`: (GB/s, where the
     figure comes from), given to audit; else the run's own (measurement.device_limit)."""
     summary = doc.get("summary") or {}
-    cs, m = Figures.from_json(summary).cache, doc.get("measurement") or {}
+    f, m = Figures.from_json(summary), doc.get("measurement") or {}
+    cs = f.cache
     merged = "per_rank" in (doc.get("integrity") or {}) or "merged_from" in doc
     params = doc.get("run_parameters") or {}
     window = _num(m.get("window_seconds"))
     qd = m.get("achieved_queue_depth") or {}
     if merged and not qd:  # a merge: the ranks' summed device time / the common window
-        busy = _num(summary.get("total_storage_io_time"))
+        busy = _num(f.storage_io_s)
     else:
         busy = sum(v for v in qd.values() if isinstance(v, (int, float))) * window if qd and window else None
     e2e_max = _max_number(doc.get("end_to_end_latencies"))
@@ -724,7 +725,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     net = (m.get("remote_tier") or {}).get("network") or {}
     tool_r, tool_w = _num(net.get("tool_bytes_read")) or 0, _num(net.get("tool_bytes_written")) or 0
     libs = m.get("process_libraries") or {}
-    e2e_p95 = _num((summary.get("end_to_end_latency_ms") or {}).get("p95"))
+    e2e_p95 = _num(f.e2e.p95)
     pio = m.get("process_io") or {}
     cg = pio.get("cgroup") if isinstance(pio.get("cgroup"), dict) and pio["cgroup"].get("own") else {}
     verify = m.get("verify") if isinstance(m.get("verify"), dict) else None
@@ -745,7 +746,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     return IntegrityFacts(
         workers_recorded_twice=(workers, chosen) if workers_differ else None,
         source="kv-cache merge" if merged else "kv-cache", window_s=window,
-        window_alt_s=_num(summary.get("elapsed_time")), workers=workers, workers_meaning="I/O workers",
+        window_alt_s=_num(f.elapsed_time), workers=workers, workers_meaning="I/O workers",
         read_bytes=_gib_bytes(read.bytes_gb), write_bytes=_gib_bytes(write.bytes_gb),
         read_ops=_int(read.ops), write_ops=_int(write.ops),
         read_device_p95_ms=_num(read.ms("p95", "device")), write_device_p95_ms=_num(write.ms("p95", "device")),
@@ -789,7 +790,8 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
     params = params or {}
     v = rank_view(raw)
     s = raw.get("summary") if isinstance(raw.get("summary"), dict) else {}
-    cs = Figures.from_json(s).cache
+    f = Figures.from_json(s)
+    cs = f.cache
     e2e = v.latencies_s("end_to_end_latencies")
     # its QoS classes' `max` latencies are end-to-end too (ms): the longest request when the array is cut
     qos = s.get("qos_metrics") if isinstance(s.get("qos_metrics"), dict) else {}
@@ -808,7 +810,7 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
         read_device_p50_ms=_num(cs.storage.read.ms("p50", "device")),
         write_device_p50_ms=_num(cs.storage.write.ms("p50", "device")),
         reported_read_gibs=v.read_gibps, reported_write_gibs=v.write_gibps,
-        summed_storage_s=v.storage_io_s if v.storage_io_s is not None else _num(s.get("total_storage_io_time")),
+        summed_storage_s=v.storage_io_s if v.storage_io_s is not None else _num(f.storage_io_s),
         e2e_p95_s=v.e2e_p95_ms / 1000 if v.e2e_p95_ms is not None else None, e2e_max_s=max(e2e) if e2e else None,
         ld_preload=tuple(params.get("ld_preload") or ()), preload_recorded="ld_preload" in params,
         io_mode="buffered", fsync=True, host=params.get("host"),

@@ -176,7 +176,8 @@ def _window(rows: Sequence[dict[str, Any]], missing: Sequence[int] = ()) -> dict
 
 def _row(doc: RunDocument, index: int) -> dict[str, Any]:
     d = doc.data
-    s, cs = d.get("summary") or {}, doc.figures.cache
+    s, f = d.get("summary") or {}, doc.figures
+    cs = f.cache
     return {
         "rank": rank_of(doc, index), "host": doc.parameters.get("host"), "file": doc.source, "seed": d.get("seed"),
         "window_seconds": doc.window["seconds"], "requests": d.get("requests_completed", 0),
@@ -184,8 +185,7 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         "storage_write_gib": _or(cs.storage.write.bytes_gb, 0.0),
         "storage_read_gibps": cs.storage.read.bandwidth_gbps or 0.0,
         "storage_write_gibps": cs.storage.write.bandwidth_gbps or 0.0,
-        "e2e_p95_ms": (s.get("end_to_end_latency_ms") or {}).get("p95"),
-        "storage_io_p95_ms": (s.get("storage_io_latency_ms") or {}).get("p95"),
+        "e2e_p95_ms": f.e2e.p95, "storage_io_p95_ms": f.storage_io.p95,
         "storage_read_device_p95_ms": cs.storage.read.ms("p95", "device"),
         "overall_passed": bool(d.get("overall_passed")), "storage": doc.storage,
         "requests_issued": int(doc.measurement.get("requests_issued") or 0),
@@ -197,8 +197,8 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
                    strict=True)),
         "sums": {**{f"tier_storage_{op}_bandwidth_gbps": float(cs.storage.op(op).bandwidth_gbps or 0.0)
                     for op in ("read", "write")},
-                 **{k: float(s.get(k) or 0.0) for k in ("avg_throughput_tokens_per_sec",
-                                                         "storage_throughput_tokens_per_sec")}},
+                 "avg_throughput_tokens_per_sec": float(f.tokens_per_sec or 0.0),
+                 "storage_throughput_tokens_per_sec": float(f.storage_tokens_per_sec or 0.0)},
         "rag_stats": s.get("rag_stats"), "usage": _usage(cs), "_window": doc.window, "_run_id": doc.run_id,
         "_integrity": d.get("integrity"),
         "_verify": (d.get("measurement") or {}).get("verify") or {},
@@ -356,7 +356,8 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     for name, block in (("end_to_end_latency_ms", "end_to_end"), ("storage_io_latency_ms", "storage_io"),
                         ("generation_latency_ms", "generation")):
         summary[name].update(count=lat[block]["count"], max=lat[block].get("max", 0.0))
-    cs = Figures.from_json(summary).cache
+    f = Figures.from_json(summary)
+    cs = f.cache
     read_gibps, write_gibps = cs.storage.read.bandwidth_gbps or 0.0, cs.storage.write.bandwidth_gbps or 0.0
     r = metrics.requests
     read_b, write_b = metrics.tier_op(TierName.STORAGE, "read").window_bytes, metrics.tier_op(TierName.STORAGE, "write").window_bytes
@@ -380,7 +381,7 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         "window": window,
         "totals": {
             "requests_completed": r.completed, "tokens_generated": r.tokens_generated,
-            "storage_io_seconds": summary["total_storage_io_time"],
+            "storage_io_seconds": f.storage_io_s,
             "storage_read_bytes": read_b, "storage_write_bytes": write_b,
             "cache_hits": cs.hits, "cache_misses": cs.misses,
             "requests_failed": failed, "requests_issued": issued, "errors": int(sum(metrics.errors.values())),

@@ -39,15 +39,15 @@ from kv_cache.results.verdict import COMPLETE, rank_status
 __all__ = ["SUM_KEYS", "find_harness_files", "format_score", "is_harness_dir", "rules_score"]
 
 # figure -> (the key in summary it is named by where a file lacks it, how it is read), by how it aggregates
-SUM_KEYS: dict[str, tuple[str, Callable[[Figures, dict[str, Any]], Any]]] = {
-    "read_gibps": ("cache_stats.tier_storage_read_bandwidth_gbps", lambda f, s: f.cache.storage.read.bandwidth_gbps),
-    "write_gibps": ("cache_stats.tier_storage_write_bandwidth_gbps", lambda f, s: f.cache.storage.write.bandwidth_gbps),
-    "storage_tokens_per_s": ("storage_throughput_tokens_per_sec", lambda f, s: _get(s, ("storage_throughput_tokens_per_sec",))),
-    "avg_tokens_per_s": ("avg_throughput_tokens_per_sec", lambda f, s: _get(s, ("avg_throughput_tokens_per_sec",)))}
-MAX_KEYS: dict[str, tuple[str, Callable[[Figures, dict[str, Any]], Any]]] = {
-    "read_device_p95_ms": ("cache_stats.storage_read_device_p95_ms", lambda f, s: f.cache.storage.read.ms("p95", "device")),
-    "write_device_p95_ms": ("cache_stats.storage_write_device_p95_ms", lambda f, s: f.cache.storage.write.ms("p95", "device")),
-    "request_storage_p95_ms": ("storage_io_latency_ms.p95", lambda f, s: _get(s, ("storage_io_latency_ms", "p95")))}
+SUM_KEYS: dict[str, tuple[str, Callable[[Figures], Any]]] = {
+    "read_gibps": ("cache_stats.tier_storage_read_bandwidth_gbps", lambda f: f.cache.storage.read.bandwidth_gbps),
+    "write_gibps": ("cache_stats.tier_storage_write_bandwidth_gbps", lambda f: f.cache.storage.write.bandwidth_gbps),
+    "storage_tokens_per_s": ("storage_throughput_tokens_per_sec", lambda f: f.storage_tokens_per_sec),
+    "avg_tokens_per_s": ("avg_throughput_tokens_per_sec", lambda f: f.tokens_per_sec)}
+MAX_KEYS: dict[str, tuple[str, Callable[[Figures], Any]]] = {
+    "read_device_p95_ms": ("cache_stats.storage_read_device_p95_ms", lambda f: f.cache.storage.read.ms("p95", "device")),
+    "write_device_p95_ms": ("cache_stats.storage_write_device_p95_ms", lambda f: f.cache.storage.write.ms("p95", "device")),
+    "request_storage_p95_ms": ("storage_io_latency_ms.p95", lambda f: f.storage_io.p95)}
 
 
 def find_harness_files(root: str) -> list[tuple[int, int, int, str]]:
@@ -74,13 +74,6 @@ def is_harness_dir(path: str) -> bool:
     return os.path.isdir(path) and bool(find_harness_files(path))
 
 
-def _get(node: Any, path: tuple[str, ...]) -> Any:
-    """The value at path, or None where any level is missing or not an object (a file's shape is not trusted)."""
-    for key in path:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
 def _number(node: Any) -> float | None:
     ok = isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node)
     return float(node) if ok else None  # NaN (Python's json.dump writes it) is no figure: said as missing
@@ -94,13 +87,12 @@ def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
         return row | {"format": None, "error": str(exc)}
     if not isinstance(doc, (RunDocument, MlperfToolDocument)):
         return row | {"format": doc.kind, "error": f"{path}: a {doc.kind} document, not a rank's results"}
-    summary = doc.summary
     row["format"] = "mlperf-tool" if isinstance(doc, MlperfToolDocument) else "kv-cache"
     row["seed"] = doc.data.get("seed")
     row["missing"] = []
     figures = doc.figures
     for name, (key, read) in {**SUM_KEYS, **MAX_KEYS}.items():
-        row[name] = _number(read(figures, summary))
+        row[name] = _number(read(figures))
         if row[name] is None:
             row["missing"].append(f"summary.{key}")
     row["status"] = figures.cache.health.overall_status if figures.cache.health else None

@@ -23,6 +23,7 @@ from kv_cache.results.figures import (
     Criterion,
     Figures,
     Hits,
+    LatencyBlock,
     Percentiles,
     RequestTotals,
     StorageHealth,
@@ -37,13 +38,10 @@ TIERS = tuple(TierName)
 OPS = ("read", "write")
 
 
-def _latency_block(samples_ns) -> dict[str, float]:
-    """{mean, p50, p95, p99, p999, p9999} in ms (the MLPerf JSON's per-request latency blocks)."""
-    out = {"mean": mean_ms(samples_ns)}
+def _latency_block(samples_ns) -> LatencyBlock:
+    """mean, p50 ... p9999 in ms (the MLPerf JSON's per-request latency blocks; 0.0 without samples)."""
     p = percentiles_ms(samples_ns)
-    for k in PERCENTILES:
-        out[k] = p.get(k, 0.0)
-    return out
+    return LatencyBlock(mean_ms(samples_ns), **{k: p.get(k, 0.0) for k in PERCENTILES})
 
 
 def _seconds(samples_ns) -> np.ndarray:
@@ -201,20 +199,14 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
     c = metrics.snapshot_counters()
     mt_hits, mt_misses = int(c.get(names.MULTI_TURN_CACHE_HITS, 0)), int(c.get(names.MULTI_TURN_CACHE_MISSES, 0))
     prefix_hits = int(c.get(names.PREFIX_HITS, 0))
-    return {
-        "total_requests": r.completed,
-        "total_tokens": r.tokens_generated,
-        "elapsed_time": window_s,
-        "avg_throughput_tokens_per_sec": per_second(r.tokens_generated, window_s),
-        "total_storage_io_time": total_storage_s,
+    figures = Figures(
+        r.completed, r.tokens_generated, window_s, per_second(r.tokens_generated, window_s), total_storage_s,
         # MLPerf-compatible formula: generated tokens / SUM of per-request storage seconds (not wall-clock).
-        "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
-        "requests_per_second": per_second(r.completed, window_s),
-        "rates_undefined_reason": rates_undefined_reason(window_s),  # why the rates are 0.0 (None: measured)
-        "end_to_end_latency_ms": _latency_block(r.e2e_ns),
-        "storage_io_latency_ms": _latency_block(r.storage_ns),
-        "generation_latency_ms": _latency_block(r.generation_ns),
-        "cache_stats": stats.to_json(),  # the typed figures, written out at the edge (results/figures.py)
+        r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0, per_second(r.completed, window_s),
+        rates_undefined_reason(window_s),  # why the rates are 0.0 (None: measured)
+        _latency_block(r.e2e_ns), _latency_block(r.storage_ns), _latency_block(r.generation_ns), stats)
+    return {
+        **figures.to_json(),  # the typed figures, written out at the edge (results/figures.py)
         "qos_metrics": qos_metrics(metrics, qos_profiles),
         "prefix_cache_stats": {
             "prefix_hits": prefix_hits,
@@ -239,15 +231,16 @@ def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
     if not summary:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
-    cs = Figures.from_json(summary).cache
+    f = Figures.from_json(summary)
+    cs = f.cache
     # (0.0 rates when the window was under a second, as documents written before this held null)
     storage_gibps = (cs.storage.read.bandwidth_gbps or 0.0) + (cs.storage.write.bandwidth_gbps or 0.0)
     return {
         "overall_passed": cs.health is not None and cs.health.overall_status == "PASS",
-        "total_requests": summary["total_requests"],
-        "avg_latency_ms": summary["end_to_end_latency_ms"]["mean"],
-        "p99_latency_ms": summary["end_to_end_latency_ms"]["p99"],
-        "throughput_req_per_sec": summary["requests_per_second"] or 0.0,
+        "total_requests": f.total_requests,
+        "avg_latency_ms": f.e2e.mean,
+        "p99_latency_ms": f.e2e.p99,
+        "throughput_req_per_sec": f.requests_per_second or 0.0,
         "storage_throughput_mbps": storage_gibps * GIB / 1e6,
         "cache_hit_rate": cs.hit_rate,
     }
