@@ -115,7 +115,7 @@ def audit_file(path: Path, ceiling: float, limit: tuple[float, str] | None = Non
             # the interposer check (it keeps no per-run device counters), recomputed from the libraries its block
             # records, never its stored verdict
             return _sessions_recomputed(doc["integrity"])
-        if not isinstance(doc.get("summary"), dict) or doc["summary"].get("cache_stats") is None:
+        if not typed.has_figures:
             raise DocumentError(f"{path}: a {typed.kind} document holds no per-run storage figures to audit "
                                 "(audit a run's or a merge's results)")
         host = (doc.get("run_parameters") or {}).get("host")

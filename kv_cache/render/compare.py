@@ -29,10 +29,12 @@ the overlaid plots (render/compare_plots.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kv_cache.metrics.stats import CI, mean_ci, ratio_ci, subwindow_rates
+from kv_cache.results.figures import Figures
 from kv_cache.results.storage_info import kind_of, storage_facts, storage_label
 
 GIB = float(1 << 30)
@@ -53,21 +55,20 @@ TOTALS = "totals of the whole run"
 SESSIONS_WORKLOAD = ("model", "gpu", "num_gpus", "tensor_parallel", "block_tokens", "ladder", "window_s",
                      "warmup_s", "subwindows", "pace", "seed", "trace")
 
-# (label, where in the document, time-series column giving its per-second rate or None, scale)
-STANDARD_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float], ...] = (
-    ("requests/s", ("summary", "requests_per_second"), "requests", 1.0),
-    ("tokens/s", ("summary", "avg_throughput_tokens_per_sec"), None, 1.0),
-    ("storage read GiB/s", ("summary", "cache_stats", "tier_storage_read_bandwidth_gbps"),
-     "storage_read_bytes", 1 / GIB),
-    ("storage write GiB/s", ("summary", "cache_stats", "tier_storage_write_bandwidth_gbps"),
-     "storage_write_bytes", 1 / GIB),
-    ("storage read p95 ms", ("summary", "cache_stats", "storage_read_p95_ms"), None, 1.0),
-    ("storage write p95 ms", ("summary", "cache_stats", "storage_write_p95_ms"), None, 1.0),
-    ("storage read device p95 ms", ("summary", "cache_stats", "storage_read_device_p95_ms"), None, 1.0),
-    ("storage write device p95 ms", ("summary", "cache_stats", "storage_write_device_p95_ms"), None, 1.0),
-    ("end-to-end p50 ms", ("summary", "end_to_end_latency_ms", "p50"), None, 1.0),
-    ("end-to-end p95 ms", ("summary", "end_to_end_latency_ms", "p95"), None, 1.0),
-    ("cache hit rate", ("summary", "cache_stats", "cache_hit_rate"), None, 1.0),
+# (label, the figure of a document's summary (results/figures.py), time-series column giving its per-second
+#  rate or None, scale)
+STANDARD_METRICS: tuple[tuple[str, Callable[[Figures], Any], str | None, float], ...] = (
+    ("requests/s", lambda f: f.requests_per_second, "requests", 1.0),
+    ("tokens/s", lambda f: f.tokens_per_sec, None, 1.0),
+    ("storage read GiB/s", lambda f: f.cache.storage.read.bandwidth_gbps, "storage_read_bytes", 1 / GIB),
+    ("storage write GiB/s", lambda f: f.cache.storage.write.bandwidth_gbps, "storage_write_bytes", 1 / GIB),
+    ("storage read p95 ms", lambda f: f.cache.storage.read.ms("p95"), None, 1.0),
+    ("storage write p95 ms", lambda f: f.cache.storage.write.ms("p95"), None, 1.0),
+    ("storage read device p95 ms", lambda f: f.cache.storage.read.ms("p95", "device"), None, 1.0),
+    ("storage write device p95 ms", lambda f: f.cache.storage.write.ms("p95", "device"), None, 1.0),
+    ("end-to-end p50 ms", lambda f: f.e2e.p50, None, 1.0),
+    ("end-to-end p95 ms", lambda f: f.e2e.p95, None, 1.0),
+    ("cache hit rate", lambda f: f.cache.hit_rate, None, 1.0),
 )
 
 
@@ -193,13 +194,8 @@ def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"#{i + 1}"
 
 
-def _get(doc: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    node: Any = doc
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return float(node) if isinstance(node, (int, float)) else None
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def window_rates(doc: dict[str, Any], column: str, scale: float = 1.0) -> list[float]:
@@ -263,9 +259,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def standard_rows(docs: list[dict[str, Any]]) -> list[Row]:
     rows = []
-    for label, path, column, scale in STANDARD_METRICS:
+    figures = [Figures.from_json(d.get("summary")) for d in docs]
+    for label, figure, column, scale in STANDARD_METRICS:
         samples = [window_rates(d, column, scale) if column else [] for d in docs]
-        cells = [Cell(_get(d, path), mean_ci(s) if len(s) >= 2 else None) for d, s in zip(docs, samples, strict=True)]
+        cells = [Cell(_number(figure(f)), mean_ci(s) if len(s) >= 2 else None)
+                 for f, s in zip(figures, samples, strict=True)]
         ratios = []
         for d_s, cell in zip(samples[1:], cells[1:], strict=True):
             if len(d_s) >= 2 and len(samples[0]) >= 2:

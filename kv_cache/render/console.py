@@ -15,6 +15,7 @@ from kv_cache.metrics.recorder import GIB
 from kv_cache.render import catalogue_section
 from kv_cache.render.measurement_section import measurement
 from kv_cache.results import blocklatency
+from kv_cache.results.figures import CacheStats, Figures, RequestTotals
 from kv_cache.results.measurement import RAM_BACKED, filesystem_kind
 from kv_cache.storage import backends as storage_backends
 from kv_cache.storage.tiername import TierName
@@ -35,6 +36,10 @@ def _summary(results: Results) -> dict[str, Any]:
 
 def _cache_stats(results: Results) -> dict[str, Any]:
     return _summary(results)["cache_stats"]
+
+
+def _figures(results: Results) -> CacheStats:
+    return Figures.from_json(_summary(results)).cache
 
 
 def _params(results: Results) -> dict[str, Any]:
@@ -160,27 +165,27 @@ def latencies(results: Results) -> list[str]:
     return lines
 
 
-def read_write_ratio(cs: dict[str, Any]) -> str:
+def read_write_ratio(r: RequestTotals) -> str:
     """The ratio as a reader expects it: a run that wrote nothing is read-only, not a huge number."""
-    if cs["total_write_bytes"] == 0 and cs["total_read_bytes"] > 0:
+    if r.write_bytes == 0 and r.read_bytes > 0:
         return "∞ (read-only)"
-    if cs["read_write_ratio"] < 1e-9:
+    if r.read_write_ratio < 1e-9:
         return "0 (write-only)"
-    return f"{cs['read_write_ratio']:.2f}"
+    return f"{r.read_write_ratio:.2f}"
 
 
 def request_traffic(results: Results) -> list[str]:
     """What the requests asked the cache for, whichever tier answered: cache hits and entry writes, not I/Os."""
-    cs = _cache_stats(results)
-    u = bool(cs.get("rates_undefined_reason"))
+    cs = _figures(results)
+    r, u = cs.requests, bool(cs.rates_undefined_reason)
     return ["", "### REQUEST TRAFFIC (KV entries requests read and wrote, any tier: RAM bytes included) ###",
-            f"  Cache Hit Rate: {cs['cache_hit_rate'] * 100:.1f}% (entry lookups that found the entry in any tier;"
+            f"  Cache Hit Rate: {cs.hit_rate * 100:.1f}% (entry lookups that found the entry in any tier;"
             " every decode re-read is a lookup)",
-            f"  Total Read: {cs['total_read_gb']:.2f} GiB (all tiers)",
-            f"  Total Write: {cs['total_write_gb']:.2f} GiB (all tiers)",
-            f"  Read/Write Ratio: {read_write_ratio(cs)}",
-            f"  Read Operations: {cs['read_iops']} cache hits ({_rate(cs['read_ops_per_sec'], undefined=u)}/s over the measured window)",
-            f"  Write Operations: {cs['write_iops']} entry writes ({_rate(cs['write_ops_per_sec'], undefined=u)}/s over the measured"
+            f"  Total Read: {r.read_gb:.2f} GiB (all tiers)",
+            f"  Total Write: {r.write_gb:.2f} GiB (all tiers)",
+            f"  Read/Write Ratio: {read_write_ratio(r)}",
+            f"  Read Operations: {r.read_ops} cache hits ({_rate(r.read_ops_per_sec, undefined=u)}/s over the measured window)",
+            f"  Write Operations: {r.write_ops} entry writes ({_rate(r.write_ops_per_sec, undefined=u)}/s over the measured"
             " window)",
             "  (demotions between tiers are not requests: they are in the tier sections below)"]
 
@@ -255,11 +260,11 @@ def tier_sections(results: Results) -> list[str]:
 
 
 def tier_distribution(results: Results) -> list[str]:
-    cs = _cache_stats(results)
+    cs = _figures(results)
     return _section("CACHE TIER DISTRIBUTION (entries held at the end of the run)", [
-        f"GPU Entries: {cs['gpu_entries']} ({cs['gpu_memory_used_gb']:.2f} GiB){_gpu_mark(results)}",
-        f"CPU Entries: {cs['cpu_entries']} ({cs['cpu_memory_used_gb']:.2f} GiB)",
-        f"Storage Entries: {cs['storage_entries']} ({cs['storage_memory_used_gb']:.2f} GiB)"])
+        f"GPU Entries: {cs.gpu.entries} ({cs.gpu.memory_used_gb:.2f} GiB){_gpu_mark(results)}",
+        f"CPU Entries: {cs.cpu.entries} ({cs.cpu.memory_used_gb:.2f} GiB)",
+        f"Storage Entries: {cs.storage.entries} ({cs.storage.memory_used_gb:.2f} GiB)"])
 
 
 def _section(title: str, rows: list[str]) -> list[str]:
@@ -268,21 +273,20 @@ def _section(title: str, rows: list[str]) -> list[str]:
 
 
 def storage_latency_breakdown(results: Results) -> list[str]:
-    cs = _cache_stats(results)
+    storage = _figures(results).storage
     lines = ["", "### STORAGE TIER LATENCY BREAKDOWN (Device = syscalls, Host = everything else) ###"]
     for op in OPS:
-        if f"storage_{op}_p95_ms" in cs:
-            lines.append(f"  {op.capitalize()}: device P95 {cs[f'storage_{op}_device_p95_ms']:.2f} ms,"
-                         f" host P95 {cs[f'storage_{op}_host_p95_ms']:.2f} ms,"
-                         f" total P95 {cs[f'storage_{op}_p95_ms']:.2f} ms")
+        if (s := storage.op(op)).ms("p95") is not None:
+            lines.append(f"  {op.capitalize()}: device P95 {s.ms('p95', 'device'):.2f} ms,"
+                         f" host P95 {s.ms('p95', 'host'):.2f} ms, total P95 {s.ms('p95'):.2f} ms")
     return lines
 
 
 def cache_types(results: Results) -> list[str]:
-    cs = _cache_stats(results)
+    h = _figures(results).hits_by_kind
     return _section("CACHE TYPE BREAKDOWNS (which kind of entry each cache hit was)", [
-        f"System Prompt Hits: {cs['system_prompt_hits']}", f"User Cache Hits: {cs['user_cache_hits']}",
-        f"Multi-turn Hits: {cs['multi_turn_hits']}"])
+        f"System Prompt Hits: {h.system_prompt}", f"User Cache Hits: {h.user_cache}",
+        f"Multi-turn Hits: {h.multi_turn}"])
 
 
 def prefix_caching(results: Results) -> list[str]:

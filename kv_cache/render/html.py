@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kv_cache.host.files import atomic_target, keep_existing
+from kv_cache.results.figures import Figures
 from kv_cache.results.storage_info import kind_of, storage_facts, storage_label
 
 PAGE = """<!DOCTYPE html>
@@ -72,18 +73,18 @@ def headline(results: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append((f"{cfg}: peak tokens/s per GPU", f"{_fmt(peak, 'tok/s')} at "
                          f"{c.get('peak_throughput_sessions', '-')} sessions"))
         return rows or [("sessions", "no completed ladder")]
-    s = results.get("summary") or {}
-    cs = s.get("cache_stats") or {}
+    f = Figures.from_json(results.get("summary"))
+    storage = f.cache.storage
     block = results.get("integrity") if isinstance(results.get("integrity"), dict) else {}
     verdict = results.get("verdict") or ("PASS" if results.get("overall_passed") else "FAIL")
     integ = str(block.get("verdict", "not recorded")).upper()
     return [("verdict", str(verdict)),
             ("integrity", integ + (f": {'; '.join(block['reasons'])}" if block.get("reasons") else "")),
-            ("storage read", _fmt(cs.get("tier_storage_read_bandwidth_gbps"), "GiB/s")),
-            ("storage write", _fmt(cs.get("tier_storage_write_bandwidth_gbps"), "GiB/s")),
-            ("storage read device P95", _fmt(cs.get("storage_read_device_p95_ms"), "ms")),
-            ("storage write device P95", _fmt(cs.get("storage_write_device_p95_ms"), "ms")),
-            ("end-to-end P95", _fmt((s.get("end_to_end_latency_ms") or {}).get("p95"), "ms"))]
+            ("storage read", _fmt(storage.read.bandwidth_gbps, "GiB/s")),
+            ("storage write", _fmt(storage.write.bandwidth_gbps, "GiB/s")),
+            ("storage read device P95", _fmt(storage.read.ms("p95", "device"), "ms")),
+            ("storage write device P95", _fmt(storage.write.ms("p95", "device"), "ms")),
+            ("end-to-end P95", _fmt(f.e2e.p95, "ms"))]
 
 
 def _cell(value: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from kv_cache.host.files import atomic_target, keep_existing
 from kv_cache.render import catalogue_section
 from kv_cache.results import blocklatency
+from kv_cache.results.figures import Figures
 from kv_cache.results.write import Written
 from kv_cache.storage.tiername import TierName
 
@@ -57,40 +58,38 @@ def run_parameter_columns(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def metric_columns(summary: dict[str, Any]) -> dict[str, Any]:
-    cs = summary.get("cache_stats", {})
-    e2e, st, gen = (summary.get(k, {}) for k in ("end_to_end_latency_ms", "storage_io_latency_ms", "generation_latency_ms"))
+    f = Figures.from_json(summary)
+    cs = f.cache
     cols: dict[str, Any] = {
-        "Total Requests": summary.get("total_requests"),
-        "Total Tokens": summary.get("total_tokens"),
-        "Elapsed Time (s)": summary.get("elapsed_time"),
-        "Avg Throughput (tok/s)": summary.get("avg_throughput_tokens_per_sec"),
-        "Storage Throughput (tok/s)": summary.get("storage_throughput_tokens_per_sec"),
-        "Requests/sec": summary.get("requests_per_second"),
+        "Total Requests": f.total_requests,
+        "Total Tokens": f.total_tokens,
+        "Elapsed Time (s)": f.elapsed_time,
+        "Avg Throughput (tok/s)": f.tokens_per_sec,
+        "Storage Throughput (tok/s)": f.storage_tokens_per_sec,
+        "Requests/sec": f.requests_per_second,
     }
-    for label, block in (("E2E Latency", e2e), ("Storage Latency", st)):
-        cols[f"{label} Mean (ms)"] = block.get("mean")
-        for name, key in PCT:
-            cols[f"{label} {name} (ms)"] = block.get(key)
-    cols["Gen Latency Mean (ms)"] = gen.get("mean")
-    for name, key in PCT[:3]:
-        cols[f"Gen Latency {name} (ms)"] = gen.get(key)
-    for part, infix in (("Total", ""), ("Device", "device_"), ("Host", "host_")):
+    for label, block, pct in (("E2E Latency", f.e2e, PCT), ("Storage Latency", f.storage_io, PCT),
+                              ("Gen Latency", f.generation, PCT[:3])):
+        cols[f"{label} Mean (ms)"] = block.mean
+        for name, key in pct:
+            cols[f"{label} {name} (ms)"] = getattr(block, key)
+    for part in ("Total", "Device", "Host"):
         for op in ("Read", "Write"):
             for name, key in PCT:
-                cols[f"Storage Tier {op} {part} {name} (ms)"] = cs.get(f"storage_{op.lower()}_{infix}{key}_ms")
-    cols["Cache Hit Rate"] = cs.get("cache_hit_rate")
-    cols["Read/Write Ratio"] = cs.get("read_write_ratio")
-    cols["Total Read (GiB)"] = cs.get("total_read_gb")
-    cols["Total Write (GiB)"] = cs.get("total_write_gb")
-    for word, key in (("Written", "written"), ("Read", "read")):
-        for tier, name in ((t, "Storage" if t is TierName.STORAGE else t.value.upper()) for t in TierName):
-            cols[f"Tier {name} KV Bytes {word} (GiB)"] = cs.get(f"tier_{tier}_kv_bytes_{key}_gb")
-    for tier, name in ((t, "Storage" if t is TierName.STORAGE else t.value.upper()) for t in TierName):
+                cols[f"Storage Tier {op} {part} {name} (ms)"] = cs.storage.op(op.lower()).ms(key, part.lower())
+    cols["Cache Hit Rate"] = cs.hit_rate
+    cols["Read/Write Ratio"] = cs.requests.read_write_ratio
+    cols["Total Read (GiB)"] = cs.requests.read_gb
+    cols["Total Write (GiB)"] = cs.requests.write_gb
+    tiers = [(cs.tier(t), "Storage" if t is TierName.STORAGE else t.value.upper()) for t in TierName]
+    for word, op in (("Written", "write"), ("Read", "read")):
+        for tier, name in tiers:
+            cols[f"Tier {name} KV Bytes {word} (GiB)"] = tier.op(op).bytes_gb
+    for tier, name in tiers:
         for op in ("Read", "Write"):
-            cols[f"Tier {name} {op} Bandwidth (GiB/s)"] = cs.get(f"tier_{tier}_{op.lower()}_bandwidth_gbps")
-    cols["GPU Entries"] = cs.get("gpu_entries")
-    cols["CPU Entries"] = cs.get("cpu_entries")
-    cols["Storage Entries"] = cs.get("storage_entries")
+            cols[f"Tier {name} {op} Bandwidth (GiB/s)"] = tier.op(op.lower()).bandwidth_gbps
+    for tier, name in tiers:
+        cols[f"{name} Entries"] = tier.entries
     cols["Multi-turn Hit Rate"] = summary.get("multi_turn_stats", {}).get("hit_rate")
     return cols
 

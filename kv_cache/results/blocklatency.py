@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kv_cache.host.bpftrace_hist import quantile_bucket, quantile_value, total
+from kv_cache.results.figures import Figures
 
 # The syscall figures' names in the tool's own totals (storage/files.py syscall_totals)
 TOOL_SYSCALL = {"vfs_read_us": "preadv", "vfs_write_us": "pwritev", "fsync_us": "fdatasync"}
@@ -144,11 +145,11 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             if f.get("same_calls") is False:
                 tool += f"; counts differ (kernel {f['count']}, tool {f['tool_count']}): not the same calls"
             lines.append(f"    kernel: mean {f['mean_ms']:.3f} ms, {p} ms (log-linear){tool}")
-    cs = (results.get("summary") or {}).get("cache_stats") or {}
+    storage = Figures.from_json(results.get("summary")).cache.storage
     for op in ("read", "write"):
-        if f"storage_{op}_device_p50_ms" in cs:
+        if (device := storage.op(op).device) is not None and device.p50 is not None:
             lines.append(f"  Tool's storage {op} device time per KV entry (all its syscalls, see Timed):"
-                         f" p50 {cs[f'storage_{op}_device_p50_ms']:.2f} ms, p95 {cs[f'storage_{op}_device_p95_ms']:.2f} ms")
+                         f" p50 {device.p50:.2f} ms, p95 {device.p95:.2f} ms")
     return lines
 
 

@@ -6,8 +6,8 @@ Three kinds, each a JSON object whose first key is `schema_version`:
 - `kv-cache-merged/1` (MergedDocument): the merge of a run's ranks (`--processes`, mpirun, `kv-cache merge`).
 
 A class keeps the document's mapping as written (so `to_json()` gives back every key, byte for byte) and
-adds the typed accessors the readers use: kind, schema version, run id, rank, world size, window, storage
-and summary. `load` picks the class from VERSIONS by `schema_version`, never by sniffing keys (the two
+adds the typed accessors the readers use: kind, schema version, run id, rank, world size, window, storage,
+summary and its typed figures (`figures`, results/figures.py). `load` picks the class from VERSIONS by `schema_version`, never by sniffing keys (the two
 foreign kinds below excepted, by their documented shape); a file with no version, or one this kv-cache does not know, is a DocumentError (one line, exit 2). Bump a number
 when a key changes meaning or goes away (adding keys keeps it), and keep the old number's class here with
 a test file of it in tests/fixtures/results/.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kv_cache.errors import DocumentError
+from kv_cache.results.figures import Figures
 from kv_cache.results.mlperf_tool import (
     HarnessSummary,
     MlperfToolRank,
@@ -100,6 +101,17 @@ class ResultsDocument:
     @property
     def summary(self) -> dict[str, Any]:
         return self.data.get("summary") or {}
+
+    @property
+    def figures(self) -> Figures:
+        """The summary's figures, typed (results/figures.py): each one None where the document lacks it."""
+        return Figures.from_json(self.summary)
+
+    @property
+    def has_figures(self) -> bool:
+        """Holds a run's storage figures (a summary with its `cache_stats`), whatever their age."""
+        summary = self.data.get("summary")
+        return isinstance(summary, dict) and summary.get("cache_stats") is not None
 
     @property
     def interrupted(self) -> bool:

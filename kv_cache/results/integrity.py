@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kv_cache.results.figures import CacheStats, Figures
 from kv_cache.results.mlperf_tool import rank_view
 from kv_cache.storage.tiername import TierName
 
@@ -55,8 +56,6 @@ DEVICE_SHARE_MIN = 0.9  # bytes the device / process / cgroup saw / counted read
 SERIES_GAP_INVALID = 0.25  # counted bytes that no time-series bucket holds, beyond this share: not the window's
 BLOCK_BYTES = 4096
 DEVICE_LIMIT_TOLERANCE = 0.02  # above a device's rated GB/s by more: impossible
-TIERS = tuple(str(t) for t in TierName)  # gpu, cpu, storage
-FASTER_TIERS = tuple(str(t) for t in TierName if t is not TierName.STORAGE)
 # No-op shims and what they defeat; allocators are interposed too, but touch no I/O call.
 KNOWN_SHIMS = {"libeatmydata": "turns fsync/fdatasync/sync into no-ops (writes end in the page cache)",
                "eatmydata": "turns fsync/fdatasync/sync into no-ops (writes end in the page cache)",
@@ -682,10 +681,13 @@ def _gib_bytes(v: Any) -> float | None:
     return n * GIB if n is not None else None
 
 
-def _bandwidth_rows(cs: dict[str, Any]) -> tuple[tuple[str, str, float | None, float | None], ...]:
-    return tuple((t, op, _gib_bytes(cs.get(f"tier_{t}_kv_bytes_{word}_gb")),
-                  _num(cs.get(f"tier_{t}_{op}_bandwidth_gbps")))
-                 for t in TIERS for op, word in (("read", "read"), ("write", "written")))
+def _bandwidth_rows(cs: CacheStats) -> tuple[tuple[str, str, float | None, float | None], ...]:
+    return tuple((str(t), op, _gib_bytes(cs.tier(t).op(op).bytes_gb), _num(cs.tier(t).op(op).bandwidth_gbps))
+                 for t in TierName for op in ("read", "write"))
+
+
+def _other_tier_read_bytes(cs: CacheStats) -> float:
+    return sum(_gib_bytes(cs.tier(t).read.bytes_gb) or 0 for t in TierName if t is not TierName.STORAGE)
 
 
 def _int(v: Any) -> int | None:
@@ -708,13 +710,14 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     """IntegrityFacts of a kv-cache results document (a run's or a merge's). `device_limit`: (GB/s, where the
     figure comes from), given to audit; else the run's own (measurement.device_limit)."""
     summary = doc.get("summary") or {}
-    cs, m = summary.get("cache_stats") or {}, doc.get("measurement") or {}
+    f, m = Figures.from_json(summary), doc.get("measurement") or {}
+    cs = f.cache
     merged = "per_rank" in (doc.get("integrity") or {}) or "merged_from" in doc
     params = doc.get("run_parameters") or {}
     window = _num(m.get("window_seconds"))
     qd = m.get("achieved_queue_depth") or {}
     if merged and not qd:  # a merge: the ranks' summed device time / the common window
-        busy = _num(summary.get("total_storage_io_time"))
+        busy = _num(f.storage_io_s)
     else:
         busy = sum(v for v in qd.values() if isinstance(v, (int, float))) * window if qd and window else None
     e2e_max = _max_number(doc.get("end_to_end_latencies"))
@@ -722,7 +725,7 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
     net = (m.get("remote_tier") or {}).get("network") or {}
     tool_r, tool_w = _num(net.get("tool_bytes_read")) or 0, _num(net.get("tool_bytes_written")) or 0
     libs = m.get("process_libraries") or {}
-    e2e_p95 = _num((summary.get("end_to_end_latency_ms") or {}).get("p95"))
+    e2e_p95 = _num(f.e2e.p95)
     pio = m.get("process_io") or {}
     cg = pio.get("cgroup") if isinstance(pio.get("cgroup"), dict) and pio["cgroup"].get("own") else {}
     verify = m.get("verify") if isinstance(m.get("verify"), dict) else None
@@ -739,21 +742,17 @@ def facts_from_ours(doc: dict[str, Any], device_limit: tuple[float, str] | None 
         per = [r.get("io_workers") for r in (rows.values() if isinstance(rows, dict) else rows) if isinstance(r, dict)]
         workers = sum(per) if per and all(isinstance(x, int) for x in per) else workers
     closed = not params.get("request_rate") and not params.get("trace_paths")
-    other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
+    read, write = cs.storage.read, cs.storage.write
     return IntegrityFacts(
         workers_recorded_twice=(workers, chosen) if workers_differ else None,
         source="kv-cache merge" if merged else "kv-cache", window_s=window,
-        window_alt_s=_num(summary.get("elapsed_time")), workers=workers, workers_meaning="I/O workers",
-        read_bytes=_gib_bytes(cs.get("tier_storage_kv_bytes_read_gb")),
-        write_bytes=_gib_bytes(cs.get("tier_storage_kv_bytes_written_gb")),
-        read_ops=_int(cs.get("tier_storage_read_ops")), write_ops=_int(cs.get("tier_storage_write_ops")),
-        read_device_p95_ms=_num(cs.get("storage_read_device_p95_ms")),
-        write_device_p95_ms=_num(cs.get("storage_write_device_p95_ms")),
-        read_device_p50_ms=_num(cs.get("storage_read_device_p50_ms")),
-        write_device_p50_ms=_num(cs.get("storage_write_device_p50_ms")),
-        reported_read_gibs=_num(cs.get("tier_storage_read_bandwidth_gbps")),
-        reported_write_gibs=_num(cs.get("tier_storage_write_bandwidth_gbps")),
-        bandwidth_rows=_bandwidth_rows(cs), other_tier_read_bytes=other,
+        window_alt_s=_num(f.elapsed_time), workers=workers, workers_meaning="I/O workers",
+        read_bytes=_gib_bytes(read.bytes_gb), write_bytes=_gib_bytes(write.bytes_gb),
+        read_ops=_int(read.ops), write_ops=_int(write.ops),
+        read_device_p95_ms=_num(read.ms("p95", "device")), write_device_p95_ms=_num(write.ms("p95", "device")),
+        read_device_p50_ms=_num(read.ms("p50", "device")), write_device_p50_ms=_num(write.ms("p50", "device")),
+        reported_read_gibs=_num(read.bandwidth_gbps), reported_write_gibs=_num(write.bandwidth_gbps),
+        bandwidth_rows=_bandwidth_rows(cs), other_tier_read_bytes=_other_tier_read_bytes(cs),
         window_edge=m.get("window_edge") if isinstance(m.get("window_edge"), dict) else None,
         series=_series(doc),
         max_entry_bytes=(_num((m.get("entry_size_mib") or {}).get("max")) or 0) * 2 ** 20 or None
@@ -791,27 +790,27 @@ def facts_from_mlperf_tool(raw: dict[str, Any], params: dict[str, Any] | None = 
     params = params or {}
     v = rank_view(raw)
     s = raw.get("summary") if isinstance(raw.get("summary"), dict) else {}
-    cs = s.get("cache_stats") if isinstance(s.get("cache_stats"), dict) else {}
+    f = Figures.from_json(s)
+    cs = f.cache
     e2e = v.latencies_s("end_to_end_latencies")
     # its QoS classes' `max` latencies are end-to-end too (ms): the longest request when the array is cut
     qos = s.get("qos_metrics") if isinstance(s.get("qos_metrics"), dict) else {}
     e2e += [m / 1000 for q in qos.values() if isinstance(q, dict)
             for m in [(q.get("latency_ms") if isinstance(q.get("latency_ms"), dict) else {}).get("max")]
             if isinstance(m, (int, float)) and not isinstance(m, bool)]
-    other = sum(_gib_bytes(cs.get(f"tier_{t}_kv_bytes_read_gb")) or 0 for t in FASTER_TIERS)
     return IntegrityFacts(
         source="mlperf-tool", window_s=v.elapsed_s, workers=params.get("num_users"),
         workers_meaning="users (one request in flight each)",
         read_bytes=_gib_bytes(v.read_gib), write_bytes=_gib_bytes(v.write_gib),
         # its read_iops / write_iops are counts of every tier's operations (decode_reads, prefill_writes)
         read_ops=v.read_ops, write_ops=v.write_ops, ops_scope="all tiers",
-        other_tier_read_bytes=other, bandwidth_rows=_bandwidth_rows(cs),
+        other_tier_read_bytes=_other_tier_read_bytes(cs), bandwidth_rows=_bandwidth_rows(cs),
         read_device_p95_ms=v.read_device_p95_ms,
         write_device_p95_ms=v.write_device_p95_ms, write_device_is_fsync_only=True,
-        read_device_p50_ms=_num(cs.get("storage_read_device_p50_ms")),
-        write_device_p50_ms=_num(cs.get("storage_write_device_p50_ms")),
+        read_device_p50_ms=_num(cs.storage.read.ms("p50", "device")),
+        write_device_p50_ms=_num(cs.storage.write.ms("p50", "device")),
         reported_read_gibs=v.read_gibps, reported_write_gibs=v.write_gibps,
-        summed_storage_s=v.storage_io_s if v.storage_io_s is not None else _num(s.get("total_storage_io_time")),
+        summed_storage_s=v.storage_io_s if v.storage_io_s is not None else _num(f.storage_io_s),
         e2e_p95_s=v.e2e_p95_ms / 1000 if v.e2e_p95_ms is not None else None, e2e_max_s=max(e2e) if e2e else None,
         ld_preload=tuple(params.get("ld_preload") or ()), preload_recorded="ld_preload" in params,
         io_mode="buffered", fsync=True, host=params.get("host"),

@@ -51,6 +51,7 @@ from kv_cache.metrics.stats import percentiles
 from kv_cache.metrics.timeseries import merge_rows
 from kv_cache.results import measurement as meas
 from kv_cache.results.documents import MERGED_SCHEMA_VERSION, RunDocument
+from kv_cache.results.figures import CacheStats, Figures
 from kv_cache.results.integrity import audit_facts, facts_from_ours, merged_integrity
 from kv_cache.results.parameters import merged_settings_split
 from kv_cache.results.partial import partial_until
@@ -80,7 +81,6 @@ __all__ = ["EXACT_CAP", "MERGED_SCHEMA_VERSION", "MergeError", "find_rank_files"
 _REQUEST_LISTS = {"end_to_end_latencies": ("e2e", "end_to_end"), "storage_latencies": ("storage", "storage_io"),
                   "generation_latencies": ("generation", "generation"), "prefill_latencies": ("prefill", None),
                   "decode_latencies": ("decode", None)}
-_SUM_KEYS = ("tier_storage_read_bandwidth_gbps", "tier_storage_write_bandwidth_gbps")
 _PARTS = ("total", "device", "host")
 _ROW_ONLY = ("sums", "usage", "rag_stats", "requests_issued", "requests_failed", "stop_reason",
              "facts", "counts")  # not in per_rank
@@ -174,23 +174,19 @@ def _window(rows: Sequence[dict[str, Any]], missing: Sequence[int] = ()) -> dict
                          "closing_broke_on": broke, "not_barrier_aligned": unaligned}}
 
 
-def _cs(doc: dict[str, Any]) -> dict[str, Any]:
-    return (doc.get("summary") or {}).get("cache_stats") or {}
-
-
 def _row(doc: RunDocument, index: int) -> dict[str, Any]:
     d = doc.data
-    s, cs = d.get("summary") or {}, _cs(d)
+    s, f = d.get("summary") or {}, doc.figures
+    cs = f.cache
     return {
         "rank": rank_of(doc, index), "host": doc.parameters.get("host"), "file": doc.source, "seed": d.get("seed"),
         "window_seconds": doc.window["seconds"], "requests": d.get("requests_completed", 0),
-        "storage_read_gib": cs.get("tier_storage_kv_bytes_read_gb", 0.0),
-        "storage_write_gib": cs.get("tier_storage_kv_bytes_written_gb", 0.0),
-        "storage_read_gibps": cs.get("tier_storage_read_bandwidth_gbps") or 0.0,
-        "storage_write_gibps": cs.get("tier_storage_write_bandwidth_gbps") or 0.0,
-        "e2e_p95_ms": (s.get("end_to_end_latency_ms") or {}).get("p95"),
-        "storage_io_p95_ms": (s.get("storage_io_latency_ms") or {}).get("p95"),
-        "storage_read_device_p95_ms": cs.get("storage_read_device_p95_ms"),
+        "storage_read_gib": _or(cs.storage.read.bytes_gb, 0.0),
+        "storage_write_gib": _or(cs.storage.write.bytes_gb, 0.0),
+        "storage_read_gibps": cs.storage.read.bandwidth_gbps or 0.0,
+        "storage_write_gibps": cs.storage.write.bandwidth_gbps or 0.0,
+        "e2e_p95_ms": f.e2e.p95, "storage_io_p95_ms": f.storage_io.p95,
+        "storage_read_device_p95_ms": cs.storage.read.ms("p95", "device"),
         "overall_passed": bool(d.get("overall_passed")), "storage": doc.storage,
         "requests_issued": int(doc.measurement.get("requests_issued") or 0),
         "requests_failed": int(doc.measurement.get("requests_failed") or 0),
@@ -199,9 +195,10 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
         **dict(zip(("rank_status", "rank_status_reason"),
                    (d["rank_status"], d.get("rank_status_reason")) if d.get("rank_status") else rank_status(d),
                    strict=True)),
-        "sums": {**{k: float(cs.get(k) or 0.0) for k in _SUM_KEYS},
-                 **{k: float(s.get(k) or 0.0) for k in ("avg_throughput_tokens_per_sec",
-                                                         "storage_throughput_tokens_per_sec")}},
+        "sums": {**{f"tier_storage_{op}_bandwidth_gbps": float(cs.storage.op(op).bandwidth_gbps or 0.0)
+                    for op in ("read", "write")},
+                 "avg_throughput_tokens_per_sec": float(f.tokens_per_sec or 0.0),
+                 "storage_throughput_tokens_per_sec": float(f.storage_tokens_per_sec or 0.0)},
         "rag_stats": s.get("rag_stats"), "usage": _usage(cs), "_window": doc.window, "_run_id": doc.run_id,
         "_integrity": d.get("integrity"),
         "_verify": (d.get("measurement") or {}).get("verify") or {},
@@ -227,10 +224,15 @@ def _row(doc: RunDocument, index: int) -> dict[str, Any]:
     }
 
 
-def _usage(cs: dict[str, Any]) -> dict[str, dict[str, float]]:
+def _usage(cs: CacheStats) -> dict[str, dict[str, float]]:
     """A rank's cache at its end, as the summary code takes it (tier -> entries, used bytes)."""
-    return {tier: {"entries": cs.get(f"{word}_entries", 0), "used_bytes": cs.get(f"{word}_memory_used_gb", 0.0) * GIB}
-            for tier, word in ((t.legacy, t.value) for t in TierName)}
+    return {t.legacy: {"entries": _or(cs.tier(t).entries, 0), "used_bytes": _or(cs.tier(t).memory_used_gb, 0.0) * GIB}
+            for t in TierName}
+
+
+def _or(value: Any, default: Any) -> Any:
+    """`value`, or `default` where the document lacked it (None): what `.get(key, default)` gave."""
+    return default if value is None else value
 
 
 def _inputs(first: dict[str, Any]) -> tuple[str, Any, dict[str, Any], int]:
@@ -354,9 +356,9 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
     for name, block in (("end_to_end_latency_ms", "end_to_end"), ("storage_io_latency_ms", "storage_io"),
                         ("generation_latency_ms", "generation")):
         summary[name].update(count=lat[block]["count"], max=lat[block].get("max", 0.0))
-    cs = summary["cache_stats"]
-    read_gibps = cs["tier_storage_read_bandwidth_gbps"] or 0.0
-    write_gibps = cs["tier_storage_write_bandwidth_gbps"] or 0.0
+    f = Figures.from_json(summary)
+    cs = f.cache
+    read_gibps, write_gibps = cs.storage.read.bandwidth_gbps or 0.0, cs.storage.write.bandwidth_gbps or 0.0
     r = metrics.requests
     read_b, write_b = metrics.tier_op(TierName.STORAGE, "read").window_bytes, metrics.tier_op(TierName.STORAGE, "write").window_bytes
     harness = harness_keys(summary)
@@ -379,9 +381,9 @@ def _merged(metrics: RunMetrics, rows: list[dict[str, Any]], inputs, missing: li
         "window": window,
         "totals": {
             "requests_completed": r.completed, "tokens_generated": r.tokens_generated,
-            "storage_io_seconds": summary["total_storage_io_time"],
+            "storage_io_seconds": f.storage_io_s,
             "storage_read_bytes": read_b, "storage_write_bytes": write_b,
-            "cache_hits": cs["cache_hits"], "cache_misses": cs["cache_misses"],
+            "cache_hits": cs.hits, "cache_misses": cs.misses,
             "requests_failed": failed, "requests_issued": issued, "errors": int(sum(metrics.errors.values())),
         },
         "bandwidth_gibps": {"storage_read": read_gibps, "storage_write": write_gibps,

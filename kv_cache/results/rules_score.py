@@ -23,7 +23,7 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +31,23 @@ import numpy as np
 
 from kv_cache.errors import DocumentError
 from kv_cache.results.documents import MlperfToolDocument, RunDocument, load
+from kv_cache.results.figures import Figures
 from kv_cache.results.merge import MergeError, merge_documents
 from kv_cache.results.mlperf_tool import harness_place, is_harness_summary
 from kv_cache.results.verdict import COMPLETE, rank_status
 
 __all__ = ["SUM_KEYS", "find_harness_files", "format_score", "is_harness_dir", "rules_score"]
 
-# figure -> (path in summary, how it aggregates)
-SUM_KEYS = {"read_gibps": ("cache_stats", "tier_storage_read_bandwidth_gbps"),
-            "write_gibps": ("cache_stats", "tier_storage_write_bandwidth_gbps"),
-            "storage_tokens_per_s": ("storage_throughput_tokens_per_sec",),
-            "avg_tokens_per_s": ("avg_throughput_tokens_per_sec",)}
-MAX_KEYS = {"read_device_p95_ms": ("cache_stats", "storage_read_device_p95_ms"),
-            "write_device_p95_ms": ("cache_stats", "storage_write_device_p95_ms"),
-            "request_storage_p95_ms": ("storage_io_latency_ms", "p95")}
+# figure -> (the key in summary it is named by where a file lacks it, how it is read), by how it aggregates
+SUM_KEYS: dict[str, tuple[str, Callable[[Figures], Any]]] = {
+    "read_gibps": ("cache_stats.tier_storage_read_bandwidth_gbps", lambda f: f.cache.storage.read.bandwidth_gbps),
+    "write_gibps": ("cache_stats.tier_storage_write_bandwidth_gbps", lambda f: f.cache.storage.write.bandwidth_gbps),
+    "storage_tokens_per_s": ("storage_throughput_tokens_per_sec", lambda f: f.storage_tokens_per_sec),
+    "avg_tokens_per_s": ("avg_throughput_tokens_per_sec", lambda f: f.tokens_per_sec)}
+MAX_KEYS: dict[str, tuple[str, Callable[[Figures], Any]]] = {
+    "read_device_p95_ms": ("cache_stats.storage_read_device_p95_ms", lambda f: f.cache.storage.read.ms("p95", "device")),
+    "write_device_p95_ms": ("cache_stats.storage_write_device_p95_ms", lambda f: f.cache.storage.write.ms("p95", "device")),
+    "request_storage_p95_ms": ("storage_io_latency_ms.p95", lambda f: f.storage_io.p95)}
 
 
 def find_harness_files(root: str) -> list[tuple[int, int, int, str]]:
@@ -71,19 +74,9 @@ def is_harness_dir(path: str) -> bool:
     return os.path.isdir(path) and bool(find_harness_files(path))
 
 
-def _get(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    node: Any = summary
-    for key in path:
-        node = node.get(key) if isinstance(node, dict) else None
+def _number(node: Any) -> float | None:
     ok = isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node)
     return float(node) if ok else None  # NaN (Python's json.dump writes it) is no figure: said as missing
-
-
-def _get_any(node: Any, path: tuple[str, ...]) -> Any:
-    """The value at path, or None where any level is missing or not an object (a file's shape is not trusted)."""
-    for key in path:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
 
 
 def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
@@ -94,15 +87,15 @@ def _rank_row(option: int, trial: int, rank: int, path: str) -> dict[str, Any]:
         return row | {"format": None, "error": str(exc)}
     if not isinstance(doc, (RunDocument, MlperfToolDocument)):
         return row | {"format": doc.kind, "error": f"{path}: a {doc.kind} document, not a rank's results"}
-    summary = doc.summary
     row["format"] = "mlperf-tool" if isinstance(doc, MlperfToolDocument) else "kv-cache"
     row["seed"] = doc.data.get("seed")
     row["missing"] = []
-    for name, path_ in {**SUM_KEYS, **MAX_KEYS}.items():
-        row[name] = _get(summary, path_)
+    figures = doc.figures
+    for name, (key, read) in {**SUM_KEYS, **MAX_KEYS}.items():
+        row[name] = _number(read(figures))
         if row[name] is None:
-            row["missing"].append("summary." + ".".join(path_))
-    row["status"] = _get_any(summary, ("cache_stats", "storage_health", "overall_status"))
+            row["missing"].append(f"summary.{key}")
+    row["status"] = figures.cache.health.overall_status if figures.cache.health else None
     if row["format"] == "kv-cache":  # whether the rank counts (issue 18 item 1); the tool's files do not say
         status = doc.data.get("rank_status") or rank_status(doc.data)[0]
         reason = doc.data.get("rank_status_reason") if doc.data.get("rank_status") else rank_status(doc.data)[1]
@@ -190,9 +183,9 @@ def _merged_trials(rows: list[dict[str, Any]]) -> dict[str, Any]:
         except MergeError as exc:
             trials[str(trial)] = {"error": str(exc)}
             continue
-        cs = (merged.get("summary") or {}).get("cache_stats") or {}
-        trials[str(trial)] = {"read_device_p95_ms": cs.get("storage_read_device_p95_ms"),
-                              "write_device_p95_ms": cs.get("storage_write_device_p95_ms"),
+        storage = Figures.from_json(merged.get("summary")).cache.storage
+        trials[str(trial)] = {"read_device_p95_ms": storage.read.ms("p95", "device"),
+                              "write_device_p95_ms": storage.write.ms("p95", "device"),
                               "bandwidth_gibps": merged.get("bandwidth_gibps")}
     return trials
 

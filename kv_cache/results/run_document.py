@@ -21,12 +21,13 @@ from kv_cache.metrics import names
 from kv_cache.metrics.recorder import GIB, RunMetrics
 from kv_cache.results import measurement as meas
 from kv_cache.results.documents import SCHEMA_VERSION, SESSIONS_SCHEMA_VERSION
+from kv_cache.results.figures import Figures
 from kv_cache.results.integrity import audit_facts, facts_from_ours
 from kv_cache.results.parameters import run_mode, run_parameters
 from kv_cache.results.samples import latency_samples, window_wallclock
 from kv_cache.results.series import latency_histograms, time_series
 from kv_cache.results.summary import block_stats, build_summary, harness_keys, per_turn_stats, request_lists
-from kv_cache.results.verdict import never_exercised_note, storage_bytes_moved
+from kv_cache.results.verdict import never_exercised_note
 from kv_cache.workload.validation import compare
 
 __all__ = ["SCHEMA_VERSION", "SESSIONS_SCHEMA_VERSION", "RunRecord", "build_results", "interrupted_results",
@@ -178,8 +179,8 @@ def build_results(record: RunRecord) -> dict[str, Any]:
     if record.phases:
         results["phases"] = record.phases
     if settings.workload.validation_trace_stats is not None and metrics.requests.completed > 0:
-        cs = summary["cache_stats"]
-        results["validation"] = compare(settings.workload.validation_trace_stats, cs["cache_hit_rate"], cs["read_write_ratio"])
+        cs = Figures.from_json(summary).cache
+        results["validation"] = compare(settings.workload.validation_trace_stats, cs.hit_rate, cs.requests.read_write_ratio)
     if record.tracer is not None:
         results["measurement"]["io_trace"] = {"path": record.tracer.path, "rows": record.tracer.rows}
     results["measurement"]["process_libraries"] = snapshot_at_start()  # taken when the run started
@@ -195,7 +196,7 @@ def run_summary(record: RunRecord) -> dict[str, Any]:
     summary = build_summary(metrics, record.usage, settings.config.qos_profiles, settings.outputs.performance_profile,
                             settings.config.performance_criteria, error_rate,
                             fatal_error=getattr(outcome, "fatal_error", None), storage_expected=True)
-    exercised = storage_bytes_moved(summary["cache_stats"]) > 0
+    exercised = Figures.from_json(summary).cache.storage_gb_moved > 0
     summary["storage_tier_exercised"] = exercised
     if not exercised and never_exercised_note() not in record.notes:
         record.notes.append(never_exercised_note())

@@ -6,6 +6,7 @@ Every number here is derived from RunMetrics of this run. Key names and units ar
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,18 @@ from kv_cache.metrics.histograms import merge as merge_histograms
 from kv_cache.metrics.histograms import percentiles_ms as histogram_percentiles_ms
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics, mean_ms, percentiles_ms
 from kv_cache.metrics.stats import percentile
+from kv_cache.results.figures import (
+    CacheStats,
+    Criterion,
+    Figures,
+    Hits,
+    LatencyBlock,
+    Percentiles,
+    RequestTotals,
+    StorageHealth,
+    TierFigures,
+    TierOp,
+)
 from kv_cache.results.verdict import run_criteria
 from kv_cache.storage.tiername import TierName
 from kv_cache.workload.qos import QOS_LEVELS
@@ -25,13 +38,10 @@ TIERS = tuple(TierName)
 OPS = ("read", "write")
 
 
-def _latency_block(samples_ns) -> dict[str, float]:
-    """{mean, p50, p95, p99, p999, p9999} in ms (the MLPerf JSON's per-request latency blocks)."""
-    out = {"mean": mean_ms(samples_ns)}
+def _latency_block(samples_ns) -> LatencyBlock:
+    """mean, p50 ... p9999 in ms (the MLPerf JSON's per-request latency blocks; 0.0 without samples)."""
     p = percentiles_ms(samples_ns)
-    for k in PERCENTILES:
-        out[k] = p.get(k, 0.0)
-    return out
+    return LatencyBlock(mean_ms(samples_ns), **{k: p.get(k, 0.0) for k in PERCENTILES})
 
 
 def _seconds(samples_ns) -> np.ndarray:
@@ -46,83 +56,51 @@ def _seconds(samples_ns) -> np.ndarray:
     return samples_ns.array() / 1e9  # (a view of the held values, then the one new array)
 
 
-def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> dict[str, Any]:
-    """`cache_stats`: the MLPerf tool's keys plus ours, computed from this run's window."""
+def cache_stats(metrics: RunMetrics, usage: dict[str, dict[str, float]], window_s: float) -> CacheStats:
+    """`cache_stats`: the MLPerf tool's figures plus ours, computed from this run's window (not yet judged:
+    `health` None)."""
     c = metrics.snapshot_counters()
-    hits, misses = int(c.get(names.CACHE_HITS, 0)), int(c.get(names.CACHE_MISSES, 0))
-    stats: dict[str, Any] = {
-        "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
-        "cache_hits": hits,
-        "cache_misses": misses,
-        "gpu_entries": int(usage.get(TierName.GPU, {}).get("entries", 0)),
-        "cpu_entries": int(usage.get(TierName.CPU, {}).get("entries", 0)),
-        "storage_entries": int(usage.get(TierName.STORAGE.legacy, {}).get("entries", 0)),
-        "gpu_memory_used_gb": usage.get(TierName.GPU, {}).get("used_bytes", 0) / GIB,
-        "cpu_memory_used_gb": usage.get(TierName.CPU, {}).get("used_bytes", 0) / GIB,
-        "storage_memory_used_gb": usage.get(TierName.STORAGE.legacy, {}).get("used_bytes", 0) / GIB,
-        "offloads_cpu": int(c.get(names.OFFLOADS_CPU, 0)),
-        "offloads_storage": int(c.get(names.OFFLOADS_STORAGE, 0)),
-        "evictions": int(c.get(names.EVICTIONS, 0)),
-        "storage_deletions": int(c.get(names.tier_deletions(TierName.STORAGE), 0)),
-    }
+    count = lambda name: int(c.get(name, 0))  # noqa: E731
     by_cause = metrics.io_by_cause
-    stats["prefill_writes"] = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "write" and cause == "prefill")
-    stats["decode_reads"] = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "read" and cause == "decode")
 
-    for tier in TIERS:
-        for op, word in (("write", "written"), ("read", "read")):
-            s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_kv_bytes_{word}_gb"] = s.window_bytes / GIB
-    for tier in TIERS:
-        for op in OPS:
-            s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_{op}_bandwidth_gbps"] = per_second(s.window_bytes / GIB, window_s)
-    # Our additions: demotion traffic and per-second operation rates over the measured window.
-    for tier in TIERS:
-        for op in OPS:
-            ops_, bytes_ = by_cause.get((tier, op, "demotion"), (0, 0))
-            stats[f"tier_{tier}_demotion_{op}_gb"] = bytes_ / GIB
-            stats[f"tier_{tier}_demotion_{op}_ops"] = ops_
-            s = metrics.tier_op(tier, op)
-            stats[f"tier_{tier}_{op}_ops_per_sec"] = per_second(s.ops, window_s)
-            stats[f"tier_{tier}_{op}_ops"] = s.ops
+    def moved(op: str, keep, at: int) -> int:  # operations (at 0) or bytes (at 1) of `op` by the causes kept
+        return sum(v[at] for (_t, o, cause), v in by_cause.items() if o == op and keep(cause))
 
-    stats["system_prompt_hits"] = int(c.get(names.SYSTEM_PROMPT_HITS, 0))
-    stats["common_phrase_hits"] = int(c.get(names.COMMON_PHRASE_HITS, 0))
-    stats["user_cache_hits"] = int(c.get(names.USER_CACHE_HITS, 0))
-    stats["multi_turn_hits"] = int(c.get(names.MULTI_TURN_HITS, 0))
+    def tier_op(tier: TierName, op: str) -> TierOp:
+        s, (d_ops, d_bytes) = metrics.tier_op(tier, op), by_cause.get((tier, op, "demotion"), (0, 0))
+        parts = {p: Percentiles.of(metrics.op_percentiles_ms(tier, op, p)) for p in ("device", "host")
+                 if tier is TierName.STORAGE}
+        return TierOp(s.window_bytes / GIB, per_second(s.window_bytes / GIB, window_s), d_bytes / GIB, d_ops,
+                      per_second(s.ops, window_s), s.ops, Percentiles.of(metrics.op_percentiles_ms(tier, op)), **parts)
 
-    # Request-level traffic (what requests asked for); demotion I/O is in the tier figures above.
-    read_ops = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "read" and cause != "demotion")
-    write_ops = sum(v[0] for (t, op, cause), v in by_cause.items() if op == "write" and cause != "demotion")
-    read_bytes = sum(v[1] for (t, op, cause), v in by_cause.items() if op == "read" and cause != "demotion")
-    write_bytes = sum(v[1] for (t, op, cause), v in by_cause.items() if op == "write" and cause != "demotion")
-    stats["total_read_bytes"] = read_bytes
-    stats["total_write_bytes"] = write_bytes
-    stats["total_read_gb"] = read_bytes / GIB
-    stats["total_write_gb"] = write_bytes / GIB
-    stats["read_write_ratio"] = read_bytes / max(write_bytes, 1)
-    stats["read_iops"] = read_ops  # MLPerf-compatible meaning: operation COUNTS, not rates
-    stats["write_iops"] = write_ops
-    stats["read_ops_per_sec"] = per_second(read_ops, window_s)
-    stats["write_ops_per_sec"] = per_second(write_ops, window_s)
-    stats["storage_tokens_processed"] = int(c.get(names.STORAGE_TOKENS_PROCESSED, 0))
-    stats["rates_undefined_reason"] = rates_undefined_reason(window_s)  # None: every rate above is measured
+    def tier(t: TierName) -> TierFigures:
+        held = usage.get(t.legacy, {})
+        return TierFigures(int(held.get("entries", 0)), held.get("used_bytes", 0) / GIB, tier_op(t, "read"),
+                           tier_op(t, "write"))
 
-    for tier in TIERS:
-        for op in OPS:
-            for k, v in metrics.op_percentiles_ms(tier, op).items():
-                stats[f"{tier}_{op}_{k}_ms"] = v
-    for op in OPS:
-        for part in ("device", "host"):
-            for k, v in metrics.op_percentiles_ms(TierName.STORAGE, op, part).items():
-                stats[f"storage_{op}_{part}_{k}_ms"] = v
-    return stats
+    hits, misses = count(names.CACHE_HITS), count(names.CACHE_MISSES)
+    # Request-level traffic (what requests asked for); demotion I/O is in the tier figures.
+    asked = lambda cause: cause != "demotion"  # noqa: E731
+    read_ops, write_ops = moved("read", asked, 0), moved("write", asked, 0)
+    read_bytes, write_bytes = moved("read", asked, 1), moved("write", asked, 1)
+    return CacheStats(
+        hits / (hits + misses) if hits + misses else 0.0, hits, misses, *(tier(t) for t in TIERS),
+        offloads_cpu=count(names.OFFLOADS_CPU), offloads_storage=count(names.OFFLOADS_STORAGE),
+        evictions=count(names.EVICTIONS), storage_deletions=count(names.tier_deletions(TierName.STORAGE)),
+        prefill_writes=moved("write", lambda cause: cause == "prefill", 0),
+        decode_reads=moved("read", lambda cause: cause == "decode", 0),
+        hits_by_kind=Hits(count(names.SYSTEM_PROMPT_HITS), count(names.COMMON_PHRASE_HITS),
+                          count(names.USER_CACHE_HITS), count(names.MULTI_TURN_HITS)),
+        requests=RequestTotals(read_bytes, write_bytes, read_bytes / GIB, write_bytes / GIB,
+                               read_bytes / max(write_bytes, 1), read_ops, write_ops,  # MLPerf's iops: COUNTS
+                               per_second(read_ops, window_s), per_second(write_ops, window_s)),
+        storage_tokens_processed=count(names.STORAGE_TOKENS_PROCESSED),
+        rates_undefined_reason=rates_undefined_reason(window_s))  # None: every rate is measured
 
 
-def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p95_ms: float | None = None,
+def storage_health(stats: CacheStats, profile: str, criteria_cfg=None, cpu_p95_ms: float | None = None,
                    error_rate: float = 0.0, fatal_error: str | None = None,
-                   storage_expected: bool = False, completed: int | None = None) -> dict[str, Any]:
+                   storage_expected: bool = False, completed: int | None = None) -> StorageHealth:
     """PASS/FAIL criteria. Latency profile: the MLPerf tool's criteria, thresholds from config.
     Throughput profile: storage-tier bandwidth above the configured floors in each direction that moved
     data. Every profile then adds the run's own criteria
@@ -136,13 +114,13 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
     criteria = []
 
     def add(name, target, actual, unit, passed):
-        criteria.append({"name": name, "target": target, "actual": actual, "unit": unit, "passed": bool(passed)})
+        criteria.append(Criterion(name, target, actual, unit, bool(passed)))
 
+    storage = stats.storage
     if profile == "throughput":
-        read_gbps = stats.get("tier_storage_read_bandwidth_gbps") or 0.0  # None: window too short for a rate
-        write_gbps = stats.get("tier_storage_write_bandwidth_gbps") or 0.0
-        read_bytes = stats.get("tier_storage_kv_bytes_read_gb", 0.0)
-        write_bytes = stats.get("tier_storage_kv_bytes_written_gb", 0.0)
+        read_gbps = storage.read.bandwidth_gbps or 0.0
+        write_gbps = storage.write.bandwidth_gbps or 0.0
+        read_bytes, write_bytes = storage.read.bytes_gb or 0.0, storage.write.bytes_gb or 0.0
         if read_bytes > 0 or write_bytes == 0:
             floor = c.min_storage_read_gbps
             add(f"Storage KV Read Bandwidth >= {floor:g} GiB/s", floor, read_gbps, "GiB/s",
@@ -153,26 +131,20 @@ def storage_health(stats: dict[str, Any], profile: str, criteria_cfg=None, cpu_p
                 write_gbps > 0 and write_gbps >= floor)
     else:
         for op, limit in (("write", c.storage_write_device_p95_ms), ("read", c.storage_read_device_p95_ms)):
-            key = f"storage_{op}_device_p95_ms"
-            word = "Device"
-            if key not in stats:
-                key, word = f"storage_{op}_p95_ms", "Total"
-            if key in stats:
-                add(f"Storage Tier {op.capitalize()} {word} P95 < {limit:g}ms", limit, stats[key], "ms",
-                    stats[key] < limit)
+            block, word = storage.op(op).device, "Device"
+            if block is None:
+                block, word = storage.op(op).latency, "Total"
+            if block is not None:
+                add(f"Storage Tier {op.capitalize()} {word} P95 < {limit:g}ms", limit, block.p95, "ms",
+                    block.p95 < limit)
         if cpu_p95_ms is not None:
             add(f"CPU RAM P95 < {c.cpu_p95_ms:g}ms", c.cpu_p95_ms, cpu_p95_ms, "ms", cpu_p95_ms < c.cpu_p95_ms)
-        if stats.get("cache_hits", 0) + stats.get("cache_misses", 0) > 0:
-            add(f"Cache Hit Rate > {c.min_cache_hit_rate * 100:g}%", c.min_cache_hit_rate, stats["cache_hit_rate"],
-                "ratio", stats["cache_hit_rate"] > c.min_cache_hit_rate)
-    criteria += run_criteria(stats, error_rate, c.max_error_rate, fatal_error, storage_expected, completed)
-    passed = sum(1 for x in criteria if x["passed"])
-    return {
-        "overall_status": "PASS" if passed == len(criteria) else "FAIL",
-        "criteria": criteria,
-        "passed_count": passed,
-        "total_count": len(criteria),
-    }
+        if (stats.hits or 0) + (stats.misses or 0) > 0:
+            add(f"Cache Hit Rate > {c.min_cache_hit_rate * 100:g}%", c.min_cache_hit_rate, stats.hit_rate,
+                "ratio", stats.hit_rate > c.min_cache_hit_rate)
+    criteria += map(Criterion.from_json, run_criteria(stats, error_rate, c.max_error_rate, fatal_error,
+                                                      storage_expected, completed))
+    return StorageHealth.of(criteria)
 
 
 def cpu_combined_p95_ms(metrics: RunMetrics) -> float | None:
@@ -221,26 +193,20 @@ def build_summary(metrics: RunMetrics, usage: dict, qos_profiles, profile: str, 
     window_s = metrics.window_seconds
     r = metrics.requests
     stats = cache_stats(metrics, usage, window_s)
-    stats["storage_health"] = storage_health(stats, profile, criteria_cfg, cpu_combined_p95_ms(metrics), error_rate,
-                                             fatal_error, storage_expected, r.completed)
+    stats = replace(stats, health=storage_health(stats, profile, criteria_cfg, cpu_combined_p95_ms(metrics),
+                                                 error_rate, fatal_error, storage_expected, r.completed))
     total_storage_s = r.storage_ns.sum / 1e9
     c = metrics.snapshot_counters()
     mt_hits, mt_misses = int(c.get(names.MULTI_TURN_CACHE_HITS, 0)), int(c.get(names.MULTI_TURN_CACHE_MISSES, 0))
     prefix_hits = int(c.get(names.PREFIX_HITS, 0))
-    return {
-        "total_requests": r.completed,
-        "total_tokens": r.tokens_generated,
-        "elapsed_time": window_s,
-        "avg_throughput_tokens_per_sec": per_second(r.tokens_generated, window_s),
-        "total_storage_io_time": total_storage_s,
+    figures = Figures(
+        r.completed, r.tokens_generated, window_s, per_second(r.tokens_generated, window_s), total_storage_s,
         # MLPerf-compatible formula: generated tokens / SUM of per-request storage seconds (not wall-clock).
-        "storage_throughput_tokens_per_sec": r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0,
-        "requests_per_second": per_second(r.completed, window_s),
-        "rates_undefined_reason": rates_undefined_reason(window_s),  # why the rates are 0.0 (None: measured)
-        "end_to_end_latency_ms": _latency_block(r.e2e_ns),
-        "storage_io_latency_ms": _latency_block(r.storage_ns),
-        "generation_latency_ms": _latency_block(r.generation_ns),
-        "cache_stats": stats,
+        r.tokens_generated / total_storage_s if total_storage_s > 0 else 0.0, per_second(r.completed, window_s),
+        rates_undefined_reason(window_s),  # why the rates are 0.0 (None: measured)
+        _latency_block(r.e2e_ns), _latency_block(r.storage_ns), _latency_block(r.generation_ns), stats)
+    return {
+        **figures.to_json(),  # the typed figures, written out at the edge (results/figures.py)
         "qos_metrics": qos_metrics(metrics, qos_profiles),
         "prefix_cache_stats": {
             "prefix_hits": prefix_hits,
@@ -265,17 +231,18 @@ def harness_keys(summary: dict[str, Any] | None) -> dict[str, Any]:
     if not summary:
         return {"overall_passed": False, "total_requests": 0, "avg_latency_ms": 0.0, "p99_latency_ms": 0.0,
                 "throughput_req_per_sec": 0.0, "storage_throughput_mbps": 0.0, "cache_hit_rate": 0.0}
-    cs = summary["cache_stats"]
+    f = Figures.from_json(summary)
+    cs = f.cache
     # (0.0 rates when the window was under a second, as documents written before this held null)
-    storage_gibps = (cs["tier_storage_read_bandwidth_gbps"] or 0.0) + (cs["tier_storage_write_bandwidth_gbps"] or 0.0)
+    storage_gibps = (cs.storage.read.bandwidth_gbps or 0.0) + (cs.storage.write.bandwidth_gbps or 0.0)
     return {
-        "overall_passed": cs["storage_health"]["overall_status"] == "PASS",
-        "total_requests": summary["total_requests"],
-        "avg_latency_ms": summary["end_to_end_latency_ms"]["mean"],
-        "p99_latency_ms": summary["end_to_end_latency_ms"]["p99"],
-        "throughput_req_per_sec": summary["requests_per_second"] or 0.0,
+        "overall_passed": cs.health is not None and cs.health.overall_status == "PASS",
+        "total_requests": f.total_requests,
+        "avg_latency_ms": f.e2e.mean,
+        "p99_latency_ms": f.e2e.p99,
+        "throughput_req_per_sec": f.requests_per_second or 0.0,
         "storage_throughput_mbps": storage_gibps * GIB / 1e6,
-        "cache_hit_rate": cs["cache_hit_rate"],
+        "cache_hit_rate": cs.hit_rate,
     }
 
 

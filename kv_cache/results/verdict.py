@@ -13,21 +13,19 @@ PASS, whatever the part measured says (`mark_incomplete`, `mark_missing_ranks`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from kv_cache.results.figures import CacheStats, Criterion, Figures
 
 NEVER_EXERCISED = "storage tier never exercised"
 STORAGE_STOP_CRITERION = "Not Stopped By A Storage Error"
 
 
-def storage_bytes_moved(stats: dict[str, Any]) -> float:
-    """GiB read plus written by the storage tier inside the measured window."""
-    return float(stats.get("tier_storage_kv_bytes_read_gb", 0.0)) + float(stats.get("tier_storage_kv_bytes_written_gb", 0.0))
-
-
-def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float, fatal_error: str | None,
+def run_criteria(stats: CacheStats | Mapping[str, Any], error_rate: float, max_error_rate: float, fatal_error: str | None,
                  storage_expected: bool, completed: int | None = None) -> list[dict[str, Any]]:
-    """The criteria every profile adds, as storage_health criteria dicts (`completed`: requests that
-    completed in the window; None: not known, no criterion)."""
+    """The criteria every profile adds, as storage_health criteria dicts (`stats`: the `cache_stats`, typed
+    or as written; `completed`: requests that completed in the window; None: not known, no criterion)."""
     out = [] if completed is None else [
         {"name": "Requests Completed > 0", "target": "> 0", "actual": str(completed), "unit": "",
          "passed": completed > 0}]
@@ -38,7 +36,7 @@ def run_criteria(stats: dict[str, Any], error_rate: float, max_error_rate: float
          "passed": fatal_error is None},
     ]
     if storage_expected:
-        moved = storage_bytes_moved(stats)
+        moved = (stats if isinstance(stats, CacheStats) else CacheStats.from_json(stats)).storage_gb_moved
         out.append({"name": "Storage Tier Exercised (bytes moved > 0)", "target": "> 0",
                     "actual": f"{moved:.3f} GiB" if moved > 0 else NEVER_EXERCISED, "unit": "",
                     "passed": moved > 0})
@@ -155,10 +153,9 @@ COMPLETE, INCOMPLETE_RANK, FAILED = "complete", "incomplete", "failed"
 MISSING = "missing"  # in a merged document's ranks_not_to_average: a rank whose document never came
 
 
-def _criteria(results: dict[str, Any]) -> list[dict[str, Any]]:
-    summary = results.get("summary")
-    health = summary.get("cache_stats", {}).get("storage_health") if isinstance(summary, dict) else None
-    return list((health or {}).get("criteria") or []) if isinstance(health, dict) else []
+def _criteria(results: dict[str, Any]) -> tuple[Criterion, ...]:
+    health = Figures.from_json(results.get("summary")).cache.health
+    return health.criteria if health else ()
 
 
 def rank_status(results: dict[str, Any]) -> tuple[str, str]:
@@ -166,17 +163,17 @@ def rank_status(results: dict[str, Any]) -> tuple[str, str]:
     other ranks': "failed" when a storage error stopped it or its verdict is FAIL (the failed criteria
     named), "incomplete" when its window was cut short (INCOMPLETE: the fraction measured and why),
     "complete" when its window ran to its end and its verdict is PASS."""
-    failed = [c for c in _criteria(results) if not c.get("passed")]
+    failed = [c for c in _criteria(results) if not c.passed]
     for c in failed:
-        if c.get("name") == STORAGE_STOP_CRITERION:
-            return FAILED, f"stopped by a storage error: {c.get('actual')}"
+        if c.name == STORAGE_STOP_CRITERION:
+            return FAILED, f"stopped by a storage error: {c.actual}"
     if results.get("verdict") == INCOMPLETE:
-        cut = next((c for c in failed if c.get("name") == WINDOW_CRITERION), None)
+        cut = next((c for c in failed if c.name == WINDOW_CRITERION), None)
         fraction = float(results.get("window_fraction") or 0.0)
-        return INCOMPLETE_RANK, (f"measured window incomplete: {cut['actual']}" if cut else
+        return INCOMPLETE_RANK, (f"measured window incomplete: {cut.actual}" if cut else
                                  f"measured window incomplete: {fraction * 100:.0f}% measured")
     if not results.get("overall_passed"):
-        names = ", ".join(str(c.get("name")) for c in failed) or "verdict FAIL"
+        names = ", ".join(str(c.name) for c in failed) or "verdict FAIL"
         return FAILED, f"verdict FAIL: {names}"
     return COMPLETE, "window measured to its end, verdict PASS"
 

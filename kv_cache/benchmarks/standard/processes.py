@@ -49,6 +49,7 @@ from kv_cache.host.signals import catch_stop_signals
 from kv_cache.render.banner import ranks_lines
 from kv_cache.render.merged_table import integrity_sentence
 from kv_cache.render.progress import QUIET_LEVELS, make_progress
+from kv_cache.results.figures import Figures
 from kv_cache.results.merge import merge_documents
 from kv_cache.results.partial import partial_until, read_periodic
 from kv_cache.results.run_document import INTERRUPTED_EARLY
@@ -601,8 +602,8 @@ def verdict_line(merged: dict[str, Any], settings: RunSettings, n: int, interrup
     interrupted after 40 % of the 20 s window ...`, the missing ranks, or PASS / FAIL."""
     verdict = merged.get("verdict")
     if verdict != INCOMPLETE:
-        health = ((merged.get("summary") or {}).get("cache_stats") or {}).get("storage_health") or {}
-        failed = [c["name"] for c in health.get("criteria", []) if not c.get("passed")]
+        health = Figures.from_json(merged.get("summary")).cache.health
+        failed = [c.name for c in (health.criteria if health else ()) if not c.passed]
         why = f" (failed: {'; '.join(failed)})" if verdict != "PASS" and failed else ""
         return (f"STORAGE PERFORMANCE ASSESSMENT (merged, {n} processes): {verdict}{why}\n"
                 f"  {integrity_sentence(merged)}")
