@@ -61,6 +61,8 @@ def _as_lists(doc, m):
             step = max(1, -(-len(held) // old["latency_samples"]["cap"]))
             block["values"] = held[::step].tolist() if step > 1 else held.tolist()
     old["recorder"]["qos_e2e_ns"] = {level: v.values.tolist() for level, v in sorted(m.qos_e2e_ns.items())}
+    if isinstance(old.get("time_series"), dict):  # the list path made a list of dicts
+        old["time_series"]["rows"] = list(old["time_series"]["rows"])
     assert not _arrays(old)
     return old
 
@@ -228,3 +230,38 @@ def test_the_periodic_writer_writes_its_large_arrays_one_at_a_time_with_the_byte
     assert (tmp_path / "p.json").read_bytes() == want and n == len(want)
     assert doc.keys() == before.keys() and all(doc[k] is before[k] for k in doc)
     assert doc["n"]["deep"]["ints"] is before["n"]["deep"]["ints"]
+
+
+def test_a_time_series_is_written_a_slice_of_rows_at_a_time_with_the_bytes_of_its_list(tmp_path, monkeypatch):
+    """The time series' rows (a compact Rows, results/series.py) are serialised PIECE_ROWS at a time by the
+    periodic writer, and both writers give the bytes of the list of dicts the old code held: more rows than
+    a slice, two row shapes, an odd row (a non-number) and a row after it."""
+    from kv_cache.metrics.timeseries import Rows
+    from kv_cache.results import write as write_mod
+
+    rng = np.random.default_rng(5)
+    rows_list = []
+    for i in range(2 * write_mod.PIECE_ROWS + 37):
+        row = {"t_s": float(i + 1), "seconds": 1.0, "requests": int(rng.integers(0, 500)),
+               "storage_read_bytes": int(rng.integers(0, 1 << 40)), "storage_read_gibps": float(rng.random())}
+        if i % 3 == 0:
+            row["storage_read_p95_ms"] = float(rng.random() * 10)
+        if i == 300:
+            row["note"] = "odd"
+        rows_list.append(row)
+    doc = {"schema_version": "x", "time_series": {"bucket_seconds": 1.0, "rows": Rows(rows_list)}, "z": [1, 2]}
+    listed = {**doc, "time_series": {"bucket_seconds": 1.0, "rows": rows_list}}
+    sizes = []
+    real = Rows.__getitem__
+    monkeypatch.setattr(Rows, "__getitem__", lambda self, i: sizes.append(len(real(self, i))) or real(self, i)
+                        if isinstance(i, slice) else real(self, i))
+    for write in (write_json_atomic, replace_document):
+        a, b = tmp_path / f"{write.__name__}_rows.json", tmp_path / f"{write.__name__}_list.json"
+        write(a, doc)
+        write(b, listed)
+        assert a.read_bytes() == b.read_bytes(), write.__name__
+    assert sizes and max(sizes) <= write_mod.PIECE_ROWS  # the periodic writer's slices
+    assert dumps(doc) == json.dumps(listed, allow_nan=False)
+    empty = {"time_series": {"rows": Rows()}}
+    replace_document(tmp_path / "e.json", empty)
+    assert json.loads((tmp_path / "e.json").read_bytes()) == {"time_series": {"rows": []}}

@@ -20,7 +20,10 @@ SERIES_NOTE = ("one row per bucket of the measured window; t_s = end of the buck
 
 
 def time_series(metrics: RunMetrics, bucket_s: float = 1.0) -> dict[str, Any]:
-    return {"bucket_seconds": bucket_s, "note": SERIES_NOTE, "rows": list(metrics.series.rows)}
+    """The block, its rows a compact copy (metrics/timeseries.py Rows: a list of dicts to a reader, no dict
+    per row held): the writers serialise them a slice at a time (results/write.py), so a periodic document
+    of a long run makes no 4,096 dicts at once, whose heap space stayed resident (docs/performance.md)."""
+    return {"bucket_seconds": bucket_s, "note": SERIES_NOTE, "rows": metrics.series.rows.copy()}
 
 
 def latency_histograms(metrics: RunMetrics) -> dict[str, Any]:

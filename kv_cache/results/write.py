@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kv_cache.host.files import atomic_target, keep_existing
+from kv_cache.metrics.timeseries import Rows
 
 __all__ = ["Written", "dumps", "fallback_path", "keep_existing", "replace_document", "write_document",
            "write_json_atomic"]
@@ -37,6 +39,8 @@ def _default(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, np.ndarray):
         return obj.tolist()
+    if isinstance(obj, Rows):
+        return list(obj)
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
@@ -58,12 +62,14 @@ def write_json_atomic(path: str | os.PathLike, data: dict[str, Any]) -> Path:
 
 
 PIECE_VALUES = 4096  # arrays of at least this many values are serialised and written one at a time
+PIECE_ROWS = 256  # a time series' rows are serialised this many at a time
 
 
-def _lift_arrays(node: Any, token: str, lifted: list[np.ndarray]) -> Any:
-    """`node` with each large array in its dicts replaced by a placeholder string (`token` and its index in
-    `lifted`); the dicts on the way to one are copies, the rest is `node`'s own (never changed)."""
-    if isinstance(node, np.ndarray) and node.size >= PIECE_VALUES:
+def _lift_arrays(node: Any, token: str, lifted: list[np.ndarray | Rows]) -> Any:
+    """`node` with each large array and each time series' Rows in its dicts replaced by a placeholder string
+    (`token` and its index in `lifted`); the dicts on the way to one are copies, the rest is `node`'s own
+    (never changed)."""
+    if (isinstance(node, np.ndarray) and node.size >= PIECE_VALUES) or isinstance(node, Rows):
         lifted.append(node)
         return f"{token}{len(lifted) - 1}@"
     if isinstance(node, dict):
@@ -83,7 +89,7 @@ def _orjson_pieces(data: dict[str, Any]) -> list[bytes]:
     largest transient is then one list's text (~4 MiB), not the document's (~30 MiB at 200,000 values a
     list), which glibc's heap kept resident until the next trim (docs/performance.md)."""
     token = f"@kv-cache-array-{uuid.uuid4().hex}-"
-    lifted: list[np.ndarray] = []
+    lifted: list[np.ndarray | Rows] = []
     skeleton = orjson.dumps(_lift_arrays(data, token, lifted), default=_default,
                             option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
     if not lifted:
@@ -111,12 +117,27 @@ def replace_document(path: str | os.PathLike, data: dict[str, Any]) -> int:
     written = 0
     with atomic_target(path) as tmp, open(tmp, "wb") as fh:  # (host/files.py: fsync, rename, clean-up)
         for piece in pieces:
-            raw = piece if isinstance(piece, bytes) else orjson.dumps(piece, default=_default,
-                                                                      option=orjson.OPT_SERIALIZE_NUMPY)
-            fh.write(raw)
-            written += len(raw)
-            del raw
+            for raw in _piece_bytes(piece):
+                fh.write(raw)
+                written += len(raw)
+                del raw
     return written
+
+
+def _piece_bytes(piece: bytes | np.ndarray | Rows) -> Iterator[bytes]:
+    """A piece's bytes: the skeleton's as they are, an array's in one orjson.dumps, a time series' rows
+    PIECE_ROWS at a time (the bytes of one orjson.dumps of the list: "[", the slices' rows joined by ",",
+    "]"), so no more than PIECE_ROWS rows are dicts at once."""
+    if isinstance(piece, bytes):
+        yield piece
+    elif isinstance(piece, Rows):
+        yield b"["
+        for start in range(0, len(piece), PIECE_ROWS):
+            text = orjson.dumps(piece[start:start + PIECE_ROWS], default=_default)
+            yield (b"," if start else b"") + text[1:-1]
+        yield b"]"
+    else:
+        yield orjson.dumps(piece, default=_default, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 @dataclass(frozen=True)
