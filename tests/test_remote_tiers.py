@@ -1282,3 +1282,32 @@ def test_the_sessions_document_masks_the_s3_endpoints_password():
     assert got["mount_source"] == "http://AKID:***@h:9000"
     remote.s3_endpoint = None  # AWS itself: no endpoint, as before
     assert sessions_storage_location(SimpleNamespace(remote=remote), ["dram+storage"])["mount_source"] is None
+
+
+def test_a_slot_rings_fill_is_drawn_once_and_copied_to_its_other_slots(monkeypatch):
+    """S3's ring of concurrency + 2 slots is made at a worker's first write, inside the window: each slot
+    drew its own random fill (6 draws of 8 MiB a worker, 16 % of a 16-worker run's samples). Now the first
+    slot's fill is copied to the others: one draw a ring, and every slot's bytes are those of a fresh
+    buffer of the same seed (what a reader's check of the fill expects)."""
+    import numpy as np
+
+    from kv_cache.storage.remote import SlotRing
+
+    draws = [0]
+    real = np.random.default_rng
+
+    def counted(*a, **k):
+        draws[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(np.random, "default_rng", counted)
+    ring = SlotRing(64 * 1024, 6, 3)
+    assert draws[0] == 1 and len(ring.slots) == 6
+    fresh = WorkerBuffers(64 * 1024, 0, 99, read_bytes=4096)
+    assert draws[0] == 2
+    assert all(bytes(s.write_mv) == bytes(fresh.write_mv) for s in ring.slots)
+    assert len({id(s._write_mm) for s in ring.slots}) == 6  # six buffers, not one shared
+    other = WorkerBuffers(64 * 1024, 5, 1, fill_from=fresh)  # another seed: drawn, not copied
+    assert draws[0] == 3 and bytes(other.write_mv) != bytes(fresh.write_mv)
+    for b in (*ring.slots, fresh, other):
+        b.close()

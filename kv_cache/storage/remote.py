@@ -474,20 +474,23 @@ class SlotRing:
     (the Redis tier writes from the worker's own buffer, kvstore.py)."""
 
     def __init__(self, slot_bytes: int, count: int, worker_id: int):
-        from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415  (numpy: with the first write)
-
         self.slot_bytes = slot_bytes
         self.worker_id = worker_id
-        self.slots = [WorkerBuffers(slot_bytes, 0, (worker_id << 8) + i, read_bytes=BLOCK) for i in range(count)]
+        self.slots: list[WorkerBuffers] = []
+        self.grow(count)
         self.i = 0
 
     def grow(self, count: int) -> list:
-        """At least `count` slots (those missing made now, numbered on from the last); the slots."""
+        """At least `count` slots (those missing made now, numbered on from the last); the slots. Made
+        together, so the fill is drawn once and copied to the others (WorkerBuffers fill_from)."""
         from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415
 
+        first: WorkerBuffers | None = None
         while len(self.slots) < count:
-            self.slots.append(WorkerBuffers(self.slot_bytes, 0, (self.worker_id << 8) + len(self.slots),
-                                            read_bytes=BLOCK))
+            slot = WorkerBuffers(self.slot_bytes, 0, (self.worker_id << 8) + len(self.slots), read_bytes=BLOCK,
+                                 fill_from=first)
+            first = first or slot
+            self.slots.append(slot)
         return self.slots
 
     def next(self) -> WorkerBuffers:
