@@ -306,6 +306,10 @@ class RangedReads:
                         err, full = rd.error, rd.left[w] == 0
                         free = min(self.concurrency - len(futures) + rd.finished, len(parts) - len(futures))
                     if err is not None:
+                        state = self.deadline.state() if getattr(err, "errno", None) == errno.ENOTCONN else None
+                        if state is not None:  # a part's socket shut by the Watchdog: the deadline's doing
+                            self.stats.abandoned(state)
+                            raise self.deadline.error(f"s3 read of {label or path}", state) from err
                         raise err
                     for _ in range(free):
                         s, e = parts[len(futures)]
