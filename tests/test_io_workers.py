@@ -161,33 +161,17 @@ def test_the_probe_threads_of_a_remote_tier_share_one_slot_ring(tmp_path):
 
 
 def test_a_remote_store_hands_the_shared_ring_to_every_thread_and_its_own_ring_otherwise():
-    """kvstore's and s3's `_ring`: inside shared_slots every thread gets the one shared ring (grown to what
-    a write needs, at most `pipeline`); outside it, a thread's own ring as before; on exit it is closed."""
+    """s3's `_ring`: inside shared_slots every thread gets the one shared ring; outside it, a thread's own
+    ring. The Redis tier has no ring (its values go out from the worker's own write buffer, as the probe's
+    threads' from their one shared buffer): the run's workers and the probe's threads write alike."""
     import threading
 
     from kv_cache.storage.kvstore import RedisStore
-    from kv_cache.storage.remote import SharedSlots
+    from kv_cache.storage.remote import SharedSlots, ring_bytes
     from kv_cache.storage.s3 import S3Store
 
-    class FakeKV:
-        pipeline, chunk_bytes, _shared_ring = 8, 8192, None
-        _ring, shared_slots = RedisStore._ring, RedisStore.shared_slots
-
-        def __init__(self):
-            self._tls, self._lock, self._slots = threading.local(), threading.Lock(), []
-
-    kv = FakeKV()
-    got: list[int] = []
-    with kv.shared_slots() as ring:
-        ts = [threading.Thread(target=lambda: got.append(id(kv._ring(3)))) for _ in range(4)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        assert set(got) == {id(ring.slots)} and len(ring.slots) == 3 and kv._slots == []
-    assert kv._shared_ring is None and ring.slots[0].__dict__.get("write_mv") is None  # closed
-    own = kv._ring(1)
-    assert len(own) == 1 and len(kv._slots) == 1  # a thread's own ring, outside the probe
+    assert not hasattr(RedisStore, "shared_slots") and not hasattr(RedisStore, "_ring")
+    assert ring_bytes("redis", 16 * MIB, pipeline=8) == 0
 
     class FakeS3:
         slot_bytes, concurrency, _shared_ring = 8192, 4, None
@@ -521,7 +505,7 @@ def test_the_settings_ring_is_the_stores_ring(quick_settings):
     s3 = quick_settings("--storage-backend", "s3", "--s3-bucket", "b", "--s3-part-mb", "8", "--s3-concurrency", "4")
     assert worker_ring_bytes(s3) == ring_bytes("s3", MIB, part_bytes=8 * MIB, concurrency=4) == 6 * 8 * MIB
     redis = quick_settings("--storage-backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-pipeline", "5")
-    assert worker_ring_bytes(redis) == ring_bytes("redis", MIB, pipeline=5) == 5 * MIB  # --io-chunk-mb 1
+    assert worker_ring_bytes(redis) == ring_bytes("redis", MIB, pipeline=5) == 0  # no slots: the worker's buffer
     assert worker_ring_bytes(quick_settings()) == 0
 
 

@@ -69,9 +69,10 @@ class _StopAfter(threading.Event):
         return self.left < 0
 
 
-def test_values_go_out_from_the_slots_and_land_in_the_read_buffer_in_order(store, bufs, monkeypatch):
+def test_values_go_out_from_the_write_buffer_and_land_in_the_read_buffer_in_order(store, bufs, monkeypatch):
     """No redis-py data command is used (its GET/SET/pipeline would raise here); every large buffer sent
-    is a slot's own memory; each chunk handed on is the read buffer itself, in order, trimmed to the entry."""
+    is the worker's own write buffer (no slot ring: a buffer made in the write would raise here); each
+    chunk handed on is the read buffer itself, in order, trimmed to the entry."""
     from kv_cache.storage import resp
 
     def refuse(*a, **k):
@@ -87,10 +88,15 @@ def test_values_go_out_from_the_slots_and_land_in_the_read_buffer_in_order(store
         return real_send(self, pieces)
 
     monkeypatch.setattr(resp.Wire, "send", spy)
+    from kv_cache.storage import buffers
+
+    def no_buffers(*a, **k):
+        raise AssertionError("the write made a buffer of its own")
+
+    monkeypatch.setattr(buffers.WorkerBuffers, "__init__", no_buffers)
     nbytes = 7 * MIB + 5  # 8 chunk keys: three round trips of up to 3
     store.write("e", nbytes, bufs)
-    slots = {id(s._write_mm) for s in store._ring()}
-    assert len(sent) == 8 and all(isinstance(p, memoryview) and id(p.obj) in slots for p in sent)
+    assert len(sent) == 8 and all(isinstance(p, memoryview) and p.obj is bufs._write_mm for p in sent)
     seen = []
 
     def sink(i, mv):
@@ -108,12 +114,39 @@ def test_a_key_wider_than_the_read_buffer_lands_a_worker_chunk_at_a_time(srv, bu
 
     s = RedisStore(srv.url, 4 * MIB, pipeline=2, workers=1)
     try:
-        s.write("w", 10 * MIB, bufs)  # keys of 4, 4 and 2 MiB, read into a 1 MiB buffer
+        s.write("w", 10 * MIB, bufs)  # keys of 4, 4 and 2 MiB, each sent from the 1 MiB write buffer in pieces
+        import redis
+
+        r = redis.Redis.from_url(srv.url)
+        assert [r.strlen(f"{s._base('w')}:{i}") for i in range(3)] == [4 * MIB, 4 * MIB, 2 * MIB]
+        r.close()
         seen = []
         assert s.read("w", bufs, verify=True, on_chunk=lambda i, mv: seen.append(i)).nbytes == 10 * MIB
         assert seen == list(range(10))
     finally:
         s.close()
+
+
+def test_a_write_whose_connection_is_lost_mid_round_trip_is_sent_again_whole(store, bufs, monkeypatch):
+    """The values are stamped into the one write buffer as they are sent: a round trip lost after some of
+    its pieces went out is stamped and sent again from its first chunk (the failover's retry), and every
+    chunk reads back with its own stamps."""
+    from kv_cache.storage import resp
+
+    real_send = resp.Wire.send
+    calls = [0]
+
+    def flaky(self, pieces):
+        calls[0] += 1
+        if calls[0] == 6:  # inside the second round trip (chunks 3-5), after its first SET went out
+            raise resp.WireLost("sending: the test cut the connection")
+        return real_send(self, pieces)
+
+    monkeypatch.setattr(resp.Wire, "send", flaky)
+    store.write("f", 8 * MIB, bufs)
+    assert store.stats.reconnects == 1 and store.stats.failover_retries == 1
+    monkeypatch.setattr(resp.Wire, "send", real_send)
+    assert store.read("f", bufs, verify=True).nbytes == 8 * MIB
 
 
 def test_a_missing_key_mid_pipeline_is_eio_and_the_next_read_works(store, raw, bufs):

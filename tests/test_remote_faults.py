@@ -548,3 +548,65 @@ def test_the_console_reports_the_outages_and_tls_as_they_were():
     assert "TLS (rediss): the server's certificate NOT verified" in text
     quiet = "\n".join(remote_lines({"backend": "s3", "client": "c", "scheme": "http", "tls": {"on": False}}))
     assert "Server lost" not in quiet and "TLS" not in quiet
+
+
+def test_an_s3_read_whose_server_goes_silent_mid_body_is_abandoned_at_the_stall_deadline():
+    """A ranged GET answered with its head and part of its body, then nothing (a frozen or stuck server,
+    before the run's stop: the I/O worker probe, preconditioning): the read is an operation of its thread,
+    so it is abandoned once the server has been silent for RunDeadline.stall_s (0.4 s here), as ETIMEDOUT,
+    and the Watchdog shuts the part's socket. Before, no operation was under way while a part received its
+    body (the part's ended with the response head, the reading thread had none), so nothing expired and
+    only the connections' socket timeout (60 s here, 120 s in the store) ended the wait, which the hang
+    guard below fails."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kv_cache.storage.remote import Watchdog
+    from kv_cache.storage.s3_reads import Connections, RangedReads
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    port = lsock.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            held.append(c)
+            c.recv(65536)  # the request's head
+            c.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 8192\r\n\r\n" + b"x" * 4096)  # then silence
+
+    threading.Thread(target=serve, daemon=True).start()
+    deadline = RunDeadline(grace_s=0.2, failover_s=0.2)
+    deadline.opening = False
+    conns = Connections(f"http://127.0.0.1:{port}", 2, 60.0)
+    pool = ThreadPoolExecutor(2)
+    reads = RangedReads(lambda p: f"http://127.0.0.1:{port}/b/{p}?X-Amz-Signature=1", pool, conns, RemoteStats(),
+                        8192, 1, "b", "s3", deadline)
+    dog = Watchdog(deadline, conns.reap, "test")
+    out: dict[str, BaseException] = {}
+
+    def read() -> None:
+        try:
+            reads.fetch("k", 0, 8192, memoryview(bytearray(8192)), 8192, lambda w, n: None)
+        except BaseException as exc:  # noqa: BLE001
+            out["exc"] = exc
+
+    t = threading.Thread(target=read, daemon=True)
+    try:
+        t.start()
+        t.join(GUARD_S / 4)  # a hang guard, not a measurement
+        assert not t.is_alive(), "the read still waits on the silent server"
+    finally:
+        dog.close()
+        lsock.close()
+        for c in held:
+            c.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+    exc = out.get("exc")
+    assert isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT, repr(exc)
+    assert "the server stopped answering" in str(exc) and deadline.dead

@@ -145,8 +145,7 @@ def test_redis_round_trip_with_verify_and_close_deletes_only_its_keys(redis_serv
     assert store.hiredis == bool(__import__("redis").utils.HIREDIS_AVAILABLE)
     bufs = _bufs()
     _round_trip(store, bufs)
-    ring = store._tls.ring  # entries of 3 chunks and more: the ring grew to all its slots, what the budget counts
-    assert len(ring.slots) * ring.slot_bytes == store.ring_bytes == 3 * MIB
+    assert store.ring_bytes == 0 and getattr(store._tls, "ring", None) is None  # sent from the worker's buffer
     assert r.dbsize() > 1
     store.close()
     assert r.keys("*") == [b"someone-elses"]
@@ -1195,17 +1194,15 @@ def test_s3_a_read_path_refused_at_start_is_a_setup_error_and_leaves_no_marker(m
         proxy.stop()
 
 
-def test_a_thread_that_writes_no_more_frees_its_slot_ring(moto, redis_server):
+def test_a_thread_that_writes_no_more_frees_its_slot_ring(moto):
     """release_thread (called by each I/O worker probe thread as it ends) drops the calling thread's ring of
     stamped slots; a later write of the thread makes a new one, and the store still round-trips."""
     import threading
 
-    from kv_cache.storage.kvstore import RedisStore
     from kv_cache.storage.s3 import S3Store
 
     bucket = _bucket(moto.url, "release")
-    for store, rings in ((S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, workers=2, chunk_bytes=MIB), "_rings"),
-                         (RedisStore(redis_server.url, MIB, pipeline=3, workers=2), "_slots")):
+    for store, rings in ((S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, workers=2, chunk_bytes=MIB), "_rings"),):
         bufs = _bufs()
 
         def once(k: str) -> None:
@@ -1222,21 +1219,41 @@ def test_a_thread_that_writes_no_more_frees_its_slot_ring(moto, redis_server):
         bufs.close()
 
 
-def test_redis_makes_a_threads_slots_as_its_writes_need_them(redis_server):
-    """A one-chunk write holds one slot, not `pipeline` of them (the I/O worker probe writes one chunk per
-    operation from up to 32 threads); a longer entry grows the ring to `pipeline`, and both read back."""
+def test_redis_writes_from_the_workers_buffer_holding_nothing_per_thread(redis_server):
+    """Writes from several threads, one chunk and several round trips, make no buffers of the store's own
+    (the worker's write buffer is stamped and sent a piece at a time: 4 Dec, 16 workers held 2 GiB of
+    per-thread slots); each thread's entries read back with --verify."""
+    import threading
+
+    from kv_cache.storage import buffers
     from kv_cache.storage.kvstore import RedisStore
 
-    store = RedisStore(redis_server.url, MIB, pipeline=3, workers=2)
-    bufs = _bufs()
-    store.write("one", MIB - 4096, bufs)
-    assert [len(r.slots) for r in store._slots] == [1]
-    store.write("five", 5 * MIB, bufs)
-    assert [len(r.slots) for r in store._slots] == [3]
-    assert store.read("one", bufs, verify=True).nbytes == MIB - 4096
-    assert store.read("five", bufs, verify=True).nbytes == 5 * MIB
+    store = RedisStore(redis_server.url, MIB, pipeline=3, workers=4)
+    made = [0]
+    real_init = buffers.WorkerBuffers.__init__
+
+    def counted(self, *a, **k):
+        made[0] += 1
+        real_init(self, *a, **k)
+
+    own = [_bufs() for _ in range(4)]
+    buffers.WorkerBuffers.__init__ = counted
+    try:
+        ts = [threading.Thread(target=lambda i=i: [store.write(f"t{i}-{n}", n, own[i]) for n in (MIB - 4096, 5 * MIB)])
+              for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        buffers.WorkerBuffers.__init__ = real_init
+    assert made[0] == 0
+    for i in range(4):
+        for n in (MIB - 4096, 5 * MIB):
+            assert store.read(f"t{i}-{n}", own[i], verify=True).nbytes == n
     store.close()
-    bufs.close()
+    for b in own:
+        b.close()
 
 
 def test_a_password_in_the_s3_endpoints_userinfo_is_not_shown(moto, monkeypatch):
@@ -1265,3 +1282,32 @@ def test_the_sessions_document_masks_the_s3_endpoints_password():
     assert got["mount_source"] == "http://AKID:***@h:9000"
     remote.s3_endpoint = None  # AWS itself: no endpoint, as before
     assert sessions_storage_location(SimpleNamespace(remote=remote), ["dram+storage"])["mount_source"] is None
+
+
+def test_a_slot_rings_fill_is_drawn_once_and_copied_to_its_other_slots(monkeypatch):
+    """S3's ring of concurrency + 2 slots is made at a worker's first write, inside the window: each slot
+    drew its own random fill (6 draws of 8 MiB a worker, 16 % of a 16-worker run's samples). Now the first
+    slot's fill is copied to the others: one draw a ring, and every slot's bytes are those of a fresh
+    buffer of the same seed (what a reader's check of the fill expects)."""
+    import numpy as np
+
+    from kv_cache.storage.remote import SlotRing
+
+    draws = [0]
+    real = np.random.default_rng
+
+    def counted(*a, **k):
+        draws[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(np.random, "default_rng", counted)
+    ring = SlotRing(64 * 1024, 6, 3)
+    assert draws[0] == 1 and len(ring.slots) == 6
+    fresh = WorkerBuffers(64 * 1024, 0, 99, read_bytes=4096)
+    assert draws[0] == 2
+    assert all(bytes(s.write_mv) == bytes(fresh.write_mv) for s in ring.slots)
+    assert len({id(s._write_mm) for s in ring.slots}) == 6  # six buffers, not one shared
+    other = WorkerBuffers(64 * 1024, 5, 1, fill_from=fresh)  # another seed: drawn, not copied
+    assert draws[0] == 3 and bytes(other.write_mv) != bytes(fresh.write_mv)
+    for b in (*ring.slots, fresh, other):
+        b.close()

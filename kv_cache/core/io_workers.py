@@ -32,12 +32,12 @@
   The whole probe keeps to a wall-clock budget (probe_budget_s). A run shorter than PROBE_MIN_RUN_S is
   not probed (the probe would rival its window).
   The probe's threads share one pair of chunk buffers (their bytes are not checked), so the probe costs
-  two chunks of memory, not two per thread; on a remote tier they write from one shared slot ring too
+  two chunks of memory, not two per thread; on S3 they write from one shared slot ring too
   (store.shared_slots, storage/remote.py SharedSlots), not one ring per thread. Without a storage tier (or in trace mode, moving no data) the
   count is one per user up to DEFAULT_MAX_WORKERS, as before.
-- Memory: each worker holds a read and a write buffer of one chunk, and on a remote tier its slot ring
-  (storage/remote.py ring_bytes). They may take at most WORKER_MEMORY_FRACTION of what the run's RAM
-  tiers may use (serving/tiers.py ram_budget_bytes); a count beyond that is clamped with a warning and a
+- Memory: each worker holds a read and a write buffer of one chunk, and on S3 its slot ring
+  (storage/remote.py ring_bytes; a Redis worker sends from its own write buffer and has none). They may
+  take at most WORKER_MEMORY_FRACTION of what the run's RAM tiers may use (serving/tiers.py ram_budget_bytes); a count beyond that is clamped with a warning and a
   note, or refused (exit 2) under --strict-memory; a budget that limits the probe's counts is warned of.
 
 The run reports the count, how it was chosen and the probe's figures (measurement.io_workers_choice).

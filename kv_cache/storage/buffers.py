@@ -108,7 +108,8 @@ class WorkerBuffers:
     same memory, cheap to slice for syscalls).
     """
 
-    def __init__(self, chunk_bytes: int, seed: int | None, worker_id: int, *, read_bytes: int | None = None):
+    def __init__(self, chunk_bytes: int, seed: int | None, worker_id: int, *, read_bytes: int | None = None,
+                 fill_from: WorkerBuffers | None = None):
         if chunk_bytes <= 0 or chunk_bytes % BLOCK:
             raise ValueError(f"chunk_bytes must be a positive multiple of {BLOCK}, got {chunk_bytes}")
         self.chunk_bytes = int(chunk_bytes)
@@ -127,13 +128,19 @@ class WorkerBuffers:
         # Incompressible fill, once: numpy default_rng(SeedSequence([seed])), the same in every worker's buffer,
         # so that a reader knows the payload any worker wrote (--verify compares every byte with it); every
         # block on the device is still unique by its stamp, and a worker already reuses its fill per entry.
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed & _MASK64]))
-        words = self.write_buf.view(_U64)
-        for i in range(0, words.size, _FILL_WORDS):
-            m = min(_FILL_WORDS, words.size - i)
-            words[i : i + m] = rng.integers(
-                0, np.iinfo(np.uint64).max, size=m, dtype=np.uint64, endpoint=True
-            )
+        # `fill_from`: a fresh buffer of the same seed and size, whose fill is copied instead of drawn again
+        # (a remote tier's slot ring: S3's 6 slots a worker were 6 draws of 8 MiB each, made as a worker's first
+        # write came, inside the window: 16 % of a 16-worker run's samples, py-spy, 4 Dec)
+        if fill_from is not None and fill_from.chunk_bytes == self.chunk_bytes and fill_from.seed == self.seed:
+            self.write_buf[:] = fill_from.write_buf
+        else:
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed & _MASK64]))
+            words = self.write_buf.view(_U64)
+            for i in range(0, words.size, _FILL_WORDS):
+                m = min(_FILL_WORDS, words.size - i)
+                words[i : i + m] = rng.integers(
+                    0, np.iinfo(np.uint64).max, size=m, dtype=np.uint64, endpoint=True
+                )
         self.read_buf.fill(0)  # fault the read pages in now, not inside the first timed read
         self.marks = ChunkMarks()  # chunk completion times of the current operation (window accounting)
 

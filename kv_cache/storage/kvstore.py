@@ -9,12 +9,16 @@ commands, SET and GET of the chunk keys, go on the wire here (storage/resp.py), 
 connection taken from redis-py's pool: redis-py would copy a value it sends (its hiredis packer makes
 bytes of a memoryview, then packs them into one more) and hand back a new bytes object per value read.
 
-Writes stamp each chunk into one of ``pipeline`` preallocated slots of this thread (WorkerBuffers of the
-same stamped pool, so --verify works) and send the slots themselves, with the SET headers, in one
-``sendmsg`` per round trip; the slots are reused only after the round trip's replies. Reads send the
-round trip's GETs packed in one buffer and receive each value with ``recv_into`` straight into the
-worker's read buffer, chunk by chunk, where --verify checks the stamps in place: nothing per request is
-buffered beyond the worker buffers (and one 64 KiB scratch per thread for the reply headers).
+Writes stamp the worker's own write buffer (its WorkerBuffers, so --verify works) a worker chunk at a
+time and send it with the SET headers (``sendmsg``), ``pipeline`` SETs per round trip, then read their
+replies: a blocking send has copied the bytes into the kernel when it returns, so the buffer is stamped
+again for the next piece at once. Reads send the round trip's GETs packed in one buffer and receive each
+value with ``recv_into`` straight into the worker's read buffer, chunk by chunk, where --verify checks
+the stamps in place: nothing per request is buffered beyond the worker buffers (and one 64 KiB scratch
+per thread for the reply headers). Until 4 Dec each thread wrote from a ring of ``pipeline`` slots of its
+own (8 x 16 MiB, each filled with random bytes as its first write came): at 16 workers the rings held
+2 GiB and making them took 30 % of the run's samples (py-spy, 16 workers, 15 s window), so the run's workers
+scaled worse than the I/O worker probe's, which share one buffer (issue 35).
 
 A ``maxmemory`` refusal (OOM) is the tier being full: ENOSPC, which stops the run as a full disk does. A lost
 connection is sent again after backoffs within the failover budget, then EHOSTDOWN (remote.py
@@ -48,20 +52,26 @@ from kv_cache.storage.remote import (
     GRACE_S,
     MARKER,
     RemoteStore,
-    SharedSlots,
-    SlotRing,
     Watchdog,
     hand_on,
     lost_connection,
     marker_json,
     new_run_name,
-    release_thread_ring,
     ring_bytes,
     stale_owner,
     tls_refused,
     tls_verification_failure,
 )
-from kv_cache.storage.resp import Wire, WireGarbled, WireLost, WireRefused, get_commands, set_command
+from kv_cache.storage.resp import (
+    CRLF,
+    Wire,
+    WireGarbled,
+    WireLost,
+    WireRefused,
+    get_commands,
+    set_command,
+    set_header,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from kv_cache.storage.base import ChunkSink
@@ -101,8 +111,7 @@ class RedisStore(RemoteStore):
         self.url = url
         self.chunk_bytes = int(chunk_bytes)
         self.pipeline = max(1, int(pipeline))
-        self.ring_bytes = ring_bytes("redis", self.chunk_bytes, pipeline=self.pipeline)  # the most a worker's slots hold
-        self._slots: list[Any] = []
+        self.ring_bytes = ring_bytes("redis", self.chunk_bytes, pipeline=self.pipeline)  # 0: no slots beside the buffers
         self._chunks: dict[str, int] = {}  # key -> chunk keys it has on the server (created, not deleted)
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
@@ -330,34 +339,6 @@ class RedisStore(RemoteStore):
             self.swept.append(f"removed the namespace {run}: on {self._where()} left by an earlier run ({why}): "
                               f"{len(keys)} key(s), {freed / (1 << 20):.1f} MiB")
 
-    # ------------------------------------------------------------------ slots
-    def _ring(self, need: int = 0) -> list[Any]:
-        """This thread's stamped slots, at least `need` (at most `pipeline`): made as its writes need them
-        and kept for the run. An entry of one chunk needs one: the I/O worker probe's threads (one-chunk
-        writes) held 8 x 16 MiB each, and a default run on Valkey peaked at 1,942 MiB where the same count
-        without the probe took 713."""
-        shared = self._shared_ring
-        if shared is not None:  # the probe's threads, all writing from one ring (remote.py SharedSlots)
-            with self._lock:
-                return shared.slots if len(shared.slots) >= need else shared.grow(min(self.pipeline, need))
-        ring = getattr(self._tls, "ring", None)
-        if ring is None:
-            ring = self._tls.ring = SlotRing(self.chunk_bytes, 0, threading.get_ident() & 0xFFFF)
-            with self._lock:
-                self._slots.append(ring)
-        return ring.slots if len(ring.slots) >= need else ring.grow(min(self.pipeline, need))
-
-    def shared_slots(self) -> SharedSlots:
-        """A context in which every thread writes from one shared ring (the I/O worker probe's threads,
-        whose bytes are not checked): the probe's slots cost one chunk, not one per thread."""
-        return SharedSlots(self, self.chunk_bytes, 1)
-
-    def release_thread(self) -> None:
-        """Free the calling thread's slot ring (`pipeline` chunks), for a thread that writes no more (the I/O
-        worker probe's: without this each of its ~60 short-lived threads kept its ring to the end of the run,
-        8 x 16 MiB each); a later write of the thread makes a new one."""
-        release_thread_ring(self._tls, self._lock, self._slots)
-
     def _chunk_keys(self, key: str, n: int, start: int = 0) -> list[str]:
         base = self._base(key)
         return [f"{base}:{i}" for i in range(start, n)]
@@ -445,12 +426,12 @@ class RedisStore(RemoteStore):
 
     # ------------------------------------------------------------------ pipelined operations
     def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
-        """Stamp up to `pipeline` chunks into this thread's slots, SET them in one round trip, repeat."""
+        """SET up to `pipeline` chunk keys per round trip, each value stamped into bufs.write_buf a worker
+        chunk at a time and sent from there (`_set_round_from`), then the round trip's replies read."""
         t0 = perf_counter_ns()
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         kid, total, chunk = key_id(key), padded(nbytes), self.chunk_bytes
-        ring = self._ring(min(self.pipeline, -(-total // chunk) or 1))
         h, dev_ns = self._begin_write(key, nbytes)
         keys = self._chunk_keys(key, h[2])
         off = 0
@@ -459,15 +440,11 @@ class RedisStore(RemoteStore):
             for g in range(0, len(keys), self.pipeline):
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"write of {key!r} aborted after {off} bytes", off)
-                pieces: list[Any] = []
                 group = keys[g:g + self.pipeline]
-                for slot, k in zip(ring, group, strict=False):
-                    n = min(chunk, total - off)
-                    slot.stamp(kid, off // BLOCK, n // BLOCK)
-                    pieces += set_command(k.encode(), slot.write_mv[:n])
-                    off += n
+                # a retry after a lost connection stamps and sends the round trip again from `off`
                 self._call(f"redis write of {key!r}", lambda: self._exchange(
-                    lambda w: self._set_round(w, pieces, len(group))))  # noqa: B023  (called at once)
+                    lambda w: self._set_round_from(w, group, kid, off, total, bufs)))  # noqa: B023  (called at once)
+                off = min(total, off + len(group) * chunk)
             dev_ns += self._spent() + self._commit(h)
         except IOAborted as e:
             self._abort(h)
@@ -478,6 +455,30 @@ class RedisStore(RemoteStore):
             raise
         t1 = perf_counter_ns()
         return IOResult(nbytes, total, t1 - t0, dev_ns, t1 - t0 - dev_ns)
+
+    def _set_round_from(self, wire: Wire, group: list[str], kid: int, off: int, total: int,
+                        bufs: WorkerBuffers) -> None:
+        """One round trip of SETs: the chunk keys `group`, the first `off` bytes into an entry of `total`
+        padded bytes, their values stamped into `bufs`' write buffer a piece (bufs.chunk_bytes) at a time,
+        each piece sent before the next is stamped (a blocking send returns once the kernel holds the
+        bytes); then every reply read."""
+        mv, step = bufs.write_mv, bufs.chunk_bytes
+        pending: list[Any] = []
+        for k in group:
+            n = min(self.chunk_bytes, total - off)
+            pending.append(set_header(k.encode(), n))
+            for sub in range(0, n, step):
+                m = min(step, n - sub)
+                bufs.stamp(kid, (off + sub) // BLOCK, m // BLOCK)
+                pending.append(mv[:m])
+                wire.send(pending)
+                pending = []
+            pending.append(CRLF)
+            off += n
+        wire.send(pending)
+        err = wire.status_replies(len(group))
+        if err is not None:
+            raise WireRefused(err)
 
     def read(self, key: str, bufs: WorkerBuffers, stop: threading.Event | None = None, verify: bool = False,
              on_chunk: ChunkSink | None = None) -> IOResult:
@@ -544,8 +545,6 @@ class RedisStore(RemoteStore):
             log.warning("%s", self.leftovers)
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.close()
-        for slot in self._slots:
-            slot.close()
         self._r.close()
         forget_at_exit(self)
 

@@ -460,37 +460,37 @@ def s3_ring_slots(concurrency: int) -> int:
 def ring_bytes(backend: str, chunk_bytes: int, *, pipeline: int = 8, part_bytes: int = 8 << 20,
                concurrency: int = 4) -> int:
     """The most one I/O worker's slot ring holds beside its two buffers, what the memory budget counts
-    per worker (core/io_workers.py): S3, s3_ring_slots(concurrency) parts of `part_bytes`; Redis and
-    Valkey, `pipeline` chunks (made as a thread's writes need them: a worker that writes entries of
-    `pipeline` chunks or more grows to all of them); any other tier, none."""
+    per worker (core/io_workers.py): S3, s3_ring_slots(concurrency) parts of `part_bytes`; any other
+    tier, none (Redis and Valkey send their values from the worker's own write buffer: kvstore.py)."""
     if backend == "s3":
         return s3_ring_slots(concurrency) * int(part_bytes)
-    if backend == "redis":
-        return max(1, int(pipeline)) * int(chunk_bytes)
     return 0
 
 
 class SlotRing:
     """A thread's preallocated stamped slots (WorkerBuffers of the same pool, write side only), used in
     turn. S3: obstore's writer keeps a reference to each slot until its part is sent, at most `concurrency`
-    parts in flight, so a ring of (parts in flight + 2) parts' worth of slots is never rewritten early;
-    Redis: a ring of `pipeline` slots, reused after each round trip."""
+    parts in flight, so a ring of (parts in flight + 2) parts' worth of slots is never rewritten early
+    (the Redis tier writes from the worker's own buffer, kvstore.py)."""
 
     def __init__(self, slot_bytes: int, count: int, worker_id: int):
-        from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415  (numpy: with the first write)
-
         self.slot_bytes = slot_bytes
         self.worker_id = worker_id
-        self.slots = [WorkerBuffers(slot_bytes, 0, (worker_id << 8) + i, read_bytes=BLOCK) for i in range(count)]
+        self.slots: list[WorkerBuffers] = []
+        self.grow(count)
         self.i = 0
 
     def grow(self, count: int) -> list:
-        """At least `count` slots (those missing made now, numbered on from the last); the slots."""
+        """At least `count` slots (those missing made now, numbered on from the last); the slots. Made
+        together, so the fill is drawn once and copied to the others (WorkerBuffers fill_from)."""
         from kv_cache.storage.buffers import WorkerBuffers  # noqa: PLC0415
 
+        first: WorkerBuffers | None = None
         while len(self.slots) < count:
-            self.slots.append(WorkerBuffers(self.slot_bytes, 0, (self.worker_id << 8) + len(self.slots),
-                                            read_bytes=BLOCK))
+            slot = WorkerBuffers(self.slot_bytes, 0, (self.worker_id << 8) + len(self.slots), read_bytes=BLOCK,
+                                 fill_from=first)
+            first = first or slot
+            self.slots.append(slot)
         return self.slots
 
     def next(self) -> WorkerBuffers:
@@ -506,7 +506,8 @@ class SlotRing:
 def release_thread_ring(tls: Any, lock: Any, rings: list) -> None:
     """Free the calling thread's SlotRing (`tls.ring`, listed in the store's `rings` under `lock`), for a
     thread that writes no more: the I/O worker probe's short-lived threads, each of which otherwise kept
-    its ring to the end of the run (8 x 16 MiB on Redis). A later write of the thread makes a new one."""
+    its ring to the end of the run (S3: concurrency + 2 parts). A later write of the thread makes a new
+    one."""
     ring = getattr(tls, "ring", None)
     if ring is None:
         return
@@ -569,11 +570,11 @@ def hand_on(n: int, entry_off: int, nbytes: int, bufs: WorkerBuffers, kid: int, 
 
 
 class RemoteStore(SizedStore):
-    """What a store on a server (RedisStore, S3Store) is besides its client: written from its own slot rings,
-    every operation under the run's deadline (RunDeadline, `watch`) and counted (RemoteStats), entries padded
+    """What a store on a server (RedisStore, S3Store) is besides its client: written from stamped buffers
+    (S3 from its own slot rings, Redis from the worker's write buffer), every operation under the run's deadline (RunDeadline, `watch`) and counted (RemoteStats), entries padded
     to whole blocks, the notes of the sweep of earlier runs' leftovers, and a close that takes the books once."""
 
-    keeps_fill_layout = False  # written from its own slots (SlotRing): --verify checks the stamps
+    keeps_fill_layout = False  # --verify checks the stamps (S3 writes from its own slots, SlotRing)
     # the I/O worker probe may count a thread's first operation (io_workers.fit_ops): a server has no
     # device write cache for it to burst into (a first operation pays for a connection instead)
     probe_counts_first_op = True

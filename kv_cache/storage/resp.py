@@ -1,5 +1,5 @@
 """The Redis tier's data commands on the wire (RESP), on the socket of a redis-py connection: pipelined
-SETs sent as one vector of buffers (the command headers and the worker's stamped slots themselves, via
+SETs sent as vectors of buffers (the command headers and the worker's stamped write buffer itself, via
 ``sendmsg``: no copy of a value), and the replies to pipelined GETs read with ``recv_into`` straight into
 the caller's buffer (no bytes object per value, no copy).
 
@@ -38,9 +38,14 @@ class WireGarbled(Exception):
     """What came back is not RESP (is it a Redis/Valkey server?)."""
 
 
+def set_header(key: bytes, nbytes: int) -> bytes:
+    """The header of ``SET key <a value of nbytes>``: what precedes the value's bytes on the wire."""
+    return b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, nbytes)
+
+
 def set_command(key: bytes, value: memoryview) -> list[Any]:
     """The buffers of ``SET key value``: the header, the value itself (not copied), the trailing CRLF."""
-    return [b"*3\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n" % (len(key), key, len(value)), value, CRLF]
+    return [set_header(key, len(value)), value, CRLF]
 
 
 def get_commands(keys: list[bytes]) -> bytes:

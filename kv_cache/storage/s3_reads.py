@@ -29,7 +29,7 @@ import re
 import select
 import threading
 from collections.abc import Callable
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -215,6 +215,7 @@ class RangedReads:
                 if not k:
                     raise http.client.IncompleteRead(b"", n - got)
                 got += k
+                self.deadline.answered_at = monotonic()  # a body still arriving: the server answers
         except _NET_ERRORS as exc:
             self.stats.lost()
             raise lost_connection(what, exc) from exc
@@ -281,6 +282,10 @@ class RangedReads:
         rd = _Read(pieces)
         futures: list[Any] = []
         wait_ns = 0
+        # the read is an operation of this thread: a server silent for RunDeadline.stall_s mid-body (no
+        # stop yet: the probe, preconditioning) abandons it there, and the Watchdog shuts its parts' sockets;
+        # before, only the connections' 120 s socket timeout ended a part's wait, once per retry of the read
+        first = self.deadline.begin()
         try:
             for w in range(nwin):
                 if stop is not None and stop.is_set():
@@ -301,6 +306,10 @@ class RangedReads:
                         err, full = rd.error, rd.left[w] == 0
                         free = min(self.concurrency - len(futures) + rd.finished, len(parts) - len(futures))
                     if err is not None:
+                        state = self.deadline.state() if getattr(err, "errno", None) == errno.ENOTCONN else None
+                        if state is not None:  # a part's socket shut by the Watchdog: the deadline's doing
+                            self.stats.abandoned(state)
+                            raise self.deadline.error(f"s3 read of {label or path}", state) from err
                         raise err
                     for _ in range(free):
                         s, e = parts[len(futures)]
@@ -323,6 +332,9 @@ class RangedReads:
             if isinstance(exc, IOAborted):
                 exc.device_bytes, exc.device_ns = rd.got, wait_ns
             raise
+        finally:
+            if first:
+                self.deadline.end()
         return rd.got, wait_ns
 
     def _target(self, path: str) -> str:
