@@ -214,8 +214,12 @@ def test_an_slo_run_refines_replicates_and_ends_with_the_answer(tmp_path, capsys
     assert isinstance(data["answer"], str) and data["answer"].startswith(head)
     sessions = [r["sessions"] for r in data["rungs"]]
     assert sessions == sorted(sessions) and len(sessions) <= 2 + 3
-    if c["status"] == "interpolated":
-        assert len(sessions) > 2  # the bracket [1, 8] was bisected
+    from kv_cache.benchmarks.sessions.answer import next_refinement
+
+    ladder = [r for r in data["rungs"] if r["sessions"] in (1, 4)]
+    if c["status"] == "interpolated" and next_refinement(ladder, 0.002) is not None:
+        assert len(sessions) > 2  # the ladder's SLO bracket [1, 4] was bisected (a real-time run may leave
+        # none: a loaded machine's rung 1 missing the SLO, or short of the evidence, is no bracket)
     # the L40S is checked in FP8 only: the run's warning that the engine model is unvalidated here qualifies
     # the figure, so the sentence carries it too
     assert data["warnings"][0].startswith("engine model unvalidated on this GPU")
