@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from array import array
@@ -11,7 +12,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .model import TraceRequest, TraceStats
+from .model import TraceError, TraceRequest, TraceStats
 
 # A parsed request before the source numbers it: TraceRequest's fields but ``index``, in its order and with
 # its defaults (one definition of the fields; the source makes ``TraceRequest(index, *row)``).
@@ -190,3 +191,21 @@ class SessionLimit:
             return False
         self.seen.add(session_id)
         return True
+
+
+def csv_rows(path: Path, refuse: Callable[[list[str]], str | None]) -> Iterator[dict[str, str | None]]:
+    """A CSV trace's non-blank rows as {header name: stripped field, None past a short row's end}; the names
+    stripped, a BOM removed. An empty file, or a header `refuse(names)` returns a reason for, is a
+    TraceError."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as fp:
+        reader = csv.reader(fp)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(path, "empty CSV file")
+        names = [h.strip().lstrip("\ufeff") for h in header]
+        reason = refuse(names)
+        if reason:
+            raise TraceError(path, reason)
+        for fields in reader:
+            if fields and any(f.strip() for f in fields):
+                yield {name: (fields[i].strip() if i < len(fields) else None) for i, name in enumerate(names)}

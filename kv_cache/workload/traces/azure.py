@@ -13,16 +13,15 @@ is in every format. Columns are found by name, in any order.
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
-from ._common import Bad, Row, tokens
+from ._common import Bad, Row, csv_rows, tokens
 from ._options import Options
 from .formats import Head, SniffRule, TraceFormat, register
-from .model import TraceError, TraceStats
+from .model import TraceStats
 
 TIMESTAMP = "TIMESTAMP"
 CONTEXT = "ContextTokens"
@@ -52,42 +51,34 @@ def timestamp_ns(text: str) -> int:
     return ns
 
 
+def _refused(names: list[str]) -> str | None:
+    missing = [c for c in COLUMNS if c not in names]
+    return f"not an Azure LLM inference CSV (no {', '.join(missing)} column)" if missing else None
+
+
 def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
     first_ns: int | None = None
-    with open(path, newline="", encoding="utf-8", errors="replace") as fp:
-        reader = csv.reader(fp)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(path, "empty CSV file")
-        names = [h.strip().lstrip("\ufeff") for h in header]
-        missing = [c for c in COLUMNS if c not in names]
-        if missing:
-            raise TraceError(path, f"not an Azure LLM inference CSV (no {', '.join(missing)} column)")
-        at = {c: names.index(c) for c in COLUMNS}
-        for fields in reader:
-            if not fields or not any(f.strip() for f in fields):
-                continue
-            row = {c: (fields[i].strip() if i < len(fields) else None) for c, i in at.items()}
+    for row in csv_rows(path, _refused):
+        try:
+            inp = tokens(row, CONTEXT)
+            out = tokens(row, GENERATED)
+            stamp = row[TIMESTAMP]
+            if not stamp:
+                raise Bad(f"missing_field:{TIMESTAMP}")
             try:
-                inp = tokens(row, CONTEXT)
-                out = tokens(row, GENERATED)
-                stamp = row[TIMESTAMP]
-                if not stamp:
-                    raise Bad(f"missing_field:{TIMESTAMP}")
-                try:
-                    ns = timestamp_ns(stamp)
-                except ValueError:
-                    raise Bad(f"bad_value:{TIMESTAMP}") from None
-                if inp == 0:
-                    raise Bad("zero_input")
-                if first_ns is None:
-                    first_ns = ns
-                if ns < first_ns:
-                    raise Bad(f"negative_value:{TIMESTAMP}")
-            except Bad as exc:
-                stats.skip(exc.args[0])
-                continue
-            yield Row(None, 1, (ns - first_ns) / 1e9, None, inp, inp, out, None, None)
+                ns = timestamp_ns(stamp)
+            except ValueError:
+                raise Bad(f"bad_value:{TIMESTAMP}") from None
+            if inp == 0:
+                raise Bad("zero_input")
+            if first_ns is None:
+                first_ns = ns
+            if ns < first_ns:
+                raise Bad(f"negative_value:{TIMESTAMP}")
+        except Bad as exc:
+            stats.skip(exc.args[0])
+            continue
+        yield Row(None, 1, (ns - first_ns) / 1e9, None, inp, inp, out, None, None)
 
 
 def _header(head: Head) -> bool:
