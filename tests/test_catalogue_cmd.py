@@ -108,3 +108,9 @@ def test_the_commands_help_names_it(capsys):
 def test_a_bad_flag_is_refused(capsys, argv):
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("kv-cache catalogue: error: unrecognized arguments")
+
+
+def test_a_section_is_also_named_by_its_json_key(capsys):
+    """The --json document's keys (storage_backends, trace_formats, load_shapes) select their section too."""
+    assert list(_json(capsys, "storage_backends", "load_shapes", "traces"))[2:] == [
+        "storage_backends", "trace_formats", "load_shapes"]

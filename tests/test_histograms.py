@@ -223,3 +223,21 @@ def test_a_run_list_takes_its_whole_cap_when_made_and_keeps_what_a_growing_one_k
     assert len(empty.values) == 0 and empty.array().tolist() == [] and not list(empty)
     with pytest.raises(IndexError):
         empty[0]
+
+
+def test_time_series_rows_answer_a_reader_of_a_list():
+    """A built document's time_series.rows is a Rows: the list operations a reader of the JSON's list uses
+    give what the list gives (index, count, in, reversed, + with a list), and it pickles and copies."""
+    import copy
+    import pickle
+    from collections.abc import Sequence
+
+    from kv_cache.metrics.timeseries import Rows
+
+    rows = [{"t_s": float(i), "requests": i % 2} for i in range(5)]
+    kept = Rows(rows)
+    assert isinstance(kept, Sequence)
+    assert kept.index(rows[3]) == 3 and kept.count(rows[1]) == 1 and rows[4] in kept
+    assert list(reversed(kept)) == rows[::-1]
+    assert kept + rows[:1] == rows + rows[:1] and rows[:1] + kept == rows[:1] + rows and kept + kept == rows * 2
+    assert pickle.loads(pickle.dumps(kept)) == rows and copy.deepcopy(kept) == rows

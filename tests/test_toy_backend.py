@@ -48,6 +48,9 @@ def test_its_option_is_a_flag_with_its_default_and_check(toy):
     assert parse_settings(["--storage-backend", "toy", "--toy-pause-us", "7"]).tiers.remote.toy_pause_us == 7
     with pytest.raises(UsageError, match="--toy-pause-us cannot be negative, got -1"):
         parse_settings(["--storage-backend", "toy", "--toy-pause-us", "-1"])
+    # owned: given without --storage-backend toy, it is refused rather than the file tier measured
+    with pytest.raises(UsageError, match="--toy-pause-us given but --storage-backend is file: add --storage-backend toy"):
+        parse_settings(["--toy-pause-us", "5"])
 
 
 @pytest.mark.slow  # a real run (wall clock)

@@ -118,3 +118,22 @@ def test_a_real_run_replays_it(quick_settings, sink, tmp_path):
     tr = results["trace_replay"]
     assert tr["format"] == "azure" and tr["stats"][0]["rows"] == 4
     assert "AzureLLMInferenceTrace_code.csv (azure): 4 rows read (the whole file)" in sink.getvalue()
+
+
+@pytest.mark.parametrize("fmt,header,row", [
+    ("azure", HEADER, ROWS_2023[0]),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+     "0,ChatGPT,100,20,120,Conversation log"),
+])
+def test_blank_lines_before_the_header_are_skipped_as_detection_skips_them(tmp_path, fmt, header, row):
+    path = tmp_path / "t.csv"
+    path.write_text(f"\ufeff\n \r\n{header}\n{row}\n")  # (a BOM, then blank lines)
+    assert detect_format(path) == fmt
+    assert len(list(open_trace(path))) == 1
+
+
+def test_a_quoted_header_is_detected_as_the_reader_reads_it(tmp_path):
+    path = write(tmp_path / "q.csv", ['"2023-11-16 18:15:46.6805900",374,44'],
+                 '"TIMESTAMP","ContextTokens","GeneratedTokens"')
+    assert detect_format(path) == "azure"
+    assert [r.input_tokens for r in open_trace(path)] == [374]

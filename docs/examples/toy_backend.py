@@ -85,6 +85,6 @@ BACKEND = register(Backend(
     options=(Option("toy_pause_us", "microseconds of sleep before each write", 0, Flag(
         "--toy-pause-us", type=int, group="toy storage tier (docs/adding-a-backend.md)",
         help="Microseconds the toy tier sleeps before each write."),
-        lambda v: f"--toy-pause-us cannot be negative, got {v}" if v < 0 else None),
+        lambda v: f"--toy-pause-us cannot be negative, got {v}" if v < 0 else None, owned=True),
         Option("storage_capacity_gb", "the tier's capacity (0: unbounded)")),
 ))

@@ -104,10 +104,10 @@ def catalogue(sections: list[str], config: str | None = None) -> dict[str, Any]:
     from kv_cache import __version__  # noqa: PLC0415
     from kv_cache.errors import UsageError  # noqa: PLC0415
 
-    unknown = [s for s in sections if s not in ALIASES]
+    unknown = [s for s in sections if s not in ALIASES and s not in SECTIONS]  # (a JSON key names its section)
     if unknown:
         raise UsageError(f"unknown section {unknown[0]!r} (choose from {', '.join(ALIASES)})")
-    wanted = {ALIASES[s] for s in sections} or set(SECTIONS)
+    wanted = {ALIASES.get(s, s) for s in sections} or set(SECTIONS)
     doc: dict[str, Any] = {"schema_version": SCHEMA, "version": __version__}
     for key, section in SECTIONS.items():
         if key in wanted:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from array import array
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hdrh.histogram import HdrHistogram
@@ -79,13 +79,14 @@ def bucket_row(t_s: float, seconds: float, bucket: Bucket, gauges: dict[str, flo
 _EXACT_INT = 1 << 53  # an int a double holds exactly
 
 
-class Rows:
+class Rows(Sequence):
     """A list of flat rows ({key: int | float}) in compact memory: every figure as a double in one flat
     array, a row's shape (its keys in order and which were ints) stored once for all rows that share it.
     Reading a row gives back a dict equal to the one appended, key order and int / float types included,
     so the results' JSON is the same as from a list of the dicts (held by
     tests/test_histograms.py::test_time_series_rows_read_back_as_appended). A row with any other value (a
-    bool, a string, None, an int past 2**53) is kept as it is."""
+    bool, a string, None, an int past 2**53) is kept as it is. A read-only Sequence (index, count, `in`,
+    reversed) whose `+` with a list is a list, as a reader of the list it stands for expects."""
 
     __slots__ = ("_vals", "_nvals", "_start", "_shape", "_shapes", "_shape_index", "_odd")
 
@@ -172,6 +173,12 @@ class Rows:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  (mutable)
+
+    def __add__(self, other: object) -> list[dict]:
+        return list(self) + list(other) if isinstance(other, (Rows, list)) else NotImplemented
+
+    def __radd__(self, other: object) -> list[dict]:
+        return list(other) + list(self) if isinstance(other, list) else NotImplemented
 
     def __repr__(self) -> str:
         return f"Rows({list(self)!r})"

@@ -195,11 +195,12 @@ class SessionLimit:
 
 def csv_rows(path: Path, refuse: Callable[[list[str]], str | None]) -> Iterator[dict[str, str | None]]:
     """A CSV trace's non-blank rows as {header name: stripped field, None past a short row's end}; the names
-    stripped, a BOM removed. An empty file, or a header `refuse(names)` returns a reason for, is a
-    TraceError."""
+    stripped, a BOM removed, blank lines before the header skipped. An empty (or blank) file, or a header
+    `refuse(names)` returns a reason for, is a TraceError."""
     with open(path, newline="", encoding="utf-8", errors="replace") as fp:
         reader = csv.reader(fp)
-        header = next(reader, None)
+        # (blank lines before the header skipped, as detection's head skips them: formats.Head.text)
+        header = next((fields for fields in reader if any(f.strip().strip("\ufeff") for f in fields)), None)
         if header is None:
             raise TraceError(path, "empty CSV file")
         names = [h.strip().lstrip("\ufeff") for h in header]

@@ -84,7 +84,7 @@ def read(path: Path, stats: TraceStats, opts: Options) -> Iterator[Row]:
 def _header(head: Head) -> bool:
     if head.kind != "text":
         return False
-    names = {h.strip() for h in head.first_line.split(",")}
+    names = {h.strip().strip('"').strip() for h in head.first_line.split(",")}  # (quoted names, as csv reads them)
     return set(COLUMNS) <= names
 
 
