@@ -241,3 +241,28 @@ def test_time_series_rows_answer_a_reader_of_a_list():
     assert list(reversed(kept)) == rows[::-1]
     assert kept + rows[:1] == rows + rows[:1] and rows[:1] + kept == rows[:1] + rows and kept + kept == rows * 2
     assert pickle.loads(pickle.dumps(kept)) == rows and copy.deepcopy(kept) == rows
+
+
+def test_percentile_values_and_clear_give_what_hdrh_s_own_loops_give():
+    """percentile_values / clear (numpy cumsum, one memset: issue 30's per-second cost of the time series)
+    against hdrh's get_percentile_to_value_dict / reset, on spread, clustered and single values."""
+    import random
+
+    rng = random.Random(3)
+    qs = [0.0, 1.0, 50.0, 90.0, 95.0, 99.0, 99.9, 99.99, 100.0, 120.0]
+    sets = [[rng.randint(1, 3_600 * 10**9) for _ in range(2000)], [rng.randint(9 * 10**6, 11 * 10**6) for _ in range(500)],
+            [1], [hg.HIGHEST_NS] * 3, [5, 5, 5, 7, 10**12]]
+    for values in sets:
+        h = hg.from_values(values)
+        assert hg.percentile_values(h, qs) == h.get_percentile_to_value_dict(list(qs))
+        twin = hg.from_values(values)
+        hg.clear(h)
+        twin.reset()
+        assert list(h.counts) == list(twin.counts)
+        assert (h.total_count, h.min_value, h.max_value) == (twin.total_count, twin.min_value, twin.max_value)
+        assert hg.percentiles_ms(h) == {}
+        hg.record(h, 42)
+        hg.record(twin, 42)
+        assert hg.percentile_values(h, qs) == twin.get_percentile_to_value_dict(list(qs))
+    decoded = hg.decode(hg.encode(hg.from_values(sets[1])))
+    assert hg.percentile_values(decoded, qs) == decoded.get_percentile_to_value_dict(list(qs))

@@ -8,6 +8,7 @@ Rates divide by the window's real length, not the nominal duration.
 from __future__ import annotations
 
 import errno
+import resource
 import threading
 import time
 from array import array
@@ -126,6 +127,7 @@ class RunMetrics:
         self._lock = threading.Lock()
         self.window_start_ns: int | None = None
         self.window_end_ns: int | None = None
+        self.window_rusage = None  # the process's resource usage when the window opened (open_window)
         self.io: dict[tuple[str, str], TierOpStats] = defaultdict(_op_stats(sample_cap))
         self.io_by_cause: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])  # ops, bytes
         self.counters: dict[str, float] = defaultdict(int)
@@ -158,7 +160,9 @@ class RunMetrics:
 
     # -- window -------------------------------------------------------------------------------
     def open_window(self, start_ns: int | None = None) -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # the window's CPU counts from here (run.py)
         with self._lock:
+            self.window_rusage = usage
             self.window_start_ns = time.perf_counter_ns() if start_ns is None else start_ns
             self.window_end_ns = None
             self._bucket_start_ns = self.window_start_ns
@@ -433,7 +437,7 @@ class RunMetrics:
             end = time.perf_counter_ns() if at_ns is None else at_ns
             snap.__dict__.update(
                 sample_cap=self.sample_cap, _request_histograms=self._request_histograms, _lock=threading.Lock(),
-                window_start_ns=self.window_start_ns,
+                window_start_ns=self.window_start_ns, window_rusage=self.window_rusage,
                 window_end_ns=self.window_end_ns if self.window_end_ns is not None else end,
                 io=defaultdict(_op_stats(self.sample_cap), {
                     k: TierOpStats(s.total_ns.copy(), s.device_ns.copy(), s.host_ns.copy(), s.ops, s.bytes,

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kv_cache.metrics.histograms import merge, new_histogram, record
+from kv_cache.metrics.histograms import merge, new_histogram, percentile_values, record
 from kv_cache.metrics.stats import percentiles
 
 SAMPLE_CAP = 200_000  # values kept per list (1.6 MiB): beyond, a uniform reservoir of this many
@@ -141,7 +141,7 @@ class LatencySamples:
         if not self.count:
             return []
         if not self.exact and self.hist is not None:
-            d = self.hist.get_percentile_to_value_dict(list(qs))
+            d = percentile_values(self.hist, qs)
             return [float(d[q]) for q in qs]
         return list(percentiles(self.array(), list(qs)))
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from hdrh.histogram import HdrHistogram
 
-from kv_cache.metrics.histograms import new_histogram, percentiles_ms, record
+from kv_cache.metrics.histograms import clear, new_histogram, percentiles_ms, record
 
 GIB = float(1 << 30)
 MAX_ROWS = 4096  # rows kept: beyond, neighbouring rows are joined two by two (1 s rows up to ~68 min)
@@ -57,7 +57,7 @@ class Bucket:
         """Empty the bucket for reuse (the histograms keep their memory)."""
         self.counts.clear()
         for h in self.hists.values():
-            h.reset()
+            clear(h)
         self.requests = 0
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from kv_cache import __version__
 from kv_cache.metrics import catalogue
-from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS
+from kv_cache.metrics.histograms import SIGNIFICANT_DIGITS, percentile_values
 from kv_cache.metrics.histograms import summary as histogram_summary
 from kv_cache.metrics.recorder import GIB, PERCENTILES, RunMetrics
 from kv_cache.metrics.stats import percentiles
@@ -249,7 +249,7 @@ def _op_block(metrics: RunMetrics, tier: str, op: str, part: str) -> dict[str, A
         h = metrics.histograms.get((tier, op, part))
         if h is None or h.get_total_count() == 0:
             return {"count": 0}
-        ps = h.get_percentile_to_value_dict(list(PERCENTILES.values()))
+        ps = percentile_values(h, list(PERCENTILES.values()))
         return {"count": int(h.get_total_count()), "mean": h.get_mean_value() / 1e6,
                 **{k: ps[q] / 1e6 for k, q in PERCENTILES.items()}, "max": h.get_max_value() / 1e6,
                 "samples": int(h.get_total_count()), "method": FROM_HISTOGRAMS, "precision": PRECISION}

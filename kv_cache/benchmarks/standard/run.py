@@ -284,6 +284,14 @@ def _with_rank_share(exc: StorageSetupError, settings: RunSettings) -> StorageSe
     return out.about(setting)
 
 
+def _window_rusage(run: _Run) -> Any:
+    """The process's usage when the window opened (its CPU counts from there): the driver opens it after
+    the I/O workers have allocated and filled their buffers, set-up the engine's figure (pure_storage.py)
+    and fio's jobs leave out too (issue 30: 8 workers' buffers were ~0.5 CPU-s of an 8 s run's figure);
+    run.rusage0 (taken before the driver) where no window opened."""
+    return run.metrics.window_rusage if run.metrics.window_rusage is not None else run.rusage0
+
+
 def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None, out,
              record_plans: bool) -> dict[str, Any]:
     """Tiers and cache, workload, phases, driver: the measured run, assembled into results."""
@@ -334,7 +342,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     run.rusage0 = resource.getrusage(resource.RUSAGE_SELF)  # nor its CPU (the set-up's, the probe's, the phases')
     proc_io = IOSnapshot(blockdev.name if blockdev else None)  # this process's (and its cgroup's) bytes, window
     partial = run.partial = _partial_documents(settings, run, cache, autoscaler, trimmer, lambda snap: RunRecord(
-        settings, snap.metrics, snap.outcome, snap.usage, [], workers, run.started, run.rusage0, list(stores.notes),
+        settings, snap.metrics, snap.outcome, snap.usage, [], workers, run.started, _window_rusage(run), list(stores.notes),
         file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev, disk_before=before,
         disk_after=blockdev.snapshot() if blockdev else None, phases=dict(run.phases), autoscaler=snap.autoscaler,
         rag=rag, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None, run_id=run.run_id,
@@ -364,7 +372,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
         # over the block device's own interval too, so that device - process is the other I/O on it
         process_bytes.update(run_read_bytes=run_io1[0] - run_io0[0], run_write_bytes=run_io1[1] - run_io0[1])
     results = build_results(RunRecord(
-        settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, run.rusage0,
+        settings, run.metrics, outcome, cache.usage(), cache.entry_sizes(), workers, run.started, _window_rusage(run),
         stores.notes, file_store=stores.file_store, memory_store=stores.memory_store, blockdev=blockdev,
         disk_before=before, disk_after=after, phases=run.phases, autoscaler=autoscaler, rag=rag,
         tracer=stores.tracer, trace=trace, gpu_store=stores.gpu_store, barrier_aligned=run.group is not None,
