@@ -67,7 +67,7 @@ from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.settings.ranks import setting_value
 from kv_cache.settings.run import RunSettings
-from kv_cache.storage.files import syscall_totals
+from kv_cache.storage.files import syscall_span, syscall_totals
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -386,9 +386,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                                     net.snapshot() if net else None, cpu_before)}
         results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
-        results["block_latency"] = block_latency(traced, why, os.getpid(),
-                                                 {k: (tool1[k][0] - tool0[k][0], tool1[k][1] - tool0[k][1])
-                                                  for k in tool1})
+        results["block_latency"] = block_latency(traced, why, os.getpid(), syscall_span(tool0, tool1))
     return results
 
 
