@@ -198,6 +198,9 @@ def test_a_demotion_aborted_after_a_late_stop_adds_each_sides_chunks_inside_the_
         assert metrics.late["storage_write_aborted_device_bytes"] == 10 * CHUNK
         assert metrics.tier_op("cpu", "read").partial_bytes == 2 * CHUNK - lead  # the first read chunk holds no header
         assert metrics.tier_op("storage", "write").partial_bytes == 2 * CHUNK
+        assert metrics.tier_op("storage", "write").window_bytes == 2 * CHUNK  # what the write bandwidth divides
+        from kv_cache.results.measurement import block_device
+        assert block_device(metrics, "vdx", (0, 0), (0, 0))["tool_bytes_written"] == 10 * CHUNK  # all it wrote
         edge = metrics.edge_record()
         assert edge["aborted_ops"] == 1 and edge["edge_ops"] == 1  # one operation, its two sides
         assert edge["counted_bytes"] == 2 * CHUNK and edge["excluded_bytes"] == 8 * CHUNK  # the storage side's
