@@ -226,16 +226,22 @@ def test_the_tools_bins_are_the_traces_lhist_buckets():
 def test_the_file_tiers_syscalls_are_counted_in_the_bins_each_in_the_bucket_of_its_time(tmp_path):
     from kv_cache.host.bpftrace_hist import lhist_buckets, total
     from kv_cache.storage.buffers import WorkerBuffers
-    from kv_cache.storage.files import FileStore, syscall_span, syscall_totals
+    from kv_cache.storage.files import FileStore, bin_syscalls, syscall_span, syscall_totals
 
     bufs = WorkerBuffers(64 << 10, 5, 0)
     fs = FileStore(str(tmp_path), 64 << 10, io_mode="buffered")
     try:
+        fs.write("u", 64 << 10, bufs)  # untraced: counted, not binned (the run bins only while it traces)
+        before = syscall_totals()
+        fs.write("u", 64 << 10, bufs)
+        assert all(sum(v[2]) == 0 for v in syscall_span(before, syscall_totals()).values())
+        bin_syscalls(True)
         before = syscall_totals()
         fs.write("k", 5 * (64 << 10), bufs)
         fs.read("k", bufs)
         span = syscall_span(before, syscall_totals())
     finally:
+        bin_syscalls(False)
         fs.close()
         bufs.close()
     for call in ("pwritev", "preadv"):

@@ -80,13 +80,21 @@ def file_name(key: str) -> str:
 
 # Each thread's own totals of the data syscalls and their device time, for --enable-latency-tracing's
 # comparison with the kernel's figures for the same syscalls: [preadv calls, ns, pwritev calls, ns,
-# fdatasync calls, ns], and each call's time in the trace's log-linear bins (host/bpftrace_hist.py
-# lhist_index: LHIST_BINS a syscall, preadv's, pwritev's, fdatasync's), whose percentiles are read as the
-# kernel's are. Per thread, so the hot path takes no lock; `syscall_totals` adds them up.
+# fdatasync calls, ns], and while a trace runs (`bin_syscalls`) each call's time in the trace's log-linear
+# bins (host/bpftrace_hist.py lhist_index: LHIST_BINS a syscall, preadv's, pwritev's, fdatasync's), whose
+# percentiles are read as the kernel's are (binning costs ~0.2-0.4 us a call in Python, 4 Dec: untraced runs do
+# not pay it). Per thread, so the hot path takes no lock; `syscall_totals` adds them up.
 _TOTALS = threading.local()
 _ALL_TOTALS: list[tuple[list[int], array]] = []
 _TOTALS_LOCK = threading.Lock()
 _SYSCALLS = ("preadv", "pwritev", "fdatasync")
+_binning = False
+
+
+def bin_syscalls(on: bool) -> None:
+    """Bin each data syscall's time from now on (True: --enable-latency-tracing's span) or no longer."""
+    global _binning
+    _binning = bool(on)
 
 
 def _totals() -> list[int]:
@@ -101,17 +109,18 @@ def _totals() -> list[int]:
 
 def _count(slot: int, calls: int, ns: int) -> None:
     """Add ``calls`` and ``ns`` to this thread's totals at ``slot`` and ``slot + 1`` (0: preadv, 2: pwritev,
-    4: fdatasync), and the call to its bin (a short read or write's few calls: each at their mean)."""
+    4: fdatasync), and while binning the call to its bin (a short read or write's few calls: each at their mean)."""
     t = _totals()
     t[slot] += calls
     t[slot + 1] += ns
-    _TOTALS.bins[(slot >> 1) * LHIST_BINS + lhist_index(ns if calls == 1 else ns // calls)] += calls
+    if _binning:
+        _TOTALS.bins[(slot >> 1) * LHIST_BINS + lhist_index(ns if calls == 1 else ns // calls)] += calls
 
 
 def syscall_totals() -> dict[str, tuple[int, int, list[int]]]:
     """{"preadv" | "pwritev" | "fdatasync": (calls, ns, bins)} of every FileStore in this process so far, as
-    timed by the tool (:mod:`.timedio`), `bins` the calls per log-linear bin (host/bpftrace_hist.py
-    lhist_buckets reads them); differences of two snapshots give a span's (`syscall_span`)."""
+    timed by the tool (:mod:`.timedio`), `bins` the calls binned (`bin_syscalls`) per log-linear bin
+    (host/bpftrace_hist.py lhist_buckets reads them); differences of two snapshots give a span's (`syscall_span`)."""
     with _TOTALS_LOCK:
         rows = [(list(t), bins.tolist()) for t, bins in _ALL_TOTALS]
     s = [sum(r[i] for r, _ in rows) for i in range(6)]
