@@ -59,6 +59,21 @@ def test_marks_hold_every_chunk_however_many():
     assert m.bytes_by(10**18) == 5 and m.total == 5
 
 
+def test_a_moves_marks_give_each_sides_bytes_and_other_operations_none():
+    m = ChunkMarks()
+    m.begin()
+    m.add_move(60, 64)  # the first chunk: the read holds no header, the write does
+    t = time.perf_counter_ns()
+    while time.perf_counter_ns() == t:
+        pass
+    m.add_move(124, 128)
+    assert m.split_by(t) == (60, 64) and m.split_by(10**18) == (124, 128) and m.split_by(0) == (0, 0)
+    assert m.bytes_by(t) == 124 and m.total == 252
+    m.begin()  # a write next: its marks have no sides (the last move's are stale, not its)
+    m.add(64)
+    assert m.split_by(10**18) is None and m.bytes_by(10**18) == 64
+
+
 def _cache(tmp_path, metrics, stop):
     fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
     return fs, MultiTierCache([Tier("nvme", fs, math.inf)], EvictionConfig(), metrics, KIB, stop=stop)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not
 
         def split_by(self, t_ns: int) -> tuple[int, int] | None: ...
 
+
 _END_OF_TIME = 1 << 62  # a time after every chunk mark (ChunkMarks.split_by: a move's totals per side)
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
 GIB = float(1 << 30)
@@ -196,12 +197,11 @@ class RunMetrics:
         side's bytes (ChunkMarks.add_move): its own side's chunks are the measure."""
         done = marks_total = None
         if marks is not None and self.window_end_ns is not None:
-            if side:
-                split, whole = marks.split_by(self.window_end_ns), marks.split_by(_END_OF_TIME)
-                if split is not None and whole is not None:
-                    i = 0 if side == "read" else 1
-                    done, marks_total = split[i], whole[i]
-            else:
+            split = marks.split_by(self.window_end_ns) if side else None
+            if split is not None:
+                i = 0 if side == "read" else 1
+                done, marks_total = split[i], marks.split_by(_END_OF_TIME)[i]
+            else:  # (a move's sides not marked apart: the operation's bytes)
                 done = marks.bytes_by(self.window_end_ns)
                 marks_total = marks.total
         if marks is not None:

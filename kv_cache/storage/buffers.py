@@ -66,7 +66,7 @@ class ChunkMarks:
     thread (the worker owning the buffers) touches it.
     """
 
-    __slots__ = ("_t", "_b", "_r", "count", "seq", "t0")
+    __slots__ = ("_t", "_b", "_r", "count", "seq", "t0", "moved")
 
     def __init__(self) -> None:
         self._t = array("q", bytes(8 * MARKS))
@@ -75,10 +75,12 @@ class ChunkMarks:
         self.count = 0
         self.seq = 0  # operations begun: a demotion's read and write records share one (one operation)
         self.t0 = 0  # perf_counter_ns at the current operation's begin (one clock read per operation)
+        self.moved = False  # the current operation marked its chunks with add_move (split_by is its sides)
 
     def begin(self) -> None:
         self.count = 0
         self.seq += 1
+        self.moved = False
         self.t0 = perf_counter_ns()
 
     def add(self, cumulative_bytes: int) -> None:
@@ -98,6 +100,7 @@ class ChunkMarks:
         self._b[i] = read_bytes + write_bytes
         self._r[i] = read_bytes
         self.count = i + 1
+        self.moved = True
 
     def _grow(self) -> None:
         self._t.extend(self._t)
@@ -119,9 +122,9 @@ class ChunkMarks:
 
     def split_by(self, t_ns: int) -> tuple[int, int] | None:
         """A move's (read, write) bytes of the chunks completed at or before ``t_ns``, and (with ``t_ns`` past
-        the last mark) the move's totals; None without a mark. Meaningful for an operation marked by
-        ``add_move`` only."""
-        if not self.count:
+        the last mark) the move's totals; None without a mark, or for an operation not marked by ``add_move``
+        (a move that is not StoreBase.move_to: then the operation's combined bytes are the measure)."""
+        if not self.count or not self.moved:
             return None
         k = bisect_right(self._t, t_ns, 0, self.count)
         return (self._r[k - 1], self._b[k - 1] - self._r[k - 1]) if k else (0, 0)
