@@ -154,3 +154,99 @@ def test_a_syscall_the_tool_made_and_the_kernel_never_saw_is_said(tmp_path):
     assert bl["untraced_calls"] == {"preadv": 10}
     assert any("traced none of" in ln for ln in blocklatency.report_lines({"block_latency": bl}))
     assert blocklatency.block_latency(maps, None, 1, {"pwritev": (0, 0)})["untraced_calls"] == {}
+
+
+def _ll1_maps() -> dict:
+    text = """@vfs_read_us:
+[64, 128)             10 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+
+@vfs_read_avg_ns: 105000
+@vfs_read_ll1:
+[100, 110)             9 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+[150, 160)             1 |@@@@@                                               |
+"""
+    return {k.lstrip("@"): v for k, v in parse_output(text).items()}
+
+
+def test_the_tools_p50_and_p95_are_read_from_its_calls_in_the_kernels_log_linear_buckets():
+    """The product compared only the mean with the kernel's (benchmarks/device_timer.py compares P50 and P95
+    too): the tool's time of each call is binned as the trace bins the kernel's (whole us, log-linear), and its
+    P50 / P95 read by the same interpolation, beside the kernel's, with the errors."""
+    from kv_cache.host.bpftrace_hist import LHIST_BINS, lhist_index
+
+    bins = [0] * LHIST_BINS
+    bins[lhist_index(112_345)] += 9  # [110, 120) us
+    bins[lhist_index(171_000)] += 1  # [170, 180) us
+    tool = {"preadv": (10, 9 * 112_345 + 171_000, bins)}
+    f = blocklatency.block_latency(_ll1_maps(), None, 1, tool)["figures"]["preadv syscall"]
+    assert f["same_calls"] is True
+    assert abs(f["tool_p50_ms"] - (110 + 10 * 5 / 9) / 1000) < 1e-12  # the 5th of 10 in [110, 120)
+    assert abs(f["tool_p95_ms"] - 0.175) < 1e-12  # half of the 10th's bucket, [170, 180), as the kernel's 155 us
+    assert abs(f["p95_ms"] - 0.155) < 1e-12
+    assert abs(f["tool_p50_error_pct"] - 100 * ((110 + 50 / 9) / (100 + 50 / 9) - 1)) < 1e-9
+    assert abs(f["tool_p95_error_pct"] - 100 * (175 / 155 - 1)) < 1e-9
+    line = next(ln for ln in blocklatency.report_lines({"block_latency": {"available": True, "filter": "", "resolution": "",
+                                                                            "figures": {"preadv syscall": f}}})
+                if ln.lstrip().startswith("kernel:"))
+    assert f"p50 {f['tool_p50_ms']:.3f} ms ({f['tool_p50_error_pct']:+.1f} %)" in line
+    assert f"p95 0.175 ms ({f['tool_p95_error_pct']:+.1f} %)" in line and "tool's mean" in line
+
+
+def test_a_figure_without_the_tools_percentiles_still_reads_and_reports():
+    """Older documents (and a tool whose totals carry no bins) have the mean only: no tool_p50/p95 keys, and
+    the report's line is the mean's."""
+    f = blocklatency.block_latency(_ll1_maps(), None, 1, {"preadv": (10, 10 * 115_500)})["figures"]["preadv syscall"]
+    assert "tool_mean_error_pct" in f and not any(k.startswith(("tool_p50", "tool_p95")) for k in f)
+    old = {"block_latency": {"available": True, "filter": "", "resolution": "", "figures": {"preadv syscall": f}}}
+    assert any("tool's mean" in ln and "p95 0." not in ln.split("tool's mean")[1]
+               for ln in blocklatency.report_lines(old))
+
+
+def test_the_tools_bins_are_the_traces_lhist_buckets():
+    """host/blocktrace.py's lhists per decade, bucket for bucket: 1 us below 100 us, then 10, 100, 1000 and
+    10000 us wide; 10 s and beyond is the lhist's overflow, which log_linear() leaves out (so does the tool)."""
+    from kv_cache.host.bpftrace_hist import LHIST_BINS, lhist_buckets, lhist_index
+
+    def bucket(ns):
+        b = [0] * LHIST_BINS
+        b[lhist_index(ns)] = 1
+        return [(x["low"], x["high"]) for x in lhist_buckets(b)]
+
+    assert bucket(999) == [(0, 1)] and bucket(99_999) == [(99, 100)] and bucket(100_000) == [(100, 110)]
+    assert bucket(999_999) == [(990, 1000)] and bucket(1_000_000) == [(1000, 1100)]
+    assert bucket(99_999_999) == [(99000, 100000)] and bucket(100_000_000) == [(100000, 110000)]
+    assert bucket(9_999_999_999) == [(9990000, 10000000)] and bucket(10**10) == []
+    for line in blocktrace.SCRIPT.splitlines():  # the same decades as the trace's lhists
+        if "_ll0 = lhist" in line:
+            assert all(s in line for s in ("lhist($u, 0, 100, 1)", "lhist($u, 100, 1000, 10)",
+                                           "lhist($u, 1000, 10000, 100)", "lhist($u, 10000, 100000, 1000)",
+                                           "lhist($u, 100000, 10000000, 10000)"))
+
+
+def test_the_file_tiers_syscalls_are_counted_in_the_bins_each_in_the_bucket_of_its_time(tmp_path):
+    from kv_cache.host.bpftrace_hist import lhist_buckets, total
+    from kv_cache.storage.buffers import WorkerBuffers
+    from kv_cache.storage.files import FileStore, bin_syscalls, syscall_span, syscall_totals
+
+    bufs = WorkerBuffers(64 << 10, 5, 0)
+    fs = FileStore(str(tmp_path), 64 << 10, io_mode="buffered")
+    try:
+        fs.write("u", 64 << 10, bufs)  # untraced: counted, not binned (the run bins only while it traces)
+        before = syscall_totals()
+        fs.write("u", 64 << 10, bufs)
+        assert all(sum(v[2]) == 0 for v in syscall_span(before, syscall_totals()).values())
+        bin_syscalls(True)
+        before = syscall_totals()
+        fs.write("k", 5 * (64 << 10), bufs)
+        fs.read("k", bufs)
+        span = syscall_span(before, syscall_totals())
+    finally:
+        bin_syscalls(False)
+        fs.close()
+        bufs.close()
+    for call in ("pwritev", "preadv"):
+        calls, ns, bins = span[call]
+        buckets = lhist_buckets(bins)
+        assert calls >= 5 and total(buckets) == calls  # (none of 10 s or more)
+        # each call lies in its bucket: the buckets' bounds hold the calls' summed time (whole us)
+        assert sum(b["low"] * b["count"] for b in buckets) <= ns / 1000 < sum(b["high"] * b["count"] for b in buckets)

@@ -59,6 +59,21 @@ def test_marks_hold_every_chunk_however_many():
     assert m.bytes_by(10**18) == 5 and m.total == 5
 
 
+def test_a_moves_marks_give_each_sides_bytes_and_other_operations_none():
+    m = ChunkMarks()
+    m.begin()
+    m.add_move(60, 64)  # the first chunk: the read holds no header, the write does
+    t = time.perf_counter_ns()
+    while time.perf_counter_ns() == t:
+        pass
+    m.add_move(124, 128)
+    assert m.split_by(t) == (60, 64) and m.split_by(10**18) == (124, 128) and m.split_by(0) == (0, 0)
+    assert m.bytes_by(t) == 124 and m.total == 252
+    m.begin()  # a write next: its marks have no sides (the last move's are stale, not its)
+    m.add(64)
+    assert m.split_by(10**18) is None and m.bytes_by(10**18) == 64
+
+
 def _cache(tmp_path, metrics, stop):
     fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
     return fs, MultiTierCache([Tier("nvme", fs, math.inf)], EvictionConfig(), metrics, KIB, stop=stop)
@@ -169,3 +184,74 @@ def test_an_operation_begun_after_the_windows_end_and_aborted_is_no_edge_operati
     assert edge["edge_ops"] == 1 and edge["straddling_ops"] == 1 and edge["aborted_ops"] == 0
     assert metrics.late["storage_write_aborted_ops"] == 1  # still counted as aborted, outside the window
     assert metrics.tier_op("storage", "write").partial_bytes == 0
+
+
+def test_a_demotion_aborted_after_a_late_stop_adds_each_sides_chunks_inside_the_window(tmp_path, bufs):
+    """A RAM -> storage demotion aborted at a late stop: the RAM tier's read bytes and the storage tier's write
+    bytes each count only the chunks completed inside the window, per tier and direction. It was recorded as one
+    (storage, "demote") abort of read + write bytes: the RAM reads went into the edge's storage bytes (about
+    half of them) and the in-window storage writes into a pair no bandwidth reads (lost from the write figure
+    and from the block device's comparison)."""
+    from kv_cache.storage.memory import MemoryStore
+
+    metrics = RunMetrics()
+    metrics.open_window()
+    cpu = MemoryStore(64 * CHUNK, slab_bytes=CHUNK, name="cpu")
+    fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
+    cache = MultiTierCache([Tier("cpu", cpu, 20 * CHUNK), Tier("nvme", fs, math.inf)], EvictionConfig(), metrics,
+                           KIB)
+    try:
+        assert cache.allocate("a", 16, 16 * CHUNK, bufs)[0] == "cpu"  # inside the open window, no stop
+        cache.stop = stop = LateStop(metrics, close_at=3, stop_at=11)
+        with pytest.raises(IOAborted):  # "b" needs the room: "a" is demoted, and the late stop aborts it
+            cache.allocate("b", 16, 16 * CHUNK, bufs)
+        lead = fs.lead_bytes
+        # the move's checks 1-2 let 2 chunks through in the window, 10 moved before its 11th saw the stop (the
+        # 12th: the write of "b", begun after the window's end, aborted with nothing moved)
+        assert stop.calls == 12 and lead == 4 * KIB
+        assert metrics.late["cpu_read_aborted_device_bytes"] == 10 * CHUNK - lead
+        assert metrics.late["storage_write_aborted_device_bytes"] == 10 * CHUNK
+        assert metrics.tier_op("cpu", "read").partial_bytes == 2 * CHUNK - lead  # the first read chunk holds no header
+        assert metrics.tier_op("storage", "write").partial_bytes == 2 * CHUNK
+        assert metrics.tier_op("storage", "write").window_bytes == 2 * CHUNK  # what the write bandwidth divides
+        from kv_cache.results.measurement import block_device
+        assert block_device(metrics, "vdx", (0, 0), (0, 0))["tool_bytes_written"] == 10 * CHUNK  # all it wrote
+        edge = metrics.edge_record()
+        assert edge["aborted_ops"] == 1 and edge["edge_ops"] == 1  # one operation, its two sides
+        assert edge["counted_bytes"] == 2 * CHUNK and edge["excluded_bytes"] == 8 * CHUNK  # the storage side's
+        assert edge["other_tiers_counted_bytes"] == 2 * CHUNK - lead  # the RAM side's, apart
+        assert metrics.tier_op("storage", "demote").partial_bytes == 0
+        assert metrics.late["storage_demote_aborted_ops"] == 1 and metrics.late["cpu_write_aborted_ops"] == 1
+        assert "storage_demote_aborted_device_bytes" not in metrics.late  # the bytes are the two sides'
+    finally:
+        cpu.close()
+        fs.close()
+
+
+def test_a_demotion_straddling_the_end_measures_each_side_by_its_own_chunks(tmp_path, bufs):
+    """A RAM -> storage demotion that finishes after the window's end: the RAM read adds its share by the read
+    side's chunks (2 chunks of 16, the first without the file's header), the storage write by the write side's
+    (the header in its first chunk); both sides' bytes in one cumulative mark mixed the two."""
+    from kv_cache.storage.memory import MemoryStore
+
+    metrics = RunMetrics()
+    metrics.open_window()
+    cpu = MemoryStore(64 * CHUNK, slab_bytes=CHUNK, name="cpu")
+    fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
+    cache = MultiTierCache([Tier("cpu", cpu, 20 * CHUNK), Tier("nvme", fs, math.inf)], EvictionConfig(), metrics,
+                           KIB)
+    try:
+        cache.allocate("a", 16, 16 * CHUNK, bufs)
+        cache.stop = LateStop(metrics, close_at=3, stop_at=None)
+        cache.allocate("b", 16, 16 * CHUNK, bufs)  # "a" is demoted: the window ends after its 2nd chunk
+        lead = fs.lead_bytes
+        assert metrics.late["cpu_read_ops"] == 1 and metrics.late["storage_write_ops"] == 1
+        assert metrics.tier_op("cpu", "read").partial_bytes == 2 * CHUNK - lead  # 16 chunks' entry: 2 read
+        # the write side: 2 chunks (2 x 64 KiB, the header's 4 KiB in them) of its 16 x 64 KiB + 4 KiB
+        assert metrics.tier_op("storage", "write").partial_bytes == 16 * CHUNK * 2 * CHUNK // (16 * CHUNK + lead)
+        edge = metrics.edge_record()
+        assert edge["straddling_ops"] == 1 and edge["edge_ops"] == 1  # the demotion's two records: one operation
+        assert edge["other_tiers_counted_bytes"] == 2 * CHUNK - lead
+    finally:
+        cpu.close()
+        fs.close()

@@ -153,3 +153,39 @@ def quantile_value(buckets: list[dict], q: float) -> float | None:
             return b["low"] + (b["high"] - b["low"]) * (q * n - seen) / b["count"]
         seen += b["count"]
     return None
+
+
+# The log-linear layout of host/blocktrace.py's syscall lhists (per decade of whole us: 1 us steps below 100 us,
+# 10 below 1 ms, 100 below 10 ms, 1 ms below 100 ms, 10 ms below 10 s), as one array of bins so that the tool can
+# bin its own syscall times the same way (storage/files.py) and read its percentiles as the kernel's are read.
+LHIST_DECADES = ((0, 100, 1), (100, 1000, 10), (1000, 10000, 100), (10000, 100000, 1000), (100000, 10000000, 10000))
+LHIST_BINS = sum((hi - lo) // step for lo, hi, step in LHIST_DECADES) + 1  # 1360 bounded bins, then >= 10 s
+
+
+def lhist_index(ns: int) -> int:
+    """The bin of a duration of `ns` nanoseconds (its whole us, as the trace's `$d / 1000`)."""
+    u = ns // 1000
+    if u < 100:
+        return u if u > 0 else 0
+    if u < 1000:
+        return 90 + u // 10
+    if u < 10000:
+        return 180 + u // 100
+    if u < 100000:
+        return 270 + u // 1000
+    if u < 10000000:
+        return 360 + u // 10000
+    return LHIST_BINS - 1
+
+
+def lhist_buckets(counts: Any) -> list[dict]:
+    """Bins of `lhist_index` as the parsed kernel's buckets ({"low", "high", "count"} in us, empty ones left
+    out); the last bin (>= 10 s) is left out, as results/blocklatency.py log_linear() leaves the kernel's."""
+    out: list[dict] = []
+    i = 0
+    for lo, hi, step in LHIST_DECADES:
+        for low in range(lo, hi, step):
+            if i < len(counts) and counts[i]:
+                out.append({"low": low, "high": low + step, "count": int(counts[i])})
+            i += 1
+    return out

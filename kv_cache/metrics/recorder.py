@@ -38,6 +38,10 @@ if TYPE_CHECKING:  # only the type: the recorder sits below storage and must not
 
         def bytes_by(self, t_ns: int) -> int | None: ...
 
+        def split_by(self, t_ns: int) -> tuple[int, int] | None: ...
+
+
+_END_OF_TIME = 1 << 62  # a time after every chunk mark (ChunkMarks.split_by: a move's totals per side)
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9, "p9999": 99.99}
 GIB = float(1 << 30)
 
@@ -187,46 +191,61 @@ class RunMetrics:
         self.__init__(self.sample_cap, self._request_histograms)
 
     # -- recording ----------------------------------------------------------------------------
-    def _edge_bytes(self, nbytes: int, marks: ChunkProgress | None, tier: str = "storage") -> int:
+    def _edge_bytes(self, nbytes: int, marks: ChunkProgress | None, tier: str = "storage", side: str = "") -> int:
         """The part of `nbytes` that moved by the window's end, from the operation's chunk marks (bytes
         of the chunks completed by then, in proportion to what the marks cover); the whole of it (and
         counted as unmeasured) when the store marks no chunk. The bytes are the storage tier's in the
         edge record's main keys (the integrity check compares them with the storage tier's bytes), the RAM
-        and GPU tiers' under `other_tiers_*`; the operations count whatever the tier (workers' bound)."""
-        done = marks.bytes_by(self.window_end_ns) if marks is not None and self.window_end_ns is not None else None
+        and GPU tiers' under `other_tiers_*`; the operations count whatever the tier (workers' bound).
+        `side` ("read" / "write"): `nbytes` is that side of a move (a demotion), whose marks keep each
+        side's bytes (ChunkMarks.add_move): its own side's chunks are the measure."""
+        done = marks_total = None
+        if marks is not None and self.window_end_ns is not None:
+            split = marks.split_by(self.window_end_ns) if side else None
+            if split is not None:
+                i = 0 if side == "read" else 1
+                done, marks_total = split[i], marks.split_by(_END_OF_TIME)[i]
+            else:  # (a move's sides not marked apart: the operation's bytes)
+                done = marks.bytes_by(self.window_end_ns)
+                marks_total = marks.total
         if marks is not None:
             seen = (id(marks), marks.seq)
             if seen in self._edge_seen:  # the write half of a demotion already counted as an operation
                 self.edge["edge_ops"] -= 1
             self._edge_seen.add(seen)
         self.edge["edge_ops"] += 1
+        marked = marks_total or 0
         if tier != "storage":
-            inside = nbytes if done is None or marks.total <= 0 or done >= marks.total else int(nbytes * done / marks.total)
+            inside = nbytes if done is None or marked <= 0 or done >= marked else int(nbytes * done / marked)
             self.edge["other_tiers_counted_bytes"] += inside
             return inside
         if done is None:
             self.edge["unmeasured_ops"] += 1
             self.edge["unmeasured_bytes"] += nbytes
             return nbytes
-        marked = marks.total
         inside = nbytes if marked <= 0 or done >= marked else int(nbytes * done / marked)
         self.edge["counted_bytes"] += inside
         self.edge["excluded_bytes"] += nbytes - inside
         return inside
 
     def record_io(self, tier: str, op: str, res: IOResult, end_ns: int, cause: str,
-                  marks: ChunkProgress | None = None) -> bool:
+                  marks: ChunkProgress | None = None, side: str = "") -> bool:
         """Record one storage operation; returns False if it completed after the window. `marks`: the
         operation's chunk completion times (storage/buffers.py ChunkMarks), so that one which straddles the
-        window's end adds only the chunks completed inside it."""
+        window's end adds only the chunks completed inside it; `side`: `res` is that side ("read" /
+        "write") of a move, measured by its own side's chunks."""
         with self._lock:
             if not self._in_window(end_ns):
                 self.late[f"{tier}_{op}_bytes"] += res.nbytes
                 self.late[f"{tier}_{op}_device_bytes"] += res.device_bytes
                 self.late[f"{tier}_{op}_ops"] += 1
-                if self._in_window(end_ns - res.total_ns):
-                    self.edge["straddling_ops"] += 1
-                    self.io[(tier, op)].partial_bytes += self._edge_bytes(res.nbytes, marks, tier)
+                # a side of a move: its total_ns is that side's part only (a RAM read's memcpys), so the move's
+                # begin (the marks') says whether it began inside the window
+                begun = min(end_ns - res.total_ns, marks.t0) if side and marks is not None else end_ns - res.total_ns
+                if self._in_window(begun):
+                    if side != "write":  # (a move's write side: the operation its read side counted)
+                        self.edge["straddling_ops"] += 1
+                    self.io[(tier, op)].partial_bytes += self._edge_bytes(res.nbytes, marks, tier, side)
                 return False
             s = self.io[(tier, op)]
             s.total_ns.append(res.total_ns)
@@ -268,6 +287,30 @@ class RunMetrics:
                 return  # begun after the window's end: nothing of it moved inside; not an edge operation
             self.edge["aborted_ops"] += 1
             self.io[(tier, op)].partial_bytes += self._edge_bytes(device_bytes, marks, tier)
+
+    def record_aborted_move(self, src: str, dst: str, read_bytes: int, write_bytes: int,
+                            marks: ChunkProgress | None = None) -> None:
+        """A move (a demotion from tier `src` to `dst`) abandoned at stop: one aborted operation, whose two
+        sides count apart, as a finished demotion's do: the bytes read from `src` for `src`'s reads and those
+        written to `dst` for `dst`'s writes, each limited to its chunks completed by the window's end
+        (`marks`, ChunkMarks.add_move). Counted as one (`dst`, "demote") abort, one edge operation."""
+        with self._lock:
+            self.late[f"{src}_read_aborted_device_bytes"] += read_bytes
+            self.late[f"{dst}_write_aborted_device_bytes"] += write_bytes
+            self.late[f"{dst}_demote_aborted_ops"] += 1
+            if self.window_start_ns is None:
+                return
+            if self.window_end_ns is None:
+                self.io[(src, "read")].partial_bytes += read_bytes
+                self.io[(dst, "write")].partial_bytes += write_bytes
+                return
+            if marks is not None and marks.t0 > self.window_end_ns:
+                return  # begun after the window's end: nothing of it moved inside; not an edge operation
+            self.edge["aborted_ops"] += 1
+            self.io[(src, "read")].partial_bytes += self._edge_bytes(read_bytes, marks, src, "read")
+            self.io[(dst, "write")].partial_bytes += self._edge_bytes(write_bytes, marks, dst, "write")
+            if marks is None:  # (with marks, _edge_bytes counts the second side as the same operation)
+                self.edge["edge_ops"] -= 1
 
     def edge_record(self) -> dict[str, int]:
         """The window's edge as measured (see `edge`), JSON-ready."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kv_cache.host.bpftrace_hist import quantile_bucket, quantile_value, total
+from kv_cache.host.bpftrace_hist import lhist_buckets, quantile_bucket, quantile_value, total
 from kv_cache.results.figures import Figures
 
 # The syscall figures' names in the tool's own totals (storage/files.py syscall_totals)
@@ -29,9 +29,14 @@ def log_linear(maps: dict[str, Any], base: str) -> list[dict]:
     return out
 
 
+PERCENTILE_KEYS = (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99))
+
+
 def _syscall_figures(maps: dict[str, Any], name: str, tool: dict[str, Any] | None) -> dict[str, Any]:
-    """A syscall figure's exact mean and log-linear percentiles (the kernel's), and the tool's mean for
-    the same syscalls over the same span, with the difference."""
+    """A syscall figure's exact mean and log-linear percentiles (the kernel's), and the tool's mean, P50 and
+    P95 for the same syscalls over the same span, with the differences. The tool's percentiles are of its own
+    times of each call put in the same log-linear buckets and interpolated as the kernel's (a bucket is 1-10 %
+    wide from 10 us: a percentile read from it is not exact on either side, so like is compared with like)."""
     base = name[: -len("_us")]
     out: dict[str, Any] = {}
     avg = maps.get(f"{base}_avg_ns")
@@ -39,7 +44,7 @@ def _syscall_figures(maps: dict[str, Any], name: str, tool: dict[str, Any] | Non
         out["mean_ms"] = avg / 1e6
     ll = log_linear(maps, base)
     if total(ll):
-        for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
+        for key, q in PERCENTILE_KEYS:
             v = quantile_value(ll, q)
             out[key] = None if v is None else v / 1000
         out["percentiles"] = "log-linear lhist buckets (1-10 % wide from 10 us; 1 us wide below), interpolated inside the bucket"
@@ -52,6 +57,15 @@ def _syscall_figures(maps: dict[str, Any], name: str, tool: dict[str, Any] | Non
         out["same_calls"] = int(calls_ns[0]) == total(merged(maps.get(name), None))
         if out.get("mean_ms"):
             out["tool_mean_error_pct"] = 100 * (out["tool_mean_ms"] / out["mean_ms"] - 1)
+        bins = calls_ns[2] if len(calls_ns) > 2 else None  # (a tool's totals without bins: its mean only)
+        ours = lhist_buckets(bins) if bins else []
+        if total(ours):
+            for key, q in PERCENTILE_KEYS[:2]:
+                v = quantile_value(ours, q)
+                out[f"tool_{key}"] = None if v is None else v / 1000
+                if out[f"tool_{key}"] is not None and out.get(key):
+                    out[f"tool_{key[:-3]}_error_pct"] = 100 * (out[f"tool_{key}"] / out[key] - 1)
+            out["tool_percentiles"] = "the tool's time of each call in the same log-linear buckets, interpolated alike"
     return out
 
 
@@ -90,7 +104,9 @@ def block_latency(maps: dict[str, Any] | None, reason: str | None, pid: int | No
                   tool: dict[str, Any] | None = None) -> dict[str, Any]:
     """The results block: per figure the count and the p50/p95 buckets in ms, plus the raw histograms;
     the syscall figures also the kernel's exact mean (`mean_ms`), log-linear percentiles, and the tool's
-    mean for the same syscalls (`tool_mean_ms`, from `tool`: {"preadv": (calls, ns), ...} over the span)."""
+    mean, P50 and P95 for the same syscalls (`tool_mean_ms`, `tool_p50_ms`, `tool_p95_ms` and their
+    `tool_*_error_pct`, from `tool`: {"preadv": (calls, ns[, bins]), ...} over the span, storage/files.py
+    syscall_span)."""
     if maps is None:
         return {"enabled": True, "available": False, "reason": reason}
     figures = {}
@@ -142,6 +158,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             p = " ".join(f"{k[:-3]} {f[k]:.3f}" for k in ("p50_ms", "p95_ms") if f.get(k) is not None)
             tool = (f", tool's mean {f['tool_mean_ms']:.3f} ms ({f['tool_mean_error_pct']:+.1f} %)"
                     if "tool_mean_error_pct" in f else "")
+            tool += "".join(f", {k} {f[f'tool_{k}_ms']:.3f} ms ({f[f'tool_{k}_error_pct']:+.1f} %)"
+                            for k in ("p50", "p95") if f.get(f"tool_{k}_error_pct") is not None)  # (older: none)
             if f.get("same_calls") is False:
                 tool += f"; counts differ (kernel {f['count']}, tool {f['tool_count']}): not the same calls"
             lines.append(f"    kernel: mean {f['mean_ms']:.3f} ms, {p} ms (log-linear){tool}")

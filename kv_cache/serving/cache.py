@@ -427,7 +427,7 @@ class MultiTierCache:
                     pass
                 if isinstance(exc, OSError):
                     exc = describe(exc, dst.stat_name, "demote", dst.store, entry.key, entry.size)
-                self._note_failure(dst, "demote", exc, bufs)
+                self._note_failure(dst, "demote", exc, bufs, src=step.src)
                 if isinstance(exc, Exception) and not isinstance(exc, (OSError, IOAborted)) and self.on_fault:
                     self.on_fault(self._lost_entry_fault(exc, dst, entry))
                 if isinstance(exc, (IOAborted, StoreFull, OSError)):
@@ -440,8 +440,8 @@ class MultiTierCache:
                 dst.lru[entry.key] = entry
                 dst.lru.move_to_end(entry.key, last=False)  # it was the LRU entry above: oldest below
                 self._cond.notify_all()
-            self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key, bufs)
-            self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key, bufs)
+            self._record(step.src, "read", read_res, end, "demotion", entry.tokens, entry.key, bufs, "read")
+            self._record(dst, "write", write_res, end, "demotion", entry.tokens, entry.key, bufs, "write")
             self.metrics.count(names.EVICTIONS)
             if dst.kind is TierName.CPU:
                 self.metrics.count(names.OFFLOADS_CPU)
@@ -452,10 +452,11 @@ class MultiTierCache:
 
     # -- accounting ---------------------------------------------------------------------------
     def _record(self, tier: Tier, op: str, res: IOResult, end_ns: int, cause: str, tokens: int, key: str = "",
-                bufs: WorkerBuffers | None = None) -> bool:
+                bufs: WorkerBuffers | None = None, side: str = "") -> bool:
+        """`side`: `res` is that side ("read" / "write") of a demotion (its marks keep each side's bytes)."""
         if self.tracer is not None:
             self.tracer.log(op, res.nbytes, tier.name, key, cause)
-        ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause, getattr(bufs, "marks", None))
+        ok = self.metrics.record_io(tier.stat_name, op, res, end_ns, cause, getattr(bufs, "marks", None), side)
         if ok and tier.kind is TierName.STORAGE:
             self.metrics.count(names.STORAGE_TOKENS_PROCESSED, tokens)
         return ok
@@ -491,9 +492,17 @@ class MultiTierCache:
                     continue
                 raise describe(exc, tier.stat_name, op, tier.store, key, nbytes) from exc
 
-    def _note_failure(self, tier: Tier, op: str, exc: BaseException, bufs: WorkerBuffers | None = None) -> None:
+    def _note_failure(self, tier: Tier, op: str, exc: BaseException, bufs: WorkerBuffers | None = None,
+                      src: Tier | None = None) -> None:
+        """`src`: the tier a failed demotion (`op` "demote", `tier` its destination) moved out of."""
         if isinstance(exc, IOAborted):
-            self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes, getattr(bufs, "marks", None))
+            marks = getattr(bufs, "marks", None)
+            if src is not None:  # a demotion: the source's reads and the destination's writes, apart
+                read_bytes = exc.read_bytes or 0  # (None: aborted before the move began, waiting for room)
+                write_bytes = exc.write_bytes if exc.write_bytes is not None else exc.device_bytes
+                self.metrics.record_aborted_move(src.stat_name, tier.stat_name, read_bytes, write_bytes, marks)
+                return
+            self.metrics.record_aborted(tier.stat_name, op, exc.device_bytes, marks)
             return
         if not isinstance(exc, Exception):
             return

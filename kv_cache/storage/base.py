@@ -46,6 +46,10 @@ class IOAborted(Exception):
         super().__init__(message)
         self.device_bytes = device_bytes  # bytes that did reach the device before the abort
         self.device_ns = device_ns  # time spent in the data syscalls before the abort (device busy time)
+        # A move (StoreBase.move_to) sets both: the bytes read from the source tier and those written to the
+        # destination (device_bytes is their sum), which the recorder counts per tier and direction.
+        self.read_bytes: int | None = None
+        self.write_bytes: int | None = None
 
 
 class DataCorruption(Exception):
@@ -334,7 +338,7 @@ class StoreBase:
                 t = perf_counter_ns()
                 w_t += t - t2
                 if marks is not None:
-                    marks.add(r_bytes + w_bytes)
+                    marks.add_move(r_bytes, w_bytes)
                 off += n
                 c += 1
                 n = min(chunk, total - off)
@@ -348,6 +352,7 @@ class StoreBase:
             if isinstance(e, IOAborted):
                 e.device_bytes = r_bytes + w_bytes - unsent
                 e.device_ns = r_dev + w_dev
+                e.read_bytes, e.write_bytes = r_bytes, w_bytes - unsent
             self._end_read(h)
             raise
         t = perf_counter_ns()

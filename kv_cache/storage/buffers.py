@@ -60,31 +60,52 @@ class ChunkMarks:
     bounded by the largest operation's chunk count, 16 bytes a chunk, not by the run's length).
     ``bytes_by(t)`` is the bytes moved by chunks that completed by ``t``, however many chunks came after
     ``t`` (a ring of 256 marks counted the chunks of a stop more than 256 chunks late as inside the
-    window). Only one thread (the worker owning the buffers) touches it.
+    window). A demotion marks its chunks with ``add_move``, which keeps the read side's cumulative bytes too,
+    so that ``split_by(t)`` gives the source tier's read bytes and the destination tier's write bytes of the
+    chunks completed by ``t`` apart (the first chunk's read holds no file header, its write does). Only one
+    thread (the worker owning the buffers) touches it.
     """
 
-    __slots__ = ("_t", "_b", "count", "seq", "t0")
+    __slots__ = ("_t", "_b", "_r", "count", "seq", "t0", "moved")
 
     def __init__(self) -> None:
         self._t = array("q", bytes(8 * MARKS))
         self._b = array("q", bytes(8 * MARKS))
+        self._r = array("q", bytes(8 * MARKS))  # a move's read side (add_move); stale for other operations
         self.count = 0
         self.seq = 0  # operations begun: a demotion's read and write records share one (one operation)
         self.t0 = 0  # perf_counter_ns at the current operation's begin (one clock read per operation)
+        self.moved = False  # the current operation marked its chunks with add_move (split_by is its sides)
 
     def begin(self) -> None:
         self.count = 0
         self.seq += 1
+        self.moved = False
         self.t0 = perf_counter_ns()
 
     def add(self, cumulative_bytes: int) -> None:
         i = self.count
         if i == len(self._t):  # more chunks than ever before on this worker: double the room
-            self._t.extend(self._t)
-            self._b.extend(self._b)
+            self._grow()
         self._t[i] = perf_counter_ns()
         self._b[i] = cumulative_bytes
         self.count = i + 1
+
+    def add_move(self, read_bytes: int, write_bytes: int) -> None:
+        """A chunk of a move done: the cumulative bytes read from the source and written to the destination."""
+        i = self.count
+        if i == len(self._t):
+            self._grow()
+        self._t[i] = perf_counter_ns()
+        self._b[i] = read_bytes + write_bytes
+        self._r[i] = read_bytes
+        self.count = i + 1
+        self.moved = True
+
+    def _grow(self) -> None:
+        self._t.extend(self._t)
+        self._b.extend(self._b)
+        self._r.extend(self._r)
 
     @property
     def total(self) -> int:
@@ -98,6 +119,15 @@ class ChunkMarks:
             return None
         k = bisect_right(self._t, t_ns, 0, self.count)  # the marks' times never decrease
         return self._b[k - 1] if k else 0
+
+    def split_by(self, t_ns: int) -> tuple[int, int] | None:
+        """A move's (read, write) bytes of the chunks completed at or before ``t_ns``, and (with ``t_ns`` past
+        the last mark) the move's totals; None without a mark, or for an operation not marked by ``add_move``
+        (a move that is not StoreBase.move_to: then the operation's combined bytes are the measure)."""
+        if not self.count or not self.moved:
+            return None
+        k = bisect_right(self._t, t_ns, 0, self.count)
+        return (self._r[k - 1], self._b[k - 1] - self._r[k - 1]) if k else (0, 0)
 
 
 class WorkerBuffers:

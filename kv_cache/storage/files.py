@@ -32,10 +32,12 @@ import re
 import secrets
 import struct
 import threading
+from array import array
 from pathlib import Path
 
 from kv_cache.errors import StorageSetupError
 from kv_cache.host.blockdev import mount_info
+from kv_cache.host.bpftrace_hist import LHIST_BINS, lhist_index
 from kv_cache.host.rundir import RunDir
 from kv_cache.settings.sections import IO_MODES
 from kv_cache.storage import timedio as _tio
@@ -78,35 +80,61 @@ def file_name(key: str) -> str:
 
 # Each thread's own totals of the data syscalls and their device time, for --enable-latency-tracing's
 # comparison with the kernel's figures for the same syscalls: [preadv calls, ns, pwritev calls, ns,
-# fdatasync calls, ns]. Per thread, so the hot path takes no lock; `syscall_totals` adds them up.
+# fdatasync calls, ns], and while a trace runs (`bin_syscalls`) each call's time in the trace's log-linear
+# bins (host/bpftrace_hist.py lhist_index: LHIST_BINS a syscall, preadv's, pwritev's, fdatasync's), whose
+# percentiles are read as the kernel's are (binning costs ~0.2-0.4 us a call in Python, 4 Dec: untraced runs do
+# not pay it). Per thread, so the hot path takes no lock; `syscall_totals` adds them up.
 _TOTALS = threading.local()
-_ALL_TOTALS: list[list[int]] = []
+_ALL_TOTALS: list[tuple[list[int], array]] = []
 _TOTALS_LOCK = threading.Lock()
+_SYSCALLS = ("preadv", "pwritev", "fdatasync")
+_binning = False
+
+
+def bin_syscalls(on: bool) -> None:
+    """Bin each data syscall's time from now on (True: --enable-latency-tracing's span) or no longer."""
+    global _binning
+    _binning = bool(on)
 
 
 def _totals() -> list[int]:
     t = getattr(_TOTALS, "v", None)
     if t is None:
         t = _TOTALS.v = [0, 0, 0, 0, 0, 0]
+        bins = _TOTALS.bins = array("q", bytes(8 * LHIST_BINS * len(_SYSCALLS)))
         with _TOTALS_LOCK:
-            _ALL_TOTALS.append(t)
+            _ALL_TOTALS.append((t, bins))
     return t
 
 
 def _count(slot: int, calls: int, ns: int) -> None:
-    """Add ``calls`` and ``ns`` to this thread's totals at ``slot`` and ``slot + 1`` (0: preadv, 2: pwritev)."""
+    """Add ``calls`` and ``ns`` to this thread's totals at ``slot`` and ``slot + 1`` (0: preadv, 2: pwritev,
+    4: fdatasync), and while binning the call to its bin (a short read or write's few calls: each at their mean)."""
     t = _totals()
     t[slot] += calls
     t[slot + 1] += ns
+    if _binning:
+        _TOTALS.bins[(slot >> 1) * LHIST_BINS + lhist_index(ns if calls == 1 else ns // calls)] += calls
 
 
-def syscall_totals() -> dict[str, tuple[int, int]]:
-    """{"preadv" | "pwritev" | "fdatasync": (calls, ns)} of every FileStore in this process so far, as
-    timed by the tool (:mod:`.timedio`); differences of two snapshots give a span's."""
+def syscall_totals() -> dict[str, tuple[int, int, list[int]]]:
+    """{"preadv" | "pwritev" | "fdatasync": (calls, ns, bins)} of every FileStore in this process so far, as
+    timed by the tool (:mod:`.timedio`), `bins` the calls binned (`bin_syscalls`) per log-linear bin
+    (host/bpftrace_hist.py lhist_buckets reads them); differences of two snapshots give a span's (`syscall_span`)."""
     with _TOTALS_LOCK:
-        rows = [list(t) for t in _ALL_TOTALS]
-    s = [sum(r[i] for r in rows) for i in range(6)]
-    return {"preadv": (s[0], s[1]), "pwritev": (s[2], s[3]), "fdatasync": (s[4], s[5])}
+        rows = [(list(t), bins.tolist()) for t, bins in _ALL_TOTALS]
+    s = [sum(r[i] for r, _ in rows) for i in range(6)]
+    out = {}
+    for k, name in enumerate(_SYSCALLS):
+        at = k * LHIST_BINS
+        out[name] = (s[2 * k], s[2 * k + 1], [sum(b[at + i] for _, b in rows) for i in range(LHIST_BINS)])
+    return out
+
+
+def syscall_span(before: dict[str, tuple], after: dict[str, tuple]) -> dict[str, tuple[int, int, list[int]]]:
+    """What `syscall_totals` gained between two snapshots: (calls, ns, bins) per syscall."""
+    return {k: (a[0] - before[k][0], a[1] - before[k][1], [x - y for x, y in zip(a[2], before[k][2], strict=True)])
+            for k, a in after.items()}
 
 
 def _advance(iov: list[memoryview], n: int) -> list[memoryview]:
@@ -352,9 +380,7 @@ class FileStore(SizedStore):
         if self.fsync:
             sync_ns = _tio.fdatasync(fd)
             ns += sync_ns
-            t = _totals()
-            t[4] += 1
-            t[5] += sync_ns
+            _count(4, 1, sync_ns)
         if not self._direct and _HAVE_FADVISE:
             ns += _tio.fadvise_dontneed(fd)
         h.fd = -1

@@ -67,7 +67,7 @@ from kv_cache.serving.build import open_cache
 from kv_cache.serving.tiers import TierSet, largest_entry
 from kv_cache.settings.ranks import setting_value
 from kv_cache.settings.run import RunSettings
-from kv_cache.storage.files import syscall_totals
+from kv_cache.storage.files import bin_syscalls, syscall_span, syscall_totals
 from kv_cache.workload.factory import UserFactory, build_trace_workload, open_trace_sources
 from kv_cache.workload.rag import RagCorpus
 from kv_cache.workload.traces import TraceSource
@@ -335,6 +335,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
     net_before = net.snapshot() if net else None  # after the phases: their bytes are not the tier's counted ones
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)  # so is their (and the set-up's) client CPU
     tracer, why = start_tracing(settings, blockdev, out)
+    bin_syscalls(tracer is not None)  # each syscall's time binned as the trace bins the kernel's (P50/P95)
     tool0 = syscall_totals()  # the tool's own per-syscall times over the traced span
     out.write(f"Starting benchmark... Mode: {run_mode(settings)}\n{'-' * 80}\n")
     out.flush()
@@ -366,6 +367,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
             partial.close()  # (waits for a document being written: none lands after the final one)
         traced = tracer.stop() if tracer is not None else None
         tool1 = syscall_totals()
+        bin_syscalls(False)
     after = blockdev.snapshot() if blockdev else None
     process_bytes = proc_io.delta()
     if process_bytes is not None and run_io0 is not None and (run_io1 := process_io()) is not None:
@@ -394,9 +396,7 @@ def _measure(settings: RunSettings, run: _Run, sources: list[TraceSource] | None
                                     net.snapshot() if net else None, cpu_before)}
         results["integrity"] = audit_facts(facts_from_ours(results))  # its page-cache check reads remote_tier
     if settings.outputs.latency_tracing:
-        results["block_latency"] = block_latency(traced, why, os.getpid(),
-                                                 {k: (tool1[k][0] - tool0[k][0], tool1[k][1] - tool0[k][1])
-                                                  for k in tool1})
+        results["block_latency"] = block_latency(traced, why, os.getpid(), syscall_span(tool0, tool1))
     return results
 
 
