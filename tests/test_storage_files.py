@@ -465,21 +465,27 @@ def test_the_timer_says_what_it_is_and_both_time_the_same_syscalls(tmp_path):
             t.preadv(fd, buf, 0)  # closed
 
 
-def test_a_c_helper_built_from_an_older_source_is_not_used_and_the_run_says_rebuild():
-    """A _timedio built before unlink/fadvise_dontneed (a checkout updated without a rebuild) made the
-    package fail at import; now the tier falls back to Python and the timer's description says why."""
+def _timer_with_fake_helper(calls: tuple[str, ...], extra: str = "") -> list[str]:
+    """(TIMER, TIMER_DESCRIPTION) of storage.timedio imported in a fresh interpreter whose C helper is a fake
+    module with `calls` (and `extra`, a line of code setting more of it)."""
     import subprocess
     import sys
 
     code = ("import sys, types\n"
             "fake = types.ModuleType('kv_cache.storage._timedio')\n"
-            "for n in ('pwritev', 'preadv', 'fdatasync', 'open', 'close'): setattr(fake, n, print)\n"
+            f"for n in {calls!r}: setattr(fake, n, print)\n" + extra +
             "sys.modules['kv_cache.storage._timedio'] = fake\n"
             "from kv_cache.storage import timedio as t\n"
             "print(t.TIMER); print(t.TIMER_DESCRIPTION)\n")
     env = {k: v for k, v in os.environ.items() if k != "KV_CACHE_PURE_TIMER"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=env).stdout.splitlines()
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=env).stdout.splitlines()
+
+
+def test_a_c_helper_built_from_an_older_source_is_not_used_and_the_run_says_rebuild():
+    """A _timedio built before unlink/fadvise_dontneed (a checkout updated without a rebuild) made the
+    package fail at import; now the tier falls back to Python and the timer's description says why."""
+    out = _timer_with_fake_helper(('pwritev', 'preadv', 'fdatasync', 'open', 'close'))
     assert out[0] == "python" and "out of date (it has no unlink): rebuild it" in out[1]
 
 
@@ -492,17 +498,10 @@ def test_a_c_helper_built_from_another_source_with_the_same_calls_is_not_used():
     import subprocess
     import sys
 
-    code = ("import sys, types\n"
-            "fake = types.ModuleType('kv_cache.storage._timedio')\n"
-            "for n in ('pwritev', 'preadv', 'fdatasync', 'open', 'close', 'unlink'): setattr(fake, n, print)\n"
-            "fake.SOURCE_SHA256 = '0' * 64\n"
-            "sys.modules['kv_cache.storage._timedio'] = fake\n"
-            "from kv_cache.storage import timedio as t\n"
-            "print(t.TIMER); print(t.TIMER_DESCRIPTION)\n")
-    env = {k: v for k, v in os.environ.items() if k != "KV_CACHE_PURE_TIMER"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=env).stdout.splitlines()
+    out = _timer_with_fake_helper(('pwritev', 'preadv', 'fdatasync', 'open', 'close', 'unlink'),
+                                  "fake.SOURCE_SHA256 = '0' * 64\n")
     assert out[0] == "python" and "built from another _timedio.c" in out[1] and "rebuild" in out[1]
+    env = {k: v for k, v in os.environ.items() if k != "KV_CACHE_PURE_TIMER"}
     built = subprocess.run([sys.executable, "-c", "from kv_cache.storage import timedio as t; print(t.TIMER)"],
                            capture_output=True, text=True, check=True, env=env).stdout.strip()
     try:

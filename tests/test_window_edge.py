@@ -186,20 +186,25 @@ def test_an_operation_begun_after_the_windows_end_and_aborted_is_no_edge_operati
     assert metrics.tier_op("storage", "write").partial_bytes == 0
 
 
-def test_a_demotion_aborted_after_a_late_stop_adds_each_sides_chunks_inside_the_window(tmp_path, bufs):
-    """A RAM -> storage demotion aborted at a late stop: the RAM tier's read bytes and the storage tier's write
-    bytes each count only the chunks completed inside the window, per tier and direction. It was recorded as one
-    (storage, "demote") abort of read + write bytes: the RAM reads went into the edge's storage bytes (about
-    half of them) and the in-window storage writes into a pair no bandwidth reads (lost from the write figure
-    and from the block device's comparison)."""
+def _ram_over_file(tmp_path):
+    """A window opened on a RAM tier of 20 chunks over a buffered file tier: (metrics, cpu, fs, cache)."""
     from kv_cache.storage.memory import MemoryStore
 
     metrics = RunMetrics()
     metrics.open_window()
     cpu = MemoryStore(64 * CHUNK, slab_bytes=CHUNK, name="cpu")
     fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
-    cache = MultiTierCache([Tier("cpu", cpu, 20 * CHUNK), Tier("nvme", fs, math.inf)], EvictionConfig(), metrics,
-                           KIB)
+    return metrics, cpu, fs, MultiTierCache([Tier("cpu", cpu, 20 * CHUNK), Tier("nvme", fs, math.inf)],
+                                            EvictionConfig(), metrics, KIB)
+
+
+def test_a_demotion_aborted_after_a_late_stop_adds_each_sides_chunks_inside_the_window(tmp_path, bufs):
+    """A RAM -> storage demotion aborted at a late stop: the RAM tier's read bytes and the storage tier's write
+    bytes each count only the chunks completed inside the window, per tier and direction. It was recorded as one
+    (storage, "demote") abort of read + write bytes: the RAM reads went into the edge's storage bytes (about
+    half of them) and the in-window storage writes into a pair no bandwidth reads (lost from the write figure
+    and from the block device's comparison)."""
+    metrics, cpu, fs, cache = _ram_over_file(tmp_path)
     try:
         assert cache.allocate("a", 16, 16 * CHUNK, bufs)[0] == "cpu"  # inside the open window, no stop
         cache.stop = stop = LateStop(metrics, close_at=3, stop_at=11)
@@ -232,14 +237,7 @@ def test_a_demotion_straddling_the_end_measures_each_side_by_its_own_chunks(tmp_
     """A RAM -> storage demotion that finishes after the window's end: the RAM read adds its share by the read
     side's chunks (2 chunks of 16, the first without the file's header), the storage write by the write side's
     (the header in its first chunk); both sides' bytes in one cumulative mark mixed the two."""
-    from kv_cache.storage.memory import MemoryStore
-
-    metrics = RunMetrics()
-    metrics.open_window()
-    cpu = MemoryStore(64 * CHUNK, slab_bytes=CHUNK, name="cpu")
-    fs = FileStore(str(tmp_path), CHUNK, io_mode="buffered")
-    cache = MultiTierCache([Tier("cpu", cpu, 20 * CHUNK), Tier("nvme", fs, math.inf)], EvictionConfig(), metrics,
-                           KIB)
+    metrics, cpu, fs, cache = _ram_over_file(tmp_path)
     try:
         cache.allocate("a", 16, 16 * CHUNK, bufs)
         cache.stop = LateStop(metrics, close_at=3, stop_at=None)
