@@ -1311,3 +1311,140 @@ def test_a_slot_rings_fill_is_drawn_once_and_copied_to_its_other_slots(monkeypat
     assert draws[0] == 3 and bytes(other.write_mv) != bytes(fresh.write_mv)
     for b in (*ring.slots, fresh, other):
         b.close()
+
+
+def _held_write(store, method: str, key: str, nbytes: int):
+    """A write of `key` in a thread of its own, held after its first piece (`method`, the store's call that
+    sends a piece) until the returned `go` is set: (thread, started, go, outcome)."""
+    import threading
+
+    started, go, outcome = threading.Event(), threading.Event(), []
+    send = getattr(store, method)
+
+    def held(*a, **k):
+        done = send(*a, **k)
+        if not started.is_set():
+            started.set()
+            go.wait(10)
+        return done
+
+    setattr(store, method, held)
+
+    def write():
+        bufs = _bufs()
+        try:
+            store.write(key, nbytes, bufs)
+            outcome.append("written")
+        except Exception as e:  # noqa: BLE001  (what the write ended with is the test's to judge)
+            outcome.append(e)
+        finally:
+            bufs.close()
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert started.wait(10)
+    return t, started, go, outcome
+
+
+def _close_while(store, go) -> None:
+    """close() on a thread of its own; `go` set once the store says it is closed (the write held in
+    flight then goes on, sees the store closing and aborts)."""
+    import threading
+
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    deadline = time.monotonic() + 10
+    while not store._closed and time.monotonic() < deadline:
+        time.sleep(0.005)
+    go.set()
+    closer.join(20)
+
+
+def test_redis_a_write_in_flight_at_close_leaves_no_key_behind(redis_server):
+    """A write still under way when close() began (a Ctrl-C abandons the requests in flight) wrote keys
+    after close had taken the books: they stayed on the server for good, marker gone (3 of 3 runs stopped
+    at 20 s left 15-27 keys, and a sweep's next runs met a full maxmemory)."""
+    import redis
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.kvstore import RedisStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    store = RedisStore(redis_server.url, MIB, pipeline=1, workers=2)
+    t, _, go, outcome = _held_write(store, "_set_round_from", "k", 6 * MIB)
+    assert r.dbsize() == 2  # the marker and the first chunk key
+    _close_while(store, go)
+    t.join(10)
+    assert isinstance(outcome[0], IOAborted) and "closing" in str(outcome[0])
+    assert r.keys("*") == [] and store.leftovers is None
+
+
+def test_redis_an_abort_its_server_refused_is_removed_at_close(redis_server, monkeypatch):
+    """An aborted write whose own delete is refused (a stop signal refuses a request at once) hands its
+    keys to close(), which removes them in its own clean-up time; they were left before."""
+    import redis
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.kvstore import RedisStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    store = RedisStore(redis_server.url, MIB, pipeline=1, workers=1)
+    send, call, rounds = store._set_round_from, store._call, []
+
+    def second_round_aborts(*a):
+        rounds.append(1)
+        if len(rounds) == 2:
+            raise IOAborted("abandoned at the stop signal")
+        return send(*a)
+
+    def refused_delete(what, fn):
+        if what.startswith("redis delete of 'k'"):
+            raise IOAborted(f"{what}: abandoned at the stop signal")
+        return call(what, fn)
+
+    store._set_round_from, store._call = second_round_aborts, refused_delete
+    bufs = _bufs()
+    with pytest.raises(IOAborted):
+        store.write("k", 4 * MIB, bufs)
+    assert r.dbsize() == 2  # the marker and the chunk the first round set
+    store.close()
+    assert r.keys("*") == [] and store.leftovers is None
+    bufs.close()
+
+
+def test_redis_a_write_still_running_after_the_settle_keeps_the_marker(redis_server):
+    """A write that has not ended when close() stops waiting (a frozen socket) may set keys after the
+    removal: the marker stays, so the next run's sweep removes them, and the leftovers say so."""
+    import redis
+
+    from kv_cache.storage.kvstore import RedisStore
+    from kv_cache.storage.remote import RemoteStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    store = RedisStore(redis_server.url, MIB, pipeline=1, workers=2)
+    store.settle_writes = lambda: RemoteStore.settle_writes(store, 0.05)
+    t, _, go, _ = _held_write(store, "_set_round_from", "k", 6 * MIB)
+    store.close()  # the write is held past the settle
+    assert [k.decode() for k in r.keys("*")] == [f"{store.run_name}:.kv-cache-run"]
+    assert "1 write(s) still in flight" in store.leftovers and "the next run on this server removes" in store.leftovers
+    go.set()
+    t.join(10)
+    r.flushall()
+
+
+def test_s3_a_write_in_flight_at_close_leaves_no_object_behind(moto):
+    """As Redis's: a single-part entry PUT at commit after close() had taken the books stayed in the
+    bucket; now the write aborts (the store is closing) and close() deletes its object."""
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "inflight")
+    store = S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, concurrency=1, workers=2, chunk_bytes=MIB)
+    t, _, go, outcome = _held_write(store, "_send", "k", 12 * MIB)  # a multipart upload, held after part 1
+    _close_while(store, go)
+    t.join(10)
+    assert isinstance(outcome[0], (IOAborted, RuntimeError))
+    assert _objects(moto.url, bucket) == [] and store.leftovers is None

@@ -51,6 +51,7 @@ from kv_cache.storage.remote import (
     FAILOVER_S,
     GRACE_S,
     MARKER,
+    SETTLE_S,
     RemoteStore,
     Watchdog,
     hand_on,
@@ -358,10 +359,13 @@ class RedisStore(RemoteStore):
             ns = perf_counter_ns() - t
         with self._lock:
             self._chunks[key] = n  # (the extra chunks of a longer entry it replaces are gone)
-        return [key, nbytes, n], ns
+        h = [key, nbytes, n]
+        self._writing_begins(h, (key, n))
+        return h, ns
 
     def _put(self, h: Any, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
         """One chunk moved in from the tier above (a whole chunk of the grid: key offset // chunk)."""
+        self._open_or_abort(h[0], offset)
         k = f"{self._base(h[0])}:{offset // self.chunk_bytes}"
         self._wire_ns()
         self._call(f"redis write of {k}", lambda: self._exchange(
@@ -373,17 +377,21 @@ class RedisStore(RemoteStore):
             if self._closed or h[0] not in self._chunks:
                 raise RuntimeError(f"{self.name}: entry {h[0]!r} was removed or the store closed during its write")
             self._sizes[h[0]] = h[1]
+        self._writing_ends(h)
         return 0
 
     def _abort(self, h: Any) -> None:
         with self._lock:
             n = self._chunks.pop(h[0], 0)
             self._sizes.pop(h[0], None)
+        if self._writing_ends(h, dropped=True):  # close() has begun: it removes the keys (settle_writes)
+            return
+        n = max(n, h[2])  # the books may have been taken meanwhile: the keys this write made
         if n:
             try:
                 self._call(f"redis delete of {h[0]!r}", lambda: self._r.unlink(*self._chunk_keys(h[0], n)))
-            except Exception:  # the server is gone: the next run's sweep removes them
-                pass
+            except Exception:  # refused at a stop signal, or the server is gone: close() tries again
+                self._remove_later((h[0], n))
 
     def _set_round(self, wire: Wire, pieces: list[Any], count: int) -> None:
         wire.send(pieces)
@@ -440,6 +448,7 @@ class RedisStore(RemoteStore):
             for g in range(0, len(keys), self.pipeline):
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"write of {key!r} aborted after {off} bytes", off)
+                self._open_or_abort(key, off)
                 group = keys[g:g + self.pipeline]
                 # a retry after a lost connection stamps and sends the round trip again from `off`
                 self._call(f"redis write of {key!r}", lambda: self._exchange(
@@ -529,6 +538,10 @@ class RedisStore(RemoteStore):
         chunks = self._take_books(self._chunks)
         if chunks is None:
             return
+        # the writes in flight abort at their next round trip: their keys are removed with the books'
+        pending, running = self.settle_writes()
+        for key, n in pending:
+            chunks[key] = max(n, chunks.get(key, 0))
         keys = [k for key, n in chunks.items() for k in self._chunk_keys(key, n)]
         left, why = len(keys), ""
         try:
@@ -537,10 +550,14 @@ class RedisStore(RemoteStore):
             for i in range(0, len(keys), 1000):
                 self._call("redis delete of the run's keys", lambda b=keys[i:i + 1000]: self._r.unlink(*b))
                 left -= len(keys[i:i + 1000])
+            if running:  # they may still set keys after the removal: the marker stays for the next run's sweep
+                raise OSError(errno.EBUSY, f"{running} write(s) still in flight after {SETTLE_S:.1f} s")
             self._call("redis delete of the marker", lambda: self._r.unlink(f"{self.run_name}:{MARKER}"))
         except Exception as exc:  # the server is gone: the next run's sweep removes what is left
             why = str(exc) if not isinstance(exc, OSError) or not exc.strerror else exc.strerror
-            self.leftovers = (f"{self.name}: left {left} key(s) of this run and its marker on {self._where()} ({why}): "
+            what = ("any key those writes set and its marker" if running and not left
+                    else f"{left} key(s) of this run and its marker")
+            self.leftovers = (f"{self.name}: left {what} on {self._where()} ({why}): "
                               f"the next run on this server removes them, or now: {self.removal_command()}")
             log.warning("%s", self.leftovers)
         if getattr(self, "_watchdog", None) is not None:

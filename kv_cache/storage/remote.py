@@ -52,6 +52,7 @@ FAILOVER_FIRST_S, FAILOVER_MAX_S = 0.05, 2.0  # the first retry's backoff, doubl
 CLOSE_AFTER_SIGNAL_S = 1.0  # after a stop signal, the store's clean-up waits this long on its server
 SILENT_S = 0.5  # at a stop signal, an operation waiting this long with no answer from the server since: frozen
 POLL_S = 0.2  # how often a wait on the server looks at the run's stop, its deadline and a stop signal
+SETTLE_S = CLOSE_AFTER_SIGNAL_S + POLL_S  # at close: how long the writes in flight are waited for (settle_writes)
 
 
 def new_run_name() -> str:
@@ -591,6 +592,13 @@ class RemoteStore(SizedStore):
         self.swept: list[str] = []  # what the sweep did with earlier runs' namespaces (notes for the results)
         self.notes: list[str] = []  # what else the results should say of the server
         self.leftovers: str | None = None  # what close() could not remove, and how to
+        # the writes in flight (id of the handle -> what each may have put on the server), and what the
+        # writes that ended after close() began left there: close() removes both (settle_writes). Until 4 Dec
+        # a write still in flight at a Ctrl-C aborted after close() had taken the books, its keys were on
+        # nobody's list and the marker was gone: they stayed on the server for good (a sweep of 15 s windows
+        # filled the server's maxmemory after 3 runs, and the next run stopped at ENOSPC after 4 s)
+        self._writing: dict[int, Any] = {}
+        self._dropped: list[Any] = []
 
     def watch(self, stop) -> None:
         """The run's stop event: an operation still waiting on the server `grace_s` after it is abandoned."""
@@ -598,6 +606,50 @@ class RemoteStore(SizedStore):
 
     def footprint(self, nbytes: int) -> int:
         return padded(nbytes)
+
+    def _writing_begins(self, h: Any, what: Any) -> None:
+        """Count the write of handle `h` in flight, with `what` it may put on the server (close() removes
+        it where the write has not ended by then)."""
+        with self._lock:
+            self._writing[id(h)] = what
+
+    def _writing_ends(self, h: Any, dropped: bool = False) -> bool:
+        """The write of `h` ended (committed, or `dropped`: aborted). True where a dropped write ended after
+        close() began: what it left is then close()'s to remove (settle_writes), not the caller's, whose
+        request to the server a stop signal would refuse at once."""
+        with self._lock:
+            what = self._writing.pop(id(h), None)
+            if dropped and self._closed and what is not None:
+                self._dropped.append(what)
+                return True
+            return False
+
+    def _remove_later(self, what: Any) -> None:
+        """What an aborted write could not remove itself (a stop signal refuses its request to the server at
+        once): close() removes it with the books, in its own clean-up time."""
+        with self._lock:
+            self._dropped.append(what)
+
+    def _open_or_abort(self, key: str, off: int) -> None:
+        """Between a write's pieces: IOAborted once close() has begun (it waits for the writes in flight,
+        settle_writes, and removes what they left)."""
+        if self._closed:
+            raise IOAborted(f"write of {key!r} aborted after {off} bytes: the store is closing", off)
+
+    def settle_writes(self, wait_s: float = SETTLE_S) -> tuple[list[Any], int]:
+        """At close, after _take_books: wait up to `wait_s` for the writes in flight to end (each aborts at
+        its next piece, _open_or_abort); returns what they left on the server (the dropped ones' and the
+        still running ones') and how many still run (their entries may still appear after the removal:
+        close() then keeps the marker, and the next run on this server removes them)."""
+        end = time.monotonic() + max(0.0, wait_s)
+        while True:
+            with self._lock:
+                running = len(self._writing)
+                if not running or time.monotonic() >= end:
+                    left = [*self._dropped, *self._writing.values()]
+                    self._dropped.clear()
+                    return left, running
+            time.sleep(0.01)
 
     def _take_books(self, books: dict[str, Any]) -> dict[str, Any] | None:
         """At close: the store marked closed, `books` (what the run created on the server) handed back and

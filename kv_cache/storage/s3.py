@@ -52,6 +52,7 @@ from kv_cache.storage.remote import (
     FAILOVER_S,
     GRACE_S,
     MARKER,
+    SETTLE_S,
     DaemonPool,
     RemoteStore,
     SharedSlots,
@@ -375,6 +376,7 @@ class S3Store(RemoteStore):
             self._sizes.pop(key, None)
             self._paths[key] = path
         h = _Pending(key, path, nbytes)
+        self._writing_begins(h, path)
         if padded(nbytes) <= self.part_bytes:
             return h, 0
         t = perf_counter_ns()
@@ -395,6 +397,7 @@ class S3Store(RemoteStore):
 
     def _put(self, h: _Pending, offset: int, view: memoryview, first: bool) -> tuple[int, int]:
         """A chunk moved in from the tier above: copied into this thread's part slot, sent when full."""
+        self._open_or_abort(h.key, offset)
         ring, ns, n, done = self._ring(), 0, len(view), 0
         while done < n:
             if h.slot is None:
@@ -424,6 +427,7 @@ class S3Store(RemoteStore):
         h.single = None
         ns += perf_counter_ns() - t
         self._record(self._paths, h.key, h.path, h.nbytes)
+        self._writing_ends(h)
         return ns
 
     def _abort(self, h: _Pending) -> int:
@@ -434,10 +438,12 @@ class S3Store(RemoteStore):
         if upload is not None:
             unsent += upload.abort()
         self._unbook(self._paths, h.key, h.path)
+        if self._writing_ends(h, dropped=True):  # close() has begun: it deletes the object (settle_writes)
+            return unsent
         try:  # within the run's deadline: a frozen server cannot hold the abort either
             self._call(f"s3 delete of {h.path}", lambda: self.obstore.delete(self._s3, h.path))
-        except (Exception, IOAborted):
-            pass
+        except (Exception, IOAborted):  # refused at a stop signal, or the server is gone: close() tries again
+            self._remove_later(h.path)
         return unsent
 
     def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
@@ -453,6 +459,7 @@ class S3Store(RemoteStore):
             while off < total:
                 if stop is not None and stop.is_set():
                     raise IOAborted(f"write of {key!r} aborted after {off} bytes", off)
+                self._open_or_abort(key, off)
                 n = min(ring.slot_bytes, total - off)
                 slot = ring.next()
                 slot.stamp(kid, off // BLOCK, n // BLOCK)
@@ -504,7 +511,9 @@ class S3Store(RemoteStore):
         taken = self._take_books(self._paths)
         if taken is None:
             return
-        paths = list(taken.values())
+        # the writes in flight abort at their next part: their objects are deleted with the books'
+        pending, running = self.settle_writes()
+        paths = list(dict.fromkeys([*taken.values(), *pending]))
         left, uploads, why = len(paths), 0, ""
         try:  # a throttled delete is retried after backoffs (it used to leave the run's objects, marker too)
             if self.deadline.dead:
@@ -513,14 +522,17 @@ class S3Store(RemoteStore):
                 batch = paths[i:i + 1000]
                 self._call("s3 delete of the run's objects", lambda b=batch: self.obstore.delete(self._s3, b))
                 left -= len(batch)
-            self._call("s3 delete of the marker", lambda: self.obstore.delete(self._s3, self.run_prefix + MARKER))
             # the multipart uploads this run started and did not finish (a write abandoned on a fault, a part
             # thread left on a frozen server): aborted, or S3 keeps (and bills) their parts
             uploads = self._call("s3 abort of the run's multipart uploads",
                                  lambda: abort_uploads(self.bucket, self.endpoint, self.run_prefix)) or 0
+            if running:  # they may still put objects after the deletion: the marker stays for the next run's sweep
+                raise OSError(errno.EBUSY, f"{running} write(s) still in flight after {SETTLE_S:.1f} s")
+            self._call("s3 delete of the marker", lambda: self.obstore.delete(self._s3, self.run_prefix + MARKER))
         except Exception as exc:  # the server is gone: the next run's sweep removes what is left
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self.leftovers = (f"{self.name}: left {left} object(s) of this run, its marker and any multipart upload "
+            what = "any object those writes put" if running and not left else f"{left} object(s) of this run"
+            self.leftovers = (f"{self.name}: left {what}, its marker and any multipart upload "
                               f"under s3://{self.bucket}/{self.run_prefix} ({why}): the next run on this bucket removes "
                               f"them, or now: {self.removal_command()}")
             log.warning("%s", self.leftovers)
