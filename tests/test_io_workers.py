@@ -775,18 +775,25 @@ def test_on_a_remote_tier_the_probe_chooses_by_the_runs_entry_sizes_not_by_one_c
     assert big.as_dict()["op_bytes"] == [MIB, most] and set(store.ops) == {MIB, most}
 
 
-def test_the_probe_sizes_are_the_runs_entries_on_s3_and_one_chunk_on_redis_and_the_file_tiers(quick_settings):
+def test_the_probe_sizes_are_the_runs_entries_on_s3_and_redis_and_one_chunk_on_the_file_tiers(quick_settings):
     """setup.probe_entry_bytes: an entry (tokens x bytes per token / tensor parallel, as the run's) at the
-    templates' shortest, middle and longest context on S3; () on Redis and the file tiers (one chunk)."""
-    from kv_cache.benchmarks.standard.setup import probe_entry_bytes
+    templates' shortest, middle and longest context on S3 and Redis, () on the file tiers (one chunk);
+    setup.probe_op_chunks caps them at REMOTE_OP_CHUNKS on S3 and at one pipelined round trip
+    (--redis-pipeline chunk keys) on Redis, a run worker's unit there."""
+    from kv_cache.benchmarks.standard.setup import probe_entry_bytes, probe_op_chunks
 
     s3 = quick_settings("--storage-backend", "s3", "--s3-bucket", "b")
     ranges = [t.context_range for t in s3.config.user_templates.values()]
     lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
     assert (lo, hi) == (512, 25000)  # the default templates
-    assert probe_entry_bytes(s3) == (512 * 512, (lo + hi) // 2 * 512, 25000 * 512)  # micro: 512 bytes a token
+    entries = (512 * 512, (lo + hi) // 2 * 512, 25000 * 512)  # micro: 512 bytes a token
+    assert probe_entry_bytes(s3) == entries and probe_op_chunks(s3) == iw.REMOTE_OP_CHUNKS == 2
     redis = quick_settings("--storage-backend", "redis", "--redis-url", "redis://127.0.0.1:1")
-    assert probe_entry_bytes(redis) == ()
+    assert probe_entry_bytes(redis) == entries and probe_op_chunks(redis) == 8  # the default pipeline
+    redis3 = quick_settings("--storage-backend", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-pipeline", "3")
+    assert probe_op_chunks(redis3) == 3
+    assert iw.op_sizes(MIB, probe_entry_bytes(redis3), probe_op_chunks(redis3)) == (512 * 512, 3 * MIB - 4096, 3 * MIB - 4096)
+    assert iw.op_sizes(MIB, entries, 8) == (512 * 512, 6531072, 8 * MIB - 4096)
     assert probe_entry_bytes(quick_settings()) == ()
     assert iw.op_sizes(MIB, probe_entry_bytes(s3)) == (512 * 512, 2 * MIB - 4096, 2 * MIB - 4096)
     assert iw.op_sizes(MIB) == (MIB - 4096,)

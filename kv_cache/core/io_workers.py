@@ -4,7 +4,7 @@
 - Auto (0): a probe of the storage tier before the window, in the preparation phase: for each count in
   PROBE_COUNTS, that many threads write entries through the tier's own store (files, S3 or Redis alike,
   with the tier's own concurrency: its client's calls, one per thread), of one chunk on the file tiers, of
-  the run's entry sizes (at most REMOTE_OP_CHUNKS chunks: op_sizes) on S3, for PROBE_SECONDS
+  the run's entry sizes (at most REMOTE_OP_CHUNKS chunks on S3, one pipelined round trip on Redis: op_sizes), for PROBE_SECONDS
   (at least MIN_OPS each, the first not counted; fewer, down to one counted from the thread's start,
   where the budget is short: fit_ops; on the remote tiers, S3 and Redis, one a thread at least, after one
   uncounted warm-up operation), then as many read them back; then a second pass, the
@@ -124,18 +124,19 @@ def probe_budget_s(duration_s: float) -> float:
     return min(PROBE_BUDGET_MAX_S, PROBE_BUDGET_FRACTION * float(duration_s or 0))
 
 
-def op_sizes(chunk_bytes: int, entry_bytes: tuple[int, ...] = ()) -> tuple[int, ...]:
+def op_sizes(chunk_bytes: int, entry_bytes: tuple[int, ...] = (), most_chunks: int = REMOTE_OP_CHUNKS) -> tuple[int, ...]:
     """The bytes of the probe's operations, cycled over its threads and operations: without `entry_bytes`
     (the file tiers, Redis) one chunk less its 4 KiB header, one chunk-sized syscall as the run's; with
     them (S3, whose run writes each entry as one object: benchmarks/standard/setup.py) the run's
     entry sizes, each at most REMOTE_OP_CHUNKS chunks (less the header) so that the probe's budget still
     reaches the larger counts. On moto 16 MiB objects made 1 worker the best (reads 0.5 GiB/s at 1
     against 0.29-0.69 at 4-8) where objects of 32-128 MiB, as the run's, rose 1.3-1.5x from 1 to 4-8
-    (reads 0.07-0.2 GiB/s): the server's cost of an object grows faster than its size."""
+    (reads 0.07-0.2 GiB/s): the server's cost of an object grows faster than its size. `most_chunks`: the
+    cap in chunks (the backend's, Backend.probe_op_chunks: on Redis one pipelined round trip)."""
     one = max(1, chunk_bytes - 4096)
     if not entry_bytes:
         return (one,)
-    most = max(one, REMOTE_OP_CHUNKS * chunk_bytes - 4096)
+    most = max(one, max(1, most_chunks) * chunk_bytes - 4096)
     return tuple(max(1, min(int(e), most)) for e in entry_bytes)
 
 
@@ -298,7 +299,8 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
           seconds: float = PROBE_SECONDS, stop: threading.Event | None = None,
           directions: tuple[str, ...] = ("write", "read"),
           budget: ProbeBudget | None = None, known: dict[int, float] | None = None,
-          label: str = "", entry_bytes: tuple[int, ...] = (), warm: bool = False) -> list[dict[str, float]]:
+          label: str = "", entry_bytes: tuple[int, ...] = (), warm: bool = False,
+          op_chunks: int = REMOTE_OP_CHUNKS) -> list[dict[str, float]]:
     """The storage tier's write rate and read rate at each count: [{"workers", "write_gibps",
     "read_gibps", "seconds"}]. With `budget`, a count whose write and read steps would not fit in what is
     left of it (estimated, step_estimate, from the rate `known` at that count, a pass before, else from
@@ -316,7 +318,7 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     a thread is counted from its start, does not pay for what any first operation pays once (the shared
     slot ring grown to its size, the connections opened)."""
     bufs = WorkerBuffers(chunk_bytes, seed, buffer_id(Stream.PROBE, 0))
-    sizes = op_sizes(chunk_bytes, entry_bytes)
+    sizes = op_sizes(chunk_bytes, entry_bytes, op_chunks)
     nbytes = mean_op(sizes)  # what an operation moves, for the budget's estimates
     tally = [0, 0]  # the step's write bytes and operations (its row's op_bytes)
     written: set[str] = set()
@@ -407,12 +409,13 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
 def both_rates(store: Any, chunk_bytes: int, seed: int, n: int, seconds: float,
                stop: threading.Event | None = None, budget: ProbeBudget | None = None,
                known: dict[int, float] | None = None, label: str = "",
-               entry_bytes: tuple[int, ...] = ()) -> dict[str, float]:
+               entry_bytes: tuple[int, ...] = (), op_chunks: int = REMOTE_OP_CHUNKS) -> dict[str, float]:
     """The write and the read rate of `store` at `n` workers ({} where none was measured: with `budget`,
     where no step fits what is left of it, estimated from `known`, fit_ops), and "ops" where fewer than
     MIN_OPS per thread were done; `entry_bytes` as in probe ("op_bytes" then too)."""
     rows = probe(store, chunk_bytes, seed, (n,), seconds, stop, budget=budget,
-                 known=known if budget is not None else None, label=label, entry_bytes=entry_bytes)
+                 known=known if budget is not None else None, label=label, entry_bytes=entry_bytes,
+                 op_chunks=op_chunks)
     if not rows or not all(k in rows[0] for k in KEYS):
         return {}
     return {k: rows[0][k] for k in (*KEYS, "ops", "op_bytes") if k in rows[0]}
@@ -632,7 +635,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
            stop: threading.Event | None = None, probe_seconds: float = PROBE_SECONDS,
            demand: int = 0, ranks: int = 1, budget_s: float = PROBE_BUDGET_MAX_S,
            ring: int | None = None, base_bytes: int | None = None,
-           entry_bytes: tuple[int, ...] = ()) -> WorkerChoice:
+           entry_bytes: tuple[int, ...] = (), op_chunks: int = REMOTE_OP_CHUNKS) -> WorkerChoice:
     """The run's count: --io-workers when given, else the probe's (or one per user without a tier to
     probe), at most `limit_allocs` when it is > 0 (--max-concurrent-allocs), bounded by memory: each
     worker's two buffers and `ring` bytes of slot ring (None: the store's `ring_bytes`, 0 for a store
@@ -641,7 +644,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
     --processes) are not probed: their probes would measure each other, and a rank waiting at a barrier
     meanwhile. `base_bytes`: the memory besides the workers' for the step up (None: the process's resident
     memory at the probe, resident_bytes). `entry_bytes`: the run's entry sizes, the probe's operations
-    on S3 (op_sizes; () for one chunk each: the file tiers, Redis)."""
+    on S3 and Redis (op_sizes, at most `op_chunks` chunks each; () for one chunk each: the file tiers)."""
     ring = int(getattr(store, "ring_bytes", 0) or 0) if ring is None else ring
     sizes: tuple[int, ...] = ()
     cap = memory_cap(chunk_bytes, mem, ring)
@@ -659,14 +662,14 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
         if not why_not:
             try:
                 budget = ProbeBudget(budget_s)
-                sizes = op_sizes(chunk_bytes, entry_bytes)
+                sizes = op_sizes(chunk_bytes, entry_bytes, op_chunks)
                 rows = probe(store, chunk_bytes, seed, counts, probe_seconds, stop, budget=budget,
-                             entry_bytes=entry_bytes, warm=True)
+                             entry_bytes=entry_bytes, warm=True, op_chunks=op_chunks)
                 known = {int(r["workers"]): mixed_rate(r) if entry_bytes else min(r.get(k, 0.0) for k in KEYS)
                          for r in rows}
                 again = probe(store, chunk_bytes, seed, tuple(sorted(known, reverse=True)), probe_seconds, stop,
                               budget=budget, known=known, label="the second pass at ",  # descending: drift cancels
-                              entry_bytes=entry_bytes)
+                              entry_bytes=entry_bytes, op_chunks=op_chunks)
                 rows += [{**r, "pass": 2} for r in again]
 
                 base = resident_bytes() if base_bytes is None else base_bytes
@@ -691,7 +694,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                     budget.held = reserve[0]
                     try:
                         return both_rates(store, chunk_bytes, seed, n, probe_seconds, stop, budget,
-                                          {n: rate_at(n)}, f"{what} at ", entry_bytes)
+                                          {n: rate_at(n)}, f"{what} at ", entry_bytes, op_chunks)
                     finally:
                         budget.held = 0.0
 
@@ -722,7 +725,7 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                "and reading them back")
         if entry_bytes:
             how += (f", operations of the run's entry sizes {'/'.join(f'{b / (1 << 20):.0f}' for b in sizes)} MiB "
-                    f"(at most {REMOTE_OP_CHUNKS} chunks)")
+                    f"(at most {op_chunks} chunks)")
         confirmed = sorted({(int(r["workers"]), int(r["vs"])) for r in rows if r.get("confirm")})
         if confirmed:
             how += "; checked again in alternating pairs: " + ", ".join(

@@ -67,17 +67,25 @@ def choose_io_workers(settings: RunSettings, store: Any, notes: list[str], stop:
                              demand=closed_loop_demand(settings), ranks=ranks,
                              budget_s=io_workers.probe_budget_s(settings.driver.duration),
                              ring=worker_ring_bytes(settings) if store is not None else 0,
-                             entry_bytes=probe_entry_bytes(settings))
+                             entry_bytes=probe_entry_bytes(settings), op_chunks=probe_op_chunks(settings))
+
+
+def probe_op_chunks(settings: RunSettings) -> int:
+    """The most chunks one probe operation takes: the backend's (Backend.probe_op_chunks: Redis's pipeline,
+    the chunk keys a run worker sends a round trip), else io_workers.REMOTE_OP_CHUNKS."""
+    backend = backends.find(settings.tiers.remote.storage_backend)
+    rule = backend.probe_op_chunks if backend is not None else None
+    return max(1, int(rule(settings.tiers.remote))) if rule is not None else io_workers.REMOTE_OP_CHUNKS
 
 
 def probe_entry_bytes(settings: RunSettings) -> tuple[int, ...]:
     """The run's entry sizes the probe's operations take on S3 (each entry one object, whose cost per
     byte the server sets by its size: on moto a 16 MiB object made 1 worker the best where the run's
     larger ones rose 1.3-1.5x to 4-8): an entry at the user templates' shortest, middle and longest
-    context (io_workers.op_sizes caps them). () elsewhere: on the file tiers an operation is one
-    chunk-sized syscall, as the run's; on Redis and Valkey an entry is chunk keys of one chunk, and the
-    entry sizes there cost the probe its second pass (a sweep here: 16 workers taken at 9.2x the memory
-    of the best count, 1, from one figure where one chunk an operation took 1 in 3 of 3 pairs)."""
+    context (io_workers.op_sizes caps them, at probe_op_chunks). On Redis and Valkey too (since 4 Dec),
+    capped at one pipelined round trip: a probe of one chunk key per round trip took 8-20 workers where the
+    run's were flat from 1 (a 15 s-window sweep, 0.68-0.85 GiB/s at 1-32). () elsewhere: on the file
+    tiers an operation is one chunk-sized syscall, as the run's."""
     backend = backends.find(settings.tiers.remote.storage_backend)
     if not io_chunk_bytes(settings) or backend is None or not backend.probe_entries:
         return ()

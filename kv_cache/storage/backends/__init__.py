@@ -104,6 +104,9 @@ class Backend:
     location: Callable[[Any], tuple[str, str | None]] | None = None
     ring: Callable[[Any, int], int] = lambda remote, chunk: 0
     probe_entries: bool = False  # the I/O-worker probe moves the run's entry sizes (an S3 object's cost is its size)
+    # with probe_entries: the most chunks one probe operation takes (remote: tiers.remote; None: the probe's
+    # own cap, io_workers.REMOTE_OP_CHUNKS); Redis: one pipelined round trip, the run's worker's unit
+    probe_op_chunks: Callable[[Any], int] | None = None
 
 
 def remote_backend(name: str, summary: str, store: Callable[[BackendRequest], RemoteStore],
