@@ -127,7 +127,10 @@ def run(tier: Tier, workers: int | None, a: argparse.Namespace) -> dict:
             "gibps": cs["tier_storage_read_bandwidth_gbps"] + cs["tier_storage_write_bandwidth_gbps"],
             "peak_rss_mib": m.get("peak_rss_mib"), "cpu_s_per_gib": m.get("cpu_seconds_per_gib"),
             "depth": m.get("achieved_queue_depth") or {},  # device-busy time / window: the demand the run made
-            "how": choice.get("how"), "probe": choice.get("probe"), "load": before}
+            "how": choice.get("how"), "probe": choice.get("probe"), "load": before,
+            # a window that ended before --duration (a storage error: a Redis server's maxmemory full of
+            # pipelined round trips at 32 workers stopped one at 5 s) measured another thing: left out of "best"
+            "cut_short": not a.full and (m.get("window_seconds") or 0) < 0.9 * a.duration}
 
 
 def row_text(r: dict, mark: str = "") -> str:
@@ -135,7 +138,8 @@ def row_text(r: dict, mark: str = "") -> str:
         return f"  {r['workers']!s:>7}: failed (load {r['load']}): {r['error']}"
     return (f"  {r['workers']:>7} {r['read_gibps']:6.2f} {r['write_gibps']:6.2f} {r['gibps']:6.2f} "
             f"{r['peak_rss_mib']:8.0f} {r['cpu_s_per_gib'] or 0:9.3f} {r['window_s'] or 0:6.1f} "
-            f"{r['depth'].get('read', 0):4.1f}/{r['depth'].get('write', 0):<4.1f}  {r['load']}{mark}")
+            f"{r['depth'].get('read', 0):4.1f}/{r['depth'].get('write', 0):<4.1f}  {r['load']}{mark}"
+            + ("  (window cut short: not a sweep point)" if r.get("cut_short") else ""))
 
 
 HEAD = (f"  {'workers':>7} {'read':>6} {'write':>6} {'GiB/s':>6} {'RSS MiB':>8} {'CPU-s/GiB':>9} {'window':>6} "
@@ -154,7 +158,8 @@ def pair_summary(pairs: list[tuple[dict, dict]]) -> dict:
     and whether it meets the goal on its own (>= 0.95 at <= 1.5x); over the pairs the mean bandwidth
     ratio with its CONFIDENCE t-interval (the reading of the Done-when that a noisy disk allows: see
     docs/performance.md, the A/A control) and the largest memory ratio. {} without a complete pair."""
-    ok = [(d, b) for d, b in pairs if "gibps" in d and "gibps" in b and b["gibps"] > 0 and b["peak_rss_mib"]]
+    ok = [(d, b) for d, b in pairs if "gibps" in d and "gibps" in b and b["gibps"] > 0 and b["peak_rss_mib"]
+          and not d.get("cut_short") and not b.get("cut_short")]  # a window cut short measured another thing
     if not ok:
         return {}
     ratios = [d["gibps"] / b["gibps"] for d, b in ok]
@@ -205,7 +210,7 @@ def sweep(tier: Tier, a: argparse.Namespace) -> dict:
         print(row_text(rows[-1]), flush=True)
     if a.best:  # the pairs alone, against a best count an earlier sweep found
         rows = [{"workers": a.best, "gibps": 0.0, "peak_rss_mib": 0.0}]
-    good = [r for r in rows if "gibps" in r]
+    good = [r for r in rows if "gibps" in r and not r.get("cut_short")]
     if not good:
         return {"rows": rows}
     best = max(good, key=lambda r: r["gibps"])

@@ -797,3 +797,39 @@ def test_the_probe_sizes_are_the_runs_entries_on_s3_and_redis_and_one_chunk_on_t
     assert probe_entry_bytes(quick_settings()) == ()
     assert iw.op_sizes(MIB, probe_entry_bytes(s3)) == (512 * 512, 2 * MIB - 4096, 2 * MIB - 4096)
     assert iw.op_sizes(MIB) == (MIB - 4096,)
+
+
+def test_a_count_whose_writes_the_tier_refuses_for_room_is_left_out_not_the_whole_probe(tmp_path):
+    """A Redis server holds every pipelined round trip in flight against its maxmemory: at 32 workers x 8
+    x 16 MiB the probe's writes met ENOSPC, and the whole probe fell back to one worker per user (20, at
+    6x the memory of the run's best count). Now the refused count and the larger ones are left out, the
+    smaller ones decide, the step up stays below the refused count, and the account says so; a tier that
+    refuses the first count still fails the probe."""
+    import errno
+
+    class Tight:
+        """A FileStore with room for `room` writers: the probe's thread `room` and later ones are refused
+        (ENOSPC; its keys are kv-cache-probe-<thread>-<k>), as a server full of round trips in flight."""
+
+        def __init__(self, store, room: int):
+            self.store, self.room = store, room
+
+        def write(self, key, nbytes, bufs):
+            if int(key.split("-")[3]) >= self.room:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.store.write(key, nbytes, bufs)
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    with FileStore(tmp_path, 64 * 1024, fsync=False, io_mode="buffered") as store:
+        c = iw.choose(0, users=20, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
+                      store=Tight(store, 5), probe_seconds=0.01, budget_s=30.0)
+        assert "the probe failed" not in c.how and "the tier refused the writes of 8 workers" in c.how
+        assert c.count <= 7 and max(r["workers"] for r in c.probe) <= 7
+        assert store.keys() == []
+        with pytest.raises(OSError):  # the first count refused: the probe fails (choose falls back)
+            iw.probe(Tight(store, 0), 64 * 1024, 1, (1, 2), 0.01, budget=iw.ProbeBudget(5.0))
+        c = iw.choose(0, users=3, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
+                      store=Tight(store, 0), probe_seconds=0.01)
+        assert c.count == 3 and "the probe failed" in c.how

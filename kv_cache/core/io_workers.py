@@ -46,6 +46,7 @@ The run reports the count, how it was chosen and the probe's figures (measuremen
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -152,6 +153,8 @@ class ProbeBudget:
         self.end = time.perf_counter() + self.seconds
         self.cut: str | None = None
         self.held = 0.0  # seconds kept for what comes after (the step up's pairs, while confirming)
+        self.refused: str | None = None  # the first count whose writes the tier refused for room (ENOSPC)
+        self.refused_at: int | None = None  # the smallest such count: the step up stays below it
 
     def room(self) -> float:
         return self.end - time.perf_counter() - self.held
@@ -333,10 +336,14 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
     def write(i: int, k: int) -> int:
         key = f"kv-cache-probe-{i}-{k % 2}"
         size = sizes[(i + k) % len(sizes)]
+        try:
+            done = store.write(key, size, bufs).nbytes
+        except BaseException:  # a write the tier refused (ENOSPC, a count left out) leaves no entry to read
+            with lock:
+                written.discard(key)
+            raise
         with lock:
             written.add(key)
-        done = store.write(key, size, bufs).nbytes
-        with lock:
             tally[0] += size
             tally[1] += 1
         return done
@@ -386,7 +393,20 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                     budget.cut = budget.cut or f"{label}{n} workers and more ({more})"
                     break
             tally[:] = [0, 0]
-            gibps, elapsed = _timed(n, seconds, write, stop, release, ops)
+            try:
+                gibps, elapsed = _timed(n, seconds, write, stop, release, ops)
+            except OSError as exc:
+                # the tier refused the writes of n workers for room (a Redis server's maxmemory holds every
+                # pipelined round trip in flight: 32 workers x 8 x 16 MiB is 4 GiB): the run could not use n
+                # either, so n is left out, not the whole probe (which fell back to one worker per user)
+                if exc.errno != errno.ENOSPC or budget is None or (not rows and known is None):
+                    raise
+                if budget.refused is None:
+                    budget.refused, budget.refused_at = f"{label}{n} workers ({exc.strerror or exc})", n
+                budget.refused_at = min(budget.refused_at or n, n)
+                if known is not None:  # a later pass, descending: the smaller counts after it need less room
+                    continue
+                break
             rows.append({"workers": n, "write_gibps": gibps, "seconds": round(elapsed, 3)}
                         | ({"ops": ops} if ops != MIN_OPS else {})
                         | ({"op_bytes": tally[0] // tally[1]} if entry_bytes and tally[1] else {}))
@@ -700,7 +720,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
 
                 picked, pairs = decide(rows, measure, stop=stop)
                 reserve[0] = 0.0
-                target = min(step_target(picked, counts[-1], per_worker, base), max(picked, knee([*rows, *pairs])))
+                top = counts[-1] if budget.refused_at is None else max(1, budget.refused_at - 1)
+                target = min(step_target(picked, top, per_worker, base), max(picked, knee([*rows, *pairs])))
                 picked, ups, stepped = step_up(picked, target, lambda n: measure(n, "the step up"), stop=stop)
                 rows = [*rows, *pairs, *ups]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs
@@ -735,6 +756,8 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                    f"{per_worker_text(chunk_bytes, ring)})"
         if budget.cut:
             how += f"; the probe's {budget.seconds:.0f} s budget left out {budget.cut}"
+        if budget.refused:
+            how += f"; the tier refused the writes of {budget.refused}: that count and larger ones left out"
         if 0 < demand < count:
             count = demand
             how += f"; at most {demand}, one per user (a closed-loop user has one request in flight)"
