@@ -219,7 +219,7 @@ class TimeSeries:
         closed.clear()
         self.rows.append(row)
         if len(self.rows) > MAX_ROWS:
-            self.rows = Rows(coarsen(list(self.rows)), reserve=RESERVED)
+            self.rows = coarsened(self.rows)
         return row
 
 
@@ -251,6 +251,19 @@ def coarsen(rows: list[dict]) -> list[dict]:
     out = [join_rows(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)]
     if len(rows) % 2:
         out.append(rows[-1])
+    return out
+
+
+def coarsened(rows: Sequence[dict]) -> Rows:
+    """`rows` joined two by two (as `coarsen`) into a new Rows with a run's reserve, a pair at a time. The
+    4,097 rows read out as dicts at once (coarsen(list(rows))) were ~16 MiB of small objects, and the
+    process's resident floor rose 5.6 MiB at that moment of a soak (4,096 s, 37cf429) and stayed there."""
+    out = Rows(reserve=RESERVED)
+    n = len(rows)
+    for i in range(0, n - 1, 2):
+        out.append(join_rows(rows[i], rows[i + 1]))
+    if n % 2:
+        out.append(rows[n - 1])
     return out
 
 
