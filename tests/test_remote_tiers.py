@@ -1550,3 +1550,51 @@ def test_s3_a_delete_refused_at_the_stop_signal_is_removed_at_close(moto):
     finally:
         ABANDON_IO.clear()
     assert _objects(moto.url, bucket) == [] and store.leftovers is None
+
+
+def test_s3_an_abort_whose_delete_is_refused_as_close_begins_leaves_no_object(moto):
+    """As Redis's: an entry PUT, then its write aborted (a stop signal) just before close() began, its own
+    delete refused: the object stayed, the marker went."""
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "abortrace")
+    store = S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, concurrency=1, workers=2, chunk_bytes=MIB)
+    call, settle = store._call, store.settle_writes
+    deleting, settling = threading.Event(), threading.Event()
+
+    def put_then_abort(what, fn):
+        if what.startswith("s3 write of"):
+            call(what, fn)
+            raise IOAborted(f"{what}: abandoned at the stop signal")
+        if what.startswith("s3 delete of runs/"):
+            deleting.set()
+            settling.wait(10)
+            time.sleep(0.1)  # close() is in its wait for the writes in flight, or past it
+            raise IOAborted(f"{what}: abandoned at the stop signal")
+        return call(what, fn)
+
+    def settle_writes(*a):
+        settling.set()
+        return settle(*a)
+
+    store._call, store.settle_writes = put_then_abort, settle_writes
+    outcome = []
+
+    def write():
+        bufs = _bufs()
+        try:
+            store.write("k", 2 * MIB, bufs)
+        except IOAborted as e:
+            outcome.append(e)
+        finally:
+            bufs.close()
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert deleting.wait(10)
+    store.close()
+    t.join(10)
+    assert outcome and _objects(moto.url, bucket) == [] and store.leftovers is None
