@@ -833,3 +833,60 @@ def test_a_count_whose_writes_the_tier_refuses_for_room_is_left_out_not_the_whol
         c = iw.choose(0, users=3, limit_allocs=0, chunk_bytes=64 * 1024, mem=BIG, strict=False, notes=[],
                       store=Tight(store, 0), probe_seconds=0.01)
         assert c.count == 3 and "the probe failed" in c.how
+
+
+def test_a_count_the_second_pass_finds_refused_is_not_chosen_from_the_first_passs_figure(monkeypatch):
+    """The second pass (descending) starts where the first ended, with every count's entries still on the
+    tier: a server that took 32 workers' writes then may refuse them (ENOSPC). The first pass's figures at
+    the refused count and above stayed among the rows the rule decides on, so it chose 32, the refused
+    count, and its confirmation (refused too: no figure) kept it."""
+    import errno
+
+    class Filling(_OverheadStore):
+        """Room for every count until the first pass's 32 workers have written; then for 4 writers."""
+
+        full = False
+
+        def write(self, key, nbytes, bufs):
+            thread = int(key.split("-")[3]) if key.startswith("kv-cache-probe-") and key[15:16].isdigit() else 0
+            if self.full and thread >= 4:
+                raise OSError(errno.ENOSPC, "OOM command not allowed when used memory > 'maxmemory'")
+            self.full = self.full or thread == 31
+            return super().write(key, nbytes, bufs)
+
+    store = Filling()
+    monkeypatch.setattr(iw, "_timed", _model_timed(store))
+    c = iw.choose(0, users=64, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=[],
+                  store=store, probe_seconds=0.01, budget_s=1e6, base_bytes=0, entry_bytes=(MIB,))
+    assert "the probe failed" not in c.how and "the tier refused the writes of the second pass at 8 workers" in c.how
+    assert c.count <= 4 and c.count in {int(r["workers"]) for r in c.probe}, c.how
+    assert store.sizes == {}
+
+
+def test_a_count_refused_in_a_confirmation_is_not_chosen(monkeypatch):
+    """The tier fills after both passes: the confirmation of the rule's choice is refused (ENOSPC, no
+    figure), and the choice stayed the refused count (32 here). Now the rule decides again below it."""
+    import errno
+
+    class Filling(_OverheadStore):
+        full = False
+
+        def write(self, key, nbytes, bufs):
+            thread = int(key.split("-")[3]) if key[15:16].isdigit() else 0
+            if self.full and thread >= 4:
+                raise OSError(errno.ENOSPC, "OOM command not allowed when used memory > 'maxmemory'")
+            return super().write(key, nbytes, bufs)
+
+    store = Filling()
+    monkeypatch.setattr(iw, "_timed", _model_timed(store))
+    decide = iw.decide
+
+    def full_from_the_confirmations(*a, **k):
+        store.full = True
+        return decide(*a, **k)
+
+    monkeypatch.setattr(iw, "decide", full_from_the_confirmations)
+    c = iw.choose(0, users=64, limit_allocs=0, chunk_bytes=16 * MIB, mem=BIG, strict=False, notes=[],
+                  store=store, probe_seconds=0.01, budget_s=1e6, base_bytes=0, entry_bytes=(MIB,))
+    assert "the tier refused the writes of a confirmation at 16 workers" in c.how, c.how
+    assert c.count < 16 and store.sizes == {}

@@ -1448,3 +1448,153 @@ def test_s3_a_write_in_flight_at_close_leaves_no_object_behind(moto):
     t.join(10)
     assert isinstance(outcome[0], (IOAborted, RuntimeError))
     assert _objects(moto.url, bucket) == [] and store.leftovers is None
+
+
+def test_redis_an_abort_whose_delete_is_refused_as_close_begins_leaves_no_key(redis_server):
+    """A write aborted just before close() began: its own delete, refused at the stop signal, handed its
+    keys over after close() had stopped waiting for the writes in flight (none was counted: the abort had
+    ended its count first), so the keys stayed and the marker went."""
+    import threading
+
+    import redis
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.kvstore import RedisStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    store = RedisStore(redis_server.url, MIB, pipeline=1, workers=2)
+    send, call, rounds = store._set_round_from, store._call, []
+    deleting, settling = threading.Event(), threading.Event()
+    settle = store.settle_writes
+
+    def second_round_aborts(*a):
+        rounds.append(1)
+        if len(rounds) == 2:
+            raise IOAborted("abandoned at the stop signal")
+        return send(*a)
+
+    def refused_delete(what, fn):
+        if what.startswith("redis delete of 'k'"):
+            deleting.set()
+            settling.wait(10)
+            time.sleep(0.1)  # close() is in its wait for the writes in flight, or past it
+            raise IOAborted(f"{what}: abandoned at the stop signal")
+        return call(what, fn)
+
+    def settle_writes(*a):
+        settling.set()
+        return settle(*a)
+
+    store._set_round_from, store._call, store.settle_writes = second_round_aborts, refused_delete, settle_writes
+    outcome = []
+
+    def write():
+        bufs = _bufs()
+        try:
+            store.write("k", 4 * MIB, bufs)
+        except IOAborted as e:
+            outcome.append(e)
+        finally:
+            bufs.close()
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert deleting.wait(10)
+    store.close()
+    t.join(10)
+    assert outcome and r.keys("*") == [] and store.leftovers is None
+
+
+def test_redis_a_delete_refused_at_the_stop_signal_is_removed_at_close(redis_server):
+    """An eviction's delete after a Ctrl-C is refused at once (the stop signal): the entry was off the
+    books already, so close() did not remove its keys and the marker went."""
+    import redis
+
+    from kv_cache.host.signals import ABANDON_IO
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.kvstore import RedisStore
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    store = RedisStore(redis_server.url, MIB, pipeline=1, workers=1)
+    bufs = _bufs()
+    store.write("k", 3 * MIB, bufs)
+    bufs.close()
+    ABANDON_IO.set()
+    try:
+        with pytest.raises(IOAborted):
+            store.delete("k")
+        store.close()
+    finally:
+        ABANDON_IO.clear()
+    assert r.keys("*") == [] and store.leftovers is None
+
+
+def test_s3_a_delete_refused_at_the_stop_signal_is_removed_at_close(moto):
+    """As Redis's: the object of an entry whose delete a Ctrl-C refused stayed in the bucket."""
+    from kv_cache.host.signals import ABANDON_IO
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "refuseddelete")
+    store = S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, concurrency=1, workers=1, chunk_bytes=MIB)
+    bufs = _bufs()
+    store.write("k", 2 * MIB, bufs)
+    bufs.close()
+    ABANDON_IO.set()
+    try:
+        with pytest.raises(IOAborted):
+            store.delete("k")
+        store.close()
+    finally:
+        ABANDON_IO.clear()
+    assert _objects(moto.url, bucket) == [] and store.leftovers is None
+
+
+def test_s3_an_abort_whose_delete_is_refused_as_close_begins_leaves_no_object(moto):
+    """As Redis's: an entry PUT, then its write aborted (a stop signal) just before close() began, its own
+    delete refused: the object stayed, the marker went."""
+    import threading
+
+    from kv_cache.storage.base import IOAborted
+    from kv_cache.storage.s3 import S3Store
+
+    bucket = _bucket(moto.url, "abortrace")
+    store = S3Store(bucket, moto.url, "runs", part_bytes=5 * MIB, concurrency=1, workers=2, chunk_bytes=MIB)
+    call, settle = store._call, store.settle_writes
+    deleting, settling = threading.Event(), threading.Event()
+
+    def put_then_abort(what, fn):
+        if what.startswith("s3 write of"):
+            call(what, fn)
+            raise IOAborted(f"{what}: abandoned at the stop signal")
+        if what.startswith("s3 delete of runs/"):
+            deleting.set()
+            settling.wait(10)
+            time.sleep(0.1)  # close() is in its wait for the writes in flight, or past it
+            raise IOAborted(f"{what}: abandoned at the stop signal")
+        return call(what, fn)
+
+    def settle_writes(*a):
+        settling.set()
+        return settle(*a)
+
+    store._call, store.settle_writes = put_then_abort, settle_writes
+    outcome = []
+
+    def write():
+        bufs = _bufs()
+        try:
+            store.write("k", 2 * MIB, bufs)
+        except IOAborted as e:
+            outcome.append(e)
+        finally:
+            bufs.close()
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert deleting.wait(10)
+    store.close()
+    t.join(10)
+    assert outcome and _objects(moto.url, bucket) == [] and store.leftovers is None

@@ -153,7 +153,7 @@ class ProbeBudget:
         self.end = time.perf_counter() + self.seconds
         self.cut: str | None = None
         self.held = 0.0  # seconds kept for what comes after (the step up's pairs, while confirming)
-        self.refused: str | None = None  # the first count whose writes the tier refused for room (ENOSPC)
+        self.refused: str | None = None  # the smallest count whose writes the tier refused for room (ENOSPC)
         self.refused_at: int | None = None  # the smallest such count: the step up stays below it
 
     def room(self) -> float:
@@ -401,9 +401,8 @@ def probe(store: Any, chunk_bytes: int, seed: int, counts: tuple[int, ...] = PRO
                 # either, so n is left out, not the whole probe (which fell back to one worker per user)
                 if exc.errno != errno.ENOSPC or budget is None or (not rows and known is None):
                     raise
-                if budget.refused is None:
+                if budget.refused_at is None or n < budget.refused_at:  # the account names the smallest
                     budget.refused, budget.refused_at = f"{label}{n} workers ({exc.strerror or exc})", n
-                budget.refused_at = min(budget.refused_at or n, n)
                 if known is not None:  # a later pass, descending: the smaller counts after it need less room
                     continue
                 break
@@ -708,7 +707,13 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                     target = min(step_target(count, counts[-1], per_worker, base), max(count, knee(rows)))
                     return CONFIRM_PAIRS * (cost(target) + cost(count)) if target > count else 0.0
 
-                reserve = [pairs_cost(plateau(rows))]  # the step up's room, kept from the confirmations
+                def room_left(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                    """The figures below the smallest count the tier refused for room (ENOSPC): a count the
+                    second pass found refused kept its first pass's figure, and the rule chose it."""
+                    cut = budget.refused_at
+                    return rs if cut is None else [r for r in rs if int(r["workers"]) < cut]
+
+                reserve = [pairs_cost(plateau(room_left(rows)))]  # the step up's room, kept from the confirmations
 
                 def measure(n: int, what: str = "a confirmation") -> dict[str, float]:  # if the budget has room
                     budget.held = reserve[0]
@@ -718,10 +723,13 @@ def choose(io_workers: int, users: int, limit_allocs: int, chunk_bytes: int, mem
                     finally:
                         budget.held = 0.0
 
-                picked, pairs = decide(rows, measure, stop=stop)
+                picked, pairs = decide(room_left(rows), measure, stop=stop)
+                if budget.refused_at is not None and picked >= budget.refused_at:  # refused in a confirmation
+                    picked = plateau(room_left([*rows, *pairs]))
                 reserve[0] = 0.0
                 top = counts[-1] if budget.refused_at is None else max(1, budget.refused_at - 1)
-                target = min(step_target(picked, top, per_worker, base), max(picked, knee([*rows, *pairs])))
+                target = min(step_target(picked, top, per_worker, base),
+                             max(picked, knee(room_left([*rows, *pairs]))))
                 picked, ups, stepped = step_up(picked, target, lambda n: measure(n, "the step up"), stop=stop)
                 rows = [*rows, *pairs, *ups]
             except OSError as exc:  # the run's own phases meet the same error and report it as theirs

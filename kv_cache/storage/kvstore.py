@@ -387,11 +387,24 @@ class RedisStore(RemoteStore):
         if self._writing_ends(h, dropped=True):  # close() has begun: it removes the keys (settle_writes)
             return
         n = max(n, h[2])  # the books may have been taken meanwhile: the keys this write made
-        if n:
-            try:
-                self._call(f"redis delete of {h[0]!r}", lambda: self._r.unlink(*self._chunk_keys(h[0], n)))
-            except Exception:  # refused at a stop signal, or the server is gone: close() tries again
-                self._remove_later((h[0], n))
+        try:
+            self._unlink_or_later(h[0], n, h)
+        except Exception:  # refused at a stop signal, or the server is gone: close() tries again
+            pass
+
+    def _unlink_or_later(self, key: str, n: int, h: Any) -> None:
+        """Unlink the `n` chunk keys of `key` (the removal `h`, counted in flight); refused at a stop signal
+        or with the server gone (raised), they are close()'s to remove (_remove_later)."""
+        done = False
+        try:
+            if n:
+                self._call(f"redis delete of {key!r}", lambda: self._r.unlink(*self._chunk_keys(key, n)))
+            done = True
+        finally:
+            if done:
+                self._writing_ends(h)
+            else:  # refused at a stop signal, or the server is gone: close() tries again
+                self._remove_later((key, n), h)
 
     def _set_round(self, wire: Wire, pieces: list[Any], count: int) -> None:
         wire.send(pieces)
@@ -530,8 +543,9 @@ class RedisStore(RemoteStore):
         with self._lock:
             n = self._chunks.pop(key, 0)
             self._sizes.pop(key, None)
-        if n:
-            self._call(f"redis delete of {key!r}", lambda: self._r.unlink(*self._chunk_keys(key, n)))
+            h = self._removing((key, n)) if n else None
+        if n:  # raises where refused (an eviction's delete after a Ctrl-C): close() removes the keys then
+            self._unlink_or_later(key, n, h)
 
     def close(self) -> None:
         """Delete the keys this run created, then its marker; never anything else. Idempotent."""

@@ -616,18 +616,33 @@ class RemoteStore(SizedStore):
     def _writing_ends(self, h: Any, dropped: bool = False) -> bool:
         """The write of `h` ended (committed, or `dropped`: aborted). True where a dropped write ended after
         close() began: what it left is then close()'s to remove (settle_writes), not the caller's, whose
-        request to the server a stop signal would refuse at once."""
+        request to the server a stop signal would refuse at once. A dropped write before that stays counted
+        in flight while the caller removes what it left (then _writing_ends(h), or _remove_later(what, h)):
+        ended first, a removal refused as close() began was handed over after close() had stopped waiting,
+        and its keys stayed with the marker gone."""
         with self._lock:
+            if dropped and not self._closed:
+                return False
             what = self._writing.pop(id(h), None)
-            if dropped and self._closed and what is not None:
+            if dropped and what is not None:
                 self._dropped.append(what)
                 return True
             return False
 
-    def _remove_later(self, what: Any) -> None:
-        """What an aborted write could not remove itself (a stop signal refuses its request to the server at
-        once): close() removes it with the books, in its own clean-up time."""
+    def _removing(self, what: Any) -> object:
+        """A removal of `what` (an entry already off the books: delete) counted in flight until it ends
+        (_writing_ends, or _remove_later where it failed), so that close() waits for it; the handle."""
+        token = object()
+        self._writing[id(token)] = what  # (the caller holds the lock: with the books it takes `what` from)
+        return token
+
+    def _remove_later(self, what: Any, h: Any = None) -> None:
+        """What an aborted write (`h`, its count in flight ended here) or a delete could not remove itself (a
+        stop signal refuses its request to the server at once): close() removes it with the books, in its
+        own clean-up time."""
         with self._lock:
+            if h is not None:
+                self._writing.pop(id(h), None)
             self._dropped.append(what)
 
     def _open_or_abort(self, key: str, off: int) -> None:

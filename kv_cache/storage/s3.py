@@ -441,10 +441,23 @@ class S3Store(RemoteStore):
         if self._writing_ends(h, dropped=True):  # close() has begun: it deletes the object (settle_writes)
             return unsent
         try:  # within the run's deadline: a frozen server cannot hold the abort either
-            self._call(f"s3 delete of {h.path}", lambda: self.obstore.delete(self._s3, h.path))
+            self._delete_or_later(h.path, h)
         except (Exception, IOAborted):  # refused at a stop signal, or the server is gone: close() tries again
-            self._remove_later(h.path)
+            pass
         return unsent
+
+    def _delete_or_later(self, path: str, h: Any) -> None:
+        """Delete the object at `path` (the removal `h`, counted in flight); refused at a stop signal or with
+        the server gone (raised), it is close()'s to delete (_remove_later)."""
+        done = False
+        try:
+            self._call(f"s3 delete of {path}", lambda: self.obstore.delete(self._s3, path))
+            done = True
+        finally:
+            if done:
+                self._writing_ends(h)
+            else:
+                self._remove_later(path, h)
 
     def write(self, key: str, nbytes: int, bufs: WorkerBuffers, stop: threading.Event | None = None) -> IOResult:
         """Stamp the entry part by part into this thread's ring and send each part as it is stamped
@@ -499,10 +512,13 @@ class S3Store(RemoteStore):
 
     # ------------------------------------------------------------------ public
     def delete(self, key: str) -> None:
-        path = self._unbook(self._paths, key)
-        if path is not None:
+        with self._lock:  # off the books and counted in flight at once: close() waits for it or has it
+            path = self._paths.pop(key, None)
+            self._sizes.pop(key, None)
+            h = self._removing(path) if path is not None else None
+        if path is not None:  # raises where refused (an eviction's after a Ctrl-C): close() deletes it then
             try:
-                self._call(f"s3 delete of {path}", lambda: self.obstore.delete(self._s3, path))
+                self._delete_or_later(path, h)
             except KeyError:
                 pass
 
